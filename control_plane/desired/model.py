@@ -1,0 +1,172 @@
+"""The immutable desired-state model: what operators asked for, after validation.
+
+Every value here is already checked and resolved (defaults applied, references known), so the
+pure rooms (`translate`, `decide`) can trust it without re-validating. Durations are integer
+milliseconds; shares and weights are integer percents.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+QueuePolicyKind = Literal["fifo", "adaptive_lifo"]
+FailoverMode = Literal["health_proportional", "linear", "exponential"]
+HeaderMatchKind = Literal["exact", "prefix", "contains", "present"]
+
+
+@dataclass(frozen=True)
+class AdaptiveLifo:
+    """Seed 001: LIFO once a pool's pending queue reaches `high`, FIFO again at or below `low`."""
+
+    high_watermark: int = 80
+    low_watermark: int = 60
+
+
+@dataclass(frozen=True)
+class QueuePolicy:
+    """What the operator wants; translation falls back to FIFO for Envoys that lack LIFO."""
+
+    kind: QueuePolicyKind = "adaptive_lifo"
+    adaptive_lifo: AdaptiveLifo = field(default_factory=AdaptiveLifo)
+
+
+@dataclass(frozen=True)
+class Tier:
+    """One request tier of an origin group: its own cluster, pool, breakers and queue policy."""
+
+    name: str
+    priority: int  # 0 = most critical
+    share_percent: int  # of the group's max_origin_concurrency
+    max_queue_depth: int  # -> circuit breaker max_pending_requests
+    queue_timeout_ms: int
+    connect_timeout_ms: int
+    read_timeout_ms: int  # per try
+    retries: int
+    sheddable: bool
+    queue_policy: QueuePolicy
+    retry_budget_percent: float = 15.0  # seed 002: at most 15% of requests may be retries
+
+
+@dataclass(frozen=True)
+class HealthCheck:
+    """Active probes (seed 002): GETs every 5 s on a cacheable and an uncacheable path."""
+
+    interval_ms: int = 5000
+    connect_timeout_ms: int = 2000
+    read_timeout_ms: int = 4000
+    cacheable_path: str = "/healthz/cacheable"
+    uncacheable_path: str = "/healthz"
+    expected_status: int = 200
+
+
+@dataclass(frozen=True)
+class FailoverPolicy:
+    """Seed 002's gradual, asymmetric failover parameters."""
+
+    mode: FailoverMode = "health_proportional"
+    interval_ms: int = 20_000  # one reconcile tick / evaluation window step
+    window_ms: int = 30_000  # passive signals' rolling window
+    shift_step: int = 10  # weight points per interval when leaving
+    max_step: int = 15  # hard cap per interval, whatever the mode
+    hysteresis: int = 5  # ignore target moves smaller than this
+    jitter: int = 2  # +/- per-PoP jitter on each step
+    min_warm_pool: int = 5  # percent every standby origin always keeps
+    error_rate_threshold: float = 0.02  # 5xx share over the window
+    p95_threshold_ms: int = 800
+    breach_windows: int = 2  # consecutive bad windows before leaving
+    return_healthy_windows: int = 3  # consecutive good windows before returning
+    return_p50_ms: int = 250
+    return_speed: float = 0.5  # return moves at this fraction of the leave step
+    stale_after_ms: int = 45_000  # metrics older than this hold weights (fail static)
+
+
+@dataclass(frozen=True)
+class Origin:
+    name: str  # also the EDS locality zone: letters, digits, '-', '_' (no dots)
+    address: str
+    port: int
+    tls: bool = False
+    sni: str | None = None
+
+
+@dataclass(frozen=True)
+class OriginGroup:
+    name: str
+    origins: tuple[Origin, ...]
+    # PoP name -> origin names, most preferred first; every PoP and every origin appears.
+    preference: dict[str, tuple[str, ...]]
+    max_origin_concurrency: int
+    tiers: tuple[Tier, ...]  # resolved: global tier defaults merged with group overrides
+    failover: FailoverPolicy
+    health_check: HealthCheck
+
+    def origin(self, name: str) -> Origin:
+        return next(o for o in self.origins if o.name == name)
+
+    def tier(self, name: str) -> Tier:
+        return next(t for t in self.tiers if t.name == name)
+
+
+@dataclass(frozen=True)
+class HeaderMatch:
+    name: str  # lower-case header name
+    kind: HeaderMatchKind
+    value: str = ""  # unused for "present"
+
+
+@dataclass(frozen=True)
+class ClassificationRule:
+    """Requests matching every condition go to `tier`. Rules are tried in order."""
+
+    name: str
+    tier: str
+    path_prefix: str | None = None
+    headers: tuple[HeaderMatch, ...] = ()
+
+
+@dataclass(frozen=True)
+class VirtualHost:
+    name: str
+    domains: tuple[str, ...]
+    origin_group: str
+
+
+@dataclass(frozen=True)
+class Listener:
+    name: str
+    port: int
+    virtual_hosts: tuple[VirtualHost, ...]
+
+
+@dataclass(frozen=True)
+class Pop:
+    name: str  # Envoy node.locality.zone
+    listen_address: str = "0.0.0.0"
+    port_offset: int = 0  # added to every listener port (several PoPs on one host)
+
+
+@dataclass(frozen=True)
+class Desired:
+    pops: tuple[Pop, ...]
+    origin_groups: tuple[OriginGroup, ...]
+    classification: tuple[ClassificationRule, ...]
+    default_tier: str  # unmatched requests: critical (fail safe)
+    listeners: tuple[Listener, ...]
+    source: str = "<memory>"  # file it came from
+    digest: str = ""  # sha256 of the source bytes; identifies a desired-state version
+
+    def pop(self, name: str) -> Pop:
+        return next(p for p in self.pops if p.name == name)
+
+    def group(self, name: str) -> OriginGroup:
+        return next(g for g in self.origin_groups if g.name == name)
+
+    @property
+    def pop_names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.pops)
+
+
+# Per (PoP, origin group): origin name -> weight; the weights of a group sum to 100.
+GroupWeights = dict[str, int]
+PopWeights = dict[str, GroupWeights]  # origin group name -> weights

@@ -1,0 +1,77 @@
+"""What translation produces: Envoy resources for one PoP, serialized once, shared by every node.
+
+A `Resource` carries the protobuf message (for reading and JSON rendering) and its wire bytes
+(`payload`), which may hold extra fields xds-protos does not know yet (Cluster field 62,
+queuing_policies). `version` is a content hash of the payload: equal bytes, equal version, so
+versions survive restarts and a resource that did not change is never re-sent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from google.protobuf.message import Message
+
+CLUSTER_TYPE = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+ENDPOINT_TYPE = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
+LISTENER_TYPE = "type.googleapis.com/envoy.config.listener.v3.Listener"
+ROUTE_TYPE = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
+
+# Make-before-break: the order a change is pushed in (removals go last, in reverse).
+PUSH_ORDER: tuple[str, ...] = (CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE)
+
+ADAPTIVE_LIFO_EXTENSION = "envoy.queue_policy.adaptive_lifo"
+FIFO_EXTENSION = "envoy.queue_policy.fifo"
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a node's Envoy can accept, from `node.extensions` on its first request."""
+
+    adaptive_lifo: bool = False
+
+    @classmethod
+    def from_extension_names(cls, names: set[str] | frozenset[str]) -> Capabilities:
+        return cls(adaptive_lifo=ADAPTIVE_LIFO_EXTENSION in names)
+
+    @property
+    def key(self) -> str:
+        return "lifo" if self.adaptive_lifo else "fifo"
+
+
+@dataclass(frozen=True)
+class Resource:
+    type_url: str
+    name: str
+    message: Message
+    payload: bytes
+    version: str = field(default="")
+
+    @classmethod
+    def of(cls, type_url: str, name: str, message: Message) -> Resource:
+        payload = message.SerializeToString(deterministic=True)
+        return cls(type_url, name, message, payload, content_version(payload))
+
+
+def content_version(payload: bytes) -> str:
+    return hashlib.sha256(payload).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class PopResources:
+    """Everything one PoP's Envoys get, by type URL then resource name."""
+
+    pop: str
+    capabilities: Capabilities
+    by_type: Mapping[str, Mapping[str, Resource]]
+    notes: tuple[str, ...] = ()  # e.g. "shop.critical: adaptive_lifo -> fifo (not supported)"
+
+    def of_type(self, type_url: str) -> Mapping[str, Resource]:
+        return self.by_type.get(type_url, {})
+
+    def type_version(self, type_url: str) -> str:
+        """A version for a whole type (SotW version_info): hash of its resources' versions."""
+        items = sorted((n, r.version) for n, r in self.of_type(type_url).items())
+        return content_version(repr(items).encode())
