@@ -1,0 +1,62 @@
+"""Ballast's own Prometheus metrics, served at the admin API's `/metrics`.
+
+One registry per server (not the process-global one), so several servers in one test process
+never share series.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+CONVERGENCE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 15.0, 30.0)
+
+
+class BallastMetrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.connected_nodes = Gauge(
+            "ballast_connected_nodes", "Envoy nodes with an open ADS stream", ["pop"], registry=r
+        )
+        self.pushes = Counter(
+            "ballast_xds_pushes", "xDS responses sent", ["type"], registry=r
+        )
+        self.push_bytes = Counter(
+            "ballast_xds_push_bytes", "Bytes of xDS responses sent", ["type"], registry=r
+        )
+        self.acks = Counter("ballast_xds_acks", "xDS ACKs received", ["type"], registry=r)
+        self.nacks = Counter("ballast_xds_nacks", "xDS NACKs received", ["type"], registry=r)
+        self.convergence = Histogram(
+            "ballast_xds_convergence_seconds",
+            "Time from sending a response to its ACK",
+            ["type"],
+            buckets=CONVERGENCE_BUCKETS,
+            registry=r,
+        )
+        self.reconcile_tick = Histogram(
+            "ballast_reconcile_tick_seconds", "Duration of one reconcile tick", registry=r
+        )
+        self.decisions = Counter(
+            "ballast_decisions", "Decision log records written", ["kind"], registry=r
+        )
+        self.weight = Gauge(
+            "ballast_origin_weight",
+            "Current weight of an origin in a PoP (percent)",
+            ["pop", "group", "origin"],
+            registry=r,
+        )
+        self.source_staleness = Gauge(
+            "ballast_metric_source_staleness_seconds",
+            "Age of the newest metric sample per PoP and origin group",
+            ["pop", "group"],
+            registry=r,
+        )
+        self.config_reloads = Counter(
+            "ballast_config_reloads", "Desired-state reloads by result", ["result"], registry=r
+        )
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

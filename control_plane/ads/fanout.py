@@ -1,0 +1,69 @@
+"""Per-PoP push notification with debounce: a burst of changes becomes one push per stream.
+
+The snapshot cache calls `changed(pops)`; the hub waits until no change arrived for `quiet`
+seconds (but never longer than `max_delay` after the first change of the burst), then wakes the
+streams of exactly those PoPs. Streams re-read the cache when woken, so they always push the
+newest snapshot, whatever happened in between.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable
+
+Waker = Callable[[], None]
+
+
+class PushHub:
+    def __init__(self, *, quiet: float = 0.1, max_delay: float = 1.0) -> None:
+        self.quiet = quiet
+        self.max_delay = max_delay
+        self._wakers: dict[str, set[Waker]] = {}
+        self._pending: set[str] = set()
+        self._first: float | None = None
+        self._handle: asyncio.TimerHandle | None = None
+        self.flushes = 0  # bursts delivered (tests, metrics)
+
+    def subscribe(self, pop: str, waker: Waker) -> Callable[[], None]:
+        """Call `waker()` when `pop` changed; returns the unsubscribe function."""
+        self._wakers.setdefault(pop, set()).add(waker)
+
+        def unsubscribe() -> None:
+            wakers = self._wakers.get(pop)
+            if wakers is not None:
+                wakers.discard(waker)
+                if not wakers:
+                    del self._wakers[pop]
+
+        return unsubscribe
+
+    def streams(self, pop: str) -> int:
+        return len(self._wakers.get(pop, ()))
+
+    def changed(self, pops: Iterable[str]) -> None:
+        """Note changed PoPs; needs a running event loop (the flush is scheduled on it)."""
+        self._pending.update(pops)
+        if not self._pending:
+            return
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if self._first is None:
+            self._first = now
+        deadline = min(now + self.quiet, self._first + self.max_delay)
+        if self._handle is not None:
+            self._handle.cancel()
+        self._handle = loop.call_at(deadline, self.flush)
+
+    def flush(self) -> None:
+        """Wake the pending PoPs' streams now."""
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        pops, self._pending, self._first = self._pending, set(), None
+        if not pops:
+            return
+        self.flushes += 1
+        for pop in pops:
+            for waker in list(self._wakers.get(pop, ())):
+                waker()
+

@@ -1,0 +1,186 @@
+"""Registry of connected nodes: who is connected, what it was sent, what it ACKed or rejected.
+
+Plain data out (`snapshot()`), for the admin API and the tests. Status per type: SYNCED when the
+last response sent was ACKed, NACKED when it was rejected, STALE while it awaits an answer.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from control_plane.ads.protocol import short_name
+
+Status = Literal["SYNCED", "STALE", "NACKED"]
+
+
+@dataclass(frozen=True)
+class Rejection:
+    version: str
+    message: str
+    at: float  # unix time
+
+
+@dataclass(frozen=True)
+class TypeStatus:
+    type: str  # CDS, EDS, LDS, RDS
+    last_sent: str | None
+    last_acked: str | None
+    last_nack: Rejection | None
+    sends: int
+    status: Status
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    stream: int
+    node_id: str
+    pop: str
+    mode: Literal["sotw", "delta"]
+    envoy_version: str
+    connected_since: float  # unix time
+    capability_key: str
+    capability_reason: str
+    status: Status
+    types: tuple[TypeStatus, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "stream": self.stream,
+            "node_id": self.node_id,
+            "pop": self.pop,
+            "mode": self.mode,
+            "envoy_version": self.envoy_version,
+            "connected_since": self.connected_since,
+            "capability_key": self.capability_key,
+            "capability_reason": self.capability_reason,
+            "status": self.status,
+            "types": {
+                t.type: {
+                    "last_sent": t.last_sent,
+                    "last_acked": t.last_acked,
+                    "last_nack": None
+                    if t.last_nack is None
+                    else {
+                        "version": t.last_nack.version,
+                        "message": t.last_nack.message,
+                        "at": t.last_nack.at,
+                    },
+                    "sends": t.sends,
+                    "status": t.status,
+                }
+                for t in self.types
+            },
+        }
+
+
+@dataclass
+class _TypeRecord:
+    last_sent: str | None = None
+    last_acked: str | None = None
+    last_nack: Rejection | None = None
+    outcome: Status = "STALE"
+    sends: int = 0
+
+
+@dataclass
+class NodeEntry:
+    stream: int
+    node_id: str
+    pop: str
+    mode: Literal["sotw", "delta"]
+    envoy_version: str
+    connected_since: float
+    capability_key: str
+    capability_reason: str
+    types: dict[str, _TypeRecord] = field(default_factory=dict)
+
+    def sent(self, type_url: str, version: str) -> None:
+        record = self.types.setdefault(type_url, _TypeRecord())
+        record.last_sent = version
+        record.sends += 1
+        record.outcome = "STALE"
+
+    def acked(self, type_url: str, version: str) -> None:
+        record = self.types.setdefault(type_url, _TypeRecord())
+        record.last_acked = version
+        if version == record.last_sent:
+            record.outcome = "SYNCED"
+
+    def nacked(self, type_url: str, version: str, message: str) -> None:
+        record = self.types.setdefault(type_url, _TypeRecord())
+        record.last_nack = Rejection(version, message, time.time())
+        if version == record.last_sent:
+            record.outcome = "NACKED"
+
+    def status(self) -> NodeStatus:
+        types = tuple(
+            TypeStatus(
+                type=short_name(type_url),
+                last_sent=r.last_sent,
+                last_acked=r.last_acked,
+                last_nack=r.last_nack,
+                sends=r.sends,
+                status=r.outcome,
+            )
+            for type_url, r in self.types.items()
+        )
+        outcomes = {t.status for t in types}
+        overall: Status = (
+            "NACKED" if "NACKED" in outcomes else "STALE" if "STALE" in outcomes else "SYNCED"
+        )
+        return NodeStatus(
+            stream=self.stream,
+            node_id=self.node_id,
+            pop=self.pop,
+            mode=self.mode,
+            envoy_version=self.envoy_version,
+            connected_since=self.connected_since,
+            capability_key=self.capability_key,
+            capability_reason=self.capability_reason,
+            status=overall,
+            types=types,
+        )
+
+
+class NodeRegistry:
+    def __init__(self) -> None:
+        self._entries: dict[int, NodeEntry] = {}
+        self._ids = itertools.count(1)
+
+    def connect(
+        self,
+        *,
+        node_id: str,
+        pop: str,
+        mode: Literal["sotw", "delta"],
+        envoy_version: str,
+        capability_key: str,
+        capability_reason: str,
+    ) -> NodeEntry:
+        entry = NodeEntry(
+            stream=next(self._ids),
+            node_id=node_id,
+            pop=pop,
+            mode=mode,
+            envoy_version=envoy_version,
+            connected_since=time.time(),
+            capability_key=capability_key,
+            capability_reason=capability_reason,
+        )
+        self._entries[entry.stream] = entry
+        return entry
+
+    def disconnect(self, entry: NodeEntry) -> None:
+        self._entries.pop(entry.stream, None)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def snapshot(self) -> list[NodeStatus]:
+        return [entry.status() for entry in self._entries.values()]
+
+    def by_node(self, node_id: str) -> list[NodeStatus]:
+        return [e.status() for e in self._entries.values() if e.node_id == node_id]

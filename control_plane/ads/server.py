@@ -1,0 +1,289 @@
+"""The thin grpc.aio adapter: AggregatedDiscoveryService streams around the sans-I/O core.
+
+Each stream: read the first request, find the node's PoP (`node.locality.zone`, else
+`node.metadata["pop"]`) and capabilities (`node.extensions`), then loop over two inputs — the
+node's requests and wake-ups from the push hub — feeding them to `SotwStream`/`DeltaStream`
+and writing what comes out. Unknown PoPs and malformed requests end the stream with
+INVALID_ARGUMENT and a message saying why; nothing is sent to such a node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Literal
+
+import grpc
+from envoy.config.core.v3.base_pb2 import Node
+from envoy.service.discovery.v3 import ads_pb2_grpc
+from envoy.service.discovery.v3.discovery_pb2 import (
+    DeltaDiscoveryRequest,
+    DeltaDiscoveryResponse,
+    DiscoveryRequest,
+    DiscoveryResponse,
+)
+
+from control_plane.ads.fanout import PushHub
+from control_plane.ads.nodes import NodeEntry, NodeRegistry
+from control_plane.ads.protocol import (
+    Ack,
+    DeltaResponse,
+    DeltaStream,
+    ProtocolError,
+    SotwResponse,
+    SotwStream,
+    Step,
+    short_name,
+)
+from control_plane.ads.snapshots import SnapshotCache
+from control_plane.translate import capabilities_from_node
+from control_plane.translate.resources import Capabilities, PopResources
+
+log = logging.getLogger(__name__)
+
+Record = Callable[[str, dict[str, Any]], None]
+
+# Envoy's xDS cluster may ping every few seconds (edge.yaml: HTTP/2 keepalive 30 s); without
+# these a gRPC server answers pings with GOAWAY too_many_pings (NOTES.md).
+SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 1000),
+    ("grpc.http2.max_ping_strikes", 0),
+    ("grpc.max_receive_message_length", 16 * 1024 * 1024),
+)
+
+_PUSH = object()
+_CLOSE = object()
+_EOF = object()
+
+
+class NodeRejected(Exception):
+    """The first request names no PoP, or one the desired state does not know."""
+
+
+def pop_of(node: Node) -> str:
+    """The PoP a node belongs to: its locality zone, else a `pop` key in its metadata."""
+    if node.locality.zone:
+        return node.locality.zone
+    field = node.metadata.fields.get("pop")
+    if field is not None and field.WhichOneof("kind") == "string_value" and field.string_value:
+        return field.string_value
+    raise NodeRejected(
+        f"node {node.id!r} names no PoP: set node.locality.zone (or metadata.pop) to a PoP "
+        "of the desired state"
+    )
+
+
+def envoy_version(node: Node) -> str:
+    if node.HasField("user_agent_build_version"):
+        v = node.user_agent_build_version.version
+        return f"{v.major_number}.{v.minor_number}.{v.patch}"
+    return node.user_agent_version or "unknown"
+
+
+def encode_sotw(response: SotwResponse) -> DiscoveryResponse:
+    message = DiscoveryResponse(
+        version_info=response.version, type_url=response.type_url, nonce=response.nonce
+    )
+    for item in response.resources:
+        message.resources.add(type_url=item.type_url, value=item.payload)
+    return message
+
+
+def encode_delta(response: DeltaResponse) -> DeltaDiscoveryResponse:
+    message = DeltaDiscoveryResponse(
+        system_version_info=response.version,
+        type_url=response.type_url,
+        nonce=response.nonce,
+        removed_resources=response.removed,
+    )
+    for item in response.resources:
+        added = message.resources.add(name=item.name, version=item.version)
+        added.resource.type_url = item.type_url
+        added.resource.value = item.payload
+    return message
+
+
+class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
+    def __init__(
+        self,
+        cache: SnapshotCache,
+        hub: PushHub,
+        nodes: NodeRegistry,
+        *,
+        record: Record | None = None,
+    ) -> None:
+        self.cache = cache
+        self.hub = hub
+        self.nodes = nodes
+        self._record = record
+        self._queues: set[asyncio.Queue[object]] = set()
+        self._closing = False
+        self._fallbacks_seen: set[tuple[str, str]] = set()  # (node id, notes version)
+        self.sends = 0  # responses written, all streams (tests, metrics)
+
+    def add_to(self, server: grpc.aio.Server) -> None:
+        """Register on a caller-owned server (which may carry other services too)."""
+        ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(self, server)
+
+    def close_streams(self) -> None:
+        """Shutdown: every open stream ends with UNAVAILABLE; new streams are refused."""
+        self._closing = True
+        for queue in self._queues:
+            queue.put_nowait(_CLOSE)
+
+    async def StreamAggregatedResources(
+        self,
+        request_iterator: AsyncIterator[DiscoveryRequest],
+        context: grpc.aio.ServicerContext[DiscoveryRequest, DiscoveryResponse],
+    ) -> None:
+        await self._serve(context, "sotw", SotwStream())
+
+    async def DeltaAggregatedResources(
+        self,
+        request_iterator: AsyncIterator[DeltaDiscoveryRequest],
+        context: grpc.aio.ServicerContext[DeltaDiscoveryRequest, DeltaDiscoveryResponse],
+    ) -> None:
+        await self._serve(context, "delta", DeltaStream())
+
+    # -- one stream ----------------------------------------------------------------------------
+
+    async def _serve(
+        self,
+        context: grpc.aio.ServicerContext[Any, Any],
+        mode: Literal["sotw", "delta"],
+        stream: SotwStream | DeltaStream,
+    ) -> None:
+        if self._closing:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "ballast is shutting down")
+        first = await context.read()
+        if first is grpc.aio.EOF:
+            return
+        node = first.node
+        try:
+            pop = pop_of(node)
+            if not self.cache.has_pop(pop):
+                known = ", ".join(self.cache.desired.pop_names)
+                raise NodeRejected(f"node {node.id!r} names unknown PoP {pop!r}; known: {known}")
+        except NodeRejected as err:
+            log.warning("rejecting ADS stream: %s", err)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        advertised = capabilities_from_node(node)
+        caps = self.cache.effective_capabilities(pop, advertised)
+        entry = self.nodes.connect(
+            node_id=node.id,
+            pop=pop,
+            mode=mode,
+            envoy_version=envoy_version(node),
+            capability_key=caps.capabilities.key,
+            capability_reason=caps.reason,
+        )
+        queue: asyncio.Queue[object] = asyncio.Queue()
+        self._queues.add(queue)
+        pending_push = False
+
+        def wake() -> None:
+            nonlocal pending_push
+            if not pending_push:
+                pending_push = True
+                queue.put_nowait(_PUSH)
+
+        unsubscribe = self.hub.subscribe(pop, wake)
+        reader = asyncio.create_task(self._read(context, queue))
+        self._emit("node_connected", node=node.id, pop=pop, mode=mode,
+                   envoy_version=entry.envoy_version, capabilities=entry.capability_key,
+                   capability_reason=entry.capability_reason)
+        log.info("node %s connected (%s, PoP %s, %s)", node.id, mode, pop, entry.capability_key)
+        status, details = grpc.StatusCode.OK, ""
+        try:
+            item: object = first
+            while True:
+                if item is _EOF:
+                    break
+                if item is _CLOSE:
+                    status, details = grpc.StatusCode.UNAVAILABLE, "ballast is shutting down"
+                    break
+                if not self.cache.has_pop(pop):
+                    status = grpc.StatusCode.FAILED_PRECONDITION
+                    details = f"PoP {pop!r} is no longer in the desired state"
+                    break
+                snapshot = self._snapshot(entry, advertised)
+                if item is _PUSH:
+                    pending_push = False
+                    step = stream.on_snapshot(snapshot)
+                else:
+                    step = stream.on_request(item, snapshot)  # type: ignore[arg-type]
+                await self._apply(context, entry, step)
+                item = await queue.get()
+        except ProtocolError as err:
+            log.warning("node %s: bad request: %s", node.id, err)
+            status, details = grpc.StatusCode.INVALID_ARGUMENT, str(err)
+        finally:
+            reader.cancel()
+            unsubscribe()
+            self._queues.discard(queue)
+            self.nodes.disconnect(entry)
+            self._emit("node_disconnected", node=node.id, pop=pop, mode=mode,
+                       status=status.name, details=details)
+            log.info("node %s disconnected (%s)", node.id, details or status.name)
+        if status is not grpc.StatusCode.OK:
+            await context.abort(status, details)
+
+    async def _read(
+        self, context: grpc.aio.ServicerContext[Any, Any], queue: asyncio.Queue[object]
+    ) -> None:
+        try:
+            while True:
+                request = await context.read()
+                if request is grpc.aio.EOF:
+                    break
+                queue.put_nowait(request)
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError, ConnectionError):
+            pass
+        queue.put_nowait(_EOF)
+
+    def _snapshot(self, entry: NodeEntry, advertised: Capabilities) -> PopResources:
+        caps = self.cache.effective_capabilities(entry.pop, advertised)
+        entry.capability_key = caps.capabilities.key
+        entry.capability_reason = caps.reason
+        snapshot = self.cache.resources(entry.pop, caps.capabilities)
+        if snapshot.notes:
+            seen = (entry.node_id, repr(snapshot.notes))
+            if seen not in self._fallbacks_seen:
+                self._fallbacks_seen.add(seen)
+                for note in snapshot.notes:
+                    log.info("node %s: capability fallback: %s", entry.node_id, note)
+                self._emit("capability_fallback", node=entry.node_id, pop=entry.pop,
+                           capabilities=caps.capabilities.key, notes=list(snapshot.notes))
+        return snapshot
+
+    async def _apply(
+        self, context: grpc.aio.ServicerContext[Any, Any], entry: NodeEntry, step: Step
+    ) -> None:
+        for event in step.events:
+            if isinstance(event, Ack):
+                entry.acked(event.type_url, event.version)
+            else:
+                entry.nacked(event.type_url, event.version, event.message)
+                log.warning("node %s NACKed %s version %s: %s", entry.node_id,
+                            short_name(event.type_url), event.version, event.message)
+                self._emit("nack", node=entry.node_id, pop=entry.pop,
+                           type=short_name(event.type_url), version=event.version,
+                           message=event.message)
+        for response in step.responses:
+            if isinstance(response, SotwResponse):
+                await context.write(encode_sotw(response))
+            else:
+                await context.write(encode_delta(response))
+            entry.sent(response.type_url, response.version)
+            self.sends += 1
+
+    def _emit(self, kind: str, **fields: Any) -> None:
+        if self._record is None:
+            return
+        try:
+            self._record(kind, fields)
+        except Exception:
+            log.exception("record callback failed for %s", kind)
+

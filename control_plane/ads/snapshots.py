@@ -1,0 +1,213 @@
+"""Per-PoP snapshots: translated resources per (PoP, capability key), shared by every node.
+
+The cache knows nothing of gRPC or streams. It holds the desired state and the current origin
+weights, translates lazily the first time a (PoP, capability key) is asked for, and keeps the
+result (payloads serialized once) until the desired state, a weight of that PoP or a capability
+override changes. Every update re-translates only the affected PoPs, compares the new resources
+with the old ones and tells its listener which PoPs really changed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from control_plane.decide.initial import initial_weights
+from control_plane.desired.model import Desired, GroupWeights, OriginGroup
+from control_plane.translate import UnknownPop, translate_pop
+from control_plane.translate.resources import Capabilities, PopResources
+from control_plane.translate.weights import WeightsError, check_group_weights
+
+log = logging.getLogger(__name__)
+
+Translator = Callable[[Desired, str, Mapping[str, GroupWeights], Capabilities], PopResources]
+ChangeListener = Callable[[frozenset[str]], None]
+
+
+@dataclass(frozen=True)
+class EffectiveCapabilities:
+    """The capabilities a node's resources are translated for, and why."""
+
+    capabilities: Capabilities
+    reason: str
+
+
+def fingerprint(resources: PopResources) -> tuple[tuple[str, str, str], ...]:
+    """Every (type, name, version) of a snapshot: equal fingerprints, nothing to push."""
+    return tuple(
+        sorted(
+            (type_url, name, item.version)
+            for type_url, items in resources.by_type.items()
+            for name, item in items.items()
+        )
+    )
+
+
+class SnapshotCache:
+    def __init__(self, desired: Desired, *, translator: Translator = translate_pop) -> None:
+        self._desired = desired
+        self._translate = translator
+        self._weights: dict[str, dict[str, GroupWeights]] = {}
+        self._overrides: dict[str, Capabilities] = {}
+        self._entries: dict[tuple[str, str], PopResources] = {}
+        self._listeners: list[ChangeListener] = []
+        self.translations = 0  # how many times translate ran (tests, metrics)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    @property
+    def desired(self) -> Desired:
+        return self._desired
+
+    def has_pop(self, pop: str) -> bool:
+        return pop in self._desired.pop_names
+
+    def effective_capabilities(self, pop: str, advertised: Capabilities) -> EffectiveCapabilities:
+        """A PoP override (set by an operator or a test) wins over what the node advertised."""
+        override = self._overrides.get(pop)
+        if override is not None:
+            return EffectiveCapabilities(override, f"override for PoP {pop}")
+        return EffectiveCapabilities(advertised, "node.extensions")
+
+    def resources(self, pop: str, caps: Capabilities) -> PopResources:
+        """The PoP's resources for nodes with `caps`; translated once, then shared."""
+        key = (pop, caps.key)
+        entry = self._entries.get(key)
+        if entry is None:
+            if not self.has_pop(pop):
+                raise UnknownPop(
+                    f"unknown PoP {pop!r}; known: {', '.join(self._desired.pop_names)}"
+                )
+            entry = self._build(self._desired, pop, caps)
+            self._entries[key] = entry
+        return entry
+
+    def weights(self, pop: str, group: str) -> GroupWeights:
+        """Current weights of (PoP, origin group): pushed ones, else the starting weights."""
+        self._check_pop(pop)
+        pushed = self._weights.get(pop, {}).get(group)
+        if pushed is not None:
+            return dict(pushed)
+        return initial_weights(self._group(group), pop)
+
+    def all_weights(self) -> dict[str, dict[str, GroupWeights]]:
+        return {
+            pop: {g.name: self.weights(pop, g.name) for g in self._desired.origin_groups}
+            for pop in self._desired.pop_names
+        }
+
+    # -- changing --------------------------------------------------------------------------
+
+    def add_listener(self, listener: ChangeListener) -> None:
+        """`listener(pops)` is called with the PoPs whose resources changed."""
+        self._listeners.append(listener)
+
+    def update_weights(self, pop: str, group: str, weights: Mapping[str, int]) -> bool:
+        """Set one (PoP, group)'s weights; True if the PoP's resources changed.
+
+        Raises `UnknownPop` / `WeightsError` (state untouched) for weights that do not fit.
+        """
+        self._check_pop(pop)
+        check_group_weights(self._group(group), weights)
+        before = self._weights.get(pop, {}).get(group)
+        self._weights.setdefault(pop, {})[group] = dict(weights)
+        try:
+            changed = self._rebuild(self._desired, {pop})
+        except Exception:
+            self._restore_weights(pop, group, before)
+            raise
+        return bool(changed)
+
+    def update_desired(self, desired: Desired) -> frozenset[str]:
+        """Swap in a new desired state; returns (and announces) the PoPs whose config changed.
+
+        Weights that no longer fit (origin group or origins gone) fall back to the starting
+        weights; PoPs that disappeared count as changed so their streams can be told.
+        """
+        kept: dict[str, dict[str, GroupWeights]] = {}
+        for pop, groups in self._weights.items():
+            if pop not in desired.pop_names:
+                continue
+            for group, weights in groups.items():
+                if _fits(desired, group, weights):
+                    kept.setdefault(pop, {})[group] = weights
+        old_weights, self._weights = self._weights, kept
+        try:
+            changed = self._rebuild(desired, {pop for pop, _ in self._entries})
+        except Exception:
+            self._weights = old_weights
+            raise
+        self._desired = desired
+        return changed
+
+    def override_capabilities(self, pop: str, caps: Capabilities | None) -> None:
+        """Force `caps` onto every node of `pop` (None: back to what nodes advertise)."""
+        self._check_pop(pop)
+        if caps is None:
+            self._overrides.pop(pop, None)
+        else:
+            self._overrides[pop] = caps
+        self._announce(frozenset({pop}))
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _build(self, desired: Desired, pop: str, caps: Capabilities) -> PopResources:
+        weights = self._weights.get(pop, {})
+        self.translations += 1
+        return self._translate(desired, pop, weights, caps)
+
+    def _rebuild(self, desired: Desired, pops: set[str]) -> frozenset[str]:
+        """Re-translate the cached entries of `pops` against `desired`; swap only if all work."""
+        fresh: dict[tuple[str, str], PopResources] = {}
+        changed: set[str] = set()
+        for (pop, cap_key), old in self._entries.items():
+            if pop not in pops:
+                continue
+            if pop not in desired.pop_names:
+                changed.add(pop)
+                continue
+            new = self._build(desired, pop, old.capabilities)
+            fresh[(pop, cap_key)] = new
+            if fingerprint(new) != fingerprint(old) or new.notes != old.notes:
+                changed.add(pop)
+        for key in [k for k in self._entries if k[0] in pops]:
+            del self._entries[key]
+        self._entries.update(fresh)
+        result = frozenset(changed)
+        if result:
+            self._announce(result)
+        return result
+
+    def _announce(self, pops: frozenset[str]) -> None:
+        log.debug("snapshots changed for PoPs %s", ", ".join(sorted(pops)))
+        for listener in self._listeners:
+            listener(pops)
+
+    def _restore_weights(self, pop: str, group: str, before: GroupWeights | None) -> None:
+        if before is None:
+            self._weights[pop].pop(group, None)
+        else:
+            self._weights[pop][group] = before
+
+    def _check_pop(self, pop: str) -> None:
+        if not self.has_pop(pop):
+            raise UnknownPop(f"unknown PoP {pop!r}; known: {', '.join(self._desired.pop_names)}")
+
+    def _group(self, name: str) -> OriginGroup:
+        for group in self._desired.origin_groups:
+            if group.name == name:
+                return group
+        known = ", ".join(g.name for g in self._desired.origin_groups)
+        raise WeightsError(f"unknown origin group {name!r}; known: {known}")
+
+
+def _fits(desired: Desired, group: str, weights: GroupWeights) -> bool:
+    for candidate in desired.origin_groups:
+        if candidate.name == group:
+            try:
+                check_group_weights(candidate, weights)
+            except WeightsError:
+                return False
+            return True
+    return False

@@ -1,0 +1,112 @@
+"""A small HTTP origin for the demo fleet and the tests, with faults that can be switched on.
+
+Every path answers 200 with `x-origin: <name>` and echoes the tier Envoy classified the request
+into (`x-ballast-tier` in, `x-seen-tier` out). Faults are deterministic: with an error rate of
+0.25 exactly every fourth request fails, so tests can assert on counts, not luck.
+`POST /_ballast/fault` (JSON body with the fields of `Fault`) changes them over HTTP, which is how
+`make run` lets an operator break an origin by hand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections import Counter
+from dataclasses import asdict, dataclass, fields
+
+from aiohttp import web
+
+FAULT_PATH = "/_ballast/fault"
+HEALTH_PATHS = frozenset({"/healthz", "/healthz/cacheable"})
+
+
+@dataclass(frozen=True)
+class Fault:
+    error_rate: float = 0.0  # share of requests answered with `status`
+    status: int = 503
+    latency_ms: int = 0  # added before answering
+    fail_health: bool = False  # health paths answer `status` too
+
+    @classmethod
+    def from_json(cls, data: object) -> Fault:
+        if not isinstance(data, dict):
+            raise ValueError("fault must be a JSON object")
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown fault fields: {', '.join(sorted(unknown))}")
+        fault = cls(**data)
+        if not 0.0 <= float(fault.error_rate) <= 1.0:
+            raise ValueError("error_rate must be within 0..1")
+        if not 100 <= int(fault.status) <= 599 or int(fault.latency_ms) < 0:
+            raise ValueError("status must be 100..599 and latency_ms >= 0")
+        return fault
+
+
+class DemoOrigin:
+    def __init__(self, name: str, port: int, host: str = "127.0.0.1") -> None:
+        self.name = name
+        self.host = host
+        self.port = port
+        self.fault = Fault()
+        self.requests: Counter[str] = Counter()  # per tier seen
+        self.errors = 0
+        self._served = 0
+        self._runner: web.AppRunner | None = None
+
+    def set_fault(self, fault: Fault) -> None:
+        self.fault = fault
+        self._served = 0
+
+    @property
+    def total(self) -> int:
+        return sum(self.requests.values())
+
+    def _should_fail(self) -> bool:
+        rate = self.fault.error_rate
+        before = math.floor(self._served * rate)
+        self._served += 1
+        return math.floor(self._served * rate) > before
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        if request.path == FAULT_PATH:
+            return await self._handle_fault(request)
+        if self.fault.latency_ms:
+            await asyncio.sleep(self.fault.latency_ms / 1000)
+        headers = {"x-origin": self.name}
+        if request.path in HEALTH_PATHS:
+            status = self.fault.status if self.fault.fail_health else 200
+            if request.path == "/healthz/cacheable":
+                headers["cache-control"] = "public, max-age=5"
+            return web.Response(status=status, text=f"{self.name}\n", headers=headers)
+        tier = request.headers.get("x-ballast-tier", "")
+        headers["x-seen-tier"] = tier
+        self.requests[tier] += 1
+        if self._should_fail():
+            self.errors += 1
+            return web.Response(status=self.fault.status, text="injected\n", headers=headers)
+        body = json.dumps({"origin": self.name, "path": request.path, "tier": tier})
+        return web.Response(text=body + "\n", content_type="application/json", headers=headers)
+
+    async def _handle_fault(self, request: web.Request) -> web.Response:
+        if request.method == "GET":
+            return web.json_response(asdict(self.fault))
+        try:
+            self.set_fault(Fault.from_json(await request.json()))
+        except (ValueError, TypeError) as err:
+            return web.json_response({"error": str(err)}, status=400)
+        return web.json_response(asdict(self.fault))
+
+    async def start(self) -> DemoOrigin:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, self.host, self.port).start()
+        return self
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None

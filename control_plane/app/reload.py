@@ -1,0 +1,92 @@
+"""Watch the desired-state file and hand over complete new contents, never a half-written file.
+
+Editors save in two ways: rewrite in place (the file is briefly truncated or partial) or write a
+temp file and rename it over the original. Both are covered by polling the file's identity
+(inode, size, mtime) and only reading it once that identity has stayed the same for `settle`
+seconds; the bytes are then handed over only if their hash differs from the last ones handed
+over. Whatever is handed over still goes through full validation before anything applies.
+SIGHUP (via `trigger`) forces a re-read even if nothing seems to have changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+FileIdentity = tuple[int, int, int]  # inode, size, mtime_ns
+
+
+def identity(path: Path) -> FileIdentity | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+class DesiredFileWatcher:
+    def __init__(
+        self,
+        path: Path,
+        on_change: Callable[[bytes], Awaitable[None]],
+        *,
+        poll: float = 0.25,
+        settle: float = 0.3,
+        current: bytes | None = None,
+    ) -> None:
+        self.path = path
+        self.on_change = on_change
+        self.poll = poll
+        self.settle = settle
+        self._seen = identity(path)
+        self._handed_hash = hashlib.sha256(current).hexdigest() if current is not None else None
+        self._forced = asyncio.Event()
+
+    def trigger(self) -> None:
+        """Re-read now (SIGHUP)."""
+        self._forced.set()
+
+    async def run(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._forced.wait(), self.poll)
+            forced = self._forced.is_set()
+            self._forced.clear()
+            now = identity(self.path)
+            if now is None or (now == self._seen and not forced):
+                continue
+            stable = await self._wait_stable(now)
+            if stable is None:
+                continue
+            self._seen = stable
+            await self._hand_over(forced)
+
+    async def _wait_stable(self, first: FileIdentity) -> FileIdentity | None:
+        previous = first
+        while True:
+            await asyncio.sleep(self.settle)
+            now = identity(self.path)
+            if now is None:
+                return None
+            if now == previous:
+                return now
+            previous = now
+
+    async def _hand_over(self, forced: bool) -> None:
+        try:
+            data = self.path.read_bytes()
+        except OSError as err:
+            log.warning("cannot read %s: %s", self.path, err)
+            return
+        digest = hashlib.sha256(data).hexdigest()
+        if digest == self._handed_hash and not forced:
+            return
+        self._handed_hash = digest
+        await self.on_change(data)

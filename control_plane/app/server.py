@@ -1,0 +1,54 @@
+"""`BallastServer`: the running control plane — snapshot cache, push hub, node registry and the
+ADS servicer on one grpc.aio server. The reconcile loop, hot reload and admin API hang off it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+
+from control_plane.ads.fanout import PushHub
+from control_plane.ads.nodes import NodeRegistry
+from control_plane.ads.server import SERVER_OPTIONS, AdsServicer, Record
+from control_plane.ads.snapshots import SnapshotCache
+from control_plane.desired.model import Desired
+
+log = logging.getLogger(__name__)
+
+
+class BallastServer:
+    def __init__(
+        self,
+        desired: Desired,
+        *,
+        xds_address: str = "127.0.0.1:18000",
+        record: Record | None = None,
+        debounce: float = 0.1,
+        max_delay: float = 1.0,
+    ) -> None:
+        self.xds_address = xds_address
+        self.cache = SnapshotCache(desired)
+        self.hub = PushHub(quiet=debounce, max_delay=max_delay)
+        self.cache.add_listener(self.hub.changed)
+        self.nodes = NodeRegistry()
+        self.ads = AdsServicer(self.cache, self.hub, self.nodes, record=record)
+        self.grpc = grpc.aio.server(options=SERVER_OPTIONS)
+        self.ads.add_to(self.grpc)
+        self.port = 0
+
+    async def start(self) -> None:
+        """Bind and serve; `port` is the bound port (useful with an address ending in :0)."""
+        self.port = self.grpc.add_insecure_port(self.xds_address)
+        if self.port == 0:
+            raise OSError(f"cannot listen on {self.xds_address}")
+        await self.grpc.start()
+        host = self.xds_address.rsplit(":", 1)[0]
+        log.info("serving xDS (ADS, SotW and delta) on %s:%d", host, self.port)
+
+    async def stop(self, grace: float = 1.0) -> None:
+        """Refuse new streams, end open ones with UNAVAILABLE, then stop after `grace` s."""
+        stopping = self.grpc.stop(grace)
+        self.ads.close_streams()
+        await stopping
+        log.info("xDS server stopped")

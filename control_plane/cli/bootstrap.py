@@ -1,0 +1,91 @@
+"""`ballast bootstrap --pop NAME --node-id ID`: print a ready Envoy bootstrap fed by Ballast.
+
+ADS over gRPC (or delta with --delta) to Ballast at --xds, node locality zone = the PoP, admin on
+127.0.0.1. Templates live in `envoy/` (edge, sidecar).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+
+import yaml
+
+from control_plane.translate.bootstrap import TEMPLATES, ads_bootstrap
+
+HELP = "print an Envoy bootstrap that streams its config from Ballast (ADS)"
+NAME = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+class BootstrapArgumentError(ValueError):
+    pass
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--pop", required=True, metavar="NAME", help="the Envoy's PoP")
+    parser.add_argument("--node-id", required=True, metavar="ID", help="Envoy node id")
+    parser.add_argument(
+        "--xds", default="127.0.0.1:18000", metavar="HOST:PORT", help="Ballast's ADS address"
+    )
+    parser.add_argument(
+        "--admin-port", default="9901", metavar="N", help="Envoy admin port on 127.0.0.1"
+    )
+    parser.add_argument("--delta", action="store_true", help="use delta (incremental) ADS")
+    parser.add_argument(
+        "--metrics-sink", action="store_true", help="stream stats to Ballast (metrics_service)"
+    )
+    parser.add_argument(
+        "--template",
+        default="edge",
+        choices=sorted(p.stem for p in TEMPLATES.glob("*.yaml")),
+        help="bootstrap template in envoy/ (default edge)",
+    )
+    parser.add_argument("--format", default="yaml", choices=["yaml", "json"], help="output")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        host, port = parse_host_port(args.xds)
+        admin_port = parse_port("--admin-port", args.admin_port, allow_zero=True)
+        if not NAME.match(args.pop):
+            raise BootstrapArgumentError(
+                f"--pop {args.pop!r}: use letters, digits, '-' and '_' (it is the stats zone)"
+            )
+        if not args.node_id.strip():
+            raise BootstrapArgumentError("--node-id must not be empty")
+    except BootstrapArgumentError as err:
+        print(f"ballast bootstrap: {err}", file=sys.stderr)
+        return 2
+    bootstrap = ads_bootstrap(
+        node_id=args.node_id,
+        pop=args.pop,
+        xds_host=host,
+        xds_port=port,
+        admin_port=admin_port,
+        delta=args.delta,
+        metrics_sink=args.metrics_sink,
+        template=args.template,
+    )
+    if args.format == "json":
+        print(json.dumps(bootstrap, indent=2))
+    else:
+        print(yaml.safe_dump(bootstrap, sort_keys=False), end="")
+    return 0
+
+
+def parse_host_port(text: str) -> tuple[str, int]:
+    """`host:port` or `[v6]:port`."""
+    host, colon, port = text.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not colon or not host:
+        raise BootstrapArgumentError(f"--xds {text!r}: expected HOST:PORT, e.g. 127.0.0.1:18000")
+    return host, parse_port("--xds", port, allow_zero=False)
+
+
+def parse_port(option: str, text: str, *, allow_zero: bool) -> int:
+    lowest = 0 if allow_zero else 1
+    if not text.isdigit() or not lowest <= int(text) <= 65535:
+        raise BootstrapArgumentError(f"{option}: port {text!r} must be {lowest}..65535")
+    return int(text)

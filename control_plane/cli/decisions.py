@@ -1,0 +1,167 @@
+"""`ballast decisions`: the decision log as a table or JSON lines, optionally following it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from datetime import UTC, datetime
+from typing import Any
+
+from control_plane.decisions.kinds import KINDS
+from control_plane.decisions.read import (
+    FileSource,
+    Query,
+    Record,
+    RecordSource,
+    parse_since,
+    record_time,
+    since_cutoff,
+)
+from control_plane.state.paths import DEFAULT_STATE_DIR, STATE_DIR_ENV, state_dir
+
+HELP = "show the decision log: what the controller and the server decided, and why"
+HEADER = ("TIME", "SEQ", "KIND", "POP", "GROUP", "WEIGHTS", "RULE")
+
+
+def _since(text: str) -> Any:
+    try:
+        return parse_since(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _kinds(text: str) -> list[str]:
+    kinds = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [kind for kind in kinds if kind not in KINDS]
+    if unknown or not kinds:
+        raise argparse.ArgumentTypeError(
+            f"unknown kind {', '.join(unknown) or repr(text)}; known kinds: {', '.join(KINDS)}"
+        )
+    return kinds
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"wants a whole number >= 1, got {text!r}")
+    return value
+
+
+def _interval(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"wants a number of seconds > 0, got {text!r}")
+    return value
+
+
+def add_state_dir(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        help=f"state directory (default: ${STATE_DIR_ENV} or {DEFAULT_STATE_DIR})",
+    )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_state_dir(parser)
+    parser.add_argument("--pop", help="only this PoP")
+    parser.add_argument("--group", help="only this origin group")
+    parser.add_argument(
+        "--kind", type=_kinds, action="append", metavar="K",
+        help="only these kinds (repeat or comma-separate): " + ", ".join(KINDS),
+    )
+    parser.add_argument(
+        "--since", type=_since, metavar="WHEN",
+        help="only newer records: a duration ago (30s, 10m, 2h, 1d) or an ISO-8601 time",
+    )
+    parser.add_argument("--limit", type=_positive, metavar="N", help="only the newest N records")
+    parser.add_argument("--json", action="store_true", help="one JSON record per line")
+    parser.add_argument("--follow", "-f", action="store_true", help="keep printing new records")
+    parser.add_argument(
+        "--interval", type=_interval, default=1.0, metavar="SECONDS",
+        help="how often --follow polls (default 1)",
+    )
+
+
+def source_for(args: argparse.Namespace) -> RecordSource:
+    return FileSource(state_dir(args.state_dir))
+
+
+def _weights(record: Record) -> str:
+    before = record.get("weights_before") or {}
+    after = record.get("weights_after") or {}
+    names = list(dict.fromkeys([*before, *after]))
+    parts = []
+    for name in names:
+        old, new = before.get(name), after.get(name)
+        parts.append(f"{name} {old}→{new}" if old != new else f"{name} {new}")
+    return ", ".join(parts)
+
+
+def _row(record: Record) -> tuple[str, ...]:
+    rule = record.get("rule")
+    if rule is None and record.get("detail") is not None:
+        rule = json.dumps(record["detail"], separators=(",", ":"))
+    return (
+        record_time(record).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3],
+        str(record["seq"]),
+        str(record.get("kind")),
+        str(record.get("pop") or "-"),
+        str(record.get("group") or "-"),
+        _weights(record) or "-",
+        rule or "",
+    )
+
+
+def _table(records: list[Record]) -> str:
+    rows = [HEADER, *map(_row, records)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(HEADER) - 1)]
+    return "\n".join(
+        "  ".join([*(cell.ljust(w) for cell, w in zip(row, widths, strict=False)), row[-1]])
+        for row in rows
+    )
+
+
+def _emit(records: list[Record], as_json: bool, header: bool) -> None:
+    if as_json:
+        for record in records:
+            print(json.dumps(record, separators=(",", ":"), ensure_ascii=False))
+    elif header:
+        print(_table(records))
+    else:
+        for record in records:
+            print("  ".join(_row(record)))
+    sys.stdout.flush()
+
+
+def run(args: argparse.Namespace) -> int:
+    source = source_for(args)
+    kinds = frozenset(kind for group in args.kind or () for kind in group)
+    since = since_cutoff(args.since, datetime.now(UTC)) if args.since is not None else None
+    query = Query(pop=args.pop, group=args.group, kinds=kinds, since=since, limit=args.limit)
+    try:
+        records = source.query(query)
+        if records:
+            _emit(records, args.json, header=True)
+        elif not args.follow:
+            print(f"no decisions in {source} matching the filters")
+        if args.follow:
+            after = records[-1]["seq"] if records else 0
+            stream = source.follow(Query(args.pop, args.group, kinds, since), after,
+                                   args.interval, stop=lambda: False)
+            for record in stream:
+                _emit([record], args.json, header=False)
+    except KeyboardInterrupt:
+        return 0
+    except BrokenPipeError:  # e.g. piped into `head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    return 0

@@ -1,0 +1,27 @@
+"""`ballast explain`: why the weights of one (PoP, origin group) are what they are now."""
+
+from __future__ import annotations
+
+import argparse
+
+from control_plane.cli.decisions import add_state_dir, source_for
+from control_plane.decisions.explain import explain
+from control_plane.decisions.read import Query
+
+HELP = "explain in plain words why a PoP's weights for an origin group are what they are now"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_state_dir(parser)
+    parser.add_argument("--pop", required=True, help="the PoP")
+    parser.add_argument("--group", required=True, help="the origin group")
+
+
+def run(args: argparse.Namespace) -> int:
+    source = source_for(args)
+    records = source.query(Query(pop=args.pop, group=args.group))
+    if not records:
+        print(f"no decisions for pop {args.pop}, group {args.group} in {source}")
+        return 0
+    print(explain(records, args.pop, args.group))
+    return 0

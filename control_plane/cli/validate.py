@@ -1,0 +1,122 @@
+"""`ballast validate FILE`: check the desired state, then let a real Envoy judge every PoP.
+
+After the schema check, each PoP is rendered (Envoy 1.40's extensions unless a node file says
+otherwise) into a static bootstrap and run through `envoy --mode validate`; Envoy's own verdict
+is printed per PoP. Exit 0 only when the file loads and every PoP passes; 1 otherwise; 2 for bad
+arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from control_plane.app.envoy_process import EnvoyNotFound, find_envoy, validate_bootstrap
+from control_plane.cli.translate_options import (
+    DEFAULT_ENVOY_RELEASE,
+    OptionError,
+    load_or_report,
+    node_capabilities,
+    release_capabilities,
+)
+from control_plane.translate import static_bootstrap, translate_pop
+
+HELP = "check a desired-state file; with an envoy binary, have Envoy validate every PoP"
+ENVOY_ERROR_CHARS = 600  # Envoy echoes the whole config in its error; keep the message part
+_LOG_PREFIX = re.compile(r"^(\[[^\]]*\])+\s*(\[[^\]]*\]\s*)?")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", metavar="FILE", help="desired-state YAML")
+    envoy = parser.add_mutually_exclusive_group()
+    envoy.add_argument("--envoy", metavar="PATH", help="the envoy binary to validate with")
+    envoy.add_argument("--no-envoy", action="store_true", help="only check the file")
+    parser.add_argument(
+        "--extensions-from-node",
+        metavar="FILE",
+        help="render for the extensions of this Envoy node (protobuf JSON of a Node); "
+        f"default: Envoy {DEFAULT_ENVOY_RELEASE}'s",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        caps = (
+            node_capabilities(args.extensions_from_node)
+            if args.extensions_from_node
+            else release_capabilities(DEFAULT_ENVOY_RELEASE)
+        )
+        binary = None if args.no_envoy else _envoy_binary(args.envoy)
+    except OptionError as err:
+        print(f"ballast validate: {err}", file=sys.stderr)
+        return 2
+    desired = load_or_report(args.file)
+    if desired is None:
+        return 1
+    print(
+        f"{args.file}: OK ({len(desired.pops)} PoPs, {len(desired.origin_groups)} origin groups, "
+        f"{len(desired.listeners)} listeners)"
+    )
+    if binary is None:
+        reason = "--no-envoy" if args.no_envoy else "no envoy binary found"
+        print(f"envoy check skipped ({reason})")
+        return 0
+    version = envoy_version(binary)
+    failed = 0
+    for pop in desired.pop_names:
+        resources = translate_pop(desired, pop, {}, caps)
+        ok, output = validate_bootstrap(static_bootstrap(resources), binary)
+        if ok:
+            print(f"pop {pop}: OK (envoy {version})")
+        else:
+            failed += 1
+            print(f"pop {pop}: rejected by envoy {version}: {envoy_error(output)}")
+        for note in resources.notes:
+            print(f"  note: {note}")
+    return 1 if failed else 0
+
+
+def _envoy_binary(explicit: str | None) -> str | None:
+    if explicit is not None:
+        if not (Path(explicit).is_file() and os.access(explicit, os.X_OK)):
+            raise OptionError(f"--envoy {explicit}: not an executable file")
+        return explicit
+    try:
+        return find_envoy()
+    except EnvoyNotFound:
+        return None
+
+
+def envoy_version(binary: str) -> str:
+    """`1.40.0` from `envoy --version` (`.../1.40.0/Clean/RELEASE/BoringSSL`)."""
+    result = subprocess.run(
+        [binary, "--version"], capture_output=True, text=True, timeout=30, check=False
+    )
+    found = re.search(r"/(\d+\.\d+\.\d+)/", result.stdout)
+    return found.group(1) if found else "unknown version"
+
+
+def envoy_error(output: str) -> str:
+    """The message of Envoy's failed validation, without log prefixes or the echoed config.
+
+    Envoy prints `error initializing configuration '<path>': <message>`; for JSON it appends the
+    whole config, for proto constraint failures it puts the config first (as a text proto) and
+    the reason on a last line starting with `: `.
+    """
+    lines = output.splitlines()
+    first = next((i for i, line in enumerate(lines) if "[critical]" in line), None)
+    if first is None:
+        return output.strip()[:ENVOY_ERROR_CHARS]
+    message = _LOG_PREFIX.sub("", lines[first])
+    message = re.sub(r"^.*?error initializing configuration '[^']*': ", "", message).strip()
+    reasons = [line[2:] for line in lines[first + 1 :] if line.startswith(": ")]
+    if reasons:
+        message = reasons[-1].strip()
+    message = re.sub(r"^(Unable to parse JSON as proto \(.*?\)): \{.*$", r"\1", message)
+    if len(message) > ENVOY_ERROR_CHARS:
+        message = message[:ENVOY_ERROR_CHARS] + "..."
+    return message

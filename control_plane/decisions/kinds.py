@@ -1,0 +1,20 @@
+"""Every kind of decision record. Add new kinds here: the writer and the CLI accept only these."""
+
+from __future__ import annotations
+
+from control_plane.decide.controller import STEP_KINDS
+
+CONTROLLER_KINDS: tuple[str, ...] = STEP_KINDS
+KINDS: tuple[str, ...] = (
+    *CONTROLLER_KINDS,
+    "config_applied",
+    "config_rejected",
+    "nack",
+    "node_connected",
+    "node_disconnected",
+    "capability_fallback",
+    "tier_action",
+    "state_restored",
+    "startup",
+    "shutdown",
+)

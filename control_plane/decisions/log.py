@@ -1,0 +1,172 @@
+"""The append-only decision log: JSON Lines in the state directory, one fsync'd record per decision.
+
+Files: ``decisions.jsonl`` (current), ``decisions.1.jsonl`` (previous) ... ``decisions.N.jsonl``
+(oldest kept). A record is written with a single ``write`` and ``fsync`` before ``record`` returns,
+so after ``kill -9`` at most the line being written is torn; readers skip it and the writer starts
+a fresh line after it. ``seq`` continues across restarts: the writer reads the last one on open.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from control_plane.decisions.kinds import KINDS
+
+CURRENT = "decisions.jsonl"
+DEFAULT_MAX_BYTES = 10 * 1024 * 1024
+DEFAULT_KEEP = 5
+FIELDS: tuple[str, ...] = (
+    "pop",
+    "group",
+    "weights_before",
+    "weights_after",
+    "inputs",
+    "rule",
+    "config_version",
+    "detail",
+)
+
+Clock = Callable[[], datetime]
+
+
+def rotated_name(index: int) -> str:
+    return f"decisions.{index}.jsonl"
+
+
+def log_files(state_dir: Path) -> list[Path]:
+    """Existing log files, oldest first."""
+    rotated = sorted(
+        (
+            (int(path.name.split(".")[1]), path)
+            for path in state_dir.glob("decisions.*.jsonl")
+            if path.name.split(".")[1].isdigit()
+        ),
+        reverse=True,
+    )
+    files = [path for _, path in rotated]
+    current = state_dir / CURRENT
+    if current.exists():
+        files.append(current)
+    return files
+
+
+def format_time(moment: datetime) -> str:
+    """ISO-8601 UTC with milliseconds: ``2024-05-01T16:02:10.123Z``."""
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def parse_line(line: bytes) -> dict[str, Any] | None:
+    """A record from one line, or None for a torn or foreign line."""
+    try:
+        record = json.loads(line)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not isinstance(record, dict) or type(record.get("seq")) is not int:
+        return None
+    return record
+
+
+def _last_seq(path: Path) -> int | None:
+    for line in reversed(path.read_bytes().splitlines()):
+        record = parse_line(line)
+        if record is not None:
+            return int(record["seq"])
+    return None
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class DecisionLog:
+    """Writer. ``record(kind, **fields)`` appends one record durably and returns it."""
+
+    def __init__(
+        self,
+        state_dir: str | os.PathLike[str],
+        *,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        keep: int = DEFAULT_KEEP,
+        clock: Clock | None = None,
+    ) -> None:
+        if max_bytes < 1 or keep < 1:
+            raise ValueError("max_bytes and keep must be at least 1")
+        self.state_dir = Path(state_dir)
+        self.path = self.state_dir / CURRENT
+        self.max_bytes = max_bytes
+        self.keep = keep
+        self._clock: Clock = clock or (lambda: datetime.now(UTC))
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.seq = next(
+            (seq for seq in map(_last_seq, reversed(log_files(self.state_dir))) if seq is not None),
+            0,
+        )
+        self._fd = self._open()
+
+    def _open(self) -> int:
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        size = os.fstat(fd).st_size
+        if size:
+            with open(self.path, "rb") as current:
+                current.seek(size - 1)
+                torn = current.read(1) != b"\n"
+            if torn:
+                os.write(fd, b"\n")
+                os.fsync(fd)
+        _fsync_dir(self.state_dir)
+        return fd
+
+    def _rotate(self) -> None:
+        os.close(self._fd)
+        oldest = self.state_dir / rotated_name(self.keep)
+        oldest.unlink(missing_ok=True)
+        for index in range(self.keep - 1, 0, -1):
+            source = self.state_dir / rotated_name(index)
+            if source.exists():
+                source.rename(self.state_dir / rotated_name(index + 1))
+        self.path.rename(self.state_dir / rotated_name(1))
+        self._fd = self._open()
+
+    def record(self, kind: str, **fields: Any) -> dict[str, Any]:
+        """Append one decision; returns the record as written. Unknown kinds or fields raise."""
+        if kind not in KINDS:
+            raise ValueError(f"unknown decision kind {kind!r}; known: {', '.join(KINDS)}")
+        unknown = set(fields) - set(FIELDS)
+        if unknown:
+            raise TypeError(f"unknown decision record fields: {', '.join(sorted(unknown))}")
+        record: dict[str, Any] = {
+            "time": format_time(self._clock()),
+            "seq": self.seq + 1,
+            "kind": kind,
+            **{name: fields.get(name) for name in FIELDS},
+        }
+        line = (json.dumps(record, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
+        size = os.fstat(self._fd).st_size
+        if size and size + len(line) > self.max_bytes:
+            self._rotate()
+        written = os.write(self._fd, line)
+        if written != len(line):
+            raise OSError(f"short write to {self.path}: {written} of {len(line)} bytes")
+        os.fsync(self._fd)
+        self.seq += 1
+        return record
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> DecisionLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,60 @@
+"""Loading a desired-state file: bytes to a validated, immutable `Desired`, or every problem.
+
+`load_desired(path)` and `parse_desired(text, source)` either return a complete model or raise
+`DesiredStateError` listing all problems of the file at once; nothing half-valid escapes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from control_plane.desired.errors import At, DesiredStateError, Problem, Sink
+from control_plane.desired.model import Desired
+from control_plane.desired.validate import build_desired
+from control_plane.desired.yaml_nodes import compose
+
+MAX_FILE_BYTES = 1024 * 1024
+
+
+def load_desired(path: str | Path) -> Desired:
+    """Read and validate a desired-state file; `source` in problems is `path` as given."""
+    source = str(path)
+    try:
+        size = Path(path).stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise DesiredStateError([_too_large(source, size)])
+        data = Path(path).read_bytes()
+    except OSError as error:
+        reason = error.strerror or str(error)
+        problem = Problem(source, 0, 0, "", f"cannot read file: {reason}")
+        raise DesiredStateError([problem]) from None
+    return parse_desired(data, source)
+
+
+def parse_desired(text: str | bytes, source: str) -> Desired:
+    """Validate desired-state YAML given as text or bytes (`source` names it in problems)."""
+    data = text.encode("utf-8") if isinstance(text, str) else text
+    if len(data) > MAX_FILE_BYTES:
+        raise DesiredStateError([_too_large(source, len(data))])
+    sink = Sink(source)
+    try:
+        decoded = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        before = data[: error.start]
+        line = before.count(b"\n") + 1
+        column = len(before) - (before.rfind(b"\n") + 1) + 1
+        sink.add(At(line, column, ""), f"not valid UTF-8 (byte 0x{data[error.start]:02x}); "
+                 "save the file as UTF-8")
+        sink.raise_if_any()
+    root = compose(decoded.removeprefix("\ufeff"), sink)
+    digest = hashlib.sha256(data).hexdigest()
+    desired = build_desired(root, sink, digest) if root is not None else None
+    sink.raise_if_any()
+    assert desired is not None, "a document without problems always builds"
+    return desired
+
+
+def _too_large(source: str, size: int) -> Problem:
+    return Problem(source, 0, 0, "", f"file is {size:,} bytes; the limit is 1 MiB "
+                   f"({MAX_FILE_BYTES:,} bytes)")

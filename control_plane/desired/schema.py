@@ -1,0 +1,168 @@
+"""The desired-state document's shape: which keys exist, their types, ranges and defaults.
+
+`TIER_FIELDS`, `FAILOVER_FIELDS` and `HEALTH_CHECK_FIELDS` map each YAML key to the model field
+it fills and the converter that checks it. Tiers and failover settings are layered (product
+defaults < the file's global block < a group's overrides); see `layers.py`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields as dataclass_fields
+from typing import Any
+
+import yaml
+
+from control_plane.desired.defaults import DEFAULT_TIERS
+from control_plane.desired.fields import (
+    Bad,
+    Fields,
+    boolean,
+    choice,
+    duration,
+    fraction,
+    integer,
+    number,
+    path_prefix,
+    percent,
+    text,
+)
+from control_plane.desired.layers import FieldTable, Layer, Located, defaults_layer, read_layer
+from control_plane.desired.model import AdaptiveLifo, FailoverPolicy, HealthCheck, QueuePolicy, Tier
+
+MAX_WATERMARK = 1_000_000
+
+
+def _budget(node: yaml.Node) -> float:
+    """A retry budget written as a fraction or percentage, kept in percent (model's unit)."""
+    return round(fraction(0, 1)(node) * 100, 6)
+
+
+TIER_FIELDS: FieldTable = {
+    "priority": ("priority", integer(0, 1000)),
+    "share": ("share_percent", percent(1, 100)),
+    "max_queue_depth": ("max_queue_depth", integer(0, 1_000_000)),
+    "queue_timeout": ("queue_timeout_ms", duration()),
+    "connect_timeout": ("connect_timeout_ms", duration()),
+    "read_timeout": ("read_timeout_ms", duration()),
+    "retries": ("retries", integer(0, 10)),
+    "sheddable": ("sheddable", boolean),
+    "retry_budget": ("retry_budget_percent", _budget),
+}
+TIER_REQUIRED = ("priority", "share", "max_queue_depth", "queue_timeout", "connect_timeout",
+                 "read_timeout", "retries")
+QUEUE_KINDS = ("fifo", "adaptive_lifo")
+
+FAILOVER_FIELDS: FieldTable = {
+    "mode": ("mode", choice("health_proportional", "linear", "exponential")),
+    "interval": ("interval_ms", duration(1000, 3_600_000)),
+    "window": ("window_ms", duration(1000, 3_600_000)),
+    "shift_step": ("shift_step", percent(1, 100)),
+    "max_step": ("max_step", percent(1, 15)),
+    "hysteresis": ("hysteresis", percent(0, 50)),
+    "jitter": ("jitter", percent(0, 10)),
+    "min_warm_pool": ("min_warm_pool", percent(0, 50)),
+    "error_rate_threshold": ("error_rate_threshold", fraction(0, 1)),
+    "p95_threshold": ("p95_threshold_ms", duration()),
+    "breach_windows": ("breach_windows", integer(1, 100)),
+    "return_healthy_windows": ("return_healthy_windows", integer(1, 100)),
+    "return_p50": ("return_p50_ms", duration()),
+    "return_speed": ("return_speed", number(0.01, 1)),
+    "stale_after": ("stale_after_ms", duration(1000, 86_400_000)),
+}
+
+HEALTH_CHECK_FIELDS: FieldTable = {
+    "interval": ("interval_ms", duration(100, 3_600_000)),
+    "connect_timeout": ("connect_timeout_ms", duration()),
+    "read_timeout": ("read_timeout_ms", duration()),
+    "cacheable_path": ("cacheable_path", path_prefix),
+    "uncacheable_path": ("uncacheable_path", path_prefix),
+    "expected_status": ("expected_status", integer(100, 599)),
+}
+
+
+def _dataclass_values(obj: Any) -> dict[str, Any]:
+    return {f.name: getattr(obj, f.name) for f in dataclass_fields(obj)}
+
+
+FAILOVER_DEFAULTS: Layer = defaults_layer(_dataclass_values(FailoverPolicy()))
+HEALTH_CHECK_DEFAULTS: Layer = defaults_layer(_dataclass_values(HealthCheck()))
+
+
+def tier_defaults(tier: Tier) -> Layer:
+    values = _dataclass_values(tier)
+    del values["name"]
+    policy = values.pop("queue_policy")
+    values |= {
+        "queue_policy": policy.kind,
+        "high_watermark": policy.adaptive_lifo.high_watermark,
+        "low_watermark": policy.adaptive_lifo.low_watermark,
+    }
+    return defaults_layer(values)
+
+
+DEFAULT_TIER_LAYERS: dict[str, Layer] = {t.name: tier_defaults(t) for t in DEFAULT_TIERS}
+NEW_TIER_DEFAULTS: Layer = defaults_layer({
+    "sheddable": False,
+    "retry_budget_percent": 15.0,
+    "queue_policy": QueuePolicy().kind,
+    "high_watermark": AdaptiveLifo().high_watermark,
+    "low_watermark": AdaptiveLifo().low_watermark,
+})
+
+
+def read_tier_layer(fields: Fields, layer: int) -> Layer:
+    """One tier's fields as written, its queue policy flattened into three entries."""
+    result = read_layer(fields, TIER_FIELDS, layer)
+    policy_node = fields.node_of("queue_policy")
+    if policy_node is not None:
+        result |= _read_queue_policy(policy_node, fields, layer)
+    return result
+
+
+def _read_queue_policy(node: yaml.Node, parent: Fields, layer: int) -> Layer:
+    """`fifo`, `adaptive_lifo`, `{fifo: {}}` or `{adaptive_lifo: {high_watermark: ..., ...}}`."""
+    path = f"{parent.path}.queue_policy"
+    if isinstance(node, yaml.ScalarNode):
+        kind = parent.convert(node, path, choice(*QUEUE_KINDS))
+        return {"queue_policy": Located(kind, parent.at("queue_policy"), layer)}
+    policy = Fields(node, path, parent.sink, " or one of fifo, adaptive_lifo")
+    written = [k for k in QUEUE_KINDS if policy.has(k)]
+    if policy.ok and len(written) != 1:
+        parent.sink.add(policy.at(), "must name exactly one policy: fifo or adaptive_lifo")
+    result: Layer = {}
+    if policy.has("fifo"):
+        Fields(policy.node_of("fifo"), f"{path}.fifo", parent.sink).finish()
+        result["queue_policy"] = Located("fifo", policy.at("fifo"), layer)
+    lifo_node = policy.node_of("adaptive_lifo")
+    if lifo_node is not None and len(written) == 1:
+        lifo = Fields(lifo_node, f"{path}.adaptive_lifo", parent.sink)
+        at = policy.at("adaptive_lifo")
+        result["queue_policy"] = Located("adaptive_lifo", at, layer)
+        for key in ("high_watermark", "low_watermark"):
+            if lifo.has(key):
+                low = 1 if key == "high_watermark" else 0
+                result[key] = Located(lifo.read(key, integer(low, MAX_WATERMARK)), at, layer)
+        lifo.finish()
+    policy.finish()
+    return result
+
+
+def build_tier(name: str, layer: Layer) -> Tier:
+    values = {key: located.value for key, located in layer.items()}
+    policy = QueuePolicy(
+        kind=values.pop("queue_policy"),
+        adaptive_lifo=AdaptiveLifo(values.pop("high_watermark"), values.pop("low_watermark")),
+    )
+    return Tier(name=name, queue_policy=policy, **values)
+
+
+def build_from_layer(cls: type[Any], layer: Layer) -> Any:
+    return cls(**{key: located.value for key, located in layer.items()})
+
+
+def domain(node: yaml.Node) -> str:
+    """A virtual host domain: `*`, `shop.example.com`, `*.example.com`, `api.example.*`..."""
+    value = text(node).strip().lower()
+    if any(c.isspace() for c in value) or value.count("*") > 1:
+        raise Bad(f"must be a domain like shop.example.com, *.example.com or '*', got {value!r}")
+    return value

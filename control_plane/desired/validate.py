@@ -1,0 +1,544 @@
+"""The whole document, section by section: every check, every cross-reference, then the model.
+
+`build_desired` reads the root node into a `Desired`, recording every problem it meets on the
+way; it returns None when any was found, so a half-valid model never leaves this module.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import yaml
+
+from control_plane.desired.defaults import DEFAULT_TIER_NAME, MAX_ORIGIN_CONCURRENCY
+from control_plane.desired.errors import At, Sink
+from control_plane.desired.fields import (
+    Bad,
+    Fields,
+    boolean,
+    check_name,
+    did_you_mean,
+    header_name,
+    host,
+    integer,
+    ip_address,
+    name,
+    path_prefix,
+    sequence,
+    text,
+)
+from control_plane.desired.layers import (
+    GLOBAL,
+    GROUP,
+    Layer,
+    Located,
+    blame,
+    known,
+    read_layer,
+)
+from control_plane.desired.model import (
+    ClassificationRule,
+    Desired,
+    FailoverPolicy,
+    HeaderMatch,
+    HealthCheck,
+    Listener,
+    Origin,
+    OriginGroup,
+    Pop,
+    Tier,
+    VirtualHost,
+)
+from control_plane.desired.schema import (
+    DEFAULT_TIER_LAYERS,
+    FAILOVER_DEFAULTS,
+    FAILOVER_FIELDS,
+    HEALTH_CHECK_DEFAULTS,
+    HEALTH_CHECK_FIELDS,
+    NEW_TIER_DEFAULTS,
+    TIER_REQUIRED,
+    build_from_layer,
+    build_tier,
+    domain,
+    read_tier_layer,
+)
+from control_plane.desired.yaml_nodes import join
+
+HEADER_KINDS = ("exact", "prefix", "contains", "present")
+
+
+def build_desired(root: yaml.Node, sink: Sink, digest: str) -> Desired | None:
+    return _Document(sink).read(root, digest)
+
+
+@dataclass(frozen=True)
+class _Named:
+    """A name read from a key or a `name:` field, with where it was written."""
+
+    name: str
+    at: At
+
+
+class _Document:
+    def __init__(self, sink: Sink) -> None:
+        self.sink = sink
+        self.pops: dict[str, Pop] = {}
+        self.tier_layers: dict[str, Layer] = {}
+        self.tiers_at = At(1, 1, "tiers")
+        self.failover: Layer = dict(FAILOVER_DEFAULTS)
+        self.groups: dict[str, OriginGroup | None] = {}
+        self.unsure_pops: set[str] = set()  # a bad address or offset: skip their port checks
+        self.broken: set[str] = set()  # sections that are not mappings: skip references to them
+
+    def read(self, root: yaml.Node, digest: str) -> Desired | None:
+        doc = Fields(root, "", self.sink, " (the whole document)")
+        if not doc.ok:
+            return None
+        self.pops = self._pops(doc)
+        self._tiers(doc.node_of("tiers"))
+        failover = Fields(doc.node_of("failover"), "failover", self.sink)
+        self.failover |= read_layer(failover, FAILOVER_FIELDS, GLOBAL)
+        failover.finish()
+        self._check_failover(self.failover, failover.at())
+        groups = self._origin_groups(doc)
+        default_tier, rules = self._classification(doc)
+        listeners = self._listeners(doc)
+        doc.finish()
+        if self.sink.problems:
+            return None
+        return Desired(
+            pops=tuple(self.pops.values()),
+            origin_groups=tuple(g for g in groups if g is not None),
+            classification=tuple(rules),
+            default_tier=default_tier,
+            listeners=tuple(listeners),
+            source=self.sink.source,
+            digest=digest,
+        )
+
+    # --- helpers -----------------------------------------------------------------------------
+
+    def _named_entries(self, fields: Fields, what: str) -> Iterable[tuple[_Named, yaml.Node]]:
+        """Entries of a mapping keyed by names; bad names are reported and skipped."""
+        for key, value in fields.items():
+            entry_path = join(fields.path, str(key.value))
+            try:
+                check_name(str(key.value), what)
+            except Bad as bad:
+                self.sink.add(At.of(key, fields.path), str(bad))
+                continue
+            yield _Named(str(key.value), At.of(value, entry_path)), value
+
+    def _unique_names(self, items: list[yaml.Node], path: str, what: str) -> list[
+            tuple[_Named | None, Fields]]:
+        """List items that are mappings with a `name:`; duplicates are reported."""
+        result: list[tuple[_Named | None, Fields]] = []
+        seen: dict[str, int] = {}
+        for index, item in enumerate(items):
+            fields = Fields(item, f"{path}[{index}]", self.sink)
+            value = fields.read("name", name(what), required=True)
+            named = _Named(value, fields.at("name")) if value is not None else None
+            if named is not None and named.name in seen:
+                self.sink.add(named.at, f"duplicate {what} name '{named.name}' "
+                              f"(first at line {seen[named.name]})")
+            elif named is not None:
+                seen[named.name] = named.at.line
+            result.append((named, fields))
+        return result
+
+    def _reference(self, fields: Fields, key: str, section: str, options: Iterable[str],
+                   required: bool = True) -> str | None:
+        """A name that must exist in `section` (unchecked when that section is broken)."""
+        value = fields.read(key, text, required=required)
+        choices = list(options)
+        what = {"tiers": "tier", "origin_groups": "origin group"}[section]
+        if value is not None and value not in choices and section not in self.broken:
+            self.sink.add(fields.at(key),
+                          f"unknown {what} '{value}'" + did_you_mean(value, choices))
+            return None
+        return value
+
+    def _note_broken(self, section: Fields) -> None:
+        if not section.ok:
+            self.broken.add(section.path)
+
+    # --- pops --------------------------------------------------------------------------------
+
+    def _pops(self, doc: Fields) -> dict[str, Pop]:
+        fields = Fields(doc.node_of("pops"), "pops", self.sink)
+        self._note_broken(fields)
+        if not doc.has("pops"):
+            self.sink.add(doc.at(), "missing required key 'pops' (the edge locations, by name)")
+        elif fields.ok and not fields.entries:
+            self.sink.add(fields.at(), "must list at least one pop")
+        pops: dict[str, Pop] = {}
+        for named, node in self._named_entries(fields, "pop"):
+            pop = Fields(node if not _is_null(node) else None, named.at.path, self.sink)
+            address = pop.read("listen_address", ip_address)
+            offset = pop.read("port_offset", integer(0, 65534))
+            pop.finish()
+            if (pop.has("listen_address") and address is None) or (
+                    pop.has("port_offset") and offset is None):
+                self.unsure_pops.add(named.name)
+            pops[named.name] = Pop(named.name, address or "0.0.0.0", offset or 0)
+        fields.finish()
+        return pops
+
+    # --- tiers -------------------------------------------------------------------------------
+
+    def _tiers(self, node: yaml.Node | None) -> None:
+        if node is None:
+            self.tier_layers = {name: dict(layer) for name, layer in DEFAULT_TIER_LAYERS.items()}
+            return
+        fields = Fields(node, "tiers", self.sink)
+        self._note_broken(fields)
+        self.tiers_at = fields.at()
+        if fields.ok and not fields.entries:
+            self.sink.add(fields.at(), "must list at least one tier (or leave tiers out for "
+                          "the defaults critical, normal, background)")
+        for named, tier_node in self._named_entries(fields, "tier"):
+            tier = Fields(tier_node, named.at.path, self.sink)
+            base = DEFAULT_TIER_LAYERS.get(named.name)
+            if base is None:
+                missing = [key for key in TIER_REQUIRED if not tier.has(key)]
+                if tier.ok and missing:
+                    self.sink.add(tier.at(), f"missing required key(s) {_quoted(missing)} (only "
+                                  "the default tiers critical, normal, background have defaults)")
+                base = NEW_TIER_DEFAULTS
+            self.tier_layers[named.name] = base | read_tier_layer(tier, GLOBAL)
+            tier.finish()
+        fields.finish()
+        self._check_tiers(self.tier_layers, self.tiers_at, None)
+
+    def _check_tiers(self, layers: dict[str, Layer], set_at: At,
+                     concurrency: Located | None) -> None:
+        """Shares sum to 100, priorities differ, watermarks are ordered, each tier gets a pool."""
+        shares = [layer["share_percent"] for layer in layers.values() if "share_percent" in layer]
+        if shares and len(shares) == len(layers) and known(*shares):
+            total = sum(s.value for s in shares)
+            if total != 100:
+                parts = " + ".join(f"{n} {lay['share_percent'].value}" for n, lay in layers.items())
+                at = set_at if _layer_of(shares) == GROUP else self.tiers_at
+                self.sink.add(at, f"tier shares must sum to 100, got {total} ({parts})")
+        seen: dict[int, str] = {}
+        for tier_name, layer in layers.items():
+            priority = layer.get("priority")
+            if priority is not None and known(priority):
+                if priority.value in seen:
+                    self.sink.add(blame(set_at, priority), f"tiers '{seen[priority.value]}' and "
+                                  f"'{tier_name}' both have priority {priority.value}; "
+                                  "priorities must differ")
+                seen.setdefault(priority.value, tier_name)
+            high, low = layer["high_watermark"], layer["low_watermark"]
+            if known(high, low) and low.value >= high.value:
+                self.sink.add(blame(set_at, high, low), f"low_watermark ({low.value}) must be "
+                              f"below high_watermark ({high.value})")
+            share = layer.get("share_percent")
+            if concurrency is not None and share is not None and known(share, concurrency):
+                connections = share.value * concurrency.value // 100
+                if connections < 1:
+                    self.sink.add(blame(set_at, share, concurrency),
+                                  f"tier '{tier_name}' gets {share.value}% of "
+                                  f"max_origin_concurrency {concurrency.value} = 0 connections; "
+                                  "raise the share or max_origin_concurrency")
+
+    # --- failover ----------------------------------------------------------------------------
+
+    def _check_failover(self, layer: Layer, fallback: At, group: str = "",
+                        origins: int = 0) -> None:
+        step, cap = layer["shift_step"], layer["max_step"]
+        if known(step, cap) and step.value > cap.value:
+            self.sink.add(blame(fallback, step, cap), f"shift_step ({step.value}) must not "
+                          f"exceed max_step ({cap.value})")
+        warm = layer["min_warm_pool"]
+        if origins > 1 and known(warm) and warm.value * (origins - 1) >= 100:
+            self.sink.add(blame(fallback, warm), f"min_warm_pool ({warm.value}) x "
+                          f"{origins - 1} standby origins of group '{group}' = "
+                          f"{warm.value * (origins - 1)}% leaves nothing for the preferred "
+                          "origin; it must stay below 100")
+
+    # --- origin groups -----------------------------------------------------------------------
+
+    def _origin_groups(self, doc: Fields) -> list[OriginGroup | None]:
+        fields = Fields(doc.node_of("origin_groups"), "origin_groups", self.sink)
+        self._note_broken(fields)
+        if not doc.has("origin_groups"):
+            self.sink.add(doc.at(), "missing required key 'origin_groups'")
+        elif fields.ok and not fields.entries:
+            self.sink.add(fields.at(), "must list at least one origin group")
+        result = []
+        for named, node in self._named_entries(fields, "origin group"):
+            group = self._origin_group(named, Fields(node, named.at.path, self.sink))
+            self.groups[named.name] = group
+            result.append(group)
+        fields.finish()
+        return result
+
+    def _origin_group(self, named: _Named, group: Fields) -> OriginGroup | None:
+        concurrency_value = group.read("max_origin_concurrency", integer(1, 1_000_000))
+        concurrency = Located(concurrency_value, group.at("max_origin_concurrency"), GROUP)
+        if not group.has("max_origin_concurrency"):
+            concurrency = Located(MAX_ORIGIN_CONCURRENCY, None, GROUP)
+        origins, origin_names = self._origins(group)
+        preference = self._preference(group, origin_names)
+        tiers = self._group_tiers(group, concurrency)
+        failover_fields = Fields(group.node_of("failover"), join(group.path, "failover"),
+                                 self.sink)
+        failover = self.failover | read_layer(failover_fields, FAILOVER_FIELDS, GROUP)
+        failover_fields.finish()
+        self._check_failover(failover, group.at("origins"), named.name, len(origin_names))
+        health_fields = Fields(group.node_of("health_check"), join(group.path, "health_check"),
+                               self.sink)
+        health = HEALTH_CHECK_DEFAULTS | read_layer(health_fields, HEALTH_CHECK_FIELDS, GROUP)
+        health_fields.finish()
+        group.finish()
+        if self.sink.problems or not group.ok:
+            return None
+        return OriginGroup(
+            name=named.name,
+            origins=tuple(origins),
+            preference=preference,
+            max_origin_concurrency=concurrency.value,
+            tiers=tiers,
+            failover=build_from_layer(FailoverPolicy, failover),
+            health_check=build_from_layer(HealthCheck, health),
+        )
+
+    def _origins(self, group: Fields) -> tuple[list[Origin], list[str]]:
+        """The origins, and the names of all (also those with bad fields) for references."""
+        fields = Fields(group.node_of("origins"), join(group.path, "origins"), self.sink)
+        if group.ok and not group.has("origins"):
+            self.sink.add(group.at(), "missing required key 'origins'")
+        elif fields.ok and not fields.entries:
+            self.sink.add(fields.at(), "must list at least one origin")
+        origins, names = [], []
+        for named, node in self._named_entries(fields, "origin"):
+            names.append(named.name)
+            origin = Fields(node, named.at.path, self.sink)
+            address = origin.read("address", host, required=True)
+            port = origin.read("port", integer(1, 65535), required=True)
+            tls = origin.read("tls", boolean)
+            sni = origin.read("sni", host)
+            if sni is not None and not tls:
+                self.sink.add(origin.at("sni"), "sni needs tls: true")
+            origin.finish()
+            if address is not None and port is not None:
+                origins.append(Origin(named.name, address, port, bool(tls), sni))
+        fields.finish()
+        return origins, names
+
+    def _preference(self, group: Fields, origin_names: list[str]) -> dict[str, tuple[str, ...]]:
+        node = group.node_of("preference")
+        if node is None:
+            return {pop: tuple(origin_names) for pop in self.pops}
+        fields = Fields(node, join(group.path, "preference"), self.sink)
+        preference: dict[str, tuple[str, ...]] = {}
+        for key, value in fields.items():
+            pop = str(key.value)
+            pop_path = join(fields.path, pop)
+            if "pops" in self.broken:
+                continue
+            if pop not in self.pops:
+                self.sink.add(At.of(key, fields.path), f"unknown pop '{pop}'"
+                              + did_you_mean(pop, list(self.pops)))
+                continue
+            order: list[str] = []
+            for index, item in enumerate(sequence(value, pop_path, self.sink)):
+                origin = fields.convert(item, f"{pop_path}[{index}]", name("origin"))
+                item_at = At.of(item, f"{pop_path}[{index}]")
+                if origin is None:
+                    continue
+                if origin not in origin_names:
+                    self.sink.add(item_at, f"unknown origin '{origin}'"
+                                  + did_you_mean(origin, origin_names))
+                elif origin in order:
+                    self.sink.add(item_at, f"origin '{origin}' is listed twice")
+                else:
+                    order.append(origin)
+            missing = [o for o in origin_names if o not in order]
+            if missing and isinstance(value, yaml.SequenceNode):
+                self.sink.add(At.of(value, pop_path), f"missing origin(s) {_quoted(missing)}; "
+                              "list every origin of the group, most preferred first")
+            preference[pop] = tuple(order)
+        for pop in self.pops:
+            if fields.ok and pop not in fields.entries:
+                self.sink.add(fields.at(), f"pop '{pop}' is missing; every pop needs a "
+                              "preference order (or leave preference out: listed order)")
+        fields.finish()
+        return preference
+
+    def _group_tiers(self, group: Fields, concurrency: Located) -> tuple[Tier, ...]:
+        layers = {name: dict(layer) for name, layer in self.tier_layers.items()}
+        fields = Fields(group.node_of("tiers"), join(group.path, "tiers"), self.sink)
+        for key, node in fields.items():
+            tier_name = str(key.value)
+            if tier_name not in layers:
+                self.sink.add(At.of(key, fields.path), f"unknown tier '{tier_name}'"
+                              + did_you_mean(tier_name, list(layers)))
+                continue
+            tier = Fields(node, join(fields.path, tier_name), self.sink)
+            layers[tier_name] |= read_tier_layer(tier, GROUP)
+            tier.finish()
+        fields.finish()
+        set_at = fields.at() if fields.node is not None else self.tiers_at
+        self._check_tiers(layers, set_at, concurrency)
+        if self.sink.problems:
+            return ()
+        return tuple(build_tier(name, layer) for name, layer in layers.items())
+
+    # --- classification ----------------------------------------------------------------------
+
+    def _classification(self, doc: Fields) -> tuple[str, list[ClassificationRule]]:
+        fields = Fields(doc.node_of("classification"), "classification", self.sink)
+        tiers = list(self.tier_layers)
+        default_tier = self._reference(fields, "default_tier", "tiers", tiers, required=False)
+        if not fields.has("default_tier") and tiers and DEFAULT_TIER_NAME not in tiers:
+            self.sink.add(fields.at(), f"no tier is named '{DEFAULT_TIER_NAME}'; set "
+                          "classification.default_tier to the tier for unmatched requests")
+        rules = []
+        items = sequence(fields.node_of("rules"), join(fields.path, "rules"), self.sink)
+        for named, rule in self._unique_names(items, join(fields.path, "rules"), "rule"):
+            tier = self._reference(rule, "tier", "tiers", tiers)
+            prefix = rule.read("path_prefix", path_prefix)
+            headers = self._headers(rule)
+            if rule.ok and not rule.has("path_prefix") and not rule.has("headers"):
+                self.sink.add(rule.at(), "a rule needs path_prefix or headers; a rule without "
+                              "conditions would match every request")
+            rule.finish()
+            if named is not None and tier is not None:
+                rules.append(ClassificationRule(named.name, tier, prefix, headers))
+        fields.finish()
+        return default_tier or DEFAULT_TIER_NAME, rules
+
+    def _headers(self, rule: Fields) -> tuple[HeaderMatch, ...]:
+        path = join(rule.path, "headers")
+        node = rule.node_of("headers")
+        items = sequence(node, path, self.sink)
+        if isinstance(node, yaml.SequenceNode) and not items:
+            self.sink.add(At.of(node, path), "must list at least one header condition")
+        matches = []
+        for index, item in enumerate(items):
+            header = Fields(item, f"{path}[{index}]", self.sink)
+            header_at = header.at()
+            header_name_value = header.read("name", header_name, required=True)
+            kinds = [k for k in HEADER_KINDS if header.has(k)]
+            if header.ok and len(kinds) != 1:
+                self.sink.add(header_at, "needs exactly one of exact, prefix, contains, "
+                              f"present: true (found {', '.join(kinds) or 'none'})")
+            value: str | None = ""
+            for kind in HEADER_KINDS[:3]:
+                if header.has(kind):
+                    value = header.read(kind, text)
+            present = header.read("present", boolean)
+            if present is False:
+                self.sink.add(header.at("present"), "must be true (matching an absent header "
+                              "is not supported)")
+            header.finish()
+            if header_name_value is not None and len(kinds) == 1 and value is not None:
+                matches.append(HeaderMatch(header_name_value, kinds[0], value))
+        return tuple(matches)
+
+    # --- listeners ---------------------------------------------------------------------------
+
+    def _listeners(self, doc: Fields) -> list[Listener]:
+        node = doc.node_of("listeners")
+        if node is None:
+            self.sink.add(doc.at(), "missing required key 'listeners'")
+        items = sequence(node, "listeners", self.sink)
+        if isinstance(node, yaml.SequenceNode) and not items:
+            self.sink.add(At.of(node, "listeners"), "must list at least one listener")
+        listeners: list[Listener] = []
+        ports: dict[tuple[str, int], tuple[str, str]] = {}
+        for named, listener in self._unique_names(items, "listeners", "listener"):
+            port = listener.read("port", integer(1, 65535), required=True)
+            hosts = self._virtual_hosts(listener)
+            listener.finish()
+            if named is None or port is None:
+                continue
+            self._check_ports(named.name, port, listener.at("port"), ports)
+            listeners.append(Listener(named.name, port, hosts))
+        return listeners
+
+    def _check_ports(self, listener: str, port: int, at: At,
+                     taken: dict[tuple[str, int], tuple[str, str]]) -> None:
+        """Each PoP listens on port + port_offset; two sockets on one machine may not collide.
+
+        Within a PoP every listener needs its own port. Across PoPs, only a shared loopback
+        address means one machine (the demo set-up port_offset exists for).
+        """
+        for pop in self.pops.values():
+            if pop.name in self.unsure_pops:
+                continue
+            effective = port + pop.port_offset
+            if effective > 65535:
+                self.sink.add(at, f"port {port} + port_offset {pop.port_offset} of pop "
+                              f"'{pop.name}' = {effective} is above 65535")
+                continue
+            shared = _is_loopback(pop.listen_address)
+            key = (pop.listen_address if shared else f"pop {pop.name}", effective)
+            if key in taken:
+                other_pop, other_listener = taken[key]
+                self.sink.add(at, f"listener '{listener}' of pop '{pop.name}' and listener "
+                              f"'{other_listener}' of pop '{other_pop}' would both listen on "
+                              f"{pop.listen_address}:{effective}")
+            else:
+                taken[key] = (pop.name, listener)
+
+    def _virtual_hosts(self, listener: Fields) -> tuple[VirtualHost, ...]:
+        path = join(listener.path, "virtual_hosts")
+        node = listener.node_of("virtual_hosts")
+        if listener.ok and node is None:
+            self.sink.add(listener.at(), "missing required key 'virtual_hosts'")
+        items = sequence(node, path, self.sink)
+        if isinstance(node, yaml.SequenceNode) and not items:
+            self.sink.add(At.of(node, path), "must list at least one virtual host")
+        hosts = []
+        domains_seen: dict[str, str] = {}
+        for named, vhost in self._unique_names(items, path, "virtual host"):
+            group = self._reference(vhost, "origin_group", "origin_groups", self.groups)
+            domains = self._domains(vhost, named, domains_seen)
+            vhost.finish()
+            if named is not None and group is not None:
+                hosts.append(VirtualHost(named.name, domains, group))
+        return tuple(hosts)
+
+    def _domains(self, vhost: Fields, named: _Named | None,
+                 seen: dict[str, str]) -> tuple[str, ...]:
+        path = join(vhost.path, "domains")
+        node = vhost.node_of("domains")
+        if vhost.ok and node is None:
+            self.sink.add(vhost.at(), "missing required key 'domains'")
+        items = sequence(node, path, self.sink)
+        if isinstance(node, yaml.SequenceNode) and not items:
+            self.sink.add(At.of(node, path), "must list at least one domain (or '*')")
+        domains = []
+        for index, item in enumerate(items):
+            value = vhost.convert(item, f"{path}[{index}]", domain)
+            if value is None:
+                continue
+            owner = named.name if named else "?"
+            if value in seen:
+                self.sink.add(At.of(item, f"{path}[{index}]"), f"domain '{value}' is already "
+                              f"used by virtual host '{seen[value]}' of this listener")
+            else:
+                seen[value] = owner
+                domains.append(value)
+        return tuple(domains)
+
+
+def _is_null(node: yaml.Node) -> bool:
+    return isinstance(node, yaml.ScalarNode) and node.tag.endswith(":null")
+
+
+def _is_loopback(address: str) -> bool:
+    return ipaddress.ip_address(address).is_loopback
+
+
+def _layer_of(values: list[Located]) -> int:
+    return max((v.layer for v in values), default=GLOBAL)
+
+
+def _quoted(names: list[str]) -> str:
+    return ", ".join(f"'{n}'" for n in names)

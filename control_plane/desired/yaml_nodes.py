@@ -1,0 +1,120 @@
+"""YAML text to a node tree that remembers where every value was written.
+
+PyYAML's composer (SafeLoader) gives nodes with start marks; this module adds the rules of our
+format on top: one document, no anchors or aliases, only the standard tags, plain scalar keys,
+no key written twice. Every violation becomes a problem; the tree is returned even when some
+were found, so the schema can report its own problems in the same run.
+"""
+
+from __future__ import annotations
+
+import yaml
+
+from control_plane.desired.errors import At, Sink
+
+STANDARD_TAGS = frozenset(
+    f"tag:yaml.org,2002:{name}" for name in ("str", "int", "float", "bool", "null", "map", "seq")
+)
+_CONSTRUCTOR = yaml.constructor.SafeConstructor()
+
+
+class _Composer(yaml.SafeLoader):
+    """SafeLoader's composer, refusing anchors, aliases and non-standard tags as it goes."""
+
+    def __init__(self, text: str, sink: Sink) -> None:
+        super().__init__(text)
+        self.sink = sink
+
+    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node:
+        event = self.peek_event()
+        at = At.mark(event.start_mark, "")
+        if isinstance(event, yaml.AliasEvent):
+            self.get_event()
+            self.sink.add(at, f"aliases (*{event.anchor}) are not supported; write the value out")
+            return yaml.ScalarNode("tag:yaml.org,2002:null", "", event.start_mark, event.end_mark)
+        if event.anchor is not None:
+            self.sink.add(at, f"anchors (&{event.anchor}) are not supported; write values out")
+            event.anchor = None
+        tag = getattr(event, "tag", None)
+        if tag is not None and tag != "!" and tag not in STANDARD_TAGS:
+            self.sink.add(at, f"tag {tag} is not supported; remove it")
+            event.tag = None
+        return super().compose_node(parent, index)
+
+
+def compose(text: str, sink: Sink) -> yaml.Node | None:
+    """The document's root node, or None (with a problem) when there is nothing usable."""
+    try:
+        root = _Composer(text, sink).get_single_node()
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark or error.context_mark
+        sink.add(At.mark(mark, "") if mark else At(1, 1, ""), _syntax_message(error))
+        return None
+    except yaml.YAMLError as error:
+        sink.add(At(1, 1, ""), f"YAML error: {error}")
+        return None
+    if root is None:
+        sink.whole_file("the file is empty; expected a mapping with pops, origin_groups and "
+                        "listeners")
+        return None
+    _check_keys(root, "", sink)
+    return root
+
+
+def _syntax_message(error: yaml.MarkedYAMLError) -> str:
+    message = f"YAML syntax error: {error.problem or error.context}"
+    if error.context and error.problem and error.context_mark is not None:
+        message += f" ({error.context} at line {error.context_mark.line + 1})"
+    return message
+
+
+def _check_keys(node: yaml.Node, path: str, sink: Sink) -> None:
+    if isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            _check_keys(item, f"{path}[{index}]", sink)
+    if not isinstance(node, yaml.MappingNode):
+        return
+    first_line: dict[str, int] = {}
+    for key, value in node.value:
+        if not isinstance(key, yaml.ScalarNode):
+            sink.add(At.of(key, path), "keys must be plain names, not a mapping or list")
+            continue
+        if key.value in first_line:
+            sink.add(At.of(key, path), f"duplicate key '{key.value}' "
+                     f"(first at line {first_line[key.value]})")
+        else:
+            first_line[key.value] = key.start_mark.line + 1
+        _check_keys(value, join(path, key.value), sink)
+
+
+def join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def scalar(node: yaml.ScalarNode) -> object:
+    """The Python value of a scalar under YAML 1.1 core rules (int, float, bool, None, str)."""
+    kind = node.tag.rsplit(":", 1)[-1]
+    if kind == "int":
+        return _CONSTRUCTOR.construct_yaml_int(node)
+    if kind == "float":
+        return _CONSTRUCTOR.construct_yaml_float(node)
+    if kind == "bool":
+        return _CONSTRUCTOR.construct_yaml_bool(node)
+    if kind == "null":
+        return None
+    return node.value
+
+
+def describe(node: yaml.Node) -> str:
+    """How a node reads in a message: `'one'`, `12 (an integer)`, `a list`."""
+    if isinstance(node, yaml.MappingNode):
+        return "a mapping"
+    if isinstance(node, yaml.SequenceNode):
+        return "a list"
+    kind = node.tag.rsplit(":", 1)[-1]
+    return {
+        "int": f"{node.value} (an integer)",
+        "float": f"{node.value} (a number)",
+        "bool": f"{node.value} (a boolean)",
+        "null": "nothing (null)",
+    }.get(kind, repr(node.value))

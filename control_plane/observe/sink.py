@@ -1,0 +1,293 @@
+"""The embedded metric source: Envoy's metrics_service sink streams every stats flush to Ballast.
+
+`add_metrics_service(server, store)` hosts `/envoy.service.metrics.v3.MetricsService/
+StreamMetrics` on an existing grpc.aio server (the ADS server) with a generic handler over our
+wire-compatible mirrors (protos/ballast/v1/metrics_service.proto). Each stream is one Envoy: only
+its first message carries the node, whose `locality.zone` is the PoP.
+
+What Envoy 1.40 sends per flush (measured): counters are cumulative since the counter was created
+(`report_counters_as_deltas` is off); histograms are *interval* histograms (only the observations
+since the previous flush), so a window sums them; the gauge is the current value. Only stats that
+have been used are sent, so a series can appear in the middle of a stream.
+
+Counters are kept per stream with arrival times; window increases come from
+`window.counter_increase` (resets count from zero). A series first seen on a stream's first
+flush is a baseline only (it may carry hours of history); one that appears later counts from zero.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections import defaultdict
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass, field
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from control_plane.decide.signals import OriginSignals
+from control_plane.gen.ballast.v1 import metrics_service_pb2, prometheus_metrics_pb2
+from control_plane.observe.envoy_stats import BadMetric, StatPoint, points
+from control_plane.observe.source import Signals, wall_ms
+from control_plane.observe.window import (
+    Buckets,
+    OriginWindow,
+    Sample,
+    add_buckets,
+    counter_increase,
+    merge_all,
+    quantile,
+    split_cluster,
+)
+
+log = logging.getLogger(__name__)
+
+SERVICE = "envoy.service.metrics.v3.MetricsService"
+METHOD = f"/{SERVICE}/StreamMetrics"
+
+SeriesKey = tuple[str, str, str]  # (stat, cluster, origin); origin "" for cluster-wide stats
+
+
+@dataclass
+class _Stream:
+    node_id: str
+    pop: str
+    flushes: int = 0
+    last_flush_ms: int = 0
+    open: bool = True
+    counters: dict[SeriesKey, list[Sample]] = field(default_factory=dict)
+    gauges: dict[SeriesKey, list[Sample]] = field(default_factory=dict)
+    # interval histograms: (arrival ms, observation count, buckets)
+    histograms: dict[SeriesKey, list[tuple[int, float, Buckets]]] = field(default_factory=dict)
+    warned: set[str] = field(default_factory=set)
+
+
+class SinkStore:
+    """Samples from every metrics stream, and the windows computed from them (a MetricSource)."""
+
+    def __init__(self, retention_ms: int = 120_000) -> None:
+        self.retention_ms = retention_ms
+        self._streams: dict[int, _Stream] = {}
+        self._ids = itertools.count(1)
+
+    def open_stream(self, node_id: str, pop: str) -> int:
+        stream_id = next(self._ids)
+        self._streams[stream_id] = _Stream(node_id=node_id, pop=pop)
+        if not pop:
+            log.warning("node %r has no locality.zone: Envoy emits no per-origin stats", node_id)
+        log.info("metrics stream %d opened by node %r of PoP %r", stream_id, node_id, pop)
+        return stream_id
+
+    def close_stream(self, stream_id: int) -> None:
+        stream = self._streams.get(stream_id)
+        if stream is not None:
+            stream.open = False
+            log.info("metrics stream %d of node %r closed", stream_id, stream.node_id)
+
+    def nodes(self) -> dict[str, str]:
+        """Node id -> PoP of the open streams."""
+        return {s.node_id: s.pop for s in self._streams.values() if s.open}
+
+    def ingest(
+        self,
+        stream_id: int,
+        families: Iterable[prometheus_metrics_pb2.MetricFamily],
+        received_ms: int,
+    ) -> int:
+        """Record one flush; returns how many points were kept. Bad metrics are logged, skipped."""
+        stream = self._streams[stream_id]
+        previous = stream.last_flush_ms if stream.flushes else None
+        kept = 0
+        histograms: dict[SeriesKey, tuple[float, Buckets]] = {}
+        for family in families:
+            for point in points(family):
+                if isinstance(point, BadMetric):
+                    self._warn(stream, str(point))
+                    continue
+                if point.local_zone and stream.pop and point.local_zone != stream.pop:
+                    self._warn(stream, f"zone stat of PoP {point.local_zone!r} on a node of "
+                               f"{stream.pop!r}")
+                    continue
+                kept += 1
+                key = (point.stat, point.cluster, point.origin)
+                if point.stat == "latency":
+                    count, buckets = histograms.get(key, (0.0, ()))
+                    histograms[key] = (count + point.value, add_buckets(buckets, point.buckets))
+                elif point.stat == "pending_active":
+                    stream.gauges.setdefault(key, []).append((received_ms, point.value))
+                else:
+                    self._add_counter(stream, key, point, received_ms, previous)
+        for key, (count, buckets) in histograms.items():
+            stream.histograms.setdefault(key, []).append((received_ms, count, buckets))
+        stream.flushes += 1
+        stream.last_flush_ms = max(stream.last_flush_ms, received_ms)
+        self._prune(received_ms)
+        return kept
+
+    @staticmethod
+    def _add_counter(
+        stream: _Stream, key: SeriesKey, point: StatPoint, received_ms: int, previous: int | None
+    ) -> None:
+        samples = stream.counters.get(key)
+        if samples is None:
+            # New on a running stream: created since the last flush, so it counts from zero.
+            samples = [] if previous is None else [(previous, 0.0)]
+            stream.counters[key] = samples
+        if samples and samples[-1][0] == received_ms:
+            samples[-1] = (received_ms, samples[-1][1] + point.value)
+        else:
+            samples.append((received_ms, point.value))
+
+    def _warn(self, stream: _Stream, message: str) -> None:
+        if message not in stream.warned:
+            stream.warned.add(message)
+            log.warning("metrics from node %r ignored: %s", stream.node_id, message)
+
+    def _prune(self, now_ms: int) -> None:
+        cutoff = now_ms - self.retention_ms
+        for stream_id, stream in list(self._streams.items()):
+            if not stream.open and stream.last_flush_ms < cutoff:
+                del self._streams[stream_id]
+                continue
+            for series in (stream.counters, stream.gauges):
+                for key, samples in list(series.items()):
+                    # keep the newest sample before the cutoff: a later window's baseline
+                    old = sum(1 for t, _ in samples if t < cutoff)
+                    if old > 1:
+                        del samples[: old - 1]
+                    if samples[-1][0] < cutoff:
+                        del series[key]
+            for key, flushes in list(stream.histograms.items()):
+                flushes[:] = [f for f in flushes if f[0] >= cutoff]
+                if not flushes:
+                    del stream.histograms[key]
+
+    async def window(self, now_ms: int, window_ms: int) -> Signals:
+        return self.snapshot(now_ms, window_ms)
+
+    def snapshot(self, now_ms: int, window_ms: int) -> Signals:
+        """The window ending at `now_ms`: several nodes of one PoP are summed, tiers merged."""
+        start = now_ms - window_ms
+        origins: dict[tuple[str, str, str, str], OriginWindow] = defaultdict(OriginWindow)
+        pending: dict[tuple[str, str], float] = defaultdict(float)  # (pop, cluster)
+        overflow: dict[tuple[str, str], float] = defaultdict(float)  # (pop, group)
+        latest_gauge: dict[tuple[str, str, str], Sample] = {}  # (pop, cluster, node): newest
+        for stream in self._streams.values():
+            for (stat, cluster, origin), samples in stream.counters.items():
+                seen = [t for t, _ in samples if start < t <= now_ms]
+                if not seen:
+                    continue
+                grown = counter_increase(samples, start, now_ms)
+                if stat == "pending_overflow":
+                    split = split_cluster(cluster)
+                    if split is not None:
+                        overflow[stream.pop, split[0]] += grown
+                    continue
+                part = OriginWindow(
+                    requests=grown if stat == "completed" else 0.0,
+                    errors_5xx=grown if stat == "5xx" else 0.0,
+                    observed_at_ms=max(seen),
+                )
+                key = (stream.pop, cluster, origin, stat)
+                origins[key] = origins[key].merge(part)
+            for (_, cluster, origin), flushes in stream.histograms.items():
+                for t, count, buckets in flushes:
+                    if start < t <= now_ms:
+                        key = (stream.pop, cluster, origin, "latency")
+                        origins[key] = origins[key].merge(
+                            OriginWindow(latency=buckets, latency_count=count, observed_at_ms=t)
+                        )
+            for (_, cluster, _), samples in stream.gauges.items():
+                recent = [sample for sample in samples if start < sample[0] <= now_ms]
+                key = (stream.pop, cluster, stream.node_id)
+                if recent and recent[-1][0] >= latest_gauge.get(key, (0, 0.0))[0]:
+                    latest_gauge[key] = recent[-1]
+        for (pop, cluster, _), (_, value) in latest_gauge.items():
+            pending[pop, cluster] += value
+        return assemble(origins, pending, overflow)
+
+
+def assemble(
+    origins: dict[tuple[str, str, str, str], OriginWindow],
+    pending: dict[tuple[str, str], float],
+    overflow: dict[tuple[str, str], float],
+) -> Signals:
+    """Per-(PoP, cluster, origin, stat) windows -> OriginSignals per (PoP, group) -> origin.
+
+    Tiers of a group are summed per origin; the pending gauge is the max over the group's tier
+    clusters and, like queue overflow, is a group-wide number every origin of the group carries.
+    """
+    per_origin: dict[tuple[str, str, str], list[OriginWindow]] = defaultdict(list)
+    for (pop, cluster, origin, _), window in origins.items():
+        split = split_cluster(cluster)
+        if split is not None and pop:
+            per_origin[pop, split[0], origin].append(window)
+    group_pending: dict[tuple[str, str], float] = defaultdict(float)
+    for (pop, cluster), value in pending.items():
+        split = split_cluster(cluster)
+        if split is not None:
+            group_pending[pop, split[0]] = max(group_pending[pop, split[0]], value)
+    result: Signals = {}
+    for (pop, group, origin), windows in sorted(per_origin.items()):
+        merged = merge_all(windows)
+        result.setdefault((pop, group), {})[origin] = OriginSignals(
+            requests=round(merged.requests),
+            errors_5xx=round(merged.errors_5xx),
+            connect_failures=0,
+            p50_ms=quantile(0.5, merged.latency, merged.latency_count),
+            p95_ms=quantile(0.95, merged.latency, merged.latency_count),
+            pending_active=group_pending.get((pop, group), 0.0),
+            queue_overflow=round(overflow.get((pop, group), 0.0)),
+            probe_success=None,
+            observed_at_ms=merged.observed_at_ms,
+        )
+    return result
+
+
+class MetricsServicer:
+    """StreamMetrics: one Envoy per stream; the first message names the node and its PoP."""
+
+    def __init__(self, store: SinkStore, clock: Callable[[], int] = wall_ms) -> None:
+        self.store = store
+        self.clock = clock
+
+    async def stream_metrics(
+        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+    ) -> bytes:
+        stream_id: int | None = None
+        try:
+            async for raw in requests:
+                try:
+                    message = metrics_service_pb2.StreamMetricsMessage.FromString(raw)
+                except DecodeError as err:
+                    log.warning("undecodable StreamMetricsMessage from %s: %s", context.peer(), err)
+                    continue
+                if stream_id is None:
+                    node = message.identifier.node
+                    if not node.id:
+                        log.warning("metrics from %s before any node identifier: dropped",
+                                    context.peer())
+                        continue
+                    stream_id = self.store.open_stream(node.id, node.locality.zone)
+                self.store.ingest(stream_id, message.envoy_metrics, self.clock())
+        finally:
+            if stream_id is not None:
+                self.store.close_stream(stream_id)
+        return metrics_service_pb2.StreamMetricsResponse().SerializeToString()
+
+
+def add_metrics_service(
+    server: grpc.aio.Server, store: SinkStore, clock: Callable[[], int] = wall_ms
+) -> None:
+    """Host the metrics_service sink endpoint on `server` (e.g. the ADS server), feeding `store`."""
+    servicer = MetricsServicer(store, clock)
+    handler = grpc.method_handlers_generic_handler(
+        SERVICE,
+        {
+            "StreamMetrics": grpc.stream_unary_rpc_method_handler(
+                servicer.stream_metrics, request_deserializer=None, response_serializer=None
+            )
+        },
+    )
+    server.add_generic_rpc_handlers((handler,))

@@ -1,0 +1,206 @@
+"""Crash-safe controller state: SQLite in WAL mode with ``synchronous=FULL`` in the state directory.
+
+Holds, per (PoP, origin group), the weights in force and the controller's streaks; the active tier
+decisions (key -> JSON value); and the digest of the last applied desired state. Every ``save_*``
+is one transaction, durable when it returns, so after ``kill -9`` the store holds the last completed
+save. Anything unreadable raises ``StateCorrupted`` naming the file: the state is never reset
+silently (move the file aside to start from defaults on purpose).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from control_plane.decide.controller import ControllerState
+from control_plane.desired.model import GroupWeights
+
+STATE_FILE = "state.db"
+SCHEMA_VERSION = "1"
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS groups (pop TEXT NOT NULL, grp TEXT NOT NULL,"
+    " weights TEXT NOT NULL, controller TEXT NOT NULL, PRIMARY KEY (pop, grp))",
+    "CREATE TABLE IF NOT EXISTS tier_decisions (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+)
+
+
+class StateCorrupted(Exception):
+    """The state file cannot be trusted; the message names the file and what is wrong."""
+
+
+@dataclass(frozen=True)
+class GroupState:
+    weights: GroupWeights
+    controller: ControllerState
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything the store holds."""
+
+    groups: dict[tuple[str, str], GroupState] = field(default_factory=dict)
+    tier_decisions: dict[str, Any] = field(default_factory=dict)
+    desired_digest: str | None = None
+
+
+def check_weights(weights: Mapping[str, Any]) -> GroupWeights:
+    """Weights as saved: origin -> integer >= 0, summing to 100; ValueError otherwise."""
+    if (
+        not isinstance(weights, Mapping)
+        or not weights
+        or not all(isinstance(k, str) for k in weights)
+        or any(type(v) is not int or v < 0 for v in weights.values())
+        or sum(weights.values()) != 100
+    ):
+        raise ValueError(f"weights must map origins to integers >= 0 summing to 100: {weights!r}")
+    return dict(weights)
+
+
+class StateStore:
+    """Open (creating if needed) ``state.db`` in ``state_dir``; checks its integrity first."""
+
+    def __init__(self, state_dir: str | os.PathLike[str]) -> None:
+        self.state_dir = Path(state_dir)
+        self.path = self.state_dir / STATE_FILE
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._db = sqlite3.connect(self.path, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise StateCorrupted(f"{self.path}: cannot open: {exc}") from exc
+        try:
+            self._prepare()
+        except sqlite3.DatabaseError as exc:
+            self._db.close()
+            raise StateCorrupted(
+                f"{self.path}: not a usable SQLite database ({exc}); "
+                f"move it aside to start from defaults"
+            ) from exc
+        except StateCorrupted:
+            self._db.close()
+            raise
+
+    def _prepare(self) -> None:
+        db = self._db
+        mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            raise StateCorrupted(f"{self.path}: cannot switch to WAL mode (got {mode})")
+        db.execute("PRAGMA synchronous=FULL")
+        problems = [row[0] for row in db.execute("PRAGMA integrity_check")]
+        if problems != ["ok"]:
+            raise StateCorrupted(
+                f"{self.path}: integrity check failed: {'; '.join(problems[:5])}; "
+                f"move it aside to start from defaults"
+            )
+        with self._transaction():
+            for statement in _SCHEMA:
+                db.execute(statement)
+            row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            if row is None:
+                db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (SCHEMA_VERSION,))
+            elif row[0] != SCHEMA_VERSION:
+                raise StateCorrupted(
+                    f"{self.path}: schema version {row[0]!r}, this Ballast reads {SCHEMA_VERSION!r}"
+                )
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    def save_groups(
+        self,
+        groups: Iterable[tuple[str, str, Mapping[str, int], ControllerState]],
+        desired_digest: str | None = None,
+    ) -> None:
+        """Save several (pop, group, weights, state) at once, and optionally the digest."""
+        rows = [
+            (pop, group, json.dumps(check_weights(weights), sort_keys=True),
+             json.dumps(state.to_dict(), sort_keys=True))
+            for pop, group, weights, state in groups
+        ]
+        with self._transaction() as db:
+            db.executemany(
+                "INSERT INTO groups VALUES (?, ?, ?, ?) ON CONFLICT (pop, grp) DO UPDATE SET "
+                "weights = excluded.weights, controller = excluded.controller",
+                rows,
+            )
+            if desired_digest is not None:
+                db.execute(
+                    "INSERT OR REPLACE INTO meta VALUES ('desired_digest', ?)", (desired_digest,)
+                )
+
+    def save_group(
+        self, pop: str, group: str, weights: Mapping[str, int], state: ControllerState
+    ) -> None:
+        self.save_groups([(pop, group, weights, state)])
+
+    def forget_group(self, pop: str, group: str) -> None:
+        """Drop a (PoP, group) that left the desired state."""
+        with self._transaction() as db:
+            db.execute("DELETE FROM groups WHERE pop = ? AND grp = ?", (pop, group))
+
+    def set_desired_digest(self, digest: str) -> None:
+        with self._transaction() as db:
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('desired_digest', ?)", (digest,))
+
+    def set_tier_decision(self, key: str, value: Any) -> None:
+        """Store an active tier decision (any JSON value)."""
+        text = json.dumps(value, sort_keys=True)
+        with self._transaction() as db:
+            db.execute("INSERT OR REPLACE INTO tier_decisions VALUES (?, ?)", (key, text))
+
+    def clear_tier_decision(self, key: str) -> None:
+        with self._transaction() as db:
+            db.execute("DELETE FROM tier_decisions WHERE key = ?", (key,))
+
+    def load(self) -> Snapshot:
+        """Everything stored; raises StateCorrupted on any row that does not parse."""
+        try:
+            with self._transaction() as db:
+                group_rows = db.execute(
+                    "SELECT pop, grp, weights, controller FROM groups"
+                ).fetchall()
+                tier_rows = db.execute("SELECT key, value FROM tier_decisions").fetchall()
+                digest_row = db.execute(
+                    "SELECT value FROM meta WHERE key = 'desired_digest'"
+                ).fetchone()
+        except sqlite3.DatabaseError as exc:
+            raise StateCorrupted(f"{self.path}: cannot read: {exc}") from exc
+        groups: dict[tuple[str, str], GroupState] = {}
+        for pop, group, weights_text, controller_text in group_rows:
+            where = f"{self.path}: group {group!r} at pop {pop!r}"
+            try:
+                weights = check_weights(json.loads(weights_text))
+                controller = ControllerState.from_dict(json.loads(controller_text))
+            except (TypeError, ValueError) as exc:
+                raise StateCorrupted(f"{where}: {exc}") from exc
+            groups[(pop, group)] = GroupState(weights, controller)
+        tiers: dict[str, Any] = {}
+        for key, text in tier_rows:
+            try:
+                tiers[key] = json.loads(text)
+            except (TypeError, ValueError) as exc:
+                raise StateCorrupted(f"{self.path}: tier decision {key!r}: {exc}") from exc
+        digest = digest_row[0] if digest_row is not None else None
+        return Snapshot(groups, tiers, digest)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> StateStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,69 @@
+"""One ClusterLoadAssignment per tier cluster: one locality per origin, weighted for this PoP.
+
+`locality.zone` is the origin name, so Envoy (whose node zone is the PoP) emits per-(PoP, origin)
+stats inside each tier cluster (NOTES.md). All localities are priority 0: the weights alone move
+traffic between origins.
+
+Weight 0: Envoy rejects `load_balancing_weight: 0` (the field must be >= 1), so an origin at 0
+keeps its locality with the weight left unset. Under locality-weighted load balancing an unweighted
+locality gets no requests, while its host stays known to Envoy (its per-zone stats, no connection
+churn) and comes back as soon as its weight is above 0 again.
+"""
+
+from __future__ import annotations
+
+from envoy.config.core.v3.address_pb2 import Address, SocketAddress
+from envoy.config.core.v3.base_pb2 import Locality, Metadata
+from envoy.config.endpoint.v3.endpoint_components_pb2 import (
+    Endpoint,
+    LbEndpoint,
+    LocalityLbEndpoints,
+)
+from envoy.config.endpoint.v3.endpoint_pb2 import ClusterLoadAssignment
+from google.protobuf.struct_pb2 import Struct
+from google.protobuf.wrappers_pb2 import UInt32Value
+
+from control_plane.desired.model import GroupWeights, Origin, OriginGroup
+from control_plane.translate.clusters import (
+    TRANSPORT_SOCKET_MATCH_FILTER,
+    TRANSPORT_SOCKET_MATCH_KEY,
+)
+
+
+def load_assignment(
+    cluster: str, group: OriginGroup, weights: GroupWeights
+) -> ClusterLoadAssignment:
+    """The endpoints of one tier cluster of `group`, weighted by `weights` (origin -> percent)."""
+    return ClusterLoadAssignment(
+        cluster_name=cluster,
+        endpoints=[_locality(origin, weights[origin.name]) for origin in group.origins],
+    )
+
+
+def _locality(origin: Origin, weight: int) -> LocalityLbEndpoints:
+    lb_endpoint = LbEndpoint(endpoint=_endpoint(origin))
+    if origin.tls:
+        lb_endpoint.metadata.CopyFrom(_tls_match_metadata(origin))
+    locality = LocalityLbEndpoints(
+        locality=Locality(zone=origin.name), lb_endpoints=[lb_endpoint], priority=0
+    )
+    if weight > 0:
+        locality.load_balancing_weight.CopyFrom(UInt32Value(value=weight))
+    return locality
+
+
+def _endpoint(origin: Origin) -> Endpoint:
+    return Endpoint(
+        address=Address(
+            socket_address=SocketAddress(address=origin.address, port_value=origin.port)
+        )
+    )
+
+
+def _tls_match_metadata(origin: Origin) -> Metadata:
+    """Names the origin for the cluster's TLS transport socket match (see `clusters.py`)."""
+    match = Struct()
+    match.update({TRANSPORT_SOCKET_MATCH_KEY: origin.name})
+    metadata = Metadata()
+    metadata.filter_metadata[TRANSPORT_SOCKET_MATCH_FILTER].CopyFrom(match)
+    return metadata

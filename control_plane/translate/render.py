@@ -1,0 +1,48 @@
+"""A PoP's resources as JSON (protobuf JSON mapping), the way an operator reads them.
+
+Shape: kind (`clusters`, `endpoints`, `listeners`, `routes`) -> resource name -> resource.
+Clusters also show `queuing_policies` (field 62), read back from their wire bytes: what is shown
+is what is sent.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from google.protobuf.json_format import MessageToDict
+
+from control_plane.translate.queue_policy import queuing_policies_json, read_back
+from control_plane.translate.resources import (
+    CLUSTER_TYPE,
+    ENDPOINT_TYPE,
+    LISTENER_TYPE,
+    ROUTE_TYPE,
+    PopResources,
+    Resource,
+)
+
+KINDS: dict[str, str] = {
+    CLUSTER_TYPE: "clusters",
+    ENDPOINT_TYPE: "endpoints",
+    LISTENER_TYPE: "listeners",
+    ROUTE_TYPE: "routes",
+}
+
+
+def render_json(pop_resources: PopResources) -> dict[str, dict[str, Any]]:
+    return {
+        kind: {
+            name: _resource_json(resource)
+            for name, resource in pop_resources.of_type(type_url).items()
+        }
+        for type_url, kind in KINDS.items()
+    }
+
+
+def _resource_json(resource: Resource) -> dict[str, Any]:
+    rendered: dict[str, Any] = MessageToDict(resource.message, preserving_proto_field_name=True)
+    if resource.type_url == CLUSTER_TYPE:
+        queuing_policies = queuing_policies_json(read_back(resource.payload))
+        if queuing_policies is not None:
+            rendered["queuing_policies"] = queuing_policies
+    return rendered

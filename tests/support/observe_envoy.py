@@ -1,0 +1,77 @@
+"""A real Envoy 1.40 for the observe tests: one PoP, one tier cluster with two zoned localities.
+
+Built from Ballast's own ADS bootstrap (node locality, stats tags, metrics_service sink to the
+`ballast_xds` cluster), with the dynamic resources replaced by a static listener and a static
+`shop.critical` cluster whose localities are zoned `primary` and `secondary` (the origin names).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from control_plane.translate.bootstrap import ads_bootstrap
+
+CLUSTER = "shop.critical"
+
+
+def _endpoint(port: int) -> dict[str, Any]:
+    return {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1",
+                                                        "port_value": port}}}}
+
+
+def edge_bootstrap(
+    *,
+    pop: str,
+    node_id: str,
+    admin_port: int,
+    listen_port: int,
+    sink_port: int,
+    origins: dict[str, int],
+    max_requests: int = 1024,
+    max_pending_requests: int = 1024,
+) -> dict[str, Any]:
+    bootstrap = ads_bootstrap(
+        node_id=node_id,
+        pop=pop,
+        xds_port=sink_port,
+        admin_port=admin_port,
+        stats_flush_interval_ms=1000,
+        metrics_sink=True,
+    )
+    del bootstrap["dynamic_resources"]
+    router = {
+        "name": "envoy.filters.http.router",
+        "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"},
+    }
+    hcm = {
+        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager"
+        ".v3.HttpConnectionManager",
+        "stat_prefix": "edge",
+        "http_filters": [router],
+        "route_config": {"virtual_hosts": [{
+            "name": "shop", "domains": ["*"],
+            "routes": [{"match": {"prefix": "/"}, "route": {"cluster": CLUSTER, "timeout": "10s"}}],
+        }]},
+    }
+    bootstrap["static_resources"]["listeners"] = [{
+        "name": "edge",
+        "address": {"socket_address": {"address": "127.0.0.1", "port_value": listen_port}},
+        "filter_chains": [{"filters": [{
+            "name": "envoy.filters.network.http_connection_manager", "typed_config": hcm,
+        }]}],
+    }]
+    bootstrap["static_resources"]["clusters"].append({
+        "name": CLUSTER,
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "common_lb_config": {"locality_weighted_lb_config": {}},
+        "circuit_breakers": {"thresholds": [{
+            "max_requests": max_requests, "max_pending_requests": max_pending_requests,
+        }]},
+        "load_assignment": {"cluster_name": CLUSTER, "endpoints": [
+            {"locality": {"zone": name}, "load_balancing_weight": 50,
+             "lb_endpoints": [_endpoint(port)]}
+            for name, port in origins.items()
+        ]},
+    })
+    return bootstrap

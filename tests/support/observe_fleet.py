@@ -1,0 +1,71 @@
+"""One edge Envoy of PoP `ewr` in front of two demo origins, plus bounded traffic through it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import aiohttp
+
+from control_plane.app.demo_origin import DemoOrigin
+from control_plane.app.envoy_process import EnvoyProcess, free_port
+from tests.support.observe_envoy import edge_bootstrap
+
+
+@dataclass
+class Fleet:
+    envoy: EnvoyProcess
+    listen_port: int
+    primary: DemoOrigin
+    secondary: DemoOrigin
+
+    def restart_envoy(self) -> None:
+        self.envoy.stop()
+        self.envoy = EnvoyProcess(self.envoy.bootstrap, self.envoy.admin_port).start()
+        self.envoy.wait_ready()
+
+    async def traffic(self, requests: int, concurrency: int = 10) -> list[int]:
+        """Send `requests` GETs through Envoy, at most `concurrency` at a time; the statuses."""
+        gate = asyncio.Semaphore(concurrency)
+        timeout = aiohttp.ClientTimeout(total=15)
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+
+            async def one(i: int) -> int:
+                async with gate, session.get(
+                    f"http://127.0.0.1:{self.listen_port}/item/{i}"
+                ) as response:
+                    await response.read()
+                    return response.status
+
+            return list(await asyncio.gather(*(one(i) for i in range(requests))))
+
+
+@asynccontextmanager
+async def edge_fleet(
+    sink_port: int, *, max_requests: int = 1024, max_pending_requests: int = 1024
+) -> AsyncIterator[Fleet]:
+    primary = await DemoOrigin("primary", free_port()).start()
+    secondary = await DemoOrigin("secondary", free_port()).start()
+    admin_port, listen_port = free_port(), free_port()
+    bootstrap = edge_bootstrap(
+        pop="ewr",
+        node_id="edge-ewr-1",
+        admin_port=admin_port,
+        listen_port=listen_port,
+        sink_port=sink_port,
+        origins={"primary": primary.port, "secondary": secondary.port},
+        max_requests=max_requests,
+        max_pending_requests=max_pending_requests,
+    )
+    envoy = EnvoyProcess(bootstrap, admin_port).start()
+    fleet = Fleet(envoy, listen_port, primary, secondary)
+    try:
+        await asyncio.to_thread(envoy.wait_ready)
+        yield fleet
+    finally:
+        fleet.envoy.stop()
+        await primary.stop()
+        await secondary.stop()

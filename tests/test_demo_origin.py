@@ -1,0 +1,49 @@
+"""The demo origin's faults are deterministic and switchable over HTTP."""
+
+from __future__ import annotations
+
+import aiohttp
+
+from control_plane.app.demo_origin import DemoOrigin, Fault
+from control_plane.app.envoy_process import free_port
+
+
+async def test_error_rate_is_exact_and_tier_is_echoed() -> None:
+    origin = await DemoOrigin("primary", free_port()).start()
+    try:
+        origin.set_fault(Fault(error_rate=0.25, status=502))
+        statuses = []
+        async with aiohttp.ClientSession() as session:
+            for _ in range(8):
+                url = f"http://127.0.0.1:{origin.port}/x"
+                async with session.get(url, headers={"x-ballast-tier": "normal"}) as r:
+                    statuses.append(r.status)
+                    assert r.headers["x-origin"] == "primary"
+                    assert r.headers["x-seen-tier"] == "normal"
+        assert statuses.count(502) == 2
+        assert origin.requests["normal"] == 8
+        assert origin.errors == 2
+    finally:
+        await origin.stop()
+
+
+async def test_fault_endpoint_validates_and_applies() -> None:
+    origin = await DemoOrigin("secondary", free_port()).start()
+    base = f"http://127.0.0.1:{origin.port}"
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.post(f"{base}/_ballast/fault", json={"error_rate": 2}) as r:
+                assert r.status == 400
+                assert "error_rate" in (await r.json())["error"]
+            assert origin.fault == Fault()
+            async with session.post(f"{base}/_ballast/fault", json={"bogus": 1}) as r:
+                assert r.status == 400
+            body = {"fail_health": True, "status": 503}
+            async with session.post(f"{base}/_ballast/fault", json=body) as r:
+                assert r.status == 200
+            async with session.get(f"{base}/healthz") as r:
+                assert r.status == 503
+            async with session.get(f"{base}/page") as r:
+                assert r.status == 200
+    finally:
+        await origin.stop()

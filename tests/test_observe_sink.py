@@ -1,0 +1,122 @@
+"""The embedded metric source against a real Envoy 1.40 streaming to a real grpc.aio server."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+import pytest
+
+from control_plane.app.demo_origin import Fault
+from control_plane.app.envoy_process import free_port
+from control_plane.observe.sink import SinkStore, add_metrics_service
+from control_plane.observe.source import Signals, wall_ms
+from tests.support.observe_fleet import edge_fleet
+
+pytestmark = [pytest.mark.envoy, pytest.mark.timeout(90)]
+
+
+@pytest.fixture
+async def sink() -> AsyncIterator[tuple[SinkStore, int]]:
+    store = SinkStore()
+    server = grpc.aio.server()
+    add_metrics_service(server, store)
+    port = server.add_insecure_port(f"127.0.0.1:{free_port()}")
+    await server.start()
+    try:
+        yield store, port
+    finally:
+        await server.stop(None)
+
+
+async def wait_for(
+    store: SinkStore, since_ms: int, done: Callable[[Signals], bool], timeout: float = 8.0
+) -> Signals:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        now = wall_ms()
+        signals = await store.window(now, now - since_ms)
+        if done(signals) or asyncio.get_running_loop().time() > deadline:
+            return signals
+        await asyncio.sleep(0.2)
+
+
+def total(signals: Signals, origin: str) -> int:
+    return sum(group[origin].requests for group in signals.values() if origin in group)
+
+
+def overflow_of(signals: Signals) -> int:
+    return max((o.queue_overflow for o in signals.get(("ewr", "shop"), {}).values()), default=0)
+
+
+async def wait_node(store: SinkStore, count: int = 1) -> None:
+    for _ in range(100):
+        if len(store.nodes()) >= count:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError("Envoy never opened a metrics stream")
+
+
+async def test_per_origin_signals_pending_overflow_and_restart(sink: tuple[SinkStore, int]):
+    store, port = sink
+    async with edge_fleet(port, max_requests=4, max_pending_requests=30) as fleet:
+        fleet.primary.set_fault(Fault(error_rate=0.5))
+        fleet.secondary.set_fault(Fault(latency_ms=200))
+        await wait_node(store)
+        assert store.nodes() == {"edge-ewr-1": "ewr"}
+
+        # Phase A: 60 requests, 4 at a time -> 5xx and latency land on the right origin.
+        start = wall_ms()
+        statuses = await fleet.traffic(60, concurrency=4)
+        sent = fleet.primary.total + fleet.secondary.total
+        assert sent == 60 and statuses.count(503) == fleet.primary.errors
+        signals = await wait_for(
+            store, start, lambda s: total(s, "primary") + total(s, "secondary") >= 60
+        )
+        shop = signals[("ewr", "shop")]
+        primary, secondary = shop["primary"], shop["secondary"]
+        assert (primary.requests, primary.errors_5xx) == (fleet.primary.total, fleet.primary.errors)
+        assert primary.errors_5xx > 0
+        assert (secondary.requests, secondary.errors_5xx) == (fleet.secondary.total, 0)
+        assert primary.p95_ms is not None and primary.p95_ms < 50
+        assert secondary.p50_ms is not None and 100 <= secondary.p50_ms <= 250
+        assert secondary.p95_ms is not None and secondary.p95_ms >= 200
+        assert secondary.p50_ms > 4 * primary.p95_ms
+        assert primary.connect_failures == 0 and primary.probe_success is None
+        assert wall_ms() - primary.observed_at_ms < 3000
+
+        # Phase B: a burst beyond the breakers -> pending requests and overflow, per group.
+        burst = wall_ms()
+        traffic = asyncio.create_task(fleet.traffic(120, concurrency=120))
+        peak = 0.0
+        while not traffic.done():
+            now = wall_ms()
+            window = await store.window(now, 1500)
+            for origin in window.get(("ewr", "shop"), {}).values():
+                peak = max(peak, origin.pending_active)
+            await asyncio.sleep(0.1)
+        statuses = traffic.result()
+        overflow = overflow_of(await wait_for(store, burst, lambda s: overflow_of(s) > 0))
+        assert overflow > 0 and peak > 0
+        assert overflow <= statuses.count(503)
+
+        # Phase C: restart Envoy (every counter resets, a new stream) -> no negative/huge rates.
+        before = fleet.primary.total + fleet.secondary.total
+        await asyncio.to_thread(fleet.restart_envoy)
+        await wait_node(store)
+        after_restart = wall_ms()
+        await fleet.traffic(20, concurrency=4)
+        signals = await wait_for(
+            store,
+            after_restart,
+            lambda s: total(s, "primary") + total(s, "secondary") >= 20,
+        )
+        assert total(signals, "primary") + total(signals, "secondary") == 20
+        now = wall_ms()
+        everything = await store.window(now, now - start + 1000)
+        for origin in everything[("ewr", "shop")].values():
+            assert origin.requests >= 0 and origin.errors_5xx >= 0 and origin.queue_overflow >= 0
+        seen = total(everything, "primary") + total(everything, "secondary")
+        assert seen <= before + 20 + overflow
+        assert seen >= 60 + 20

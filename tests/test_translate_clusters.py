@@ -1,0 +1,91 @@
+"""Tier clusters: the seeds' numbers land in the Cluster (breakers, timeouts, EDS, TLS, HTTP/1)."""
+
+from __future__ import annotations
+
+from envoy.config.cluster.v3.cluster_pb2 import Cluster
+from envoy.extensions.transport_sockets.tls.v3.tls_pb2 import UpstreamTlsContext
+from envoy.extensions.upstreams.http.v3.http_protocol_options_pb2 import HttpProtocolOptions
+
+from control_plane.desired.model import Desired, Origin
+from control_plane.translate import translate_pop
+from control_plane.translate.resources import CLUSTER_TYPE, ENDPOINT_TYPE, Capabilities
+from tests.support.models import example_desired, shop_group
+
+
+def clusters(desired: Desired | None = None) -> dict[str, Cluster]:
+    resources = translate_pop(desired or example_desired(), "ewr", {}, Capabilities())
+    return {name: r.message for name, r in resources.of_type(CLUSTER_TYPE).items()}
+
+
+def test_one_cluster_per_group_and_tier_with_readable_names() -> None:
+    assert list(clusters()) == ["shop.critical", "shop.normal", "shop.background"]
+
+
+def test_circuit_breakers_from_tier_shares_and_queue_depths() -> None:
+    got = {}
+    for name, cluster in clusters().items():
+        (threshold,) = cluster.circuit_breakers.thresholds
+        assert threshold.priority == 0  # DEFAULT
+        got[name] = (
+            threshold.max_connections.value,
+            threshold.max_requests.value,
+            threshold.max_pending_requests.value,
+            threshold.max_retries.value,
+            threshold.retry_budget.budget_percent.value,
+            threshold.retry_budget.min_retry_concurrency.value,
+        )
+    assert got == {
+        "shop.critical": (84, 84, 2000, 13, 15.0, 2),
+        "shop.normal": (30, 30, 8000, 5, 15.0, 1),
+        "shop.background": (6, 6, 2000, 1, 15.0, 0),
+    }
+
+
+def test_connect_timeouts_per_tier() -> None:
+    got = {name: c.connect_timeout.ToMilliseconds() for name, c in clusters().items()}
+    assert got == {"shop.critical": 300, "shop.normal": 500, "shop.background": 1000}
+
+
+def test_eds_over_ads_with_locality_weighted_lb() -> None:
+    for cluster in clusters().values():
+        assert cluster.type == Cluster.EDS
+        assert cluster.eds_cluster_config.eds_config.HasField("ads")
+        assert cluster.eds_cluster_config.eds_config.resource_api_version == 2  # V3
+        assert cluster.common_lb_config.HasField("locality_weighted_lb_config")
+
+
+def test_http1_upstream_and_no_tls_for_plain_origins() -> None:
+    for cluster in clusters().values():
+        options = HttpProtocolOptions()
+        packed = cluster.typed_extension_protocol_options[
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+        ]
+        assert packed.Unpack(options)
+        assert options.explicit_http_config.HasField("http_protocol_options")
+        assert not cluster.HasField("transport_socket")
+        assert len(cluster.transport_socket_matches) == 0
+
+
+def test_tls_origin_gets_sni_through_a_transport_socket_match() -> None:
+    tls = Origin(name="primary", address="10.0.0.1", port=443, tls=True, sni="shop.example")
+    desired = example_desired(shop_group(primary=tls))
+    cluster = clusters(desired=desired)["shop.critical"]
+    (match,) = cluster.transport_socket_matches
+    assert match.name == "primary"
+    assert dict(match.match) == {"origin": "primary"}
+    context = UpstreamTlsContext()
+    assert match.transport_socket.typed_config.Unpack(context)
+    assert context.sni == "shop.example"
+    cla = translate_pop(desired, "ewr", {}, Capabilities()).of_type(ENDPOINT_TYPE)
+    primary, secondary = cla["shop.critical"].message.endpoints
+    metadata = primary.lb_endpoints[0].metadata.filter_metadata["envoy.transport_socket_match"]
+    assert dict(metadata) == {"origin": "primary"}
+    assert not secondary.lb_endpoints[0].HasField("metadata")
+
+
+def test_tls_sni_defaults_to_the_origin_address() -> None:
+    tls = Origin(name="secondary", address="origin-b.example", port=443, tls=True)
+    cluster = clusters(desired=example_desired(shop_group(secondary=tls)))["shop.normal"]
+    context = UpstreamTlsContext()
+    cluster.transport_socket_matches[0].transport_socket.typed_config.Unpack(context)
+    assert context.sni == "origin-b.example"

@@ -1,0 +1,95 @@
+"""Listener and routes: classification order, default catch-all last, per-tier timeouts/retries."""
+
+from __future__ import annotations
+
+from envoy.config.listener.v3.listener_pb2 import Listener
+from envoy.config.route.v3.route_pb2 import RouteConfiguration
+from envoy.extensions.filters.network.http_connection_manager.v3.http_connection_manager_pb2 import (  # noqa: E501
+    HttpConnectionManager,
+)
+
+from control_plane.translate import translate_pop
+from control_plane.translate.resources import LISTENER_TYPE, ROUTE_TYPE, Capabilities
+from tests.support.models import example_desired
+
+
+def route_config(pop: str = "ewr") -> RouteConfiguration:
+    resources = translate_pop(example_desired(), pop, {}, Capabilities())
+    return resources.of_type(ROUTE_TYPE)["edge"].message
+
+
+def listener(pop: str) -> Listener:
+    resources = translate_pop(example_desired(), pop, {}, Capabilities())
+    return resources.of_type(LISTENER_TYPE)["edge"].message
+
+
+def test_rules_in_order_then_default_tier_catch_all() -> None:
+    (vhost,) = route_config().virtual_hosts
+    assert vhost.name == "shop"
+    assert list(vhost.domains) == ["*"]
+    got = [(r.name, r.match.prefix, r.route.cluster) for r in vhost.routes]
+    assert got == [
+        ("checkout", "/api/checkout", "shop.critical"),
+        ("auth", "/auth", "shop.critical"),
+        ("prefetch", "/", "shop.background"),
+        ("x-prefetch", "/", "shop.normal"),
+        ("bots", "/", "shop.background"),
+        ("next-image", "/_next/image", "shop.background"),
+        ("default", "/", "shop.critical"),
+    ]
+    assert len(vhost.routes[-1].match.headers) == 0
+
+
+def test_header_matchers() -> None:
+    routes = {r.name: r for r in route_config().virtual_hosts[0].routes}
+    (purpose,) = routes["prefetch"].match.headers
+    assert (purpose.name, purpose.string_match.exact) == ("purpose", "prefetch")
+    (agent,) = routes["bots"].match.headers
+    assert (agent.name, agent.string_match.contains) == ("user-agent", "bot")
+    assert len(routes["checkout"].match.headers) == 0
+
+
+def test_timeouts_retries_and_backoff_per_tier() -> None:
+    by_cluster = {}
+    for route in route_config().virtual_hosts[0].routes:
+        action = route.route
+        policy = action.retry_policy
+        by_cluster[action.cluster] = (
+            action.timeout.ToMilliseconds(),
+            policy.per_try_timeout.ToMilliseconds(),
+            policy.num_retries.value,
+        )
+        assert policy.retry_on == "5xx,connect-failure,reset"
+        assert policy.retry_back_off.base_interval.ToMilliseconds() == 25
+        assert policy.retry_back_off.max_interval.ToMilliseconds() == 250
+        assert policy.retry_host_predicate[0].name == "envoy.retry_host_predicates.previous_hosts"
+    # timeout = queue_timeout + read_timeout x (retries + 1)
+    assert by_cluster == {
+        "shop.critical": (800 + 2000 * 3, 2000, 2),
+        "shop.normal": (1500 + 4000 * 2, 4000, 1),
+        "shop.background": (3000 + 8000 * 1, 8000, 0),
+    }
+
+
+def test_every_route_tags_the_tier_toward_the_origin() -> None:
+    for route in route_config().virtual_hosts[0].routes:
+        (header,) = route.request_headers_to_add
+        assert header.header.key == "x-ballast-tier"
+        assert route.route.cluster == f"shop.{header.header.value}"
+        assert header.append_action == header.OVERWRITE_IF_EXISTS_OR_ADD
+
+
+def test_listener_address_port_offset_and_rds_over_ads() -> None:
+    ewr, sjc = listener("ewr"), listener("sjc")
+    assert ewr.name == "edge"
+    assert ewr.address.socket_address.address == "127.0.0.1"
+    assert ewr.address.socket_address.port_value == 10000
+    assert sjc.address.socket_address.port_value == 10001
+    (chain,) = ewr.filter_chains
+    (hcm_filter,) = chain.filters
+    hcm = HttpConnectionManager()
+    assert hcm_filter.typed_config.Unpack(hcm)
+    assert hcm.stat_prefix == "edge"
+    assert hcm.rds.route_config_name == "edge"
+    assert hcm.rds.config_source.HasField("ads")
+    assert [f.name for f in hcm.http_filters] == ["envoy.filters.http.router"]

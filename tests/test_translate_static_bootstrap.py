@@ -1,0 +1,62 @@
+"""Static bootstraps: what `envoy --mode validate` (real Envoy 1.40) says about a PoP's config."""
+
+from __future__ import annotations
+
+import pytest
+
+from control_plane.app.envoy_process import find_envoy, validate_bootstrap
+from control_plane.translate import static_bootstrap, translate_pop
+from control_plane.translate.resources import Capabilities
+from tests.support.models import example_desired
+
+
+def test_eds_becomes_static_with_inlined_endpoints_and_routes() -> None:
+    bootstrap = static_bootstrap(translate_pop(example_desired(), "sjc", {}, Capabilities()))
+    assert bootstrap["node"]["locality"] == {"zone": "sjc"}
+    assert bootstrap["admin"]["address"]["socket_address"] == {
+        "address": "127.0.0.1",
+        "port_value": 0,
+    }
+    clusters = bootstrap["static_resources"]["clusters"]
+    assert [c["name"] for c in clusters] == ["shop.critical", "shop.normal", "shop.background"]
+    for cluster in clusters:
+        assert cluster["type"] == "STATIC"
+        assert "eds_cluster_config" not in cluster
+        assert cluster["load_assignment"]["cluster_name"] == cluster["name"]
+        assert cluster["queuing_policies"]["pending_rq_policy"]["name"] == "envoy.queue_policy.fifo"
+    (listener,) = bootstrap["static_resources"]["listeners"]
+    hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
+    assert "rds" not in hcm
+    assert hcm["route_config"]["name"] == "edge"
+    assert hcm["route_config"]["virtual_hosts"][0]["routes"][-1]["name"] == "default"
+
+
+@pytest.mark.envoy
+@pytest.mark.parametrize("pop", ["ewr", "sjc"])
+def test_real_envoy_accepts_every_pop_with_fifo(pop: str) -> None:
+    find_envoy()
+    ok, output = validate_bootstrap(
+        static_bootstrap(translate_pop(example_desired(), pop, {}, Capabilities()))
+    )
+    assert ok, output
+    assert "OK" in output
+
+
+@pytest.mark.envoy
+def test_real_envoy_1_40_rejects_adaptive_lifo_so_field_62_reaches_it() -> None:
+    find_envoy()
+    ok, output = validate_bootstrap(
+        static_bootstrap(translate_pop(example_desired(), "ewr", {}, Capabilities(True)))
+    )
+    assert not ok
+    assert "envoy.extensions.queue_policy.adaptive_lifo.v3.AdaptiveLifoQueuePolicyConfig" in output
+
+
+@pytest.mark.envoy
+def test_real_envoy_accepts_a_weight_of_zero() -> None:
+    find_envoy()
+    weights = {"shop": {"primary": 0, "secondary": 100}}
+    ok, output = validate_bootstrap(
+        static_bootstrap(translate_pop(example_desired(), "ewr", weights, Capabilities()))
+    )
+    assert ok, output

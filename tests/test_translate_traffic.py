@@ -1,0 +1,107 @@
+"""Real traffic through a real Envoy 1.40 started from a PoP's static bootstrap.
+
+Checks what unit tests cannot: classification sends requests to the right tier (seen by the
+origin as `x-ballast-tier`), and an origin at weight 0 gets no requests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from control_plane.app.envoy_process import EnvoyProcess, find_envoy, free_port
+from control_plane.desired.model import Desired, Origin
+from control_plane.translate import static_bootstrap, translate_pop
+from control_plane.translate.resources import Capabilities
+from tests.support.models import example_desired, shop_group
+
+pytestmark = pytest.mark.envoy
+
+
+class Origins:
+    """Two loopback HTTP origins that count (origin, x-ballast-tier) per request."""
+
+    def __init__(self) -> None:
+        self.seen: Counter[tuple[str, str]] = Counter()
+        self.servers = {name: self._server(name) for name in ("primary", "secondary")}
+
+    def _server(self, name: str) -> ThreadingHTTPServer:
+        seen = self.seen
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                seen[(name, self.headers.get("x-ballast-tier", ""))] += 1
+                self.send_response(200)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                return
+
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        return server
+
+    def port(self, name: str) -> int:
+        return int(self.servers[name].server_address[1])
+
+    def close(self) -> None:
+        for server in self.servers.values():
+            server.shutdown()
+            server.server_close()
+
+
+@pytest.fixture
+def origins() -> Iterator[Origins]:
+    running = Origins()
+    yield running
+    running.close()
+
+
+def desired_on_free_ports(origins: Origins) -> Desired:
+    group = shop_group(
+        Origin(name="primary", address="127.0.0.1", port=origins.port("primary")),
+        Origin(name="secondary", address="127.0.0.1", port=origins.port("secondary")),
+    )
+    desired = example_desired(group)
+    (listener,) = desired.listeners
+    moved = dataclasses.replace(listener, port=free_port())
+    return dataclasses.replace(desired, listeners=(moved,))
+
+
+def get(port: int, path: str, headers: dict[str, str] | None = None) -> int:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers or {})
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return int(response.status)
+
+
+def test_classification_and_weight_zero_with_real_traffic(origins: Origins) -> None:
+    find_envoy()
+    desired = desired_on_free_ports(origins)
+    weights = {"shop": {"primary": 0, "secondary": 100}}
+    bootstrap = static_bootstrap(translate_pop(desired, "ewr", weights, Capabilities()))
+    admin_port = free_port()
+    bootstrap["admin"]["address"]["socket_address"]["port_value"] = admin_port
+    port = desired.listeners[0].port
+    with EnvoyProcess(bootstrap, admin_port) as envoy:
+        envoy.wait_ready()
+        for _ in range(10):
+            assert get(port, "/api/checkout/cart") == 200
+            assert get(port, "/_next/image?x=1") == 200
+            assert get(port, "/home", {"x-purpose": "prefetch"}) == 200
+            assert get(port, "/home", {"user-agent": "crawlbot/1.0"}) == 200
+            assert get(port, "/home", {"x-ballast-tier": "background"}) == 200
+    # primary (weight 0) gets nothing; a client's own x-ballast-tier is overwritten
+    assert origins.seen == Counter(
+        {
+            ("secondary", "critical"): 20,
+            ("secondary", "background"): 20,
+            ("secondary", "normal"): 10,
+        }
+    )
