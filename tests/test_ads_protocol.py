@@ -296,3 +296,15 @@ def test_delta_nonce_of_another_type_is_an_error_and_keeps_state() -> None:
     assert stream.on_request(delta(CDS, nonce=cds.nonce), s).events == [
         Ack(CDS, cds.version, cds.nonce)
     ]
+
+
+def test_sotw_nacked_version_goes_again_after_another_version() -> None:
+    s = snap()
+    stream, _ = sotw_connected(s)
+    bad, good = snap({"a": 2, "b": 1}), snap({"a": 3, "b": 1})
+    cds = stream.on_snapshot(bad).responses[0]
+    stream.on_request(sotw(CDS, nonce=cds.nonce, error="no"), bad)
+    cds2 = stream.on_snapshot(good).responses[0]
+    stream.on_request(sotw(CDS, nonce=cds2.nonce), good)
+    again = stream.on_snapshot(bad).responses[0]  # the content changed back: send it
+    assert again.type_url == CDS and again.version == cds.version

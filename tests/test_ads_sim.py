@@ -241,3 +241,25 @@ async def test_nack_recorded_once_and_not_resent(server: Any) -> None:
         await client.close()
     finally:
         await channel.close()
+
+
+async def test_shutdown_ends_streams_with_unavailable() -> None:
+    the_desired = desired(listener_port=10000, primary_port=8081, secondary_port=8082)
+    ballast = BallastServer(the_desired, xds_address="127.0.0.1:0")
+    await ballast.start()
+    channel = local_channel(f"127.0.0.1:{ballast.port}")
+    try:
+        client = await XdsClient(channel, make_node("bye", "ewr"), delta=True).start()
+        await client.subscribe(CDS)
+        await client.wait_for(lambda c: len(c.names(CDS)) == 3)
+        started = time.monotonic()
+        await ballast.stop(2.0)
+        assert time.monotonic() - started < 1.0  # streams end at once, not after the grace
+        await asyncio.wait_for(client.done.wait(), 3)
+        assert client.error is not None
+        assert client.error.code() == grpc.StatusCode.UNAVAILABLE
+        assert client.error.details() == "ballast is shutting down"
+        assert len(ballast.nodes) == 0
+        await client.close()
+    finally:
+        await channel.close()

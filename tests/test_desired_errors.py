@@ -42,7 +42,9 @@ def test_every_problem_of_a_file_is_reported_at_once() -> None:
     text = text.replace("port: 8082", "port: 80820")
     text = text.replace("tier: normal}", "tier: norml}")
     text = text.replace("low_watermark: 60}}\n  normal", "low_watermark: 90}}\n  normal")
-    error = pytest.raises(DesiredStateError, parse_desired, text, "desired.yaml").value
+    with pytest.raises(DesiredStateError) as caught:
+        parse_desired(text, "desired.yaml")
+    error = caught.value
     messages = [f"{p.path}: {p.message}" for p in error.problems]
     assert messages == [
         "pops.sjc.port_offset: must be an integer, got 'one'",

@@ -22,10 +22,12 @@ class PushHub:
         self._pending: set[str] = set()
         self._first: float | None = None
         self._handle: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.flushes = 0  # bursts delivered (tests, metrics)
 
     def subscribe(self, pop: str, waker: Waker) -> Callable[[], None]:
-        """Call `waker()` when `pop` changed; returns the unsubscribe function."""
+        """Call `waker()` when `pop` changed; returns the unsubscribe function (on the loop)."""
+        self._loop = asyncio.get_running_loop()
         self._wakers.setdefault(pop, set()).add(waker)
 
         def unsubscribe() -> None:
@@ -41,11 +43,20 @@ class PushHub:
         return len(self._wakers.get(pop, ()))
 
     def changed(self, pops: Iterable[str]) -> None:
-        """Note changed PoPs; needs a running event loop (the flush is scheduled on it)."""
+        """Note changed PoPs. Safe from any thread: the flush runs on the streams' loop."""
+        loop = self._loop
+        if loop is None:
+            return  # no stream ever subscribed: nobody to wake
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is not loop:
+            loop.call_soon_threadsafe(self.changed, frozenset(pops))
+            return
         self._pending.update(pops)
         if not self._pending:
             return
-        loop = asyncio.get_running_loop()
         now = loop.time()
         if self._first is None:
             self._first = now

@@ -121,8 +121,8 @@ class _SotwType:
     sub: _Subscription = field(default_factory=_Subscription)
     nonce: str | None = None  # latest nonce sent for this type
     sent: dict[str, Resource] = field(default_factory=dict)  # what the last response held
+    # a NACKed version stays the sent version: it is not sent again until the content changes
     sent_version: str | None = None
-    rejected_version: str | None = None  # NACKed: not sent again until the content changes
 
 
 class SotwStream:
@@ -155,7 +155,6 @@ class SotwStream:
         if nonce and nonce == state.nonce and state.sent_version is not None:
             version = state.sent_version
             if request.HasField("error_detail"):
-                state.rejected_version = version
                 step.events.append(Nack(type_url, version, nonce, request.error_detail.message))
             else:
                 step.events.append(Ack(type_url, version, nonce))
@@ -203,10 +202,10 @@ class SotwStream:
     def _send_if_needed(
         self, step: Step, type_url: str, wanted: dict[str, Resource], *, force: bool = False
     ) -> set[str]:
-        """Send `wanted` unless the node has (or rejected) exactly that; the names that changed."""
+        """Send `wanted` unless the node was sent exactly that; the names that changed."""
         state = self._types[type_url]
         version = items_version({name: r.version for name, r in wanted.items()})
-        unchanged = version in (state.sent_version, state.rejected_version)
+        unchanged = version == state.sent_version
         nothing_yet = state.sent_version is None and not wanted and not state.sub.wildcard
         if (unchanged or nothing_yet) and not force:
             return set()

@@ -38,7 +38,7 @@ from control_plane.ads.protocol import (
 )
 from control_plane.ads.snapshots import SnapshotCache
 from control_plane.translate import capabilities_from_node
-from control_plane.translate.resources import Capabilities, PopResources
+from control_plane.translate.resources import CLUSTER_TYPE, Capabilities, PopResources
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         self._record = record
         self._queues: set[asyncio.Queue[object]] = set()
         self._closing = False
-        self._fallbacks_seen: set[tuple[str, str]] = set()  # (node id, notes version)
+        self._fallbacks_seen: set[tuple[str, str]] = set()  # (node id, CDS version)
         self.sends = 0  # responses written, all streams (tests, metrics)
 
     def add_to(self, server: grpc.aio.Server) -> None:
@@ -249,13 +249,14 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         entry.capability_reason = caps.reason
         snapshot = self.cache.resources(entry.pop, caps.capabilities)
         if snapshot.notes:
-            seen = (entry.node_id, repr(snapshot.notes))
+            seen = (entry.node_id, snapshot.type_version(CLUSTER_TYPE))
             if seen not in self._fallbacks_seen:
                 self._fallbacks_seen.add(seen)
                 for note in snapshot.notes:
                     log.info("node %s: capability fallback: %s", entry.node_id, note)
                 self._emit("capability_fallback", node=entry.node_id, pop=entry.pop,
-                           capabilities=caps.capabilities.key, notes=list(snapshot.notes))
+                           capabilities=caps.capabilities.key, version=seen[1],
+                           notes=list(snapshot.notes))
         return snapshot
 
     async def _apply(

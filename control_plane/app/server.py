@@ -5,6 +5,7 @@ ADS servicer on one grpc.aio server. The reconcile loop, hot reload and admin AP
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import grpc
 
@@ -33,12 +34,22 @@ class BallastServer:
         self.cache.add_listener(self.hub.changed)
         self.nodes = NodeRegistry()
         self.ads = AdsServicer(self.cache, self.hub, self.nodes, record=record)
-        self.grpc = grpc.aio.server(options=SERVER_OPTIONS)
-        self.ads.add_to(self.grpc)
+        self.grpc: grpc.aio.Server | None = None
         self.port = 0
+        self._services: list[Callable[[grpc.aio.Server], None]] = [self.ads.add_to]
+
+    def add_service(self, register: Callable[[grpc.aio.Server], None]) -> None:
+        """Another gRPC service on the same port (e.g. a MetricsService); call before start()."""
+        self._services.append(register)
 
     async def start(self) -> None:
-        """Bind and serve; `port` is the bound port (useful with an address ending in :0)."""
+        """Bind and serve; `port` is the bound port (useful with an address ending in :0).
+
+        The grpc.aio server is made here, on the running loop, with every registered service.
+        """
+        self.grpc = grpc.aio.server(options=SERVER_OPTIONS)
+        for register in self._services:
+            register(self.grpc)
         self.port = self.grpc.add_insecure_port(self.xds_address)
         if self.port == 0:
             raise OSError(f"cannot listen on {self.xds_address}")
@@ -48,7 +59,8 @@ class BallastServer:
 
     async def stop(self, grace: float = 1.0) -> None:
         """Refuse new streams, end open ones with UNAVAILABLE, then stop after `grace` s."""
-        stopping = self.grpc.stop(grace)
+        if self.grpc is None:
+            return
         self.ads.close_streams()
-        await stopping
+        await self.grpc.stop(grace)
         log.info("xDS server stopped")

@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
-from control_plane.decisions.log import CURRENT, log_files, parse_line, rotated_name
+from control_plane.decisions.log import CURRENT, log_files, parse_line
 
 _DURATION = re.compile(r"^\s*(\d+)\s*(s|m|h|d|w)\s*$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
@@ -126,6 +126,21 @@ class FileSource:
     def query(self, query: Query) -> list[Record]:
         return select(iter_records(self.state_dir), query)
 
+    def _rotated_since(self, inode: int, offset: int) -> list[Record]:
+        """After rotation: the rest of the file we were reading, then any newer rotated file."""
+        rotated = [path for path in log_files(self.state_dir) if path.name != CURRENT]
+        try:
+            inodes = [path.stat().st_ino for path in rotated]
+            if inode not in inodes:
+                return []
+            start = inodes.index(inode)
+            records = _complete_lines(rotated[start], offset)[0]
+            for path in rotated[start + 1:]:
+                records += _complete_lines(path, 0)[0]
+        except FileNotFoundError:  # rotated again while we read: the seq check keeps order
+            return []
+        return records
+
     def follow(
         self, query: Query, after_seq: int, poll_s: float, stop: Callable[[], bool]
     ) -> Iterator[Record]:
@@ -142,9 +157,7 @@ class FileSource:
                 status = None
             if status is not None:
                 if inode is not None and status.st_ino != inode:
-                    previous = self.state_dir / rotated_name(1)
-                    if previous.exists() and previous.stat().st_ino == inode:
-                        fresh += _complete_lines(previous, offset)[0]
+                    fresh += self._rotated_since(inode, offset)
                     offset = 0
                 inode = status.st_ino
                 records, offset = _complete_lines(current, offset)

@@ -174,9 +174,10 @@ def check_name(value: str, what: str) -> None:
 
 def name(what: str) -> Converter[str]:
     def convert(node: yaml.Node) -> str:
-        value = text(node) if not isinstance(node, yaml.ScalarNode) else str(node.value)
-        check_name(value, what)
-        return value
+        if not isinstance(node, yaml.ScalarNode):
+            raise Bad(f"must be a {what} name, got {describe(node)}")
+        check_name(str(node.value), what)
+        return str(node.value)
 
     return convert
 

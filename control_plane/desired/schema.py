@@ -28,6 +28,7 @@ from control_plane.desired.fields import (
 )
 from control_plane.desired.layers import FieldTable, Layer, Located, defaults_layer, read_layer
 from control_plane.desired.model import AdaptiveLifo, FailoverPolicy, HealthCheck, QueuePolicy, Tier
+from control_plane.desired.yaml_nodes import is_null
 
 MAX_WATERMARK = 1_000_000
 
@@ -131,11 +132,13 @@ def _read_queue_policy(node: yaml.Node, parent: Fields, layer: int) -> Layer:
         parent.sink.add(policy.at(), "must name exactly one policy: fifo or adaptive_lifo")
     result: Layer = {}
     if policy.has("fifo"):
-        Fields(policy.node_of("fifo"), f"{path}.fifo", parent.sink).finish()
+        fifo = policy.node_of("fifo")
+        Fields(None if is_null(fifo) else fifo, f"{path}.fifo", parent.sink).finish()
         result["queue_policy"] = Located("fifo", policy.at("fifo"), layer)
     lifo_node = policy.node_of("adaptive_lifo")
     if lifo_node is not None and len(written) == 1:
-        lifo = Fields(lifo_node, f"{path}.adaptive_lifo", parent.sink)
+        lifo = Fields(None if is_null(lifo_node) else lifo_node, f"{path}.adaptive_lifo",
+                      parent.sink)
         at = policy.at("adaptive_lifo")
         result["queue_policy"] = Located("adaptive_lifo", at, layer)
         for key in ("high_watermark", "low_watermark"):

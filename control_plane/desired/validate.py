@@ -64,7 +64,7 @@ from control_plane.desired.schema import (
     domain,
     read_tier_layer,
 )
-from control_plane.desired.yaml_nodes import join
+from control_plane.desired.yaml_nodes import is_null, join
 
 HEADER_KINDS = ("exact", "prefix", "contains", "present")
 
@@ -175,7 +175,7 @@ class _Document:
             self.sink.add(fields.at(), "must list at least one pop")
         pops: dict[str, Pop] = {}
         for named, node in self._named_entries(fields, "pop"):
-            pop = Fields(node if not _is_null(node) else None, named.at.path, self.sink)
+            pop = Fields(node if not is_null(node) else None, named.at.path, self.sink)
             address = pop.read("listen_address", ip_address)
             offset = pop.read("port_offset", integer(0, 65534))
             pop.finish()
@@ -526,10 +526,6 @@ class _Document:
                 seen[value] = owner
                 domains.append(value)
         return tuple(domains)
-
-
-def _is_null(node: yaml.Node) -> bool:
-    return isinstance(node, yaml.ScalarNode) and node.tag.endswith(":null")
 
 
 def _is_loopback(address: str) -> bool:

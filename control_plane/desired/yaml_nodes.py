@@ -105,6 +105,10 @@ def scalar(node: yaml.ScalarNode) -> object:
     return node.value
 
 
+def is_null(node: yaml.Node | None) -> bool:
+    return isinstance(node, yaml.ScalarNode) and node.tag.endswith(":null")
+
+
 def describe(node: yaml.Node) -> str:
     """How a node reads in a message: `'one'`, `12 (an integer)`, `a list`."""
     if isinstance(node, yaml.MappingNode):

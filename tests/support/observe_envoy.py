@@ -27,7 +27,7 @@ def edge_bootstrap(
     listen_port: int,
     sink_port: int,
     origins: dict[str, int],
-    max_requests: int = 1024,
+    max_connections: int = 1024,
     max_pending_requests: int = 1024,
 ) -> dict[str, Any]:
     bootstrap = ads_bootstrap(
@@ -66,7 +66,7 @@ def edge_bootstrap(
         "connect_timeout": "1s",
         "common_lb_config": {"locality_weighted_lb_config": {}},
         "circuit_breakers": {"thresholds": [{
-            "max_requests": max_requests, "max_pending_requests": max_pending_requests,
+            "max_connections": max_connections, "max_pending_requests": max_pending_requests,
         }]},
         "load_assignment": {"cluster_name": CLUSTER, "endpoints": [
             {"locality": {"zone": name}, "load_balancing_weight": 50,

@@ -45,7 +45,7 @@ class Fleet:
 
 @asynccontextmanager
 async def edge_fleet(
-    sink_port: int, *, max_requests: int = 1024, max_pending_requests: int = 1024
+    sink_port: int, *, max_connections: int = 1024, max_pending_requests: int = 1024
 ) -> AsyncIterator[Fleet]:
     primary = await DemoOrigin("primary", free_port()).start()
     secondary = await DemoOrigin("secondary", free_port()).start()
@@ -57,7 +57,7 @@ async def edge_fleet(
         listen_port=listen_port,
         sink_port=sink_port,
         origins={"primary": primary.port, "secondary": secondary.port},
-        max_requests=max_requests,
+        max_connections=max_connections,
         max_pending_requests=max_pending_requests,
     )
     envoy = EnvoyProcess(bootstrap, admin_port).start()

@@ -1,0 +1,151 @@
+"""The Prometheus metric source: PromQL over a Prometheus that scrapes Envoy's /stats/prometheus.
+
+The stats tags of `envoy/edge.yaml` turn the per-(PoP, origin) stats of a tier cluster into
+`envoy_cluster_zone_upstream_rq_completed{ballast_cluster="shop.critical", local_zone="ewr",
+upstream_zone="primary"}` (and `_rq_xx`, `_rq_time_bucket`); every Envoy stat also carries
+`ballast_pop`, which is how the cluster-wide pending gauge and overflow counter find their PoP.
+`increase()` handles counter resets the Prometheus way. prometheus-api-client is synchronous, so
+every query runs in a worker thread. Times are epoch milliseconds (Prometheus' clock).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections import defaultdict
+from typing import Any
+
+from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
+from requests import RequestException
+
+from control_plane.decide.signals import OriginSignals
+from control_plane.observe.source import Signals
+from control_plane.observe.window import split_cluster
+
+log = logging.getLogger(__name__)
+
+ZONE = ("local_zone", "ballast_cluster", "upstream_zone")
+QUANTILE = ("local_zone", "ballast_group", "upstream_zone")
+
+
+class PrometheusQueryError(RuntimeError):
+    pass
+
+
+def queries(window_ms: int) -> dict[str, str]:
+    """The PromQL behind one window, by signal."""
+    r = f"[{window_ms}ms]"
+    by = "local_zone, ballast_cluster, upstream_zone"
+    # tiers of a group merge before the quantile: ballast_group = ballast_cluster minus ".<tier>"
+    grown = (
+        f"label_replace(increase(envoy_cluster_zone_upstream_rq_time_bucket{r}), "
+        '"ballast_group", "$1", "ballast_cluster", "(.+)[.][^.]+")'
+    )
+    buckets = f"sum by (local_zone, ballast_group, upstream_zone, le) ({grown})"
+    return {
+        "requests": f"sum by ({by}) (increase(envoy_cluster_zone_upstream_rq_completed{r}))",
+        "errors_5xx": f"sum by ({by}) "
+        f'(increase(envoy_cluster_zone_upstream_rq_xx{{envoy_response_code_class="5"}}{r}))',
+        "p50_ms": f"histogram_quantile(0.5, {buckets})",
+        "p95_ms": f"histogram_quantile(0.95, {buckets})",
+        "observed_at": f"max by ({by}) "
+        f"(timestamp(envoy_cluster_zone_upstream_rq_completed) "
+        f"and last_over_time(envoy_cluster_zone_upstream_rq_completed{r}))",
+        "pending_active": "sum by (ballast_pop, ballast_cluster) "
+        f"(last_over_time(envoy_cluster_upstream_rq_pending_active{r}))",
+        "queue_overflow": "sum by (ballast_pop, ballast_cluster) "
+        f"(increase(envoy_cluster_upstream_rq_pending_overflow{r}))",
+    }
+
+
+Vector = list[dict[str, Any]]
+
+
+def assemble(results: dict[str, Vector]) -> Signals:
+    """Instant vectors by signal -> OriginSignals per (PoP, group) -> origin (pure).
+
+    Requests and 5xx are summed over the group's tiers (the quantiles already merge them in
+    PromQL); pending is the max over tiers and queue overflow the sum, both group-wide numbers
+    every origin of the group carries. NaN quantiles (no request in the window) become None.
+    """
+    quantiles: dict[tuple[str, str, str], dict[str, float]] = defaultdict(dict)
+    for name in ("p50_ms", "p95_ms"):
+        for labels, value in _series(results.get(name, [])):
+            pop, group, origin = (labels.get(k, "") for k in QUANTILE)
+            quantiles[pop, group, origin][name] = value
+    per_tier: dict[tuple[str, str, str, str], dict[str, float]] = defaultdict(dict)
+    for name in ("requests", "errors_5xx", "observed_at"):
+        for labels, value in _series(results.get(name, [])):
+            key = tuple(labels.get(label, "") for label in ZONE)
+            pop, cluster, origin = key
+            split = split_cluster(cluster)
+            if pop and origin and split is not None:
+                per_tier[pop, split[0], split[1], origin][name] = value
+    pending: dict[tuple[str, str], float] = defaultdict(float)
+    overflow: dict[tuple[str, str], float] = defaultdict(float)
+    for name, target, combine in (
+        ("pending_active", pending, max),
+        ("queue_overflow", overflow, lambda a, b: a + b),
+    ):
+        for labels, value in _series(results.get(name, [])):
+            split = split_cluster(labels.get("ballast_cluster", ""))
+            pop = labels.get("ballast_pop", "")
+            if split is not None and pop:
+                target[pop, split[0]] = combine(target[pop, split[0]], value)
+    tiers: dict[tuple[str, str, str], list[dict[str, float]]] = defaultdict(list)
+    for (pop, group, _, origin), values in per_tier.items():
+        if "observed_at" in values:
+            tiers[pop, group, origin].append(values)
+    signals: Signals = {}
+    for (pop, group, origin), rows in sorted(tiers.items()):
+        signals.setdefault((pop, group), {})[origin] = OriginSignals(
+            requests=round(sum(row.get("requests", 0.0) for row in rows)),
+            errors_5xx=round(sum(row.get("errors_5xx", 0.0) for row in rows)),
+            connect_failures=0,
+            p50_ms=quantiles[pop, group, origin].get("p50_ms"),
+            p95_ms=quantiles[pop, group, origin].get("p95_ms"),
+            pending_active=pending.get((pop, group), 0.0),
+            queue_overflow=round(overflow.get((pop, group), 0.0)),
+            probe_success=None,
+            observed_at_ms=round(max(row["observed_at"] for row in rows) * 1000),
+        )
+    return signals
+
+
+def _series(vector: Vector) -> list[tuple[dict[str, str], float]]:
+    out = []
+    for item in vector:
+        try:
+            value = float(item["value"][1])
+        except (KeyError, IndexError, TypeError, ValueError):
+            log.warning("unreadable Prometheus sample ignored: %r", item)
+            continue
+        if math.isfinite(value) and value >= 0:
+            out.append((dict(item.get("metric", {})), value))
+    return out
+
+
+class PrometheusSource:
+    """A MetricSource over a Prometheus HTTP API at `url`."""
+
+    def __init__(self, url: str, timeout_ms: int = 5000) -> None:
+        self._client = PrometheusConnect(url=url, disable_ssl=True)
+        self._timeout_ms = timeout_ms
+
+    def _query(self, promql: str, at_s: float) -> Vector:
+        try:
+            result = self._client.custom_query(
+                promql, params={"time": f"{at_s:.3f}", "timeout": f"{self._timeout_ms}ms"}
+            )
+        except (PrometheusApiClientException, RequestException, ValueError) as err:
+            raise PrometheusQueryError(f"{promql}: {err}") from err
+        return result if isinstance(result, list) else []
+
+    async def window(self, now_ms: int, window_ms: int) -> Signals:
+        at_s = now_ms / 1000
+        named = queries(window_ms)
+        vectors = await asyncio.gather(
+            *(asyncio.to_thread(self._query, promql, at_s) for promql in named.values())
+        )
+        return assemble(dict(zip(named, vectors, strict=True)))

@@ -1,0 +1,106 @@
+"""`ballast serve` as a subprocess: a real Envoy gets its config; SIGTERM stops it cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from control_plane.app.demo_origin import DemoOrigin
+from control_plane.app.envoy_process import EnvoyProcess, free_port
+from control_plane.translate.bootstrap import ads_bootstrap
+from tests.support.ads_desired import write_desired
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def ballast(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "control_plane.cli.main", "serve", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@pytest.fixture
+async def origin() -> AsyncIterator[DemoOrigin]:
+    the_origin = await DemoOrigin("primary", free_port()).start()
+    try:
+        yield the_origin
+    finally:
+        await the_origin.stop()
+
+
+def fetch(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/catalog", timeout=5) as response:
+        return str(response.headers["x-origin"])
+
+
+@pytest.mark.envoy
+async def test_sigterm_closes_streams_and_envoy_keeps_serving(
+    tmp_path: Path, origin: DemoOrigin
+) -> None:
+    listener, sjc_listener = sorted((free_port(), free_port()))
+    xds, admin = free_port(), free_port()
+    path = write_desired(
+        tmp_path / "desired.yaml",
+        listener_port=listener,
+        sjc_offset=sjc_listener - listener,
+        primary_port=origin.port,
+        secondary_port=free_port(),
+    )
+    proc = ballast(str(path), "--xds-address", f"127.0.0.1:{xds}")
+    envoy = EnvoyProcess(ads_bootstrap(node_id="ewr-1", pop="ewr", xds_port=xds, admin_port=admin),
+                         admin)
+    try:
+        envoy.start()
+        await asyncio.to_thread(envoy.wait_ready, 15)
+        assert await asyncio.to_thread(fetch, listener) == "primary"
+        assert "connected_state: 1" in envoy.admin("/stats?filter=control_plane.connected_state")
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = await asyncio.to_thread(proc.communicate, None, 10)
+        took = time.monotonic() - started
+        assert proc.returncode == 0, stderr
+        assert took < 3.0
+        assert "shutting down" in stderr and "disconnected" in stderr
+        await asyncio.sleep(0.3)
+        assert "connected_state: 0" in envoy.admin("/stats?filter=control_plane.connected_state")
+        for _ in range(5):  # the last config keeps serving
+            assert await asyncio.to_thread(fetch, listener) == "primary"
+        dump = json.loads(envoy.admin("/config_dump"))
+        assert any(c["@type"].endswith("ListenersConfigDump") for c in dump["configs"])
+    finally:
+        stop(proc)
+        envoy.stop()
+
+
+def test_serve_reports_bad_desired_state(tmp_path: Path) -> None:
+    path = tmp_path / "desired.yaml"
+    path.write_text("pops: {ewr: {port_offset: -1}}\nlisteners: nope\n")
+    proc = ballast(str(path), "--xds-address", f"127.0.0.1:{free_port()}")
+    try:
+        _, stderr = proc.communicate(timeout=20)
+        assert proc.returncode == 1
+        assert str(path) in stderr
+        assert "Traceback" not in stderr
+    finally:
+        stop(proc)

@@ -1,0 +1,223 @@
+"""Property tests of the weight controller over random signal sequences (hypothesis)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from control_plane.decide.controller import ControllerState, StepResult, home_weights, step
+from control_plane.decide.health import breach_reasons, is_healthy_window
+from control_plane.decide.signals import OriginSignals
+from control_plane.desired.model import FailoverPolicy
+
+POLICY = FailoverPolicy()
+TICK = 20_000
+MODES = ("health_proportional", "linear", "exponential")
+NAMES = ("primary", "secondary", "tertiary")
+
+# (requests, 5xx, connect failures, p50, p95)
+SHAPES: dict[str, tuple[int, int, int, float | None, float | None]] = {
+    "healthy": (1000, 0, 0, 40.0, 120.0),
+    "slow_p50": (1000, 0, 0, 300.0, 600.0),  # not breaching, but not healthy enough to return
+    "borderline": (1000, 21, 0, 200.0, 700.0),  # 2.1 % 5xx: just over the line
+    "slow_p95": (1000, 0, 0, 200.0, 900.0),
+    "bad": (1000, 79, 0, 200.0, 1200.0),
+    "dead": (100, 0, 900, None, None),
+    "idle": (0, 0, 0, None, None),
+}
+Window = dict[str, tuple[str, int]] | None  # origin -> (shape, age of newest sample in ms)
+
+shape = st.sampled_from(sorted(SHAPES))
+age = st.one_of(st.integers(0, POLICY.stale_after_ms), st.integers(POLICY.stale_after_ms + 1,
+                                                                    200_000))
+
+
+def window(names: tuple[str, ...]) -> st.SearchStrategy[Window]:
+    fresh = st.fixed_dictionaries({n: st.tuples(shape, st.integers(0, 30_000)) for n in names})
+    odd = st.fixed_dictionaries({n: st.tuples(shape, age) for n in names})
+    return st.one_of(fresh, fresh, fresh, odd, st.none())
+
+
+@st.composite
+def scenario(draw: st.DrawFn) -> tuple[FailoverPolicy, tuple[str, ...], list[Window], list[int]]:
+    policy = replace(POLICY, mode=draw(st.sampled_from(MODES)))
+    names = NAMES[: draw(st.integers(2, 3))]
+    windows = draw(st.lists(window(names), min_size=1, max_size=40))
+    jitters = draw(st.lists(st.integers(-policy.jitter, policy.jitter), min_size=len(windows),
+                            max_size=len(windows)))
+    return policy, names, windows, jitters
+
+
+def signals_of(w: Window, now: int) -> dict[str, OriginSignals] | None:
+    if w is None:
+        return None
+    return {
+        name: OriginSignals(*SHAPES[kind][:3], *SHAPES[kind][3:], 0.0, 0, None, now - age_ms)
+        for name, (kind, age_ms) in w.items()
+    }
+
+
+def simulate(
+    policy: FailoverPolicy, names: tuple[str, ...], windows: list[Window], jitters: list[int]
+) -> list[tuple[dict[str, OriginSignals] | None, StepResult]]:
+    weights = home_weights(names, policy.min_warm_pool)
+    state = ControllerState()
+    out = []
+    for tick, (w, jitter) in enumerate(zip(windows, jitters, strict=True), start=1):
+        signals = signals_of(w, tick * TICK)
+        result = step(policy, names, weights, state, signals, tick * TICK, jitter)
+        out.append((signals, result))
+        weights, state = result.weights_after, result.state
+    return out
+
+
+def fresh(policy: FailoverPolicy, signals: dict[str, OriginSignals] | None, now: int) -> bool:
+    return signals is not None and all(
+        now - s.observed_at_ms <= policy.stale_after_ms for s in signals.values()
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(scenario())
+def test_weights_stay_valid_and_steps_stay_capped(case: tuple) -> None:
+    policy, names, windows, jitters = case
+    for _, result in simulate(policy, names, windows, jitters):
+        after, before = result.weights_after, result.weights_before
+        assert set(after) == set(names)
+        assert all(type(w) is int and w >= 0 for w in after.values())
+        assert sum(after.values()) == 100
+        assert all(abs(after[n] - before[n]) <= policy.max_step for n in names)
+        assert all(after[n] >= policy.min_warm_pool for n in names)  # the warm pool holds
+        assert after != {names[0]: 100} | {n: 0 for n in names[1:]}
+        assert result.changed == (result.kind in ("weight_shift", "return"))
+
+
+@settings(max_examples=200, deadline=None)
+@given(scenario())
+def test_stale_or_missing_inputs_hold(case: tuple) -> None:
+    policy, names, windows, jitters = case
+    state = ControllerState()
+    for tick, (signals, result) in enumerate(simulate(policy, names, windows, jitters), 1):
+        if not fresh(policy, signals, tick * TICK):
+            assert result.kind == "hold"
+            assert result.weights_after == result.weights_before
+            assert result.state == state
+            assert result.rule.startswith("fail static")
+        state = result.state
+
+
+@settings(max_examples=200, deadline=None)
+@given(scenario())
+def test_weight_leaves_only_after_consecutive_breaches(case: tuple) -> None:
+    policy, names, windows, jitters = case
+    history: dict[str, list[bool]] = {n: [] for n in names}  # breach per evaluated window
+    for tick, (signals, result) in enumerate(simulate(policy, names, windows, jitters), 1):
+        if not fresh(policy, signals, tick * TICK):
+            continue
+        assert signals is not None
+        for n in names:
+            history[n].append(bool(breach_reasons(signals[n], policy)))
+        if result.kind == "weight_shift":
+            losers = [n for n in names if result.weights_after[n] < result.weights_before[n]]
+            assert losers
+            for n in losers:
+                assert history[n][-policy.breach_windows:] == [True] * policy.breach_windows
+
+
+@settings(max_examples=200, deadline=None)
+@given(scenario())
+def test_weight_returns_only_after_healthy_windows(case: tuple) -> None:
+    policy, names, windows, jitters = case
+    good: dict[str, list[bool]] = {n: [] for n in names}
+    for tick, (signals, result) in enumerate(simulate(policy, names, windows, jitters), 1):
+        if not fresh(policy, signals, tick * TICK):
+            continue
+        assert signals is not None
+        for n in names:
+            good[n].append(is_healthy_window(signals[n], policy))
+        gainers = [n for n in names if result.weights_after[n] > result.weights_before[n]]
+        if result.kind == "return":
+            need = policy.return_healthy_windows
+            assert len(gainers) == 1
+            assert good[gainers[0]][-need:] == [True] * need
+            p50 = signals[gainers[0]].p50_ms
+            assert p50 is not None and p50 < policy.return_p50_ms
+        elif result.kind == "weight_shift":
+            # weight only goes to origins that are not breaching, away from a sick one
+            assert all(not breach_reasons(signals[n], policy) for n in gainers)
+        else:
+            assert not gainers
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    mode=st.sampled_from(MODES),
+    names=st.sampled_from([NAMES[:2], NAMES]),
+    data=st.data(),
+)
+def test_return_is_slower_than_leave(mode: str, names: tuple[str, ...], data: st.DataObject
+                                     ) -> None:
+    policy = replace(POLICY, mode=mode)
+    home = home_weights(names, policy.min_warm_pool)
+    jitter = st.integers(-policy.jitter, policy.jitter)
+    weights, state, tick = dict(home), ControllerState(), 0
+
+    def advance(primary: str) -> StepResult:
+        nonlocal weights, state, tick
+        tick += 1
+        w = {n: ("healthy" if n != names[0] else primary, 0) for n in names}
+        result = step(policy, names, weights, state, signals_of(w, tick * TICK), tick * TICK,
+                      data.draw(jitter))
+        weights, state = result.weights_after, result.state
+        return result
+
+    leave = 0
+    while advance("dead").kind != "hold":
+        leave += 1
+    low = weights[names[0]]
+    assert low < home[names[0]]
+    back = 0
+    while weights != home:
+        advance("healthy")
+        back += 1
+        assert back < 100
+    assert back > leave
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    mode=st.sampled_from(MODES),
+    pattern=st.lists(st.sampled_from(["borderline", "slow_p95", "bad"]), min_size=1, max_size=15),
+    jitters=st.lists(st.integers(-2, 2), min_size=30, max_size=30),
+)
+def test_alternating_borderline_signals_do_not_flap(
+    mode: str, pattern: list[str], jitters: list[int]
+) -> None:
+    """A breach every other window never adds up to two consecutive windows: nothing moves."""
+    policy = replace(POLICY, mode=mode)
+    windows: list[Window] = []
+    for kind in pattern:
+        windows += [{"primary": (kind, 0), "secondary": ("healthy", 0)},
+                    {"primary": ("healthy", 0), "secondary": ("healthy", 0)}]
+    results = simulate(policy, NAMES[:2], windows, jitters[: len(windows)])
+    assert {result.weights_after["primary"] for _, result in results} == {95}
+    assert {result.kind for _, result in results} <= {"threshold_breach", "steady"}
+
+
+@settings(max_examples=200, deadline=None)
+@given(noise=st.lists(st.integers(30, 40), min_size=4, max_size=20))
+def test_small_score_noise_inside_hysteresis_does_not_move_weights(noise: list[int]) -> None:
+    """Once at its target, a sick origin whose score wobbles by less than 5 points stays put."""
+    policy = replace(POLICY, mode="health_proportional")
+    names = NAMES[:2]
+    weights, state = {"primary": 70, "secondary": 30}, ControllerState({"primary": 5}, {})
+    for tick, errors in enumerate(noise, start=1):  # 3.0..4.0 % 5xx: scores 0.70..0.60
+        sig = {"primary": OriginSignals(1000, errors, 0, 100.0, 200.0, 0.0, 0, None, tick * TICK),
+               "secondary": OriginSignals(1000, 0, 0, 40.0, 100.0, 0.0, 0, None, tick * TICK)}
+        result = step(policy, names, weights, state, sig, tick * TICK, 0)
+        target = round((1 - errors / 1000 / 0.02 / 5) * 100)
+        if weights["primary"] - target < policy.hysteresis:
+            assert result.weights_after == weights
+        weights, state = result.weights_after, result.state

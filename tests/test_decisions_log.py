@@ -1,0 +1,111 @@
+"""The decision log writer: fsync'd appends, seq continuity, rotation, torn tails."""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from control_plane.decisions.log import DecisionLog, format_time, log_files
+from control_plane.decisions.read import iter_records
+
+T0 = datetime(2024, 5, 1, 16, 2, 10, 123456, tzinfo=UTC)
+
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_record_layout_and_time(tmp_path: Path) -> None:
+    with DecisionLog(tmp_path, clock=lambda: T0) as log:
+        record = log.record("weight_shift", pop="ewr", group="api",
+                            weights_before={"a": 95, "b": 5}, weights_after={"a": 85, "b": 15},
+                            rule="step cap 10", config_version="abc123", detail={"x": 1})
+    assert record["time"] == "2024-05-01T16:02:10.123Z"
+    assert list(record) == ["time", "seq", "kind", "pop", "group", "weights_before",
+                            "weights_after", "inputs", "rule", "config_version", "detail"]
+    assert lines(tmp_path / "decisions.jsonl") == [record]
+
+
+def test_each_record_is_fsynced_before_record_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = DecisionLog(tmp_path)
+    synced: list[int] = []
+    real_fsync = os.fsync
+
+    def spy(fd: int) -> None:
+        synced.append(os.fstat(fd).st_size)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    for count in range(1, 4):
+        log.record("hold", pop="ewr", group="api")
+        assert len(synced) == count
+        assert synced[-1] == os.path.getsize(tmp_path / "decisions.jsonl")  # the whole record
+    log.close()
+
+
+def test_seq_continues_after_reopen(tmp_path: Path) -> None:
+    with DecisionLog(tmp_path) as log:
+        assert [log.record("hold")["seq"] for _ in range(3)] == [1, 2, 3]
+    with DecisionLog(tmp_path) as log:
+        assert log.record("steady")["seq"] == 4
+
+
+def test_unknown_kind_or_field_is_refused_and_nothing_written(tmp_path: Path) -> None:
+    with DecisionLog(tmp_path) as log:
+        with pytest.raises(ValueError, match="unknown decision kind 'banana'"):
+            log.record("banana")
+        with pytest.raises(TypeError, match="colour"):
+            log.record("hold", colour="red")
+        assert log.record("hold")["seq"] == 1
+    assert len(lines(tmp_path / "decisions.jsonl")) == 1
+
+
+def test_rotation_keeps_n_files_and_seq_order(tmp_path: Path) -> None:
+    with DecisionLog(tmp_path, max_bytes=600, keep=2) as log:
+        for _ in range(40):
+            log.record("hold", pop="ewr", group="api", rule="x" * 50)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["decisions.1.jsonl", "decisions.2.jsonl", "decisions.jsonl"]
+    assert all(p.stat().st_size <= 600 for p in tmp_path.iterdir())
+    seqs = [r["seq"] for r in iter_records(tmp_path)]
+    assert seqs == list(range(seqs[0], 41))  # oldest files dropped, the rest in order
+    assert seqs[0] > 1
+    assert [p.name for p in log_files(tmp_path)] == names[1::-1] + ["decisions.jsonl"]
+
+
+def test_seq_continues_from_rotated_file_when_current_is_empty(tmp_path: Path) -> None:
+    with DecisionLog(tmp_path, max_bytes=300) as log:
+        for _ in range(5):
+            log.record("hold")
+    (tmp_path / "decisions.jsonl").rename(tmp_path / "decisions.1.jsonl")
+    (tmp_path / "decisions.jsonl").write_bytes(b"")
+    with DecisionLog(tmp_path) as log:
+        assert log.record("hold")["seq"] == 6
+
+
+def test_torn_last_line_is_skipped_and_writer_starts_a_fresh_line(tmp_path: Path) -> None:
+    with DecisionLog(tmp_path) as log:
+        log.record("hold", rule="one")
+        log.record("hold", rule="two")
+    path = tmp_path / "decisions.jsonl"
+    whole = path.read_bytes()
+    path.write_bytes(whole + b'{"time":"2024-05-01T16:00:00.000Z","seq":3,"kind":"we')  # kill -9
+    assert [r["seq"] for r in iter_records(tmp_path)] == [1, 2]
+    with DecisionLog(tmp_path) as log:
+        assert log.record("hold", rule="three")["seq"] == 3
+    assert [r["rule"] for r in iter_records(tmp_path)] == ["one", "two", "three"]
+    assert path.read_bytes().count(b"\n") == 4  # torn line closed, then the new record
+
+
+def test_clock_drives_time(tmp_path: Path) -> None:
+    moments = iter([T0, T0 + timedelta(seconds=20)])
+    with DecisionLog(tmp_path, clock=lambda: next(moments)) as log:
+        first, second = log.record("hold"), log.record("hold")
+    assert (first["time"], second["time"]) == (format_time(T0),
+                                                "2024-05-01T16:02:30.123Z")
