@@ -52,8 +52,9 @@ def test_replaying_the_log_reproduces_the_weights(tmp_path: Path, mode: str) -> 
     weights, state = home_weights(pref, policy.min_warm_pool), ControllerState()
     for tick in range(1, 120):
         now[0] = start + timedelta(milliseconds=tick * TICK)
-        result = step(policy, pref, weights, state, window(rng, tick * TICK, tick < 40), tick * TICK,
-                      rng.randint(-policy.jitter, policy.jitter))
+        signals = window(rng, tick * TICK, incident=tick < 40)
+        jitter = rng.randint(-policy.jitter, policy.jitter)
+        result = step(policy, pref, weights, state, signals, tick * TICK, jitter)
         log.record(result.kind, pop="ewr", group="api", config_version="v1",
                    **result.record_fields())
         weights, state = result.weights_after, result.state

@@ -83,7 +83,7 @@ def test_calm_after_return_home(tmp_path: Path) -> None:
     records = incident(tmp_path, [("sick", 3), ("healthy", 8)])
     text = explain(records, "ewr", "api")
     assert "weights now primary 95, secondary 5" in text
-    assert "calm: at the preferred split since 16:03:20 (return" in text
+    assert "calm: at the preferred split since 16:03:00 (return, seq 17)" in text
     assert "how they got here" not in text
 
 

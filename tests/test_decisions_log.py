@@ -76,7 +76,9 @@ def test_rotation_keeps_n_files_and_seq_order(tmp_path: Path) -> None:
     seqs = [r["seq"] for r in iter_records(tmp_path)]
     assert seqs == list(range(seqs[0], 41))  # oldest files dropped, the rest in order
     assert seqs[0] > 1
-    assert [p.name for p in log_files(tmp_path)] == names[1::-1] + ["decisions.jsonl"]
+    assert [p.name for p in log_files(tmp_path)] == [
+        "decisions.2.jsonl", "decisions.1.jsonl", "decisions.jsonl"
+    ]
 
 
 def test_seq_continues_from_rotated_file_when_current_is_empty(tmp_path: Path) -> None:

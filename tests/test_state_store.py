@@ -1,0 +1,158 @@
+"""The state store: round trips, one transaction per save, corruption is reported not reset."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from control_plane.decide.controller import ControllerState
+from control_plane.state.store import GroupState, Snapshot, StateCorrupted, StateStore
+
+STATE = ControllerState({"a": 2, "b": 0}, {"a": 0, "b": 7})
+
+
+def test_empty_store_loads_empty(tmp_path: Path) -> None:
+    with StateStore(tmp_path / "state") as store:
+        assert store.load() == Snapshot()
+
+
+def test_round_trip_survives_reopen(tmp_path: Path) -> None:
+    with StateStore(tmp_path) as store:
+        store.save_group("ewr", "api", {"a": 85, "b": 15}, STATE)
+        store.save_groups([("sjc", "api", {"a": 95, "b": 5}, ControllerState()),
+                           ("ewr", "api", {"a": 75, "b": 25}, STATE)], desired_digest="d1")
+        store.set_tier_decision("ewr/api/background", {"action": "shed", "since_ms": 5})
+        store.set_tier_decision("ewr/api/normal", "demote")
+        store.clear_tier_decision("ewr/api/normal")
+    with StateStore(tmp_path) as store:
+        snapshot = store.load()
+    assert snapshot.groups == {
+        ("ewr", "api"): GroupState({"a": 75, "b": 25}, STATE),
+        ("sjc", "api"): GroupState({"a": 95, "b": 5}, ControllerState()),
+    }
+    assert snapshot.tier_decisions == {"ewr/api/background": {"action": "shed", "since_ms": 5}}
+    assert snapshot.desired_digest == "d1"
+
+
+def test_wal_and_full_sync(tmp_path: Path) -> None:
+    with StateStore(tmp_path):
+        pass
+    db = sqlite3.connect(tmp_path / "state.db")
+    assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    db.close()
+
+
+@pytest.mark.parametrize("weights", [{"a": 90, "b": 5}, {"a": 100.0}, {}, {"a": -5, "b": 105}])
+def test_bad_weights_are_refused_and_state_kept(tmp_path: Path, weights: dict) -> None:
+    with StateStore(tmp_path) as store:
+        store.save_group("ewr", "api", {"a": 95, "b": 5}, STATE)
+        with pytest.raises(ValueError, match="summing to 100"):
+            store.save_groups([("sjc", "api", {"a": 95, "b": 5}, STATE),
+                               ("ewr", "api", weights, STATE)], desired_digest="new")
+        snapshot = store.load()
+    assert set(snapshot.groups) == {("ewr", "api")}
+    assert snapshot.desired_digest is None
+
+
+def test_not_a_database(tmp_path: Path) -> None:
+    (tmp_path / "state.db").write_bytes(b"this is not sqlite at all, just text\n" * 200)
+    with pytest.raises(StateCorrupted, match=r"state\.db: not a usable SQLite database"):
+        StateStore(tmp_path)
+    assert (tmp_path / "state.db").read_bytes().startswith(b"this is not sqlite")  # untouched
+
+
+def test_damaged_pages_fail_the_integrity_check(tmp_path: Path) -> None:
+    with StateStore(tmp_path) as store:
+        for i in range(300):
+            store.save_group(f"pop{i}", "api", {"a": 95, "b": 5}, STATE)
+    db = sqlite3.connect(tmp_path / "state.db")
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    db.close()
+    path = tmp_path / "state.db"
+    data = bytearray(path.read_bytes())
+    page = 4096
+    for offset in range(2 * page, len(data), page):  # scribble over every page's header
+        data[offset:offset + 16] = b"\xff" * 16
+    path.write_bytes(bytes(data))
+    with pytest.raises(StateCorrupted, match=str(path)):
+        StateStore(tmp_path).load()
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "message"),
+    [
+        ("weights", '{"a": 90, "b": 5}', "summing to 100"),
+        ("weights", "not json", "group 'api' at pop 'ewr'"),
+        ("controller", '{"unhealthy_windows": {"a": -1}, "healthy_windows": {}}', "count >= 0"),
+    ],
+)
+def test_unparsable_rows(tmp_path: Path, column: str, value: str, message: str) -> None:
+    with StateStore(tmp_path) as store:
+        store.save_group("ewr", "api", {"a": 95, "b": 5}, STATE)
+    db = sqlite3.connect(tmp_path / "state.db")
+    db.execute(f"UPDATE groups SET {column} = ?", (value,))
+    db.commit()
+    db.close()
+    with StateStore(tmp_path) as store, pytest.raises(StateCorrupted, match=message) as info:
+        store.load()
+    assert str(tmp_path / "state.db") in str(info.value)
+
+
+def test_unknown_schema_version(tmp_path: Path) -> None:
+    with StateStore(tmp_path):
+        pass
+    db = sqlite3.connect(tmp_path / "state.db")
+    db.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+    db.commit()
+    db.close()
+    with pytest.raises(StateCorrupted, match="schema version '99'"):
+        StateStore(tmp_path)
+
+
+WRITER = """
+import sys
+from control_plane.decide.controller import ControllerState
+from control_plane.state.store import StateStore
+
+store = StateStore(sys.argv[1])
+i = 0
+while True:
+    i += 1
+    shift = i % 91
+    weights = {"primary": 95 - shift, "secondary": 5 + shift}
+    state = ControllerState({"primary": i}, {"secondary": i})
+    store.save_groups([("ewr", "api", weights, state), ("sjc", "api", weights, state)],
+                      desired_digest=str(i))
+    print(i, flush=True)
+"""
+
+
+def test_kill_9_in_the_middle_of_a_write_loop(tmp_path: Path) -> None:
+    child = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(tmp_path)],
+        stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parent.parent,
+    )
+    assert child.stdout is not None
+    acknowledged = 0
+    deadline = time.monotonic() + 30
+    while acknowledged < 200 and time.monotonic() < deadline:
+        acknowledged = int(child.stdout.readline())
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    assert acknowledged >= 200
+    with StateStore(tmp_path) as store:
+        snapshot = store.load()
+    count = int(snapshot.desired_digest or 0)
+    assert count >= acknowledged  # every acknowledged save is durable
+    for key in (("ewr", "api"), ("sjc", "api")):  # and each save is all-or-nothing
+        group = snapshot.groups[key]
+        shift = count % 91
+        assert group.weights == {"primary": 95 - shift, "secondary": 5 + shift}
+        assert group.controller == ControllerState({"primary": count}, {"secondary": count})
