@@ -10,11 +10,13 @@ import pytest
 
 from control_plane.app.demo_origin import Fault
 from control_plane.app.envoy_process import free_port
-from control_plane.observe.sink import SinkStore, add_metrics_service
+from control_plane.gen.ballast.v1 import metrics_service_pb2 as ms
+from control_plane.gen.ballast.v1 import prometheus_metrics_pb2 as prom
+from control_plane.observe.sink import METHOD, SinkStore, add_metrics_service
 from control_plane.observe.source import Signals, wall_ms
 from tests.support.observe_fleet import edge_fleet
 
-pytestmark = [pytest.mark.envoy, pytest.mark.timeout(90)]
+pytestmark = pytest.mark.timeout(90)
 
 
 @pytest.fixture
@@ -58,6 +60,7 @@ async def wait_node(store: SinkStore, count: int = 1) -> None:
     raise AssertionError("Envoy never opened a metrics stream")
 
 
+@pytest.mark.envoy
 async def test_per_origin_signals_pending_overflow_and_restart(sink: tuple[SinkStore, int]):
     store, port = sink
     async with edge_fleet(port, max_connections=4, max_pending_requests=5) as fleet:
@@ -66,7 +69,7 @@ async def test_per_origin_signals_pending_overflow_and_restart(sink: tuple[SinkS
         await wait_node(store)
         assert store.nodes() == {"edge-ewr-1": "ewr"}
 
-        # Phase A: 60 requests, 2 at a time (no queueing) -> 5xx and latency land on the right origin.
+        # Phase A: 60 requests, 2 at a time (no queueing): 5xx and latency per origin.
         start = wall_ms()
         statuses = await fleet.traffic(60, concurrency=2)
         sent = fleet.primary.total + fleet.secondary.total
@@ -122,3 +125,43 @@ async def test_per_origin_signals_pending_overflow_and_restart(sink: tuple[SinkS
         seen = total(everything, "primary") + total(everything, "secondary")
         assert seen <= before + 20 + overflow
         assert seen >= 60 + 20
+
+
+def flush(value: float, node: str | None = None) -> bytes:
+    labels = {"ballast_cluster": "shop.critical", "local_zone": "ewr", "upstream_zone": "primary"}
+    metric = prom.Metric(
+        label=[prom.LabelPair(name=k, value=v) for k, v in labels.items()],
+        counter=prom.Counter(value=value),
+    )
+    message = ms.StreamMetricsMessage(envoy_metrics=[prom.MetricFamily(
+        name="cluster.zone.upstream_rq_completed", type=prom.COUNTER, metric=[metric]
+    )])
+    if node is not None:
+        message.identifier.node.id = node
+        message.identifier.node.locality.zone = "ewr"
+    return message.SerializeToString()
+
+
+async def test_bad_payloads_are_logged_and_the_stream_goes_on(sink: tuple[SinkStore, int], caplog):
+    store, port = sink
+    start = wall_ms()
+
+    async def messages() -> AsyncIterator[bytes]:
+        yield flush(1)  # no identifier yet: dropped
+        yield flush(5, node="raw-client")
+        yield b"\xff\xff\xff not a protobuf"
+        await asyncio.sleep(0.05)
+        yield flush(float("nan"))
+        yield flush(9)
+
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = channel.stream_unary(METHOD, request_serializer=None, response_deserializer=None)
+        assert await call(messages()) == b""
+    now = wall_ms()
+    signals = await store.window(now, now - start + 1000)
+    assert signals[("ewr", "shop")]["primary"].requests == 4
+    text = caplog.text
+    assert "before any node identifier" in text
+    assert "undecodable StreamMetricsMessage" in text
+    assert "not a finite" in text
+    assert store.nodes() == {}

@@ -156,3 +156,14 @@ def test_kill_9_in_the_middle_of_a_write_loop(tmp_path: Path) -> None:
         shift = count % 91
         assert group.weights == {"primary": 95 - shift, "secondary": 5 + shift}
         assert group.controller == ControllerState({"primary": count}, {"secondary": count})
+
+
+def test_forget_group_and_digest(tmp_path: Path) -> None:
+    with StateStore(tmp_path) as store:
+        store.save_group("ewr", "api", {"a": 95, "b": 5}, STATE)
+        store.save_group("ewr", "img", {"a": 95, "b": 5}, STATE)
+        store.forget_group("ewr", "img")
+        store.set_desired_digest("sha256:abc")
+        snapshot = store.load()
+    assert set(snapshot.groups) == {("ewr", "api")}
+    assert snapshot.desired_digest == "sha256:abc"

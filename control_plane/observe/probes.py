@@ -77,7 +77,16 @@ class Prober:
         }
 
     def share(self, group: str, origin: str, now_ms: int, window_ms: int) -> float | None:
-        return success_share(self._results.get((group, origin), ()), now_ms, window_ms)
+        return success_share(self.results(group, origin), now_ms, window_ms)
+
+    def results(self, group: str, origin: str) -> tuple[ProbeResult, ...]:
+        return tuple(self._results.get((group, origin), ()))
+
+    def record(self, group: str, origin: str, at_ms: int, passed: bool) -> None:
+        results = self._results.setdefault((group, origin), deque())
+        results.append((at_ms, passed))
+        while results and results[0][0] < at_ms - self.retention_ms:
+            results.popleft()
 
     async def probe_once(self, session: aiohttp.ClientSession) -> None:
         """One round: both paths of every target, concurrently."""
@@ -109,11 +118,7 @@ class Prober:
                     log.info("probe %s%s answered %d", target.base_url, path, response.status)
         except (aiohttp.ClientError, TimeoutError) as err:
             log.info("probe %s%s failed: %s", target.base_url, path, err or type(err).__name__)
-        results = self._results[target.group, target.origin]
-        now = self.clock()
-        results.append((now, passed))
-        while results and results[0][0] < now - self.retention_ms:
-            results.popleft()
+        self.record(target.group, target.origin, self.clock(), passed)
 
     async def run(self) -> None:
         """Probe until cancelled; each round starts `interval` after the previous one started."""

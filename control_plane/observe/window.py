@@ -81,16 +81,6 @@ def quantile(q: float, buckets: Buckets, total: float | None = None) -> float | 
     return lower_bound
 
 
-def bucket_increase(first: Buckets, last: Buckets) -> Buckets:
-    """Growth of a cumulative histogram between two snapshots; a reset gives `last` itself."""
-    if not first:
-        return last
-    before = dict(first)
-    if any(count < before.get(bound, 0.0) for bound, count in last):
-        return last
-    return tuple((bound, count - before.get(bound, 0.0)) for bound, count in last)
-
-
 @dataclass(frozen=True)
 class OriginWindow:
     """One (PoP, cluster, origin) over a window, before tiers are merged into the group."""
