@@ -34,6 +34,12 @@ def ballast(*args: str) -> subprocess.Popen[str]:
     )
 
 
+def isolated(tmp_path: Path) -> tuple[str, ...]:
+    """Own state dir, any free admin port, no probes: tests never share anything."""
+    return ("--state-dir", str(tmp_path / "state"), "--admin-address", "127.0.0.1:0",
+            "--no-probes")
+
+
 def stop(proc: subprocess.Popen[str]) -> None:
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -67,7 +73,7 @@ async def test_sigterm_closes_streams_and_envoy_keeps_serving(
         primary_port=origin.port,
         secondary_port=free_port(),
     )
-    proc = ballast(str(path), "--xds-address", f"127.0.0.1:{xds}")
+    proc = ballast(str(path), "--xds-address", f"127.0.0.1:{xds}", *isolated(tmp_path))
     envoy = EnvoyProcess(ads_bootstrap(node_id="ewr-1", pop="ewr", xds_port=xds, admin_port=admin),
                          admin)
     try:
@@ -96,7 +102,7 @@ async def test_sigterm_closes_streams_and_envoy_keeps_serving(
 def test_serve_reports_bad_desired_state(tmp_path: Path) -> None:
     path = tmp_path / "desired.yaml"
     path.write_text("pops: {ewr: {port_offset: -1}}\nlisteners: nope\n")
-    proc = ballast(str(path), "--xds-address", f"127.0.0.1:{free_port()}")
+    proc = ballast(str(path), "--xds-address", f"127.0.0.1:{free_port()}", *isolated(tmp_path))
     try:
         _, stderr = proc.communicate(timeout=20)
         assert proc.returncode == 1

@@ -47,3 +47,17 @@ async def test_fault_endpoint_validates_and_applies() -> None:
                 assert r.status == 200
     finally:
         await origin.stop()
+
+
+async def test_fault_limited_to_one_pop() -> None:
+    origin = await DemoOrigin("primary", free_port()).start()
+    try:
+        origin.set_fault(Fault(error_rate=1.0, pops=("ewr",)))
+        url = f"http://127.0.0.1:{origin.port}/x"
+        async with aiohttp.ClientSession() as session:
+            async with session.get(url, headers={"x-ballast-pop": "ewr"}) as r:
+                assert r.status == 503
+            async with session.get(url, headers={"x-ballast-pop": "sjc"}) as r:
+                assert r.status == 200
+    finally:
+        await origin.stop()

@@ -6,6 +6,8 @@ never share series.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -60,3 +62,11 @@ class BallastMetrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+    def set_weights(self, weights: Mapping[str, Mapping[str, Mapping[str, int]]]) -> None:
+        """Make `ballast_origin_weight` exactly `weights` (PoP -> group -> origin -> weight)."""
+        self.weight.clear()
+        for pop, groups in weights.items():
+            for group, origins in groups.items():
+                for origin, value in origins.items():
+                    self.weight.labels(pop, group, origin).set(value)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal
 
@@ -24,12 +25,14 @@ from envoy.service.discovery.v3.discovery_pb2 import (
     DiscoveryResponse,
 )
 
+from control_plane.admin.metrics import BallastMetrics
 from control_plane.ads.fanout import PushHub
 from control_plane.ads.nodes import NodeEntry, NodeRegistry
 from control_plane.ads.protocol import (
     Ack,
     DeltaResponse,
     DeltaStream,
+    Nack,
     ProtocolError,
     SotwResponse,
     SotwStream,
@@ -113,11 +116,15 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         nodes: NodeRegistry,
         *,
         record: Record | None = None,
+        metrics: BallastMetrics | None = None,
     ) -> None:
         self.cache = cache
         self.hub = hub
         self.nodes = nodes
         self._record = record
+        self.metrics = metrics
+        # (stream, type_url) -> (nonce, monotonic time) of the last response not yet answered
+        self._pushed: dict[tuple[int, str], tuple[str, float]] = {}
         self._queues: set[asyncio.Queue[object]] = set()
         self._closing = False
         self._fallbacks_seen: set[tuple[str, str]] = set()  # (node id, CDS version)
@@ -179,6 +186,8 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             capability_key=caps.capabilities.key,
             capability_reason=caps.reason,
         )
+        if self.metrics is not None:
+            self.metrics.connected_nodes.labels(pop).inc()
         queue: asyncio.Queue[object] = asyncio.Queue()
         self._queues.add(queue)
         pending_push = False
@@ -224,6 +233,10 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             unsubscribe()
             self._queues.discard(queue)
             self.nodes.disconnect(entry)
+            if self.metrics is not None:
+                self.metrics.connected_nodes.labels(pop).dec()
+            for key in [key for key in self._pushed if key[0] == entry.stream]:
+                del self._pushed[key]
             self._emit("node_disconnected", node=node.id, pop=pop, mode=mode,
                        status=status.name, details=details)
             log.info("node %s disconnected (%s)", node.id, details or status.name)
@@ -263,6 +276,7 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         self, context: grpc.aio.ServicerContext[Any, Any], entry: NodeEntry, step: Step
     ) -> None:
         for event in step.events:
+            self._count_answer(entry, event)
             if isinstance(event, Ack):
                 entry.acked(event.type_url, event.version)
             else:
@@ -273,12 +287,36 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                            type=short_name(event.type_url), version=event.version,
                            message=event.message)
         for response in step.responses:
-            if isinstance(response, SotwResponse):
-                await context.write(encode_sotw(response))
-            else:
-                await context.write(encode_delta(response))
+            message = (
+                encode_sotw(response)
+                if isinstance(response, SotwResponse)
+                else encode_delta(response)
+            )
+            await context.write(message)
             entry.sent(response.type_url, response.version)
             self.sends += 1
+            if self.metrics is not None:
+                kind = short_name(response.type_url)
+                self.metrics.pushes.labels(kind).inc()
+                self.metrics.push_bytes.labels(kind).inc(message.ByteSize())
+                self._pushed[(entry.stream, response.type_url)] = (
+                    response.nonce, time.monotonic()
+                )
+
+    def _count_answer(self, entry: NodeEntry, event: Ack | Nack) -> None:
+        """ACK/NACK counters; push-to-ACK seconds when the ACK answers the latest push."""
+        if self.metrics is None:
+            return
+        kind = short_name(event.type_url)
+        pushed = self._pushed.get((entry.stream, event.type_url))
+        if pushed is not None and pushed[0] == event.nonce:
+            del self._pushed[(entry.stream, event.type_url)]
+            if isinstance(event, Ack):
+                self.metrics.convergence.labels(kind).observe(time.monotonic() - pushed[1])
+        if isinstance(event, Ack):
+            self.metrics.acks.labels(kind).inc()
+        else:
+            self.metrics.nacks.labels(kind).inc()
 
     def _emit(self, kind: str, **fields: Any) -> None:
         if self._record is None:

@@ -2,7 +2,9 @@
 
 Every path answers 200 with `x-origin: <name>` and echoes the tier Envoy classified the request
 into (`x-ballast-tier` in, `x-seen-tier` out). Faults are deterministic: with an error rate of
-0.25 exactly every fourth request fails, so tests can assert on counts, not luck.
+0.25 exactly every fourth request fails, so tests can assert on counts, not luck. A fault can
+be limited to requests that came through some PoPs (Envoy adds `x-ballast-pop`), which is how a
+regional problem between one PoP and an origin is simulated.
 `POST /_ballast/fault` (JSON body with the fields of `Fault`) changes them over HTTP, which is how
 `make run` lets an operator break an origin by hand.
 """
@@ -27,6 +29,7 @@ class Fault:
     status: int = 503
     latency_ms: int = 0  # added before answering
     fail_health: bool = False  # health paths answer `status` too
+    pops: tuple[str, ...] = ()  # only requests through these PoPs (x-ballast-pop); () = all
 
     @classmethod
     def from_json(cls, data: object) -> Fault:
@@ -36,7 +39,7 @@ class Fault:
         unknown = set(data) - known
         if unknown:
             raise ValueError(f"unknown fault fields: {', '.join(sorted(unknown))}")
-        fault = cls(**data)
+        fault = cls(**{**data, "pops": tuple(data.get("pops", ()))})
         if not 0.0 <= float(fault.error_rate) <= 1.0:
             raise ValueError("error_rate must be within 0..1")
         if not 100 <= int(fault.status) <= 599 or int(fault.latency_ms) < 0:
@@ -69,10 +72,15 @@ class DemoOrigin:
         self._served += 1
         return math.floor(self._served * rate) > before
 
+    def _faulty(self, request: web.Request) -> bool:
+        pops = self.fault.pops
+        return not pops or request.headers.get("x-ballast-pop", "") in pops
+
     async def _handle(self, request: web.Request) -> web.Response:
         if request.path == FAULT_PATH:
             return await self._handle_fault(request)
-        if self.fault.latency_ms:
+        faulty = self._faulty(request)
+        if self.fault.latency_ms and faulty:
             await asyncio.sleep(self.fault.latency_ms / 1000)
         headers = {"x-origin": self.name}
         if request.path in HEALTH_PATHS:
@@ -83,7 +91,7 @@ class DemoOrigin:
         tier = request.headers.get("x-ballast-tier", "")
         headers["x-seen-tier"] = tier
         self.requests[tier] += 1
-        if self._should_fail():
+        if faulty and self._should_fail():
             self.errors += 1
             return web.Response(status=self.fault.status, text="injected\n", headers=headers)
         body = json.dumps({"origin": self.name, "path": request.path, "tier": tier})

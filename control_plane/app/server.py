@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import grpc
 
+from control_plane.admin.metrics import BallastMetrics
 from control_plane.ads.fanout import PushHub
 from control_plane.ads.nodes import NodeRegistry
 from control_plane.ads.server import SERVER_OPTIONS, AdsServicer, Record
@@ -27,13 +28,16 @@ class BallastServer:
         record: Record | None = None,
         debounce: float = 0.1,
         max_delay: float = 1.0,
+        metrics: BallastMetrics | None = None,
     ) -> None:
         self.xds_address = xds_address
         self.cache = SnapshotCache(desired)
         self.hub = PushHub(quiet=debounce, max_delay=max_delay)
         self.cache.add_listener(self.hub.changed)
         self.nodes = NodeRegistry()
-        self.ads = AdsServicer(self.cache, self.hub, self.nodes, record=record)
+        self.ads = AdsServicer(
+            self.cache, self.hub, self.nodes, record=record, metrics=metrics
+        )
         self.grpc: grpc.aio.Server | None = None
         self.port = 0
         self._services: list[Callable[[grpc.aio.Server], None]] = [self.ads.add_to]

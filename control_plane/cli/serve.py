@@ -1,34 +1,56 @@
-"""`ballast serve FILE`: serve the desired state over ADS until SIGTERM/SIGINT."""
+"""`ballast serve FILE`: the control plane — ADS, metrics sink, reconcile loop, admin API."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import logging
-import signal
 import sys
+from pathlib import Path
 
-from control_plane.app.server import BallastServer
-from control_plane.desired import DesiredStateError, load_desired
+from control_plane.app.service import BallastService, ServiceConfig
+from control_plane.desired import DesiredStateError
+from control_plane.state.paths import state_dir
+from control_plane.state.store import StateCorrupted
 
-HELP = "serve the desired state to Envoys over ADS (gRPC, SotW and delta)"
+HELP = "serve the desired state to Envoys over ADS and reconcile origin weights"
 SHUTDOWN_GRACE = 1.0
 
 
+def _milliseconds(text: str) -> int:
+    try:
+        value = float(text.removesuffix("ms").removesuffix("s"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 500ms, 2s)") from None
+    millis = value if text.endswith("ms") else value * 1000
+    if millis <= 0:
+        raise argparse.ArgumentTypeError(f"duration must be positive: {text!r}")
+    return int(millis)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("file", help="desired-state YAML")
-    parser.add_argument(
-        "--xds-address",
-        default="127.0.0.1:18000",
-        metavar="HOST:PORT",
-        help="where Envoys connect (default 127.0.0.1:18000)",
-    )
-    parser.add_argument(
-        "--log-level",
-        default="info",
-        choices=["debug", "info", "warning", "error"],
-        help="log level (default info)",
-    )
+    parser.add_argument("file", help="desired-state YAML (watched: edits apply live)")
+    parser.add_argument("--xds-address", default="127.0.0.1:18000", metavar="HOST:PORT",
+                        help="where Envoys connect for ADS and the metrics sink "
+                        "(default 127.0.0.1:18000)")
+    parser.add_argument("--admin-address", default="127.0.0.1:18001", metavar="HOST:PORT",
+                        help="admin HTTP API and /metrics (default 127.0.0.1:18001)")
+    parser.add_argument("--state-dir", default=None,
+                        help="weights, streaks and the decision log "
+                        "(default $BALLAST_STATE_DIR or var/ballast)")
+    parser.add_argument("--metrics-source", choices=["sink", "prometheus"], default="sink",
+                        help="Envoy's metrics_service sink (default) or a Prometheus server")
+    parser.add_argument("--prometheus-url", default=None, metavar="URL",
+                        help="Prometheus base URL, with --metrics-source prometheus")
+    parser.add_argument("--no-probes", action="store_true",
+                        help="no active probes of origins (passive signals only)")
+    parser.add_argument("--probe-interval", type=_milliseconds, default=None, metavar="DURATION",
+                        help="override every group's health_check interval")
+    parser.add_argument("--reconcile-interval", type=_milliseconds, default=None,
+                        metavar="DURATION", help="override every group's failover interval")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the per-PoP jitter")
+    parser.add_argument("--log-level", default="info",
+                        choices=["debug", "info", "warning", "error"], help="default info")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,27 +59,47 @@ def run(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    if args.metrics_source == "prometheus" and not args.prometheus_url:
+        print("ballast serve: --metrics-source prometheus needs --prometheus-url",
+              file=sys.stderr)
+        return 2
+    config = ServiceConfig(
+        desired_path=Path(args.file),
+        state_dir=state_dir(args.state_dir),
+        xds_address=args.xds_address,
+        admin_address=args.admin_address,
+        metrics_source=args.metrics_source,
+        prometheus_url=args.prometheus_url,
+        probes=not args.no_probes,
+        probe_interval_ms=args.probe_interval,
+        reconcile_interval_ms=args.reconcile_interval,
+        seed=args.seed,
+    )
+    return asyncio.run(_serve(BallastService(config)))
+
+
+async def _serve(service: BallastService) -> int:
     try:
-        desired = load_desired(args.file)
+        await service.start()
     except DesiredStateError as err:
         print(err, file=sys.stderr)
         return 1
-    return asyncio.run(_serve(BallastServer(desired, xds_address=args.xds_address)))
-
-
-async def _serve(server: BallastServer) -> int:
-    try:
-        await server.start()
-    except (OSError, RuntimeError) as err:
-        print(f"ballast serve: cannot listen on {server.xds_address}: {err}", file=sys.stderr)
+    except StateCorrupted as err:
+        print(f"ballast serve: {err}", file=sys.stderr)
+        return 1
+    except (OSError, RuntimeError, ValueError) as err:
+        print(f"ballast serve: cannot start: {err}", file=sys.stderr)
         return 1
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    print(f"ballast: serving xDS on {server.xds_address.rsplit(':', 1)[0]}:{server.port}",
-          file=sys.stderr, flush=True)
+    service.install_signal_handlers(stop)
+    admin = f", admin on port {service.admin.port}" if service.admin is not None else ""
+    print(
+        f"ballast: serving xDS on port {service.server.port}{admin}; "
+        f"state in {service.config.state_dir}",
+        file=sys.stderr,
+        flush=True,
+    )
     await stop.wait()
     logging.getLogger(__name__).info("shutting down: closing streams")
-    await server.stop(SHUTDOWN_GRACE)
+    await service.stop(SHUTDOWN_GRACE)
     return 0

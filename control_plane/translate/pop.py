@@ -59,7 +59,7 @@ def translate_pop(
         for item in desired.listeners
     }
     routes = {
-        item.name: Resource.of(ROUTE_TYPE, item.name, route_configuration(desired, item))
+        item.name: Resource.of(ROUTE_TYPE, item.name, route_configuration(desired, item, pop))
         for item in desired.listeners
     }
     return PopResources(

@@ -43,6 +43,7 @@ from control_plane.translate.clusters import cluster_name
 from control_plane.translate.proto_values import duration_ms, packed
 
 TIER_HEADER = "x-ballast-tier"
+POP_HEADER = "x-ballast-pop"  # tells origins (and their logs) which PoP a request came through
 RETRY_ON = "5xx,connect-failure,reset"
 RETRY_BASE_INTERVAL_MS = 25
 RETRY_MAX_INTERVAL_MS = 250
@@ -55,10 +56,11 @@ def route_timeout_ms(tier: Tier) -> int:
     return tier.queue_timeout_ms + tier.read_timeout_ms * (tier.retries + 1)
 
 
-def route_configuration(desired: Desired, listener: Listener) -> RouteConfiguration:
+def route_configuration(desired: Desired, listener: Listener, pop: str) -> RouteConfiguration:
     return RouteConfiguration(
         name=listener.name,
         virtual_hosts=[_virtual_host(desired, vhost) for vhost in listener.virtual_hosts],
+        request_headers_to_add=[_overwrite(POP_HEADER, pop)],
     )
 
 
@@ -103,12 +105,15 @@ def _route(name: str, match: RouteMatch, group: str, tier: Tier) -> Route:
             timeout=duration_ms(route_timeout_ms(tier)),
             retry_policy=_retry_policy(tier),
         ),
-        request_headers_to_add=[
-            HeaderValueOption(
-                header=HeaderValue(key=TIER_HEADER, value=tier.name),
-                append_action=HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
-            )
-        ],
+        request_headers_to_add=[_overwrite(TIER_HEADER, tier.name)],
+    )
+
+
+def _overwrite(name: str, value: str) -> HeaderValueOption:
+    """A request header toward the origin that replaces whatever the client sent."""
+    return HeaderValueOption(
+        header=HeaderValue(key=name, value=value),
+        append_action=HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
     )
 
 

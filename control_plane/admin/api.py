@@ -1,0 +1,270 @@
+"""The admin HTTP API (aiohttp, JSON, loopback by default): what on-call and `ballast` CLIs read.
+
+Built from explicit parts — node registry, snapshot cache, decision-log source, metrics and two
+callables for readiness and the server summary — so it runs against any of them in tests.
+Every handler only reads; a bad query parameter gets HTTP 400 and an unknown name 404, both as
+`{"error": "..."}`.
+
+Endpoints: `/healthz`, `/readyz`, `/status`, `/nodes`, `/nodes/{id}`, `/decisions`, `/weights`,
+`/resources?pop=P[&caps=fifo|lifo]`, `/metrics`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from aiohttp import web
+
+from control_plane.admin.capability_keys import capabilities_for_key, most_common_key
+from control_plane.admin.metrics import BallastMetrics
+from control_plane.ads.nodes import NodeRegistry, NodeStatus
+from control_plane.ads.snapshots import SnapshotCache
+from control_plane.decisions.kinds import KINDS
+from control_plane.decisions.read import Query, Record, RecordSource, parse_since, since_cutoff
+from control_plane.translate import render_json
+from control_plane.translate.resources import Capabilities
+
+log = logging.getLogger(__name__)
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 18001
+NOT_READY = "not ready: controller state not restored or desired state not loaded yet"
+STATUSES = ("SYNCED", "STALE", "NACKED")
+DECISION_PARAMS = frozenset({"pop", "group", "kind", "since", "limit", "after"})
+RESOURCE_PARAMS = frozenset({"pop", "caps"})
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class BadQuery(ValueError):
+    """A query parameter that cannot be used; the message says which and why."""
+
+
+def error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every failure answers JSON: 400 for bad parameters, aiohttp's own 404/405 rewritten."""
+    try:
+        return await handler(request)
+    except BadQuery as err:
+        return error(400, str(err))
+    except web.HTTPException as err:
+        if err.status < 400:
+            raise
+        return error(err.status, f"{err.reason}: {request.method} {request.path}")
+
+
+def check_params(params: Mapping[str, str], allowed: frozenset[str]) -> None:
+    unknown = sorted(set(params) - allowed)
+    if unknown:
+        raise BadQuery(
+            f"unknown query parameter(s) {', '.join(unknown)}; "
+            f"allowed: {', '.join(sorted(allowed))}"
+        )
+
+
+def _whole(params: Mapping[str, str], name: str, minimum: int) -> int | None:
+    text = params.get(name)
+    if text is None:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = minimum - 1
+    if value < minimum:
+        raise BadQuery(f"{name}={text!r}: wants a whole number >= {minimum}")
+    return value
+
+
+def decision_query(params: Mapping[str, str], now: datetime) -> tuple[Query, int]:
+    """`/decisions` parameters as a `Query` (limit applied after `after`) and the `after` seq."""
+    check_params(params, DECISION_PARAMS)
+    kinds: frozenset[str] = frozenset()
+    if "kind" in params:
+        kinds = frozenset(part.strip() for part in params["kind"].split(",") if part.strip())
+        unknown = sorted(kinds - set(KINDS))
+        if unknown or not kinds:
+            raise BadQuery(
+                f"kind={params['kind']!r}: unknown kind {', '.join(unknown) or 'none given'}; "
+                f"known kinds: {', '.join(KINDS)}"
+            )
+    since = None
+    if "since" in params:
+        try:
+            since = since_cutoff(parse_since(params["since"]), now)
+        except ValueError as err:
+            raise BadQuery(f"since: {err}") from None
+    query = Query(
+        pop=params.get("pop"),
+        group=params.get("group"),
+        kinds=kinds,
+        since=since,
+        limit=_whole(params, "limit", 1),
+    )
+    return query, _whole(params, "after", 0) or 0
+
+
+def node_counts(statuses: list[NodeStatus], pops: tuple[str, ...]) -> dict[str, Any]:
+    by_pop = Counter(status.pop for status in statuses)
+    by_status = Counter(status.status for status in statuses)
+    return {
+        "total": len(statuses),
+        "by_pop": {pop: by_pop.get(pop, 0) for pop in sorted({*pops, *by_pop})},
+        "by_status": {name: by_status.get(name, 0) for name in STATUSES},
+    }
+
+
+def _sorted_nodes(statuses: list[NodeStatus]) -> list[dict[str, Any]]:
+    return [
+        status.as_dict()
+        for status in sorted(statuses, key=lambda s: (s.pop, s.node_id, s.stream))
+    ]
+
+
+class AdminApi:
+    def __init__(
+        self,
+        *,
+        nodes: NodeRegistry,
+        cache: SnapshotCache,
+        decisions: RecordSource,
+        metrics: BallastMetrics,
+        ready: Callable[[], bool],
+        status: Callable[[], dict[str, Any]],
+        not_ready_reason: Callable[[], str] = lambda: NOT_READY,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.nodes = nodes
+        self.cache = cache
+        self.decisions = decisions
+        self.metrics = metrics
+        self._ready = ready
+        self._status = status
+        self._not_ready_reason = not_ready_reason
+        self._clock = clock
+        self.app = web.Application(middlewares=[json_errors])
+        self.app.router.add_get("/healthz", self.healthz)
+        self.app.router.add_get("/readyz", self.readyz)
+        self.app.router.add_get("/status", self.status)
+        self.app.router.add_get("/nodes", self.list_nodes)
+        self.app.router.add_get("/nodes/{node_id}", self.node)
+        self.app.router.add_get("/decisions", self.list_decisions)
+        self.app.router.add_get("/weights", self.weights)
+        self.app.router.add_get("/resources", self.resources)
+        self.app.router.add_get("/metrics", self.scrape)
+        self._runner: web.AppRunner | None = None
+        self.host = DEFAULT_HOST
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    async def start(self, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> None:
+        """Bind and serve; `port` (0: any free one) is readable afterwards."""
+        runner = web.AppRunner(self.app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port)
+        try:
+            await site.start()
+        except OSError:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        self.host = host
+        self.port = int(runner.addresses[0][1])
+        log.info("admin API on %s", self.url)
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+            log.info("admin API stopped")
+
+    # -- handlers ------------------------------------------------------------------------------
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        if self._ready():
+            return web.json_response({"ready": True})
+        return web.json_response({"ready": False, "reason": self._not_ready_reason()}, status=503)
+
+    async def status(self, request: web.Request) -> web.Response:
+        summary = dict(self._status())
+        summary["ready"] = self._ready()
+        summary["nodes"] = node_counts(self.nodes.snapshot(), self.cache.desired.pop_names)
+        return web.json_response(summary)
+
+    async def list_nodes(self, request: web.Request) -> web.Response:
+        return web.json_response({"nodes": _sorted_nodes(self.nodes.snapshot())})
+
+    async def node(self, request: web.Request) -> web.Response:
+        node_id = request.match_info["node_id"]
+        streams = self.nodes.by_node(node_id)
+        if not streams:
+            return error(404, f"no connected node {node_id!r}")
+        return web.json_response({"node_id": node_id, "streams": _sorted_nodes(streams)})
+
+    async def list_decisions(self, request: web.Request) -> web.Response:
+        query, after = decision_query(request.query, self._clock())
+        unlimited = Query(query.pop, query.group, query.kinds, query.since)
+        records: list[Record] = await asyncio.to_thread(self.decisions.query, unlimited)
+        records = [record for record in records if record["seq"] > after]
+        if query.limit is not None:
+            records = records[-query.limit :]
+        return web.json_response({"records": records})
+
+    async def weights(self, request: web.Request) -> web.Response:
+        return web.json_response({"weights": self.cache.all_weights()})
+
+    async def resources(self, request: web.Request) -> web.Response:
+        params = request.query
+        check_params(params, RESOURCE_PARAMS)
+        pop = params.get("pop")
+        if not pop:
+            raise BadQuery("pop: required (the PoP whose resources to show)")
+        if not self.cache.has_pop(pop):
+            known = ", ".join(self.cache.desired.pop_names)
+            return error(404, f"unknown PoP {pop!r}; known: {known}")
+        caps, why = self._capabilities(pop, params.get("caps"))
+        snapshot = self.cache.resources(pop, caps)
+        return web.json_response(
+            {
+                "pop": pop,
+                "capabilities": caps.key,
+                "capabilities_reason": why,
+                "notes": list(snapshot.notes),
+                "resources": render_json(snapshot),
+            }
+        )
+
+    async def scrape(self, request: web.Request) -> web.Response:
+        self.metrics.set_weights(self.cache.all_weights())
+        return web.Response(
+            body=self.metrics.exposition(), headers={"Content-Type": self.metrics.content_type}
+        )
+
+    def _capabilities(self, pop: str, asked: str | None) -> tuple[Capabilities, str]:
+        """Asked for, else what most connected nodes of the PoP get, else the PoP's default."""
+        if asked is not None:
+            try:
+                return capabilities_for_key(asked), "caps parameter"
+            except ValueError as err:
+                raise BadQuery(f"caps: {err}") from None
+        key = most_common_key(s.capability_key for s in self.nodes.snapshot() if s.pop == pop)
+        if key is not None:
+            return capabilities_for_key(key), f"most connected nodes of PoP {pop}"
+        effective = self.cache.effective_capabilities(pop, Capabilities())
+        if effective.capabilities != Capabilities():
+            return effective.capabilities, effective.reason
+        return effective.capabilities, f"no connected nodes in PoP {pop}: the fifo default"

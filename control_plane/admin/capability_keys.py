@@ -1,0 +1,29 @@
+"""Capability keys (`fifo`, `lifo`) as the admin API and `ballast plan` name them."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+
+from control_plane.translate.resources import Capabilities
+
+CAPABILITY_KEYS: dict[str, Capabilities] = {
+    caps.key: caps for caps in (Capabilities(), Capabilities(adaptive_lifo=True))
+}
+
+
+def capabilities_for_key(key: str) -> Capabilities:
+    """The capabilities a key stands for; `ValueError` naming the known keys otherwise."""
+    try:
+        return CAPABILITY_KEYS[key]
+    except KeyError:
+        known = ", ".join(CAPABILITY_KEYS)
+        raise ValueError(f"unknown capability key {key!r}; known: {known}") from None
+
+
+def most_common_key(keys: Iterable[str]) -> str | None:
+    """The key most nodes have (ties: alphabetical first), None when there are no nodes."""
+    counts = Counter(keys)
+    if not counts:
+        return None
+    return min(counts, key=lambda key: (-counts[key], key))

@@ -1,0 +1,165 @@
+"""The reconcile loop: observe -> decide -> persist -> log -> push, per (PoP, origin group).
+
+Level-triggered and safe to run any number of times: each tick reads the desired state and the
+current weights from the snapshot cache, the signals of the last window from the metric source,
+and asks the pure controller for the next weights. Order per tick: state is saved (one SQLite
+transaction) before weights reach Envoys, so a crash never leaves Envoys on weights the restarted
+server would not restore. Jitter comes from a seeded RNG per PoP, so PoPs never step in lockstep
+and a run is reproducible.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from control_plane.admin.metrics import BallastMetrics
+from control_plane.ads.snapshots import SnapshotCache
+from control_plane.decide.controller import ControllerState, StepResult, step
+from control_plane.decisions.log import DecisionLog
+from control_plane.desired.model import Desired, OriginGroup
+from control_plane.observe.source import MetricSource, Signals, wall_ms
+from control_plane.state.store import StateStore
+
+log = logging.getLogger(__name__)
+
+GroupKey = tuple[str, str]  # (PoP, origin group)
+
+
+@dataclass(frozen=True)
+class TickOutcome:
+    pop: str
+    group: str
+    result: StepResult
+
+
+class Reconciler:
+    def __init__(
+        self,
+        cache: SnapshotCache,
+        source: MetricSource,
+        decisions: DecisionLog,
+        store: StateStore,
+        *,
+        states: dict[GroupKey, ControllerState] | None = None,
+        metrics: BallastMetrics | None = None,
+        interval_ms: int | None = None,
+        seed: int = 0,
+        clock: Callable[[], int] = wall_ms,
+    ) -> None:
+        self.cache = cache
+        self.source = source
+        self.decisions = decisions
+        self.store = store
+        self.states: dict[GroupKey, ControllerState] = dict(states or {})
+        self.metrics = metrics
+        self.interval_override_ms = interval_ms
+        self.seed = seed
+        self.clock = clock
+        self._rngs: dict[str, random.Random] = {}
+        self._due: dict[GroupKey, int] = {}
+
+    def interval_ms(self, group: OriginGroup) -> int:
+        return self.interval_override_ms or group.failover.interval_ms
+
+    def _jitter(self, pop: str, limit: int) -> int:
+        rng = self._rngs.setdefault(pop, random.Random(f"{self.seed}:{pop}"))
+        return rng.randint(-limit, limit)
+
+    async def tick(self, now_ms: int | None = None, *, only_due: bool = False) -> list[TickOutcome]:
+        """One pass over every (PoP, group) that is due (or all of them)."""
+        now = self.clock() if now_ms is None else now_ms
+        started = time.perf_counter()
+        desired = self.cache.desired
+        due = [
+            (pop.name, group)
+            for pop in desired.pops
+            for group in desired.origin_groups
+            if not only_due or self._due.get((pop.name, group.name), 0) <= now
+        ]
+        if not due:
+            return []
+        windows = {group.failover.window_ms for _, group in due}
+        signals_by_window: dict[int, Signals] = {}
+        for window in windows:
+            try:
+                signals_by_window[window] = await self.source.window(now, window)
+            except Exception as err:  # a broken source must hold weights, not kill the loop
+                log.warning("metric source failed, holding weights: %s", err)
+                signals_by_window[window] = {}
+        outcomes = [
+            self._decide(desired, pop, group, signals_by_window[group.failover.window_ms], now)
+            for pop, group in due
+        ]
+        self._persist_and_push(desired, outcomes)
+        for outcome in outcomes:
+            group = desired.group(outcome.group)
+            self._due[(outcome.pop, outcome.group)] = now + self.interval_ms(group)
+        if self.metrics is not None:
+            self.metrics.reconcile_tick.observe(time.perf_counter() - started)
+        return outcomes
+
+    def _decide(
+        self, desired: Desired, pop: str, group: OriginGroup, signals: Signals, now: int
+    ) -> TickOutcome:
+        key = (pop, group.name)
+        group_signals = signals.get(key)
+        result = step(
+            group.failover,
+            group.preference[pop],
+            self.cache.weights(pop, group.name),
+            self.states.get(key, ControllerState()),
+            group_signals,
+            now,
+            self._jitter(pop, group.failover.jitter),
+        )
+        if self.metrics is not None and group_signals:
+            newest = max(s.observed_at_ms for s in group_signals.values())
+            self.metrics.source_staleness.labels(pop, group.name).set(max(0, now - newest) / 1000)
+        return TickOutcome(pop, group.name, result)
+
+    def _persist_and_push(self, desired: Desired, outcomes: list[TickOutcome]) -> None:
+        self.store.save_groups(
+            [(o.pop, o.group, o.result.weights_after, o.result.state) for o in outcomes],
+            desired_digest=desired.digest,
+        )
+        for outcome in outcomes:
+            result = outcome.result
+            self.states[(outcome.pop, outcome.group)] = result.state
+            if result.kind != "steady":
+                self.decisions.record(
+                    result.kind,
+                    pop=outcome.pop,
+                    group=outcome.group,
+                    config_version=desired.digest[:16],
+                    **result.record_fields(),
+                )
+                if self.metrics is not None:
+                    self.metrics.decisions.labels(result.kind).inc()
+            if result.changed:
+                self.cache.update_weights(outcome.pop, outcome.group, result.weights_after)
+            if self.metrics is not None:
+                for origin, weight in result.weights_after.items():
+                    self.metrics.weight.labels(outcome.pop, outcome.group, origin).set(weight)
+
+    def forget_missing(self, desired: Desired) -> None:
+        """Drop controller state of (PoP, group) pairs the new desired state no longer has."""
+        keep = {(p.name, g.name) for p in desired.pops for g in desired.origin_groups}
+        for key in list(self.states):
+            if key not in keep:
+                del self.states[key]
+                self._due.pop(key, None)
+                self.store.forget_group(*key)
+
+    async def run(self, poll_ms: int = 250) -> None:
+        """Tick each (PoP, group) on its own interval until cancelled."""
+        while True:
+            try:
+                await self.tick(only_due=True)
+            except Exception:  # keep reconciling; the next tick starts from persisted state
+                log.exception("reconcile tick failed")
+            await asyncio.sleep(poll_ms / 1000)

@@ -1,0 +1,334 @@
+"""`BallastService`: the whole running control plane, wired.
+
+Start-up order matters and is the point of this module:
+1. load and validate the desired state (refuse to start on problems);
+2. open the state store and restore weights and streak counters (refuse to start on corrupted
+   state) into the snapshot cache — before the gRPC port is even bound, so a reconnecting Envoy
+   never sees default weights mid-incident;
+3. bind xDS (ADS + the metrics_service sink on the same port), then the admin API;
+4. start the reconcile loop, the active probes and the desired-state watcher; report ready.
+Shutdown runs the other way and ends with the decision log and the state store closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import signal
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from control_plane.admin.api import AdminApi
+from control_plane.admin.metrics import BallastMetrics
+from control_plane.ads.snapshots import SnapshotCache
+from control_plane.app.reconcile import Reconciler
+from control_plane.app.reload import DesiredFileWatcher
+from control_plane.app.server import BallastServer
+from control_plane.decide.controller import ControllerState
+from control_plane.decisions.log import DecisionLog
+from control_plane.decisions.read import FileSource
+from control_plane.desired import DesiredStateError, load_desired, parse_desired
+from control_plane.desired.model import Desired
+from control_plane.observe.combine import CombinedSource
+from control_plane.observe.probes import Prober, probe_targets
+from control_plane.observe.prometheus import PrometheusSource
+from control_plane.observe.sink import SinkStore, add_metrics_service
+from control_plane.observe.source import MetricSource, wall_ms
+from control_plane.state.store import StateStore
+from control_plane.translate import render_json, translate_pop
+from control_plane.translate.diff import ResourceChange, diff_renderings, format_changes, summarize
+from control_plane.translate.resources import Capabilities
+
+log = logging.getLogger(__name__)
+
+MetricSourceKind = Literal["sink", "prometheus"]
+DIFF_LINES_IN_RECORD = 60
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    desired_path: Path
+    state_dir: Path
+    xds_address: str = "127.0.0.1:18000"
+    admin_address: str | None = "127.0.0.1:18001"
+    metrics_source: MetricSourceKind = "sink"
+    prometheus_url: str | None = None
+    probes: bool = True
+    probe_interval_ms: int | None = None  # default: the groups' health_check interval
+    reconcile_interval_ms: int | None = None  # default: each group's failover interval
+    reload_poll_s: float = 0.5
+    debounce_s: float = 0.1
+    seed: int = 0
+
+
+class BallastService:
+    def __init__(self, config: ServiceConfig) -> None:
+        self.config = config
+        self.metrics = BallastMetrics()
+        self.ready = False
+        self.restored_groups = 0
+        self.started_at_ms = 0
+        self._tasks: list[asyncio.Task[None]] = []
+        self._desired_bytes = b""
+        self.server: BallastServer
+        self.decisions: DecisionLog
+        self.store: StateStore
+        self.reconciler: Reconciler
+        self.admin: AdminApi | None = None
+        self.prober: Prober | None = None
+        self.watcher: DesiredFileWatcher
+
+    # -- start-up --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Raises DesiredStateError, StateCorrupted or OSError; nothing is left running then."""
+        config = self.config
+        self.started_at_ms = wall_ms()
+        self._desired_bytes = config.desired_path.read_bytes()
+        desired = load_desired(config.desired_path)
+        self.store = StateStore(config.state_dir)
+        snapshot = self.store.load()
+        self.decisions = DecisionLog(config.state_dir)
+        self.server = BallastServer(
+            desired,
+            xds_address=config.xds_address,
+            record=self._on_ads_event,
+            debounce=config.debounce_s,
+            metrics=self.metrics,
+        )
+        states = self._restore(desired, snapshot.groups)
+        if snapshot.desired_digest != desired.digest:
+            self._record(
+                "config_applied",
+                config_version=desired.digest[:16],
+                rule="desired state loaded at start-up",
+                detail={"source": str(config.desired_path), "digest": desired.digest},
+            )
+            self.store.set_desired_digest(desired.digest)
+        source = self._metric_source(desired)
+        self.reconciler = Reconciler(
+            self.server.cache,
+            source,
+            self.decisions,
+            self.store,
+            states=states,
+            metrics=self.metrics,
+            interval_ms=config.reconcile_interval_ms,
+            seed=config.seed,
+        )
+        self.watcher = DesiredFileWatcher(
+            config.desired_path,
+            self.apply_desired_bytes,
+            poll=config.reload_poll_s,
+            current=self._desired_bytes,
+        )
+        await self.server.start()
+        if config.admin_address is not None:
+            await self._start_admin(config.admin_address)
+        self._spawn(self.reconciler.run())
+        self._spawn(self.watcher.run())
+        if self.prober is not None:
+            self._spawn(self.prober.run())
+        self._record(
+            "startup",
+            config_version=desired.digest[:16],
+            rule=f"serving xDS on port {self.server.port}",
+            detail={"restored_groups": self.restored_groups, "xds_port": self.server.port},
+        )
+        self.ready = True
+
+    def _restore(
+        self, desired: Desired, groups: dict[tuple[str, str], Any]
+    ) -> dict[tuple[str, str], ControllerState]:
+        states: dict[tuple[str, str], ControllerState] = {}
+        skipped: list[str] = []
+        for (pop, group), saved in sorted(groups.items()):
+            known = pop in desired.pop_names and any(
+                g.name == group for g in desired.origin_groups
+            )
+            fits = known and set(saved.weights) == {o.name for o in desired.group(group).origins}
+            if not fits:
+                skipped.append(f"{pop}/{group}")
+                continue
+            self.server.cache.update_weights(pop, group, saved.weights)
+            states[(pop, group)] = saved.controller
+        self.restored_groups = len(states)
+        if groups:
+            self._record(
+                "state_restored",
+                rule=f"restored weights and streaks of {len(states)} (PoP, group) pairs"
+                + (f"; dropped (no longer in desired state): {', '.join(skipped)}" if skipped
+                   else ""),
+                detail={
+                    "restored": {f"{p}/{g}": self.server.cache.weights(p, g) for p, g in states},
+                    "dropped": skipped,
+                },
+            )
+        return states
+
+    def _metric_source(self, desired: Desired) -> MetricSource:
+        config = self.config
+        passive: MetricSource
+        if config.metrics_source == "prometheus":
+            if not config.prometheus_url:
+                raise ValueError("metrics source 'prometheus' needs a Prometheus URL")
+            passive = PrometheusSource(config.prometheus_url)
+        else:
+            sink = SinkStore()
+            self.server.add_service(lambda grpc_server: add_metrics_service(grpc_server, sink))
+            passive = sink
+        if not config.probes:
+            return passive
+        self.prober = Prober(probe_targets(desired), interval_ms=config.probe_interval_ms)
+        return CombinedSource(passive, self.prober)
+
+    async def _start_admin(self, address: str) -> None:
+        host, _, port = address.rpartition(":")
+        self.admin = AdminApi(
+            nodes=self.server.nodes,
+            cache=self.server.cache,
+            decisions=FileSource(self.config.state_dir),
+            metrics=self.metrics,
+            ready=lambda: self.ready,
+            status=self.status,
+        )
+        await self.admin.start(host or "127.0.0.1", int(port))
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        self._tasks.append(asyncio.create_task(coroutine))
+
+    # -- the faces -------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        desired = self.server.cache.desired
+        return {
+            "desired": {"source": desired.source, "digest": desired.digest},
+            "started_at_ms": self.started_at_ms,
+            "restored_groups": self.restored_groups,
+            "xds_port": self.server.port,
+            "state_dir": str(self.config.state_dir),
+            "metrics_source": self.config.metrics_source,
+            "ready": self.ready,
+        }
+
+    # -- events ----------------------------------------------------------------------------
+
+    def _record(self, kind: str, **fields: Any) -> None:
+        self.decisions.record(kind, **fields)
+        self.metrics.decisions.labels(kind).inc()
+
+    def _on_ads_event(self, kind: str, fields: dict[str, Any]) -> None:
+        detail = dict(fields)
+        pop = detail.pop("pop", None)
+        version = detail.get("version")
+        node = detail.get("node", "?")
+        if kind == "nack":
+            rule = (
+                f"node {node} rejected {detail.get('type')} version {version}: "
+                f"{detail.get('message', '')}"
+            )
+        elif kind == "capability_fallback":
+            rule = f"node {node} lacks adaptive LIFO: FIFO sent"
+        else:
+            rule = f"node {node} {kind.removeprefix('node_')}"
+        self._record(kind, pop=pop, config_version=version, rule=rule, detail=detail)
+
+    # -- hot reload ------------------------------------------------------------------------
+
+    async def apply_desired_bytes(self, data: bytes) -> bool:
+        """Validate and apply a new desired state; on any problem keep running as is."""
+        source = str(self.config.desired_path)
+        digest = hashlib.sha256(data).hexdigest()
+        try:
+            new = parse_desired(data, source)
+        except DesiredStateError as err:
+            self._reject(digest, [str(p) for p in err.problems])
+            return False
+        old = self.server.cache.desired
+        if new.digest == old.digest:
+            return False
+        try:
+            changes = {pop: diff_pop(old, new, pop, self.server.cache) for pop in _pops(old, new)}
+            changed_pops = self.server.cache.update_desired(new)
+        except Exception as err:  # translation of a valid file failed: never half-apply
+            log.exception("applying %s failed", source)
+            self._reject(digest, [f"{source}: cannot translate: {err}"])
+            return False
+        self._desired_bytes = data
+        self.store.set_desired_digest(new.digest)
+        self.reconciler.forget_missing(new)
+        if self.prober is not None:
+            self.prober.retarget(probe_targets(new))
+        lines = [f"pop {pop}: {summarize(c)}" for pop, c in sorted(changes.items())]
+        diff = [
+            line
+            for pop, c in sorted(changes.items())
+            for line in [f"pop {pop}:", *format_changes(c)]
+        ]
+        self._record(
+            "config_applied",
+            config_version=new.digest[:16],
+            rule=f"desired state applied ({'; '.join(lines)}); pushed to "
+            f"{', '.join(sorted(changed_pops)) or 'no PoP'}",
+            detail={"digest": new.digest, "pushed_pops": sorted(changed_pops),
+                    "diff": diff[:DIFF_LINES_IN_RECORD], "diff_lines": len(diff)},
+        )
+        self.metrics.config_reloads.labels("applied").inc()
+        log.info("applied %s: %s", source, "; ".join(lines))
+        return True
+
+    def _reject(self, digest: str, problems: list[str]) -> None:
+        self._record(
+            "config_rejected",
+            config_version=digest[:16],
+            rule=f"desired state rejected ({len(problems)} problems); running state kept",
+            detail={"problems": problems},
+        )
+        self.metrics.config_reloads.labels("rejected").inc()
+        log.error("rejected new desired state, keeping the running one:\n%s", "\n".join(problems))
+
+    # -- shutdown --------------------------------------------------------------------------
+
+    def install_signal_handlers(self, stop: asyncio.Event) -> None:
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        loop.add_signal_handler(signal.SIGHUP, self.watcher.trigger)
+
+    async def stop(self, grace: float = 1.0) -> None:
+        self.ready = False
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        await self.server.stop(grace)
+        if self.admin is not None:
+            await self.admin.stop()
+        self._record("shutdown", rule="stopped: streams closed, state and log flushed")
+        self.decisions.close()
+        self.store.close()
+
+
+def _pops(old: Desired, new: Desired) -> list[str]:
+    return sorted(set(old.pop_names) | set(new.pop_names))
+
+
+def diff_pop(old: Desired, new: Desired, pop: str, cache: SnapshotCache) -> list[ResourceChange]:
+    """What `pop` gets differently under `new` than now (Envoys without adaptive LIFO)."""
+    caps = Capabilities()
+    before = render_json(cache.resources(pop, caps)) if pop in old.pop_names else {}
+    if pop not in new.pop_names:
+        return diff_renderings(before, {})
+    current = cache.all_weights().get(pop, {})
+    weights = {
+        g.name: current[g.name]
+        for g in new.origin_groups
+        if g.name in current and set(current[g.name]) == {o.name for o in g.origins}
+    }
+    return diff_renderings(before, render_json(translate_pop(new, pop, weights, caps)))

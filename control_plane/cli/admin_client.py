@@ -1,0 +1,138 @@
+"""How CLI commands talk to a running Ballast's admin API (`--server URL`, `$BALLAST_ADMIN`).
+
+Plain blocking HTTP (urllib): a CLI makes a few requests and exits. Every failure — server not
+reachable, an error answer, a body that is not JSON — is an `AdminError` whose message says what
+to do; commands print it and exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from control_plane.decisions.read import Query, Record
+
+DEFAULT_SERVER = "http://127.0.0.1:18001"
+SERVER_ENV = "BALLAST_ADMIN"
+TIMEOUT_S = 10.0
+
+
+class AdminError(RuntimeError):
+    """The admin API could not answer; `status` is the HTTP status when there was one."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def server_url(text: str) -> str:
+    """An `http(s)://host[:port]` URL (argparse type); a trailing slash is dropped."""
+    parsed = urllib.parse.urlsplit(text.strip())
+    try:
+        port_ok = parsed.port is None or parsed.port > 0
+    except ValueError:  # not a number, or out of range
+        port_ok = False
+    if parsed.scheme not in ("http", "https") or not parsed.hostname or not port_ok:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a server URL; expected http://HOST:PORT (e.g. {DEFAULT_SERVER})"
+        )
+    return text.strip().rstrip("/")
+
+
+def add_server_option(parser: argparse._ActionsContainer, help_text: str) -> None:
+    """`--server URL` (parser or mutually exclusive group); the default is applied by `client`."""
+    parser.add_argument(
+        "--server",
+        type=server_url,
+        metavar="URL",
+        help=f"{help_text} (default: ${SERVER_ENV} or {DEFAULT_SERVER})",
+    )
+
+
+def resolve_server(explicit: str | None) -> str:
+    """`--server`, else `$BALLAST_ADMIN`, else the default; AdminError for a bad env value."""
+    if explicit:
+        return explicit
+    from_env = os.environ.get(SERVER_ENV)
+    if not from_env:
+        return DEFAULT_SERVER
+    try:
+        return server_url(from_env)
+    except argparse.ArgumentTypeError as err:
+        raise AdminError(f"${SERVER_ENV}: {err}") from None
+
+
+class AdminClient:
+    def __init__(self, base_url: str, timeout: float = TIMEOUT_S) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+
+    def __str__(self) -> str:
+        return self.base_url
+
+    def get(self, path: str, params: Mapping[str, str] | None = None) -> Any:
+        """The JSON body of `GET path?params`; AdminError on any failure."""
+        url = self.base_url + path
+        if params:
+            url += "?" + urllib.parse.urlencode(params)
+        try:
+            with urllib.request.urlopen(url, timeout=self.timeout) as response:
+                body = response.read()
+        except urllib.error.HTTPError as err:
+            raise AdminError(f"{url}: HTTP {err.code}: {_error_message(err)}", err.code) from None
+        except (urllib.error.URLError, OSError) as err:
+            reason = getattr(err, "reason", err)
+            raise AdminError(
+                f"cannot reach the Ballast admin API at {self.base_url}: {reason} "
+                f"(is `ballast serve` running? point --server or ${SERVER_ENV} at it)"
+            ) from None
+        try:
+            return json.loads(body)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise AdminError(
+                f"{url}: the answer is not JSON (is this a Ballast admin API?)"
+            ) from None
+
+
+def _error_message(err: urllib.error.HTTPError) -> str:
+    body = err.read()
+    try:
+        message = json.loads(body)["error"]
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
+        return str(err.reason)
+    return str(message)
+
+
+class ServerSource:
+    """Decision records from a running server's `/decisions` (a `RecordSource`)."""
+
+    def __init__(self, client: AdminClient) -> None:
+        self.client = client
+
+    def __str__(self) -> str:
+        return f"{self.client}/decisions"
+
+    def query(self, query: Query, after_seq: int = 0) -> list[Record]:
+        params = query.to_params()
+        if after_seq:
+            params["after"] = str(after_seq)
+        records: list[Record] = self.client.get("/decisions", params)["records"]
+        return records
+
+    def follow(
+        self, query: Query, after_seq: int, poll_s: float, stop: Callable[[], bool]
+    ) -> Iterator[Record]:
+        """New matching records with seq > after_seq, polled every `poll_s`, until `stop()`."""
+        last = after_seq
+        while not stop():
+            for record in self.query(query, last):
+                last = max(last, int(record["seq"]))
+                yield record
+            time.sleep(poll_s)

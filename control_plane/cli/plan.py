@@ -1,0 +1,206 @@
+"""`ballast plan FILE`: what applying FILE would change, per PoP, before it is applied.
+
+Against a running server (`--server`), each PoP of FILE is rendered with the server's current
+weights and the capability key its nodes get, and compared field by field with what the server
+serves now (`/resources`). With `--against OLD_FILE` two files are compared offline, both at
+their starting weights and Envoy 1.40's capabilities. Like `terraform plan -detailed-exitcode`:
+exit 0 = no changes, 2 = changes, 1 = an error (bad file or argument, server unreachable).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from control_plane.admin.capability_keys import capabilities_for_key
+from control_plane.cli.admin_client import (
+    AdminClient,
+    AdminError,
+    add_server_option,
+    resolve_server,
+)
+from control_plane.cli.translate_options import (
+    DEFAULT_ENVOY_RELEASE,
+    load_or_report,
+    release_capabilities,
+)
+from control_plane.desired import Desired
+from control_plane.desired.model import GroupWeights
+from control_plane.translate import render_json, translate_pop
+from control_plane.translate.diff import (
+    Rendering,
+    ResourceChange,
+    diff_renderings,
+    format_changes,
+    summarize,
+)
+from control_plane.translate.resources import Capabilities
+from control_plane.translate.weights import WeightsError, check_group_weights
+
+HELP = "show which Envoy resources applying a desired-state file would add, change or remove"
+NO_CHANGES, ERROR, CHANGES = 0, 1, 2
+
+
+class PlanError(Exception):
+    """Something that stops the plan; the message is printed and the exit code is 1."""
+
+
+@dataclass(frozen=True)
+class PopPlan:
+    pop: str
+    basis: str  # what the old side is, e.g. "running: capabilities fifo, ..."
+    changes: list[ResourceChange]
+    notes: tuple[str, ...] = ()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    exit_1_on_usage_errors(parser)
+    parser.add_argument("file", metavar="FILE", help="the desired-state YAML to plan")
+    where = parser.add_mutually_exclusive_group()
+    add_server_option(where, "compare with what this running Ballast serves")
+    where.add_argument(
+        "--against",
+        metavar="OLD_FILE",
+        help="compare with another desired-state file instead, offline (starting weights)",
+    )
+    parser.add_argument("--pop", metavar="P", help="only this PoP")
+
+
+def exit_1_on_usage_errors(parser: argparse.ArgumentParser) -> None:
+    """argparse exits 2 on bad arguments, but plan's 2 means "changes": make them exit 1.
+
+    Unknown options are normally left to the top-level parser (exit 2), so they are caught
+    here too.
+    """
+
+    def error(message: str) -> NoReturn:
+        parser.print_usage(sys.stderr)
+        parser.exit(ERROR, f"{parser.prog}: error: {message}\n")
+
+    parse_known = parser.parse_known_args
+
+    def parse_known_args(
+        args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extra = parse_known(args, namespace)
+        if extra:
+            error(f"unrecognized arguments: {' '.join(extra)}")
+        return parsed, extra
+
+    parser.error = error  # type: ignore[method-assign]
+    parser.parse_known_args = parse_known_args  # type: ignore[method-assign]
+
+
+def run(args: argparse.Namespace) -> int:
+    new = load_or_report(args.file)
+    if new is None:
+        return ERROR
+    try:
+        if args.against is not None:
+            old = load_or_report(args.against)
+            if old is None:
+                return ERROR
+            source = args.against
+            plans = plan_files(old, new, args.pop)
+        else:
+            client = AdminClient(resolve_server(args.server))
+            source = str(client)
+            plans = plan_against_server(client, new, args.pop)
+    except (PlanError, AdminError) as err:
+        print(f"ballast plan: {err}", file=sys.stderr)
+        return ERROR
+    print(report(args.file, source, plans))
+    return CHANGES if any(plan.changes for plan in plans) else NO_CHANGES
+
+
+def _pops(pop: str | None, *known: Sequence[str]) -> list[str]:
+    pops = sorted({name for names in known for name in names})
+    if pop is None:
+        return pops
+    if pop not in pops:
+        raise PlanError(f"--pop {pop}: no such PoP on either side; known: {', '.join(pops)}")
+    return [pop]
+
+
+def plan_files(old: Desired, new: Desired, pop: str | None) -> list[PopPlan]:
+    """Two desired states compared at their starting weights, for Envoy 1.40's extensions."""
+    caps = release_capabilities(DEFAULT_ENVOY_RELEASE)
+    basis = f"starting weights, Envoy {DEFAULT_ENVOY_RELEASE} capabilities ({caps.key})"
+    plans = []
+    for name in _pops(pop, old.pop_names, new.pop_names):
+        before = _render(old, name, {}, caps)
+        after = _render(new, name, {}, caps)
+        plans.append(PopPlan(name, basis, diff_renderings(before, after)))
+    return plans
+
+
+def plan_against_server(client: AdminClient, new: Desired, pop: str | None) -> list[PopPlan]:
+    """`new` rendered with the server's weights and capability key, against what it serves."""
+    running: dict[str, dict[str, GroupWeights]] = client.get("/weights")["weights"]
+    plans = []
+    for name in _pops(pop, list(running), new.pop_names):
+        if name in running:
+            answer = client.get("/resources", {"pop": name})
+            before: Rendering = answer["resources"]
+            caps = capabilities_for_key(answer["capabilities"])
+            basis = f"running: capabilities {caps.key} ({answer['capabilities_reason']})"
+        else:
+            before = {}
+            caps = release_capabilities(DEFAULT_ENVOY_RELEASE)
+            basis = f"new PoP: starting weights, capabilities {caps.key}"
+        weights, notes = fitting_weights(new, running.get(name, {}))
+        after = _render(new, name, weights, caps)
+        plans.append(PopPlan(name, basis, diff_renderings(before, after), notes))
+    return plans
+
+
+def fitting_weights(
+    desired: Desired, weights: Mapping[str, GroupWeights]
+) -> tuple[dict[str, GroupWeights], tuple[str, ...]]:
+    """The running weights that still fit `desired`; the others start over, as on apply."""
+    groups = {group.name: group for group in desired.origin_groups}
+    kept: dict[str, GroupWeights] = {}
+    notes: list[str] = []
+    for name, group_weights in weights.items():
+        if name not in groups:
+            continue
+        try:
+            check_group_weights(groups[name], group_weights)
+        except WeightsError as err:
+            notes.append(f"running weights do not fit ({err}); planned with starting weights")
+            continue
+        kept[name] = dict(group_weights)
+    return kept, tuple(notes)
+
+
+def _render(
+    desired: Desired, pop: str, weights: Mapping[str, GroupWeights], caps: Capabilities
+) -> dict[str, dict[str, Any]]:
+    if pop not in desired.pop_names:
+        return {}
+    return render_json(translate_pop(desired, pop, weights, caps))
+
+
+def report(file: str, source: str, plans: list[PopPlan]) -> str:
+    lines = [f"ballast plan: {file} against {source}", ""]
+    changed = [plan for plan in plans if plan.changes]
+    for plan in plans:
+        if not plan.changes:
+            lines.append(f"pop {plan.pop}: no changes ({plan.basis})")
+            continue
+        lines.append(f"pop {plan.pop}: {summarize(plan.changes)} ({plan.basis})")
+        lines.extend(f"  note: {note}" for note in plan.notes)
+        lines.extend(format_changes(plan.changes))
+    lines.append("")
+    if not changed:
+        lines.append(f"No changes: {file} matches {source} in {len(plans)} PoP(s).")
+    else:
+        every = [change for plan in plans for change in plan.changes]
+        lines.append(
+            f"Plan: {summarize(every)} in {len(changed)} of {len(plans)} PoP(s) "
+            f"({', '.join(plan.pop for plan in changed)})."
+        )
+    return "\n".join(lines)

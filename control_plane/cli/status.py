@@ -1,0 +1,171 @@
+"""`ballast status [NODE]`: every connected Envoy and how in sync it is (istioctl proxy-status).
+
+The table shows, per node, the version sent and ACKed of each type (short hashes) and
+SYNCED/STALE/NACKED, then the message of every NACK. With a NODE id: that node in detail, with
+its last NACKs and which queue policy it gets and why. Reads the admin API of a running server;
+exit 1 when it cannot be reached or the node is not connected.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import urllib.parse
+from datetime import datetime
+from typing import Any
+
+from control_plane.cli.admin_client import (
+    AdminClient,
+    AdminError,
+    add_server_option,
+    resolve_server,
+)
+from control_plane.translate.resources import ADAPTIVE_LIFO_EXTENSION
+
+HELP = "show every connected Envoy node: versions sent and ACKed per type, NACKs, queue policy"
+TYPES = ("CDS", "EDS", "LDS", "RDS")
+SHORT = 8  # characters of a version hash shown
+HEADER = ("NODE", "POP", "ENVOY", "MODE", "CONNECTED", *TYPES, "STATUS")
+QUEUE_POLICIES = {
+    "lifo": "adaptive LIFO for the tiers that ask for it",
+    "fifo": "FIFO (tiers that ask for adaptive LIFO fall back to FIFO)",
+}
+
+Node = dict[str, Any]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("node", nargs="?", metavar="NODE", help="show this node id in detail")
+    add_server_option(parser, "admin API of the running Ballast")
+    parser.add_argument("--json", action="store_true", help="print the server's JSON as is")
+
+
+def short(version: str | None) -> str:
+    return version[:SHORT] if version else "-"
+
+
+def age(since: float, now: float) -> str:
+    seconds = max(0, int(now - since))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60}s"
+    if seconds < 86400:
+        return f"{seconds // 3600}h{seconds % 3600 // 60}m"
+    return f"{seconds // 86400}d{seconds % 86400 // 3600}h"
+
+
+def type_cell(node: Node, kind: str) -> str:
+    """`sent/acked` short versions; one version when they agree; `-` for a type never sent."""
+    entry = node["types"].get(kind)
+    if entry is None or entry["last_sent"] is None:
+        return "-"
+    sent, acked = short(entry["last_sent"]), short(entry["last_acked"])
+    cell = sent if entry["status"] == "SYNCED" else f"{sent}/{acked}"
+    return cell if entry["status"] != "NACKED" else f"{cell} NACK"
+
+
+def row(node: Node, now: float) -> tuple[str, ...]:
+    return (
+        node["node_id"],
+        node["pop"],
+        node["envoy_version"],
+        node["mode"],
+        age(node["connected_since"], now) + " ago",
+        *(type_cell(node, kind) for kind in TYPES),
+        node["status"],
+    )
+
+
+def table(nodes: list[Node], now: float) -> str:
+    rows = [HEADER, *(row(node, now) for node in nodes)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(HEADER))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+                     for r in rows)
+
+
+def nack_lines(node: Node, now: float) -> list[str]:
+    """The last NACK of each type, saying whether the type is still NACKED."""
+    lines = []
+    for kind in TYPES:
+        entry = node["types"].get(kind)
+        if entry is None or entry["last_nack"] is None:
+            continue
+        nack = entry["last_nack"]
+        state = "rejected, still NACKED" if entry["status"] == "NACKED" else "rejected earlier"
+        lines.append(
+            f"{kind} version {short(nack['version'])} {state} ({age(nack['at'], now)} ago): "
+            f"{nack['message']}"
+        )
+    return lines
+
+
+def queue_policy(node: Node) -> str:
+    key, reason = node["capability_key"], node["capability_reason"]
+    policy = QUEUE_POLICIES.get(key, key)
+    if reason == "node.extensions":
+        lists = "lists" if key == "lifo" else "does not list"
+        reason = f"its node.extensions {lists} {ADAPTIVE_LIFO_EXTENSION}"
+    return f"{policy} — capability key {key}, because {reason}"
+
+
+def detail(node: Node, now: float) -> str:
+    connected = datetime.fromtimestamp(node["connected_since"]).strftime("%Y-%m-%d %H:%M:%S")
+    lines = [
+        f"node {node['node_id']} (stream {node['stream']}): {node['status']}",
+        f"  pop:           {node['pop']}",
+        f"  envoy:         {node['envoy_version']}",
+        f"  mode:          {node['mode']}",
+        f"  connected:     {connected} ({age(node['connected_since'], now)} ago)",
+        f"  queue policy:  {queue_policy(node)}",
+        "",
+        "  TYPE  STATUS  SENT      ACKED     SENDS",
+    ]
+    for kind in TYPES:
+        entry = node["types"].get(kind)
+        if entry is None:
+            lines.append(f"  {kind}   -")
+            continue
+        lines.append(
+            f"  {kind}   {entry['status']:<6}  {short(entry['last_sent']):<8}  "
+            f"{short(entry['last_acked']):<8}  {entry['sends']}"
+        )
+    nacks = nack_lines(node, now)
+    if nacks:
+        lines += ["", "  last NACKs:", *(f"    {line}" for line in nacks)]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        client = AdminClient(resolve_server(args.server))
+        if args.node is None:
+            answer = client.get("/nodes")
+        else:
+            answer = client.get(f"/nodes/{urllib.parse.quote(args.node, safe='')}")
+    except AdminError as err:
+        if err.status == 404 and args.node is not None:
+            print(f"ballast status: node {args.node!r} is not connected", file=sys.stderr)
+        else:
+            print(f"ballast status: {err}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(answer, indent=2))
+        return 0
+    now = time.time()
+    if args.node is not None:
+        print("\n\n".join(detail(node, now) for node in answer["streams"]))
+        return 0
+    nodes: list[Node] = answer["nodes"]
+    if not nodes:
+        print(f"no nodes connected to {client}")
+        return 0
+    print(table(nodes, now))
+    nacked = [(node, nack_lines(node, now)) for node in nodes if node["status"] == "NACKED"]
+    for node, lines in nacked:
+        print(f"\n{node['node_id']} NACKED:")
+        for line in lines:
+            print(f"  {line}")
+    return 0

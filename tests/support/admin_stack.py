@@ -1,0 +1,142 @@
+"""A real Ballast (grpc.aio xDS on a free port) with its admin API and metrics, for the admin and
+CLI tests; plus a background event loop so blocking CLI code can talk to it, and a simulated node
+that goes through Envoy's start-up order."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+from prometheus_client.parser import text_string_to_metric_families
+
+from control_plane.admin.api import AdminApi
+from control_plane.admin.metrics import BallastMetrics
+from control_plane.app.server import BallastServer
+from control_plane.decisions.read import FileSource
+from control_plane.desired import Desired
+from control_plane.translate.resources import CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE
+from tests.support.xds_client import Reject, XdsClient, local_channel, make_node
+
+T = TypeVar("T")
+
+
+@dataclass
+class AdminStack:
+    ballast: BallastServer
+    api: AdminApi
+    metrics: BallastMetrics
+    state_dir: Path
+    ready: bool = True
+    started_at: float = field(default_factory=time.time)
+
+    @property
+    def url(self) -> str:
+        return self.api.url
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "desired": {"source": "<test>", "digest": "test-digest"},
+            "started_at": self.started_at,
+            "restored_state": False,
+            "xds_address": f"127.0.0.1:{self.ballast.port}",
+        }
+
+    async def stop(self) -> None:
+        await self.api.stop()
+        await self.ballast.stop(0.2)
+
+
+async def start_stack(desired: Desired, state_dir: Path) -> AdminStack:
+    """Ballast on 127.0.0.1:0 with metrics wired into its ADS servicer; admin API on :0."""
+    ballast = BallastServer(desired, xds_address="127.0.0.1:0")
+    metrics = BallastMetrics()
+    ballast.ads.metrics = metrics
+    await ballast.start()
+    holder: list[AdminStack] = []
+    api = AdminApi(
+        nodes=ballast.nodes,
+        cache=ballast.cache,
+        decisions=FileSource(state_dir),
+        metrics=metrics,
+        ready=lambda: holder[0].ready,
+        status=lambda: holder[0].summary(),
+    )
+    stack = AdminStack(ballast, api, metrics, state_dir)
+    holder.append(stack)
+    await api.start("127.0.0.1", 0)
+    return stack
+
+
+async def connect_node(
+    stack: AdminStack,
+    node_id: str,
+    pop: str,
+    *,
+    delta: bool = False,
+    reject: Reject | None = None,
+) -> tuple[XdsClient, grpc.aio.Channel]:
+    """A simulated node: CDS, EDS for every cluster, LDS, RDS; returns once it has all four."""
+    channel = local_channel(f"127.0.0.1:{stack.ballast.port}")
+    client = await XdsClient(channel, make_node(node_id, pop), delta=delta, reject=reject).start()
+    await client.subscribe(CLUSTER_TYPE)
+    await client.wait_for(lambda c: bool(c.responses(CLUSTER_TYPE)))
+    clusters = sorted(name for r in client.responses(CLUSTER_TYPE) for name in r.names)
+    await client.subscribe(ENDPOINT_TYPE, clusters)
+    await client.subscribe(LISTENER_TYPE)
+    await client.wait_for(lambda c: bool(c.responses(LISTENER_TYPE)))
+    await client.subscribe(ROUTE_TYPE, ["edge"])
+    await client.wait_for(lambda c: bool(c.responses(ROUTE_TYPE)) and bool(c.responses(ENDPOINT_TYPE)))
+    return client, channel
+
+
+def samples(exposition: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Prometheus text -> {(sample name, labels): value}."""
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(exposition)
+        for sample in family.samples
+    }
+
+
+def sample(
+    parsed: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str
+) -> float | None:
+    return parsed.get((name, frozenset(labels.items())))
+
+
+class BackgroundLoop:
+    """An asyncio loop in a thread: lets blocking test code (the CLI) drive async servers."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 10) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def call(self, fn: Callable[[], T]) -> T:
+        async def wrapper() -> T:
+            return fn()
+
+        return self.run(wrapper())
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5)
+        self.loop.close()
+
+
+def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"not within {timeout}s: {what}")
