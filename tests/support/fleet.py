@@ -1,0 +1,211 @@
+"""A whole fleet on loopback for end-to-end tests: Ballast in-process, real Envoys, demo origins,
+and a bounded traffic generator."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from control_plane.app.demo_origin import DemoOrigin
+from control_plane.app.envoy_process import EnvoyProcess, free_port
+from control_plane.app.service import BallastService, ServiceConfig
+from control_plane.decisions.read import iter_records
+from control_plane.translate.bootstrap import ads_bootstrap
+
+FAST_FAILOVER = """\
+pops:
+  ewr: {{listen_address: 127.0.0.1, port_offset: 0}}
+  sjc: {{listen_address: 127.0.0.1, port_offset: {sjc_offset}}}
+failover:
+  interval: 1s
+  window: 3s
+  stale_after: 10s
+origin_groups:
+  shop:
+    origins:
+      primary: {{address: 127.0.0.1, port: {primary}}}
+      secondary: {{address: 127.0.0.1, port: {secondary}}}
+    preference:
+      ewr: [primary, secondary]
+      sjc: [primary, secondary]
+    health_check: {{interval: 1s, connect_timeout: 500ms, read_timeout: 1s}}
+classification:
+  default_tier: critical
+  rules:
+    - {{name: checkout, path_prefix: /api/checkout, tier: critical}}
+    - {{name: prefetch, headers: [{{name: purpose, exact: prefetch}}], tier: background}}
+listeners:
+  - name: edge
+    port: {listener}
+    virtual_hosts:
+      - {{name: shop, domains: ["*"], origin_group: shop}}
+"""
+
+
+@dataclass
+class Fleet:
+    service: BallastService
+    origins: dict[str, DemoOrigin]
+    envoys: dict[str, EnvoyProcess]
+    listener_ports: dict[str, int]
+    state_dir: Path
+    statuses: Counter[int] = field(default_factory=Counter)
+
+    def records(self, *kinds: str, pop: str | None = None) -> list[dict[str, Any]]:
+        return [
+            r
+            for r in iter_records(self.state_dir)
+            if (not kinds or r["kind"] in kinds) and (pop is None or r.get("pop") == pop)
+        ]
+
+    def weights(self, pop: str) -> dict[str, int]:
+        return self.service.server.cache.weights(pop, "shop")
+
+    def envoy_weights(self, pop: str, cluster: str = "shop.critical") -> dict[str, int]:
+        """Locality weights the PoP's Envoy really applied (config_dump with EDS)."""
+        dump = self.envoys[pop].admin_json("/config_dump?include_eds")
+        for config in dump["configs"]:
+            if not config["@type"].endswith("EndpointsConfigDump"):
+                continue
+            for entry in config.get("dynamic_endpoint_configs", []):
+                assignment = entry["endpoint_config"]
+                if assignment["cluster_name"] != cluster:
+                    continue
+                return {
+                    locality["locality"]["zone"]: int(locality.get("load_balancing_weight", 0))
+                    for locality in assignment.get("endpoints", [])
+                }
+        return {}
+
+    async def wait_for(
+        self, condition: Callable[[], bool], timeout: float, what: str, poll: float = 0.2
+    ) -> float:
+        started = time.monotonic()
+        while not condition():
+            if time.monotonic() - started > timeout:
+                raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            await asyncio.sleep(poll)
+        return time.monotonic() - started
+
+
+async def _traffic(fleet: Fleet, port: int, stop: asyncio.Event, rps: float) -> None:
+    paths = ["/api/checkout/cart", "/", "/img/a.png"]
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+        sent = 0
+        while not stop.is_set():
+            path = paths[sent % len(paths)]
+            try:
+                async with session.get(f"http://127.0.0.1:{port}{path}") as response:
+                    await response.read()
+                    fleet.statuses[response.status] += 1
+            except (aiohttp.ClientError, TimeoutError):
+                fleet.statuses[0] += 1
+            sent += 1
+            await asyncio.sleep(1 / rps)
+
+
+@contextlib.asynccontextmanager
+async def running_fleet(
+    tmp_path: Path,
+    *,
+    metrics_source: str = "sink",
+    prometheus_url: Callable[[dict[str, EnvoyProcess]], Any] | None = None,
+    rps: float = 25.0,
+) -> AsyncIterator[Fleet]:
+    """Ballast + origins primary/secondary + one Envoy per PoP (ewr, sjc) + steady traffic.
+
+    With `prometheus_url`, it is called with the started Envoys and returns (an awaitable of)
+    the Prometheus URL to read from, so a test can start Prometheus scraping those Envoys.
+    """
+    origins = {
+        "primary": await DemoOrigin("primary", free_port()).start(),
+        "secondary": await DemoOrigin("secondary", free_port()).start(),
+    }
+    listener, sjc_listener = sorted((free_port(), free_port()))
+    desired = tmp_path / "desired.yaml"
+    desired.write_text(
+        FAST_FAILOVER.format(
+            sjc_offset=sjc_listener - listener,
+            primary=origins["primary"].port,
+            secondary=origins["secondary"].port,
+            listener=listener,
+        )
+    )
+    state_dir = tmp_path / "state"
+    envoys: dict[str, EnvoyProcess] = {}
+    service: BallastService | None = None
+    stop = asyncio.Event()
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        admin_ports = {pop: free_port() for pop in ("ewr", "sjc")}
+        xds_port = free_port()
+        for pop, admin in admin_ports.items():
+            bootstrap = ads_bootstrap(
+                node_id=f"{pop}-edge-1",
+                pop=pop,
+                xds_port=xds_port,
+                admin_port=admin,
+                metrics_sink=metrics_source == "sink",
+                stats_flush_interval_ms=1000,
+            )
+            envoys[pop] = EnvoyProcess(bootstrap, admin).start()
+        url = None
+        if prometheus_url is not None:
+            url = prometheus_url(envoys)
+            if asyncio.iscoroutine(url):
+                url = await url
+        service = BallastService(
+            ServiceConfig(
+                desired_path=desired,
+                state_dir=state_dir,
+                xds_address=f"127.0.0.1:{xds_port}",
+                admin_address="127.0.0.1:0",
+                metrics_source="prometheus" if url else "sink",
+                prometheus_url=url,
+                probe_interval_ms=1000,
+                reload_poll_s=0.1,
+            )
+        )
+        await service.start()
+        for envoy in envoys.values():
+            await asyncio.to_thread(envoy.wait_ready, 20)
+        fleet = Fleet(
+            service,
+            origins,
+            envoys,
+            {"ewr": listener, "sjc": sjc_listener},
+            state_dir,
+        )
+        tasks = [
+            asyncio.create_task(_traffic(fleet, port, stop, rps))
+            for port in fleet.listener_ports.values()
+        ]
+        yield fleet
+    finally:
+        stop.set()
+        for task in tasks:
+            with contextlib.suppress(Exception):
+                await task
+        for envoy in envoys.values():
+            envoy.stop()
+        if service is not None and service.ready:
+            await service.stop(0.5)
+        for origin in origins.values():
+            await origin.stop()
+
+
+def dump_records(records: list[dict[str, Any]]) -> str:
+    """For assertion messages: the decision records, one per line."""
+    return "\n".join(
+        json.dumps({k: r.get(k) for k in ("seq", "kind", "pop", "weights_after", "rule")})
+        for r in records
+    )
