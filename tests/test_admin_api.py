@@ -15,7 +15,14 @@ import pytest
 from control_plane.decisions.log import DecisionLog
 from control_plane.translate import render_json
 from control_plane.translate.resources import CLUSTER_TYPE, Capabilities
-from tests.support.admin_stack import AdminStack, connect_node, sample, samples, start_stack
+from tests.support.admin_stack import (
+    AdminStack,
+    Samples,
+    connect_node,
+    sample,
+    samples,
+    start_stack,
+)
 from tests.support.ads_desired import desired
 
 NOW = datetime.now(UTC)
@@ -238,7 +245,7 @@ async def test_metrics_move_with_pushes_acks_and_nacks(
             await channel.close()
 
 
-async def scrape(http: aiohttp.ClientSession) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+async def scrape(http: aiohttp.ClientSession) -> Samples:
     async with http.get("/metrics") as response:
         assert response.status == 200
         return samples(await response.text())

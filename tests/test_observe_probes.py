@@ -95,3 +95,17 @@ async def test_combined_source_fills_probe_success_per_origin_for_every_pop():
     assert probe_only.p95_ms is None and probe_only.observed_at_ms == 800
     assert signals["sjc", "shop"]["secondary"].probe_success == 1.0
     assert signals["sjc", "shop"]["secondary"].requests == 1
+
+
+def test_retarget_keeps_unchanged_results_and_drops_changed_ones() -> None:
+    check = HealthCheck()
+    a = ProbeTarget("shop", "primary", "http://127.0.0.1:1", check)
+    b = ProbeTarget("shop", "secondary", "http://127.0.0.1:2", check)
+    prober = Prober([a, b], clock=lambda: 1000)
+    prober.record("shop", "primary", 1000, True)
+    prober.record("shop", "secondary", 1000, False)
+    moved = ProbeTarget("shop", "secondary", "http://127.0.0.1:3", check)
+    prober.retarget([a, moved])
+    assert prober.results("shop", "primary") == ((1000, True),)
+    assert prober.results("shop", "secondary") == ()
+    assert prober.targets == [a, moved]

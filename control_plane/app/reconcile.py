@@ -61,6 +61,7 @@ class Reconciler:
         self.seed = seed
         self.clock = clock
         self._rngs: dict[str, random.Random] = {}
+        self._last_kind: dict[GroupKey, str] = {}
         self._due: dict[GroupKey, int] = {}
 
     def interval_ms(self, group: OriginGroup) -> int:
@@ -129,8 +130,12 @@ class Reconciler:
         )
         for outcome in outcomes:
             result = outcome.result
-            self.states[(outcome.pop, outcome.group)] = result.state
-            if result.kind != "steady":
+            key = (outcome.pop, outcome.group)
+            self.states[key] = result.state
+            # Steady ticks are logged once, when steadiness starts: the log shows every change
+            # of mind without a line per quiet tick.
+            previous, self._last_kind[key] = self._last_kind.get(key), result.kind
+            if result.kind != "steady" or previous not in (None, "steady"):
                 self.decisions.record(
                     result.kind,
                     pop=outcome.pop,

@@ -46,14 +46,13 @@ def server_url(text: str) -> str:
     return text.strip().rstrip("/")
 
 
-def add_server_option(parser: argparse._ActionsContainer, help_text: str) -> None:
-    """`--server URL` (parser or mutually exclusive group); the default is applied by `client`."""
-    parser.add_argument(
-        "--server",
-        type=server_url,
-        metavar="URL",
-        help=f"{help_text} (default: ${SERVER_ENV} or {DEFAULT_SERVER})",
-    )
+def add_server_option(
+    parser: argparse._ActionsContainer, help_text: str, *, defaults: bool = True
+) -> None:
+    """`--server URL` on a parser or a mutually exclusive group. With `defaults`, the help names
+    the fallbacks `resolve_server` applies when it is not given."""
+    suffix = f" (default: ${SERVER_ENV} or {DEFAULT_SERVER})" if defaults else ""
+    parser.add_argument("--server", type=server_url, metavar="URL", help=help_text + suffix)
 
 
 def resolve_server(explicit: str | None) -> str:

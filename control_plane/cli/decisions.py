@@ -9,6 +9,7 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
+from control_plane.cli.admin_client import AdminClient, AdminError, ServerSource, add_server_option
 from control_plane.decisions.kinds import KINDS
 from control_plane.decisions.read import (
     FileSource,
@@ -63,10 +64,15 @@ def _interval(text: str) -> float:
 
 
 def add_state_dir(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
+    """Where records come from: a local state directory, or a running server (`--server`)."""
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
         "--state-dir",
         metavar="DIR",
         help=f"state directory (default: ${STATE_DIR_ENV} or {DEFAULT_STATE_DIR})",
+    )
+    add_server_option(
+        where, "read the records from this running Ballast's admin API instead", defaults=False
     )
 
 
@@ -92,6 +98,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def source_for(args: argparse.Namespace) -> RecordSource:
+    if args.server is not None:
+        return ServerSource(AdminClient(args.server))
     return FileSource(state_dir(args.state_dir))
 
 
@@ -159,6 +167,9 @@ def run(args: argparse.Namespace) -> int:
                                    args.interval, stop=lambda: False)
             for record in stream:
                 _emit([record], args.json, header=False)
+    except AdminError as err:
+        print(f"ballast decisions: {err}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 0
     except BrokenPipeError:  # e.g. piped into `head`

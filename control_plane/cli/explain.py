@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
+from control_plane.cli.admin_client import AdminError
 from control_plane.cli.decisions import add_state_dir, source_for
 from control_plane.decisions.explain import explain
 from control_plane.decisions.read import Query
@@ -19,7 +21,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     source = source_for(args)
-    records = source.query(Query(pop=args.pop, group=args.group))
+    try:
+        records = source.query(Query(pop=args.pop, group=args.group))
+    except AdminError as err:
+        print(f"ballast explain: {err}", file=sys.stderr)
+        return 1
     if not records:
         print(f"no decisions for pop {args.pop}, group {args.group} in {source}")
         return 0

@@ -76,6 +76,18 @@ class Prober:
             (t.group, t.origin): deque() for t in self.targets
         }
 
+    def retarget(self, targets: Iterable[ProbeTarget]) -> None:
+        """New desired state: probe these from the next round; results of a target that is
+        gone or changed (address, paths, timeouts) are dropped, unchanged ones are kept."""
+        fresh = list(targets)
+        kept = set(fresh) & set(self.targets)
+        self._results = {
+            key: results
+            for key, results in self._results.items()
+            if any((t.group, t.origin) == key for t in kept)
+        }
+        self.targets = fresh
+
     def share(self, group: str, origin: str, now_ms: int, window_ms: int) -> float | None:
         return success_share(self.results(group, origin), now_ms, window_ms)
 
@@ -122,11 +134,11 @@ class Prober:
 
     async def run(self) -> None:
         """Probe until cancelled; each round starts `interval` after the previous one started."""
-        interval_ms = self.interval_ms or min(
-            (t.health_check.interval_ms for t in self.targets), default=5000
-        )
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
             while True:
+                interval_ms = self.interval_ms or min(
+                    (t.health_check.interval_ms for t in self.targets), default=5000
+                )
                 started = asyncio.get_running_loop().time()
                 await self.probe_once(s)
                 elapsed = asyncio.get_running_loop().time() - started

@@ -6,6 +6,10 @@ so 70/25/5 % of 120 gives 84/30/6; max_pending_requests = the tier's queue depth
 bounded by a retry budget (seed 002: 15 % of active requests); `max_retries` states the same bound
 as a count at full load, ceil(budget% x max_requests), and `min_retry_concurrency` lets an idle
 pool still spend one request's full retry count (the tier's retries).
+
+`track_cluster_stats.per_endpoint_stats` is on: Envoy then emits per-host counters for every
+attempt (retried attempts included), which is how `observe` sees an origin's own error count when
+retries hide the failures from the zone `upstream_rq_<code>` stats (measured on Envoy 1.40).
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 import math
 
 from envoy.config.cluster.v3.circuit_breaker_pb2 import CircuitBreakers
-from envoy.config.cluster.v3.cluster_pb2 import Cluster
+from envoy.config.cluster.v3.cluster_pb2 import Cluster, TrackClusterStats
 from envoy.config.core.v3.base_pb2 import RoutingPriority, TransportSocket
 from envoy.config.core.v3.config_source_pb2 import (
     AggregatedConfigSource,
@@ -62,6 +66,9 @@ def tier_cluster(group: OriginGroup, tier: Tier, queue_policy: QueuePolicyChoice
             locality_weighted_lb_config=Cluster.CommonLbConfig.LocalityWeightedLbConfig()
         ),
         circuit_breakers=_circuit_breakers(group, tier),
+        # Per-host counters (`cluster.<name>.endpoint.<addr>_<port>.rq_error`, ...) count every
+        # attempt, retried ones included; the zone `upstream_rq_*` stats do not (observe/).
+        track_cluster_stats=TrackClusterStats(per_endpoint_stats=True),
     )
     cluster.typed_extension_protocol_options[HTTP_PROTOCOL_OPTIONS].CopyFrom(
         packed(

@@ -54,9 +54,8 @@ class AdminStack:
 
 async def start_stack(desired: Desired, state_dir: Path) -> AdminStack:
     """Ballast on 127.0.0.1:0 with metrics wired into its ADS servicer; admin API on :0."""
-    ballast = BallastServer(desired, xds_address="127.0.0.1:0")
     metrics = BallastMetrics()
-    ballast.ads.metrics = metrics
+    ballast = BallastServer(desired, xds_address="127.0.0.1:0", metrics=metrics)
     await ballast.start()
     holder: list[AdminStack] = []
     api = AdminApi(
@@ -91,11 +90,16 @@ async def connect_node(
     await client.subscribe(LISTENER_TYPE)
     await client.wait_for(lambda c: bool(c.responses(LISTENER_TYPE)))
     await client.subscribe(ROUTE_TYPE, ["edge"])
-    await client.wait_for(lambda c: bool(c.responses(ROUTE_TYPE)) and bool(c.responses(ENDPOINT_TYPE)))
+    await client.wait_for(
+        lambda c: bool(c.responses(ROUTE_TYPE)) and bool(c.responses(ENDPOINT_TYPE))
+    )
     return client, channel
 
 
-def samples(exposition: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def samples(exposition: str) -> Samples:
     """Prometheus text -> {(sample name, labels): value}."""
     return {
         (sample.name, frozenset(sample.labels.items())): sample.value
@@ -104,9 +108,7 @@ def samples(exposition: str) -> dict[tuple[str, frozenset[tuple[str, str]]], flo
     }
 
 
-def sample(
-    parsed: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str
-) -> float | None:
+def sample(parsed: Samples, name: str, **labels: str) -> float | None:
     return parsed.get((name, frozenset(labels.items())))
 
 

@@ -1,0 +1,155 @@
+"""`make run`: Ballast doing real work on one machine.
+
+Starts the control plane on a desired-state file, one demo origin per origin of the file (on the
+addresses it names), one real Envoy per PoP bootstrapped from Ballast (metrics sink on), and a
+light steady stream of requests through every PoP so the reconcile loop has signals to act on.
+Prints where to send requests, how to break an origin and where to watch. Ctrl-C stops it all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import sys
+from pathlib import Path
+
+import aiohttp
+
+from control_plane.app.demo_origin import DemoOrigin
+from control_plane.app.envoy_process import EnvoyNotFound, EnvoyProcess
+from control_plane.app.service import BallastService, ServiceConfig
+from control_plane.desired import DesiredStateError, load_desired
+from control_plane.desired.model import Desired
+from control_plane.translate.bootstrap import ads_bootstrap
+
+XDS_PORT = 18000
+ADMIN_PORT = 18001
+FIRST_ENVOY_ADMIN_PORT = 9901
+
+
+async def _traffic(url: str, rps: float, stop: asyncio.Event) -> None:
+    paths = ["/api/checkout/cart", "/", "/img/hero.png", "/auth/login"]
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+        sent = 0
+        while not stop.is_set():
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                async with session.get(url + paths[sent % len(paths)]) as response:
+                    await response.read()
+            sent += 1
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 1 / rps)
+
+
+def _guide(desired: Desired, envoys: dict[str, EnvoyProcess], state_dir: Path) -> str:
+    lines = ["", "Ballast demo fleet is up.", ""]
+    for pop in desired.pops:
+        for listener in desired.listeners:
+            port = listener.port + pop.port_offset
+            lines.append(f"  PoP {pop.name}: curl -si http://{pop.listen_address}:{port}/api/"
+                         f"checkout   (Envoy admin http://127.0.0.1:{envoys[pop.name].admin_port})")
+    group = desired.origin_groups[0]
+    first = group.origins[0]
+    pop = desired.pops[0].name
+    lines += [
+        "",
+        f"  Break {first.name} for PoP {pop} only (60% 503s) and watch weights move:",
+        f"    curl -s -XPOST http://{first.address}:{first.port}/_ballast/fault "
+        f"-d '{{\"error_rate\": 0.6, \"pops\": [\"{pop}\"]}}'",
+        f"    curl -s -XPOST http://{first.address}:{first.port}/_ballast/fault -d '{{}}'"
+        "   # heal it",
+        "",
+        f"  Decisions:  .venv/bin/ballast decisions --state-dir {state_dir} --follow",
+        f"  Why:        .venv/bin/ballast explain --state-dir {state_dir} --pop {pop} "
+        f"--group {group.name}",
+        "  Nodes:      .venv/bin/ballast status",
+        f"  Admin API:  http://127.0.0.1:{ADMIN_PORT}/status   /metrics   /weights",
+        "",
+        "Ctrl-C stops everything.",
+    ]
+    return "\n".join(lines)
+
+
+async def run_demo(path: Path, state_dir: Path, rps: float) -> int:
+    try:
+        desired = load_desired(path)
+    except DesiredStateError as err:
+        print(err, file=sys.stderr)
+        return 1
+    origins = [
+        DemoOrigin(origin.name, origin.port, origin.address)
+        for group in desired.origin_groups
+        for origin in group.origins
+    ]
+    service = BallastService(
+        ServiceConfig(
+            desired_path=path,
+            state_dir=state_dir,
+            xds_address=f"127.0.0.1:{XDS_PORT}",
+            admin_address=f"127.0.0.1:{ADMIN_PORT}",
+        )
+    )
+    envoys: dict[str, EnvoyProcess] = {}
+    stop = asyncio.Event()
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        for origin in origins:
+            await origin.start()
+        await service.start()
+        for index, pop in enumerate(desired.pops):
+            admin = FIRST_ENVOY_ADMIN_PORT + index
+            bootstrap = ads_bootstrap(
+                node_id=f"{pop.name}-edge-1",
+                pop=pop.name,
+                xds_port=XDS_PORT,
+                admin_port=admin,
+                metrics_sink=True,
+            )
+            envoys[pop.name] = EnvoyProcess(
+                bootstrap, admin, log_path=state_dir / f"envoy-{pop.name}.log"
+            ).start()
+        for envoy in envoys.values():
+            await asyncio.to_thread(envoy.wait_ready, 20)
+        service.install_signal_handlers(stop)
+        for pop in desired.pops:
+            for listener in desired.listeners:
+                url = f"http://{pop.listen_address}:{listener.port + pop.port_offset}"
+                tasks.append(asyncio.create_task(_traffic(url, rps, stop)))
+        print(_guide(desired, envoys, state_dir), flush=True)
+        await stop.wait()
+        return 0
+    except (OSError, EnvoyNotFound, TimeoutError, RuntimeError) as err:
+        print(f"demo: {err}", file=sys.stderr)
+        return 1
+    finally:
+        stop.set()
+        for task in tasks:
+            with contextlib.suppress(Exception):
+                await task
+        for envoy in envoys.values():
+            envoy.stop()
+        if service.ready:
+            await service.stop()
+        for origin in origins:
+            await origin.stop()
+        print("demo stopped", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m control_plane.app.demo", description=__doc__)
+    parser.add_argument("file", type=Path, help="desired-state YAML")
+    parser.add_argument("--state-dir", type=Path, default=Path("var/demo"))
+    parser.add_argument("--rps", type=float, default=10.0, help="requests/s per PoP listener")
+    args = parser.parse_args(argv)
+    args.state_dir.mkdir(parents=True, exist_ok=True)
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        filename=args.state_dir / "ballast.log",
+    )
+    return asyncio.run(run_demo(args.file, args.state_dir, args.rps))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

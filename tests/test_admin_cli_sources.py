@@ -1,0 +1,105 @@
+"""`ballast decisions` and `ballast explain` with `--server`: the same records and words as from
+the local state directory, read over a running Ballast's admin API (`/decisions`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from control_plane.app.envoy_process import free_port
+from control_plane.cli.admin_client import AdminClient, ServerSource
+from control_plane.cli.main import main
+from control_plane.decisions.log import DecisionLog
+from control_plane.decisions.read import Query
+from tests.support.admin_stack import AdminStack, BackgroundLoop, start_stack
+from tests.support.ads_desired import desired
+
+T0 = datetime(2024, 5, 1, 16, 2, 10, tzinfo=UTC)
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[AdminStack]:
+    moments = iter(T0 + timedelta(seconds=20 * i) for i in range(10))
+    with DecisionLog(tmp_path, clock=lambda: next(moments)) as log:
+        log.record("threshold_breach", pop="ewr", group="shop",
+                   weights_before={"primary": 95, "secondary": 5},
+                   weights_after={"primary": 95, "secondary": 5},
+                   rule="primary 5xx 7.9% > 2% (window 1 of 2)")
+        log.record("weight_shift", pop="ewr", group="shop",
+                   weights_before={"primary": 95, "secondary": 5},
+                   weights_after={"primary": 85, "secondary": 15}, rule="step cap 10")
+        log.record("config_applied", config_version="abc", detail={"changed": ["ewr"]})
+        log.record("hold", pop="sjc", group="shop", rule="fail static: metrics stale 50 s")
+    bg = BackgroundLoop()
+    stack = bg.run(start_stack(
+        desired(listener_port=10000, primary_port=8081, secondary_port=8082), tmp_path
+    ))
+    try:
+        yield stack
+    finally:
+        bg.run(stack.stop())
+        bg.close()
+
+
+def out_of(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    code = main(list(args))
+    return code, capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "filters",
+    [
+        [],
+        ["--pop", "ewr", "--json"],
+        ["--kind", "weight_shift,hold", "--limit", "1"],
+        ["--since", "2024-05-01T16:02:40Z", "--group", "shop"],
+        ["--pop", "lax"],
+    ],
+)
+def test_decisions_from_the_server_match_the_state_dir(
+    served: AdminStack, capsys: pytest.CaptureFixture[str], filters: list[str]
+) -> None:
+    local = out_of(capsys, "decisions", "--state-dir", str(served.state_dir), *filters)
+    remote = out_of(capsys, "decisions", "--server", served.url, *filters)
+    assert remote[0] == local[0] == 0
+    if filters == ["--pop", "lax"]:
+        assert remote[1] == f"no decisions in {served.url}/decisions matching the filters\n"
+    else:
+        assert remote[1] == local[1] and remote[1]
+
+
+def test_explain_from_the_server(served: AdminStack, capsys: pytest.CaptureFixture[str]) -> None:
+    where = ["--pop", "ewr", "--group", "shop"]
+    local = out_of(capsys, "explain", "--state-dir", str(served.state_dir), *where)
+    remote = out_of(capsys, "explain", "--server", served.url, *where)
+    assert remote == local
+    assert remote[1].startswith("pop ewr, group shop: weights now primary 85, secondary 15")
+
+
+def test_follow_polls_for_newer_records(served: AdminStack) -> None:
+    source = ServerSource(AdminClient(served.url))
+    stream = source.follow(Query(pop="ewr"), after_seq=4, poll_s=0.05, stop=lambda: False)
+    with DecisionLog(served.state_dir) as log:
+        log.record("hold", pop="sjc", group="shop", rule="other PoP")
+        log.record("return", pop="ewr", group="shop", rule="healthy again")
+    record = next(stream)
+    assert (record["seq"], record["kind"], record["pop"]) == (6, "return", "ewr")
+
+
+def test_unreachable_server_and_conflicting_options(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    assert main(["decisions", "--server", dead]) == 1
+    assert f"ballast decisions: cannot reach the Ballast admin API at {dead}" in (
+        capsys.readouterr().err
+    )
+    assert main(["explain", "--server", dead, "--pop", "ewr", "--group", "shop"]) == 1
+    assert "ballast explain: cannot reach" in capsys.readouterr().err
+    for args in (["--server", dead, "--state-dir", str(tmp_path)], ["--server", "nope"]):
+        with pytest.raises(SystemExit) as exited:
+            main(["decisions", *args])
+        assert exited.value.code == 2
