@@ -51,6 +51,21 @@ listeners:
 """
 
 
+def write_fast_desired(
+    path: Path, origins: dict[str, DemoOrigin], listener: int, sjc_listener: int
+) -> Path:
+    """Two PoPs, origins primary/secondary, failover ticking every second over 3 s windows."""
+    path.write_text(
+        FAST_FAILOVER.format(
+            sjc_offset=sjc_listener - listener,
+            primary=origins["primary"].port,
+            secondary=origins["secondary"].port,
+            listener=listener,
+        )
+    )
+    return path
+
+
 @dataclass
 class Fleet:
     service: BallastService
@@ -71,20 +86,7 @@ class Fleet:
         return self.service.server.cache.weights(pop, "shop")
 
     def envoy_weights(self, pop: str, cluster: str = "shop.critical") -> dict[str, int]:
-        """Locality weights the PoP's Envoy really applied (config_dump with EDS)."""
-        dump = self.envoys[pop].admin_json("/config_dump?include_eds")
-        for config in dump["configs"]:
-            if not config["@type"].endswith("EndpointsConfigDump"):
-                continue
-            for entry in config.get("dynamic_endpoint_configs", []):
-                assignment = entry["endpoint_config"]
-                if assignment["cluster_name"] != cluster:
-                    continue
-                return {
-                    locality["locality"]["zone"]: int(locality.get("load_balancing_weight", 0))
-                    for locality in assignment.get("endpoints", [])
-                }
-        return {}
+        return envoy_locality_weights(self.envoys[pop], cluster)
 
     async def wait_for(
         self, condition: Callable[[], bool], timeout: float, what: str, poll: float = 0.2
@@ -95,6 +97,23 @@ class Fleet:
                 raise AssertionError(f"timed out after {timeout}s waiting for {what}")
             await asyncio.sleep(poll)
         return time.monotonic() - started
+
+
+def envoy_locality_weights(envoy: EnvoyProcess, cluster: str = "shop.critical") -> dict[str, int]:
+    """Locality weights an Envoy really applied (config_dump with EDS), by zone = origin."""
+    dump = envoy.admin_json("/config_dump?include_eds")
+    for config in dump["configs"]:
+        if not config["@type"].endswith("EndpointsConfigDump"):
+            continue
+        for entry in config.get("dynamic_endpoint_configs", []):
+            assignment = entry["endpoint_config"]
+            if assignment["cluster_name"] != cluster:
+                continue
+            return {
+                locality["locality"]["zone"]: int(locality.get("load_balancing_weight", 0))
+                for locality in assignment.get("endpoints", [])
+            }
+    return {}
 
 
 async def _traffic(fleet: Fleet, port: int, stop: asyncio.Event, rps: float) -> None:
@@ -131,14 +150,8 @@ async def running_fleet(
         "secondary": await DemoOrigin("secondary", free_port()).start(),
     }
     listener, sjc_listener = sorted((free_port(), free_port()))
-    desired = tmp_path / "desired.yaml"
-    desired.write_text(
-        FAST_FAILOVER.format(
-            sjc_offset=sjc_listener - listener,
-            primary=origins["primary"].port,
-            secondary=origins["secondary"].port,
-            listener=listener,
-        )
+    desired = write_fast_desired(
+        tmp_path / "desired.yaml", origins, listener, sjc_listener
     )
     state_dir = tmp_path / "state"
     envoys: dict[str, EnvoyProcess] = {}
