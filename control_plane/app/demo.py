@@ -42,7 +42,9 @@ async def _traffic(url: str, rps: float, stop: asyncio.Event) -> None:
                 await asyncio.wait_for(stop.wait(), 1 / rps)
 
 
-def _guide(desired: Desired, envoys: dict[str, EnvoyProcess], state_dir: Path) -> str:
+def _guide(
+    desired: Desired, envoys: dict[str, EnvoyProcess], state_dir: Path, admin_port: int
+) -> str:
     lines = ["", "Ballast demo fleet is up.", ""]
     for pop in desired.pops:
         for listener in desired.listeners:
@@ -63,15 +65,23 @@ def _guide(desired: Desired, envoys: dict[str, EnvoyProcess], state_dir: Path) -
         f"  Decisions:  .venv/bin/ballast decisions --state-dir {state_dir} --follow",
         f"  Why:        .venv/bin/ballast explain --state-dir {state_dir} --pop {pop} "
         f"--group {group.name}",
-        "  Nodes:      .venv/bin/ballast status",
-        f"  Admin API:  http://127.0.0.1:{ADMIN_PORT}/status   /metrics   /weights",
+        f"  Nodes:      .venv/bin/ballast status --server http://127.0.0.1:{admin_port}",
+        f"  Admin API:  http://127.0.0.1:{admin_port}/status   /metrics   /weights",
         "",
         "Ctrl-C stops everything.",
     ]
     return "\n".join(lines)
 
 
-async def run_demo(path: Path, state_dir: Path, rps: float) -> int:
+async def run_demo(
+    path: Path,
+    state_dir: Path,
+    rps: float,
+    *,
+    xds_port: int = XDS_PORT,
+    admin_port: int = ADMIN_PORT,
+    envoy_admin_port: int = FIRST_ENVOY_ADMIN_PORT,
+) -> int:
     try:
         desired = load_desired(path)
     except DesiredStateError as err:
@@ -86,8 +96,8 @@ async def run_demo(path: Path, state_dir: Path, rps: float) -> int:
         ServiceConfig(
             desired_path=path,
             state_dir=state_dir,
-            xds_address=f"127.0.0.1:{XDS_PORT}",
-            admin_address=f"127.0.0.1:{ADMIN_PORT}",
+            xds_address=f"127.0.0.1:{xds_port}",
+            admin_address=f"127.0.0.1:{admin_port}",
         )
     )
     envoys: dict[str, EnvoyProcess] = {}
@@ -98,11 +108,11 @@ async def run_demo(path: Path, state_dir: Path, rps: float) -> int:
             await origin.start()
         await service.start()
         for index, pop in enumerate(desired.pops):
-            admin = FIRST_ENVOY_ADMIN_PORT + index
+            admin = envoy_admin_port + index
             bootstrap = ads_bootstrap(
                 node_id=f"{pop.name}-edge-1",
                 pop=pop.name,
-                xds_port=XDS_PORT,
+                xds_port=xds_port,
                 admin_port=admin,
                 metrics_sink=True,
             )
@@ -116,7 +126,7 @@ async def run_demo(path: Path, state_dir: Path, rps: float) -> int:
             for listener in desired.listeners:
                 url = f"http://{pop.listen_address}:{listener.port + pop.port_offset}"
                 tasks.append(asyncio.create_task(_traffic(url, rps, stop)))
-        print(_guide(desired, envoys, state_dir), flush=True)
+        print(_guide(desired, envoys, state_dir, admin_port), flush=True)
         await stop.wait()
         return 0
     except (OSError, EnvoyNotFound, TimeoutError, RuntimeError) as err:
@@ -141,6 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("file", type=Path, help="desired-state YAML")
     parser.add_argument("--state-dir", type=Path, default=Path("var/demo"))
     parser.add_argument("--rps", type=float, default=10.0, help="requests/s per PoP listener")
+    parser.add_argument("--xds-port", type=int, default=XDS_PORT)
+    parser.add_argument("--admin-port", type=int, default=ADMIN_PORT)
+    parser.add_argument("--envoy-admin-port", type=int, default=FIRST_ENVOY_ADMIN_PORT,
+                        help="admin port of the first PoP's Envoy; the next PoPs count up")
     args = parser.parse_args(argv)
     args.state_dir.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(
@@ -148,7 +162,16 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         filename=args.state_dir / "ballast.log",
     )
-    return asyncio.run(run_demo(args.file, args.state_dir, args.rps))
+    return asyncio.run(
+        run_demo(
+            args.file,
+            args.state_dir,
+            args.rps,
+            xds_port=args.xds_port,
+            admin_port=args.admin_port,
+            envoy_admin_port=args.envoy_admin_port,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -8,6 +8,16 @@ local_zone="ewr", upstream_zone="primary", envoy.response_code_class="5"}. Witho
 default extractor cuts only the first segment of a dotted cluster name (envoy.cluster_name="shop",
 name `cluster.critical.zone.ewr.primary.upstream_rq_xx`); without tags at all the full name
 arrives. All three shapes parse to the same point.
+
+Per-host stats (`track_cluster_stats.per_endpoint_stats`) are NOT in the metrics_service sink's
+snapshot in Envoy 1.40 (it flushes counters, gauges and histograms only; measured and in its
+source). The OpenTelemetry sink (`envoy.stat_sinks.open_telemetry`) does flush them. With
+`emit_tags_as_attributes` and `use_tag_extracted_name`, `cluster.shop.critical.endpoint.
+127.0.0.1_8081.rq_error` arrives as metric `cluster.endpoint.rq_error` {envoy.cluster_name=
+"shop.critical" (the whole name), envoy.endpoint_address="127.0.0.1:8081", ballast_pop="ewr"
+(fixed tags apply to host stats)}; counters are OTLP sums, gauges (`healthy`, `rq_active`,
+`cx_active`, `rq_pending_active`) OTLP gauges. With `report_counters_as_deltas` only counters
+that moved since the previous flush are sent; gauges come every flush.
 """
 
 from __future__ import annotations
@@ -16,7 +26,7 @@ import math
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from control_plane.gen.ballast.v1 import prometheus_metrics_pb2 as prom
 from control_plane.observe.window import Buckets
@@ -37,6 +47,14 @@ _FULL_ZONE = re.compile(
 )
 _FULL_CLUSTER = re.compile(r"^cluster\.(?P<cluster>.+)\.(?P<stat>[^.]+)$")
 _TAGGED_ZONE = re.compile(r"^zone\.(?:(?P<pop>[^.]+)\.(?P<origin>[^.]+)\.)?(?P<stat>[^.]+)$")
+
+HostStat = Literal["rq_total", "rq_error", "cx_connect_fail", "seen"]
+HOST_COUNTERS: tuple[HostStat, ...] = ("rq_total", "rq_error", "cx_connect_fail")
+_HOST_GAUGES = frozenset({"healthy", "rq_active", "cx_active", "rq_pending_active"})
+_FULL_HOST = re.compile(
+    r"^cluster\.(?P<cluster>.+)\.endpoint\.(?P<host>.+)_(?P<port>[0-9]+)\.(?P<stat>[a-z_]+)$"
+)
+_OTLP_DELTA = 1  # AggregationTemporality.AGGREGATION_TEMPORALITY_DELTA
 
 
 @dataclass(frozen=True)
@@ -149,3 +167,72 @@ def _histogram(histogram: prom.Histogram) -> tuple[float, Buckets]:
     if count > (buckets[-1][1] if buckets else 0.0):
         buckets.append((math.inf, count))
     return count, tuple(buckets)
+
+
+@dataclass(frozen=True)
+class HostPoint:
+    """One per-host stat of one flush: a counter delta, or `seen` (a gauge: the host exists)."""
+
+    pop: str
+    cluster: str
+    address: str  # "127.0.0.1:8081", as Envoy prints it
+    stat: HostStat
+    value: float = 0.0
+
+
+def identify_host(name: str, labels: Mapping[str, str]) -> tuple[str, str, str] | None:
+    """(cluster, address, stat) of a per-endpoint stat, tagged or full-name shape; else None."""
+    cluster = _label(labels, "envoy.cluster_name")
+    address = _label(labels, "envoy.endpoint_address")
+    if name.startswith("cluster.endpoint.") and cluster and address:
+        return cluster, address, name[len("cluster.endpoint.") :]
+    match = _FULL_HOST.match(name)
+    if match:
+        return match["cluster"], f"{match['host']}:{match['port']}", match["stat"]
+    return None
+
+
+def otlp_host_points(request: Any) -> Iterator[HostPoint | BadMetric]:
+    """The per-host points of one OTLP ExportMetricsServiceRequest from Envoy's OTel sink.
+
+    Counters must be deltas (`report_counters_as_deltas: true`); cumulative sums come out as
+    BadMetric. The PoP is the `ballast_pop` attribute (a fixed stats tag of `envoy/edge.yaml`).
+    """
+    for resource in request.resource_metrics:
+        scopes = getattr(resource, "scope_metrics", None)
+        if scopes is None:  # xds-protos vendors OTLP 0.x: same field 2, older name
+            scopes = resource.instrumentation_library_metrics
+        for scope in scopes:
+            for metric in scope.metrics:
+                yield from _otlp_metric(metric)
+
+
+def _otlp_metric(metric: Any) -> Iterator[HostPoint | BadMetric]:
+    kind = metric.WhichOneof("data")
+    if kind not in ("sum", "gauge"):
+        return
+    data = getattr(metric, kind)
+    if kind == "sum" and data.aggregation_temporality != _OTLP_DELTA:
+        yield BadMetric(f"{metric.name}: cumulative sum (set report_counters_as_deltas: true)")
+        return
+    for point in data.data_points:
+        labels = {a.key: a.value.string_value for a in point.attributes}
+        found = identify_host(metric.name, labels)
+        if found is None:
+            continue
+        cluster, address, stat = found
+        pop = labels.get("ballast_pop", "")
+        if not pop:
+            yield BadMetric(f"{metric.name} {labels}: no ballast_pop attribute")
+            continue
+        if kind == "gauge":
+            if stat in _HOST_GAUGES:
+                yield HostPoint(pop, cluster, address, "seen")
+            continue
+        if stat not in HOST_COUNTERS:
+            continue
+        value = point.as_double if point.WhichOneof("value") == "as_double" else point.as_int
+        try:
+            yield HostPoint(pop, cluster, address, stat, _number(float(value)))  # type: ignore[arg-type]
+        except BadMetric as err:
+            yield BadMetric(f"{metric.name} {labels}: {err}")

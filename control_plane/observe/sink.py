@@ -13,6 +13,23 @@ have been used are sent, so a series can appear in the middle of a stream.
 Counters are kept per stream with arrival times; window increases come from
 `window.counter_increase` (resets count from zero). A series first seen on a stream's first
 flush is a baseline only (it may carry hours of history); one that appears later counts from zero.
+
+Per-origin attempts. Envoy does not charge retried attempts to the zone `upstream_rq_<code>`
+stats (they go to the cluster-wide `cluster.<name>.retry.upstream_rq_<code>`), so a sick origin
+whose failures the retries hide would show no 5xx there. Per-host stats count every attempt, but
+the metrics_service sink does not carry them in Envoy 1.40; the OpenTelemetry stats sink does.
+So the same gRPC port also hosts OTLP `opentelemetry.proto.collector.metrics.v1.MetricsService/
+Export`, fed by the `envoy.stat_sinks.open_telemetry` sink of `ads_bootstrap(metrics_sink=True)`
+(endpoint stats only, counters as deltas). Those points name a host by (cluster, address:port)
+and carry the PoP as `ballast_pop`; the desired state (constructor / `update_desired`) maps them
+to origins. Per (PoP, group, origin), when host stats arrived in the window:
+- `requests` = sum of host `rq_total` deltas (attempts, retries included),
+- `errors_5xx` = host `rq_error` (every failed attempt: 5xx, resets, timeouts),
+- `connect_failures` = host `cx_connect_fail`;
+otherwise (older bootstraps, unknown addresses) the zone counters as before (`requests` =
+`upstream_rq_completed`, `errors_5xx` = `upstream_rq_5xx`, `connect_failures` 0). Latency
+quantiles always come from the zone histogram. Deltas of several Envoys of one PoP add up; an
+Envoy restart simply starts its deltas from zero (no reset handling needed).
 """
 
 from __future__ import annotations
@@ -21,17 +38,27 @@ import itertools
 import logging
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import grpc
 from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as otlp_metrics
 
 from control_plane.decide.signals import OriginSignals
+from control_plane.desired.model import Desired
 from control_plane.gen.ballast.v1 import metrics_service_pb2, prometheus_metrics_pb2
-from control_plane.observe.envoy_stats import BadMetric, StatPoint, points
+from control_plane.observe.endpoints import EndpointOrigins, endpoint_origins
+from control_plane.observe.envoy_stats import (
+    BadMetric,
+    HostPoint,
+    StatPoint,
+    otlp_host_points,
+    points,
+)
 from control_plane.observe.source import Signals, wall_ms
 from control_plane.observe.window import (
     Buckets,
+    HostWindow,
     OriginWindow,
     Sample,
     add_buckets,
@@ -45,6 +72,9 @@ log = logging.getLogger(__name__)
 
 SERVICE = "envoy.service.metrics.v3.MetricsService"
 METHOD = f"/{SERVICE}/StreamMetrics"
+OTLP_SERVICE = "opentelemetry.proto.collector.metrics.v1.MetricsService"
+OTLP_METHOD = f"/{OTLP_SERVICE}/Export"
+MAX_HOST_WARNINGS = 100
 
 SeriesKey = tuple[str, str, str]  # (stat, cluster, origin); origin "" for cluster-wide stats
 
@@ -66,10 +96,44 @@ class _Stream:
 class SinkStore:
     """Samples from every metrics stream, and the windows computed from them (a MetricSource)."""
 
-    def __init__(self, retention_ms: int = 120_000) -> None:
+    def __init__(self, retention_ms: int = 120_000, desired: Desired | None = None) -> None:
         self.retention_ms = retention_ms
         self._streams: dict[int, _Stream] = {}
         self._ids = itertools.count(1)
+        self._endpoints: EndpointOrigins = endpoint_origins(desired)
+        # (PoP, cluster, address) -> per export: (arrival ms, rq_total, rq_error, cx_connect_fail)
+        self._hosts: dict[tuple[str, str, str], list[tuple[int, float, float, float]]] = {}
+        self._host_warned: set[str] = set()
+
+    def update_desired(self, desired: Desired) -> None:
+        """New desired state (hot reload): host stats map to its origins from now on."""
+        self._endpoints = endpoint_origins(desired)
+
+    def ingest_hosts(self, found: Iterable[HostPoint | BadMetric], received_ms: int) -> int:
+        """Record one OTLP export of per-host points; returns how many were kept."""
+        flush: dict[tuple[str, str, str], list[float]] = {}
+        kept = 0
+        for point in found:
+            if isinstance(point, BadMetric):
+                self._warn_host(str(point))
+                continue
+            kept += 1
+            totals = flush.setdefault((point.pop, point.cluster, point.address), [0.0, 0.0, 0.0])
+            if point.stat == "rq_total":
+                totals[0] += point.value
+            elif point.stat == "rq_error":
+                totals[1] += point.value
+            elif point.stat == "cx_connect_fail":
+                totals[2] += point.value
+        for key, (total, errors, connect_failures) in flush.items():
+            self._hosts.setdefault(key, []).append((received_ms, total, errors, connect_failures))
+        self._prune(received_ms)
+        return kept
+
+    def _warn_host(self, message: str) -> None:
+        if message not in self._host_warned and len(self._host_warned) < MAX_HOST_WARNINGS:
+            self._host_warned.add(message)
+            log.warning("host metrics ignored: %s", message)
 
     def open_stream(self, node_id: str, pop: str) -> int:
         stream_id = next(self._ids)
@@ -162,6 +226,10 @@ class SinkStore:
                 flushes[:] = [f for f in flushes if f[0] >= cutoff]
                 if not flushes:
                     del stream.histograms[key]
+        for host, records in list(self._hosts.items()):
+            records[:] = [r for r in records if r[0] >= cutoff]
+            if not records:
+                del self._hosts[host]
 
     async def window(self, now_ms: int, window_ms: int) -> Signals:
         return self.snapshot(now_ms, window_ms)
@@ -205,24 +273,48 @@ class SinkStore:
                     latest_gauge[key] = recent[-1]
         for (pop, cluster, _), (_, value) in latest_gauge.items():
             pending[pop, cluster] += value
-        return assemble(origins, pending, overflow)
+        return assemble(origins, pending, overflow, self.host_windows(start, now_ms))
+
+    def host_windows(self, start_ms: int, end_ms: int) -> dict[tuple[str, str, str], HostWindow]:
+        """Per-host attempts in (start_ms, end_ms] per (PoP, group, origin): tiers, Envoys summed.
+
+        Hosts whose (cluster, address) the desired state does not name are left out.
+        """
+        hosts: dict[tuple[str, str, str], HostWindow] = {}
+        for (pop, cluster, address), records in self._hosts.items():
+            owner = self._endpoints.get((cluster, address))
+            if owner is None:
+                continue
+            for t, total, errors, connect_failures in records:
+                if start_ms < t <= end_ms:
+                    key = (pop, *owner)
+                    hosts[key] = hosts.get(key, HostWindow()).merge(
+                        HostWindow(total, errors, connect_failures, t)
+                    )
+        return hosts
 
 
 def assemble(
     origins: dict[tuple[str, str, str, str], OriginWindow],
     pending: dict[tuple[str, str], float],
     overflow: dict[tuple[str, str], float],
+    hosts: dict[tuple[str, str, str], HostWindow] | None = None,
 ) -> Signals:
     """Per-(PoP, cluster, origin, stat) windows -> OriginSignals per (PoP, group) -> origin.
 
     Tiers of a group are summed per origin; the pending gauge is the max over the group's tier
     clusters and, like queue overflow, is a group-wide number every origin of the group carries.
+    `hosts` (per (PoP, group, origin)), when present for an origin, replaces the zone counters:
+    requests, errors and connect failures are then attempts (see the module docstring).
     """
+    hosts = hosts or {}
     per_origin: dict[tuple[str, str, str], list[OriginWindow]] = defaultdict(list)
     for (pop, cluster, origin, _), window in origins.items():
         split = split_cluster(cluster)
         if split is not None and pop:
             per_origin[pop, split[0], origin].append(window)
+    for key in hosts:
+        per_origin.setdefault(key, [])
     group_pending: dict[tuple[str, str], float] = defaultdict(float)
     for (pop, cluster), value in pending.items():
         split = split_cluster(cluster)
@@ -231,10 +323,18 @@ def assemble(
     result: Signals = {}
     for (pop, group, origin), windows in sorted(per_origin.items()):
         merged = merge_all(windows)
+        host = hosts.get((pop, group, origin))
+        if host is not None:
+            merged = replace(
+                merged,
+                requests=host.requests,
+                errors_5xx=host.errors,
+                observed_at_ms=max(merged.observed_at_ms, host.observed_at_ms),
+            )
         result.setdefault((pop, group), {})[origin] = OriginSignals(
             requests=round(merged.requests),
             errors_5xx=round(merged.errors_5xx),
-            connect_failures=0,
+            connect_failures=round(host.connect_failures) if host is not None else 0,
             p50_ms=quantile(0.5, merged.latency, merged.latency_count),
             p95_ms=quantile(0.95, merged.latency, merged.latency_count),
             pending_active=group_pending.get((pop, group), 0.0),
@@ -277,10 +377,29 @@ class MetricsServicer:
         return metrics_service_pb2.StreamMetricsResponse().SerializeToString()
 
 
+class OtlpMetricsServicer:
+    """OTLP Export from Envoy's OpenTelemetry stats sink: per-host counters (deltas) and gauges."""
+
+    def __init__(self, store: SinkStore, clock: Callable[[], int] = wall_ms) -> None:
+        self.store = store
+        self.clock = clock
+
+    async def export(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        try:
+            request = otlp_metrics.ExportMetricsServiceRequest.FromString(raw)
+        except DecodeError as err:
+            log.warning("undecodable OTLP ExportMetricsServiceRequest from %s: %s",
+                        context.peer(), err)
+        else:
+            self.store.ingest_hosts(otlp_host_points(request), self.clock())
+        return otlp_metrics.ExportMetricsServiceResponse().SerializeToString()
+
+
 def add_metrics_service(
     server: grpc.aio.Server, store: SinkStore, clock: Callable[[], int] = wall_ms
 ) -> None:
-    """Host the metrics_service sink endpoint on `server` (e.g. the ADS server), feeding `store`."""
+    """Host the metrics_service sink and the OTLP metrics endpoint on `server` (e.g. the ADS
+    server), both feeding `store`."""
     servicer = MetricsServicer(store, clock)
     handler = grpc.method_handlers_generic_handler(
         SERVICE,
@@ -290,4 +409,13 @@ def add_metrics_service(
             )
         },
     )
-    server.add_generic_rpc_handlers((handler,))
+    otlp = OtlpMetricsServicer(store, clock)
+    otlp_handler = grpc.method_handlers_generic_handler(
+        OTLP_SERVICE,
+        {
+            "Export": grpc.unary_unary_rpc_method_handler(
+                otlp.export, request_deserializer=None, response_serializer=None
+            )
+        },
+    )
+    server.add_generic_rpc_handlers((handler, otlp_handler))

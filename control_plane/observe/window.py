@@ -114,3 +114,25 @@ def split_cluster(cluster: str) -> tuple[str, str] | None:
     if not dot or not group or not tier:
         return None
     return group, tier
+
+
+@dataclass(frozen=True)
+class HostWindow:
+    """One origin's per-host (per-attempt) counters over a window, tiers and Envoys summed.
+
+    `requests` = host `rq_total` (every attempt, retried ones included), `errors` = `rq_error`
+    (attempts answered 5xx or failed by reset/timeout), `connect_failures` = `cx_connect_fail`.
+    """
+
+    requests: float = 0.0
+    errors: float = 0.0
+    connect_failures: float = 0.0
+    observed_at_ms: int = 0
+
+    def merge(self, other: HostWindow) -> HostWindow:
+        return HostWindow(
+            requests=self.requests + other.requests,
+            errors=self.errors + other.errors,
+            connect_failures=self.connect_failures + other.connect_failures,
+            observed_at_ms=max(self.observed_at_ms, other.observed_at_ms),
+        )

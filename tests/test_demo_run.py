@@ -1,0 +1,72 @@
+"""`make run`'s demo: a real fleet comes up from a desired-state file and stops on Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from control_plane.app.envoy_process import free_port
+from tests.support.fleet import FAST_FAILOVER
+
+pytestmark = pytest.mark.envoy
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _wait_for_line(proc: subprocess.Popen[str], text: str, timeout: float) -> str:
+    assert proc.stdout is not None
+    seen = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line and proc.poll() is not None:
+            break
+        seen.append(line)
+        if text in line:
+            return "".join(seen)
+    raise AssertionError(f"no {text!r} from the demo: {''.join(seen)}")
+
+
+def test_demo_serves_both_pops_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
+    listener, sjc_listener = sorted((free_port(), free_port()))
+    desired = tmp_path / "desired.yaml"
+    desired.write_text(FAST_FAILOVER.format(
+        sjc_offset=sjc_listener - listener, primary=free_port(), secondary=free_port(),
+        listener=listener,
+    ))
+    envoy_admin = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "control_plane.app.demo", str(desired),
+         "--state-dir", str(tmp_path / "state"), "--xds-port", str(free_port()),
+         "--admin-port", str(free_port()), "--envoy-admin-port", str(envoy_admin)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )
+    try:
+        guide = _wait_for_line(proc, "Ctrl-C stops everything", 40)
+        assert f"127.0.0.1:{listener}/api/checkout" in guide
+        assert f"127.0.0.1:{sjc_listener}/api/checkout" in guide
+        for port in (listener, sjc_listener):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/checkout", timeout=5) as r:
+                assert r.headers["x-origin"] == "primary"
+                assert r.headers["x-seen-tier"] == "critical"
+        os.killpg(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=20)
+        assert proc.returncode == 0, out
+        assert "demo stopped" in out
+        for port in (listener, sjc_listener, envoy_admin, envoy_admin + 1):
+            with pytest.raises(ConnectionRefusedError), socket.create_connection(
+                ("127.0.0.1", port), timeout=2
+            ):
+                pass  # nothing of the demo is left listening
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
