@@ -6,6 +6,20 @@ upstream_zone="primary"}` (and `_rq_xx`, `_rq_time_bucket`); every Envoy stat al
 `ballast_pop`, which is how the cluster-wide pending gauge and overflow counter find their PoP.
 `increase()` handles counter resets the Prometheus way. prometheus-api-client is synchronous, so
 every query runs in a worker thread. Times are epoch milliseconds (Prometheus' clock).
+
+Per-origin attempts come from the per-host stats of the tier clusters
+(`track_cluster_stats.per_endpoint_stats`), because Envoy does not charge retried attempts to the
+zone `upstream_rq_<code>` stats. Measured on Envoy 1.40, /stats/prometheus shows them as
+`envoy_cluster_endpoint_rq_total{envoy_cluster_name="shop.critical", envoy_endpoint_address=
+"127.0.0.1:8081", ballast_pop="ewr"}` (also `_rq_error`, `_cx_connect_fail`; gauges `_healthy`,
+`_rq_active`): the cluster name is whole here (unlike `envoy_cluster_name` on cluster stats) and
+the fixed `ballast_pop` tag of `envoy/edge.yaml` is applied to host stats too. Operators whose
+Envoys do not set that tag must give every scrape target a `ballast_pop` target label (e.g.
+`static_configs: [{targets: [...], labels: {ballast_pop: ewr}}]`). The desired state
+(constructor / `update_desired`) maps (cluster, address) to the origin. Per (PoP, group, origin),
+when host series exist in the window: `requests` = increase of `rq_total` (attempts),
+`errors_5xx` = of `rq_error` (every failed attempt: 5xx, reset, timeout), `connect_failures` =
+of `cx_connect_fail`; otherwise the zone counters as before. Quantiles stay on the zone histogram.
 """
 
 from __future__ import annotations
@@ -20,6 +34,8 @@ from prometheus_api_client import PrometheusApiClientException, PrometheusConnec
 from requests import RequestException
 
 from control_plane.decide.signals import OriginSignals
+from control_plane.desired.model import Desired
+from control_plane.observe.endpoints import EndpointOrigins, endpoint_origins
 from control_plane.observe.source import Signals
 from control_plane.observe.window import split_cluster
 
@@ -27,6 +43,13 @@ log = logging.getLogger(__name__)
 
 ZONE = ("local_zone", "ballast_cluster", "upstream_zone")
 QUANTILE = ("local_zone", "ballast_group", "upstream_zone")
+HOST = ("ballast_pop", "envoy_cluster_name", "envoy_endpoint_address")
+HOST_SIGNALS = {
+    "host_requests": "requests",
+    "host_errors": "errors_5xx",
+    "host_connect_failures": "connect_failures",
+    "host_observed_at": "observed_at",
+}
 
 
 class PrometheusQueryError(RuntimeError):
@@ -37,6 +60,7 @@ def queries(window_ms: int) -> dict[str, str]:
     """The PromQL behind one window, by signal."""
     r = f"[{window_ms}ms]"
     by = "local_zone, ballast_cluster, upstream_zone"
+    host = ", ".join(HOST)
     # tiers of a group merge before the quantile: ballast_group = ballast_cluster minus ".<tier>"
     grown = (
         f"label_replace(increase(envoy_cluster_zone_upstream_rq_time_bucket{r}), "
@@ -56,18 +80,26 @@ def queries(window_ms: int) -> dict[str, str]:
         f"(last_over_time(envoy_cluster_upstream_rq_pending_active{r}))",
         "queue_overflow": "sum by (ballast_pop, ballast_cluster) "
         f"(increase(envoy_cluster_upstream_rq_pending_overflow{r}))",
+        "host_requests": f"sum by ({host}) (increase(envoy_cluster_endpoint_rq_total{r}))",
+        "host_errors": f"sum by ({host}) (increase(envoy_cluster_endpoint_rq_error{r}))",
+        "host_connect_failures": f"sum by ({host}) "
+        f"(increase(envoy_cluster_endpoint_cx_connect_fail{r}))",
+        "host_observed_at": f"max by ({host}) "
+        f"(timestamp(envoy_cluster_endpoint_rq_total) "
+        f"and last_over_time(envoy_cluster_endpoint_rq_total{r}))",
     }
 
 
 Vector = list[dict[str, Any]]
 
 
-def assemble(results: dict[str, Vector]) -> Signals:
+def assemble(results: dict[str, Vector], endpoints: EndpointOrigins | None = None) -> Signals:
     """Instant vectors by signal -> OriginSignals per (PoP, group) -> origin (pure).
 
     Requests and 5xx are summed over the group's tiers (the quantiles already merge them in
     PromQL); pending is the max over tiers and queue overflow the sum, both group-wide numbers
     every origin of the group carries. NaN quantiles (no request in the window) become None.
+    Host series that `endpoints` maps to an origin replace its zone counters (module docstring).
     """
     quantiles: dict[tuple[str, str, str], dict[str, float]] = defaultdict(dict)
     for name in ("p50_ms", "p95_ms"):
@@ -97,12 +129,18 @@ def assemble(results: dict[str, Vector]) -> Signals:
     for (pop, group, _, origin), values in per_tier.items():
         if "observed_at" in values:
             tiers[pop, group, origin].append(values)
+    hosts = _hosts(results, endpoints or {})
+    for key in hosts:
+        tiers.setdefault(key, [])
     signals: Signals = {}
-    for (pop, group, origin), rows in sorted(tiers.items()):
+    for (pop, group, origin), zone_rows in sorted(tiers.items()):
+        host = hosts.get((pop, group, origin))
+        rows = zone_rows if host is None else [*host, *({"observed_at": row["observed_at"]}
+                                                          for row in zone_rows)]
         signals.setdefault((pop, group), {})[origin] = OriginSignals(
             requests=round(sum(row.get("requests", 0.0) for row in rows)),
             errors_5xx=round(sum(row.get("errors_5xx", 0.0) for row in rows)),
-            connect_failures=0,
+            connect_failures=round(sum(row.get("connect_failures", 0.0) for row in rows)),
             p50_ms=quantiles[pop, group, origin].get("p50_ms"),
             p95_ms=quantiles[pop, group, origin].get("p95_ms"),
             pending_active=pending.get((pop, group), 0.0),
@@ -111,6 +149,23 @@ def assemble(results: dict[str, Vector]) -> Signals:
             observed_at_ms=round(max(row["observed_at"] for row in rows) * 1000),
         )
     return signals
+
+
+def _hosts(
+    results: dict[str, Vector], endpoints: EndpointOrigins
+) -> dict[tuple[str, str, str], list[dict[str, float]]]:
+    """Host series -> rows per (PoP, group, origin), one per (cluster, address) seen."""
+    per_host: dict[tuple[str, str, str], dict[str, float]] = defaultdict(dict)
+    for query, name in HOST_SIGNALS.items():
+        for labels, value in _series(results.get(query, [])):
+            pop, cluster, address = (labels.get(k, "") for k in HOST)
+            if pop and (cluster, address) in endpoints:
+                per_host[pop, cluster, address][name] = value
+    hosts: dict[tuple[str, str, str], list[dict[str, float]]] = defaultdict(list)
+    for (pop, cluster, address), values in per_host.items():
+        if "observed_at" in values:
+            hosts[(pop, *endpoints[cluster, address])].append(values)
+    return hosts
 
 
 def _series(vector: Vector) -> list[tuple[dict[str, str], float]]:
@@ -129,9 +184,14 @@ def _series(vector: Vector) -> list[tuple[dict[str, str], float]]:
 class PrometheusSource:
     """A MetricSource over a Prometheus HTTP API at `url`."""
 
-    def __init__(self, url: str, timeout_ms: int = 5000) -> None:
+    def __init__(self, url: str, timeout_ms: int = 5000, desired: Desired | None = None) -> None:
         self._client = PrometheusConnect(url=url, disable_ssl=True)
         self._timeout_ms = timeout_ms
+        self._endpoints: EndpointOrigins = endpoint_origins(desired)
+
+    def update_desired(self, desired: Desired) -> None:
+        """New desired state (hot reload): host series map to its origins from now on."""
+        self._endpoints = endpoint_origins(desired)
 
     def _query(self, promql: str, at_s: float) -> Vector:
         try:
@@ -148,4 +208,4 @@ class PrometheusSource:
         vectors = await asyncio.gather(
             *(asyncio.to_thread(self._query, promql, at_s) for promql in named.values())
         )
-        return assemble(dict(zip(named, vectors, strict=True)))
+        return assemble(dict(zip(named, vectors, strict=True)), self._endpoints)

@@ -1,0 +1,1 @@
+"""Ballast benchmarks (`make bench`, `python -m bench.run`): readable reports, not tests."""

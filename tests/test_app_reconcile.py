@@ -1,0 +1,129 @@
+"""The reconcile loop's shell: order of persist/log/push, steady logged once, holds on bad input.
+
+Real snapshot cache, real decision log and real SQLite store in a temporary folder; the metric
+source is a scripted one (the sources themselves are tested against real Envoys elsewhere).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from control_plane.ads.snapshots import SnapshotCache
+from control_plane.app.reconcile import Reconciler
+from control_plane.decide.signals import OriginSignals
+from control_plane.decisions.log import DecisionLog
+from control_plane.decisions.read import iter_records
+from control_plane.observe.source import Signals
+from control_plane.state.store import StateStore
+from tests.support.models import example_desired
+
+T0 = 1_800_000_000_000
+
+
+def _signals(now: int, error_rate: float) -> Signals:
+    def origin(errors: int) -> OriginSignals:
+        return OriginSignals(
+            requests=1000, errors_5xx=errors, connect_failures=0, p50_ms=20.0, p95_ms=60.0,
+            pending_active=0.0, queue_overflow=0, probe_success=1.0, observed_at_ms=now,
+        )
+
+    group = {"primary": origin(int(1000 * error_rate)), "secondary": origin(0)}
+    return {("ewr", "shop"): group, ("sjc", "shop"): {k: origin(0) for k in group}}
+
+
+class ScriptedSource:
+    def __init__(self) -> None:
+        self.error_rate = 0.0
+        self.fail = False
+        self.stale_by = 0
+
+    async def window(self, now_ms: int, window_ms: int) -> Signals:
+        if self.fail:
+            raise ConnectionError("prometheus unreachable")
+        return _signals(now_ms - self.stale_by, self.error_rate)
+
+
+@pytest.fixture
+def loop_parts(tmp_path: Path) -> tuple[Reconciler, ScriptedSource, SnapshotCache, StateStore]:
+    cache = SnapshotCache(example_desired())
+    source = ScriptedSource()
+    store = StateStore(tmp_path)
+    reconciler = Reconciler(cache, source, DecisionLog(tmp_path), store, seed=7)
+    return reconciler, source, cache, store
+
+
+async def test_sick_origin_is_left_gradually_and_state_is_saved_before_the_push(
+    tmp_path: Path, loop_parts: tuple[Reconciler, ScriptedSource, SnapshotCache, StateStore]
+) -> None:
+    reconciler, source, cache, store = loop_parts
+    pushed: list[frozenset[str]] = []
+    saved_at_push: list[dict[str, int]] = []
+
+    def on_push(pops: frozenset[str]) -> None:
+        pushed.append(pops)
+        saved_at_push.append(store.load().groups[("ewr", "shop")].weights)
+
+    cache.add_listener(on_push)
+    sjc_home = cache.weights("sjc", "shop")
+    source.error_rate = 0.3
+    for tick in range(6):
+        await reconciler.tick(T0 + tick * 20_000)
+    kinds = [r["kind"] for r in iter_records(tmp_path) if r["pop"] == "ewr"]
+    assert kinds[:2] == ["threshold_breach", "weight_shift"], kinds
+    assert cache.weights("sjc", "shop") == sjc_home
+    assert all(pops == frozenset({"ewr"}) for pops in pushed), "only ewr is pushed"
+    assert saved_at_push[-1] == cache.weights("ewr", "shop"), "saved before pushed"
+    assert 5 <= cache.weights("ewr", "shop")["primary"] < 95 - 10
+
+
+async def test_steady_is_logged_once_and_a_broken_source_holds(
+    tmp_path: Path, loop_parts: tuple[Reconciler, ScriptedSource, SnapshotCache, StateStore]
+) -> None:
+    reconciler, source, cache, _ = loop_parts
+    for tick in range(4):
+        await reconciler.tick(T0 + tick * 20_000)
+    assert [r["kind"] for r in iter_records(tmp_path)] == []  # steady from the start: nothing
+    source.fail = True
+    await reconciler.tick(T0 + 100_000)
+    await reconciler.tick(T0 + 120_000)
+    source.fail = False
+    await reconciler.tick(T0 + 140_000)
+    await reconciler.tick(T0 + 160_000)
+    ewr = [(r["kind"], r["rule"]) for r in iter_records(tmp_path) if r["pop"] == "ewr"]
+    assert [kind for kind, _ in ewr] == ["hold", "hold", "steady"], ewr
+    assert ewr[0][1].startswith("fail static"), ewr
+    assert cache.weights("ewr", "shop") == {"primary": 95, "secondary": 5}
+
+
+async def test_stale_metrics_hold_weights_mid_shift(
+    tmp_path: Path, loop_parts: tuple[Reconciler, ScriptedSource, SnapshotCache, StateStore]
+) -> None:
+    reconciler, source, cache, _ = loop_parts
+    source.error_rate = 0.3
+    for tick in range(3):
+        await reconciler.tick(T0 + tick * 20_000)
+    moved = cache.weights("ewr", "shop")
+    assert moved["primary"] < 95
+    source.stale_by = 60_000  # newest sample a minute old: fail static
+    await reconciler.tick(T0 + 60_000)
+    assert cache.weights("ewr", "shop") == moved
+    last = [r for r in iter_records(tmp_path) if r["pop"] == "ewr"][-1]
+    assert last["kind"] == "hold" and "stale" in last["rule"], last
+
+
+async def test_restored_states_continue_streaks(tmp_path: Path) -> None:
+    cache = SnapshotCache(example_desired())
+    source = ScriptedSource()
+    source.error_rate = 0.3
+    store = StateStore(tmp_path)
+    first = Reconciler(cache, source, DecisionLog(tmp_path), store, seed=1)
+    await first.tick(T0)  # one bad window: breach noted, no move yet
+    assert cache.weights("ewr", "shop")["primary"] == 95
+    snapshot = store.load()
+    fresh_cache = SnapshotCache(example_desired())
+    states = {key: saved.controller for key, saved in snapshot.groups.items()}
+    second = Reconciler(fresh_cache, source, DecisionLog(tmp_path), store, states=states, seed=1)
+    await second.tick(T0 + 20_000)  # the second consecutive bad window: leave now
+    assert fresh_cache.weights("ewr", "shop")["primary"] < 95
