@@ -17,6 +17,7 @@ from control_plane.decisions.log import DecisionLog
 from control_plane.decisions.read import iter_records
 from control_plane.observe.source import Signals
 from control_plane.state.store import StateStore
+from control_plane.translate.resources import Capabilities
 from tests.support.models import example_desired
 
 T0 = 1_800_000_000_000
@@ -66,6 +67,8 @@ async def test_sick_origin_is_left_gradually_and_state_is_saved_before_the_push(
         saved_at_push.append(store.load().groups[("ewr", "shop")].weights)
 
     cache.add_listener(on_push)
+    for pop in ("ewr", "sjc"):  # as if a node of each PoP were connected
+        cache.resources(pop, Capabilities())
     sjc_home = cache.weights("sjc", "shop")
     source.error_rate = 0.3
     for tick in range(6):
@@ -73,7 +76,7 @@ async def test_sick_origin_is_left_gradually_and_state_is_saved_before_the_push(
     kinds = [r["kind"] for r in iter_records(tmp_path) if r["pop"] == "ewr"]
     assert kinds[:2] == ["threshold_breach", "weight_shift"], kinds
     assert cache.weights("sjc", "shop") == sjc_home
-    assert all(pops == frozenset({"ewr"}) for pops in pushed), "only ewr is pushed"
+    assert pushed and all(pops == frozenset({"ewr"}) for pops in pushed), "only ewr pushed"
     assert saved_at_push[-1] == cache.weights("ewr", "shop"), "saved before pushed"
     assert 5 <= cache.weights("ewr", "shop")["primary"] < 95 - 10
 

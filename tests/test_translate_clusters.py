@@ -89,3 +89,9 @@ def test_tls_sni_defaults_to_the_origin_address() -> None:
     context = UpstreamTlsContext()
     cluster.transport_socket_matches[0].transport_socket.typed_config.Unpack(context)
     assert context.sni == "origin-b.example"
+
+
+def test_per_endpoint_stats_on_every_tier_cluster() -> None:
+    """Per-host counters count every attempt (retries too): observe reads origin errors there."""
+    for cluster in clusters().values():
+        assert cluster.track_cluster_stats.per_endpoint_stats

@@ -3,13 +3,18 @@
 Built from Ballast's own ADS bootstrap (node locality, stats tags, metrics_service sink to the
 `ballast_xds` cluster), with the dynamic resources replaced by a static listener and a static
 `shop.critical` cluster whose localities are zoned `primary` and `secondary` (the origin names).
+`translated_edge_bootstrap` inlines a PoP's real translation instead (retrying routes, per-endpoint
+stats on the tier clusters).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from control_plane.desired.model import Desired, PopWeights
+from control_plane.translate import static_bootstrap, translate_pop
 from control_plane.translate.bootstrap import ads_bootstrap
+from control_plane.translate.resources import Capabilities
 
 CLUSTER = "shop.critical"
 
@@ -76,4 +81,33 @@ def edge_bootstrap(
             for name, port in origins.items()
         ]},
     })
+    return bootstrap
+
+
+def translated_edge_bootstrap(
+    desired: Desired,
+    weights: PopWeights,
+    *,
+    pop: str,
+    node_id: str,
+    admin_port: int,
+    listen_port: int,
+    sink_port: int,
+) -> dict[str, Any]:
+    """Ballast's ADS bootstrap (stats tags, both sinks) with the PoP's translated resources
+    inlined statically (`static_bootstrap`): real routes (retries), real tier clusters."""
+    bootstrap = ads_bootstrap(
+        node_id=node_id,
+        pop=pop,
+        xds_port=sink_port,
+        admin_port=admin_port,
+        stats_flush_interval_ms=1000,
+        metrics_sink=True,
+    )
+    del bootstrap["dynamic_resources"]
+    static = static_bootstrap(translate_pop(desired, pop, weights, Capabilities()))
+    bootstrap["static_resources"]["clusters"].extend(static["static_resources"]["clusters"])
+    (listener,) = static["static_resources"]["listeners"]
+    listener["address"]["socket_address"]["port_value"] = listen_port
+    bootstrap["static_resources"]["listeners"] = [listener]
     return bootstrap

@@ -1,17 +1,24 @@
-"""One edge Envoy of PoP `ewr` in front of two demo origins, plus bounded traffic through it."""
+"""One edge Envoy of PoP `ewr` in front of two demo origins, plus bounded traffic through it.
+
+`edge_fleet`: a hand-written static cluster (no retries). `translated_fleet`: Ballast's own
+translation of group `shop` (routes retry 5xx and connect failures on another host), with a third
+origin `dead` whose port nothing listens on.
+"""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import aiohttp
 
 from control_plane.app.demo_origin import DemoOrigin
 from control_plane.app.envoy_process import EnvoyProcess, free_port
-from tests.support.observe_envoy import edge_bootstrap
+from control_plane.desired.model import Desired, Origin
+from tests.support.models import example_desired, shop_group
+from tests.support.observe_envoy import edge_bootstrap, translated_edge_bootstrap
 
 
 @dataclass
@@ -20,6 +27,7 @@ class Fleet:
     listen_port: int
     primary: DemoOrigin
     secondary: DemoOrigin
+    desired: Desired | None = field(default=None)
 
     def restart_envoy(self) -> None:
         self.envoy.stop()
@@ -62,6 +70,44 @@ async def edge_fleet(
     )
     envoy = EnvoyProcess(bootstrap, admin_port).start()
     fleet = Fleet(envoy, listen_port, primary, secondary)
+    try:
+        await asyncio.to_thread(envoy.wait_ready)
+        yield fleet
+    finally:
+        fleet.envoy.stop()
+        await primary.stop()
+        await secondary.stop()
+
+
+@asynccontextmanager
+async def translated_fleet(sink_port: int, weights: dict[str, int]) -> AsyncIterator[Fleet]:
+    """Envoy of PoP `ewr` running the translation of `shop` = primary, secondary, dead."""
+    primary = await DemoOrigin("primary", free_port()).start()
+    secondary = await DemoOrigin("secondary", free_port()).start()
+    origins = (
+        Origin("primary", "127.0.0.1", primary.port),
+        Origin("secondary", "127.0.0.1", secondary.port),
+        Origin("dead", "127.0.0.1", free_port()),  # nothing listens: connect failures
+    )
+    order = tuple(o.name for o in origins)
+    group = replace(
+        shop_group(*origins[:2]),
+        origins=origins,
+        preference={"ewr": order, "sjc": order},
+    )
+    desired = example_desired(group)
+    admin_port, listen_port = free_port(), free_port()
+    bootstrap = translated_edge_bootstrap(
+        desired,
+        {"shop": weights},
+        pop="ewr",
+        node_id="edge-ewr-1",
+        admin_port=admin_port,
+        listen_port=listen_port,
+        sink_port=sink_port,
+    )
+    envoy = EnvoyProcess(bootstrap, admin_port).start()
+    fleet = Fleet(envoy, listen_port, primary, secondary, desired)
     try:
         await asyncio.to_thread(envoy.wait_ready)
         yield fleet

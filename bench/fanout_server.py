@@ -1,0 +1,148 @@
+"""The server side of the fan-out benchmark: a real `BallastServer` in its own process.
+
+Run by `bench.fanout` as `python -m bench.fanout_server DESIRED`; it prints one JSON line
+`{"port": ...}` when serving, then answers one JSON command per stdin line with one JSON line
+on stdout. Times are `time.monotonic()` (CLOCK_MONOTONIC, the same clock in every process),
+so the client process can subtract them from its own.
+
+The only instrumentation is a wrapper around `NodeEntry.acked` (one comparison per ACK): it
+notes when every node finished its initial sync and when the last node of a PoP ACKed a push.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import logging
+import sys
+import threading
+import time
+from typing import Any
+
+from control_plane.admin.metrics import BallastMetrics
+from control_plane.ads import nodes as nodes_module
+from control_plane.app.server import BallastServer
+from control_plane.translate.resources import ENDPOINT_TYPE, PUSH_ORDER, Capabilities
+
+from bench.common import desired_by_name
+
+
+class AckTracker:
+    def __init__(self) -> None:
+        self.synced_types: dict[int, set[str]] = {}
+        self.synced = 0
+        self.last_sync = 0.0
+        self.target: tuple[str, str, str] | None = None  # (pop, type_url, version)
+        self.expected = 0
+        self.acks = 0
+        self.first_ack = 0.0
+        self.last_ack = 0.0
+        self.done: asyncio.Future[None] | None = None
+
+    def on_ack(self, entry: Any, type_url: str, version: str) -> None:
+        now = time.monotonic()
+        types = self.synced_types.setdefault(entry.stream, set())
+        if len(types) < len(PUSH_ORDER):
+            types.add(type_url)
+            if len(types) == len(PUSH_ORDER):
+                self.synced += 1
+                self.last_sync = now
+        if self.target == (entry.pop, type_url, version):
+            self.acks += 1
+            if self.acks == 1:
+                self.first_ack = now
+            self.last_ack = now
+            if self.acks >= self.expected and self.done is not None and not self.done.done():
+                self.done.set_result(None)
+
+
+def install(tracker: AckTracker) -> None:
+    original = nodes_module.NodeEntry.acked
+
+    def acked(self: Any, type_url: str, version: str) -> None:
+        original(self, type_url, version)
+        tracker.on_ack(self, type_url, version)
+
+    nodes_module.NodeEntry.acked = acked  # type: ignore[method-assign]
+
+
+def pushed_bytes(metrics: BallastMetrics) -> float:
+    total = 0.0
+    for family in metrics.push_bytes.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_total"):
+                total += sample.value
+    return total
+
+
+async def main(desired_name: str, freeze: bool) -> None:
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    tracker = AckTracker()
+    install(tracker)
+    metrics = BallastMetrics()
+    # no debounce: the benchmark measures the fan-out, not the 100 ms quiet period
+    ballast = BallastServer(
+        desired_by_name(desired_name), xds_address="127.0.0.1:0", debounce=0.0,
+        max_delay=0.0, metrics=metrics,
+    )
+    await ballast.start()
+    loop = asyncio.get_running_loop()
+    commands: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+
+    def read_stdin() -> None:
+        for line in sys.stdin:
+            loop.call_soon_threadsafe(commands.put_nowait, json.loads(line))
+        loop.call_soon_threadsafe(commands.put_nowait, None)
+
+    threading.Thread(target=read_stdin, daemon=True).start()
+    reply({"port": ballast.port})
+    while (command := await commands.get()) is not None:
+        kind = command["cmd"]
+        if kind == "stop":
+            break
+        if kind == "synced":
+            reply({"synced": tracker.synced, "last_sync": tracker.last_sync,
+                   "nodes": len(ballast.nodes), "bytes": pushed_bytes(metrics),
+                   "sends": ballast.ads.sends})
+        elif kind == "push":
+            if freeze:
+                gc.freeze()  # everything alive now is old: the push's collections skip it
+            reply(await push(ballast, tracker, metrics, command))
+    await ballast.stop(0.5)
+
+
+async def push(
+    ballast: BallastServer, tracker: AckTracker, metrics: BallastMetrics, command: dict[str, Any]
+) -> dict[str, Any]:
+    pop, group, weights = command["pop"], command["group"], command["weights"]
+    bytes_before, sends_before = pushed_bytes(metrics), ballast.ads.sends
+    tracker.acks, tracker.expected = 0, command["expect"]
+    tracker.done = asyncio.get_running_loop().create_future()
+    cpu0 = time.process_time()
+    start = time.monotonic()
+    ballast.cache.update_weights(pop, group, weights)
+    version = ballast.cache.resources(pop, Capabilities()).type_version(ENDPOINT_TYPE)
+    tracker.target = (pop, ENDPOINT_TYPE, version)
+    updated = time.monotonic()
+    try:
+        await asyncio.wait_for(tracker.done, command.get("timeout", 120.0))
+        ok = True
+    except TimeoutError:
+        ok = False
+    cpu = time.process_time() - cpu0
+    tracker.target = None
+    return {
+        "ok": ok, "start": start, "updated": updated, "first_ack": tracker.first_ack,
+        "last_ack": tracker.last_ack, "acks": tracker.acks, "cpu": cpu,
+        "bytes": pushed_bytes(metrics) - bytes_before, "sends": ballast.ads.sends - sends_before,
+    }
+
+
+def reply(data: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(data) + "\n")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1], "--gc-freeze" in sys.argv[2:]))
