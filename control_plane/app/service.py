@@ -80,6 +80,7 @@ class BallastService:
         self.reconciler: Reconciler
         self.admin: AdminApi | None = None
         self.prober: Prober | None = None
+        self._passive: MetricSource | None = None
         self.watcher: DesiredFileWatcher
 
     # -- start-up --------------------------------------------------------------------------
@@ -176,11 +177,12 @@ class BallastService:
         if config.metrics_source == "prometheus":
             if not config.prometheus_url:
                 raise ValueError("metrics source 'prometheus' needs a Prometheus URL")
-            passive = PrometheusSource(config.prometheus_url)
+            passive = PrometheusSource(config.prometheus_url, desired=desired)
         else:
-            sink = SinkStore()
+            sink = SinkStore(desired=desired)
             self.server.add_service(lambda grpc_server: add_metrics_service(grpc_server, sink))
             passive = sink
+        self._passive = passive  # host stats map to origins through the desired state
         if not config.probes:
             return passive
         self.prober = Prober(probe_targets(desired), interval_ms=config.probe_interval_ms)
@@ -261,6 +263,8 @@ class BallastService:
         self._desired_bytes = data
         self.store.set_desired_digest(new.digest)
         self.reconciler.forget_missing(new)
+        if isinstance(self._passive, (SinkStore, PrometheusSource)):
+            self._passive.update_desired(new)
         if self.prober is not None:
             self.prober.retarget(probe_targets(new))
         lines = [f"pop {pop}: {summarize(c)}" for pop, c in sorted(changes.items())]

@@ -18,8 +18,9 @@ Envoys do not set that tag must give every scrape target a `ballast_pop` target 
 `static_configs: [{targets: [...], labels: {ballast_pop: ewr}}]`). The desired state
 (constructor / `update_desired`) maps (cluster, address) to the origin. Per (PoP, group, origin),
 when host series exist in the window: `requests` = increase of `rq_total` (attempts),
-`errors_5xx` = of `rq_error` (every failed attempt: 5xx, reset, timeout), `connect_failures` =
-of `cx_connect_fail`; otherwise the zone counters as before. Quantiles stay on the zone histogram.
+`errors_5xx` = of `rq_error` minus `cx_connect_fail` (every failed attempt: 5xx, reset, timeout;
+Envoy counts a connect failure as an `rq_error` too), `connect_failures` = of `cx_connect_fail`;
+otherwise the zone counters as before. Quantiles stay on the zone histogram.
 """
 
 from __future__ import annotations
@@ -164,6 +165,8 @@ def _hosts(
     hosts: dict[tuple[str, str, str], list[dict[str, float]]] = defaultdict(list)
     for (pop, cluster, address), values in per_host.items():
         if "observed_at" in values:
+            failed = values.get("errors_5xx", 0.0) - values.get("connect_failures", 0.0)
+            values["errors_5xx"] = max(0.0, failed)
             hosts[(pop, *endpoints[cluster, address])].append(values)
     return hosts
 

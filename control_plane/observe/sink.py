@@ -20,16 +20,21 @@ whose failures the retries hide would show no 5xx there. Per-host stats count ev
 the metrics_service sink does not carry them in Envoy 1.40; the OpenTelemetry stats sink does.
 So the same gRPC port also hosts OTLP `opentelemetry.proto.collector.metrics.v1.MetricsService/
 Export`, fed by the `envoy.stat_sinks.open_telemetry` sink of `ads_bootstrap(metrics_sink=True)`
-(endpoint stats only, counters as deltas). Those points name a host by (cluster, address:port)
+(endpoint stats only, cumulative counters). Those points name a host by (cluster, address:port)
 and carry the PoP as `ballast_pop`; the desired state (constructor / `update_desired`) maps them
-to origins. Per (PoP, group, origin), when host stats arrived in the window:
-- `requests` = sum of host `rq_total` deltas (attempts, retries included),
-- `errors_5xx` = host `rq_error` (every failed attempt: 5xx, resets, timeouts),
-- `connect_failures` = host `cx_connect_fail`;
-otherwise (older bootstraps, unknown addresses) the zone counters as before (`requests` =
-`upstream_rq_completed`, `errors_5xx` = `upstream_rq_5xx`, `connect_failures` 0). Latency
-quantiles always come from the zone histogram. Deltas of several Envoys of one PoP add up; an
-Envoy restart simply starts its deltas from zero (no reset handling needed).
+to origins. OTLP exports are unary and carry no node, so one Envoy is one gRPC connection
+(`context.peer()`): its series are cumulative, a series' first sample is a baseline and a drop is
+a reset (`window.counter_increase`), exactly like the metrics_service streams. Per (PoP, group,
+origin), when host stats arrived in the window:
+- `requests` = increase of host `rq_total` (attempts that got a stream, retries included),
+- `errors_5xx` = increase of host `rq_error` minus `cx_connect_fail` (measured: Envoy also counts
+  a connect failure as an `rq_error` of that host, without `rq_total`): attempts answered 5xx
+  or failed by reset/timeout, including those the retries hid from clients,
+- `connect_failures` = increase of host `cx_connect_fail`;
+so `error_rate` = rq_error / (rq_total + cx_connect_fail). Otherwise (older bootstraps, unknown
+addresses) the zone counters as before (`upstream_rq_completed`, `upstream_rq_5xx`, connect
+failures 0). Latency quantiles always come from the zone histogram. Several Envoys of one PoP add
+up. Caveat: a PoP where some Envoys send host stats and others do not counts only the former.
 """
 
 from __future__ import annotations
@@ -101,34 +106,31 @@ class SinkStore:
         self._streams: dict[int, _Stream] = {}
         self._ids = itertools.count(1)
         self._endpoints: EndpointOrigins = endpoint_origins(desired)
-        # (PoP, cluster, address) -> per export: (arrival ms, rq_total, rq_error, cx_connect_fail)
-        self._hosts: dict[tuple[str, str, str], list[tuple[int, float, float, float]]] = {}
+        # (connection, PoP, cluster, address, stat) -> cumulative samples
+        self._hosts: dict[tuple[str, str, str, str, str], list[Sample]] = {}
         self._host_warned: set[str] = set()
 
     def update_desired(self, desired: Desired) -> None:
         """New desired state (hot reload): host stats map to its origins from now on."""
         self._endpoints = endpoint_origins(desired)
 
-    def ingest_hosts(self, found: Iterable[HostPoint | BadMetric], received_ms: int) -> int:
-        """Record one OTLP export of per-host points; returns how many were kept."""
-        flush: dict[tuple[str, str, str], list[float]] = {}
-        kept = 0
+    def ingest_hosts(
+        self, connection: str, found: Iterable[HostPoint | BadMetric], received_ms: int
+    ) -> int:
+        """Record one OTLP export (cumulative per-host counters) from one Envoy connection."""
+        flush: dict[tuple[str, str, str, str, str], float] = defaultdict(float)
         for point in found:
             if isinstance(point, BadMetric):
                 self._warn_host(str(point))
                 continue
-            kept += 1
-            totals = flush.setdefault((point.pop, point.cluster, point.address), [0.0, 0.0, 0.0])
-            if point.stat == "rq_total":
-                totals[0] += point.value
-            elif point.stat == "rq_error":
-                totals[1] += point.value
-            elif point.stat == "cx_connect_fail":
-                totals[2] += point.value
-        for key, (total, errors, connect_failures) in flush.items():
-            self._hosts.setdefault(key, []).append((received_ms, total, errors, connect_failures))
+            flush[connection, point.pop, point.cluster, point.address, point.stat] += point.value
+        for key, value in flush.items():
+            samples = self._hosts.setdefault(key, [])
+            if samples and samples[-1][0] >= received_ms:
+                continue  # one sample per arrival time; out-of-order exports are dropped
+            samples.append((received_ms, value))
         self._prune(received_ms)
-        return kept
+        return len(flush)
 
     def _warn_host(self, message: str) -> None:
         if message not in self._host_warned and len(self._host_warned) < MAX_HOST_WARNINGS:
@@ -226,9 +228,11 @@ class SinkStore:
                 flushes[:] = [f for f in flushes if f[0] >= cutoff]
                 if not flushes:
                     del stream.histograms[key]
-        for host, records in list(self._hosts.items()):
-            records[:] = [r for r in records if r[0] >= cutoff]
-            if not records:
+        for host, samples in list(self._hosts.items()):
+            old = sum(1 for t, _ in samples if t < cutoff)
+            if old > 1:
+                del samples[: old - 1]
+            if samples[-1][0] < cutoff:
                 del self._hosts[host]
 
     async def window(self, now_ms: int, window_ms: int) -> Signals:
@@ -280,18 +284,26 @@ class SinkStore:
 
         Hosts whose (cluster, address) the desired state does not name are left out.
         """
-        hosts: dict[tuple[str, str, str], HostWindow] = {}
-        for (pop, cluster, address), records in self._hosts.items():
+        grown: dict[tuple[str, str, str], dict[str, float]] = defaultdict(
+            lambda: dict.fromkeys(("rq_total", "rq_error", "cx_connect_fail", "seen"), 0.0)
+        )
+        for (_, pop, cluster, address, stat), samples in self._hosts.items():
             owner = self._endpoints.get((cluster, address))
-            if owner is None:
+            seen = [t for t, _ in samples if start_ms < t <= end_ms]
+            if owner is None or not seen:
                 continue
-            for t, total, errors, connect_failures in records:
-                if start_ms < t <= end_ms:
-                    key = (pop, *owner)
-                    hosts[key] = hosts.get(key, HostWindow()).merge(
-                        HostWindow(total, errors, connect_failures, t)
-                    )
-        return hosts
+            totals = grown[(pop, *owner)]
+            totals[stat] += counter_increase(samples, start_ms, end_ms)
+            totals["seen"] = max(totals["seen"], max(seen))
+        return {
+            key: HostWindow(
+                requests=t["rq_total"],
+                errors=max(0.0, t["rq_error"] - t["cx_connect_fail"]),
+                connect_failures=t["cx_connect_fail"],
+                observed_at_ms=int(t["seen"]),
+            )
+            for key, t in grown.items()
+        }
 
 
 def assemble(
@@ -391,7 +403,7 @@ class OtlpMetricsServicer:
             log.warning("undecodable OTLP ExportMetricsServiceRequest from %s: %s",
                         context.peer(), err)
         else:
-            self.store.ingest_hosts(otlp_host_points(request), self.clock())
+            self.store.ingest_hosts(context.peer(), otlp_host_points(request), self.clock())
         return otlp_metrics.ExportMetricsServiceResponse().SerializeToString()
 
 

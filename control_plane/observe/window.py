@@ -121,7 +121,8 @@ class HostWindow:
     """One origin's per-host (per-attempt) counters over a window, tiers and Envoys summed.
 
     `requests` = host `rq_total` (every attempt, retried ones included), `errors` = `rq_error`
-    (attempts answered 5xx or failed by reset/timeout), `connect_failures` = `cx_connect_fail`.
+    minus `cx_connect_fail` (attempts answered 5xx or failed by reset/timeout; Envoy counts a
+    connect failure as an `rq_error` too), `connect_failures` = `cx_connect_fail`.
     """
 
     requests: float = 0.0

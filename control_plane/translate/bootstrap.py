@@ -64,8 +64,9 @@ def host_stats_sink() -> dict[str, Any]:
     Measured on Envoy 1.40: only this sink flushes per-endpoint stats (tier clusters set
     `track_cluster_stats.per_endpoint_stats`); they arrive at Ballast's OTLP endpoint (same port)
     as `cluster.endpoint.rq_total` {envoy.cluster_name, envoy.endpoint_address, ballast_pop}.
-    Everything but endpoint stats is dropped here (the metrics_service sink has it already), and
-    counters are deltas, so several Envoys of a PoP add up without per-Envoy bookkeeping.
+    Everything but endpoint stats is dropped here (the metrics_service sink has it already).
+    Counters stay cumulative: host counter deltas are latched by any reader, so every admin
+    `/stats/prometheus` scrape would steal them from this sink (measured).
     """
     drop = "type.googleapis.com/envoy.extensions.stat_sinks.open_telemetry.v3.SinkConfig.DropAction"
     full_name = (
@@ -86,7 +87,7 @@ def host_stats_sink() -> dict[str, Any]:
             "grpc_service": {"envoy_grpc": {"cluster_name": XDS_CLUSTER}},
             "emit_tags_as_attributes": True,
             "use_tag_extracted_name": True,
-            "report_counters_as_deltas": True,
+            "report_counters_as_deltas": False,
             "custom_metric_conversions": {
                 "matcher_list": {
                     "matchers": [

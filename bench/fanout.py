@@ -1,0 +1,301 @@
+"""Push fan-out: a real `BallastServer` (own process) and N simulated nodes (this process).
+
+Per (mode, N): start a fresh server, connect N nodes split across the PoPs ewr and sjc (many
+streams multiplexed over few TCP connections), time the initial sync, then change one PoP's
+weights R times and time each push from `cache.update_weights` to the last ACK of that PoP's
+nodes (both timestamps taken in the server). Server CPU and RSS come from /proc/<pid>.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from bench.common import ROOT, median, proc_cpu_seconds, proc_rss_bytes, table
+from control_plane.translate.resources import CLUSTER_TYPE as CDS
+from control_plane.translate.resources import ENDPOINT_TYPE as EDS
+from control_plane.translate.resources import LISTENER_TYPE as LDS
+from control_plane.translate.resources import ROUTE_TYPE as RDS
+from tests.support.xds_client import XdsClient, local_channel, make_node
+
+POPS = ("ewr", "sjc")
+# NOTES.md, "Pushing to many nodes from Python (measured floor)": 10,000 nodes, one connection
+# each, response bytes built once per (PoP, version), last ACK at 4.8 s (7.4 s when building a
+# message per stream), ~410 µs server CPU and ~41 KB RSS per node.
+FLOOR_PUSH_US_PER_NODE = 4.8e6 / 10_000
+FLOOR_MESSAGE_PER_STREAM_US_PER_NODE = 7.4e6 / 10_000
+FLOOR_CPU_US_PER_NODE = 410.0
+FLOOR_RSS_PER_NODE = 41_000
+
+
+class ServerProcess:
+    """`python -m bench.fanout_server`, driven by JSON lines over stdin/stdout."""
+
+    def __init__(self, desired: str, *, encoder: str, gc_freeze: bool = False) -> None:
+        args = [sys.executable, "-m", "bench.fanout_server", desired]
+        if gc_freeze:
+            args.append("--gc-freeze")
+        if encoder == "message":
+            args.append("--message-per-stream")
+        self.proc = subprocess.Popen(
+            args, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            start_new_session=True,
+        )
+        self.pid = self.proc.pid
+        self.port = int(self._read()["port"])
+
+    def _read(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"benchmark server exited ({self.proc.poll()})")
+        return dict(json.loads(line))
+
+    async def call(self, **command: Any) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(command) + "\n")
+        self.proc.stdin.flush()
+        return await asyncio.to_thread(self._read)
+
+    def cpu(self) -> float:
+        return proc_cpu_seconds(self.pid)
+
+    def rss(self) -> int:
+        return proc_rss_bytes(self.pid)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(BrokenPipeError, OSError):
+                assert self.proc.stdin is not None
+                self.proc.stdin.write('{"cmd": "stop"}\n')
+                self.proc.stdin.flush()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@dataclass
+class FanoutResult:
+    mode: str
+    desired: str
+    encoder: str  # "preserialized" (the server's ResponseEncoder) or "message" (per stream)
+    nodes: int
+    connections: int
+    sync_s: float = float("nan")
+    sync_cpu_s: float = float("nan")
+    rss_per_node: float = float("nan")
+    push_nodes: int = 0
+    push_s: list[float] = field(default_factory=list)  # update -> last ACK, per push
+    first_ack_s: list[float] = field(default_factory=list)
+    push_cpu_s: list[float] = field(default_factory=list)  # server process_time over the push
+    push_proc_cpu_s: float = float("nan")  # /proc utime+stime over all pushes
+    push_bytes: list[float] = field(default_factory=list)
+    push_sends: list[int] = field(default_factory=list)
+    client_cpu_s: float = float("nan")  # this process over the pushes
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def push_us_per_node(self) -> float:
+        return median(self.push_s) * 1e6 / self.push_nodes if self.push_nodes else float("nan")
+
+    @property
+    def push_cpu_us_per_node(self) -> float:
+        if not self.push_nodes:
+            return float("nan")
+        return median(self.push_cpu_s) * 1e6 / self.push_nodes
+
+    def as_dict(self) -> dict[str, Any]:
+        data = dict(self.__dict__)
+        data["push_us_per_node"] = self.push_us_per_node
+        data["push_cpu_us_per_node"] = self.push_cpu_us_per_node
+        data["vs_floor_push"] = self.push_us_per_node / FLOOR_PUSH_US_PER_NODE
+        data["vs_floor_cpu"] = self.push_cpu_us_per_node / FLOOR_CPU_US_PER_NODE
+        return data
+
+
+class BenchClient(XdsClient):
+    """`XdsClient` whose writes are serialized: grpc.aio refuses a second write on a call
+    while one is in flight (GRPC_CALL_ERROR_TOO_MANY_OPERATIONS), and the reader's ACK can
+    race a `subscribe` of the start-up sequence."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._write_lock = asyncio.Lock()
+
+    async def _send(self, request: Any) -> None:
+        async with self._write_lock:
+            await super()._send(request)
+
+
+async def connect(client: XdsClient, timeout: float) -> None:
+    """Envoy's start-up order: CDS, EDS (every cluster), LDS, RDS (the listener's routes)."""
+    await client.start()
+    await client.subscribe(CDS)
+    await client.wait_for(lambda c: bool(c.names(CDS)), timeout)
+    await client.subscribe(EDS, sorted(client.names(CDS)))
+    await client.subscribe(LDS)
+    await client.wait_for(lambda c: bool(c.names(LDS)), timeout)
+    await client.subscribe(RDS, sorted(client.names(LDS)))  # route config named as listener
+    await client.wait_for(
+        lambda c: bool(c.names(RDS)) and c.names(EDS) == c.names(CDS), timeout
+    )
+
+
+async def run_one(
+    mode: str, desired: str, nodes: int, *, per_connection: int, pushes: int,
+    encoder: str = "preserialized", gc_freeze: bool = False, timeout: float = 180.0,
+) -> FanoutResult:
+    connections = -(-nodes // per_connection)
+    result = FanoutResult(mode, desired, encoder, nodes, connections)
+    server = ServerProcess(desired, encoder=encoder, gc_freeze=gc_freeze)
+    channels: list[grpc.aio.Channel] = []
+    clients: list[XdsClient] = []
+    try:
+        target = f"127.0.0.1:{server.port}"
+        channels = [local_channel(target) for _ in range(connections)]
+        clients = [
+            BenchClient(channels[i // per_connection],
+                      make_node(f"bench-{POPS[i % 2]}-{i}", POPS[i % 2]), delta=mode == "delta")
+            for i in range(nodes)
+        ]
+        await asyncio.sleep(0.2)
+        rss0, cpu0 = server.rss(), server.cpu()
+        start = time.monotonic()
+        await asyncio.wait_for(asyncio.gather(*(connect(c, timeout) for c in clients)), timeout)
+        synced = await server.call(cmd="synced")
+        deadline = time.monotonic() + 10
+        while synced["synced"] < nodes and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)  # the clients saw everything; the last ACKs are in flight
+            synced = await server.call(cmd="synced")
+        await asyncio.sleep(0.5)  # let the server settle before reading RSS
+        if synced["synced"] != nodes:
+            result.errors.append(f"only {synced['synced']} of {nodes} nodes synced")
+        result.sync_s = synced["last_sync"] - start
+        result.sync_cpu_s = server.cpu() - cpu0
+        result.rss_per_node = (server.rss() - rss0) / nodes
+        # pushes: move shop's weights in ewr back and forth
+        result.push_nodes = sum(1 for i in range(nodes) if POPS[i % 2] == "ewr")
+        group, origins = await first_group(clients)
+        cpu0, client_cpu0 = server.cpu(), time.process_time()
+        for n in range(pushes):
+            weights = {name: 5 for name in origins}
+            weights[origins[0]] = 100 - 5 * (len(origins) - 1) - (10 if n % 2 == 0 else 0)
+            weights[origins[1]] += 10 if n % 2 == 0 else 0
+            reply = await server.call(cmd="push", pop="ewr", group=group, weights=weights,
+                                      expect=result.push_nodes, timeout=timeout)
+            if not reply["ok"]:
+                result.errors.append(f"push {n}: {reply['acks']} of {result.push_nodes} ACKed")
+                break
+            result.push_s.append(reply["last_ack"] - reply["start"])
+            result.first_ack_s.append(reply["first_ack"] - reply["start"])
+            result.push_cpu_s.append(reply["cpu"])
+            result.push_bytes.append(reply["bytes"] / result.push_nodes)
+            result.push_sends.append(reply["sends"])
+            await asyncio.sleep(0.3)
+        result.push_proc_cpu_s = server.cpu() - cpu0
+        result.client_cpu_s = time.process_time() - client_cpu0
+        broken = [c for c in clients if c.error is not None]
+        if broken:
+            result.errors.append(f"{len(broken)} streams failed, e.g. {broken[0].error}")
+    except Exception as err:  # a benchmark reports what went wrong and carries on
+        result.errors.append(f"{type(err).__name__}: {err}")
+    finally:
+        for client in clients:
+            await client.close()
+        for channel in channels:
+            await channel.close()
+        server.stop()
+    return result
+
+
+async def first_group(clients: list[XdsClient]) -> tuple[str, list[str]]:
+    """The origin group whose weights the pushes move, and its origins (from a node's EDS)."""
+    from envoy.config.endpoint.v3.endpoint_pb2 import ClusterLoadAssignment
+
+    for client in clients:
+        for name, (_, payload) in sorted(client.state.resources.get(EDS, {}).items()):
+            cla = ClusterLoadAssignment.FromString(payload)
+            zones = [locality.locality.zone for locality in cla.endpoints]
+            return name.split(".")[0], zones
+    raise RuntimeError("no node received endpoints")
+
+
+def run(
+    sizes: list[int], *, desired: str = "example", per_connection: int = 10, pushes: int = 5,
+    modes: tuple[str, ...] = ("sotw", "delta"), encoders: tuple[str, ...] = ("preserialized",),
+    gc_freeze: bool = False,
+) -> list[FanoutResult]:
+    results = []
+    for nodes in sizes:
+        for mode in modes:
+            for encoder in encoders:
+                results.append(asyncio.run(run_one(
+                    mode, desired, nodes, per_connection=per_connection, pushes=pushes,
+                    encoder=encoder, gc_freeze=gc_freeze)))
+                result = results[-1]
+                print(f"  {mode:5} {desired:7} {encoder:13} {result.connections:5,} conns "
+                      f"{nodes:6,} nodes: push->last ACK "
+                      f"{median(result.push_s) * 1e3:8.1f} ms, initial sync {result.sync_s:6.2f} s"
+                      + (f"  ERRORS: {result.errors}" if result.errors else ""), flush=True)
+    return results
+
+
+def report(results: list[FanoutResult]) -> str:
+    rows = []
+    for r in results:
+        rows.append([
+            r.mode, r.desired, "pre" if r.encoder == "preserialized" else "msg", r.nodes,
+            r.connections, r.sync_s, r.sync_cpu_s * 1e6 / r.nodes, r.rss_per_node / 1e3,
+            median(r.first_ack_s) * 1e3, median(r.push_s) * 1e3, r.push_us_per_node,
+            r.push_cpu_us_per_node, median(r.push_bytes),
+            r.push_us_per_node / FLOOR_PUSH_US_PER_NODE,
+            r.push_cpu_us_per_node / FLOOR_CPU_US_PER_NODE,
+        ])
+    lines = [table(
+        ["mode", "desired", "enc", "nodes", "conns", "sync s", "sync CPU µs/node",
+         "RSS KB/node", "1st ACK ms", "last ACK ms", "push µs/node", "push CPU µs/node",
+         "B/node/push", "wall/floor", "CPU/floor"],
+        rows,
+    )]
+    key = {(r.desired, r.nodes, r.connections, r.encoder, r.mode): r for r in results}
+    delta_rows, encoder_rows = [], []
+    for (desired, nodes, conns, encoder, mode), r in key.items():
+        other = key.get((desired, nodes, conns, encoder, "delta"))
+        if mode == "sotw" and other is not None:
+            delta_rows.append([desired, encoder, nodes, *_ratios(r, other)])
+        before = key.get((desired, nodes, conns, "message", mode))
+        if encoder == "preserialized" and before is not None:
+            encoder_rows.append([desired, mode, nodes, *_ratios(before, r)])
+    if delta_rows:
+        lines += ["", "SotW / delta (same run; > 1: delta is cheaper):", table(
+            ["desired", "encoder", "nodes", "push wall", "push CPU", "bytes/push",
+             "initial sync"], delta_rows)]
+    if encoder_rows:
+        lines += ["", "Before / after ResponseEncoder: message per stream / pre-serialized "
+                  "(same run; > 1: pre-serialized is cheaper):", table(
+            ["desired", "mode", "nodes", "push wall", "push CPU", "bytes/push", "initial sync"],
+            encoder_rows)]
+    errors = [f"  {r.mode} {r.desired} {r.encoder} {r.nodes}: {e}"
+              for r in results for e in r.errors]
+    if errors:
+        lines += ["", "errors:", *errors]
+    return "\n".join(lines)
+
+
+def _ratios(a: FanoutResult, b: FanoutResult) -> list[float]:
+    return [
+        a.push_us_per_node / b.push_us_per_node,
+        a.push_cpu_us_per_node / b.push_cpu_us_per_node,
+        median(a.push_bytes) / median(b.push_bytes),
+        a.sync_s / b.sync_s,
+    ]

@@ -1,0 +1,112 @@
+"""Run the benchmarks (`make bench`): `python -m bench.run [--quick] [--nodes N] [--only X]`.
+
+Prints a readable report and writes `bench/results/latest.json`. Numbers are only comparable
+within one run (the machine is shared and noisy): every comparison is a ratio of two
+measurements taken in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from bench import fanout, translation
+from bench.common import ROOT
+
+
+@dataclass(frozen=True)
+class FanoutPlan:
+    label: str
+    desired: str
+    sizes: list[int]
+    per_connection: int
+    modes: tuple[str, ...] = ("sotw", "delta")
+    encoders: tuple[str, ...] = ("preserialized",)
+
+
+def plans(quick: bool, nodes: int | None, per_connection: int) -> list[FanoutPlan]:
+    if nodes is not None:
+        sizes, large, one_conn = [nodes], [nodes], nodes
+    elif quick:
+        sizes, large, one_conn = [100, 400], [200], 0
+    else:
+        sizes, large, one_conn = [200, 1000, 3000], [1000], 1000
+    result = [
+        FanoutPlan("example desired state (3 clusters per PoP)", "example", sizes,
+                   per_connection),
+        FanoutPlan("synthetic desired state (150 clusters per PoP), before/after the "
+                   "ResponseEncoder", "large", large, per_connection,
+                   encoders=("message", "preserialized")),
+    ]
+    if one_conn:
+        # NOTES.md's floor used one TCP connection per node; fds: one per node in each process
+        per = max(1, -(-one_conn // 15_000))
+        result.append(FanoutPlan("one connection per node, as NOTES.md's floor", "example",
+                                 [one_conn], per, modes=("sotw",),
+                                 encoders=("message", "preserialized")))
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="small sizes, under a minute")
+    parser.add_argument("--nodes", type=int, help="run every fan-out benchmark with N nodes")
+    parser.add_argument("--per-connection", type=int, default=10,
+                        help="simulated nodes (streams) per TCP connection (default 10)")
+    parser.add_argument("--pushes", type=int, help="weight updates per fan-out run (default 5)")
+    parser.add_argument("--only", choices=("fanout", "translation"), help="one benchmark")
+    args = parser.parse_args(argv)
+    pushes = args.pushes or (3 if args.quick else 5)
+    started = time.time()
+    results: dict[str, Any] = {
+        "started": started,
+        "argv": sys.argv[1:],
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                    "platform": platform.platform(), "loadavg": os.getloadavg()},
+    }
+    out: list[str] = []
+    if args.only in (None, "translation"):
+        print("== translation and serialization", flush=True)
+        results["translation"] = translation.run(quick=args.quick)
+        out += ["== Translation and serialization", translation.report(results["translation"])]
+        print(out[-1] + "\n", flush=True)
+    if args.only in (None, "fanout"):
+        print("== push fan-out", flush=True)
+        fan: list[fanout.FanoutResult] = []
+        for plan in plans(args.quick, args.nodes, args.per_connection):
+            print(f"-- {plan.label}", flush=True)
+            fan += fanout.run(plan.sizes, desired=plan.desired,
+                              per_connection=plan.per_connection, pushes=pushes,
+                              modes=plan.modes, encoders=plan.encoders)
+        results["fanout"] = [r.as_dict() for r in fan]
+        results["fanout_floor"] = {
+            "push_us_per_node": fanout.FLOOR_PUSH_US_PER_NODE,
+            "message_per_stream_push_us_per_node": fanout.FLOOR_MESSAGE_PER_STREAM_US_PER_NODE,
+            "cpu_us_per_node": fanout.FLOOR_CPU_US_PER_NODE,
+            "rss_per_node": fanout.FLOOR_RSS_PER_NODE,
+        }
+        out += ["== Push fan-out (weight update on ewr -> last ACK of ewr's nodes)",
+                fanout.report(fan),
+                f"floor (NOTES.md, 10k nodes, 1 conn each): push {fanout.FLOOR_PUSH_US_PER_NODE:g}"
+                f" µs/node wall ({fanout.FLOOR_MESSAGE_PER_STREAM_US_PER_NODE:g} with a message "
+                f"per stream), {fanout.FLOOR_CPU_US_PER_NODE:g} µs CPU/node, "
+                f"{fanout.FLOOR_RSS_PER_NODE / 1e3:g} KB RSS/node"]
+    results["elapsed_s"] = time.time() - started
+    results["loadavg_end"] = os.getloadavg()
+    path = ROOT / "bench" / "results" / "latest.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    print("\n\n".join(out))
+    print(f"\n{results['elapsed_s']:.0f} s; load average {os.getloadavg()[0]:.1f} on "
+          f"{os.cpu_count()} CPUs; results in {path.relative_to(ROOT)}")
+    return 0 if all(not r.get("errors") for r in results.get("fanout", [])) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

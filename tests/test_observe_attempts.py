@@ -1,0 +1,139 @@
+"""Per-origin attempts through retries: real Envoy 1.40 (Ballast's translation), real sinks.
+
+Ballast's routes retry 5xx on another host, and Envoy does not charge retried attempts to the
+zone `upstream_rq_<code>` stats, so a half-broken origin looks healthy there. The per-host stats
+(`per_endpoint_stats`) count every attempt: the OTLP sink endpoint and Prometheus both read them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from control_plane.app.demo_origin import Fault
+from control_plane.app.envoy_process import free_port
+from control_plane.observe.prometheus import PrometheusSource
+from control_plane.observe.sink import SinkStore, add_metrics_service
+from control_plane.observe.source import Signals, wall_ms
+from tests.support.observe_fleet import translated_fleet
+from tests.support.prometheus import PrometheusServer, prometheus_binary
+
+pytestmark = [pytest.mark.envoy, pytest.mark.timeout(120)]
+
+WEIGHTS = {"primary": 45, "secondary": 45, "dead": 10}
+
+
+def shop(signals: Signals) -> dict:
+    return signals.get(("ewr", "shop"), {})
+
+
+async def until(check, timeout: float = 20.0, step: float = 0.3):
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        value = await check()
+        if value or asyncio.get_running_loop().time() > deadline:
+            return value
+        await asyncio.sleep(step)
+
+
+@pytest.mark.prometheus
+@pytest.mark.skipif(prometheus_binary() is None, reason="prometheus binary not installed")
+async def test_retried_errors_reach_the_sink_and_prometheus_per_origin():
+    store = SinkStore()
+    server = grpc.aio.server()
+    add_metrics_service(server, store)
+    port = server.add_insecure_port(f"127.0.0.1:{free_port()}")
+    await server.start()
+    try:
+        async with translated_fleet(port, WEIGHTS) as fleet:
+            assert fleet.desired is not None
+            store.update_desired(fleet.desired)  # the hot-reload path
+            prometheus = await asyncio.to_thread(PrometheusServer([fleet.envoy.admin_port]).start)
+            try:
+                source = PrometheusSource(prometheus.url, desired=fleet.desired)
+                fleet.primary.set_fault(Fault(error_rate=0.5))
+                await fleet.traffic(6, concurrency=2)
+
+                async def host_series() -> bool:
+                    now = wall_ms()
+                    origins = shop(await source.window(now, 5000))
+                    return {"primary", "secondary", "dead"} <= set(origins)
+
+                assert await until(host_series), "Prometheus never showed the host series"
+                before = (fleet.primary.total, fleet.primary.errors, fleet.secondary.total)
+                start = wall_ms()
+                statuses: list[int] = []
+                for _ in range(10):  # a steady trickle, so each scrape sees growth
+                    statuses += await fleet.traffic(10, concurrency=2)
+                    await asyncio.sleep(0.3)
+                await asyncio.sleep(2.5)  # one more Envoy flush and scrape
+                now = wall_ms()
+                sink = shop(await store.window(now, now - start + 500))
+                prom = shop(await source.window(now, now - start + 2000))
+            finally:
+                await asyncio.to_thread(prometheus.stop)
+    finally:
+        await server.stop(None)
+
+    sent_primary = fleet.primary.total - before[0]
+    errors_primary = fleet.primary.errors - before[1]
+    sent_secondary = fleet.secondary.total - before[2]
+    assert errors_primary >= 20
+    # the retries hid most failures from the clients: that is the bug being fixed
+    assert statuses.count(200) >= 90 and statuses.count(503) < errors_primary
+
+    # the sink (OTLP host stats, deltas): exactly the origins' own counts
+    primary, secondary, dead = sink["primary"], sink["secondary"], sink["dead"]
+    assert (primary.requests, primary.errors_5xx) == (sent_primary, errors_primary)
+    assert (secondary.requests, secondary.errors_5xx) == (sent_secondary, 0)
+    assert primary.error_rate == pytest.approx(0.5, abs=0.05)
+    assert secondary.error_rate == 0.0 and secondary.connect_failures == 0
+    assert dead.connect_failures > 0 and dead.error_rate == 1.0
+    assert primary.p50_ms is not None and secondary.p50_ms is not None  # zone histogram
+    assert now - primary.observed_at_ms < 3000
+
+    # Prometheus: increase() extrapolates to the window edges, so close to, not exactly
+    primary, secondary, dead = prom["primary"], prom["secondary"], prom["dead"]
+    assert primary.requests == pytest.approx(sent_primary, rel=0.25)
+    assert primary.errors_5xx == pytest.approx(errors_primary, rel=0.25)
+    assert secondary.requests == pytest.approx(sent_secondary, rel=0.25)
+    assert secondary.errors_5xx == 0 and secondary.connect_failures == 0
+    assert dead.connect_failures > 0 and dead.error_rate == 1.0
+    assert primary.p50_ms is not None
+
+
+def test_endpoint_origins_maps_every_tier_cluster_address() -> None:
+    from control_plane.observe.endpoints import endpoint_address, endpoint_origins
+    from tests.support.models import example_desired
+
+    mapping = endpoint_origins(example_desired())
+    assert mapping[("shop.critical", "127.0.0.1:8081")] == ("shop", "primary")
+    assert mapping[("shop.background", "127.0.0.1:8082")] == ("shop", "secondary")
+    assert len(mapping) == 3 * 2
+    assert endpoint_address("::1", 443) == "[::1]:443"
+    assert endpoint_origins(None) == {}
+
+
+def test_host_rows_replace_zone_counters_and_unmapped_hosts_fall_back() -> None:
+    from control_plane.observe.endpoints import endpoint_origins
+    from control_plane.observe.prometheus import assemble
+    from tests.support.models import example_desired
+
+    def row(labels: dict[str, str], value: float) -> dict:
+        return {"metric": labels, "value": [0, str(value)]}
+
+    zone = {"local_zone": "ewr", "ballast_cluster": "shop.critical", "upstream_zone": "primary"}
+    host = {"ballast_pop": "ewr", "envoy_cluster_name": "shop.critical",
+            "envoy_endpoint_address": "127.0.0.1:8081"}
+    results = {
+        "requests": [row(zone, 10)], "errors_5xx": [row(zone, 0)], "observed_at": [row(zone, 5)],
+        "host_requests": [row(host, 16)], "host_errors": [row(host, 9)],
+        "host_connect_failures": [row(host, 1)], "host_observed_at": [row(host, 6)],
+    }
+    without = assemble(results)[("ewr", "shop")]["primary"]
+    assert (without.requests, without.errors_5xx, without.connect_failures) == (10, 0, 0)
+    got = assemble(results, endpoint_origins(example_desired()))[("ewr", "shop")]["primary"]
+    assert (got.requests, got.errors_5xx, got.connect_failures) == (16, 8, 1)
+    assert got.observed_at_ms == 6000 and got.error_rate == 9 / 17
