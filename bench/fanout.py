@@ -11,9 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import multiprocessing
 import subprocess
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -235,19 +237,31 @@ def run(
     modes: tuple[str, ...] = ("sotw", "delta"), encoders: tuple[str, ...] = ("preserialized",),
     gc_freeze: bool = False,
 ) -> list[FanoutResult]:
+    """Every (size, mode, encoder) with a fresh server AND a fresh client process: grpc.aio
+    state left over from an earlier run in the same process made streams end early at a few
+    thousand nodes (CANCELLED / "Failed execute_batch")."""
     results = []
+    context = multiprocessing.get_context("spawn")
     for nodes in sizes:
         for mode in modes:
             for encoder in encoders:
-                results.append(asyncio.run(run_one(
-                    mode, desired, nodes, per_connection=per_connection, pushes=pushes,
-                    encoder=encoder, gc_freeze=gc_freeze)))
-                result = results[-1]
+                with ProcessPoolExecutor(1, mp_context=context) as pool:
+                    result = pool.submit(_run_in_process, mode, desired, nodes, per_connection,
+                                         pushes, encoder, gc_freeze).result()
+                results.append(result)
                 print(f"  {mode:5} {desired:7} {encoder:13} {result.connections:5,} conns "
                       f"{nodes:6,} nodes: push->last ACK "
                       f"{median(result.push_s) * 1e3:8.1f} ms, initial sync {result.sync_s:6.2f} s"
                       + (f"  ERRORS: {result.errors}" if result.errors else ""), flush=True)
     return results
+
+
+def _run_in_process(
+    mode: str, desired: str, nodes: int, per_connection: int, pushes: int, encoder: str,
+    gc_freeze: bool,
+) -> FanoutResult:
+    return asyncio.run(run_one(mode, desired, nodes, per_connection=per_connection,
+                               pushes=pushes, encoder=encoder, gc_freeze=gc_freeze))
 
 
 def report(results: list[FanoutResult]) -> str:

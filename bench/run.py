@@ -53,6 +53,16 @@ def plans(quick: bool, nodes: int | None, per_connection: int) -> list[FanoutPla
     return result
 
 
+def run_fanout(todo: list[FanoutPlan], pushes: int) -> list[fanout.FanoutResult]:
+    results: list[fanout.FanoutResult] = []
+    for plan in todo:
+        print(f"-- {plan.label}", flush=True)
+        results += fanout.run(plan.sizes, desired=plan.desired,
+                              per_connection=plan.per_connection, pushes=pushes,
+                              modes=plan.modes, encoders=plan.encoders)
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small sizes, under a minute")
@@ -78,12 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         print(out[-1] + "\n", flush=True)
     if args.only in (None, "fanout"):
         print("== push fan-out", flush=True)
-        fan: list[fanout.FanoutResult] = []
-        for plan in plans(args.quick, args.nodes, args.per_connection):
-            print(f"-- {plan.label}", flush=True)
-            fan += fanout.run(plan.sizes, desired=plan.desired,
-                              per_connection=plan.per_connection, pushes=pushes,
-                              modes=plan.modes, encoders=plan.encoders)
+        fan = run_fanout(plans(args.quick, args.nodes, args.per_connection), pushes)
         results["fanout"] = [r.as_dict() for r in fan]
         results["fanout_floor"] = {
             "push_us_per_node": fanout.FLOOR_PUSH_US_PER_NODE,

@@ -6,6 +6,7 @@ Used by `make run` (the demo fleet), `ballast validate` and the tests. NOTES.md:
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shutil
@@ -20,9 +21,21 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+PR_SET_PDEATHSIG = 1
+
 
 class EnvoyNotFound(RuntimeError):
     pass
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM it when the process that started it dies (Linux), so
+    a crashed test run or demo never leaves Envoys behind."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        return
 
 
 def find_envoy(explicit: str | None = None) -> str:
@@ -83,6 +96,7 @@ class EnvoyProcess:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
         log.close()
         return self
