@@ -14,8 +14,9 @@ from control_plane.cli.admin_client import AdminClient, ServerSource
 from control_plane.cli.main import main
 from control_plane.decisions.log import DecisionLog
 from control_plane.decisions.read import Query
-from tests.support.admin_stack import AdminStack, BackgroundLoop, start_stack
+from tests.support.admin_stack import AdminStack, start_stack
 from tests.support.ads_desired import desired
+from tests.support.background_loop import BackgroundLoop
 
 T0 = datetime(2024, 5, 1, 16, 2, 10, tzinfo=UTC)
 

@@ -6,13 +6,11 @@ module (per mode), so the Envoys, the origins and the server are started once pe
 
 from __future__ import annotations
 
-import asyncio
-import threading
 import time
 import urllib.request
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
@@ -22,35 +20,12 @@ from control_plane.app.server import BallastServer
 from control_plane.translate.bootstrap import ads_bootstrap
 from control_plane.translate.resources import CLUSTER_TYPE, Capabilities
 from tests.support.ads_desired import desired
+from tests.support.background_loop import BackgroundLoop
 
 pytestmark = pytest.mark.envoy
 
-T = TypeVar("T")
 TYPES = {"CDS", "EDS", "LDS", "RDS"}
 LIFO_NACK = "Didn't find a registered queue policy implementation"
-
-
-class BackgroundLoop:
-    """An asyncio loop in a thread: lets blocking test code drive async servers."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self._thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 10) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def call(self, fn: Callable[[], T]) -> T:
-        async def wrapper() -> T:
-            return fn()
-
-        return self.run(wrapper())
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(5)
-        self.loop.close()
 
 
 @dataclass

@@ -22,7 +22,6 @@ from control_plane.translate.bootstrap import ads_bootstrap
 from control_plane.translate.resources import Capabilities
 from tests.support.admin_stack import (
     AdminStack,
-    BackgroundLoop,
     connect_node,
     sample,
     samples,
@@ -30,6 +29,7 @@ from tests.support.admin_stack import (
     wait_until,
 )
 from tests.support.ads_desired import desired
+from tests.support.background_loop import BackgroundLoop
 from tests.support.xds_client import XdsClient
 
 pytestmark = pytest.mark.envoy

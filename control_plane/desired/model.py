@@ -82,6 +82,63 @@ class FailoverPolicy:
 
 
 @dataclass(frozen=True)
+class TierActions:
+    """What adaptive re-prioritization does to a group's routes while it is active.
+
+    `demote_share` percent of the `demote_tier` routes' traffic goes to the `demote_to` tier's
+    cluster; the routes of `shed_tier` are answered at the edge with 503 and `retry-after`
+    (`retry_after_s`). None / 0: that part is off.
+    """
+
+    demote_tier: str | None = "normal"
+    demote_to: str | None = "background"
+    demote_share: int = 50
+    shed_tier: str | None = "background"
+    retry_after_s: int = 60
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "demote_tier": self.demote_tier,
+            "demote_to": self.demote_to,
+            "demote_share": self.demote_share,
+            "shed_tier": self.shed_tier,
+            "retry_after_s": self.retry_after_s,
+        }
+
+
+@dataclass(frozen=True)
+class TierActionPolicy:
+    """Seed 000's adaptive re-prioritization of one origin group ("If P0 wait time exceeds 35ms
+    for more than 30 seconds, we automatically demote 50% of P1 to P2 and shed P2 entirely").
+
+    Envoy has no queue-wait stat, so the trigger is the `trigger_tier` cluster's
+    `upstream_rq_pending_active` (requests waiting for a connection) above `trigger_pending`,
+    held for `for_ms`; the actions are lifted after `recover_after_ms` without the trigger.
+    Tier names are resolved (defaults by priority) when the file is read.
+    """
+
+    enabled: bool = True
+    trigger_tier: str = "critical"
+    trigger_pending: int = 10
+    for_ms: int = 30_000
+    demote_tier: str | None = "normal"
+    demote_to: str | None = "background"
+    demote_share: int = 50
+    shed_tier: str | None = "background"
+    recover_after_ms: int = 60_000
+    stale_after_ms: int = 45_000  # a trigger reading older than this holds the current action
+
+    def actions(self) -> TierActions:
+        return TierActions(
+            demote_tier=self.demote_tier if self.demote_share else None,
+            demote_to=self.demote_to if self.demote_share else None,
+            demote_share=self.demote_share if self.demote_tier and self.demote_to else 0,
+            shed_tier=self.shed_tier,
+            retry_after_s=max(1, self.recover_after_ms // 1000),
+        )
+
+
+@dataclass(frozen=True)
 class Origin:
     name: str  # also the EDS locality zone: letters, digits, '-', '_' (no dots)
     address: str
@@ -100,6 +157,7 @@ class OriginGroup:
     tiers: tuple[Tier, ...]  # resolved: global tier defaults merged with group overrides
     failover: FailoverPolicy
     health_check: HealthCheck
+    tier_actions: TierActionPolicy = field(default_factory=TierActionPolicy)
 
     def origin(self, name: str) -> Origin:
         return next(o for o in self.origins if o.name == name)
@@ -170,3 +228,5 @@ class Desired:
 # Per (PoP, origin group): origin name -> weight; the weights of a group sum to 100.
 GroupWeights = dict[str, int]
 PopWeights = dict[str, GroupWeights]  # origin group name -> weights
+# Per PoP: origin group name -> the tier actions in force there (absent: none).
+PopTierActions = dict[str, TierActions]

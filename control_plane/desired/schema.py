@@ -1,8 +1,8 @@
 """The desired-state document's shape: which keys exist, their types, ranges and defaults.
 
-`TIER_FIELDS`, `FAILOVER_FIELDS` and `HEALTH_CHECK_FIELDS` map each YAML key to the model field
-it fills and the converter that checks it. Tiers and failover settings are layered (product
-defaults < the file's global block < a group's overrides); see `layers.py`.
+`TIER_FIELDS`, `FAILOVER_FIELDS`, `HEALTH_CHECK_FIELDS` and `TIER_ACTION_FIELDS` map each YAML
+key to the model field it fills and the converter that checks it. Tiers, failover and tier actions
+are layered (product defaults < the file's global block < a group's overrides); see `layers.py`.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from control_plane.desired.fields import (
     Bad,
     Fields,
     boolean,
+    check_name,
     choice,
     duration,
     fraction,
@@ -27,7 +28,14 @@ from control_plane.desired.fields import (
     text,
 )
 from control_plane.desired.layers import FieldTable, Layer, Located, defaults_layer, read_layer
-from control_plane.desired.model import AdaptiveLifo, FailoverPolicy, HealthCheck, QueuePolicy, Tier
+from control_plane.desired.model import (
+    AdaptiveLifo,
+    FailoverPolicy,
+    HealthCheck,
+    QueuePolicy,
+    Tier,
+    TierActionPolicy,
+)
 from control_plane.desired.yaml_nodes import is_null
 
 MAX_WATERMARK = 1_000_000
@@ -81,12 +89,42 @@ HEALTH_CHECK_FIELDS: FieldTable = {
 }
 
 
+TIER_ACTION_FIELDS: FieldTable = {
+    "enabled": ("enabled", boolean),
+    "trigger_pending": ("trigger_pending", integer(0, 1_000_000)),
+    "for": ("for_ms", duration(0, 3_600_000)),
+    "demote_share": ("demote_share", percent(0, 100)),
+    "recover_after": ("recover_after_ms", duration(0, 3_600_000)),
+    "stale_after": ("stale_after_ms", duration(1000, 86_400_000)),
+}
+# Keys naming a tier (or `none`); left out, they are chosen by priority for each group.
+TIER_ACTION_TIERS: dict[str, str] = {
+    "trigger_tier": "trigger_tier",
+    "demote": "demote_tier",
+    "demote_to": "demote_to",
+    "shed": "shed_tier",
+}
+NO_TIER = "none"
+
+
 def _dataclass_values(obj: Any) -> dict[str, Any]:
     return {f.name: getattr(obj, f.name) for f in dataclass_fields(obj)}
 
 
 FAILOVER_DEFAULTS: Layer = defaults_layer(_dataclass_values(FailoverPolicy()))
 HEALTH_CHECK_DEFAULTS: Layer = defaults_layer(_dataclass_values(HealthCheck()))
+TIER_ACTION_DEFAULTS: Layer = defaults_layer({
+    key: value for key, value in _dataclass_values(TierActionPolicy()).items()
+    if key not in TIER_ACTION_TIERS.values()
+})
+
+
+def tier_or_none(node: yaml.Node) -> str:
+    """A tier name, or `none` (that action is off); whether the tier exists is checked later."""
+    value = text(node)
+    if value != NO_TIER:
+        check_name(value, "tier")
+    return value
 
 
 def tier_defaults(tier: Tier) -> Layer:

@@ -4,13 +4,11 @@ that goes through Envoy's start-up order."""
 
 from __future__ import annotations
 
-import asyncio
-import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 from prometheus_client.parser import text_string_to_metric_families
@@ -22,8 +20,6 @@ from control_plane.decisions.read import FileSource
 from control_plane.desired import Desired
 from control_plane.translate.resources import CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE
 from tests.support.xds_client import Reject, XdsClient, local_channel, make_node
-
-T = TypeVar("T")
 
 
 @dataclass
@@ -110,29 +106,6 @@ def samples(exposition: str) -> Samples:
 
 def sample(parsed: Samples, name: str, **labels: str) -> float | None:
     return parsed.get((name, frozenset(labels.items())))
-
-
-class BackgroundLoop:
-    """An asyncio loop in a thread: lets blocking test code (the CLI) drive async servers."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self._thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 10) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def call(self, fn: Callable[[], T]) -> T:
-        async def wrapper() -> T:
-            return fn()
-
-        return self.run(wrapper())
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(5)
-        self.loop.close()
 
 
 def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
