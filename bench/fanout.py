@@ -44,12 +44,10 @@ CONNECTING = 500
 class ServerProcess:
     """`python -m bench.fanout_server`, driven by JSON lines over stdin/stdout."""
 
-    def __init__(self, desired: str, *, encoder: str, gc_freeze: bool = False) -> None:
+    def __init__(self, desired: str, *, gc_freeze: bool = False) -> None:
         args = [sys.executable, "-m", "bench.fanout_server", desired]
         if gc_freeze:
             args.append("--gc-freeze")
-        if encoder == "message":
-            args.append("--message-per-stream")
         self.proc = subprocess.Popen(
             args, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
             start_new_session=True,
@@ -93,7 +91,6 @@ class ServerProcess:
 class FanoutResult:
     mode: str
     desired: str
-    encoder: str  # "preserialized" (the server's ResponseEncoder) or "message" (per stream)
     nodes: int
     connections: int
     sync_s: float = float("nan")
@@ -158,11 +155,11 @@ async def connect(client: XdsClient, timeout: float) -> None:
 
 async def run_one(
     mode: str, desired: str, nodes: int, *, per_connection: int, pushes: int,
-    encoder: str = "preserialized", gc_freeze: bool = False, timeout: float = 180.0,
+    gc_freeze: bool = False, timeout: float = 180.0,
 ) -> FanoutResult:
     connections = -(-nodes // per_connection)
-    result = FanoutResult(mode, desired, encoder, nodes, connections)
-    server = ServerProcess(desired, encoder=encoder, gc_freeze=gc_freeze)
+    result = FanoutResult(mode, desired, nodes, connections)
+    server = ServerProcess(desired, gc_freeze=gc_freeze)
     channels: list[grpc.aio.Channel] = []
     clients: list[XdsClient] = []
     try:
@@ -243,72 +240,61 @@ async def first_group(clients: list[XdsClient]) -> tuple[str, list[str]]:
 
 def run(
     sizes: list[int], *, desired: str = "example", per_connection: int = 10, pushes: int = 5,
-    modes: tuple[str, ...] = ("sotw", "delta"), encoders: tuple[str, ...] = ("preserialized",),
-    gc_freeze: bool = False,
+    modes: tuple[str, ...] = ("sotw", "delta"), gc_freeze: bool = False,
 ) -> list[FanoutResult]:
-    """Every (size, mode, encoder) with a fresh server AND a fresh client process: grpc.aio
+    """Every (size, mode) with a fresh server AND a fresh client process: grpc.aio
     state left over from an earlier run in the same process made streams end early at a few
     thousand nodes (CANCELLED / "Failed execute_batch")."""
     results = []
     context = multiprocessing.get_context("spawn")
     for nodes in sizes:
         for mode in modes:
-            for encoder in encoders:
-                with ProcessPoolExecutor(1, mp_context=context) as pool:
-                    result = pool.submit(_run_in_process, mode, desired, nodes, per_connection,
-                                         pushes, encoder, gc_freeze).result()
-                results.append(result)
-                print(f"  {mode:5} {desired:7} {encoder:13} {result.connections:5,} conns "
-                      f"{nodes:6,} nodes: push->last ACK "
-                      f"{median(result.push_s) * 1e3:8.1f} ms, initial sync {result.sync_s:6.2f} s"
-                      + (f"  ERRORS: {result.errors}" if result.errors else ""), flush=True)
+            with ProcessPoolExecutor(1, mp_context=context) as pool:
+                result = pool.submit(_run_in_process, mode, desired, nodes, per_connection,
+                                     pushes, gc_freeze).result()
+            results.append(result)
+            print(f"  {mode:5} {desired:7} {result.connections:5,} conns {nodes:6,} nodes: "
+                  f"push->last ACK {median(result.push_s) * 1e3:8.1f} ms, "
+                  f"initial sync {result.sync_s:6.2f} s"
+                  + (f"  ERRORS: {result.errors}" if result.errors else ""), flush=True)
     return results
 
 
 def _run_in_process(
-    mode: str, desired: str, nodes: int, per_connection: int, pushes: int, encoder: str,
-    gc_freeze: bool,
+    mode: str, desired: str, nodes: int, per_connection: int, pushes: int, gc_freeze: bool,
 ) -> FanoutResult:
     return asyncio.run(run_one(mode, desired, nodes, per_connection=per_connection,
-                               pushes=pushes, encoder=encoder, gc_freeze=gc_freeze))
+                               pushes=pushes, gc_freeze=gc_freeze))
 
 
 def report(results: list[FanoutResult]) -> str:
     rows = []
     for r in results:
         rows.append([
-            r.mode, r.desired, "pre" if r.encoder == "preserialized" else "msg", r.nodes,
-            r.connections, r.sync_s, r.sync_cpu_s * 1e6 / r.nodes, r.rss_per_node / 1e3,
+            r.mode, r.desired, r.nodes, r.connections, r.sync_s,
+            r.sync_cpu_s * 1e6 / r.nodes, r.rss_per_node / 1e3,
             median(r.first_ack_s) * 1e3, median(r.push_s) * 1e3, r.push_us_per_node,
             r.push_cpu_us_per_node, median(r.push_bytes),
             r.push_us_per_node / FLOOR_PUSH_US_PER_NODE,
             r.push_cpu_us_per_node / FLOOR_CPU_US_PER_NODE,
         ])
     lines = [table(
-        ["mode", "desired", "enc", "nodes", "conns", "sync s", "sync CPU µs/node",
+        ["mode", "desired", "nodes", "conns", "sync s", "sync CPU µs/node",
          "RSS KB/node", "1st ACK ms", "last ACK ms", "push µs/node", "push CPU µs/node",
          "B/node/push", "wall/floor", "CPU/floor"],
         rows,
     )]
-    key = {(r.desired, r.nodes, r.connections, r.encoder, r.mode): r for r in results}
-    delta_rows, encoder_rows = [], []
-    for (desired, nodes, conns, encoder, mode), r in key.items():
-        other = key.get((desired, nodes, conns, encoder, "delta"))
+    key = {(r.desired, r.nodes, r.connections, r.mode): r for r in results}
+    delta_rows = []
+    for (desired, nodes, conns, mode), r in key.items():
+        other = key.get((desired, nodes, conns, "delta"))
         if mode == "sotw" and other is not None:
-            delta_rows.append([desired, encoder, nodes, *_ratios(r, other)])
-        before = key.get((desired, nodes, conns, "message", mode))
-        if encoder == "preserialized" and before is not None:
-            encoder_rows.append([desired, mode, nodes, *_ratios(before, r)])
+            delta_rows.append([desired, nodes, conns, *_ratios(r, other)])
     if delta_rows:
         lines += ["", "SotW / delta (same run; > 1: delta is cheaper):", table(
-            ["desired", "encoder", "nodes", "push wall", "push CPU", "bytes/push",
+            ["desired", "nodes", "conns", "push wall", "push CPU", "bytes/push",
              "initial sync"], delta_rows)]
-    if encoder_rows:
-        lines += ["", "Before / after ResponseEncoder: message per stream / pre-serialized "
-                  "(same run; > 1: pre-serialized is cheaper):", table(
-            ["desired", "mode", "nodes", "push wall", "push CPU", "bytes/push", "initial sync"],
-            encoder_rows)]
-    errors = [f"  {r.mode} {r.desired} {r.encoder} {r.nodes}: {e}"
+    errors = [f"  {r.mode} {r.desired} {r.nodes}: {e}"
               for r in results for e in r.errors]
     if errors:
         lines += ["", "errors:", *errors]

@@ -1,10 +1,9 @@
 """The server side of the fan-out benchmark: a real `BallastServer` in its own process.
 
-Run by `bench.fanout` as `python -m bench.fanout_server DESIRED [--message-per-stream]
-[--gc-freeze]`; it prints one JSON line
-`{"port": ...}` when serving, then answers one JSON command per stdin line with one JSON line
-on stdout. Times are `time.monotonic()` (CLOCK_MONOTONIC, the same clock in every process),
-so the client process can subtract them from its own.
+Run by `bench.fanout` as `python -m bench.fanout_server DESIRED [--gc-freeze]`; it prints one
+JSON line `{"port": ...}` when serving, then answers one JSON command per stdin line with one
+JSON line on stdout. Times are `time.monotonic()` (CLOCK_MONOTONIC, the same clock in every
+process), so the client process can subtract them from its own.
 
 The only instrumentation is a wrapper around `NodeEntry.acked` (one comparison per ACK): it
 notes when every node finished its initial sync and when the last node of a PoP ACKed a push.
@@ -24,8 +23,6 @@ from typing import Any
 from bench.common import desired_by_name
 from control_plane.admin.metrics import BallastMetrics
 from control_plane.ads import nodes as nodes_module
-from control_plane.ads.protocol import DeltaResponse, SotwResponse
-from control_plane.ads.server import encode_delta, encode_sotw
 from control_plane.app.server import BallastServer
 from control_plane.translate.resources import ENDPOINT_TYPE, PUSH_ORDER, Capabilities
 
@@ -69,15 +66,6 @@ def install(tracker: AckTracker) -> None:
     nodes_module.NodeEntry.acked = acked  # type: ignore[method-assign]
 
 
-class MessagePerStream:
-    """The encoding before `ResponseEncoder`: a message built and serialized per response."""
-
-    def encode(self, response: SotwResponse | DeltaResponse) -> bytes:
-        if isinstance(response, SotwResponse):
-            return encode_sotw(response).SerializeToString()
-        return encode_delta(response).SerializeToString()
-
-
 def pushed_bytes(metrics: BallastMetrics) -> float:
     total = 0.0
     for family in metrics.push_bytes.collect():
@@ -87,7 +75,7 @@ def pushed_bytes(metrics: BallastMetrics) -> float:
     return total
 
 
-async def main(desired_name: str, freeze: bool, message_per_stream: bool) -> None:
+async def main(desired_name: str, freeze: bool) -> None:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     tracker = AckTracker()
     install(tracker)
@@ -97,8 +85,6 @@ async def main(desired_name: str, freeze: bool, message_per_stream: bool) -> Non
         desired_by_name(desired_name), xds_address="127.0.0.1:0", debounce=0.0,
         max_delay=0.0, metrics=metrics,
     )
-    if message_per_stream:
-        ballast.ads.encoder = MessagePerStream()  # type: ignore[assignment]
     await ballast.start()
     loop = asyncio.get_running_loop()
     commands: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
@@ -158,5 +144,4 @@ def reply(data: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    flags = sys.argv[2:]
-    asyncio.run(main(sys.argv[1], "--gc-freeze" in flags, "--message-per-stream" in flags))
+    asyncio.run(main(sys.argv[1], "--gc-freeze" in sys.argv[2:]))

@@ -27,7 +27,6 @@ class FanoutPlan:
     sizes: list[int]
     per_connection: int
     modes: tuple[str, ...] = ("sotw", "delta")
-    encoders: tuple[str, ...] = ("preserialized",)
 
 
 def plans(quick: bool, nodes: int | None, per_connection: int) -> list[FanoutPlan]:
@@ -40,16 +39,14 @@ def plans(quick: bool, nodes: int | None, per_connection: int) -> list[FanoutPla
     result = [
         FanoutPlan("example desired state (3 clusters per PoP)", "example", sizes,
                    per_connection),
-        FanoutPlan("synthetic desired state (150 clusters per PoP), before/after the "
-                   "ResponseEncoder", "large", large, per_connection,
-                   encoders=("message", "preserialized")),
+        FanoutPlan("synthetic desired state (150 clusters per PoP)", "large", large,
+                   per_connection),
     ]
     if one_conn:
         # NOTES.md's floor used one TCP connection per node; fds: one per node in each process
         per = max(1, -(-one_conn // 15_000))
         result.append(FanoutPlan("one connection per node, as NOTES.md's floor", "example",
-                                 [one_conn], per, modes=("sotw",),
-                                 encoders=("message", "preserialized")))
+                                 [one_conn], per))
     return result
 
 
@@ -59,7 +56,7 @@ def run_fanout(todo: list[FanoutPlan], pushes: int) -> list[fanout.FanoutResult]
         print(f"-- {plan.label}", flush=True)
         results += fanout.run(plan.sizes, desired=plan.desired,
                               per_connection=plan.per_connection, pushes=pushes,
-                              modes=plan.modes, encoders=plan.encoders)
+                              modes=plan.modes)
     return results
 
 

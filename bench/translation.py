@@ -10,8 +10,9 @@ from typing import Any
 from envoy.service.discovery.v3.discovery_pb2 import DeltaDiscoveryResponse, DiscoveryResponse
 
 from bench.common import desired_by_name, table, time_per_call
+from bench.preserialized import ResponseEncoder
 from control_plane.ads.protocol import DeltaResponse, SotwResponse
-from control_plane.ads.server import ResponseEncoder, encode_delta, encode_sotw
+from control_plane.ads.server import encode_delta, encode_sotw
 from control_plane.translate import translate_pop
 from control_plane.translate.resources import (
     CLUSTER_TYPE,

@@ -11,11 +11,14 @@ from pathlib import Path
 import pytest
 
 from control_plane.ads.snapshots import SnapshotCache
+from control_plane.app.envoy_process import free_port
 from control_plane.app.reconcile import Reconciler
-from control_plane.decide.signals import OriginSignals
+from control_plane.app.service import BallastService, ServiceConfig
+from control_plane.decide.signals import OriginSignals, TierPending
 from control_plane.decisions.log import DecisionLog
 from control_plane.decisions.read import iter_records
-from control_plane.observe.source import Signals
+from control_plane.desired.model import TierActions
+from control_plane.observe.source import Signals, TierSignals
 from control_plane.state.store import StateStore
 from control_plane.translate.resources import Capabilities
 from tests.support.models import example_desired
@@ -130,3 +133,78 @@ async def test_restored_states_continue_streaks(tmp_path: Path) -> None:
     second = Reconciler(fresh_cache, source, DecisionLog(tmp_path), store, states=states, seed=1)
     await second.tick(T0 + 20_000)  # the second consecutive bad window: leave now
     assert fresh_cache.weights("ewr", "shop")["primary"] < 95
+
+
+class ScriptedTiers:
+    """Critical-tier pending per PoP; sjc always quiet."""
+
+    def __init__(self) -> None:
+        self.ewr = 0.0
+        self.fail = False
+
+    async def tier_pending(self, now_ms: int, window_ms: int) -> TierSignals:
+        if self.fail:
+            raise ConnectionError("prometheus unreachable")
+        return {
+            ("ewr", "shop"): {"critical": TierPending(self.ewr, now_ms)},
+            ("sjc", "shop"): {"critical": TierPending(0.0, now_ms)},
+        }
+
+
+async def test_tier_actions_go_on_and_off_saved_before_the_push(tmp_path: Path) -> None:
+    cache = SnapshotCache(example_desired())
+    store = StateStore(tmp_path)
+    tiers = ScriptedTiers()
+    reconciler = Reconciler(cache, ScriptedSource(), DecisionLog(tmp_path), store,
+                            tier_source=tiers, seed=7)
+    for pop in ("ewr", "sjc"):
+        cache.resources(pop, Capabilities())
+    saved_at_push: list[object] = []
+    cache.add_listener(lambda pops: saved_at_push.append(
+        (pops, store.load().tier_decisions.get("ewr/shop", {}).get("active"))))
+    tiers.ewr = 25
+    for tick in range(3):  # 0 s, 20 s, 40 s: on at 40 s (>= 30 s)
+        await reconciler.tick(T0 + tick * 20_000)
+    assert cache.tier_actions("ewr", "shop") == TierActions()
+    assert cache.tier_actions("sjc", "shop") is None
+    assert saved_at_push == [(frozenset({"ewr"}), True)], "saved before pushed; ewr only"
+    (on,) = [r for r in iter_records(tmp_path) if r["kind"] == "tier_action"]
+    assert (on["pop"], on["group"], on["detail"]["active"]) == ("ewr", "shop", True)
+    assert on["inputs"]["pending"]["pending_max"] == 25 and "for 40 s" in on["rule"]
+
+    tiers.fail = True  # a failing source holds the actions
+    await reconciler.tick(T0 + 60_000)
+    assert cache.tier_actions("ewr", "shop") == TierActions()
+    tiers.fail, tiers.ewr = False, 2
+    for tick in range(4, 8):  # quiet from 80 s; lifted at 140 s (60 s later)
+        await reconciler.tick(T0 + tick * 20_000)
+    assert cache.tier_actions("ewr", "shop") is None
+    assert [r["detail"]["active"] for r in iter_records(tmp_path)
+            if r["kind"] == "tier_action"] == [True, False]
+    assert store.load().tier_decisions == {}, "an idle state leaves the store"
+
+
+async def test_service_restores_active_tier_actions_before_serving(tmp_path: Path) -> None:
+    desired = tmp_path / "desired.yaml"
+    desired.write_text(Path("examples/desired.yaml").read_text())
+    state = tmp_path / "state"
+    with StateStore(state) as store:
+        store.set_tier_decision("ewr/shop", {"active": True, "trigger_since_ms": T0,
+                                             "clear_since_ms": None, "active_since_ms": T0})
+        store.set_tier_decision("lhr/shop", {"active": True, "trigger_since_ms": T0,
+                                             "clear_since_ms": None, "active_since_ms": T0})
+    service = BallastService(ServiceConfig(
+        desired_path=desired, state_dir=state, xds_address=f"127.0.0.1:{free_port()}",
+        admin_address=None, probes=False,
+    ))
+    await service.start()
+    try:
+        assert service.server.cache.tier_actions("ewr", "shop") == TierActions()
+        assert service.server.cache.tier_actions("sjc", "shop") is None
+        assert service.reconciler.tier_states[("ewr", "shop")].active
+        assert service.status()["restored_tier_actions"] == 1
+        (restored,) = [r for r in iter_records(state) if r["kind"] == "state_restored"]
+        assert restored["detail"]["tier_actions_active"] == ["ewr/shop"]
+        assert restored["detail"]["dropped"] == ["lhr/shop"]
+    finally:
+        await service.stop()

@@ -50,6 +50,7 @@ async def test_prometheus_source_matches_the_origins_and_the_sink():
                 now = wall_ms()
                 signals = await source.window(now, now - start + 2000)
                 sink = await store.window(now, now - start + 2000)
+                tiers = await source.tier_pending(now, now - start + 2000)
             finally:
                 await asyncio.to_thread(prometheus.stop)
     finally:
@@ -71,6 +72,10 @@ async def test_prometheus_source_matches_the_origins_and_the_sink():
     assert secondary.p50_ms > 4 * primary.p95_ms
     assert primary.pending_active == 0.0 and primary.queue_overflow == 0
     assert now - primary.observed_at_ms < 3000
+    # per-tier pending (tier actions): the edge fleet's tier cluster, nothing queued
+    shop_tiers = tiers[("ewr", "shop")]
+    assert "critical" in shop_tiers
+    assert all(t.pending_max == 0 and now - t.observed_at_ms < 5000 for t in shop_tiers.values())
     # the sink saw the same traffic exactly
     sink_shop = sink[("ewr", "shop")]
     assert sink_shop["primary"].requests == sent_primary

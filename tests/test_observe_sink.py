@@ -94,16 +94,19 @@ async def test_per_origin_signals_pending_overflow_and_restart(sink: tuple[SinkS
         fleet.secondary.set_fault(Fault(latency_ms=1500))
         burst = wall_ms()
         traffic = asyncio.create_task(fleet.traffic(60, concurrency=60))
-        peak = 0.0
+        peak = tier_peak = 0.0
         while not traffic.done():
             now = wall_ms()
             window = await store.window(now, 1500)
             for origin in window.get(("ewr", "shop"), {}).values():
                 peak = max(peak, origin.pending_active)
+            tiers = (await store.tier_pending(now, 1500)).get(("ewr", "shop"), {})
+            tier_peak = max([tier_peak, *(t.pending_max for t in tiers.values())])
             await asyncio.sleep(0.1)
         statuses = traffic.result()
         overflow = overflow_of(await wait_for(store, burst, lambda s: overflow_of(s) > 0))
         assert overflow > 0 and peak > 0
+        assert tier_peak >= peak  # the tier actions' signal: the window's peak per tier
         assert overflow == statuses.count(503)
 
         # Phase C: restart Envoy (every counter resets, a new stream) -> no negative/huge rates.

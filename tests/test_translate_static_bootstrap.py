@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from control_plane.app.envoy_process import find_envoy, validate_bootstrap
+from control_plane.desired import load_desired
+from control_plane.desired.model import TierActions
 from control_plane.translate import static_bootstrap, translate_pop
 from control_plane.translate.resources import Capabilities
 from tests.support.models import example_desired
@@ -58,5 +60,21 @@ def test_real_envoy_accepts_a_weight_of_zero() -> None:
     weights = {"shop": {"primary": 0, "secondary": 100}}
     ok, output = validate_bootstrap(
         static_bootstrap(translate_pop(example_desired(), "ewr", weights, Capabilities()))
+    )
+    assert ok, output
+
+
+@pytest.mark.envoy
+@pytest.mark.parametrize(
+    "actions",
+    [TierActions(), TierActions(shed_tier=None, demote_share=100)],
+    ids=["demote-half-and-shed", "demote-all"],
+)
+def test_real_envoy_accepts_tier_actions_of_the_example(actions: TierActions) -> None:
+    find_envoy()
+    desired = load_desired("examples/desired.yaml")
+    assert desired.group("shop").tier_actions.actions() == TierActions()
+    ok, output = validate_bootstrap(
+        static_bootstrap(translate_pop(desired, "ewr", {}, Capabilities(), {"shop": actions}))
     )
     assert ok, output

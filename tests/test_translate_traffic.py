@@ -1,13 +1,15 @@
 """Real traffic through a real Envoy 1.40 started from a PoP's static bootstrap.
 
 Checks what unit tests cannot: classification sends requests to the right tier (seen by the
-origin as `x-ballast-tier`), and an origin at weight 0 gets no requests.
+origin as `x-ballast-tier`), an origin at weight 0 gets no requests, and tier actions (shedding
+and demotion) do in Envoy what the routes say.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import threading
+import urllib.error
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator
@@ -16,7 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from control_plane.app.envoy_process import EnvoyProcess, find_envoy, free_port
-from control_plane.desired.model import Desired, Origin
+from control_plane.desired.model import Desired, Origin, TierActions
 from control_plane.translate import static_bootstrap, translate_pop
 from control_plane.translate.resources import Capabilities
 from tests.support.models import example_desired, shop_group
@@ -76,9 +78,28 @@ def desired_on_free_ports(origins: Origins) -> Desired:
 
 
 def get(port: int, path: str, headers: dict[str, str] | None = None) -> int:
+    return get_with_headers(port, path, headers)[0]
+
+
+def get_with_headers(
+    port: int, path: str, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str]]:
     request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers or {})
-    with urllib.request.urlopen(request, timeout=5) as response:
-        return int(response.status)
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return int(response.status), {k.lower(): v for k, v in response.headers.items()}
+    except urllib.error.HTTPError as err:
+        return err.code, {k.lower(): v for k, v in err.headers.items()}
+
+
+def upstream_requests(envoy: EnvoyProcess) -> dict[str, int]:
+    """upstream_rq_total per tier cluster, from the Envoy's own stats."""
+    stats = envoy.admin_json("/stats?format=json&filter=^cluster[.]shop[.].*[.]upstream_rq_total$")
+    return {
+        item["name"].split(".")[2]: int(item["value"])
+        for item in stats["stats"]
+        if "value" in item
+    }
 
 
 def test_classification_and_weight_zero_with_real_traffic(origins: Origins) -> None:
@@ -105,3 +126,46 @@ def test_classification_and_weight_zero_with_real_traffic(origins: Origins) -> N
             ("secondary", "normal"): 10,
         }
     )
+
+
+def test_tier_actions_shed_and_demote_in_one_pop_only(origins: Origins) -> None:
+    """ewr runs with the seed's actions (demote 50% of normal, shed background), sjc without."""
+    find_envoy()
+    desired = desired_on_free_ports(origins)
+    port = desired.listeners[0].port
+    envoys = {}
+    for pop, actions in (("ewr", {"shop": TierActions()}), ("sjc", None)):
+        bootstrap = static_bootstrap(translate_pop(desired, pop, {}, Capabilities(), actions))
+        admin_port = free_port()
+        bootstrap["admin"]["address"]["socket_address"]["port_value"] = admin_port
+        envoys[pop] = EnvoyProcess(bootstrap, admin_port).start()
+    try:
+        for envoy in envoys.values():
+            envoy.wait_ready()
+        ewr_port, sjc_port = port, port + desired.pop("sjc").port_offset
+        for _ in range(5):
+            status, headers = get_with_headers(ewr_port, "/home", {"purpose": "prefetch"})
+            assert (status, headers.get("retry-after"), headers.get("x-ballast-shed")) == (
+                503, "60", "background"
+            )
+        assert sum(origins.seen.values()) == 0, "shed requests never reach an origin"
+        for _ in range(40):
+            assert get(ewr_port, "/home", {"x-purpose": "prefetch"}) == 200
+        ewr = upstream_requests(envoys["ewr"])
+        assert ewr["critical"] == 0 and ewr["background"] + ewr["normal"] == 40, ewr
+        assert ewr["normal"] > 0 and ewr["background"] > 0, ewr  # 50/50: both, whp
+        by_tier = Counter[str]()
+        for (_, tier), count in origins.seen.items():
+            by_tier[tier] += count
+        assert by_tier == Counter({"normal": ewr["normal"], "background": ewr["background"]})
+
+        origins.seen.clear()
+        for _ in range(5):
+            assert get(sjc_port, "/home", {"purpose": "prefetch"}) == 200
+        for _ in range(10):
+            assert get(sjc_port, "/home", {"x-purpose": "prefetch"}) == 200
+        assert upstream_requests(envoys["sjc"]) == {"critical": 0, "normal": 10, "background": 5}
+        assert sum(c for (_, tier), c in origins.seen.items() if tier == "background") == 5
+    finally:
+        for envoy in envoys.values():
+            envoy.stop()

@@ -10,10 +10,8 @@ INVALID_ARGUMENT and a message saying why; nothing is sent to such a node.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal
 
@@ -110,84 +108,6 @@ def encode_delta(response: DeltaResponse) -> DeltaDiscoveryResponse:
     return message
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _tag(message_type: Any, field_name: str) -> bytes:
-    """The key of a length-delimited field (wire type 2)."""
-    return _varint(message_type.DESCRIPTOR.fields_by_name[field_name].number << 3 | 2)
-
-
-def _string_field(tag: bytes, text: str) -> bytes:
-    if not text:
-        return b""  # proto3: an empty string is not on the wire
-    data = text.encode()
-    return tag + _varint(len(data)) + data
-
-
-_SOTW_VERSION = _tag(DiscoveryResponse, "version_info")
-_SOTW_NONCE = _tag(DiscoveryResponse, "nonce")
-_DELTA_VERSION = _tag(DeltaDiscoveryResponse, "system_version_info")
-_DELTA_NONCE = _tag(DeltaDiscoveryResponse, "nonce")
-
-
-class ResponseEncoder:
-    """Wire bytes of responses, the shared part serialized once for every stream.
-
-    What the streams of a PoP share — type URL, resources, removals — is serialized once per
-    (mode, type, resource names and versions, removals) and kept in a small LRU; per stream only
-    the version and the nonce are appended. Protobuf reads concatenated fields as one message,
-    so the bytes parse to exactly `encode_sotw`/`encode_delta` of the response (NOTES.md: ~3 µs
-    instead of ~60 µs per response at 50 resources). Resource versions are content hashes of
-    the payloads, so equal keys mean equal bytes.
-    """
-
-    def __init__(self, max_entries: int = 512) -> None:
-        self.max_entries = max_entries
-        self._bodies: OrderedDict[tuple[Any, ...], bytes] = OrderedDict()
-        self.hits = 0
-        self.misses = 0
-
-    def encode(self, response: SotwResponse | DeltaResponse) -> bytes:
-        resources = tuple((item.name, item.version) for item in response.resources)
-        if isinstance(response, SotwResponse):
-            key: tuple[Any, ...] = ("sotw", response.type_url, resources)
-            version_tag, nonce_tag = _SOTW_VERSION, _SOTW_NONCE
-        else:
-            key = ("delta", response.type_url, resources, response.removed)
-            version_tag, nonce_tag = _DELTA_VERSION, _DELTA_NONCE
-        body = self._bodies.get(key)
-        if body is None:
-            self.misses += 1
-            shared = dataclasses.replace(response, version="", nonce="")
-            message = (
-                encode_sotw(shared) if isinstance(shared, SotwResponse) else encode_delta(shared)
-            )
-            body = message.SerializeToString()
-            self._bodies[key] = body
-            if len(self._bodies) > self.max_entries:
-                self._bodies.popitem(last=False)
-        else:
-            self.hits += 1
-            self._bodies.move_to_end(key)
-        return (
-            body
-            + _string_field(version_tag, response.version)
-            + _string_field(nonce_tag, response.nonce)
-        )
-
-
-def _serialize(message: bytes | Any) -> bytes:
-    """Responses are written as bytes (`ResponseEncoder`); anything else is a message."""
-    return message if isinstance(message, bytes) else message.SerializeToString()
-
-
 class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
     def __init__(
         self,
@@ -209,29 +129,10 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         self._closing = False
         self._fallbacks_seen: set[tuple[str, str]] = set()  # (node id, CDS version)
         self.sends = 0  # responses written, all streams (tests, metrics)
-        self.encoder = ResponseEncoder()
 
     def add_to(self, server: grpc.aio.Server) -> None:
-        """Register on a caller-owned server (which may carry other services too).
-
-        As `ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server`, except that
-        responses may be pre-serialized bytes (see `ResponseEncoder`).
-        """
-        handlers = {
-            "StreamAggregatedResources": grpc.stream_stream_rpc_method_handler(
-                self.StreamAggregatedResources,
-                request_deserializer=DiscoveryRequest.FromString,
-                response_serializer=_serialize,
-            ),
-            "DeltaAggregatedResources": grpc.stream_stream_rpc_method_handler(
-                self.DeltaAggregatedResources,
-                request_deserializer=DeltaDiscoveryRequest.FromString,
-                response_serializer=_serialize,
-            ),
-        }
-        service = "envoy.service.discovery.v3.AggregatedDiscoveryService"
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
-        server.add_registered_method_handlers(service, handlers)
+        """Register on a caller-owned server (which may carry other services too)."""
+        ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(self, server)
 
     def close_streams(self) -> None:
         """Shutdown: every open stream ends with UNAVAILABLE; new streams are refused."""
@@ -386,14 +287,18 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                            type=short_name(event.type_url), version=event.version,
                            message=event.message)
         for response in step.responses:
-            data = self.encoder.encode(response)
-            await context.write(data)
+            message = (
+                encode_sotw(response)
+                if isinstance(response, SotwResponse)
+                else encode_delta(response)
+            )
+            await context.write(message)
             entry.sent(response.type_url, response.version)
             self.sends += 1
             if self.metrics is not None:
                 kind = short_name(response.type_url)
                 self.metrics.pushes.labels(kind).inc()
-                self.metrics.push_bytes.labels(kind).inc(len(data))
+                self.metrics.push_bytes.labels(kind).inc(message.ByteSize())
                 self._pushed[(entry.stream, response.type_url)] = (
                     response.nonce, time.monotonic()
                 )

@@ -1,10 +1,11 @@
 """Per-PoP snapshots: translated resources per (PoP, capability key), shared by every node.
 
-The cache knows nothing of gRPC or streams. It holds the desired state and the current origin
-weights, translates lazily the first time a (PoP, capability key) is asked for, and keeps the
-result (payloads serialized once) until the desired state, a weight of that PoP or a capability
-override changes. Every update re-translates only the affected PoPs, compares the new resources
-with the old ones and tells its listener which PoPs really changed.
+The cache knows nothing of gRPC or streams. It holds the desired state, the current origin
+weights and the tier actions active per (PoP, group), translates lazily the first time a (PoP,
+capability key) is asked for, and keeps the result (payloads serialized once) until the desired
+state, a weight or tier action of that PoP or a capability override changes. Every update
+re-translates only the affected PoPs, compares the new resources with the old ones and tells its
+listener which PoPs really changed.
 """
 
 from __future__ import annotations
@@ -14,14 +15,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from control_plane.decide.initial import initial_weights
-from control_plane.desired.model import Desired, GroupWeights, OriginGroup
+from control_plane.desired.model import Desired, GroupWeights, OriginGroup, TierActions
 from control_plane.translate import UnknownPop, translate_pop
 from control_plane.translate.resources import Capabilities, PopResources
+from control_plane.translate.routes import check_tier_actions
 from control_plane.translate.weights import WeightsError, check_group_weights
 
 log = logging.getLogger(__name__)
 
-Translator = Callable[[Desired, str, Mapping[str, GroupWeights], Capabilities], PopResources]
+Translator = Callable[
+    [Desired, str, Mapping[str, GroupWeights], Capabilities, Mapping[str, TierActions]],
+    PopResources,
+]
 ChangeListener = Callable[[frozenset[str]], None]
 
 
@@ -49,6 +54,7 @@ class SnapshotCache:
         self._desired = desired
         self._translate = translator
         self._weights: dict[str, dict[str, GroupWeights]] = {}
+        self._tier_actions: dict[str, dict[str, TierActions]] = {}  # pop -> group -> actions
         self._overrides: dict[str, Capabilities] = {}
         self._entries: dict[tuple[str, str], PopResources] = {}
         self._listeners: list[ChangeListener] = []
@@ -91,6 +97,11 @@ class SnapshotCache:
             return dict(pushed)
         return initial_weights(self._group(group), pop)
 
+    def tier_actions(self, pop: str, group: str) -> TierActions | None:
+        """The tier actions active for (PoP, group); None when none are."""
+        self._check_pop(pop)
+        return self._tier_actions.get(pop, {}).get(group)
+
     def all_weights(self) -> dict[str, dict[str, GroupWeights]]:
         return {
             pop: {g.name: self.weights(pop, g.name) for g in self._desired.origin_groups}
@@ -119,11 +130,40 @@ class SnapshotCache:
             raise
         return bool(changed)
 
+    def set_tier_actions(self, pop: str, group: str, actions: TierActions | None) -> bool:
+        """Set (or with None, lift) one (PoP, group)'s active tier actions; True if the PoP's
+        resources changed (only its routes can). Only that PoP is re-translated.
+
+        Raises `UnknownPop` / `WeightsError` / ValueError (state untouched) when they do not fit.
+        """
+        self._check_pop(pop)
+        if actions is not None:
+            check_tier_actions(self._group(group), actions)
+        before = self._tier_actions.get(pop, {}).get(group)
+        if before == actions:
+            return False
+        self._set_actions(pop, group, actions)
+        try:
+            changed = self._rebuild(self._desired, {pop})
+        except Exception:
+            self._set_actions(pop, group, before)
+            raise
+        return bool(changed)
+
+    def _set_actions(self, pop: str, group: str, actions: TierActions | None) -> None:
+        groups = self._tier_actions.setdefault(pop, {})
+        if actions is None:
+            groups.pop(group, None)
+        else:
+            groups[group] = actions
+
     def update_desired(self, desired: Desired) -> frozenset[str]:
         """Swap in a new desired state; returns (and announces) the PoPs whose config changed.
 
         Weights that no longer fit (origin group or origins gone) fall back to the starting
-        weights; PoPs that disappeared count as changed so their streams can be told.
+        weights, tier actions naming a tier the group no longer has are dropped (the next
+        reconcile tick sets them again from the new policy); PoPs that disappeared count as
+        changed so their streams can be told.
         """
         kept: dict[str, dict[str, GroupWeights]] = {}
         for pop, groups in self._weights.items():
@@ -132,11 +172,18 @@ class SnapshotCache:
             for group, weights in groups.items():
                 if _fits(desired, group, weights):
                     kept.setdefault(pop, {})[group] = weights
+        kept_actions: dict[str, dict[str, TierActions]] = {}
+        for pop, by_group in self._tier_actions.items():
+            for group, actions in by_group.items():
+                if pop in desired.pop_names and _actions_fit(desired, group, actions):
+                    kept_actions.setdefault(pop, {})[group] = actions
         old_weights, self._weights = self._weights, kept
+        old_actions, self._tier_actions = self._tier_actions, kept_actions
         try:
             changed = self._rebuild(desired, {pop for pop, _ in self._entries})
         except Exception:
             self._weights = old_weights
+            self._tier_actions = old_actions
             raise
         self._desired = desired
         return changed
@@ -155,7 +202,7 @@ class SnapshotCache:
     def _build(self, desired: Desired, pop: str, caps: Capabilities) -> PopResources:
         weights = self._weights.get(pop, {})
         self.translations += 1
-        return self._translate(desired, pop, weights, caps)
+        return self._translate(desired, pop, weights, caps, self._tier_actions.get(pop, {}))
 
     def _rebuild(self, desired: Desired, pops: set[str]) -> frozenset[str]:
         """Re-translate the cached entries of `pops` against `desired`; swap only if all work."""
@@ -208,6 +255,17 @@ def _fits(desired: Desired, group: str, weights: GroupWeights) -> bool:
             try:
                 check_group_weights(candidate, weights)
             except WeightsError:
+                return False
+            return True
+    return False
+
+
+def _actions_fit(desired: Desired, group: str, actions: TierActions) -> bool:
+    for candidate in desired.origin_groups:
+        if candidate.name == group:
+            try:
+                check_tier_actions(candidate, actions)
+            except ValueError:
                 return False
             return True
     return False

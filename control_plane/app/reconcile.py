@@ -6,6 +6,12 @@ and asks the pure controller for the next weights. Order per tick: state is save
 transaction) before weights reach Envoys, so a crash never leaves Envoys on weights the restarted
 server would not restore. Jitter comes from a seeded RNG per PoP, so PoPs never step in lockstep
 and a run is reproducible.
+
+The same tick runs the tier step (`decide/tiers.py`) per (PoP, group) on the per-tier pending
+maxima of the same window from `tier_source`: its state is saved under "<pop>/<group>" when it
+changes, a `tier_action` record is written when the actions go on or off, and then the actions
+of the current policy (or none) are set in the snapshot cache, which pushes RDS when the routes
+change. Without a tier source, or when it fails, the tier actions hold.
 """
 
 from __future__ import annotations
@@ -20,9 +26,16 @@ from dataclasses import dataclass
 from control_plane.admin.metrics import BallastMetrics
 from control_plane.ads.snapshots import SnapshotCache
 from control_plane.decide.controller import ControllerState, StepResult, step
+from control_plane.decide.tiers import TierState, TierStepResult, tier_step
 from control_plane.decisions.log import DecisionLog
 from control_plane.desired.model import Desired, OriginGroup
-from control_plane.observe.source import MetricSource, Signals, wall_ms
+from control_plane.observe.source import (
+    MetricSource,
+    Signals,
+    TierSignals,
+    TierSource,
+    wall_ms,
+)
 from control_plane.state.store import StateStore
 
 log = logging.getLogger(__name__)
@@ -35,6 +48,12 @@ class TickOutcome:
     pop: str
     group: str
     result: StepResult
+    tiers: TierStepResult | None = None
+
+
+def tier_key(pop: str, group: str) -> str:
+    """The state store key of a (PoP, group)'s tier state."""
+    return f"{pop}/{group}"
 
 
 class Reconciler:
@@ -46,6 +65,8 @@ class Reconciler:
         store: StateStore,
         *,
         states: dict[GroupKey, ControllerState] | None = None,
+        tier_source: TierSource | None = None,
+        tier_states: dict[GroupKey, TierState] | None = None,
         metrics: BallastMetrics | None = None,
         interval_ms: int | None = None,
         seed: int = 0,
@@ -56,6 +77,8 @@ class Reconciler:
         self.decisions = decisions
         self.store = store
         self.states: dict[GroupKey, ControllerState] = dict(states or {})
+        self.tier_source = tier_source
+        self.tier_states: dict[GroupKey, TierState] = dict(tier_states or {})
         self.metrics = metrics
         self.interval_override_ms = interval_ms
         self.seed = seed
@@ -92,8 +115,10 @@ class Reconciler:
             except Exception as err:  # a broken source must hold weights, not kill the loop
                 log.warning("metric source failed, holding weights: %s", err)
                 signals_by_window[window] = {}
+        tiers_by_window = {window: await self._tier_signals(now, window) for window in windows}
         outcomes = [
-            self._decide(desired, pop, group, signals_by_window[group.failover.window_ms], now)
+            self._decide(desired, pop, group, signals_by_window[group.failover.window_ms],
+                         tiers_by_window[group.failover.window_ms], now)
             for pop, group in due
         ]
         self._persist_and_push(desired, outcomes)
@@ -104,8 +129,19 @@ class Reconciler:
             self.metrics.reconcile_tick.observe(time.perf_counter() - started)
         return outcomes
 
+    async def _tier_signals(self, now: int, window: int) -> TierSignals | None:
+        """None (tier actions hold) without a tier source or when it fails."""
+        if self.tier_source is None:
+            return None
+        try:
+            return await self.tier_source.tier_pending(now, window)
+        except Exception as err:  # a broken source must hold tier actions, not kill the loop
+            log.warning("tier pending source failed, holding tier actions: %s", err)
+            return None
+
     def _decide(
-        self, desired: Desired, pop: str, group: OriginGroup, signals: Signals, now: int
+        self, desired: Desired, pop: str, group: OriginGroup, signals: Signals,
+        tier_signals: TierSignals | None, now: int,
     ) -> TickOutcome:
         key = (pop, group.name)
         group_signals = signals.get(key)
@@ -121,13 +157,21 @@ class Reconciler:
         if self.metrics is not None and group_signals:
             newest = max(s.observed_at_ms for s in group_signals.values())
             self.metrics.source_staleness.labels(pop, group.name).set(max(0, now - newest) / 1000)
-        return TickOutcome(pop, group.name, result)
+        tiers = tier_step(
+            group.tier_actions,
+            self.tier_states.get(key, TierState()),
+            None if tier_signals is None else tier_signals.get(key),
+            now,
+        )
+        return TickOutcome(pop, group.name, result, tiers)
 
     def _persist_and_push(self, desired: Desired, outcomes: list[TickOutcome]) -> None:
         self.store.save_groups(
             [(o.pop, o.group, o.result.weights_after, o.result.state) for o in outcomes],
             desired_digest=desired.digest,
         )
+        for outcome in outcomes:
+            self._save_tier_state(outcome)
         for outcome in outcomes:
             result = outcome.result
             key = (outcome.pop, outcome.group)
@@ -136,29 +180,58 @@ class Reconciler:
             # of mind without a line per quiet tick.
             previous, self._last_kind[key] = self._last_kind.get(key), result.kind
             if result.kind != "steady" or previous not in (None, "steady"):
-                self.decisions.record(
-                    result.kind,
-                    pop=outcome.pop,
-                    group=outcome.group,
-                    config_version=desired.digest[:16],
-                    **result.record_fields(),
-                )
-                if self.metrics is not None:
-                    self.metrics.decisions.labels(result.kind).inc()
+                self._record(outcome, result.kind, result.record_fields(), desired)
+            if outcome.tiers is not None and outcome.tiers.kind is not None:
+                self._record(outcome, outcome.tiers.kind, outcome.tiers.record_fields(), desired)
             if result.changed:
                 self.cache.update_weights(outcome.pop, outcome.group, result.weights_after)
+            if outcome.tiers is not None:
+                self.cache.set_tier_actions(outcome.pop, outcome.group, outcome.tiers.actions)
             if self.metrics is not None:
                 for origin, weight in result.weights_after.items():
                     self.metrics.weight.labels(outcome.pop, outcome.group, origin).set(weight)
 
+    def _save_tier_state(self, outcome: TickOutcome) -> None:
+        """Saved only when it changed; an idle state is removed from the store."""
+        if outcome.tiers is None:
+            return
+        key = (outcome.pop, outcome.group)
+        new = outcome.tiers.state
+        if new == self.tier_states.get(key, TierState()):
+            return
+        if new.idle:
+            self.store.clear_tier_decision(tier_key(*key))
+            self.tier_states.pop(key, None)
+        else:
+            self.store.set_tier_decision(tier_key(*key), new.to_dict())
+            self.tier_states[key] = new
+
+    def _record(
+        self, outcome: TickOutcome, kind: str, fields: dict[str, object], desired: Desired
+    ) -> None:
+        self.decisions.record(
+            kind,
+            pop=outcome.pop,
+            group=outcome.group,
+            config_version=desired.digest[:16],
+            **fields,
+        )
+        if self.metrics is not None:
+            self.metrics.decisions.labels(kind).inc()
+
     def forget_missing(self, desired: Desired) -> None:
-        """Drop controller state of (PoP, group) pairs the new desired state no longer has."""
+        """Drop controller and tier state of (PoP, group) pairs the new desired state no longer
+        has."""
         keep = {(p.name, g.name) for p in desired.pops for g in desired.origin_groups}
         for key in list(self.states):
             if key not in keep:
                 del self.states[key]
                 self._due.pop(key, None)
                 self.store.forget_group(*key)
+        for key in list(self.tier_states):
+            if key not in keep:
+                del self.tier_states[key]
+                self.store.clear_tier_decision(tier_key(*key))
 
     async def run(self, poll_ms: int = 250) -> None:
         """Tick each (PoP, group) on its own interval until cancelled."""

@@ -2,9 +2,9 @@
 
 Start-up order matters and is the point of this module:
 1. load and validate the desired state (refuse to start on problems);
-2. open the state store and restore weights and streak counters (refuse to start on corrupted
-   state) into the snapshot cache — before the gRPC port is even bound, so a reconnecting Envoy
-   never sees default weights mid-incident;
+2. open the state store and restore weights, streak counters and active tier actions (refuse to
+   start on corrupted state) into the snapshot cache — before the gRPC port is even bound, so a
+   reconnecting Envoy never sees default weights or lifted shedding mid-incident;
 3. bind xDS (ADS + the metrics_service sink on the same port), then the admin API;
 4. start the reconcile loop, the active probes and the desired-state watcher; report ready.
 Shutdown runs the other way and ends with the decision log and the state store closed.
@@ -25,10 +25,11 @@ from typing import Any, Literal
 from control_plane.admin.api import AdminApi
 from control_plane.admin.metrics import BallastMetrics
 from control_plane.ads.snapshots import SnapshotCache
-from control_plane.app.reconcile import Reconciler
+from control_plane.app.reconcile import Reconciler, tier_key
 from control_plane.app.reload import DesiredFileWatcher
 from control_plane.app.server import BallastServer
 from control_plane.decide.controller import ControllerState
+from control_plane.decide.tiers import TierState
 from control_plane.decisions.log import DecisionLog
 from control_plane.decisions.read import FileSource
 from control_plane.desired import DesiredStateError, load_desired, parse_desired
@@ -38,7 +39,7 @@ from control_plane.observe.probes import Prober, probe_targets
 from control_plane.observe.prometheus import PrometheusSource
 from control_plane.observe.sink import SinkStore, add_metrics_service
 from control_plane.observe.source import MetricSource, wall_ms
-from control_plane.state.store import StateStore
+from control_plane.state.store import StateCorrupted, StateStore
 from control_plane.translate import render_json, translate_pop
 from control_plane.translate.diff import ResourceChange, diff_renderings, format_changes, summarize
 from control_plane.translate.resources import Capabilities
@@ -71,6 +72,7 @@ class BallastService:
         self.metrics = BallastMetrics()
         self.ready = False
         self.restored_groups = 0
+        self.restored_tier_actions = 0
         self.started_at_ms = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._desired_bytes = b""
@@ -80,7 +82,7 @@ class BallastService:
         self.reconciler: Reconciler
         self.admin: AdminApi | None = None
         self.prober: Prober | None = None
-        self._passive: MetricSource | None = None
+        self._passive: (SinkStore | PrometheusSource) | None = None
         self.watcher: DesiredFileWatcher
 
     # -- start-up --------------------------------------------------------------------------
@@ -101,7 +103,7 @@ class BallastService:
             debounce=config.debounce_s,
             metrics=self.metrics,
         )
-        states = self._restore(desired, snapshot.groups)
+        states, tier_states = self._restore(desired, snapshot.groups, snapshot.tier_decisions)
         if snapshot.desired_digest != desired.digest:
             self._record(
                 "config_applied",
@@ -117,6 +119,8 @@ class BallastService:
             self.decisions,
             self.store,
             states=states,
+            tier_source=self._passive,
+            tier_states=tier_states,
             metrics=self.metrics,
             interval_ms=config.reconcile_interval_ms,
             seed=config.seed,
@@ -138,13 +142,15 @@ class BallastService:
             "startup",
             config_version=desired.digest[:16],
             rule=f"serving xDS on port {self.server.port}",
-            detail={"restored_groups": self.restored_groups, "xds_port": self.server.port},
+            detail={"restored_groups": self.restored_groups,
+                    "restored_tier_actions": self.restored_tier_actions,
+                    "xds_port": self.server.port},
         )
         self.ready = True
 
     def _restore(
-        self, desired: Desired, groups: dict[tuple[str, str], Any]
-    ) -> dict[tuple[str, str], ControllerState]:
+        self, desired: Desired, groups: dict[tuple[str, str], Any], tiers: dict[str, Any]
+    ) -> tuple[dict[tuple[str, str], ControllerState], dict[tuple[str, str], TierState]]:
         states: dict[tuple[str, str], ControllerState] = {}
         skipped: list[str] = []
         for (pop, group), saved in sorted(groups.items()):
@@ -158,22 +164,52 @@ class BallastService:
             self.server.cache.update_weights(pop, group, saved.weights)
             states[(pop, group)] = saved.controller
         self.restored_groups = len(states)
-        if groups:
+        tier_states, active = self._restore_tiers(desired, tiers)
+        skipped += sorted(set(tiers) - {tier_key(*key) for key in tier_states} - set(skipped))
+        if groups or tiers:
             self._record(
                 "state_restored",
-                rule=f"restored weights and streaks of {len(states)} (PoP, group) pairs"
+                rule=f"restored weights and streaks of {len(states)} (PoP, group) pairs; tier "
+                f"actions active for {', '.join(active) or 'none'}"
                 + (f"; dropped (no longer in desired state): {', '.join(skipped)}" if skipped
                    else ""),
                 detail={
                     "restored": {f"{p}/{g}": self.server.cache.weights(p, g) for p, g in states},
+                    "tier_states": {tier_key(*k): s.to_dict() for k, s in tier_states.items()},
+                    "tier_actions_active": active,
                     "dropped": skipped,
                 },
             )
-        return states
+        return states, tier_states
+
+    def _restore_tiers(
+        self, desired: Desired, saved: dict[str, Any]
+    ) -> tuple[dict[tuple[str, str], TierState], list[str]]:
+        """Tier states by (PoP, group), and the keys whose actions (those of the current policy)
+        were set in the cache. Keys of pairs the desired state no longer has are left out."""
+        keys = {tier_key(p, g.name): (p, g.name)
+                for p in desired.pop_names for g in desired.origin_groups}
+        states: dict[tuple[str, str], TierState] = {}
+        active: list[str] = []
+        for key, value in sorted(saved.items()):
+            try:
+                state = TierState.from_dict(value)
+            except ValueError as exc:
+                raise StateCorrupted(f"{self.store.path}: tier decision {key!r}: {exc}") from exc
+            if key not in keys:
+                continue
+            pop, group = keys[key]
+            states[pop, group] = state
+            policy = desired.group(group).tier_actions
+            if state.active and policy.enabled:
+                self.server.cache.set_tier_actions(pop, group, policy.actions())
+                active.append(key)
+        self.restored_tier_actions = len(active)
+        return states, active
 
     def _metric_source(self, desired: Desired) -> MetricSource:
         config = self.config
-        passive: MetricSource
+        passive: SinkStore | PrometheusSource
         if config.metrics_source == "prometheus":
             if not config.prometheus_url:
                 raise ValueError("metrics source 'prometheus' needs a Prometheus URL")
@@ -211,6 +247,7 @@ class BallastService:
             "desired": {"source": desired.source, "digest": desired.digest},
             "started_at_ms": self.started_at_ms,
             "restored_groups": self.restored_groups,
+            "restored_tier_actions": self.restored_tier_actions,
             "xds_port": self.server.port,
             "state_dir": str(self.config.state_dir),
             "metrics_source": self.config.metrics_source,
@@ -263,7 +300,7 @@ class BallastService:
         self._desired_bytes = data
         self.store.set_desired_digest(new.digest)
         self.reconciler.forget_missing(new)
-        if isinstance(self._passive, (SinkStore, PrometheusSource)):
+        if self._passive is not None:
             self._passive.update_desired(new)
         if self.prober is not None:
             self.prober.retarget(probe_targets(new))
@@ -335,4 +372,12 @@ def diff_pop(old: Desired, new: Desired, pop: str, cache: SnapshotCache) -> list
         for g in new.origin_groups
         if g.name in current and set(current[g.name]) == {o.name for o in g.origins}
     }
-    return diff_renderings(before, render_json(translate_pop(new, pop, weights, caps)))
+    actions = {}
+    if pop in old.pop_names:
+        for group in new.origin_groups:
+            active = cache.tier_actions(pop, group.name)
+            if active is not None and group.tier_actions.enabled:
+                actions[group.name] = group.tier_actions.actions()
+    return diff_renderings(
+        before, render_json(translate_pop(new, pop, weights, caps, actions))
+    )

@@ -1,4 +1,5 @@
-"""What `observe` hands to `decide`: windows of signals per (PoP, origin group, origin).
+"""What `observe` hands to `decide`: windows of signals per (PoP, origin group, origin), and the
+pending queue of each tier cluster per (PoP, origin group, tier) for the tier actions.
 
 Produced by the metric sources (Envoy's metrics_service sink, Prometheus) and the active probes;
 consumed by the pure health score and weight controller. Times are milliseconds on the caller's
@@ -35,3 +36,15 @@ class OriginSignals:
 
 # (PoP, origin group) -> origin name -> signals
 GroupSignals = dict[str, OriginSignals]
+
+
+@dataclass(frozen=True)
+class TierPending:
+    """One tier cluster of one group as seen from one PoP over the window."""
+
+    pending_max: float  # highest upstream_rq_pending_active in the window, the PoP's Envoys summed
+    observed_at_ms: int  # when the newest sample behind it arrived
+
+
+# (PoP, origin group) -> tier name -> pending
+GroupTierPending = dict[str, TierPending]

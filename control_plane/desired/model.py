@@ -228,5 +228,3 @@ class Desired:
 # Per (PoP, origin group): origin name -> weight; the weights of a group sum to 100.
 GroupWeights = dict[str, int]
 PopWeights = dict[str, GroupWeights]  # origin group name -> weights
-# Per PoP: origin group name -> the tier actions in force there (absent: none).
-PopTierActions = dict[str, TierActions]

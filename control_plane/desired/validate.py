@@ -49,6 +49,7 @@ from control_plane.desired.model import (
     OriginGroup,
     Pop,
     Tier,
+    TierActionPolicy,
     VirtualHost,
 )
 from control_plane.desired.schema import (
@@ -58,11 +59,16 @@ from control_plane.desired.schema import (
     HEALTH_CHECK_DEFAULTS,
     HEALTH_CHECK_FIELDS,
     NEW_TIER_DEFAULTS,
+    NO_TIER,
+    TIER_ACTION_DEFAULTS,
+    TIER_ACTION_FIELDS,
+    TIER_ACTION_TIERS,
     TIER_REQUIRED,
     build_from_layer,
     build_tier,
     domain,
     read_tier_layer,
+    tier_or_none,
 )
 from control_plane.desired.yaml_nodes import is_null, join
 
@@ -88,6 +94,7 @@ class _Document:
         self.tier_layers: dict[str, Layer] = {}
         self.tiers_at = At(1, 1, "tiers")
         self.failover: Layer = dict(FAILOVER_DEFAULTS)
+        self.tier_actions: Layer = dict(TIER_ACTION_DEFAULTS)
         self.groups: dict[str, OriginGroup | None] = {}
         self.unsure_pops: set[str] = set()  # a bad address or offset: skip their port checks
         self.broken: set[str] = set()  # sections that are not mappings: skip references to them
@@ -102,6 +109,7 @@ class _Document:
         self.failover |= read_layer(failover, FAILOVER_FIELDS, GLOBAL)
         failover.finish()
         self._check_failover(self.failover, failover.at())
+        self.tier_actions |= self._tier_actions_layer(doc, "tier_actions", GLOBAL)
         groups = self._origin_groups(doc)
         default_tier, rules = self._classification(doc)
         listeners = self._listeners(doc)
@@ -283,7 +291,7 @@ class _Document:
             concurrency = Located(MAX_ORIGIN_CONCURRENCY, None, GROUP)
         origins, origin_names = self._origins(group)
         preference = self._preference(group, origin_names)
-        tiers = self._group_tiers(group, concurrency)
+        tiers, tier_layers = self._group_tiers(group, concurrency)
         failover_fields = Fields(group.node_of("failover"), join(group.path, "failover"),
                                  self.sink)
         failover = self.failover | read_layer(failover_fields, FAILOVER_FIELDS, GROUP)
@@ -293,8 +301,11 @@ class _Document:
                                self.sink)
         health = HEALTH_CHECK_DEFAULTS | read_layer(health_fields, HEALTH_CHECK_FIELDS, GROUP)
         health_fields.finish()
+        actions = self.tier_actions | self._tier_actions_layer(
+            group, join(group.path, "tier_actions"), GROUP)
+        tier_actions = self._resolve_tier_actions(actions, tier_layers, group.at())
         group.finish()
-        if self.sink.problems or not group.ok:
+        if self.sink.problems or not group.ok or tier_actions is None:
             return None
         return OriginGroup(
             name=named.name,
@@ -304,6 +315,7 @@ class _Document:
             tiers=tiers,
             failover=build_from_layer(FailoverPolicy, failover),
             health_check=build_from_layer(HealthCheck, health),
+            tier_actions=tier_actions,
         )
 
     def _origins(self, group: Fields) -> tuple[list[Origin], list[str]]:
@@ -369,7 +381,9 @@ class _Document:
         fields.finish()
         return preference
 
-    def _group_tiers(self, group: Fields, concurrency: Located) -> tuple[Tier, ...]:
+    def _group_tiers(
+        self, group: Fields, concurrency: Located
+    ) -> tuple[tuple[Tier, ...], dict[str, Layer]]:
         layers = {name: dict(layer) for name, layer in self.tier_layers.items()}
         fields = Fields(group.node_of("tiers"), join(group.path, "tiers"), self.sink)
         for key, node in fields.items():
@@ -385,8 +399,101 @@ class _Document:
         set_at = fields.at() if fields.node is not None else self.tiers_at
         self._check_tiers(layers, set_at, concurrency)
         if self.sink.problems:
-            return ()
-        return tuple(build_tier(name, layer) for name, layer in layers.items())
+            return (), layers
+        return tuple(build_tier(name, layer) for name, layer in layers.items()), layers
+
+    # --- tier actions ------------------------------------------------------------------------
+
+    def _tier_actions_layer(self, parent: Fields, path: str, layer: int) -> Layer:
+        """A `tier_actions` block as written: its fields and the tier names (or `none`)."""
+        fields = Fields(parent.node_of("tier_actions"), path, self.sink)
+        result = read_layer(fields, TIER_ACTION_FIELDS, layer)
+        for key, field_name in TIER_ACTION_TIERS.items():
+            if fields.has(key):
+                result[field_name] = Located(fields.read(key, tier_or_none), fields.at(key), layer)
+        fields.finish()
+        return result
+
+    def _resolve_tier_actions(
+        self, layer: Layer, tiers: dict[str, Layer], fallback: At
+    ) -> TierActionPolicy | None:
+        """Tier names left out are chosen by priority: the trigger is the most critical tier;
+        the second is demoted to the least critical (with three tiers or more), which is shed
+        when it is sheddable. Written names must be tiers of the group that fit their role."""
+        priorities = {name: tier["priority"].value for name, tier in tiers.items()
+                      if "priority" in tier and known(tier["priority"])}
+        if len(priorities) != len(tiers) or not tiers or "tiers" in self.broken:
+            return None  # the tier set's own problems are reported already
+        by_priority = sorted(priorities, key=lambda name: priorities[name])
+        last = tiers[by_priority[-1]]
+        defaults = {
+            "trigger_tier": by_priority[0],
+            "demote_tier": by_priority[1] if len(by_priority) >= 3 else None,
+            "demote_to": by_priority[-1] if len(by_priority) >= 3 else None,
+            "shed_tier": by_priority[-1] if len(by_priority) >= 2 and known(
+                last["sheddable"]) and last["sheddable"].value else None,
+        }
+        names: dict[str, str | None] = {}
+        ok = True
+        for field_name, default in defaults.items():
+            written = layer.get(field_name)
+            if written is None:
+                names[field_name] = default
+                continue
+            if written.value is None:
+                ok = False
+                continue
+            name_value = None if written.value == NO_TIER else written.value
+            if name_value is not None and name_value not in tiers:
+                self.sink.add(blame(fallback, written), f"unknown tier '{name_value}'"
+                              + did_you_mean(name_value, list(tiers)))
+                ok = False
+            names[field_name] = name_value
+        if not ok or not known(*layer.values()):
+            return None
+        if names["demote_tier"] is None:
+            names["demote_to"] = None
+        trigger = names["trigger_tier"]
+        if not self._check_tier_roles(names, layer, tiers, fallback) or trigger is None:
+            return None
+        values = {key: located.value for key, located in layer.items()
+                  if key not in TIER_ACTION_TIERS.values()}
+        return TierActionPolicy(trigger_tier=trigger, demote_tier=names["demote_tier"],
+                                demote_to=names["demote_to"], shed_tier=names["shed_tier"],
+                                **values)
+
+    def _check_tier_roles(self, names: dict[str, str | None], layer: Layer,
+                          tiers: dict[str, Layer], fallback: At) -> bool:
+        """Demotion goes to a less critical tier; the trigger tier is never demoted or shed;
+        only a sheddable tier is shed."""
+        problems_before = len(self.sink.problems)
+
+        def at(*keys: str) -> At:
+            return blame(fallback, *(layer[k] for k in keys if k in layer))
+
+        trigger, demote, to, shed = (names[k] for k in
+                                     ("trigger_tier", "demote_tier", "demote_to", "shed_tier"))
+        if trigger is None:
+            self.sink.add(at("trigger_tier"), "trigger_tier cannot be none; set enabled: false "
+                          "to turn tier actions off")
+        if demote is not None and to is None:
+            self.sink.add(at("demote_tier", "demote_to"), f"demote '{demote}' needs demote_to, "
+                          "the less critical tier whose cluster takes the demoted share")
+        elif demote is not None and to is not None:
+            low, high = tiers[demote]["priority"].value, tiers[to]["priority"].value
+            if high <= low:
+                self.sink.add(at("demote_tier", "demote_to"), f"demote_to '{to}' (priority "
+                              f"{high}) must be less critical than demote '{demote}' "
+                              f"(priority {low})")
+        if trigger is not None and trigger in (demote, shed):
+            self.sink.add(at("trigger_tier", "demote_tier", "shed_tier"), f"the trigger tier "
+                          f"'{trigger}' cannot also be demoted or shed")
+        if shed is not None:
+            sheddable = tiers[shed]["sheddable"]
+            if known(sheddable) and not sheddable.value:
+                self.sink.add(at("shed_tier"), f"tier '{shed}' is not sheddable; only a tier "
+                              "with sheddable: true may be shed")
+        return len(self.sink.problems) == problems_before
 
     # --- classification ----------------------------------------------------------------------
 

@@ -21,6 +21,9 @@ when host series exist in the window: `requests` = increase of `rq_total` (attem
 `errors_5xx` = of `rq_error` minus `cx_connect_fail` (every failed attempt: 5xx, reset, timeout;
 Envoy counts a connect failure as an `rq_error` too), `connect_failures` = of `cx_connect_fail`;
 otherwise the zone counters as before. Quantiles stay on the zone histogram.
+
+For the tier actions, `tier_pending` asks `max_over_time` of the pending gauge per (PoP, tier
+cluster), summed over the PoP's Envoys (`tier_queries`, `assemble_tiers`).
 """
 
 from __future__ import annotations
@@ -34,10 +37,10 @@ from typing import Any
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
 from requests import RequestException
 
-from control_plane.decide.signals import OriginSignals
+from control_plane.decide.signals import OriginSignals, TierPending
 from control_plane.desired.model import Desired
 from control_plane.observe.endpoints import EndpointOrigins, endpoint_origins
-from control_plane.observe.source import Signals
+from control_plane.observe.source import Signals, TierSignals
 from control_plane.observe.window import split_cluster
 
 log = logging.getLogger(__name__)
@@ -91,7 +94,39 @@ def queries(window_ms: int) -> dict[str, str]:
     }
 
 
+def tier_queries(window_ms: int) -> dict[str, str]:
+    """The PromQL behind the per-tier pending maximum (tier actions) of one window."""
+    r = f"[{window_ms}ms]"
+    gauge = "envoy_cluster_upstream_rq_pending_active"
+    return {
+        "pending_max": f"sum by (ballast_pop, ballast_cluster) (max_over_time({gauge}{r}))",
+        "observed_at": f"max by (ballast_pop, ballast_cluster) "
+        f"(timestamp({gauge}) and last_over_time({gauge}{r}))",
+    }
+
+
 Vector = list[dict[str, Any]]
+
+
+def assemble_tiers(results: dict[str, Vector]) -> TierSignals:
+    """Instant vectors of `tier_queries` -> TierPending per (PoP, group) -> tier (pure).
+
+    A tier cluster needs both its maximum and its newest sample time to be present."""
+    rows: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)
+    for name in ("pending_max", "observed_at"):
+        for labels, value in _series(results.get(name, [])):
+            pop, cluster = labels.get("ballast_pop", ""), labels.get("ballast_cluster", "")
+            if pop and split_cluster(cluster) is not None:
+                rows[pop, cluster][name] = value
+    signals: TierSignals = {}
+    for (pop, cluster), values in sorted(rows.items()):
+        split = split_cluster(cluster)
+        if split is not None and len(values) == 2:
+            signals.setdefault((pop, split[0]), {})[split[1]] = TierPending(
+                pending_max=values["pending_max"],
+                observed_at_ms=round(values["observed_at"] * 1000),
+            )
+    return signals
 
 
 def assemble(results: dict[str, Vector], endpoints: EndpointOrigins | None = None) -> Signals:
@@ -212,3 +247,11 @@ class PrometheusSource:
             *(asyncio.to_thread(self._query, promql, at_s) for promql in named.values())
         )
         return assemble(dict(zip(named, vectors, strict=True)), self._endpoints)
+
+    async def tier_pending(self, now_ms: int, window_ms: int) -> TierSignals:
+        at_s = now_ms / 1000
+        named = tier_queries(window_ms)
+        vectors = await asyncio.gather(
+            *(asyncio.to_thread(self._query, promql, at_s) for promql in named.values())
+        )
+        return assemble_tiers(dict(zip(named, vectors, strict=True)))

@@ -35,6 +35,9 @@ so `error_rate` = rq_error / (rq_total + cx_connect_fail). Otherwise (older boot
 addresses) the zone counters as before (`upstream_rq_completed`, `upstream_rq_5xx`, connect
 failures 0). Latency quantiles always come from the zone histogram. Several Envoys of one PoP add
 up. Caveat: a PoP where some Envoys send host stats and others do not counts only the former.
+
+For the tier actions, `tier_pending` gives per (PoP, group, tier) the highest
+`upstream_rq_pending_active` of each Envoy in the window, summed over the PoP's Envoys.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ import grpc
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as otlp_metrics
 
-from control_plane.decide.signals import OriginSignals
+from control_plane.decide.signals import OriginSignals, TierPending
 from control_plane.desired.model import Desired
 from control_plane.gen.ballast.v1 import metrics_service_pb2, prometheus_metrics_pb2
 from control_plane.observe.endpoints import EndpointOrigins, endpoint_origins
@@ -60,7 +63,7 @@ from control_plane.observe.envoy_stats import (
     otlp_host_points,
     points,
 )
-from control_plane.observe.source import Signals, wall_ms
+from control_plane.observe.source import Signals, TierSignals, wall_ms
 from control_plane.observe.window import (
     Buckets,
     HostWindow,
@@ -278,6 +281,37 @@ class SinkStore:
         for (pop, cluster, _), (_, value) in latest_gauge.items():
             pending[pop, cluster] += value
         return assemble(origins, pending, overflow, self.host_windows(start, now_ms))
+
+    async def tier_pending(self, now_ms: int, window_ms: int) -> TierSignals:
+        return self.tier_snapshot(now_ms, window_ms)
+
+    def tier_snapshot(self, now_ms: int, window_ms: int) -> TierSignals:
+        """Per (PoP, group) -> tier: each Envoy's highest pending gauge in the window, summed
+        over the PoP's Envoys (an upper bound of the PoP's queue when their peaks differ)."""
+        start = now_ms - window_ms
+        per_node: dict[tuple[str, str, str], tuple[float, int]] = {}  # (pop, cluster, node)
+        for stream in self._streams.values():
+            for (stat, cluster, _), samples in stream.gauges.items():
+                recent = [(value, t) for t, value in samples if start < t <= now_ms]
+                if stat != "pending_active" or not recent or not stream.pop:
+                    continue
+                key = (stream.pop, cluster, stream.node_id)  # a node's streams: one Envoy
+                peak, newest = per_node.get(key, (0.0, 0))
+                per_node[key] = (max(peak, *(v for v, _ in recent)),
+                                 max(newest, *(t for _, t in recent)))
+        peaks: dict[tuple[str, str], list[tuple[float, int]]] = defaultdict(list)
+        for (pop, cluster, _), peak in per_node.items():
+            peaks[pop, cluster].append(peak)
+        result: TierSignals = {}
+        for (pop, cluster), nodes in sorted(peaks.items()):
+            split = split_cluster(cluster)
+            if split is None:
+                continue
+            result.setdefault((pop, split[0]), {})[split[1]] = TierPending(
+                pending_max=sum(v for v, _ in nodes),
+                observed_at_ms=max(t for _, t in nodes),
+            )
+        return result
 
     def host_windows(self, start_ms: int, end_ms: int) -> dict[tuple[str, str, str], HostWindow]:
         """Per-host attempts in (start_ms, end_ms] per (PoP, group, origin): tiers, Envoys summed.

@@ -11,10 +11,11 @@ from __future__ import annotations
 import time
 from typing import Protocol
 
-from control_plane.decide.signals import GroupSignals
+from control_plane.decide.signals import GroupSignals, GroupTierPending
 
 PopGroup = tuple[str, str]  # (PoP, origin group)
 Signals = dict[PopGroup, GroupSignals]
+TierSignals = dict[PopGroup, GroupTierPending]
 
 
 class MetricSource(Protocol):
@@ -22,6 +23,16 @@ class MetricSource(Protocol):
         """Signals per (PoP, group) -> origin over (now_ms - window_ms, now_ms].
 
         A (PoP, group) or origin with no sample in the window is absent: the caller holds.
+        """
+        ...
+
+
+class TierSource(Protocol):
+    async def tier_pending(self, now_ms: int, window_ms: int) -> TierSignals:
+        """Per (PoP, group) -> tier: the highest `upstream_rq_pending_active` of the tier's
+        cluster over (now_ms - window_ms, now_ms], the PoP's Envoys summed.
+
+        A tier cluster with no sample in the window is absent: the caller holds.
         """
         ...
 

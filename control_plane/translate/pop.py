@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from control_plane.desired.model import Desired, GroupWeights
+from control_plane.desired.model import Desired, GroupWeights, TierActions
 from control_plane.translate.clusters import cluster_name, tier_cluster
 from control_plane.translate.endpoints import load_assignment
 from control_plane.translate.listeners import listener
@@ -27,12 +27,18 @@ class UnknownPop(LookupError):
 
 
 def translate_pop(
-    desired: Desired, pop: str, weights: Mapping[str, GroupWeights], caps: Capabilities
+    desired: Desired,
+    pop: str,
+    weights: Mapping[str, GroupWeights],
+    caps: Capabilities,
+    tier_actions: Mapping[str, TierActions] | None = None,
 ) -> PopResources:
     """Clusters and endpoints per (origin group, tier), listeners and routes, for one PoP.
 
     `weights`: origin group -> origin -> weight (sum 100); a group missing from it starts from
     `initial_weights`. `caps` decides adaptive LIFO vs FIFO; every fallback is in `notes`.
+    `tier_actions`: origin group -> the tier actions active in this PoP (demotion, shedding;
+    see `routes.py`); only the routes change.
     The Cluster message carries field 62 (queue policy) among its unknown fields, so its
     payload, version and re-serializations include it. Raises `UnknownPop` for a PoP not in
     `desired` and `WeightsError` for weights that do not fit it.
@@ -59,7 +65,9 @@ def translate_pop(
         for item in desired.listeners
     }
     routes = {
-        item.name: Resource.of(ROUTE_TYPE, item.name, route_configuration(desired, item, pop))
+        item.name: Resource.of(
+            ROUTE_TYPE, item.name, route_configuration(desired, item, pop, tier_actions)
+        )
         for item in desired.listeners
     }
     return PopResources(

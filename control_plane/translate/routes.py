@@ -12,18 +12,31 @@ fully jittered exponential backoff (base 25 ms, max 250 ms), and a retry goes to
 when there is one (previous_hosts), so a retry leaves a failing origin.
 The request header `x-ballast-tier: <tier>` (overwriting any client value) tells the origin and
 operators how a request was classified.
+
+Tier actions (adaptive re-prioritization, seed 000), when active for the group in this PoP:
+- demotion: the routes of the demoted tier get `weighted_clusters`: `demote_share` percent to
+  the `demote_to` tier's cluster, the rest to their own; each part says the tier that serves it
+  in `x-ballast-tier`, and the demoted part also `x-ballast-demoted-from: <tier>`. Timeouts and
+  retries stay those of the route's own tier (the client's deadline does not change);
+- shedding: the routes of the shed tier answer at the edge with `direct_response` 503, a
+  `retry-after` of the recovery time in seconds and `x-ballast-shed: <tier>`; nothing reaches an
+  origin.
 """
 
 from __future__ import annotations
 
-from envoy.config.core.v3.base_pb2 import HeaderValue, HeaderValueOption
+from collections.abc import Mapping
+
+from envoy.config.core.v3.base_pb2 import DataSource, HeaderValue, HeaderValueOption
 from envoy.config.route.v3.route_components_pb2 import (
+    DirectResponseAction,
     HeaderMatcher,
     RetryPolicy,
     Route,
     RouteAction,
     RouteMatch,
     VirtualHost,
+    WeightedCluster,
 )
 from envoy.config.route.v3.route_pb2 import RouteConfiguration
 from envoy.extensions.retry.host.previous_hosts.v3.previous_hosts_pb2 import (
@@ -36,7 +49,9 @@ from control_plane.desired.model import (
     Desired,
     HeaderMatch,
     Listener,
+    OriginGroup,
     Tier,
+    TierActions,
 )
 from control_plane.desired.model import VirtualHost as DesiredVirtualHost
 from control_plane.translate.clusters import cluster_name
@@ -50,32 +65,59 @@ RETRY_MAX_INTERVAL_MS = 250
 PREVIOUS_HOSTS_PREDICATE = "envoy.retry_host_predicates.previous_hosts"
 HOST_SELECTION_RETRY_MAX_ATTEMPTS = 3
 CATCH_ALL_ROUTE = "default"
+DEMOTED_HEADER = "x-ballast-demoted-from"
+SHED_HEADER = "x-ballast-shed"
+SHED_STATUS = 503
 
 
 def route_timeout_ms(tier: Tier) -> int:
     return tier.queue_timeout_ms + tier.read_timeout_ms * (tier.retries + 1)
 
 
-def route_configuration(desired: Desired, listener: Listener, pop: str) -> RouteConfiguration:
+def route_configuration(
+    desired: Desired,
+    listener: Listener,
+    pop: str,
+    tier_actions: Mapping[str, TierActions] | None = None,
+) -> RouteConfiguration:
+    """`tier_actions`: origin group -> the tier actions active for it in this PoP."""
+    actions = tier_actions or {}
     return RouteConfiguration(
         name=listener.name,
-        virtual_hosts=[_virtual_host(desired, vhost) for vhost in listener.virtual_hosts],
+        virtual_hosts=[
+            _virtual_host(desired, vhost, actions.get(vhost.origin_group))
+            for vhost in listener.virtual_hosts
+        ],
         request_headers_to_add=[_overwrite(POP_HEADER, pop)],
     )
 
 
-def _virtual_host(desired: Desired, vhost: DesiredVirtualHost) -> VirtualHost:
+def _virtual_host(
+    desired: Desired, vhost: DesiredVirtualHost, actions: TierActions | None
+) -> VirtualHost:
     group = desired.group(vhost.origin_group)
+    if actions is not None:
+        check_tier_actions(group, actions)
     routes = [
-        _route(rule.name, _match(rule), group.name, group.tier(rule.tier))
+        _route(rule.name, _match(rule), group, group.tier(rule.tier), actions)
         for rule in desired.classification
     ]
     routes.append(
         _route(
-            CATCH_ALL_ROUTE, RouteMatch(prefix="/"), group.name, group.tier(desired.default_tier)
+            CATCH_ALL_ROUTE, RouteMatch(prefix="/"), group, group.tier(desired.default_tier),
+            actions,
         )
     )
     return VirtualHost(name=vhost.name, domains=list(vhost.domains), routes=routes)
+
+
+def check_tier_actions(group: OriginGroup, actions: TierActions) -> None:
+    """ValueError when the actions name a tier the group does not have."""
+    names = {tier.name for tier in group.tiers}
+    for tier in (actions.demote_tier, actions.demote_to, actions.shed_tier):
+        if tier is not None and tier not in names:
+            raise ValueError(f"tier actions of group {group.name!r} name tier {tier!r}, "
+                             f"which it does not have (tiers: {', '.join(sorted(names))})")
 
 
 def _match(rule: ClassificationRule) -> RouteMatch:
@@ -96,21 +138,65 @@ def _header_matcher(header: HeaderMatch) -> HeaderMatcher:
     return HeaderMatcher(name=header.name, string_match=string_match)
 
 
-def _route(name: str, match: RouteMatch, group: str, tier: Tier) -> Route:
+def _route(
+    name: str, match: RouteMatch, group: OriginGroup, tier: Tier, actions: TierActions | None
+) -> Route:
+    if actions is not None and actions.shed_tier == tier.name:
+        return _shed_route(name, match, tier, actions.retry_after_s)
+    action = RouteAction(
+        timeout=duration_ms(route_timeout_ms(tier)),
+        retry_policy=_retry_policy(tier),
+    )
+    if (actions is not None and actions.demote_tier == tier.name
+            and actions.demote_to is not None and actions.demote_share > 0):
+        action.weighted_clusters.CopyFrom(
+            _demoted(group.name, tier.name, actions.demote_to, actions.demote_share)
+        )
+        return Route(name=name, match=match, route=action)
+    action.cluster = cluster_name(group.name, tier.name)
     return Route(
         name=name,
         match=match,
-        route=RouteAction(
-            cluster=cluster_name(group, tier.name),
-            timeout=duration_ms(route_timeout_ms(tier)),
-            retry_policy=_retry_policy(tier),
-        ),
+        route=action,
         request_headers_to_add=[_overwrite(TIER_HEADER, tier.name)],
     )
 
 
+def _demoted(group: str, tier: str, to: str, share: int) -> WeightedCluster:
+    """`share` percent to the `to` tier's cluster, the rest stays; zero-weight parts left out."""
+    parts = [
+        WeightedCluster.ClusterWeight(
+            name=cluster_name(group, tier),
+            request_headers_to_add=[_overwrite(TIER_HEADER, tier)],
+        ),
+        WeightedCluster.ClusterWeight(
+            name=cluster_name(group, to),
+            request_headers_to_add=[_overwrite(TIER_HEADER, to), _overwrite(DEMOTED_HEADER, tier)],
+        ),
+    ]
+    parts[0].weight.value = 100 - share
+    parts[1].weight.value = share
+    return WeightedCluster(clusters=[part for part in parts if part.weight.value > 0])
+
+
+def _shed_route(name: str, match: RouteMatch, tier: Tier, retry_after_s: int) -> Route:
+    return Route(
+        name=name,
+        match=match,
+        direct_response=DirectResponseAction(
+            status=SHED_STATUS,
+            body=DataSource(inline_string=f"shed: tier {tier.name} is paused while the origin "
+                            f"is under stress; retry in {retry_after_s} s\n"),
+        ),
+        response_headers_to_add=[
+            _overwrite("retry-after", str(retry_after_s)),
+            _overwrite(SHED_HEADER, tier.name),
+        ],
+    )
+
+
 def _overwrite(name: str, value: str) -> HeaderValueOption:
-    """A request header toward the origin that replaces whatever the client sent."""
+    """A header that replaces whatever value was there (the client's, or the origin's)."""
     return HeaderValueOption(
         header=HeaderValue(key=name, value=value),
         append_action=HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,

@@ -84,6 +84,9 @@ class XdsClient:
         self._changed = asyncio.Condition()
         self.error: grpc.aio.AioRpcError | None = None
         self.done = asyncio.Event()
+        # gRPC allows one write in flight per stream; ACKs (reader task) and subscribe calls
+        # (test code) would otherwise race (GRPC_CALL_ERROR_TOO_MANY_OPERATIONS).
+        self._write_lock = asyncio.Lock()
 
     async def start(self) -> XdsClient:
         if self.delta:
@@ -153,10 +156,11 @@ class XdsClient:
 
     async def _send(self, request: DiscoveryRequest | DeltaDiscoveryRequest) -> None:
         assert self._call is not None, "start() first"
-        if not self._sent_node:
-            request.node.CopyFrom(self.node)
-            self._sent_node = True
-        await self._call.write(request)
+        async with self._write_lock:
+            if not self._sent_node:
+                request.node.CopyFrom(self.node)
+                self._sent_node = True
+            await self._call.write(request)
 
     def _last_nonce(self, type_url: str) -> str:
         for item in reversed(self.state.log):

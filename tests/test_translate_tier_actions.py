@@ -1,0 +1,106 @@
+"""Tier actions in the routes: demotion as weighted_clusters, shedding as a direct 503."""
+
+from __future__ import annotations
+
+import pytest
+from envoy.config.route.v3.route_components_pb2 import Route
+
+from control_plane.ads.snapshots import SnapshotCache
+from control_plane.desired.model import TierActions
+from control_plane.translate import translate_pop
+from control_plane.translate.resources import CLUSTER_TYPE, ENDPOINT_TYPE, ROUTE_TYPE, Capabilities
+from tests.support.models import example_desired
+
+
+def routes(pop: str = "ewr", actions: dict[str, TierActions] | None = None) -> dict[str, Route]:
+    resources = translate_pop(example_desired(), pop, {}, Capabilities(), actions)
+    (vhost,) = resources.of_type(ROUTE_TYPE)["edge"].message.virtual_hosts
+    return {route.name: route for route in vhost.routes}
+
+
+def headers(options: object) -> dict[str, str]:
+    return {option.header.key: option.header.value for option in options}  # type: ignore[attr-defined]
+
+
+def test_without_actions_nothing_changes() -> None:
+    assert routes() == routes(actions={})
+    for route in routes().values():
+        assert route.WhichOneof("action") == "route"
+        assert route.route.WhichOneof("cluster_specifier") == "cluster"
+
+
+def test_demotion_splits_the_normal_routes_and_keeps_their_timeouts() -> None:
+    before, after = routes()["x-prefetch"], routes(actions={"shop": TierActions()})["x-prefetch"]
+    split = after.route.weighted_clusters.clusters
+    assert [(c.name, c.weight.value) for c in split] == [
+        ("shop.normal", 50), ("shop.background", 50)
+    ]
+    assert headers(split[0].request_headers_to_add) == {"x-ballast-tier": "normal"}
+    assert headers(split[1].request_headers_to_add) == {
+        "x-ballast-tier": "background", "x-ballast-demoted-from": "normal"
+    }
+    assert not after.request_headers_to_add  # a route-level tier header would override both
+    assert after.route.timeout == before.route.timeout
+    assert after.route.retry_policy == before.route.retry_policy
+
+
+def test_shedding_answers_background_routes_at_the_edge() -> None:
+    after = routes(actions={"shop": TierActions()})
+    for name in ("prefetch", "bots", "next-image"):
+        route = after[name]
+        assert route.WhichOneof("action") == "direct_response", name
+        assert route.direct_response.status == 503
+        assert headers(route.response_headers_to_add) == {
+            "retry-after": "60", "x-ballast-shed": "background"
+        }
+    for name in ("checkout", "auth", "default"):  # critical: untouched
+        assert after[name] == routes()[name]
+
+
+def test_each_action_can_be_off() -> None:
+    only_shed = routes(actions={"shop": TierActions(demote_tier=None, demote_to=None,
+                                                    demote_share=0)})
+    assert only_shed["x-prefetch"] == routes()["x-prefetch"]
+    assert only_shed["prefetch"].WhichOneof("action") == "direct_response"
+    only_demote = routes(actions={"shop": TierActions(shed_tier=None, demote_share=100)})
+    assert only_demote["prefetch"] == routes()["prefetch"]
+    split = only_demote["x-prefetch"].route.weighted_clusters.clusters
+    assert [(c.name, c.weight.value) for c in split] == [("shop.background", 100)]
+
+
+def test_only_routes_change_and_other_pops_are_untouched() -> None:
+    desired = example_desired()
+    plain = translate_pop(desired, "ewr", {}, Capabilities())
+    acting = translate_pop(desired, "ewr", {}, Capabilities(), {"shop": TierActions()})
+    for kind in (CLUSTER_TYPE, ENDPOINT_TYPE):
+        assert plain.type_version(kind) == acting.type_version(kind)
+    assert plain.type_version(ROUTE_TYPE) != acting.type_version(ROUTE_TYPE)
+
+
+def test_unknown_tier_in_actions_is_refused() -> None:
+    with pytest.raises(ValueError, match="name tier 'bulk'"):
+        routes(actions={"shop": TierActions(shed_tier="bulk")})
+
+
+def test_snapshot_cache_sets_actions_for_one_pop_and_pushes_it() -> None:
+    cache = SnapshotCache(example_desired())
+    for pop in ("ewr", "sjc"):
+        cache.resources(pop, Capabilities())
+    announced: list[frozenset[str]] = []
+    cache.add_listener(announced.append)
+    sjc_before = cache.resources("sjc", Capabilities())
+    translations = cache.translations
+    assert cache.set_tier_actions("ewr", "shop", TierActions()) is True
+    assert announced == [frozenset({"ewr"})]
+    assert cache.translations == translations + 1  # only ewr re-translated
+    assert cache.tier_actions("ewr", "shop") == TierActions()
+    assert cache.tier_actions("sjc", "shop") is None
+    assert cache.resources("sjc", Capabilities()) is sjc_before
+    ewr = cache.resources("ewr", Capabilities()).of_type(ROUTE_TYPE)["edge"].message
+    assert ewr.virtual_hosts[0].routes[2].direct_response.status == 503
+    assert cache.set_tier_actions("ewr", "shop", TierActions()) is False  # same: no push
+    assert cache.set_tier_actions("ewr", "shop", None) is True
+    assert announced == [frozenset({"ewr"})] * 2
+    with pytest.raises(ValueError):
+        cache.set_tier_actions("ewr", "shop", TierActions(demote_to="bulk"))
+    assert cache.tier_actions("ewr", "shop") is None
