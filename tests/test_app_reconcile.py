@@ -208,3 +208,21 @@ async def test_service_restores_active_tier_actions_before_serving(tmp_path: Pat
         assert restored["detail"]["dropped"] == ["lhr/shop"]
     finally:
         await service.stop()
+
+
+async def test_a_reload_during_the_metrics_read_skips_the_tick(
+    tmp_path: Path, loop_parts: tuple[Reconciler, ScriptedSource, SnapshotCache, StateStore]
+) -> None:
+    reconciler, source, cache, _ = loop_parts
+    replaced = example_desired()
+
+    class ReloadingSource(ScriptedSource):
+        async def window(self, now_ms: int, window_ms: int) -> Signals:
+            cache.update_desired(replaced)  # as if the file watcher applied an edit meanwhile
+            return await super().window(now_ms, window_ms)
+
+    reconciler.source = ReloadingSource()
+    assert await reconciler.tick(T0) == []
+    assert cache.desired is replaced
+    reconciler.source = source
+    assert len(await reconciler.tick(T0 + 20_000)) == 2

@@ -116,6 +116,8 @@ class Reconciler:
                 log.warning("metric source failed, holding weights: %s", err)
                 signals_by_window[window] = {}
         tiers_by_window = {window: await self._tier_signals(now, window) for window in windows}
+        if self.cache.desired is not desired:  # a reload landed while we were reading metrics
+            return []
         outcomes = [
             self._decide(desired, pop, group, signals_by_window[group.failover.window_ms],
                          tiers_by_window[group.failover.window_ms], now)

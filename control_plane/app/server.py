@@ -54,7 +54,10 @@ class BallastServer:
         self.grpc = grpc.aio.server(options=SERVER_OPTIONS)
         for register in self._services:
             register(self.grpc)
-        self.port = self.grpc.add_insecure_port(self.xds_address)
+        try:
+            self.port = self.grpc.add_insecure_port(self.xds_address)
+        except RuntimeError as err:  # grpc's word for "bind failed"
+            raise OSError(f"cannot listen on {self.xds_address}: address in use?") from err
         if self.port == 0:
             raise OSError(f"cannot listen on {self.xds_address}")
         await self.grpc.start()

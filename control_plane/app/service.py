@@ -131,9 +131,15 @@ class BallastService:
             poll=config.reload_poll_s,
             current=self._desired_bytes,
         )
-        await self.server.start()
-        if config.admin_address is not None:
-            await self._start_admin(config.admin_address)
+        try:
+            await self.server.start()
+            if config.admin_address is not None:
+                await self._start_admin(config.admin_address)
+        except OSError:  # a port taken: close what was opened, leave nothing running
+            await self.server.stop(0)
+            self.decisions.close()
+            self.store.close()
+            raise
         self._spawn(self.reconciler.run())
         self._spawn(self.watcher.run())
         if self.prober is not None:

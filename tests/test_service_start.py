@@ -1,0 +1,53 @@
+"""Start-up failures leave nothing running and nothing locked, and say why."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from control_plane.app.service import BallastService, ServiceConfig
+from control_plane.state.store import StateCorrupted
+from control_plane.translate.bootstrap import TEMPLATES
+
+EXAMPLE = TEMPLATES.parent / "examples" / "desired.yaml"
+
+
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield int(sock.getsockname()[1])
+
+
+@pytest.mark.parametrize("which", ["xds", "admin"])
+async def test_a_taken_port_fails_cleanly(tmp_path: Path, taken_port: int, which: str) -> None:
+    taken, free = f"127.0.0.1:{taken_port}", "127.0.0.1:0"
+    config = ServiceConfig(
+        desired_path=EXAMPLE,
+        state_dir=tmp_path,
+        xds_address=taken if which == "xds" else free,
+        admin_address=taken if which == "admin" else free,
+        probes=False,
+    )
+    with pytest.raises(OSError, match=str(taken_port)):
+        await BallastService(config).start()
+    # the state and the log were closed: a second server can open them and start
+    retry = BallastService(
+        ServiceConfig(desired_path=EXAMPLE, state_dir=tmp_path, xds_address=free,
+                      admin_address=free, probes=False)
+    )
+    await retry.start()
+    assert retry.ready
+    await retry.stop(0)
+
+
+async def test_corrupted_state_refuses_to_start(tmp_path: Path) -> None:
+    (tmp_path / "state.db").write_bytes(b"this is not a database" * 100)
+    config = ServiceConfig(desired_path=EXAMPLE, state_dir=tmp_path, xds_address="127.0.0.1:0",
+                           admin_address=None, probes=False)
+    with pytest.raises(StateCorrupted, match=r"state\.db"):
+        await BallastService(config).start()
