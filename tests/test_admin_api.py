@@ -12,7 +12,9 @@ from typing import Any
 import aiohttp
 import pytest
 
+from control_plane.admin.metrics import BallastMetrics
 from control_plane.decisions.log import DecisionLog
+from control_plane.desired.model import TierActions
 from control_plane.translate import render_json
 from control_plane.translate.resources import CLUSTER_TYPE, Capabilities
 from tests.support.admin_stack import (
@@ -249,3 +251,76 @@ async def scrape(http: aiohttp.ClientSession) -> Samples:
     async with http.get("/metrics") as response:
         assert response.status == 200
         return samples(await response.text())
+
+
+SEED_000 = {
+    **TierActions().to_dict(),
+    "description": "normal: 50% demoted to background; background: shed (503, retry-after 60 s)",
+}
+
+
+async def test_tier_actions_in_the_api_status_and_gauge(
+    stack: AdminStack, http: aiohttp.ClientSession
+) -> None:
+    cache = stack.ballast.cache
+
+    def gauge(parsed: Samples, pop: str, action: str, tier: str) -> float | None:
+        return sample(parsed, "ballast_tier_action_active", pop=pop, group="shop", action=action,
+                      tier=tier)
+
+    assert await get(http, "/tier-actions") == {"tier_actions": {"ewr": {}, "sjc": {}}}
+    assert (await get(http, "/status"))["tier_actions"] == {"ewr": {}, "sjc": {}}
+    parsed = await scrape(http)  # configured but off: 0, so dashboards see the series
+    assert gauge(parsed, "ewr", "demote", "normal") == 0
+    assert gauge(parsed, "ewr", "shed", "background") == 0
+
+    cache.set_tier_actions("ewr", "shop", TierActions())
+    every = await get(http, "/tier-actions")
+    assert every == {"tier_actions": {"ewr": {"shop": SEED_000}, "sjc": {}}}
+    assert (await get(http, "/status"))["tier_actions"] == every["tier_actions"]
+    assert await get(http, "/tier-actions?pop=ewr&group=shop") == {
+        "tier_actions": {"ewr": {"shop": SEED_000}}
+    }
+    assert await get(http, "/tier-actions?pop=sjc") == {"tier_actions": {"sjc": {}}}
+    assert await get(http, "/tier-actions?group=shop") == every
+    parsed = await scrape(http)
+    assert gauge(parsed, "ewr", "demote", "normal") == 1
+    assert gauge(parsed, "ewr", "shed", "background") == 1
+    assert gauge(parsed, "sjc", "demote", "normal") == 0
+    assert gauge(parsed, "sjc", "shed", "background") == 0
+
+    shed_only = TierActions(demote_tier=None, demote_to=None, demote_share=0, retry_after_s=30)
+    cache.set_tier_actions("ewr", "shop", shed_only)
+    shop = (await get(http, "/tier-actions?pop=ewr"))["tier_actions"]["ewr"]["shop"]
+    assert shop["description"] == "background: shed (503, retry-after 30 s)"
+    parsed = await scrape(http)
+    assert gauge(parsed, "ewr", "demote", "normal") == 0
+    assert gauge(parsed, "ewr", "shed", "background") == 1
+
+    bad = {
+        "/tier-actions?pop=lax": (404, "unknown PoP 'lax'; known: ewr, sjc"),
+        "/tier-actions?group=video": (404, "unknown origin group 'video'; known: shop"),
+        "/tier-actions?pop=ewr&tier=critical": (400, "unknown query parameter(s) tier"),
+    }
+    for path, (status, message) in bad.items():
+        assert message in (await get(http, path, status))["error"], path
+
+    cache.set_tier_actions("ewr", "shop", None)
+    assert await get(http, "/tier-actions") == {"tier_actions": {"ewr": {}, "sjc": {}}}
+    parsed = await scrape(http)
+    assert gauge(parsed, "ewr", "shed", "background") == 0
+
+
+def test_tier_action_gauge_is_replaced_on_each_set() -> None:
+    metrics = BallastMetrics()
+    metrics.set_tier_actions({"ewr": {"shop": TierActions()}, "lhr": {"shop": TierActions()}})
+    parsed = samples(metrics.exposition().decode())
+    assert sample(parsed, "ballast_tier_action_active", pop="lhr", group="shop",
+                  action="shed", tier="background") == 1
+    metrics.set_tier_actions({"ewr": {"shop": TierActions(shed_tier=None)}},
+                             {"ewr": {"shop": TierActions()}})
+    parsed = samples(metrics.exposition().decode())
+    series = {dict(labels)["pop"] + " " + dict(labels)["action"]: value
+              for (name, labels), value in parsed.items()
+              if name == "ballast_tier_action_active"}
+    assert series == {"ewr demote": 1, "ewr shed": 0}  # lhr gone: no longer in the cache

@@ -2,7 +2,8 @@
 
 Adaptive LIFO is forced on PoP ewr (`cache.override_capabilities`); Envoy 1.40 has no such
 queue policy and rejects the CDS update with its own message, which `ballast status` shows.
-A simulated node in sjc stays SYNCED next to it.
+A simulated node in sjc stays SYNCED next to it. Tier actions are set in the cache of sjc (as the
+reconcile loop would) and shown under the table and in the node detail.
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ import grpc
 import pytest
 
 from control_plane.app.envoy_process import EnvoyProcess, free_port
+from control_plane.cli import status
+from control_plane.cli.admin_client import AdminClient, AdminError
 from control_plane.cli.main import main
+from control_plane.desired.model import TierActions
 from control_plane.translate.bootstrap import ads_bootstrap
 from control_plane.translate.resources import Capabilities
 from tests.support.admin_stack import (
@@ -106,6 +110,7 @@ def test_table_shows_the_nacked_node_with_envoys_message(
     assert "ewr-1 NACKED:" in out
     assert LIFO_NACK in out
     assert f"CDS version {cds['last_sent'][:8]} rejected, still NACKED" in out
+    assert lines[-1] == "tier actions: none active"
 
 
 def test_node_detail_shows_queue_policy_and_why(
@@ -118,6 +123,7 @@ def test_node_detail_shows_queue_policy_and_why(
     assert "queue policy:  adaptive LIFO for the tiers that ask for it — capability key lifo, " \
         "because override for PoP ewr" in out
     assert "CDS   NACKED" in out
+    assert "  tier actions:  none active\n" in out
     assert LIFO_NACK in out
 
     assert main(["status", "sjc-sim", "--server", fleet.stack.url]) == 0
@@ -153,3 +159,73 @@ def test_unknown_node_and_unreachable_server_exit_1(
     with pytest.raises(SystemExit) as bad:
         main(["status", "--server", "ftp://x"])
     assert bad.value.code == 2
+
+
+def test_pops_with_active_tier_actions(
+    fleet: Fleet, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cache = fleet.stack.ballast.cache
+    shed_only = TierActions(demote_tier=None, demote_to=None, demote_share=0)
+    fleet.bg.call(lambda: cache.set_tier_actions("sjc", "shop", TierActions()))
+    try:
+        assert main(["status", "--server", fleet.stack.url]) == 0
+        out = capsys.readouterr().out
+        assert out.endswith(
+            "\n\ntier actions active:\n"
+            "  sjc  shop  normal: 50% demoted to background; background: shed (503, "
+            "retry-after 60 s)\n"
+        )
+        assert main(["status", "sjc-sim", "--server", fleet.stack.url]) == 0
+        assert ("  tier actions:  shop: normal: 50% demoted to background; background: shed "
+                "(503, retry-after 60 s)\n") in capsys.readouterr().out
+        assert main(["status", "ewr-1", "--server", fleet.stack.url]) == 0
+        assert "  tier actions:  none active\n" in capsys.readouterr().out
+
+        fleet.bg.call(lambda: cache.set_tier_actions("ewr", "shop", shed_only))
+        assert main(["status", "--server", fleet.stack.url]) == 0
+        assert capsys.readouterr().out.splitlines()[-3:] == [
+            "tier actions active:",
+            "  ewr  shop  background: shed (503, retry-after 60 s)",
+            "  sjc  shop  normal: 50% demoted to background; background: shed (503, "
+            "retry-after 60 s)",
+        ]
+    finally:
+        fleet.bg.call(lambda: cache.set_tier_actions("sjc", "shop", None))
+        fleet.bg.call(lambda: cache.set_tier_actions("ewr", "shop", None))
+        wait_until(lambda: fleet.node("sjc-sim")["status"] == "SYNCED", 5, "sim node synced")
+    assert main(["status", "--server", fleet.stack.url]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "tier actions: none active"
+
+
+def test_tier_actions_unknown_when_the_server_cannot_say(
+    fleet: Fleet, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_get = AdminClient.get
+
+    def old_server(self: AdminClient, path: str, params: Any = None) -> Any:
+        if path == "/tier-actions":
+            raise AdminError(f"{self}{path}: HTTP 404: Not Found", 404)
+        return real_get(self, path, params)
+
+    monkeypatch.setattr(AdminClient, "get", old_server)
+    assert main(["status", "--server", fleet.stack.url]) == 0
+    captured = capsys.readouterr()
+    assert "tier actions" not in captured.out
+    assert "ballast status: tier actions unknown: " in captured.err and "HTTP 404" in captured.err
+    assert main(["status", "sjc-sim", "--server", fleet.stack.url]) == 0
+    assert "  tier actions:  unknown (the server did not say)" in capsys.readouterr().out
+
+
+def test_tier_action_lines() -> None:
+    assert status.tier_action_lines({"ewr": {}, "sjc": {}}) == ["tier actions: none active"]
+    assert status.tier_action_lines({
+        "sjc": {"shop": TierActions().to_dict(), "media": {"description": "as the server says"}},
+        "ewr": {},
+        "lhr-2": {"shop": TierActions(shed_tier=None).to_dict()},
+    }) == [
+        "tier actions active:",
+        "  lhr-2  shop   normal: 50% demoted to background",
+        "  sjc    media  as the server says",
+        "  sjc    shop   normal: 50% demoted to background; background: shed (503, "
+        "retry-after 60 s)",
+    ]

@@ -6,7 +6,11 @@ Every handler only reads; a bad query parameter gets HTTP 400 and an unknown nam
 `{"error": "..."}`.
 
 Endpoints: `/healthz`, `/readyz`, `/status`, `/nodes`, `/nodes/{id}`, `/decisions`, `/weights`,
-`/resources?pop=P[&caps=fifo|lifo]`, `/metrics`.
+`/tier-actions[?pop=P][&group=G]`, `/resources?pop=P[&caps=fifo|lifo]`, `/metrics`.
+
+`/tier-actions` (also under `tier_actions` in `/status`) is what the snapshot cache holds now:
+PoP -> origin group -> the active tier actions (`TierActions.to_dict()` plus a `description` in
+words); every PoP is listed, groups only while they have actions active.
 """
 
 from __future__ import annotations
@@ -24,8 +28,10 @@ from control_plane.admin.capability_keys import capabilities_for_key, most_commo
 from control_plane.admin.metrics import BallastMetrics
 from control_plane.ads.nodes import NodeRegistry, NodeStatus
 from control_plane.ads.snapshots import SnapshotCache
+from control_plane.decisions.explain import describe_active
 from control_plane.decisions.kinds import KINDS
 from control_plane.decisions.read import Query, Record, RecordSource, parse_since, since_cutoff
+from control_plane.desired.model import TierActions
 from control_plane.translate import render_json
 from control_plane.translate.resources import Capabilities
 
@@ -37,6 +43,7 @@ NOT_READY = "not ready: controller state not restored or desired state not loade
 STATUSES = ("SYNCED", "STALE", "NACKED")
 DECISION_PARAMS = frozenset({"pop", "group", "kind", "since", "limit", "after"})
 RESOURCE_PARAMS = frozenset({"pop", "caps"})
+TIER_ACTION_PARAMS = frozenset({"pop", "group"})
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -122,6 +129,41 @@ def node_counts(statuses: list[NodeStatus], pops: tuple[str, ...]) -> dict[str, 
     }
 
 
+def active_tier_actions(cache: SnapshotCache) -> dict[str, dict[str, TierActions]]:
+    """PoP -> group -> the tier actions active in the cache; every PoP, active groups only."""
+    desired = cache.desired
+    active: dict[str, dict[str, TierActions]] = {}
+    for pop in desired.pop_names:
+        active[pop] = {}
+        for group in desired.origin_groups:
+            actions = cache.tier_actions(pop, group.name)
+            if actions is not None:
+                active[pop][group.name] = actions
+    return active
+
+
+def configured_tier_actions(cache: SnapshotCache) -> dict[str, dict[str, TierActions]]:
+    """PoP -> group -> the actions its enabled policy would switch on (for the zero series)."""
+    desired = cache.desired
+    return {
+        pop: {g.name: g.tier_actions.actions() for g in desired.origin_groups
+              if g.tier_actions.enabled}
+        for pop in desired.pop_names
+    }
+
+
+def tier_actions_json(
+    active: Mapping[str, Mapping[str, TierActions]],
+) -> dict[str, dict[str, dict[str, Any]]]:
+    return {
+        pop: {
+            group: {**actions.to_dict(), "description": describe_active(actions.to_dict())}
+            for group, actions in groups.items()
+        }
+        for pop, groups in active.items()
+    }
+
+
 def _sorted_nodes(statuses: list[NodeStatus]) -> list[dict[str, Any]]:
     return [
         status.as_dict()
@@ -158,6 +200,7 @@ class AdminApi:
         self.app.router.add_get("/nodes/{node_id}", self.node)
         self.app.router.add_get("/decisions", self.list_decisions)
         self.app.router.add_get("/weights", self.weights)
+        self.app.router.add_get("/tier-actions", self.tier_actions)
         self.app.router.add_get("/resources", self.resources)
         self.app.router.add_get("/metrics", self.scrape)
         self._runner: web.AppRunner | None = None
@@ -203,6 +246,7 @@ class AdminApi:
         summary = dict(self._status())
         summary["ready"] = self._ready()
         summary["nodes"] = node_counts(self.nodes.snapshot(), self.cache.desired.pop_names)
+        summary["tier_actions"] = tier_actions_json(active_tier_actions(self.cache))
         return web.json_response(summary)
 
     async def list_nodes(self, request: web.Request) -> web.Response:
@@ -227,6 +271,23 @@ class AdminApi:
     async def weights(self, request: web.Request) -> web.Response:
         return web.json_response({"weights": self.cache.all_weights()})
 
+    async def tier_actions(self, request: web.Request) -> web.Response:
+        params = request.query
+        check_params(params, TIER_ACTION_PARAMS)
+        pop, group = params.get("pop"), params.get("group")
+        desired = self.cache.desired
+        if pop is not None and not self.cache.has_pop(pop):
+            return error(404, f"unknown PoP {pop!r}; known: {', '.join(desired.pop_names)}")
+        groups = [g.name for g in desired.origin_groups]
+        if group is not None and group not in groups:
+            return error(404, f"unknown origin group {group!r}; known: {', '.join(groups)}")
+        active = {
+            name: {g: a for g, a in by_group.items() if group is None or g == group}
+            for name, by_group in active_tier_actions(self.cache).items()
+            if pop is None or name == pop
+        }
+        return web.json_response({"tier_actions": tier_actions_json(active)})
+
     async def resources(self, request: web.Request) -> web.Response:
         params = request.query
         check_params(params, RESOURCE_PARAMS)
@@ -250,6 +311,9 @@ class AdminApi:
 
     async def scrape(self, request: web.Request) -> web.Response:
         self.metrics.set_weights(self.cache.all_weights())
+        self.metrics.set_tier_actions(
+            active_tier_actions(self.cache), configured_tier_actions(self.cache)
+        )
         return web.Response(
             body=self.metrics.exposition(), headers={"Content-Type": self.metrics.content_type}
         )

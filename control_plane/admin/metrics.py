@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from control_plane.desired.model import TierActions
+
 CONVERGENCE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 15.0, 30.0)
 
 
@@ -56,6 +58,14 @@ class BallastMetrics:
             ["pop", "group"],
             registry=r,
         )
+        self.tier_action_active = Gauge(
+            "ballast_tier_action_active",
+            "1 while a tier action is active in a PoP (action demote: part of the tier's "
+            "requests go to a less critical tier; shed: the tier is answered 503), 0 while it is "
+            "configured but off",
+            ["pop", "group", "action", "tier"],
+            registry=r,
+        )
         self.config_reloads = Counter(
             "ballast_config_reloads", "Desired-state reloads by result", ["result"], registry=r
         )
@@ -70,3 +80,27 @@ class BallastMetrics:
             for group, origins in groups.items():
                 for origin, value in origins.items():
                     self.weight.labels(pop, group, origin).set(value)
+
+    def set_tier_actions(
+        self,
+        active: Mapping[str, Mapping[str, TierActions]],
+        configured: Mapping[str, Mapping[str, TierActions]] | None = None,
+    ) -> None:
+        """Make `ballast_tier_action_active` exactly: 1 for each action in `active`, 0 for each
+        action in `configured` (PoP -> group -> actions) that is not active."""
+        self.tier_action_active.clear()
+        for value, by_pop in ((0, configured or {}), (1, active)):
+            for pop, groups in by_pop.items():
+                for group, actions in groups.items():
+                    for action, tier in tier_action_parts(actions):
+                        self.tier_action_active.labels(pop, group, action, tier).set(value)
+
+
+def tier_action_parts(actions: TierActions) -> list[tuple[str, str]]:
+    """(action, tier) of each part that does something: ("demote", tier), ("shed", tier)."""
+    parts = []
+    if actions.demote_tier and actions.demote_to and actions.demote_share:
+        parts.append(("demote", actions.demote_tier))
+    if actions.shed_tier:
+        parts.append(("shed", actions.shed_tier))
+    return parts

@@ -1,4 +1,5 @@
-"""`ballast explain`: why the weights of one (PoP, origin group) are what they are now."""
+"""`ballast explain`: why the weights of one (PoP, origin group) are what they are now, and which
+tier actions (demote, shed) are active there, what switched them on and what lifts them."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ from control_plane.cli.decisions import add_state_dir, source_for
 from control_plane.decisions.explain import explain
 from control_plane.decisions.read import Query
 
-HELP = "explain in plain words why a PoP's weights for an origin group are what they are now"
+HELP = (
+    "explain in plain words why a PoP's weights for an origin group are what they are now, "
+    "and which tier actions are active"
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

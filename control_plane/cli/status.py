@@ -1,9 +1,10 @@
 """`ballast status [NODE]`: every connected Envoy and how in sync it is (istioctl proxy-status).
 
 The table shows, per node, the version sent and ACKed of each type (short hashes) and
-SYNCED/STALE/NACKED, then the message of every NACK. With a NODE id: that node in detail, with
-its last NACKs and which queue policy it gets and why. Reads the admin API of a running server;
-exit 1 when it cannot be reached or the node is not connected.
+SYNCED/STALE/NACKED, then the message of every NACK, then the PoPs with adaptive tier actions
+active (demote, shed). With a NODE id: that node in detail, with its last NACKs, which queue
+policy it gets and why, and the tier actions active in its PoP. Reads the admin API of a running
+server; exit 1 when it cannot be reached or the node is not connected.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from control_plane.cli.admin_client import (
     add_server_option,
     resolve_server,
 )
+from control_plane.decisions.explain import describe_active
 from control_plane.translate.resources import ADAPTIVE_LIFO_EXTENSION
 
 HELP = "show every connected Envoy node: versions sent and ACKed per type, NACKs, queue policy"
@@ -34,6 +36,7 @@ QUEUE_POLICIES = {
 }
 
 Node = dict[str, Any]
+TierActions = dict[str, dict[str, dict[str, Any]]]  # PoP -> group -> actions (/tier-actions)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -111,7 +114,45 @@ def queue_policy(node: Node) -> str:
     return f"{policy} — capability key {key}, because {reason}"
 
 
-def detail(node: Node, now: float) -> str:
+def tier_action_lines(active: TierActions) -> list[str]:
+    """One line per (PoP, group) with tier actions active, or one saying there are none."""
+    rows = [
+        (pop, group, actions.get("description") or describe_active(actions))
+        for pop, groups in sorted(active.items())
+        for group, actions in sorted(groups.items())
+    ]
+    if not rows:
+        return ["tier actions: none active"]
+    pop_width = max(len(r[0]) for r in rows)
+    group_width = max(len(r[1]) for r in rows)
+    return ["tier actions active:", *(
+        f"  {pop:<{pop_width}}  {group:<{group_width}}  {words}" for pop, group, words in rows
+    )]
+
+
+def pop_tier_actions(active: TierActions | None, pop: str) -> str:
+    if active is None:
+        return "unknown (the server did not say)"
+    groups = active.get(pop) or {}
+    if not groups:
+        return "none active"
+    return " | ".join(
+        f"{group}: {actions.get('description') or describe_active(actions)}"
+        for group, actions in sorted(groups.items())
+    )
+
+
+def fetch_tier_actions(client: AdminClient) -> TierActions | None:
+    """`/tier-actions`, or None (with a note on stderr) when the server cannot say."""
+    try:
+        answer: TierActions = client.get("/tier-actions")["tier_actions"]
+    except (AdminError, KeyError, TypeError) as err:
+        print(f"ballast status: tier actions unknown: {err}", file=sys.stderr)
+        return None
+    return answer
+
+
+def detail(node: Node, now: float, tier_actions: TierActions | None = None) -> str:
     connected = datetime.fromtimestamp(node["connected_since"]).strftime("%Y-%m-%d %H:%M:%S")
     lines = [
         f"node {node['node_id']} (stream {node['stream']}): {node['status']}",
@@ -120,6 +161,7 @@ def detail(node: Node, now: float) -> str:
         f"  mode:          {node['mode']}",
         f"  connected:     {connected} ({age(node['connected_since'], now)} ago)",
         f"  queue policy:  {queue_policy(node)}",
+        f"  tier actions:  {pop_tier_actions(tier_actions, node['pop'])}",
         "",
         "  TYPE  STATUS  SENT      ACKED     SENDS",
     ]
@@ -155,17 +197,21 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(answer, indent=2))
         return 0
     now = time.time()
+    tier_actions = fetch_tier_actions(client)
     if args.node is not None:
-        print("\n\n".join(detail(node, now) for node in answer["streams"]))
+        print("\n\n".join(detail(node, now, tier_actions) for node in answer["streams"]))
         return 0
     nodes: list[Node] = answer["nodes"]
     if not nodes:
         print(f"no nodes connected to {client}")
-        return 0
-    print(table(nodes, now))
+    else:
+        print(table(nodes, now))
     nacked = [(node, nack_lines(node, now)) for node in nodes if node["status"] == "NACKED"]
     for node, lines in nacked:
         print(f"\n{node['node_id']} NACKED:")
         for line in lines:
             print(f"  {line}")
+    if tier_actions is not None:
+        print()
+        print("\n".join(tier_action_lines(tier_actions)))
     return 0

@@ -3,16 +3,25 @@
 The story starts after the last time the group was calm at its home split (a ``steady`` or a
 completed ``return`` record) and lists every decision since, with the numbers the controller logged;
 runs of holds are folded into one "held since" line. It ends with what would move the weights next.
+
+Then the tier actions of the group in that PoP (``tier_action`` records, written only when they go
+on or off): which are active now and since when, the decision that switched them on with its
+numbers (the trigger tier's pending peak against ``trigger_pending``, held for how long) and what
+lifts them, or that none are active and when the last ones ended.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Mapping
+from datetime import timedelta
 from typing import Any
 
 from control_plane.decisions.read import Record, record_time
 
 MAX_CHAIN = 20
+TIER_KIND = "tier_action"
+_FOR = re.compile(r"\(≥ (\d[\d.]* s)\)")  # the `for` threshold in an "on" rule
 
 
 def _clock(record: Record) -> str:
@@ -78,11 +87,83 @@ def _scores(record: Record) -> str | None:
     )
 
 
-def explain(records: Iterable[Record], pop: str, group: str) -> str:
-    """A few lines for on-call: current weights, the chain of decisions, what moves them next."""
-    mine = [r for r in records if r.get("pop") == pop and r.get("group") == group]
+def _seconds(ms: int | float) -> str:
+    return f"{ms / 1000:g} s"
+
+
+def describe_active(actions: Mapping[str, Any], since: str | None = None) -> str:
+    """Active tier actions (``TierActions.to_dict()`` form) per tier, in plain words:
+    ``normal: 50% demoted to background; background: shed (503, retry-after 60 s)``."""
+    suffix = f" since {since}" if since else ""
+    parts = []
+    demote, to = actions.get("demote_tier"), actions.get("demote_to")
+    share = actions.get("demote_share")
+    if demote and to and share:
+        parts.append(f"{demote}: {share}% demoted to {to}{suffix}")
+    shed = actions.get("shed_tier")
+    if shed:
+        parts.append(f"{shed}: shed (503, retry-after {actions.get('retry_after_s')} s){suffix}")
+    return "; ".join(parts) or f"no action configured{suffix}"
+
+
+def _switched_on(record: Record) -> str:
+    """The numbers of the record that switched tier actions on (its rule when they are missing)."""
+    inputs = record.get("inputs") or {}
+    reading = inputs.get("pending") or {}
+    tier, limit = inputs.get("trigger_tier"), inputs.get("trigger_pending")
+    peak = reading.get("pending_max")
+    now_ms = inputs.get("now_ms")
+    if tier is None or limit is None or peak is None or now_ms is None:
+        return str(record.get("rule") or "")
+    since_ms = (inputs.get("state_before") or {}).get("trigger_since_ms")
+    held = max(0, now_ms - (now_ms if since_ms is None else since_ms))
+    started = (record_time(record) - timedelta(milliseconds=held)).strftime("%H:%M:%S")
+    needed = _FOR.search(str(record.get("rule") or ""))
+    threshold = f" (for: {needed.group(1)})" if needed else ""
+    return (f"{tier} pending max {peak:g} > {limit} (trigger_pending) at every tick for "
+            f"{_seconds(held)} since {started}{threshold}")
+
+
+def explain_tiers(records: Iterable[Record], pop: str, group: str) -> list[str]:
+    """The tier-action part of ``explain``: what is active now, why, and what lifts it."""
+    mine = [r for r in records
+            if r.get("kind") == TIER_KIND and r.get("pop") == pop and r.get("group") == group]
     if not mine:
+        return ["tier actions: no tier actions active (none switched on in the log)"]
+    last = mine[-1]
+    detail = last.get("detail")
+    if not isinstance(detail, dict) or not detail.get("active"):
+        return [f"tier actions: no tier actions active; the last ended at {_clock(last)} "
+                f"(seq {last['seq']}): {last.get('rule') or ''}"]
+    actions: Mapping[str, Any] = detail.get("actions") or {}
+    inputs = last.get("inputs") or {}
+    tier, limit = inputs.get("trigger_tier"), inputs.get("trigger_pending")
+    above = f"{tier} pending max > {limit}" if tier and limit is not None else "the trigger"
+    recover = actions.get("retry_after_s")
+    quiet = f"{recover} s (recover_after)" if recover is not None else "recover_after"
+    return [
+        f"tier actions: {describe_active(actions, _clock(last))}",
+        f"  switched on at {_clock(last)} ({TIER_KIND}, seq {last['seq']}): {_switched_on(last)}",
+        f"  off: once {quiet} pass without {above}, or when tier actions are disabled in the "
+        "desired state",
+    ]
+
+
+def explain(records: Iterable[Record], pop: str, group: str) -> str:
+    """A few lines for on-call: current weights, the chain of decisions, what moves them next;
+    then the tier actions (``explain_tiers``)."""
+    every = [r for r in records if r.get("pop") == pop and r.get("group") == group]
+    if not every:
         return f"no decisions for pop {pop}, group {group}"
+    mine = [r for r in every if r.get("kind") != TIER_KIND]
+    out = _explain_weights(mine, pop, group) if mine else [
+        f"pop {pop}, group {group}: no weights decided yet"
+    ]
+    out.extend(explain_tiers(every, pop, group))
+    return "\n".join(out)
+
+
+def _explain_weights(mine: list[Record], pop: str, group: str) -> list[str]:
     with_weights = [r for r in mine if r.get("weights_after")]
     out: list[str] = []
     if with_weights:
@@ -124,4 +205,4 @@ def explain(records: Iterable[Record], pop: str, group: str) -> str:
     detail = latest.get("detail")
     if isinstance(detail, dict) and detail.get("next"):
         out.append(f"next: {detail['next']}")
-    return "\n".join(out)
+    return out
