@@ -44,10 +44,14 @@ CONNECTING = 500
 class ServerProcess:
     """`python -m bench.fanout_server`, driven by JSON lines over stdin/stdout."""
 
-    def __init__(self, desired: str, *, gc_freeze: bool = False) -> None:
+    def __init__(
+        self, desired: str, *, gc_freeze: bool = False, protocol: str = "current"
+    ) -> None:
         args = [sys.executable, "-m", "bench.fanout_server", desired]
         if gc_freeze:
             args.append("--gc-freeze")
+        if protocol != "current":
+            args += ["--protocol", protocol]
         self.proc = subprocess.Popen(
             args, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
             start_new_session=True,
@@ -93,6 +97,7 @@ class FanoutResult:
     desired: str
     nodes: int
     connections: int
+    protocol: str = "current"  # or "baseline": bench/protocol_baseline.py in the server
     sync_s: float = float("nan")
     sync_cpu_s: float = float("nan")
     rss_per_node: float = float("nan")
@@ -126,16 +131,24 @@ class FanoutResult:
 
 
 class BenchClient(XdsClient):
-    """`XdsClient` whose writes are serialized: grpc.aio refuses a second write on a call
+    """`XdsClient` with its writes serialized: grpc.aio refuses a second write on a call
     while one is in flight (GRPC_CALL_ERROR_TOO_MANY_OPERATIONS), and the reader's ACK can
-    race a `subscribe` of the start-up sequence."""
+    race a `subscribe` of the start-up sequence. `XdsClient._send` now holds its own write
+    lock; taking that (non-reentrant) lock here too deadlocked every stream on its first write,
+    so this only adds a lock for a client that has none."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._write_lock = asyncio.Lock()
+        if not isinstance(getattr(self, "_write_lock", None), asyncio.Lock):
+            self._bench_lock: asyncio.Lock | None = asyncio.Lock()
+        else:
+            self._bench_lock = None
 
     async def _send(self, request: Any) -> None:
-        async with self._write_lock:
+        if self._bench_lock is None:
+            await super()._send(request)
+            return
+        async with self._bench_lock:
             await super()._send(request)
 
 
@@ -155,11 +168,11 @@ async def connect(client: XdsClient, timeout: float) -> None:
 
 async def run_one(
     mode: str, desired: str, nodes: int, *, per_connection: int, pushes: int,
-    gc_freeze: bool = False, timeout: float = 180.0,
+    gc_freeze: bool = False, timeout: float = 180.0, protocol: str = "current",
 ) -> FanoutResult:
     connections = -(-nodes // per_connection)
-    result = FanoutResult(mode, desired, nodes, connections)
-    server = ServerProcess(desired, gc_freeze=gc_freeze)
+    result = FanoutResult(mode, desired, nodes, connections, protocol)
+    server = ServerProcess(desired, gc_freeze=gc_freeze, protocol=protocol)
     channels: list[grpc.aio.Channel] = []
     clients: list[XdsClient] = []
     try:
@@ -241,37 +254,48 @@ async def first_group(clients: list[XdsClient]) -> tuple[str, list[str]]:
 def run(
     sizes: list[int], *, desired: str = "example", per_connection: int = 10, pushes: int = 5,
     modes: tuple[str, ...] = ("sotw", "delta"), gc_freeze: bool = False,
+    protocols: tuple[str, ...] = ("current",),
 ) -> list[FanoutResult]:
-    """Every (size, mode) with a fresh server AND a fresh client process: grpc.aio
+    """Every (size, mode, protocol) with a fresh server AND a fresh client process: grpc.aio
     state left over from an earlier run in the same process made streams end early at a few
-    thousand nodes (CANCELLED / "Failed execute_batch")."""
+    thousand nodes (CANCELLED / "Failed execute_batch"). With several `protocols` (baseline,
+    current) they run back to back per (size, mode), so both see about the same load."""
     results = []
     context = multiprocessing.get_context("spawn")
     for nodes in sizes:
         for mode in modes:
-            with ProcessPoolExecutor(1, mp_context=context) as pool:
-                result = pool.submit(_run_in_process, mode, desired, nodes, per_connection,
-                                     pushes, gc_freeze).result()
-            results.append(result)
-            print(f"  {mode:5} {desired:7} {result.connections:5,} conns {nodes:6,} nodes: "
+            for protocol in protocols:
+                with ProcessPoolExecutor(1, mp_context=context) as pool:
+                    result = pool.submit(_run_in_process, mode, desired, nodes,
+                                         per_connection, pushes, gc_freeze, protocol).result()
+                results.append(result)
+                _progress(result)
+    return results
+
+
+def _progress(result: FanoutResult) -> None:
+    mode, desired, nodes = result.mode, result.desired, result.nodes
+    label = "" if result.protocol == "current" else f" [{result.protocol}]"
+    print(f"  {mode:5} {desired:7} {result.connections:5,} conns {nodes:6,} nodes{label}: "
                   f"push->last ACK {median(result.push_s) * 1e3:8.1f} ms, "
                   f"initial sync {result.sync_s:6.2f} s"
                   + (f"  ERRORS: {result.errors}" if result.errors else ""), flush=True)
-    return results
 
 
 def _run_in_process(
     mode: str, desired: str, nodes: int, per_connection: int, pushes: int, gc_freeze: bool,
+    protocol: str = "current",
 ) -> FanoutResult:
     return asyncio.run(run_one(mode, desired, nodes, per_connection=per_connection,
-                               pushes=pushes, gc_freeze=gc_freeze))
+                               pushes=pushes, gc_freeze=gc_freeze, protocol=protocol))
 
 
 def report(results: list[FanoutResult]) -> str:
     rows = []
     for r in results:
         rows.append([
-            r.mode, r.desired, r.nodes, r.connections, r.sync_s,
+            r.mode if r.protocol == "current" else f"{r.mode} ({r.protocol})",
+            r.desired, r.nodes, r.connections, r.sync_s,
             r.sync_cpu_s * 1e6 / r.nodes, r.rss_per_node / 1e3,
             median(r.first_ack_s) * 1e3, median(r.push_s) * 1e3, r.push_us_per_node,
             r.push_cpu_us_per_node, median(r.push_bytes),
@@ -284,7 +308,8 @@ def report(results: list[FanoutResult]) -> str:
          "B/node/push", "wall/floor", "CPU/floor"],
         rows,
     )]
-    key = {(r.desired, r.nodes, r.connections, r.mode): r for r in results}
+    key = {(r.desired, r.nodes, r.connections, r.mode): r for r in results
+           if r.protocol == "current"}
     delta_rows = []
     for (desired, nodes, conns, mode), r in key.items():
         other = key.get((desired, nodes, conns, "delta"))
@@ -294,6 +319,20 @@ def report(results: list[FanoutResult]) -> str:
         lines += ["", "SotW / delta (same run; > 1: delta is cheaper):", table(
             ["desired", "nodes", "conns", "push wall", "push CPU", "bytes/push",
              "initial sync"], delta_rows)]
+    base = {(r.desired, r.nodes, r.connections, r.mode): r for r in results
+            if r.protocol == "baseline"}
+    protocol_rows = [
+        [desired, nodes, conns, mode,
+         b.push_us_per_node / r.push_us_per_node,
+         b.push_cpu_us_per_node / r.push_cpu_us_per_node,
+         b.sync_cpu_s / r.sync_cpu_s, b.sync_s / r.sync_s]
+        for (desired, nodes, conns, mode), r in key.items()
+        if (b := base.get((desired, nodes, conns, mode))) is not None
+    ]
+    if protocol_rows:
+        lines += ["", "baseline protocol core / current (same run; > 1: current is cheaper):",
+                  table(["desired", "nodes", "conns", "mode", "push wall", "push CPU",
+                         "sync CPU", "initial sync"], protocol_rows)]
     errors = [f"  {r.mode} {r.desired} {r.nodes}: {e}"
               for r in results for e in r.errors]
     if errors:

@@ -1,12 +1,15 @@
 """The server side of the fan-out benchmark: a real `BallastServer` in its own process.
 
-Run by `bench.fanout` as `python -m bench.fanout_server DESIRED [--gc-freeze]`; it prints one
+Run by `bench.fanout` as `python -m bench.fanout_server DESIRED [--gc-freeze]
+[--protocol baseline]`; it prints one
 JSON line `{"port": ...}` when serving, then answers one JSON command per stdin line with one
 JSON line on stdout. Times are `time.monotonic()` (CLOCK_MONOTONIC, the same clock in every
 process), so the client process can subtract them from its own.
 
 The only instrumentation is a wrapper around `NodeEntry.acked` (one comparison per ACK): it
 notes when every node finished its initial sync and when the last node of a PoP ACKed a push.
+`--protocol baseline` swaps the per-stream core for `bench.protocol_baseline` (the protocol core
+before the per-snapshot index) so one benchmark run can compare both in the same server.
 """
 
 from __future__ import annotations
@@ -64,6 +67,15 @@ def install(tracker: AckTracker) -> None:
         tracker.on_ack(self, type_url, version)
 
     nodes_module.NodeEntry.acked = acked  # type: ignore[method-assign]
+
+
+def use_baseline_protocol() -> None:
+    """Serve with the pre-index protocol core (`bench/protocol_baseline.py`)."""
+    from bench import protocol_baseline
+    from control_plane.ads import server as ads_server
+
+    ads_server.SotwStream = protocol_baseline.SotwStream  # type: ignore[misc]
+    ads_server.DeltaStream = protocol_baseline.DeltaStream  # type: ignore[misc]
 
 
 def pushed_bytes(metrics: BallastMetrics) -> float:
@@ -144,4 +156,7 @@ def reply(data: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], "--gc-freeze" in sys.argv[2:]))
+    args = sys.argv[2:]
+    if "--protocol" in args and args[args.index("--protocol") + 1] == "baseline":
+        use_baseline_protocol()
+    asyncio.run(main(sys.argv[1], "--gc-freeze" in args))

@@ -1,4 +1,13 @@
-"""The sans-I/O core of one ADS stream: requests and snapshots in, responses and events out.
+"""BASELINE for benchmarks only: `control_plane/ads/protocol.py` as it was before the
+per-snapshot index (`control_plane/ads/index.py`), kept verbatim except that the response and
+event types are imported from the current module (so `bench.fanout_server --protocol baseline`
+can run it inside the real server). It copies, sorts and hashes every resource of a type per
+stream on every push and every ACK. Compared against the current core in
+`bench/protocol_core.py` and `bench.run --compare-protocol`; not used by the service.
+
+The original module docstring follows.
+
+The sans-I/O core of one ADS stream: requests and snapshots in, responses and events out.
 
 Nothing here touches gRPC, sockets or clocks. A stream object is fed each DiscoveryRequest (or
 DeltaDiscoveryRequest) with the node's current `PopResources`, and each new snapshot; it returns
@@ -22,6 +31,14 @@ from dataclasses import dataclass, field
 
 from envoy.service.discovery.v3.discovery_pb2 import DeltaDiscoveryRequest, DiscoveryRequest
 
+from control_plane.ads.protocol import (
+    Ack,
+    DeltaResponse,
+    Nack,
+    ProtocolError,
+    SotwResponse,
+    Step,
+)
 from control_plane.translate.resources import (
     CLUSTER_TYPE,
     ENDPOINT_TYPE,
@@ -40,48 +57,6 @@ SHORT_NAMES = {
     LISTENER_TYPE: "LDS",
     "type.googleapis.com/envoy.config.route.v3.RouteConfiguration": "RDS",
 }
-
-
-class ProtocolError(ValueError):
-    """A request the server cannot accept (the stream's state is left untouched)."""
-
-
-@dataclass(frozen=True)
-class SotwResponse:
-    type_url: str
-    version: str
-    nonce: str
-    resources: tuple[Resource, ...]
-
-
-@dataclass(frozen=True)
-class DeltaResponse:
-    type_url: str
-    version: str  # system_version_info: the hash of what the node holds of this type afterwards
-    nonce: str
-    resources: tuple[Resource, ...]
-    removed: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class Ack:
-    type_url: str
-    version: str
-    nonce: str
-
-
-@dataclass(frozen=True)
-class Nack:
-    type_url: str
-    version: str
-    nonce: str
-    message: str
-
-
-@dataclass
-class Step:
-    responses: list[SotwResponse | DeltaResponse] = field(default_factory=list)
-    events: list[Ack | Nack] = field(default_factory=list)
 
 
 def short_name(type_url: str) -> str:

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from bench import fanout, translation
+from bench import fanout, protocol_core, translation
 from bench.common import ROOT
 
 
@@ -50,13 +50,15 @@ def plans(quick: bool, nodes: int | None, per_connection: int) -> list[FanoutPla
     return result
 
 
-def run_fanout(todo: list[FanoutPlan], pushes: int) -> list[fanout.FanoutResult]:
+def run_fanout(
+    todo: list[FanoutPlan], pushes: int, protocols: tuple[str, ...] = ("current",)
+) -> list[fanout.FanoutResult]:
     results: list[fanout.FanoutResult] = []
     for plan in todo:
         print(f"-- {plan.label}", flush=True)
         results += fanout.run(plan.sizes, desired=plan.desired,
                               per_connection=plan.per_connection, pushes=pushes,
-                              modes=plan.modes)
+                              modes=plan.modes, protocols=protocols)
     return results
 
 
@@ -67,7 +69,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-connection", type=int, default=10,
                         help="simulated nodes (streams) per TCP connection (default 10)")
     parser.add_argument("--pushes", type=int, help="weight updates per fan-out run (default 5)")
-    parser.add_argument("--only", choices=("fanout", "translation"), help="one benchmark")
+    parser.add_argument("--only", choices=("fanout", "translation", "protocol"),
+                        help="one benchmark")
+    parser.add_argument("--compare-protocol", action="store_true",
+                        help="fan-out runs twice per (size, mode): with the protocol core of "
+                        "bench/protocol_baseline.py, then with the current one")
     args = parser.parse_args(argv)
     pushes = args.pushes or (3 if args.quick else 5)
     started = time.time()
@@ -83,9 +89,17 @@ def main(argv: list[str] | None = None) -> int:
         results["translation"] = translation.run(quick=args.quick)
         out += ["== Translation and serialization", translation.report(results["translation"])]
         print(out[-1] + "\n", flush=True)
+    if args.only in (None, "protocol"):
+        print("== protocol core (sans-I/O, baseline vs current, interleaved)", flush=True)
+        results["protocol"] = protocol_core.run(streams=200 if args.quick else 500,
+                                                rounds=5 if args.quick else 9)
+        out += ["== Protocol core per stream (one PoP, weight change of one origin group)",
+                protocol_core.report(results["protocol"])]
+        print(out[-1] + "\n", flush=True)
     if args.only in (None, "fanout"):
         print("== push fan-out", flush=True)
-        fan = run_fanout(plans(args.quick, args.nodes, args.per_connection), pushes)
+        protocols = ("baseline", "current") if args.compare_protocol else ("current",)
+        fan = run_fanout(plans(args.quick, args.nodes, args.per_connection), pushes, protocols)
         results["fanout"] = [r.as_dict() for r in fan]
         results["fanout_floor"] = {
             "push_us_per_node": fanout.FLOOR_PUSH_US_PER_NODE,

@@ -14,6 +14,11 @@ and the Envoy 1.40 traps in NOTES.md):
 - only what a node subscribed to is sent (CDS/LDS may be wildcard); names that do not exist yet
   are remembered and sent when they appear;
 - delta: `initial_resource_versions` are what the node already has; removals are announced.
+
+Cost: everything that is the same for every stream of a PoP — a type's resources per
+subscription, their versions, the diff between two snapshot generations — is computed once per
+snapshot in `index.py` and shared. Per stream, a push or an ACK that changes nothing compares
+object identities and version strings; a push that changes k resources touches those k.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from dataclasses import dataclass, field
 
 from envoy.service.discovery.v3.discovery_pb2 import DeltaDiscoveryRequest, DiscoveryRequest
 
+from control_plane.ads.index import EMPTY, ResourceSet, index, items_version
 from control_plane.translate.resources import (
     CLUSTER_TYPE,
     ENDPOINT_TYPE,
@@ -29,8 +35,12 @@ from control_plane.translate.resources import (
     PUSH_ORDER,
     PopResources,
     Resource,
-    content_version,
 )
+
+__all__ = [
+    "WILDCARD", "Ack", "DeltaResponse", "DeltaStream", "Nack", "ProtocolError", "SotwResponse",
+    "SotwStream", "Step", "items_version", "short_name",
+]
 
 WILDCARD = "*"
 WILDCARD_TYPES = frozenset({CLUSTER_TYPE, LISTENER_TYPE})  # an empty first request = everything
@@ -88,11 +98,6 @@ def short_name(type_url: str) -> str:
     return SHORT_NAMES.get(type_url, type_url)
 
 
-def items_version(items: dict[str, str]) -> str:
-    """Version of a set of (name, version); equals `PopResources.type_version` for a full type."""
-    return content_version(repr(sorted(items.items())).encode())
-
-
 def _check_type(type_url: str) -> None:
     if not type_url:
         raise ProtocolError("request without type_url")
@@ -101,15 +106,47 @@ def _check_type(type_url: str) -> None:
         raise ProtocolError(f"unsupported type_url {type_url!r}; Ballast serves {served}")
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Subscription:
     wildcard: bool = False
-    names: set[str] = field(default_factory=set)
+    names: frozenset[str] = frozenset()
 
-    def wanted(self, available: dict[str, Resource]) -> dict[str, Resource]:
-        if self.wildcard:
-            return dict(available)
-        return {name: available[name] for name in sorted(self.names) if name in available}
+
+def _view(snapshot: PopResources, type_url: str, sub: _Subscription) -> ResourceSet:
+    """What `sub` gets of `snapshot`: one shared object per (snapshot, type, subscription)."""
+    return index(snapshot, type_url).view(sub.wildcard, sub.names)
+
+
+# serialized resource_names -> frozenset of them, shared by every stream naming the same list;
+# a SotW ACK repeats all names (150 for EDS of a large PoP): serializing them in C is ~3x
+# cheaper than making a Python set, and the set is made once per distinct list, not per ACK
+_REQUESTED: dict[bytes, frozenset[str]] = {}
+_MAX_REQUESTED = 4096
+_NOT_NAMES = ("version_info", "node", "response_nonce", "error_detail")
+
+
+def _requested_names(request: DiscoveryRequest) -> frozenset[str]:
+    """`frozenset(request.resource_names)`, the same object for the same list."""
+    if len(request.resource_names) < 8:
+        return frozenset(request.resource_names)
+    names_only = DiscoveryRequest()
+    names_only.CopyFrom(request)
+    for name in _NOT_NAMES:
+        names_only.ClearField(name)
+    key = names_only.SerializeToString(deterministic=True)
+    names = _REQUESTED.get(key)
+    if names is None:
+        if len(_REQUESTED) >= _MAX_REQUESTED:
+            _REQUESTED.clear()
+        names = _REQUESTED[key] = frozenset(request.resource_names)
+    return names
+
+
+def _interned(sub: _Subscription, view: ResourceSet) -> _Subscription:
+    """`sub` holding the view's own name set, so later lookups match by identity."""
+    if sub.wildcard or view.scope is None or view.scope is sub.names:
+        return sub
+    return _Subscription(False, view.scope)
 
 
 # --------------------------------------------------------------------------------------------
@@ -120,7 +157,7 @@ class _Subscription:
 class _SotwType:
     sub: _Subscription = field(default_factory=_Subscription)
     nonce: str | None = None  # latest nonce sent for this type
-    sent: dict[str, Resource] = field(default_factory=dict)  # what the last response held
+    sent: ResourceSet = EMPTY  # what the last response held
     # a NACKed version stays the sent version: it is not sent again until the content changes
     sent_version: str | None = None
 
@@ -146,20 +183,25 @@ class SotwStream:
         first = state is None
         if state is None:
             state = self._types[type_url] = _SotwType()
-        names = set(request.resource_names)
-        state.sub = _Subscription(
-            wildcard=WILDCARD in names
-            or (type_url in WILDCARD_TYPES and not names and (first or state.sub.wildcard)),
-            names=names - {WILDCARD},
+        names = _requested_names(request)
+        wildcard = WILDCARD in names or (
+            type_url in WILDCARD_TYPES and not names and (first or state.sub.wildcard)
         )
+        if WILDCARD in names:
+            names = names - {WILDCARD}
+        if wildcard != state.sub.wildcard or (
+            names is not state.sub.names and names != state.sub.names
+        ):
+            state.sub = _Subscription(wildcard, names)
         if nonce and nonce == state.nonce and state.sent_version is not None:
             version = state.sent_version
             if request.HasField("error_detail"):
                 step.events.append(Nack(type_url, version, nonce, request.error_detail.message))
             else:
                 step.events.append(Ack(type_url, version, nonce))
-        wanted = state.sub.wanted(dict(snapshot.of_type(type_url)))
-        must_answer = first and (state.sub.wildcard or bool(wanted))
+        wanted = _view(snapshot, type_url, state.sub)
+        state.sub = _interned(state.sub, wanted)
+        must_answer = first and (state.sub.wildcard or bool(wanted.items))
         changed = self._send_if_needed(step, type_url, wanted, force=must_answer)
         if type_url == CLUSTER_TYPE:
             self._resend_endpoints(step, changed, snapshot)
@@ -167,17 +209,18 @@ class SotwStream:
 
     def on_snapshot(self, snapshot: PopResources) -> Step:
         step = Step()
-        removals: list[tuple[str, dict[str, Resource]]] = []
+        removals: list[tuple[str, ResourceSet]] = []
         for type_url in PUSH_ORDER:
             state = self._types.get(type_url)
             if state is None:
                 continue
-            wanted = state.sub.wanted(dict(snapshot.of_type(type_url)))
-            gone = set(state.sent) - set(wanted)
+            wanted = _view(snapshot, type_url, state.sub)
+            state.sub = _interned(state.sub, wanted)
+            sent = state.sent
+            gone = sent is not wanted and bool(wanted.diff_from(sent).gone)
             if type_url in WILDCARD_TYPES and gone:
                 # make before break: keep what goes away until everything else moved over
-                keep = {name: state.sent[name] for name in gone}
-                changed = self._send_if_needed(step, type_url, {**keep, **wanted})
+                changed = self._send_if_needed(step, type_url, wanted.diff_from(sent).kept)
                 removals.append((type_url, wanted))
             elif type_url == ENDPOINT_TYPE and any(
                 r.type_url == CLUSTER_TYPE for r in step.responses
@@ -191,32 +234,34 @@ class SotwStream:
             self._send_if_needed(step, type_url, wanted)
         return step
 
-    def _resend_endpoints(self, step: Step, clusters: set[str], snapshot: PopResources) -> None:
+    def _resend_endpoints(
+        self, step: Step, clusters: frozenset[str], snapshot: PopResources
+    ) -> None:
         """Clusters changed: send EDS now, even unchanged (Envoy warms them until it arrives)."""
         state = self._types.get(ENDPOINT_TYPE)
         if state is None:
             return
-        wanted = state.sub.wanted(dict(snapshot.of_type(ENDPOINT_TYPE)))
-        self._send_if_needed(step, ENDPOINT_TYPE, wanted, force=bool(clusters & set(wanted)))
+        wanted = _view(snapshot, ENDPOINT_TYPE, state.sub)
+        state.sub = _interned(state.sub, wanted)
+        force = bool(clusters) and any(name in wanted.items for name in clusters)
+        self._send_if_needed(step, ENDPOINT_TYPE, wanted, force=force)
 
     def _send_if_needed(
-        self, step: Step, type_url: str, wanted: dict[str, Resource], *, force: bool = False
-    ) -> set[str]:
+        self, step: Step, type_url: str, wanted: ResourceSet, *, force: bool = False
+    ) -> frozenset[str]:
         """Send `wanted` unless the node was sent exactly that; the names that changed."""
         state = self._types[type_url]
-        version = items_version({name: r.version for name, r in wanted.items()})
+        version = wanted.version
         unchanged = version == state.sent_version
-        nothing_yet = state.sent_version is None and not wanted and not state.sub.wildcard
+        nothing_yet = state.sent_version is None and not wanted.items and not state.sub.wildcard
         if (unchanged or nothing_yet) and not force:
-            return set()
+            return frozenset()
         self._counter += 1
         nonce = str(self._counter)
-        changed = {
-            name
-            for name, r in wanted.items()
-            if name not in state.sent or state.sent[name].version != r.version
-        }
-        step.responses.append(SotwResponse(type_url, version, nonce, tuple(wanted.values())))
+        changed = (
+            frozenset() if wanted is state.sent else wanted.diff_from(state.sent).changed_names
+        )
+        step.responses.append(SotwResponse(type_url, version, nonce, wanted.resources))
         state.nonce = nonce
         state.sent = wanted
         state.sent_version = version
@@ -233,6 +278,9 @@ class _DeltaType:
     # name -> version the node holds, as far as we know: what it said it had, then what we sent
     # (a NACKed version stays here, so it is not sent again until it changes)
     has: dict[str, str] = field(default_factory=dict)
+    # a shared set whose (name, version) pairs are exactly `has` (None: not known to be one);
+    # lets a push or an ACK use shared diffs and versions instead of walking `has`
+    holds: ResourceSet | None = EMPTY
 
 
 class DeltaStream:
@@ -269,19 +317,22 @@ class DeltaStream:
                 step.events.append(Ack(type_url, answered.version, nonce))
         subscribe = set(request.resource_names_subscribe)
         unsubscribe = set(request.resource_names_unsubscribe)
+        wildcard = state.sub.wildcard
         if first:
             state.has = dict(request.initial_resource_versions)
-            state.sub.wildcard = WILDCARD in subscribe or (
-                type_url in WILDCARD_TYPES and not subscribe
-            )
+            state.holds = None if state.has else EMPTY
+            wildcard = WILDCARD in subscribe or (type_url in WILDCARD_TYPES and not subscribe)
         if WILDCARD in subscribe:
-            state.sub.wildcard = True
+            wildcard = True
         if WILDCARD in unsubscribe:
-            state.sub.wildcard = False
-        state.sub.names |= subscribe - {WILDCARD}
-        state.sub.names -= unsubscribe
+            wildcard = False
+        if first or subscribe or unsubscribe:
+            names = (state.sub.names | (subscribe - {WILDCARD})) - unsubscribe
+            if wildcard != state.sub.wildcard or names != state.sub.names:
+                state.sub = _Subscription(wildcard, frozenset(names))
         for name in unsubscribe:
-            state.has.pop(name, None)
+            if state.has.pop(name, None) is not None:
+                state.holds = None
         self._push_type(step, type_url, snapshot, force=first and state.sub.wildcard)
         if type_url == CLUSTER_TYPE and ENDPOINT_TYPE in self._types:
             self._push_type(step, ENDPOINT_TYPE, snapshot, removals=False)
@@ -308,31 +359,76 @@ class DeltaStream:
         force: bool = False,
     ) -> None:
         state = self._types[type_url]
-        available = dict(snapshot.of_type(type_url))
-        wanted = state.sub.wanted(available)
+        wanted = _view(snapshot, type_url, state.sub)
+        state.sub = _interned(state.sub, wanted)
         resend = self._warming_names(step) if type_url == ENDPOINT_TYPE else set()
-        send: tuple[Resource, ...] = ()
-        if updates:
-            send = tuple(
-                r
-                for name, r in wanted.items()
-                if name in resend or state.has.get(name) != r.version
-            )
-        removed: tuple[str, ...] = ()
-        if removals:
-            scope = set(state.has) if state.sub.wildcard else state.sub.names & set(state.has)
-            removed = tuple(sorted(name for name in scope if name not in available))
-        if not send and not removed and not force:
-            return
+        holds = state.holds
+        if holds is not None:
+            # `has` is exactly `holds`: the shared diff says what to send and remove
+            diff = None if holds is wanted else wanted.diff_from(holds)
+            send: tuple[Resource, ...] = ()
+            if updates:
+                changed = diff.changed if diff is not None else ()
+                if resend and not resend.isdisjoint(wanted.items):
+                    names = diff.changed_names if diff is not None else frozenset()
+                    send = tuple(
+                        r for name, r in wanted.items.items() if name in resend or name in names
+                    )
+                else:
+                    send = changed
+            removed = diff.removed if diff is not None and removals else ()
+            if not send and not removed and not force:
+                return
+            after = diff.after(updates=updates, removals=removals) if diff else holds
+        else:
+            # `has` came from the node (initial versions) or lost names: compare name by name
+            send, removed = self._compare(state, wanted, type_url, snapshot, resend,
+                                          updates=updates, removals=removals)
+            if not send and not removed and not force:
+                if updates and wanted.same_items(state.has):
+                    state.holds = wanted
+                return
+            after = None
         for item in send:
             state.has[item.name] = item.version
         for name in removed:
             state.has.pop(name, None)
+        if after is None and wanted.same_items(state.has):
+            after = wanted
+        state.holds = after
         self._counter += 1
         nonce = str(self._counter)
-        response = DeltaResponse(type_url, items_version(state.has), nonce, send, removed)
+        version = after.version if after is not None else items_version(state.has)
+        response = DeltaResponse(type_url, version, nonce, send, removed)
         self._pending[nonce] = response
         step.responses.append(response)
+
+    @staticmethod
+    def _compare(
+        state: _DeltaType,
+        wanted: ResourceSet,
+        type_url: str,
+        snapshot: PopResources,
+        resend: set[str],
+        *,
+        updates: bool,
+        removals: bool,
+    ) -> tuple[tuple[Resource, ...], tuple[str, ...]]:
+        """What to send and remove, from `has` itself (the general, per-name way)."""
+        has = state.has
+        send: tuple[Resource, ...] = ()
+        if updates:
+            send = tuple(
+                r
+                for name, r in wanted.items.items()
+                if name in resend or has.get(name) != r.version
+            )
+        removed: tuple[str, ...] = ()
+        if removals:
+            available = index(snapshot, type_url).items
+            scope = set(has) if state.sub.wildcard else state.sub.names & set(has)
+            removed = tuple(sorted(name for name in scope if name not in available))
+        return send, removed
 
     @staticmethod
     def _warming_names(step: Step) -> set[str]:

@@ -9,8 +9,9 @@ versions survive restarts and a resource that did not change is never re-sent.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from google.protobuf.message import Message
 
@@ -21,6 +22,8 @@ ROUTE_TYPE = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
 
 # Make-before-break: the order a change is pushed in (removals go last, in reverse).
 PUSH_ORDER: tuple[str, ...] = (CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE)
+
+T = TypeVar("T")
 
 ADAPTIVE_LIFO_EXTENSION = "envoy.queue_policy.adaptive_lifo"
 FIFO_EXTENSION = "envoy.queue_policy.fifo"
@@ -67,11 +70,30 @@ class PopResources:
     capabilities: Capabilities
     by_type: Mapping[str, Mapping[str, Resource]]
     notes: tuple[str, ...] = ()  # e.g. "shop.critical: adaptive_lifo -> fifo (not supported)"
+    # values computed from this snapshot once and shared by every stream (see `derived`)
+    _derived: dict[str, Any] = field(
+        default_factory=dict, init=False, repr=False, compare=False, hash=False
+    )
 
     def of_type(self, type_url: str) -> Mapping[str, Resource]:
         return self.by_type.get(type_url, {})
 
     def type_version(self, type_url: str) -> str:
         """A version for a whole type (SotW version_info): hash of its resources' versions."""
+        return self.derived(f"type_version:{type_url}", lambda s: s._type_version(type_url))
+
+    def _type_version(self, type_url: str) -> str:
         items = sorted((n, r.version) for n, r in self.of_type(type_url).items())
         return content_version(repr(items).encode())
+
+    def derived(self, key: str, build: Callable[[PopResources], T]) -> T:
+        """`build(self)`, computed the first time `key` is asked for and kept with this snapshot.
+
+        A snapshot is never changed after translation, so whatever is computed from it (per-type
+        indexes, versions) holds as long as it lives and is shared by every node of the PoP.
+        """
+        try:
+            return self._derived[key]  # type: ignore[no-any-return]
+        except KeyError:
+            value = self._derived[key] = build(self)
+            return value

@@ -1,0 +1,208 @@
+"""What every stream of a PoP would otherwise compute again: per-snapshot views and diffs.
+
+A snapshot (`PopResources`) never changes once translated, and the nodes of a PoP mostly
+subscribe to the same things (CDS/LDS wildcard, EDS every cluster, RDS every route). So the
+per-stream protocol core (`protocol.py`) works on shared, immutable `ResourceSet`s:
+
+- `index(snapshot, type_url)` — one `TypeIndex` per (snapshot, type), kept with the snapshot
+  (`PopResources.derived`);
+- `TypeIndex.view(wildcard, names)` — the resources a subscription gets, in response order,
+  with their name -> version map and the type version (`items_version`), built once per
+  (snapshot, type, subscription) and handed to every stream with that subscription;
+- `ResourceSet.diff_from(old)` — what changed from `old` (what a node holds, or was last sent)
+  to this set: changed resources, names gone, names a delta stream announces as removed, and
+  the sets the node holds after an update and/or removal. Computed once per pair of sets and
+  kept (weakly keyed by `old`) with the newer set.
+
+A stream then only compares identities and version strings when nothing changed, and touches
+only the changed names when something did. Everything here is a pure function of its inputs;
+`tests/test_ads_index*.py` check it against the direct computation.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable, Mapping
+from functools import cached_property
+
+from control_plane.translate.resources import PopResources, Resource, content_version
+
+_INDEXES = "ads.index"  # PopResources.derived key: type_url -> TypeIndex
+# distinct named subscriptions kept per (snapshot, type); beyond that views are built per call
+# (still correct, just not shared) so nodes naming arbitrary sets cannot grow memory unbounded
+MAX_VIEWS = 1024
+
+
+def items_version(items: Mapping[str, str]) -> str:
+    """Version of a set of (name, version); equals `PopResources.type_version` for a full type."""
+    return content_version(repr(sorted(items.items())).encode())
+
+
+class ResourceSet:
+    """An immutable set of resources (name -> Resource, in response order), shared by streams.
+
+    `wildcard`/`scope` say which subscription it is the view of (None for sets that are no
+    view, e.g. what a node holds after a make-before-break step); they decide which vanished
+    names a delta stream announces as removed.
+    """
+
+    def __init__(
+        self,
+        items: Mapping[str, Resource],
+        *,
+        wildcard: bool = False,
+        scope: frozenset[str] | None = None,
+    ) -> None:
+        self.items: Mapping[str, Resource] = items
+        self.resources: tuple[Resource, ...] = tuple(items.values())
+        self.wildcard = wildcard
+        self.scope = scope
+        self._diffs: weakref.WeakKeyDictionary[ResourceSet, Diff] = weakref.WeakKeyDictionary()
+
+    @classmethod
+    def of(cls, resources: Iterable[Resource]) -> ResourceSet:
+        return cls({r.name: r for r in resources})
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __repr__(self) -> str:
+        return f"ResourceSet({len(self.items)} resources, version {self.version})"
+
+    @cached_property
+    def versions(self) -> dict[str, str]:
+        return {name: r.version for name, r in self.items.items()}
+
+    @cached_property
+    def version(self) -> str:
+        return items_version(self.versions)
+
+    def same_items(self, versions: Mapping[str, str]) -> bool:
+        """Whether `versions` (name -> version) is exactly this set's."""
+        return len(versions) == len(self.items) and all(
+            versions.get(name) == r.version for name, r in self.items.items()
+        )
+
+    def diff_from(self, old: ResourceSet) -> Diff:
+        """From `old` to this set; computed once per pair, then shared."""
+        diff = self._diffs.get(old)
+        if diff is None:
+            diff = self._diffs[old] = Diff(old, self)
+        return diff
+
+
+EMPTY = ResourceSet({})
+
+
+class Diff:
+    """From `old` (what a node holds or was sent) to `new` (what it should get now)."""
+
+    def __init__(self, old: ResourceSet, new: ResourceSet) -> None:
+        # kept with `new`, keyed weakly by `old`: refer to neither strongly (no cycle, no leak)
+        self._old = weakref.ref(old)
+        self._new_ref = weakref.ref(new)
+        old_items = old.items
+        self.changed: tuple[Resource, ...] = tuple(
+            r for name, r in new.items.items()
+            if (held := old_items.get(name)) is None or held.version != r.version
+        )
+        self.changed_names = frozenset(r.name for r in self.changed)
+        # names `old` has and `new` has not, in `old`'s order
+        self.gone: tuple[str, ...] = tuple(n for n in old_items if n not in new.items)
+        # what a delta stream announces as removed: gone names in the subscription's scope
+        scope = new.scope
+        self.removed: tuple[str, ...] = tuple(
+            sorted(n for n in self.gone if new.wildcard or (scope is not None and n in scope))
+        )
+
+    def _old_set(self) -> ResourceSet:
+        old = self._old()
+        assert old is not None, "a diff is only used while both its sets are alive"
+        return old
+
+    @property
+    def _new(self) -> ResourceSet:
+        new = self._new_ref()
+        assert new is not None, "a diff is only used while both its sets are alive"
+        return new
+
+    @cached_property
+    def kept(self) -> ResourceSet:
+        """`old`'s resources that are gone, first, then `new`: make before break (SotW), and
+        what a node holds after receiving the updates but not yet the removals (delta)."""
+        if not self.gone:
+            return self._new
+        old = self._old_set()
+        items = {name: old.items[name] for name in self.gone}
+        items.update(self._new.items)
+        return ResourceSet(items)
+
+    @cached_property
+    def after_updates_and_removals(self) -> ResourceSet:
+        """What a delta node holds after the changed resources went out and `removed` too."""
+        if len(self.removed) == len(self.gone):
+            return self._new
+        old = self._old_set()
+        removed = set(self.removed)
+        items = {name: old.items[name] for name in self.gone if name not in removed}
+        items.update(self._new.items)
+        return ResourceSet(items)
+
+    @cached_property
+    def after_removals(self) -> ResourceSet:
+        """What a delta node holds after only the removals went out."""
+        old = self._old_set()
+        if not self.removed:
+            return old
+        if not self.changed and len(self.removed) == len(self.gone):
+            return self._new
+        removed = set(self.removed)
+        return ResourceSet({n: r for n, r in old.items.items() if n not in removed})
+
+    def after(self, *, updates: bool, removals: bool) -> ResourceSet:
+        if updates and removals:
+            return self.after_updates_and_removals
+        if updates:
+            return self.kept
+        if removals:
+            return self.after_removals
+        return self._old_set()
+
+
+class TypeIndex:
+    """One type of one snapshot: its resources and the views of it subscriptions get."""
+
+    def __init__(self, items: Mapping[str, Resource]) -> None:
+        self.items = items
+        self._all: ResourceSet | None = None
+        self._views: dict[frozenset[str], ResourceSet] = {}
+
+    def view(self, wildcard: bool, names: frozenset[str]) -> ResourceSet:
+        """What a subscription gets: everything (wildcard, in snapshot order) or the existing
+        resources among `names`, sorted by name. The same object for equal subscriptions."""
+        if wildcard:
+            if self._all is None:
+                self._all = ResourceSet(dict(self.items), wildcard=True)
+            return self._all
+        view = self._views.get(names)
+        if view is None:
+            items = self.items
+            view = ResourceSet(
+                {name: items[name] for name in sorted(names) if name in items}, scope=names
+            )
+            if len(self._views) < MAX_VIEWS:
+                self._views[names] = view
+        return view
+
+
+def index(snapshot: PopResources, type_url: str) -> TypeIndex:
+    """The `TypeIndex` of one type of `snapshot`: built once, kept with the snapshot."""
+    indexes: dict[str, TypeIndex] = snapshot.derived(_INDEXES, _no_indexes)
+    found = indexes.get(type_url)
+    if found is None:
+        found = indexes[type_url] = TypeIndex(snapshot.of_type(type_url))
+    return found
+
+
+def _no_indexes(_: PopResources) -> dict[str, TypeIndex]:
+    return {}

@@ -1,0 +1,331 @@
+"""The per-snapshot index of the ADS core (`control_plane/ads/index.py`): built once per
+snapshot and shared by every stream, and equal to computing everything per stream.
+
+The oracle for the protocol properties is `bench/protocol_baseline.py`, a verbatim copy of the
+protocol core before the index (it copies, sorts and hashes per stream): fed the same requests
+and snapshots, both must produce the same responses and events.
+"""
+
+from __future__ import annotations
+
+import gc
+from typing import Any
+
+from envoy.config.cluster.v3.cluster_pb2 import Cluster
+from envoy.config.endpoint.v3.endpoint_pb2 import ClusterLoadAssignment
+from envoy.config.listener.v3.listener_pb2 import Listener
+from envoy.config.route.v3.route_pb2 import RouteConfiguration
+from envoy.service.discovery.v3.discovery_pb2 import DeltaDiscoveryRequest, DiscoveryRequest
+from google.rpc.status_pb2 import Status
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from bench import protocol_baseline as baseline
+from control_plane.ads import index as index_module
+from control_plane.ads import protocol
+from control_plane.ads.index import EMPTY, ResourceSet, index, items_version
+from control_plane.ads.protocol import Ack, DeltaStream, ProtocolError, SotwStream
+from control_plane.translate.resources import (
+    CLUSTER_TYPE as CDS,
+)
+from control_plane.translate.resources import (
+    ENDPOINT_TYPE as EDS,
+)
+from control_plane.translate.resources import (
+    LISTENER_TYPE as LDS,
+)
+from control_plane.translate.resources import (
+    ROUTE_TYPE as RDS,
+)
+from control_plane.translate.resources import (
+    Capabilities,
+    PopResources,
+    Resource,
+)
+
+CLUSTERS = ("a", "b", "c", "d", "e")
+LISTENERS = ("l1", "l2")
+TYPES = (CDS, EDS, LDS, RDS)
+
+
+def make(type_url: str, name: str, variant: int) -> Resource:
+    if type_url == CDS:
+        return Resource.of(CDS, name, Cluster(name=name, connect_timeout={"seconds": variant}))
+    if type_url == EDS:
+        cla = ClusterLoadAssignment(cluster_name=name)
+        cla.endpoints.add().load_balancing_weight.value = variant + 1
+        return Resource.of(EDS, name, cla)
+    if type_url == LDS:
+        return Resource.of(LDS, name, Listener(name=name, stat_prefix=str(variant)))
+    return Resource.of(RDS, name, RouteConfiguration(name=name, max_direct_response_body_size_bytes={"value": variant + 1}))  # noqa: E501
+
+
+def snapshot(spec: dict[str, dict[str, int]]) -> PopResources:
+    """spec: type -> name -> variant (its content; equal variant, equal version)."""
+    by_type = {t: {n: make(t, n, v) for n, v in items.items()} for t, items in spec.items()}
+    return PopResources("ewr", Capabilities(), by_type)
+
+
+def plain_snapshot(clusters: dict[str, int], listeners: tuple[str, ...] = ("l1",)) -> PopResources:
+    return snapshot({
+        CDS: clusters, EDS: dict.fromkeys(clusters, 0),
+        LDS: dict.fromkeys(listeners, 0), RDS: dict.fromkeys(listeners, 0),
+    })
+
+
+# -- building blocks --------------------------------------------------------------------------
+
+
+def test_index_is_built_once_per_snapshot_and_views_are_shared() -> None:
+    s = plain_snapshot(dict.fromkeys(CLUSTERS, 1))
+    assert index(s, CDS) is index(s, CDS)
+    assert index(s, CDS) is not index(plain_snapshot(dict.fromkeys(CLUSTERS, 1)), CDS)
+    idx = index(s, EDS)
+    # equal subscriptions (different set objects) get the same view
+    assert idx.view(False, frozenset({"a", "b"})) is idx.view(False, frozenset(["b", "a"]))
+    assert idx.view(True, frozenset()) is idx.view(True, frozenset({"x"}))
+    whole = idx.view(True, frozenset())
+    assert whole.version == s.type_version(EDS) == items_version(
+        {n: r.version for n, r in s.of_type(EDS).items()}
+    )
+    assert s.type_version(EDS) is s.type_version(EDS)  # kept with the snapshot
+
+
+def test_many_streams_share_views_and_hash_each_set_once(monkeypatch: Any) -> None:
+    calls: list[int] = []
+    real = index_module.items_version
+
+    def counting(items: Any) -> str:
+        calls.append(len(items))
+        return real(items)
+
+    monkeypatch.setattr(index_module, "items_version", counting)
+    first, second = plain_snapshot(dict.fromkeys(CLUSTERS, 1)), plain_snapshot(
+        {**dict.fromkeys(CLUSTERS, 1), "a": 2}
+    )
+    sotw = [SotwStream() for _ in range(40)]
+    delta = [DeltaStream() for _ in range(40)]
+    for stream in sotw:
+        for type_url, names in ((CDS, ()), (EDS, CLUSTERS), (LDS, ()), (RDS, ("l1",))):
+            (response,) = stream.on_request(sotw_request(type_url, names), first).responses
+            stream.on_request(sotw_request(type_url, names, response.nonce), first)
+    for stream in delta:
+        for type_url, names in ((CDS, ()), (EDS, CLUSTERS), (LDS, ()), (RDS, ("l1",))):
+            (response,) = stream.on_request(delta_request(type_url, names), first).responses
+            stream.on_request(delta_request(type_url, nonce=response.nonce), first)
+    connected = len(calls)
+    assert connected <= 8  # one version per (type, subscription), not per stream
+    sotw_steps = [stream.on_snapshot(second) for stream in sotw]
+    delta_steps = [stream.on_snapshot(second) for stream in delta]
+    assert len(calls) - connected <= 8
+    # every stream's response holds the very same tuple of resources
+    cds = {id(step.responses[0].resources) for step in sotw_steps}
+    assert len(cds) == 1
+    assert len({id(step.responses[0].resources) for step in delta_steps}) == 1
+    # ACKs re-hash nothing
+    before = len(calls)
+    for stream, step in zip(sotw, sotw_steps, strict=True):
+        for r in step.responses:
+            names = CLUSTERS if r.type_url == EDS else ()
+            assert stream.on_request(sotw_request(r.type_url, names, r.nonce), second).events
+    for stream, step in zip(delta, delta_steps, strict=True):
+        for r in step.responses:
+            events = stream.on_request(delta_request(r.type_url, nonce=r.nonce), second).events
+            assert events == [Ack(r.type_url, r.version, r.nonce)]
+    assert len(calls) == before
+
+
+def test_diffs_are_kept_per_pair_and_weakly() -> None:
+    old = ResourceSet.of([make(CDS, "a", 1), make(CDS, "b", 1)])
+    new = index(plain_snapshot({"a": 2, "c": 1}), CDS).view(True, frozenset())
+    diff = new.diff_from(old)
+    assert new.diff_from(old) is diff
+    assert [r.name for r in diff.changed] == ["a", "c"] and diff.gone == ("b",)
+    assert diff.removed == ("b",)  # wildcard view: everything gone is announced
+    del diff, old
+    gc.collect()
+    assert len(new._diffs) == 0  # the old set went away: so did its diff
+
+
+# -- ResourceSet / Diff against the direct computation (hypothesis) ---------------------------
+
+content = st.dictionaries(st.sampled_from(CLUSTERS), st.integers(0, 2), max_size=len(CLUSTERS))
+
+
+@settings(max_examples=200, deadline=None)
+@given(content, content, st.booleans(), st.sets(st.sampled_from(CLUSTERS)))
+def test_view_and_diff_equal_the_direct_computation(
+    held: dict[str, int], now: dict[str, int], wildcard: bool, names: set[str]
+) -> None:
+    old = ResourceSet.of(make(CDS, n, v) for n, v in held.items())
+    available = {n: make(CDS, n, v) for n, v in now.items()}
+    view = index(snapshot({CDS: now}), CDS).view(wildcard, frozenset(names))
+    wanted = (
+        dict(available) if wildcard
+        else {n: available[n] for n in sorted(names) if n in available}
+    )
+    assert list(view.items) == list(wanted)
+    assert view.version == items_version({n: r.version for n, r in wanted.items()})
+    diff = view.diff_from(old)
+    has = {n: r.version for n, r in old.items.items()}
+    assert [r.name for r in diff.changed] == [
+        n for n, r in wanted.items() if has.get(n) != r.version
+    ]
+    assert set(diff.gone) == set(has) - set(wanted)
+    scope = set(has) if wildcard else names & set(has)
+    assert diff.removed == tuple(sorted(n for n in scope if n not in available))
+    for updates in (False, True):
+        for removals in (False, True):
+            expected = dict(has)
+            if updates:
+                expected.update({r.name: r.version for r in diff.changed})
+            if removals:
+                for n in diff.removed:
+                    expected.pop(n)
+            after = diff.after(updates=updates, removals=removals)
+            assert after.versions == expected
+            assert after.version == items_version(expected)
+    kept = diff.kept
+    assert kept.versions == {**{n: has[n] for n in diff.gone}, **view.versions}
+
+
+# -- the protocol core against the baseline (hypothesis) --------------------------------------
+
+
+def sotw_request(
+    type_url: str, names: tuple[str, ...] = (), nonce: str = "", error: str = ""
+) -> DiscoveryRequest:
+    request = DiscoveryRequest(type_url=type_url, resource_names=names, response_nonce=nonce)
+    if error:
+        request.error_detail.CopyFrom(Status(code=13, message=error))
+    return request
+
+
+def delta_request(
+    type_url: str, subscribe: tuple[str, ...] = (), unsubscribe: tuple[str, ...] = (),
+    nonce: str = "", error: str = "", initial: dict[str, str] | None = None,
+) -> DeltaDiscoveryRequest:
+    request = DeltaDiscoveryRequest(
+        type_url=type_url, resource_names_subscribe=subscribe,
+        resource_names_unsubscribe=unsubscribe, response_nonce=nonce,
+        initial_resource_versions=initial or {},
+    )
+    if error:
+        request.error_detail.CopyFrom(Status(code=13, message=error))
+    return request
+
+
+def names_of(type_url: str) -> tuple[str, ...]:
+    return LISTENERS if type_url in (LDS, RDS) else CLUSTERS
+
+
+specs = st.fixed_dictionaries({
+    t: st.dictionaries(st.sampled_from(names_of(t)), st.integers(0, 2),
+                       max_size=len(names_of(t)))
+    for t in TYPES
+})
+
+
+def subscription(type_url: str) -> st.SearchStrategy[tuple[str, ...]]:
+    pool = (*names_of(type_url), "*", "zz")
+    return st.lists(st.sampled_from(pool), max_size=4).map(tuple)
+
+
+sotw_ops = st.one_of(
+    st.tuples(st.just("snapshot"), st.integers(0, 3)),
+    st.sampled_from(TYPES).flatmap(lambda t: st.tuples(
+        st.just("request"), st.just(t), subscription(t),
+        st.sampled_from(("latest", "none", "stale")), st.booleans(),
+    )),
+)
+delta_ops = st.one_of(
+    st.tuples(st.just("snapshot"), st.integers(0, 3)),
+    st.sampled_from(TYPES).flatmap(lambda t: st.tuples(
+        st.just("request"), st.just(t), subscription(t), subscription(t),
+        st.sampled_from(("latest", "none", "other")), st.booleans(),
+        st.dictionaries(st.sampled_from(names_of(t)), st.sampled_from(("x", "keep"))),
+    )),
+)
+
+
+def comparable(step: Any) -> tuple[Any, ...]:
+    """A step with each response's resources as sorted (name, version): SotW's
+    make-before-break response lists what goes away in set order in the baseline."""
+    responses = tuple(
+        (type(r).__name__, r.type_url, r.version, r.nonce,
+         tuple(sorted((x.name, x.version) for x in r.resources)),
+         tuple(getattr(r, "removed", ())))
+        for r in step.responses
+    )
+    return responses, tuple(step.events)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(specs, min_size=4, max_size=4), st.lists(sotw_ops, max_size=25))
+def test_sotw_stream_equals_the_baseline(spec_list: list[Any], ops: list[Any]) -> None:
+    snaps = [snapshot(s) for s in spec_list]
+    new, old = protocol.SotwStream(), baseline.SotwStream()
+    current = snaps[0]
+    nonces: dict[str, list[str]] = {}
+    for op in ops:
+        if op[0] == "snapshot":
+            current = snaps[op[1]]
+            a, b = new.on_snapshot(current), old.on_snapshot(current)
+        else:
+            _, type_url, names, which, error = op
+            sent = nonces.get(type_url, [])
+            nonce = {"latest": sent[-1] if sent else "", "none": "",
+                     "stale": sent[0] if sent else "1"}[which]
+            request = sotw_request(type_url, names, nonce, "bad" if error else "")
+            a, b = new.on_request(request, current), old.on_request(request, current)
+        assert comparable(a) == comparable(b)
+        for r in a.responses:
+            nonces.setdefault(r.type_url, []).append(r.nonce)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(specs, min_size=4, max_size=4), st.lists(delta_ops, max_size=25))
+def test_delta_stream_equals_the_baseline(spec_list: list[Any], ops: list[Any]) -> None:
+    snaps = [snapshot(s) for s in spec_list]
+    new, old = protocol.DeltaStream(), baseline.DeltaStream()
+    current = snaps[0]
+    nonces: dict[str, list[str]] = {}
+    for op in ops:
+        if op[0] == "snapshot":
+            current = snaps[op[1]]
+            a, b = new.on_snapshot(current), old.on_snapshot(current)
+        else:
+            _, type_url, subscribe, unsubscribe, which, error, initial = op
+            sent = nonces.get(type_url, [])
+            others = [n for t, ns in nonces.items() if t != type_url for n in ns]
+            nonce = {"latest": sent[-1] if sent else "", "none": "",
+                     "other": others[-1] if others else ""}[which]
+            versions = {
+                n: (current.of_type(type_url)[n].version
+                    if v == "keep" and n in current.of_type(type_url) else v)
+                for n, v in initial.items()
+            }
+            request = delta_request(type_url, subscribe, unsubscribe, nonce,
+                                    "bad" if error else "", versions)
+            raised = []
+            for stream in (new, old):
+                try:
+                    step = stream.on_request(request, current)
+                except ProtocolError as err:
+                    raised.append(str(err))
+                    step = None
+                if stream is new:
+                    a = step
+                else:
+                    b = step
+            if raised:
+                assert len(raised) == 2 and raised[0] == raised[1]
+                continue
+        assert a is not None and b is not None
+        assert comparable(a) == comparable(b)
+        for r in a.responses:
+            nonces.setdefault(r.type_url, []).append(r.nonce)
+
+
+def test_empty_set_is_shared_and_versioned_like_nothing() -> None:
+    assert EMPTY.version == items_version({}) and EMPTY.resources == ()
