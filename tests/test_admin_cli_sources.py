@@ -4,7 +4,6 @@ the local state directory, read over a running Ballast's admin API (`/decisions`
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -14,35 +13,16 @@ from control_plane.cli.admin_client import AdminClient, ServerSource
 from control_plane.cli.main import main
 from control_plane.decisions.log import DecisionLog
 from control_plane.decisions.read import Query
-from tests.support.admin_stack import AdminStack, start_stack
+from tests.support.admin_stack import AdminStack, serving
 from tests.support.ads_desired import desired
-from tests.support.background_loop import BackgroundLoop
-
-T0 = datetime(2024, 5, 1, 16, 2, 10, tzinfo=UTC)
+from tests.support.decision_records import write_records
 
 
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[AdminStack]:
-    moments = iter(T0 + timedelta(seconds=20 * i) for i in range(10))
-    with DecisionLog(tmp_path, clock=lambda: next(moments)) as log:
-        log.record("threshold_breach", pop="ewr", group="shop",
-                   weights_before={"primary": 95, "secondary": 5},
-                   weights_after={"primary": 95, "secondary": 5},
-                   rule="primary 5xx 7.9% > 2% (window 1 of 2)")
-        log.record("weight_shift", pop="ewr", group="shop",
-                   weights_before={"primary": 95, "secondary": 5},
-                   weights_after={"primary": 85, "secondary": 15}, rule="step cap 10")
-        log.record("config_applied", config_version="abc", detail={"changed": ["ewr"]})
-        log.record("hold", pop="sjc", group="shop", rule="fail static: metrics stale 50 s")
-    bg = BackgroundLoop()
-    stack = bg.run(start_stack(
-        desired(listener_port=10000, primary_port=8081, secondary_port=8082), tmp_path
-    ))
-    try:
+    the_desired = desired(listener_port=10000, primary_port=8081, secondary_port=8082)
+    with serving(the_desired, write_records(tmp_path, "shop")) as (_, stack):
         yield stack
-    finally:
-        bg.run(stack.stop())
-        bg.close()
 
 
 def out_of(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:

@@ -9,6 +9,7 @@ and snapshots, both must produce the same responses and events.
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable
 from typing import Any
 
 from envoy.config.cluster.v3.cluster_pb2 import Cluster
@@ -16,7 +17,6 @@ from envoy.config.endpoint.v3.endpoint_pb2 import ClusterLoadAssignment
 from envoy.config.listener.v3.listener_pb2 import Listener
 from envoy.config.route.v3.route_pb2 import RouteConfiguration
 from envoy.service.discovery.v3.discovery_pb2 import DeltaDiscoveryRequest, DiscoveryRequest
-from google.rpc.status_pb2 import Status
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -42,6 +42,7 @@ from control_plane.translate.resources import (
     PopResources,
     Resource,
 )
+from tests.support.ads_requests import delta_request, sotw_request
 
 CLUSTERS = ("a", "b", "c", "d", "e")
 LISTENERS = ("l1", "l2")
@@ -192,29 +193,6 @@ def test_view_and_diff_equal_the_direct_computation(
 # -- the protocol core against the baseline (hypothesis) --------------------------------------
 
 
-def sotw_request(
-    type_url: str, names: tuple[str, ...] = (), nonce: str = "", error: str = ""
-) -> DiscoveryRequest:
-    request = DiscoveryRequest(type_url=type_url, resource_names=names, response_nonce=nonce)
-    if error:
-        request.error_detail.CopyFrom(Status(code=13, message=error))
-    return request
-
-
-def delta_request(
-    type_url: str, subscribe: tuple[str, ...] = (), unsubscribe: tuple[str, ...] = (),
-    nonce: str = "", error: str = "", initial: dict[str, str] | None = None,
-) -> DeltaDiscoveryRequest:
-    request = DeltaDiscoveryRequest(
-        type_url=type_url, resource_names_subscribe=subscribe,
-        resource_names_unsubscribe=unsubscribe, response_nonce=nonce,
-        initial_resource_versions=initial or {},
-    )
-    if error:
-        request.error_detail.CopyFrom(Status(code=13, message=error))
-    return request
-
-
 def names_of(type_url: str) -> tuple[str, ...]:
     return LISTENERS if type_url in (LDS, RDS) else CLUSTERS
 
@@ -260,53 +238,28 @@ def comparable(step: Any) -> tuple[Any, ...]:
     return responses, tuple(step.events)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(specs, min_size=4, max_size=4), st.lists(sotw_ops, max_size=25))
-def test_sotw_stream_equals_the_baseline(spec_list: list[Any], ops: list[Any]) -> None:
+Nonces = dict[str, list[str]]
+
+
+def replay(
+    new: Any, old: Any, spec_list: list[Any], ops: list[Any],
+    request_for: Callable[[Any, PopResources, Nonces], Any], *, same_errors: bool = False,
+) -> None:
+    """Feed the current stream and the baseline's the same snapshots and requests; compare every
+    step. `request_for(op, current snapshot, nonces sent so far by type)` builds the request of a
+    request op; with `same_errors`, a request may raise ProtocolError if both raise the same."""
     snaps = [snapshot(s) for s in spec_list]
-    new, old = protocol.SotwStream(), baseline.SotwStream()
     current = snaps[0]
-    nonces: dict[str, list[str]] = {}
+    nonces: Nonces = {}
     for op in ops:
         if op[0] == "snapshot":
             current = snaps[op[1]]
             a, b = new.on_snapshot(current), old.on_snapshot(current)
-        else:
-            _, type_url, names, which, error = op
-            sent = nonces.get(type_url, [])
-            nonce = {"latest": sent[-1] if sent else "", "none": "",
-                     "stale": sent[0] if sent else "1"}[which]
-            request = sotw_request(type_url, names, nonce, "bad" if error else "")
+        elif not same_errors:
+            request = request_for(op, current, nonces)
             a, b = new.on_request(request, current), old.on_request(request, current)
-        assert comparable(a) == comparable(b)
-        for r in a.responses:
-            nonces.setdefault(r.type_url, []).append(r.nonce)
-
-
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(specs, min_size=4, max_size=4), st.lists(delta_ops, max_size=25))
-def test_delta_stream_equals_the_baseline(spec_list: list[Any], ops: list[Any]) -> None:
-    snaps = [snapshot(s) for s in spec_list]
-    new, old = protocol.DeltaStream(), baseline.DeltaStream()
-    current = snaps[0]
-    nonces: dict[str, list[str]] = {}
-    for op in ops:
-        if op[0] == "snapshot":
-            current = snaps[op[1]]
-            a, b = new.on_snapshot(current), old.on_snapshot(current)
         else:
-            _, type_url, subscribe, unsubscribe, which, error, initial = op
-            sent = nonces.get(type_url, [])
-            others = [n for t, ns in nonces.items() if t != type_url for n in ns]
-            nonce = {"latest": sent[-1] if sent else "", "none": "",
-                     "other": others[-1] if others else ""}[which]
-            versions = {
-                n: (current.of_type(type_url)[n].version
-                    if v == "keep" and n in current.of_type(type_url) else v)
-                for n, v in initial.items()
-            }
-            request = delta_request(type_url, subscribe, unsubscribe, nonce,
-                                    "bad" if error else "", versions)
+            request = request_for(op, current, nonces)
             raised = []
             for stream in (new, old):
                 try:
@@ -325,6 +278,40 @@ def test_delta_stream_equals_the_baseline(spec_list: list[Any], ops: list[Any]) 
         assert comparable(a) == comparable(b)
         for r in a.responses:
             nonces.setdefault(r.type_url, []).append(r.nonce)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(specs, min_size=4, max_size=4), st.lists(sotw_ops, max_size=25))
+def test_sotw_stream_equals_the_baseline(spec_list: list[Any], ops: list[Any]) -> None:
+    def request_for(op: Any, current: PopResources, nonces: Nonces) -> DiscoveryRequest:
+        _, type_url, names, which, error = op
+        sent = nonces.get(type_url, [])
+        nonce = {"latest": sent[-1] if sent else "", "none": "",
+                 "stale": sent[0] if sent else "1"}[which]
+        return sotw_request(type_url, names, nonce, "bad" if error else "")
+
+    replay(protocol.SotwStream(), baseline.SotwStream(), spec_list, ops, request_for)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(specs, min_size=4, max_size=4), st.lists(delta_ops, max_size=25))
+def test_delta_stream_equals_the_baseline(spec_list: list[Any], ops: list[Any]) -> None:
+    def request_for(op: Any, current: PopResources, nonces: Nonces) -> DeltaDiscoveryRequest:
+        _, type_url, subscribe, unsubscribe, which, error, initial = op
+        sent = nonces.get(type_url, [])
+        others = [n for t, ns in nonces.items() if t != type_url for n in ns]
+        nonce = {"latest": sent[-1] if sent else "", "none": "",
+                 "other": others[-1] if others else ""}[which]
+        versions = {
+            n: (current.of_type(type_url)[n].version
+                if v == "keep" and n in current.of_type(type_url) else v)
+            for n, v in initial.items()
+        }
+        return delta_request(type_url, subscribe, unsubscribe, nonce,
+                             "bad" if error else "", versions)
+
+    replay(protocol.DeltaStream(), baseline.DeltaStream(), spec_list, ops, request_for,
+           same_errors=True)
 
 
 def test_empty_set_is_shared_and_versioned_like_nothing() -> None:

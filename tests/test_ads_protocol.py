@@ -7,8 +7,6 @@ from envoy.config.cluster.v3.cluster_pb2 import Cluster
 from envoy.config.endpoint.v3.endpoint_pb2 import ClusterLoadAssignment
 from envoy.config.listener.v3.listener_pb2 import Listener
 from envoy.config.route.v3.route_pb2 import RouteConfiguration
-from envoy.service.discovery.v3.discovery_pb2 import DeltaDiscoveryRequest, DiscoveryRequest
-from google.rpc.status_pb2 import Status
 
 from control_plane.ads.protocol import (
     Ack,
@@ -37,6 +35,7 @@ from control_plane.translate.resources import (
     PopResources,
     Resource,
 )
+from tests.support.ads_requests import delta_request, sotw_request
 
 
 def snap(
@@ -65,35 +64,6 @@ def _cla(name: str, weight: int) -> ClusterLoadAssignment:
     return cla
 
 
-def sotw(
-    type_url: str, names: tuple[str, ...] = (), nonce: str = "", error: str = ""
-) -> DiscoveryRequest:
-    request = DiscoveryRequest(type_url=type_url, resource_names=names, response_nonce=nonce)
-    if error:
-        request.error_detail.CopyFrom(Status(code=13, message=error))
-    return request
-
-
-def delta(
-    type_url: str,
-    subscribe: tuple[str, ...] = (),
-    unsubscribe: tuple[str, ...] = (),
-    nonce: str = "",
-    error: str = "",
-    initial: dict[str, str] | None = None,
-) -> DeltaDiscoveryRequest:
-    request = DeltaDiscoveryRequest(
-        type_url=type_url,
-        resource_names_subscribe=subscribe,
-        resource_names_unsubscribe=unsubscribe,
-        response_nonce=nonce,
-        initial_resource_versions=initial or {},
-    )
-    if error:
-        request.error_detail.CopyFrom(Status(code=13, message=error))
-    return request
-
-
 def names(response: SotwResponse | DeltaResponse) -> list[str]:
     return [r.name for r in response.resources]
 
@@ -103,8 +73,8 @@ def sotw_connected(s: PopResources) -> tuple[SotwStream, dict[str, str]]:
     stream = SotwStream()
     nonces: dict[str, str] = {}
     for type_url, subscribed in ((CDS, ()), (EDS, ("a", "b")), (LDS, ()), (RDS, ("edge",))):
-        (response,) = stream.on_request(sotw(type_url, subscribed), s).responses
-        step = stream.on_request(sotw(type_url, subscribed, response.nonce), s)
+        (response,) = stream.on_request(sotw_request(type_url, subscribed), s).responses
+        step = stream.on_request(sotw_request(type_url, subscribed, response.nonce), s)
         assert step.responses == [] and isinstance(step.events[0], Ack)
         nonces[type_url] = response.nonce
     return stream, nonces
@@ -113,8 +83,8 @@ def sotw_connected(s: PopResources) -> tuple[SotwStream, dict[str, str]]:
 def delta_connected(s: PopResources) -> DeltaStream:
     stream = DeltaStream()
     for type_url, subscribed in ((CDS, ()), (EDS, ("a", "b")), (LDS, ()), (RDS, ("edge",))):
-        (response,) = stream.on_request(delta(type_url, subscribed), s).responses
-        assert stream.on_request(delta(type_url, nonce=response.nonce), s).responses == []
+        (response,) = stream.on_request(delta_request(type_url, subscribed), s).responses
+        assert stream.on_request(delta_request(type_url, nonce=response.nonce), s).responses == []
     return stream
 
 
@@ -124,10 +94,10 @@ def delta_connected(s: PopResources) -> DeltaStream:
 def test_sotw_wildcard_and_named_first_requests() -> None:
     s = snap()
     stream = SotwStream()
-    (cds,) = stream.on_request(sotw(CDS), s).responses
+    (cds,) = stream.on_request(sotw_request(CDS), s).responses
     assert isinstance(cds, SotwResponse)
     assert sorted(names(cds)) == ["a", "b"] and cds.version == s.type_version(CDS)
-    (eds,) = stream.on_request(sotw(EDS, ("a",)), s).responses
+    (eds,) = stream.on_request(sotw_request(EDS, ("a",)), s).responses
     assert names(eds) == ["a"]  # exactly the subscribed names
     assert [r.payload for r in eds.resources] == [s.of_type(EDS)["a"].payload]
 
@@ -135,15 +105,15 @@ def test_sotw_wildcard_and_named_first_requests() -> None:
 def test_sotw_ack_nack_and_stale_nonce() -> None:
     s = snap()
     stream = SotwStream()
-    (first,) = stream.on_request(sotw(CDS), s).responses
-    step = stream.on_request(sotw(CDS, nonce=first.nonce), s)
+    (first,) = stream.on_request(sotw_request(CDS), s).responses
+    step = stream.on_request(sotw_request(CDS, nonce=first.nonce), s)
     assert step.events == [Ack(CDS, first.version, first.nonce)] and step.responses == []
     s2 = snap({"a": 2, "b": 1})
     (second,) = stream.on_snapshot(s2).responses
     assert second.nonce != first.nonce
-    stale = stream.on_request(sotw(CDS, nonce=first.nonce, error="late"), s2)
+    stale = stream.on_request(sotw_request(CDS, nonce=first.nonce, error="late"), s2)
     assert stale.events == [] and stale.responses == []  # ignored entirely
-    nack = stream.on_request(sotw(CDS, nonce=second.nonce, error="bad cluster a"), s2)
+    nack = stream.on_request(sotw_request(CDS, nonce=second.nonce, error="bad cluster a"), s2)
     assert nack.events == [Nack(CDS, second.version, second.nonce, "bad cluster a")]
     assert nack.responses == []
 
@@ -154,10 +124,10 @@ def test_sotw_nacked_version_is_not_resent_until_content_changes() -> None:
     bad = snap({"a": 2, "b": 1})
     step = stream.on_snapshot(bad)
     cds = next(r for r in step.responses if r.type_url == CDS)
-    stream.on_request(sotw(CDS, nonce=cds.nonce, error="no"), bad)
+    stream.on_request(sotw_request(CDS, nonce=cds.nonce, error="no"), bad)
     for _ in range(5):  # same snapshot again and again: nothing goes out
         assert stream.on_snapshot(bad).responses == []
-        assert stream.on_request(sotw(CDS, nonce=cds.nonce), bad).responses == []
+        assert stream.on_request(sotw_request(CDS, nonce=cds.nonce), bad).responses == []
     fixed = snap({"a": 3, "b": 1})
     assert [r.type_url for r in stream.on_snapshot(fixed).responses] == [CDS, EDS]
 
@@ -165,7 +135,7 @@ def test_sotw_nacked_version_is_not_resent_until_content_changes() -> None:
 def test_sotw_unknown_names_are_remembered_and_sent_when_they_appear() -> None:
     s = snap()
     stream, nonces = sotw_connected(s)
-    step = stream.on_request(sotw(EDS, ("a", "b", "c"), nonces[EDS]), s)
+    step = stream.on_request(sotw_request(EDS, ("a", "b", "c"), nonces[EDS]), s)
     assert step.responses == []  # "c" does not exist yet, nothing else changed
     grown = snap({"a": 1, "b": 1, "c": 1})
     responses = stream.on_snapshot(grown).responses
@@ -188,7 +158,7 @@ def test_sotw_cds_change_resends_unchanged_eds_warming() -> None:
     cds, eds = stream.on_snapshot(changed).responses
     assert (cds.type_url, eds.type_url) == (CDS, EDS) and "a" in names(eds)
     # Envoy's re-request with the old EDS nonce is stale: no second EDS
-    assert stream.on_request(sotw(EDS, ("a", "b"), nonces[EDS]), changed).responses == []
+    assert stream.on_request(sotw_request(EDS, ("a", "b"), nonces[EDS]), changed).responses == []
 
 
 def test_sotw_make_before_break_order() -> None:
@@ -205,18 +175,18 @@ def test_sotw_make_before_break_order() -> None:
 def test_sotw_rejects_unknown_type_without_state_change() -> None:
     stream = SotwStream()
     with pytest.raises(ProtocolError, match="unsupported type_url"):
-        stream.on_request(sotw("type.googleapis.com/envoy.Nope"), snap())
+        stream.on_request(sotw_request("type.googleapis.com/envoy.Nope"), snap())
     with pytest.raises(ProtocolError, match="without type_url"):
-        stream.on_request(sotw(""), snap())
+        stream.on_request(sotw_request(""), snap())
     assert not stream.subscribed("type.googleapis.com/envoy.Nope")
 
 
 def test_sotw_empty_wildcard_is_answered_named_empty_is_not() -> None:
     empty = PopResources("ewr", Capabilities(), {})
     stream = SotwStream()
-    (cds,) = stream.on_request(sotw(CDS), empty).responses
+    (cds,) = stream.on_request(sotw_request(CDS), empty).responses
     assert cds.resources == () and cds.version == items_version({})
-    assert stream.on_request(sotw(EDS, ("a",)), empty).responses == []
+    assert stream.on_request(sotw_request(EDS, ("a",)), empty).responses == []
 
 
 # -- delta ----------------------------------------------------------------------------------
@@ -234,17 +204,17 @@ def test_delta_initial_versions_are_not_resent() -> None:
     s = snap()
     stream = DeltaStream()
     have = {"a": s.of_type(CDS)["a"].version, "b": "stale"}
-    (cds,) = stream.on_request(delta(CDS, initial=have), s).responses
+    (cds,) = stream.on_request(delta_request(CDS, initial=have), s).responses
     assert names(cds) == ["b"]
     have_all = {n: r.version for n, r in s.of_type(EDS).items()}
-    assert stream.on_request(delta(EDS, ("a", "b"), initial=have_all), s).responses == []
+    assert stream.on_request(delta_request(EDS, ("a", "b"), initial=have_all), s).responses == []
 
 
 def test_delta_removals_come_last_in_reverse_order() -> None:
     s = snap({"a": 1, "b": 1}, listeners=("edge", "old"))
     stream = DeltaStream()
     for type_url, subscribed in ((CDS, ()), (EDS, ("a", "b")), (LDS, ()), (RDS, ("edge", "old"))):
-        stream.on_request(delta(type_url, subscribed), s)
+        stream.on_request(delta_request(type_url, subscribed), s)
     new = snap({"a": 1, "c": 1}, listeners=("edge",))
     responses = stream.on_snapshot(new).responses
     order = [(r.type_url, names(r), list(r.removed)) for r in responses]
@@ -263,9 +233,9 @@ def test_delta_ack_nack_and_no_resend_loop() -> None:
     bad = snap({"a": 9, "b": 1})
     cds, eds = stream.on_snapshot(bad).responses
     assert names(cds) == ["a"] and names(eds) == ["a"]  # warming: a's CLA again
-    nack = stream.on_request(delta(CDS, nonce=cds.nonce, error="nope"), bad)
+    nack = stream.on_request(delta_request(CDS, nonce=cds.nonce, error="nope"), bad)
     assert nack.events == [Nack(CDS, cds.version, cds.nonce, "nope")] and nack.responses == []
-    ack = stream.on_request(delta(EDS, nonce=eds.nonce), bad)
+    ack = stream.on_request(delta_request(EDS, nonce=eds.nonce), bad)
     assert ack.events == [Ack(EDS, eds.version, eds.nonce)]
     assert stream.on_snapshot(bad).responses == []
     assert [names(r) for r in stream.on_snapshot(snap({"a": 10, "b": 1})).responses] == [
@@ -277,23 +247,23 @@ def test_delta_ack_nack_and_no_resend_loop() -> None:
 def test_delta_subscribe_later_and_unsubscribe() -> None:
     s = snap()
     stream = delta_connected(s)
-    assert stream.on_request(delta(EDS, ("z",)), s).responses == []  # remembered
+    assert stream.on_request(delta_request(EDS, ("z",)), s).responses == []  # remembered
     grown = snap({"a": 1, "b": 1, "z": 1})
     responses = stream.on_snapshot(grown).responses
     assert [(r.type_url, names(r)) for r in responses] == [(CDS, ["z"]), (EDS, ["z"])]
-    assert stream.on_request(delta(EDS, unsubscribe=("z",)), grown).responses == []
-    (again,) = stream.on_request(delta(EDS, ("z",)), grown).responses
+    assert stream.on_request(delta_request(EDS, unsubscribe=("z",)), grown).responses == []
+    (again,) = stream.on_request(delta_request(EDS, ("z",)), grown).responses
     assert names(again) == ["z"]
 
 
 def test_delta_nonce_of_another_type_is_an_error_and_keeps_state() -> None:
     s = snap()
     stream = DeltaStream()
-    (cds,) = stream.on_request(delta(CDS), s).responses
+    (cds,) = stream.on_request(delta_request(CDS), s).responses
     with pytest.raises(ProtocolError, match="answers a CDS response"):
-        stream.on_request(delta(LDS, nonce=cds.nonce), s)
+        stream.on_request(delta_request(LDS, nonce=cds.nonce), s)
     assert not stream.subscribed(LDS)
-    assert stream.on_request(delta(CDS, nonce=cds.nonce), s).events == [
+    assert stream.on_request(delta_request(CDS, nonce=cds.nonce), s).events == [
         Ack(CDS, cds.version, cds.nonce)
     ]
 
@@ -303,8 +273,8 @@ def test_sotw_nacked_version_goes_again_after_another_version() -> None:
     stream, _ = sotw_connected(s)
     bad, good = snap({"a": 2, "b": 1}), snap({"a": 3, "b": 1})
     cds = stream.on_snapshot(bad).responses[0]
-    stream.on_request(sotw(CDS, nonce=cds.nonce, error="no"), bad)
+    stream.on_request(sotw_request(CDS, nonce=cds.nonce, error="no"), bad)
     cds2 = stream.on_snapshot(good).responses[0]
-    stream.on_request(sotw(CDS, nonce=cds2.nonce), good)
+    stream.on_request(sotw_request(CDS, nonce=cds2.nonce), good)
     again = stream.on_snapshot(bad).responses[0]  # the content changed back: send it
     assert again.type_url == CDS and again.version == cds.version

@@ -4,25 +4,35 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 from control_plane.app.reload import DesiredFileWatcher
 
 
-async def _watch(path: Path, seen: list[bytes]) -> tuple[DesiredFileWatcher, asyncio.Task[None]]:
+@asynccontextmanager
+async def _watching(
+    tmp_path: Path,
+) -> AsyncIterator[tuple[Path, list[bytes], DesiredFileWatcher]]:
+    """A watcher on `desired.yaml` (starting as `a: 1`): the path, what it handed over, itself."""
+    path = tmp_path / "desired.yaml"
+    path.write_bytes(b"a: 1\n")
+    seen: list[bytes] = []
+
     async def on_change(data: bytes) -> None:
         seen.append(data)
 
     watcher = DesiredFileWatcher(path, on_change, poll=0.05, settle=0.2, current=path.read_bytes())
-    return watcher, asyncio.create_task(watcher.run())
+    task = asyncio.create_task(watcher.run())
+    try:
+        yield path, seen, watcher
+    finally:
+        task.cancel()
 
 
 async def test_in_place_rewrite_hands_over_only_the_settled_file(tmp_path: Path) -> None:
-    path = tmp_path / "desired.yaml"
-    path.write_bytes(b"a: 1\n")
-    seen: list[bytes] = []
-    _watcher, task = await _watch(path, seen)
-    try:
+    async with _watching(tmp_path) as (path, seen, _):
         with open(path, "wb") as f:  # an editor writing in two chunks
             f.write(b"a: 2\nb:")
             f.flush()
@@ -31,16 +41,10 @@ async def test_in_place_rewrite_hands_over_only_the_settled_file(tmp_path: Path)
             f.write(b" 3\n")
         await asyncio.sleep(0.8)
         assert seen == [b"a: 2\nb: 3\n"]
-    finally:
-        task.cancel()
 
 
 async def test_rename_over_and_unchanged_touch(tmp_path: Path) -> None:
-    path = tmp_path / "desired.yaml"
-    path.write_bytes(b"a: 1\n")
-    seen: list[bytes] = []
-    watcher, task = await _watch(path, seen)
-    try:
+    async with _watching(tmp_path) as (path, seen, watcher):
         tmp = tmp_path / ".desired.yaml.swp"
         tmp.write_bytes(b"a: 9\n")
         os.replace(tmp, path)
@@ -52,20 +56,12 @@ async def test_rename_over_and_unchanged_touch(tmp_path: Path) -> None:
         watcher.trigger()  # SIGHUP forces a re-read
         await asyncio.sleep(0.6)
         assert seen == [b"a: 9\n", b"a: 9\n"]
-    finally:
-        task.cancel()
 
 
 async def test_missing_file_is_waited_out(tmp_path: Path) -> None:
-    path = tmp_path / "desired.yaml"
-    path.write_bytes(b"a: 1\n")
-    seen: list[bytes] = []
-    _, task = await _watch(path, seen)
-    try:
+    async with _watching(tmp_path) as (path, seen, _):
         path.unlink()
         await asyncio.sleep(0.3)
         path.write_bytes(b"a: 2\n")
         await asyncio.sleep(0.7)
         assert seen == [b"a: 2\n"]
-    finally:
-        task.cancel()

@@ -6,32 +6,20 @@ import json
 import subprocess
 import sys
 import time
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from control_plane.cli.main import main
 from control_plane.decisions.log import DecisionLog
+from tests.support.decision_records import write_records
 
 ROOT = Path(__file__).parent.parent
-T0 = datetime(2024, 5, 1, 16, 2, 10, tzinfo=UTC)
 
 
 @pytest.fixture
 def state_dir(tmp_path: Path) -> Path:
-    moments = iter(T0 + timedelta(seconds=20 * i) for i in range(10))
-    with DecisionLog(tmp_path, clock=lambda: next(moments)) as log:
-        log.record("threshold_breach", pop="ewr", group="api",
-                   weights_before={"primary": 95, "secondary": 5},
-                   weights_after={"primary": 95, "secondary": 5},
-                   rule="primary 5xx 7.9% > 2% (window 1 of 2)")
-        log.record("weight_shift", pop="ewr", group="api",
-                   weights_before={"primary": 95, "secondary": 5},
-                   weights_after={"primary": 85, "secondary": 15}, rule="step cap 10")
-        log.record("config_applied", config_version="abc", detail={"changed": ["ewr"]})
-        log.record("hold", pop="sjc", group="api", rule="fail static: metrics stale 50 s")
-    return tmp_path
+    return write_records(tmp_path, "api")
 
 
 def test_table(state_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -15,9 +15,8 @@ from control_plane.decide.signals import OriginSignals, TierPending
 from control_plane.decide.tiers import TierState, tier_step
 from control_plane.decisions.log import DecisionLog
 from control_plane.desired.model import FailoverPolicy, TierActionPolicy
-from tests.support.admin_stack import AdminStack, start_stack
+from tests.support.admin_stack import AdminStack, serving
 from tests.support.ads_desired import desired
-from tests.support.background_loop import BackgroundLoop
 
 T0 = datetime(2024, 5, 1, 16, 0, tzinfo=UTC)
 
@@ -86,15 +85,9 @@ def test_explain_with_tier_actions_on(tmp_path: Path, capsys: pytest.CaptureFixt
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[AdminStack]:
     write_log(tmp_path, "shop", critical_pending=[25, 28, 31])
-    bg = BackgroundLoop()
-    stack = bg.run(start_stack(
-        desired(listener_port=10000, primary_port=8081, secondary_port=8082), tmp_path
-    ))
-    try:
+    the_desired = desired(listener_port=10000, primary_port=8081, secondary_port=8082)
+    with serving(the_desired, tmp_path) as (_, stack):
         yield stack
-    finally:
-        bg.run(stack.stop())
-        bg.close()
 
 
 def test_explain_tier_actions_from_the_server(

@@ -11,7 +11,7 @@ import pytest
 from control_plane.app.envoy_process import free_port
 from control_plane.cli.main import main
 from control_plane.desired import load_desired
-from tests.support.admin_stack import AdminStack, start_stack
+from tests.support.admin_stack import AdminStack, serving
 from tests.support.ads_desired import write_desired
 from tests.support.background_loop import BackgroundLoop
 
@@ -24,13 +24,8 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     """A Ballast serving the base file (group `shop`, PoPs ewr and sjc) with its admin API."""
     folder = tmp_path_factory.mktemp("running")
     base = write_desired(folder / "desired.yaml", **PORTS)
-    bg = BackgroundLoop()
-    stack = bg.run(start_stack(load_desired(base), folder))
-    try:
-        yield bg, stack
-    finally:
-        bg.run(stack.stop())
-        bg.close()
+    with serving(load_desired(base), folder) as bg_and_stack:
+        yield bg_and_stack
 
 
 def plan(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import asyncio
 
-import grpc
 import pytest
 
 from control_plane.app.demo_origin import Fault
-from control_plane.app.envoy_process import free_port
 from control_plane.observe.prometheus import PrometheusSource
-from control_plane.observe.sink import SinkStore, add_metrics_service
 from control_plane.observe.source import Signals, wall_ms
+from tests.support.metrics_sink import running_sink
 from tests.support.observe_fleet import translated_fleet
 from tests.support.prometheus import PrometheusServer, prometheus_binary
 
@@ -41,41 +39,33 @@ async def until(check, timeout: float = 20.0, step: float = 0.3):
 @pytest.mark.prometheus
 @pytest.mark.skipif(prometheus_binary() is None, reason="prometheus binary not installed")
 async def test_retried_errors_reach_the_sink_and_prometheus_per_origin():
-    store = SinkStore()
-    server = grpc.aio.server()
-    add_metrics_service(server, store)
-    port = server.add_insecure_port(f"127.0.0.1:{free_port()}")
-    await server.start()
-    try:
-        async with translated_fleet(port, WEIGHTS) as fleet:
-            assert fleet.desired is not None
-            store.update_desired(fleet.desired)  # the hot-reload path
-            prometheus = await asyncio.to_thread(PrometheusServer([fleet.envoy.admin_port]).start)
-            try:
-                source = PrometheusSource(prometheus.url, desired=fleet.desired)
-                fleet.primary.set_fault(Fault(error_rate=0.5))
-                await fleet.traffic(6, concurrency=2)
+    async with running_sink() as (store, port), translated_fleet(port, WEIGHTS) as fleet:
+        assert fleet.desired is not None
+        store.update_desired(fleet.desired)  # the hot-reload path
+        prometheus = await asyncio.to_thread(PrometheusServer([fleet.envoy.admin_port]).start)
+        try:
+            source = PrometheusSource(prometheus.url, desired=fleet.desired)
+            fleet.primary.set_fault(Fault(error_rate=0.5))
+            await fleet.traffic(6, concurrency=2)
 
-                async def host_series() -> bool:
-                    now = wall_ms()
-                    origins = shop(await source.window(now, 5000))
-                    return {"primary", "secondary", "dead"} <= set(origins)
-
-                assert await until(host_series), "Prometheus never showed the host series"
-                before = (fleet.primary.total, fleet.primary.errors, fleet.secondary.total)
-                start = wall_ms()
-                statuses: list[int] = []
-                for _ in range(10):  # a steady trickle, so each scrape sees growth
-                    statuses += await fleet.traffic(10, concurrency=2)
-                    await asyncio.sleep(0.3)
-                await asyncio.sleep(2.5)  # one more Envoy flush and scrape
+            async def host_series() -> bool:
                 now = wall_ms()
-                sink = shop(await store.window(now, now - start + 500))
-                prom = shop(await source.window(now, now - start + 2000))
-            finally:
-                await asyncio.to_thread(prometheus.stop)
-    finally:
-        await server.stop(None)
+                origins = shop(await source.window(now, 5000))
+                return {"primary", "secondary", "dead"} <= set(origins)
+
+            assert await until(host_series), "Prometheus never showed the host series"
+            before = (fleet.primary.total, fleet.primary.errors, fleet.secondary.total)
+            start = wall_ms()
+            statuses: list[int] = []
+            for _ in range(10):  # a steady trickle, so each scrape sees growth
+                statuses += await fleet.traffic(10, concurrency=2)
+                await asyncio.sleep(0.3)
+            await asyncio.sleep(2.5)  # one more Envoy flush and scrape
+            now = wall_ms()
+            sink = shop(await store.window(now, now - start + 500))
+            prom = shop(await source.window(now, now - start + 2000))
+        finally:
+            await asyncio.to_thread(prometheus.stop)
 
     sent_primary = fleet.primary.total - before[0]
     errors_primary = fleet.primary.errors - before[1]

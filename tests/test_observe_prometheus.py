@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
-import grpc
 import pytest
 
 from control_plane.app.demo_origin import Fault
-from control_plane.app.envoy_process import free_port
 from control_plane.observe.prometheus import PrometheusSource
-from control_plane.observe.sink import SinkStore, add_metrics_service
 from control_plane.observe.source import wall_ms
+from tests.support.metrics_sink import running_sink
 from tests.support.observe_fleet import edge_fleet
 from tests.support.prometheus import PrometheusServer, prometheus_binary
 
@@ -24,37 +22,29 @@ pytestmark = [
 
 
 async def test_prometheus_source_matches_the_origins_and_the_sink():
-    store = SinkStore()
-    server = grpc.aio.server()
-    add_metrics_service(server, store)
-    port = server.add_insecure_port(f"127.0.0.1:{free_port()}")
-    await server.start()
-    try:
-        async with edge_fleet(port) as fleet:
-            prometheus = await asyncio.to_thread(
-                PrometheusServer([fleet.envoy.admin_port]).start
-            )
-            try:
-                fleet.primary.set_fault(Fault(error_rate=0.5))
-                fleet.secondary.set_fault(Fault(latency_ms=200))
-                await fleet.traffic(8, concurrency=2)  # creates the zone series in Envoy
-                source = PrometheusSource(prometheus.url)
-                await wait_for_series(source)
-                primary_before = (fleet.primary.total, fleet.primary.errors)
-                secondary_before = fleet.secondary.total
-                start = wall_ms()
-                for _ in range(12):  # a steady trickle, so Prometheus sees each series early
-                    await fleet.traffic(10, concurrency=5)
-                    await asyncio.sleep(0.3)
-                await asyncio.sleep(2.5)  # one more Envoy flush and scrape
-                now = wall_ms()
-                signals = await source.window(now, now - start + 2000)
-                sink = await store.window(now, now - start + 2000)
-                tiers = await source.tier_pending(now, now - start + 2000)
-            finally:
-                await asyncio.to_thread(prometheus.stop)
-    finally:
-        await server.stop(None)
+    async with running_sink() as (store, port), edge_fleet(port) as fleet:
+        prometheus = await asyncio.to_thread(
+            PrometheusServer([fleet.envoy.admin_port]).start
+        )
+        try:
+            fleet.primary.set_fault(Fault(error_rate=0.5))
+            fleet.secondary.set_fault(Fault(latency_ms=200))
+            await fleet.traffic(8, concurrency=2)  # creates the zone series in Envoy
+            source = PrometheusSource(prometheus.url)
+            await wait_for_series(source)
+            primary_before = (fleet.primary.total, fleet.primary.errors)
+            secondary_before = fleet.secondary.total
+            start = wall_ms()
+            for _ in range(12):  # a steady trickle, so Prometheus sees each series early
+                await fleet.traffic(10, concurrency=5)
+                await asyncio.sleep(0.3)
+            await asyncio.sleep(2.5)  # one more Envoy flush and scrape
+            now = wall_ms()
+            signals = await source.window(now, now - start + 2000)
+            sink = await store.window(now, now - start + 2000)
+            tiers = await source.tier_pending(now, now - start + 2000)
+        finally:
+            await asyncio.to_thread(prometheus.stop)
 
     shop = signals[("ewr", "shop")]
     primary, secondary = shop["primary"], shop["secondary"]

@@ -9,11 +9,11 @@ import grpc
 import pytest
 
 from control_plane.app.demo_origin import Fault
-from control_plane.app.envoy_process import free_port
 from control_plane.gen.ballast.v1 import metrics_service_pb2 as ms
 from control_plane.gen.ballast.v1 import prometheus_metrics_pb2 as prom
-from control_plane.observe.sink import METHOD, SinkStore, add_metrics_service
+from control_plane.observe.sink import METHOD, SinkStore
 from control_plane.observe.source import Signals, wall_ms
+from tests.support.metrics_sink import running_sink
 from tests.support.observe_fleet import edge_fleet
 
 pytestmark = pytest.mark.timeout(90)
@@ -21,15 +21,8 @@ pytestmark = pytest.mark.timeout(90)
 
 @pytest.fixture
 async def sink() -> AsyncIterator[tuple[SinkStore, int]]:
-    store = SinkStore()
-    server = grpc.aio.server()
-    add_metrics_service(server, store)
-    port = server.add_insecure_port(f"127.0.0.1:{free_port()}")
-    await server.start()
-    try:
-        yield store, port
-    finally:
-        await server.stop(None)
+    async with running_sink() as store_and_port:
+        yield store_and_port
 
 
 async def wait_for(

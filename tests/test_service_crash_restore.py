@@ -23,11 +23,11 @@ import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import aiohttp
 import pytest
 
 from control_plane.app.demo_origin import DemoOrigin, Fault
 from control_plane.app.envoy_process import EnvoyProcess, free_port
+from control_plane.app.traffic import steady_traffic, stop_tasks
 from control_plane.decisions.read import iter_records
 from control_plane.state.store import StateStore
 from control_plane.translate.bootstrap import ads_bootstrap
@@ -105,16 +105,8 @@ async def test_kill_9_mid_shift_restores_weights_and_traffic_keeps_flowing(
         seen: list[dict[str, int]] = []
         stop = asyncio.Event()
 
-        async def traffic(port: int) -> None:
-            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s:
-                while not stop.is_set():
-                    try:
-                        async with s.get(f"http://127.0.0.1:{port}/api/checkout") as r:
-                            await r.read()
-                            results.append((time.monotonic(), r.status))
-                    except (aiohttp.ClientError, TimeoutError):
-                        results.append((time.monotonic(), 0))
-                    await asyncio.sleep(0.04)
+        def record(status: int) -> None:
+            results.append((time.monotonic(), status))
 
         async def watch_ewr() -> None:
             while not stop.is_set():
@@ -131,7 +123,12 @@ async def test_kill_9_mid_shift_restores_weights_and_traffic_keeps_flowing(
             for envoy in envoys.values():
                 envoy.start()
                 await asyncio.to_thread(envoy.wait_ready, 20)
-            tasks = [asyncio.create_task(traffic(p)) for p in (listener, sjc_listener)]
+            tasks = [
+                asyncio.create_task(steady_traffic(  # 25/s: one GET every 40 ms
+                    f"http://127.0.0.1:{p}", ("/api/checkout",), 25, stop, record
+                ))
+                for p in (listener, sjc_listener)
+            ]
             tasks.append(asyncio.create_task(watch_ewr()))
             await asyncio.sleep(3)
             origins["primary"].set_fault(Fault(error_rate=0.6, pops=("ewr",)))
@@ -166,10 +163,7 @@ async def test_kill_9_mid_shift_restores_weights_and_traffic_keeps_flowing(
             await asyncio.sleep(2)
             origins["primary"].set_fault(Fault())
         finally:
-            stop.set()
-            for task in tasks:
-                with contextlib.suppress(Exception):
-                    await task
+            await stop_tasks(stop, tasks)
             for envoy in envoys.values():
                 envoy.stop()
             if proc.poll() is None:

@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import sys
 from pathlib import Path
 
-import aiohttp
-
 from control_plane.app.demo_origin import DemoOrigin
 from control_plane.app.envoy_process import EnvoyNotFound, EnvoyProcess
 from control_plane.app.service import BallastService, ServiceConfig
+from control_plane.app.traffic import steady_traffic, stop_tasks
 from control_plane.desired import DesiredStateError, load_desired
 from control_plane.desired.model import Desired
 from control_plane.translate.bootstrap import ads_bootstrap
@@ -29,17 +27,7 @@ ADMIN_PORT = 18001
 FIRST_ENVOY_ADMIN_PORT = 9901
 
 
-async def _traffic(url: str, rps: float, stop: asyncio.Event) -> None:
-    paths = ["/api/checkout/cart", "/", "/img/hero.png", "/auth/login"]
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
-        sent = 0
-        while not stop.is_set():
-            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-                async with session.get(url + paths[sent % len(paths)]) as response:
-                    await response.read()
-            sent += 1
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 1 / rps)
+TRAFFIC_PATHS = ("/api/checkout/cart", "/", "/img/hero.png", "/auth/login")
 
 
 def _guide(
@@ -125,7 +113,7 @@ async def run_demo(
         for pop in desired.pops:
             for listener in desired.listeners:
                 url = f"http://{pop.listen_address}:{listener.port + pop.port_offset}"
-                tasks.append(asyncio.create_task(_traffic(url, rps, stop)))
+                tasks.append(asyncio.create_task(steady_traffic(url, TRAFFIC_PATHS, rps, stop)))
         print(_guide(desired, envoys, state_dir, admin_port), flush=True)
         await stop.wait()
         return 0
@@ -133,10 +121,7 @@ async def run_demo(
         print(f"demo: {err}", file=sys.stderr)
         return 1
     finally:
-        stop.set()
-        for task in tasks:
-            with contextlib.suppress(Exception):
-                await task
+        await stop_tasks(stop, tasks)
         for envoy in envoys.values():
             envoy.stop()
         if service.ready:

@@ -139,6 +139,19 @@ class _Document:
                 continue
             yield _Named(str(key.value), At.of(value, entry_path)), value
 
+    def _list(self, parent: Fields, key: str, what: str,
+              required: bool = True) -> tuple[str, list[yaml.Node]]:
+        """The path and items of the list under `key`; a missing key (when `required`), a
+        non-list and an empty list are problems (`must list at least one <what>`)."""
+        path = join(parent.path, key)
+        node = parent.node_of(key)
+        if required and parent.ok and node is None:
+            self.sink.add(parent.at(), f"missing required key '{key}'")
+        items = sequence(node, path, self.sink)
+        if isinstance(node, yaml.SequenceNode) and not items:
+            self.sink.add(At.of(node, path), f"must list at least one {what}")
+        return path, items
+
     def _unique_names(self, items: list[yaml.Node], path: str, what: str) -> list[
             tuple[_Named | None, Fields]]:
         """List items that are mappings with a `name:`; duplicates are reported."""
@@ -520,11 +533,7 @@ class _Document:
         return default_tier or DEFAULT_TIER_NAME, rules
 
     def _headers(self, rule: Fields) -> tuple[HeaderMatch, ...]:
-        path = join(rule.path, "headers")
-        node = rule.node_of("headers")
-        items = sequence(node, path, self.sink)
-        if isinstance(node, yaml.SequenceNode) and not items:
-            self.sink.add(At.of(node, path), "must list at least one header condition")
+        path, items = self._list(rule, "headers", "header condition", required=False)
         matches = []
         for index, item in enumerate(items):
             header = Fields(item, f"{path}[{index}]", self.sink)
@@ -550,12 +559,7 @@ class _Document:
     # --- listeners ---------------------------------------------------------------------------
 
     def _listeners(self, doc: Fields) -> list[Listener]:
-        node = doc.node_of("listeners")
-        if node is None:
-            self.sink.add(doc.at(), "missing required key 'listeners'")
-        items = sequence(node, "listeners", self.sink)
-        if isinstance(node, yaml.SequenceNode) and not items:
-            self.sink.add(At.of(node, "listeners"), "must list at least one listener")
+        _, items = self._list(doc, "listeners", "listener")
         listeners: list[Listener] = []
         ports: dict[tuple[str, int], tuple[str, str]] = {}
         for named, listener in self._unique_names(items, "listeners", "listener"):
@@ -594,13 +598,7 @@ class _Document:
                 taken[key] = (pop.name, listener)
 
     def _virtual_hosts(self, listener: Fields) -> tuple[VirtualHost, ...]:
-        path = join(listener.path, "virtual_hosts")
-        node = listener.node_of("virtual_hosts")
-        if listener.ok and node is None:
-            self.sink.add(listener.at(), "missing required key 'virtual_hosts'")
-        items = sequence(node, path, self.sink)
-        if isinstance(node, yaml.SequenceNode) and not items:
-            self.sink.add(At.of(node, path), "must list at least one virtual host")
+        path, items = self._list(listener, "virtual_hosts", "virtual host")
         hosts = []
         domains_seen: dict[str, str] = {}
         for named, vhost in self._unique_names(items, path, "virtual host"):
@@ -613,13 +611,7 @@ class _Document:
 
     def _domains(self, vhost: Fields, named: _Named | None,
                  seen: dict[str, str]) -> tuple[str, ...]:
-        path = join(vhost.path, "domains")
-        node = vhost.node_of("domains")
-        if vhost.ok and node is None:
-            self.sink.add(vhost.at(), "missing required key 'domains'")
-        items = sequence(node, path, self.sink)
-        if isinstance(node, yaml.SequenceNode) and not items:
-            self.sink.add(At.of(node, path), "must list at least one domain (or '*')")
+        path, items = self._list(vhost, "domains", "domain (or '*')")
         domains = []
         for index, item in enumerate(items):
             value = vhost.convert(item, f"{path}[{index}]", domain)

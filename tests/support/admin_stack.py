@@ -5,7 +5,8 @@ that goes through Envoy's start-up order."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from control_plane.app.server import BallastServer
 from control_plane.decisions.read import FileSource
 from control_plane.desired import Desired
 from control_plane.translate.resources import CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE
+from tests.support.background_loop import BackgroundLoop
 from tests.support.xds_client import Reject, XdsClient, local_channel, make_node
 
 
@@ -66,6 +68,18 @@ async def start_stack(desired: Desired, state_dir: Path) -> AdminStack:
     holder.append(stack)
     await api.start("127.0.0.1", 0)
     return stack
+
+
+@contextmanager
+def serving(desired: Desired, state_dir: Path) -> Iterator[tuple[BackgroundLoop, AdminStack]]:
+    """`start_stack` on a background loop, for blocking test code (the CLI); stopped on exit."""
+    bg = BackgroundLoop()
+    stack = bg.run(start_stack(desired, state_dir))
+    try:
+        yield bg, stack
+    finally:
+        bg.run(stack.stop())
+        bg.close()
 
 
 async def connect_node(

@@ -13,11 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
 from control_plane.app.demo_origin import DemoOrigin
 from control_plane.app.envoy_process import EnvoyProcess, free_port
 from control_plane.app.service import BallastService, ServiceConfig
+from control_plane.app.traffic import steady_traffic, stop_tasks
 from control_plane.decisions.read import iter_records
 from control_plane.translate.bootstrap import ads_bootstrap
 
@@ -75,6 +74,10 @@ class Fleet:
     state_dir: Path
     statuses: Counter[int] = field(default_factory=Counter)
 
+    def count_status(self, status: int) -> None:
+        """One answer of the steady traffic (0: the request failed)."""
+        self.statuses[status] += 1
+
     def records(self, *kinds: str, pop: str | None = None) -> list[dict[str, Any]]:
         return [
             r
@@ -116,20 +119,7 @@ def envoy_locality_weights(envoy: EnvoyProcess, cluster: str = "shop.critical") 
     return {}
 
 
-async def _traffic(fleet: Fleet, port: int, stop: asyncio.Event, rps: float) -> None:
-    paths = ["/api/checkout/cart", "/", "/img/a.png"]
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
-        sent = 0
-        while not stop.is_set():
-            path = paths[sent % len(paths)]
-            try:
-                async with session.get(f"http://127.0.0.1:{port}{path}") as response:
-                    await response.read()
-                    fleet.statuses[response.status] += 1
-            except (aiohttp.ClientError, TimeoutError):
-                fleet.statuses[0] += 1
-            sent += 1
-            await asyncio.sleep(1 / rps)
+TRAFFIC_PATHS = ("/api/checkout/cart", "/", "/img/a.png")
 
 
 @contextlib.asynccontextmanager
@@ -199,15 +189,14 @@ async def running_fleet(
             state_dir,
         )
         tasks = [
-            asyncio.create_task(_traffic(fleet, port, stop, rps))
+            asyncio.create_task(steady_traffic(
+                f"http://127.0.0.1:{port}", TRAFFIC_PATHS, rps, stop, fleet.count_status
+            ))
             for port in fleet.listener_ports.values()
         ]
         yield fleet
     finally:
-        stop.set()
-        for task in tasks:
-            with contextlib.suppress(Exception):
-                await task
+        await stop_tasks(stop, tasks)
         for envoy in envoys.values():
             envoy.stop()
         if service is not None and service.ready:

@@ -24,6 +24,21 @@ def _endpoint(port: int) -> dict[str, Any]:
                                                         "port_value": port}}}}
 
 
+def _sink_only_bootstrap(pop: str, node_id: str, admin_port: int, sink_port: int) -> dict[str, Any]:
+    """Ballast's ADS bootstrap streaming stats to `sink_port` every second, without the dynamic
+    resources: the caller puts in static ones."""
+    bootstrap = ads_bootstrap(
+        node_id=node_id,
+        pop=pop,
+        xds_port=sink_port,
+        admin_port=admin_port,
+        stats_flush_interval_ms=1000,
+        metrics_sink=True,
+    )
+    del bootstrap["dynamic_resources"]
+    return bootstrap
+
+
 def edge_bootstrap(
     *,
     pop: str,
@@ -35,15 +50,7 @@ def edge_bootstrap(
     max_connections: int = 1024,
     max_pending_requests: int = 1024,
 ) -> dict[str, Any]:
-    bootstrap = ads_bootstrap(
-        node_id=node_id,
-        pop=pop,
-        xds_port=sink_port,
-        admin_port=admin_port,
-        stats_flush_interval_ms=1000,
-        metrics_sink=True,
-    )
-    del bootstrap["dynamic_resources"]
+    bootstrap = _sink_only_bootstrap(pop, node_id, admin_port, sink_port)
     router = {
         "name": "envoy.filters.http.router",
         "typed_config": {
@@ -96,15 +103,7 @@ def translated_edge_bootstrap(
 ) -> dict[str, Any]:
     """Ballast's ADS bootstrap (stats tags, both sinks) with the PoP's translated resources
     inlined statically (`static_bootstrap`): real routes (retries), real tier clusters."""
-    bootstrap = ads_bootstrap(
-        node_id=node_id,
-        pop=pop,
-        xds_port=sink_port,
-        admin_port=admin_port,
-        stats_flush_interval_ms=1000,
-        metrics_sink=True,
-    )
-    del bootstrap["dynamic_resources"]
+    bootstrap = _sink_only_bootstrap(pop, node_id, admin_port, sink_port)
     static = static_bootstrap(translate_pop(desired, pop, weights, Capabilities()))
     bootstrap["static_resources"]["clusters"].extend(static["static_resources"]["clusters"])
     (listener,) = static["static_resources"]["listeners"]

@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import aiohttp
 
@@ -52,6 +53,28 @@ class Fleet:
 
 
 @asynccontextmanager
+async def _serving(
+    bootstrap: dict[str, Any],
+    admin_port: int,
+    listen_port: int,
+    primary: DemoOrigin,
+    secondary: DemoOrigin,
+    desired: Desired | None = None,
+) -> AsyncIterator[Fleet]:
+    """Envoy started on `bootstrap` in front of the running origins, until it is ready; on exit
+    Envoy and both origins stop."""
+    envoy = EnvoyProcess(bootstrap, admin_port).start()
+    fleet = Fleet(envoy, listen_port, primary, secondary, desired)
+    try:
+        await asyncio.to_thread(envoy.wait_ready)
+        yield fleet
+    finally:
+        fleet.envoy.stop()
+        await primary.stop()
+        await secondary.stop()
+
+
+@asynccontextmanager
 async def edge_fleet(
     sink_port: int, *, max_connections: int = 1024, max_pending_requests: int = 1024
 ) -> AsyncIterator[Fleet]:
@@ -68,15 +91,8 @@ async def edge_fleet(
         max_connections=max_connections,
         max_pending_requests=max_pending_requests,
     )
-    envoy = EnvoyProcess(bootstrap, admin_port).start()
-    fleet = Fleet(envoy, listen_port, primary, secondary)
-    try:
-        await asyncio.to_thread(envoy.wait_ready)
+    async with _serving(bootstrap, admin_port, listen_port, primary, secondary) as fleet:
         yield fleet
-    finally:
-        fleet.envoy.stop()
-        await primary.stop()
-        await secondary.stop()
 
 
 @asynccontextmanager
@@ -106,12 +122,5 @@ async def translated_fleet(sink_port: int, weights: dict[str, int]) -> AsyncIter
         listen_port=listen_port,
         sink_port=sink_port,
     )
-    envoy = EnvoyProcess(bootstrap, admin_port).start()
-    fleet = Fleet(envoy, listen_port, primary, secondary, desired)
-    try:
-        await asyncio.to_thread(envoy.wait_ready)
+    async with _serving(bootstrap, admin_port, listen_port, primary, secondary, desired) as fleet:
         yield fleet
-    finally:
-        fleet.envoy.stop()
-        await primary.stop()
-        await secondary.stop()
