@@ -10,6 +10,16 @@ from pathlib import Path
 
 from control_plane.app.reload import DesiredFileWatcher
 
+SETTLE = 0.5  # well above the editor's pause below, even on a loaded machine
+
+
+async def _handed_over(seen: list[bytes], count: int, timeout: float = 5.0) -> None:
+    """Wait until `count` contents were handed over, then long enough for a wrong extra one."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while len(seen) < count and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(SETTLE * 3)
+
 
 @asynccontextmanager
 async def _watching(
@@ -23,7 +33,9 @@ async def _watching(
     async def on_change(data: bytes) -> None:
         seen.append(data)
 
-    watcher = DesiredFileWatcher(path, on_change, poll=0.05, settle=0.2, current=path.read_bytes())
+    watcher = DesiredFileWatcher(
+        path, on_change, poll=0.05, settle=SETTLE, current=path.read_bytes()
+    )
     task = asyncio.create_task(watcher.run())
     try:
         yield path, seen, watcher
@@ -39,7 +51,7 @@ async def test_in_place_rewrite_hands_over_only_the_settled_file(tmp_path: Path)
             os.fsync(f.fileno())
             await asyncio.sleep(0.1)
             f.write(b" 3\n")
-        await asyncio.sleep(0.8)
+        await _handed_over(seen, 1)
         assert seen == [b"a: 2\nb: 3\n"]
 
 
@@ -48,20 +60,20 @@ async def test_rename_over_and_unchanged_touch(tmp_path: Path) -> None:
         tmp = tmp_path / ".desired.yaml.swp"
         tmp.write_bytes(b"a: 9\n")
         os.replace(tmp, path)
-        await asyncio.sleep(0.6)
+        await _handed_over(seen, 1)
         assert seen == [b"a: 9\n"]
         os.utime(path)  # same bytes, new mtime: nothing to hand over
-        await asyncio.sleep(0.6)
+        await _handed_over(seen, 2, timeout=0)
         assert seen == [b"a: 9\n"]
         watcher.trigger()  # SIGHUP forces a re-read
-        await asyncio.sleep(0.6)
+        await _handed_over(seen, 2)
         assert seen == [b"a: 9\n", b"a: 9\n"]
 
 
 async def test_missing_file_is_waited_out(tmp_path: Path) -> None:
     async with _watching(tmp_path) as (path, seen, _):
         path.unlink()
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(SETTLE)
         path.write_bytes(b"a: 2\n")
-        await asyncio.sleep(0.7)
+        await _handed_over(seen, 1)
         assert seen == [b"a: 2\n"]
