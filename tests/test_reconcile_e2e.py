@@ -15,6 +15,7 @@ import pytest
 
 from control_plane.app.demo_origin import Fault
 from control_plane.app.envoy_process import EnvoyProcess
+from control_plane.decisions.read import record_time
 from tests.support.fleet import Fleet, dump_records, running_fleet
 from tests.support.prometheus import PrometheusServer, prometheus_binary
 
@@ -83,9 +84,7 @@ async def _scenario(fleet: Fleet) -> None:
     assert all(0 < _delta(r) <= RETURN_CAP for r in returns), log
     assert max(_delta(r) for r in returns) < max(_delta(r) for r in shifts), log
     # 3 healthy windows (1 s ticks over a 3 s window) before the first step back
-    first_return_at = time.mktime(
-        time.strptime(first_return["time"][:19], "%Y-%m-%dT%H:%M:%S")
-    ) - time.timezone
+    first_return_at = record_time(first_return).timestamp()
     assert first_return_at - recovered_at >= 3, log
     assert fleet.weights("ewr")["primary"] > lowest
     assert fleet.weights("sjc") == HOME
