@@ -43,6 +43,10 @@ async def _scenario(fleet: Fleet) -> None:
         lambda: fleet.origins["primary"].total > 30, 20, "steady traffic on the primary"
     )
 
+    stats = fleet.envoys["ewr"].admin("/stats")
+    assert "cluster.shop.critical.zone.ewr.primary.upstream_rq_completed" in stats
+    assert "lb_zone_routing" not in stats, "the stats matcher keeps only what Ballast reads"
+
     fleet.origins["primary"].set_fault(Fault(error_rate=0.6, status=503, pops=("ewr",)))
     await fleet.wait_for(lambda: fleet.weights("ewr")["primary"] <= 70, 45, "ewr to leave")
 

@@ -103,6 +103,7 @@ async def run_demo(
                 xds_port=xds_port,
                 admin_port=admin,
                 metrics_sink=True,
+                needed_stats_only=True,
             )
             envoys[pop.name] = EnvoyProcess(
                 bootstrap, admin, log_path=state_dir / f"envoy-{pop.name}.log"

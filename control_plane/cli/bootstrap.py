@@ -34,7 +34,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--delta", action="store_true", help="use delta (incremental) ADS")
     parser.add_argument(
-        "--metrics-sink", action="store_true", help="stream stats to Ballast (metrics_service)"
+        "--metrics-sink",
+        action="store_true",
+        help="stream stats to Ballast (metrics_service + OpenTelemetry sinks), keeping only the "
+        "stats Ballast reads and the operator basics",
+    )
+    parser.add_argument(
+        "--all-stats",
+        action="store_true",
+        help="with --metrics-sink: keep every Envoy stat (larger flushes)",
     )
     parser.add_argument(
         "--template",
@@ -66,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
         admin_port=admin_port,
         delta=args.delta,
         metrics_sink=args.metrics_sink,
+        needed_stats_only=args.metrics_sink and not args.all_stats,
         template=args.template,
     )
     if args.format == "json":

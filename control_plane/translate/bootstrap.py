@@ -24,9 +24,14 @@ def ads_bootstrap(
     node_cluster: str = "ballast-edge",
     stats_flush_interval_ms: int = 5000,
     metrics_sink: bool = False,
+    needed_stats_only: bool = False,
     template: str = "edge",
 ) -> dict[str, Any]:
-    """A bootstrap for one Envoy of `pop`, streaming config (and, if asked, stats) to Ballast."""
+    """A bootstrap for one Envoy of `pop`, streaming config (and, if asked, stats) to Ballast.
+
+    `needed_stats_only` adds a stats matcher: Envoy then keeps only the stats Ballast reads
+    (see `NEEDED_STATS`) plus the basics an operator looks at, so every flush stays small.
+    """
     text = (TEMPLATES / f"{template}.yaml").read_text()
     filled = string.Template(text).substitute(
         node_id=_yaml_str(node_id),
@@ -55,7 +60,25 @@ def ads_bootstrap(
             },
             host_stats_sink(),
         ]
+    if needed_stats_only:
+        matcher = {"inclusion_list": {"patterns": [{"safe_regex": {"regex": r}}
+                                                   for r in NEEDED_STATS]}}
+        bootstrap.setdefault("stats_config", {})["stats_matcher"] = matcher
     return bootstrap
+
+
+# Full stat names (before tag extraction) Envoy keeps with `needed_stats_only`. Envoy's regex
+# matchers must match the WHOLE name (RE2 full match), hence the trailing `.*`. Tier clusters are
+# `<group>.<tier>` (names without dots), so `cluster\.[^.]+\.[^.]+\.` is a tier cluster.
+# Per-endpoint stats are not in the stats store and are not affected.
+NEEDED_STATS: tuple[str, ...] = (
+    r"cluster\.[^.]+\.[^.]+\.zone\..*",  # per (PoP, origin): codes, completed, latency
+    r"cluster\.[^.]+\.[^.]+\.(upstream_rq_(pending_active|pending_overflow|total|retry"
+    r"|completed|time|[0-9]xx)|upstream_cx_connect_fail|membership_(healthy|total))",
+    r"control_plane\..*",  # xDS connection state, rejected updates
+    r"(server|cluster_manager|listener_manager)\..*",
+    r"http\.[^.]+\.downstream_rq_.*",
+)
 
 
 def host_stats_sink() -> dict[str, Any]:

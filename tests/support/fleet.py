@@ -158,6 +158,7 @@ async def running_fleet(
                 xds_port=xds_port,
                 admin_port=admin,
                 metrics_sink=metrics_source == "sink",
+                needed_stats_only=True,
                 stats_flush_interval_ms=1000,
             )
             envoys[pop] = EnvoyProcess(bootstrap, admin).start()
