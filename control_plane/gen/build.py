@@ -33,7 +33,7 @@ def compile_into(out: Path) -> list[Path]:
                 f"-I{include}",
                 f"--python_out={out}",
                 f"--pyi_out={out}",
-                f"--grpc_python_out={out}",
+                *([f"--grpc_python_out={out}"] if _declares_service(source) else []),
                 str(source),
             ]
         )
@@ -47,6 +47,11 @@ def compile_into(out: Path) -> list[Path]:
         if folder != out:
             (folder / "__init__.py").touch()
     return sorted(p for p in out.rglob("*") if p.is_file())
+
+
+def _declares_service(source: Path) -> bool:
+    """gRPC stubs only for files that define a service (the others would be empty modules)."""
+    return re.search(r"^service\s", source.read_text(), flags=re.M) is not None
 
 
 def _rehome_imports(code: str) -> str:
