@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -9,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from control_plane.app.service import BallastService, ServiceConfig
+from control_plane.cli.main import main
+from control_plane.state.lock import StateDirBusy, StateDirLock
 from control_plane.state.store import StateCorrupted
 from control_plane.translate.bootstrap import TEMPLATES
 
@@ -51,3 +54,34 @@ async def test_corrupted_state_refuses_to_start(tmp_path: Path) -> None:
                            admin_address=None, probes=False)
     with pytest.raises(StateCorrupted, match=r"state\.db"):
         await BallastService(config).start()
+
+
+async def test_one_server_per_state_directory(tmp_path: Path) -> None:
+    def config() -> ServiceConfig:
+        return ServiceConfig(desired_path=EXAMPLE, state_dir=tmp_path,
+                             xds_address="127.0.0.1:0", admin_address=None, probes=False)
+
+    first = BallastService(config())
+    await first.start()
+    try:
+        with pytest.raises(StateDirBusy, match=f"pid {os.getpid()}"):
+            await BallastService(config()).start()
+    finally:
+        await first.stop(0)
+    second = BallastService(config())  # the lock went with the first server
+    await second.start()
+    await second.stop(0)
+
+
+def test_serve_refuses_a_busy_state_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lock = StateDirLock(tmp_path).acquire()
+    try:
+        code = main(["serve", str(EXAMPLE), "--state-dir", str(tmp_path),
+                     "--xds-address", "127.0.0.1:0", "--admin-address", "127.0.0.1:0"])
+    finally:
+        lock.release()
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "already in use" in err and "Traceback" not in err

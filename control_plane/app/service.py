@@ -39,6 +39,7 @@ from control_plane.observe.probes import Prober, probe_targets
 from control_plane.observe.prometheus import PrometheusSource
 from control_plane.observe.sink import SinkStore, add_metrics_service
 from control_plane.observe.source import MetricSource, wall_ms
+from control_plane.state.lock import StateDirLock
 from control_plane.state.store import StateCorrupted, StateStore
 from control_plane.translate import render_json, translate_pop
 from control_plane.translate.diff import ResourceChange, diff_renderings, format_changes, summarize
@@ -84,6 +85,7 @@ class BallastService:
         self.prober: Prober | None = None
         self._passive: (SinkStore | PrometheusSource) | None = None
         self.watcher: DesiredFileWatcher
+        self._lock: StateDirLock
 
     # -- start-up --------------------------------------------------------------------------
 
@@ -93,8 +95,13 @@ class BallastService:
         self.started_at_ms = wall_ms()
         self._desired_bytes = config.desired_path.read_bytes()
         desired = load_desired(config.desired_path)
-        self.store = StateStore(config.state_dir)
-        snapshot = self.store.load()
+        self._lock = StateDirLock(config.state_dir).acquire()
+        try:
+            self.store = StateStore(config.state_dir)
+            snapshot = self.store.load()
+        except BaseException:
+            self._lock.release()
+            raise
         self.decisions = DecisionLog(config.state_dir)
         self.server = BallastServer(
             desired,
@@ -139,6 +146,7 @@ class BallastService:
             await self.server.stop(0)
             self.decisions.close()
             self.store.close()
+            self._lock.release()
             raise
         self._spawn(self.reconciler.run())
         self._spawn(self.watcher.run())
@@ -360,6 +368,7 @@ class BallastService:
         self._record("shutdown", rule="stopped: streams closed, state and log flushed")
         self.decisions.close()
         self.store.close()
+        self._lock.release()
 
 
 def _pops(old: Desired, new: Desired) -> list[str]:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.desired import DesiredStateError
+from control_plane.state.lock import StateDirBusy
 from control_plane.state.paths import state_dir
 from control_plane.state.store import StateCorrupted
 
@@ -84,7 +85,7 @@ async def _serve(service: BallastService) -> int:
     except DesiredStateError as err:
         print(err, file=sys.stderr)
         return 1
-    except StateCorrupted as err:
+    except (StateCorrupted, StateDirBusy) as err:
         print(f"ballast serve: {err}", file=sys.stderr)
         return 1
     except (OSError, RuntimeError, ValueError) as err:
