@@ -16,7 +16,12 @@ from control_plane.gen.ballast.v1.queue_policy_pb2 import (
     ClusterQueuingPoliciesCarrier,
 )
 from control_plane.translate import capabilities_from_node, translate_pop
-from control_plane.translate.queue_policy import ADAPTIVE_LIFO_TYPE, FIFO_TYPE, read_back
+from control_plane.translate.queue_policy import (
+    ADAPTIVE_LIFO_TYPE,
+    FIFO_TYPE,
+    QUEUING_POLICIES_FIELD,
+    read_back,
+)
 from control_plane.translate.resources import CLUSTER_TYPE, Capabilities, PopResources
 from tests.support.models import example_desired, shop_group
 
@@ -92,3 +97,7 @@ def test_field_62_is_on_the_wire_and_survives_a_cluster_round_trip() -> None:
     carrier = read_back(again)
     assert carrier.queuing_policies.pending_rq_policy.typed_config.type_url == ADAPTIVE_LIFO_TYPE
     assert ClusterQueuingPoliciesCarrier.DESCRIPTOR.fields_by_name["queuing_policies"].number == 62
+
+
+def test_the_carrier_field_is_envoy_140s_queuing_policies() -> None:
+    assert QUEUING_POLICIES_FIELD == 62  # envoy.config.cluster.v3.Cluster.queuing_policies

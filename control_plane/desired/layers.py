@@ -51,6 +51,3 @@ def known(*values: Located) -> bool:
     """All values are usable (none failed its own check)."""
     return all(v.value is not None for v in values)
 
-
-def plain(layer: Layer) -> dict[str, Any]:
-    return {key: located.value for key, located in layer.items()}
