@@ -27,6 +27,8 @@ def test_example_passes_envoy_validation_for_every_pop(capsys) -> None:
     assert out.splitlines()[0] == f"{EXAMPLE}: OK (2 PoPs, 1 origin groups, 1 listeners)"
     assert re.search(r"^pop ewr: OK \(envoy 1\.40\.\d+\)$", out, re.M)
     assert re.search(r"^pop sjc: OK \(envoy 1\.40\.\d+\)$", out, re.M)
+    assert re.search(r"^pop ewr with tier actions on: OK \(envoy 1\.40\.\d+\)$", out, re.M)
+    assert re.search(r"^pop sjc with tier actions on: OK \(envoy 1\.40\.\d+\)$", out, re.M)
     assert "FIFO sent" in out
 
 

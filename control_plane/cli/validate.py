@@ -66,17 +66,23 @@ def run(args: argparse.Namespace) -> int:
         print(f"envoy check skipped ({reason})")
         return 0
     version = envoy_version(binary)
+    # Every PoP as it starts, and as it is while adaptive tier actions are on (other routes).
+    actions = {g.name: g.tier_actions.actions() for g in desired.origin_groups
+               if g.tier_actions.enabled}
+    variants = [("", None)] + ([(" with tier actions on", actions)] if actions else [])
     failed = 0
     for pop in desired.pop_names:
-        resources = translate_pop(desired, pop, {}, caps)
-        ok, output = validate_bootstrap(static_bootstrap(resources), binary)
-        if ok:
-            print(f"pop {pop}: OK (envoy {version})")
-        else:
-            failed += 1
-            print(f"pop {pop}: rejected by envoy {version}: {envoy_error(output)}")
-        for note in resources.notes:
-            print(f"  note: {note}")
+        for label, active in variants:
+            resources = translate_pop(desired, pop, {}, caps, active)
+            ok, output = validate_bootstrap(static_bootstrap(resources), binary)
+            if ok:
+                print(f"pop {pop}{label}: OK (envoy {version})")
+            else:
+                failed += 1
+                print(f"pop {pop}{label}: rejected by envoy {version}: {envoy_error(output)}")
+            if active is None:
+                for note in resources.notes:
+                    print(f"  note: {note}")
     return 1 if failed else 0
 
 
