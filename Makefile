@@ -14,7 +14,8 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/python -m control_plane.app.demo examples/desired.yaml
+	@# Envoys start by fork+exec; gRPC's fork handlers would only log noise about it.
+	GRPC_ENABLE_FORK_SUPPORT=false $(BIN)/python -m control_plane.app.demo examples/desired.yaml
 
 test: $(STAMP)
 	deploy/ensure-test-services.sh
