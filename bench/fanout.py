@@ -97,7 +97,7 @@ class FanoutResult:
     desired: str
     nodes: int
     connections: int
-    protocol: str = "current"  # or "baseline": bench/protocol_baseline.py in the server
+    protocol: str = "current"  # "baseline": bench/protocol_baseline.py; "message": old encoder
     sync_s: float = float("nan")
     sync_cpu_s: float = float("nan")
     rss_per_node: float = float("nan")
@@ -319,20 +319,25 @@ def report(results: list[FanoutResult]) -> str:
         lines += ["", "SotW / delta (same run; > 1: delta is cheaper):", table(
             ["desired", "nodes", "conns", "push wall", "push CPU", "bytes/push",
              "initial sync"], delta_rows)]
-    base = {(r.desired, r.nodes, r.connections, r.mode): r for r in results
-            if r.protocol == "baseline"}
-    protocol_rows = [
-        [desired, nodes, conns, mode,
-         b.push_us_per_node / r.push_us_per_node,
-         b.push_cpu_us_per_node / r.push_cpu_us_per_node,
-         b.sync_cpu_s / r.sync_cpu_s, b.sync_s / r.sync_s]
-        for (desired, nodes, conns, mode), r in key.items()
-        if (b := base.get((desired, nodes, conns, mode))) is not None
-    ]
-    if protocol_rows:
-        lines += ["", "baseline protocol core / current (same run; > 1: current is cheaper):",
-                  table(["desired", "nodes", "conns", "mode", "push wall", "push CPU",
-                         "sync CPU", "initial sync"], protocol_rows)]
+    for other, title in (
+        ("baseline", "baseline protocol core / current (same run; > 1: current is cheaper):"),
+        ("message", "message per stream / pre-encoded bytes (same run; > 1: current is "
+                    "cheaper):"),
+    ):
+        base = {(r.desired, r.nodes, r.connections, r.mode): r for r in results
+                if r.protocol == other}
+        protocol_rows = [
+            [desired, nodes, conns, mode,
+             b.push_us_per_node / r.push_us_per_node,
+             b.push_cpu_us_per_node / r.push_cpu_us_per_node,
+             b.sync_cpu_s / r.sync_cpu_s, b.sync_s / r.sync_s]
+            for (desired, nodes, conns, mode), r in key.items()
+            if (b := base.get((desired, nodes, conns, mode))) is not None
+        ]
+        if protocol_rows:
+            lines += ["", title,
+                      table(["desired", "nodes", "conns", "mode", "push wall", "push CPU",
+                             "sync CPU", "initial sync"], protocol_rows)]
     errors = [f"  {r.mode} {r.desired} {r.nodes}: {e}"
               for r in results for e in r.errors]
     if errors:

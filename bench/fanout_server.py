@@ -9,7 +9,9 @@ process), so the client process can subtract them from its own.
 The only instrumentation is a wrapper around `NodeEntry.acked` (one comparison per ACK): it
 notes when every node finished its initial sync and when the last node of a PoP ACKed a push.
 `--protocol baseline` swaps the per-stream core for `bench.protocol_baseline` (the protocol core
-before the per-snapshot index) so one benchmark run can compare both in the same server.
+before the per-snapshot index) so one benchmark run can compare both in the same server;
+`--protocol message` keeps the core but builds and serializes a response message per stream
+(the encoder before the serialize-once path of `control_plane/ads/encoding.py`).
 """
 
 from __future__ import annotations
@@ -76,6 +78,22 @@ def use_baseline_protocol() -> None:
 
     ads_server.SotwStream = protocol_baseline.SotwStream  # type: ignore[misc]
     ads_server.DeltaStream = protocol_baseline.DeltaStream  # type: ignore[misc]
+
+
+def use_message_encoder() -> None:
+    """Serve with a `DiscoveryResponse` built and serialized per stream (the encoder before
+    `control_plane/ads/encoding.py`'s serialize-once path), for before/after comparisons."""
+    from control_plane.ads import server as ads_server
+    from control_plane.ads.encoding import encode_delta, encode_sotw
+    from control_plane.ads.protocol import SotwResponse
+
+    class MessageEncoder:
+        def encode(self, response: Any) -> bytes:
+            if isinstance(response, SotwResponse):
+                return encode_sotw(response).SerializeToString()
+            return encode_delta(response).SerializeToString()
+
+    ads_server.ResponseEncoder = MessageEncoder  # type: ignore[misc,assignment]
 
 
 def pushed_bytes(metrics: BallastMetrics) -> float:
@@ -157,6 +175,9 @@ def reply(data: dict[str, Any]) -> None:
 
 if __name__ == "__main__":
     args = sys.argv[2:]
-    if "--protocol" in args and args[args.index("--protocol") + 1] == "baseline":
+    protocol = args[args.index("--protocol") + 1] if "--protocol" in args else "current"
+    if protocol == "baseline":
         use_baseline_protocol()
+    elif protocol == "message":
+        use_message_encoder()
     asyncio.run(main(sys.argv[1], "--gc-freeze" in args))

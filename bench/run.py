@@ -74,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compare-protocol", action="store_true",
                         help="fan-out runs twice per (size, mode): with the protocol core of "
                         "bench/protocol_baseline.py, then with the current one")
+    parser.add_argument("--compare-encoder", action="store_true",
+                        help="fan-out runs twice per (size, mode): with a response message "
+                        "built per stream (the old encoder), then with the current one")
     args = parser.parse_args(argv)
     pushes = args.pushes or (3 if args.quick else 5)
     started = time.time()
@@ -98,7 +101,11 @@ def main(argv: list[str] | None = None) -> int:
         print(out[-1] + "\n", flush=True)
     if args.only in (None, "fanout"):
         print("== push fan-out", flush=True)
-        protocols = ("baseline", "current") if args.compare_protocol else ("current",)
+        protocols: tuple[str, ...] = ("current",)
+        if args.compare_protocol:
+            protocols = ("baseline", *protocols)
+        if args.compare_encoder:
+            protocols = ("message", *protocols)
         fan = run_fanout(plans(args.quick, args.nodes, args.per_connection), pushes, protocols)
         results["fanout"] = [r.as_dict() for r in fan]
         results["fanout_floor"] = {

@@ -26,15 +26,14 @@ from envoy.service.discovery.v3.discovery_pb2 import (
 )
 
 from control_plane.admin.metrics import BallastMetrics
+from control_plane.ads.encoding import ResponseEncoder, encode_delta, encode_sotw, pass_bytes
 from control_plane.ads.fanout import PushHub
 from control_plane.ads.nodes import NodeEntry, NodeRegistry
 from control_plane.ads.protocol import (
     Ack,
-    DeltaResponse,
     DeltaStream,
     Nack,
     ProtocolError,
-    SotwResponse,
     SotwStream,
     Step,
     short_name,
@@ -43,7 +42,13 @@ from control_plane.ads.snapshots import SnapshotCache
 from control_plane.translate import capabilities_from_node
 from control_plane.translate.resources import CLUSTER_TYPE, Capabilities, PopResources
 
+__all__ = [
+    "AdsServicer", "NodeRejected", "encode_delta", "encode_sotw", "envoy_version", "pop_of",
+]
+
 log = logging.getLogger(__name__)
+
+ADS_SERVICE = "envoy.service.discovery.v3.AggregatedDiscoveryService"
 
 Record = Callable[[str, dict[str, Any]], None]
 
@@ -85,29 +90,6 @@ def envoy_version(node: Node) -> str:
     return node.user_agent_version or "unknown"
 
 
-def encode_sotw(response: SotwResponse) -> DiscoveryResponse:
-    message = DiscoveryResponse(
-        version_info=response.version, type_url=response.type_url, nonce=response.nonce
-    )
-    for item in response.resources:
-        message.resources.add(type_url=item.type_url, value=item.payload)
-    return message
-
-
-def encode_delta(response: DeltaResponse) -> DeltaDiscoveryResponse:
-    message = DeltaDiscoveryResponse(
-        system_version_info=response.version,
-        type_url=response.type_url,
-        nonce=response.nonce,
-        removed_resources=response.removed,
-    )
-    for item in response.resources:
-        added = message.resources.add(name=item.name, version=item.version)
-        added.resource.type_url = item.type_url
-        added.resource.value = item.payload
-    return message
-
-
 class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
     def __init__(
         self,
@@ -129,10 +111,30 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         self._closing = False
         self._fallbacks_seen: set[tuple[str, str]] = set()  # (node id, CDS version)
         self.sends = 0  # responses written, all streams (tests, metrics)
+        # responses go out as wire bytes: the part every stream shares serialized once
+        self.encoder = ResponseEncoder()
 
     def add_to(self, server: grpc.aio.Server) -> None:
-        """Register on a caller-owned server (which may carry other services too)."""
-        ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(self, server)
+        """Register on a caller-owned server (which may carry other services too).
+
+        Like `ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server`, except that the
+        response serializer passes bytes through: `_apply` writes pre-encoded responses."""
+        handlers = {
+            "StreamAggregatedResources": grpc.stream_stream_rpc_method_handler(
+                self.StreamAggregatedResources,
+                request_deserializer=DiscoveryRequest.FromString,
+                response_serializer=pass_bytes,
+            ),
+            "DeltaAggregatedResources": grpc.stream_stream_rpc_method_handler(
+                self.DeltaAggregatedResources,
+                request_deserializer=DeltaDiscoveryRequest.FromString,
+                response_serializer=pass_bytes,
+            ),
+        }
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(ADS_SERVICE, handlers),)
+        )
+        server.add_registered_method_handlers(ADS_SERVICE, handlers)
 
     def close_streams(self) -> None:
         """Shutdown: every open stream ends with UNAVAILABLE; new streams are refused."""
@@ -287,18 +289,14 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                            type=short_name(event.type_url), version=event.version,
                            message=event.message)
         for response in step.responses:
-            message = (
-                encode_sotw(response)
-                if isinstance(response, SotwResponse)
-                else encode_delta(response)
-            )
-            await context.write(message)
+            data = self.encoder.encode(response)
+            await context.write(data)
             entry.sent(response.type_url, response.version)
             self.sends += 1
             if self.metrics is not None:
                 kind = short_name(response.type_url)
                 self.metrics.pushes.labels(kind).inc()
-                self.metrics.push_bytes.labels(kind).inc(message.ByteSize())
+                self.metrics.push_bytes.labels(kind).inc(len(data))
                 self._pushed[(entry.stream, response.type_url)] = (
                     response.nonce, time.monotonic()
                 )
