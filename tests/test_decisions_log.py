@@ -111,3 +111,30 @@ def test_clock_drives_time(tmp_path: Path) -> None:
         first, second = log.record("hold"), log.record("hold")
     assert (first["time"], second["time"]) == (format_time(T0),
                                                 "2024-05-01T16:02:30.123Z")
+
+
+def test_routine_records_share_fsyncs_and_are_readable_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = DecisionLog(tmp_path)
+    synced: list[int] = []
+    real_fsync = os.fsync
+
+    def spy(fd: int) -> None:
+        synced.append(len(lines(log.path)))  # how many lines the fsync made durable
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    for index in range(50):
+        log.record("node_connected", durable=False, detail={"node": f"n{index}"})
+    assert synced == []
+    assert len(list(iter_records(tmp_path))) == 50, "readable before they are durable"
+    log.sync()
+    assert synced == [50]
+    log.sync()  # nothing new: no fsync
+    log.record("node_connected", durable=False)
+    log.record("nack", pop="ewr")  # a durable record also covers the routine one before it
+    assert synced == [50, 52]
+    log.record("node_disconnected", durable=False)
+    log.close()
+    assert synced == [50, 52, 53], "close() makes the rest durable"

@@ -149,6 +149,7 @@ class BallastService:
             self._lock.release()
             raise
         self._spawn(self.reconciler.run())
+        self._spawn(self._sync_decisions())
         self._spawn(self.watcher.run())
         if self.prober is not None:
             self._spawn(self.prober.run())
@@ -250,6 +251,11 @@ class BallastService:
         )
         await self.admin.start(host or "127.0.0.1", int(port))
 
+    async def _sync_decisions(self, every_s: float = 1.0) -> None:
+        while True:
+            await asyncio.sleep(every_s)
+            self.decisions.sync()
+
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         self._tasks.append(asyncio.create_task(coroutine))
 
@@ -270,8 +276,8 @@ class BallastService:
 
     # -- events ----------------------------------------------------------------------------
 
-    def _record(self, kind: str, **fields: Any) -> None:
-        self.decisions.record(kind, **fields)
+    def _record(self, kind: str, *, durable: bool = True, **fields: Any) -> None:
+        self.decisions.record(kind, durable=durable, **fields)
         self.metrics.decisions.labels(kind).inc()
 
     def _on_ads_event(self, kind: str, fields: dict[str, Any]) -> None:
@@ -288,7 +294,10 @@ class BallastService:
             rule = f"node {node} lacks adaptive LIFO: FIFO sent"
         else:
             rule = f"node {node} {kind.removeprefix('node_')}"
-        self._record(kind, pop=pop, config_version=version, rule=rule, detail=detail)
+        # Connects, disconnects and fallbacks are routine and come in storms (a fleet
+        # reconnecting): no fsync each; the periodic sync makes them durable within a second.
+        self._record(kind, durable=kind == "nack", pop=pop, config_version=version, rule=rule,
+                     detail=detail)
 
     # -- hot reload ------------------------------------------------------------------------
 

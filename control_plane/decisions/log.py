@@ -3,7 +3,11 @@
 Files: ``decisions.jsonl`` (current), ``decisions.1.jsonl`` (previous) ... ``decisions.N.jsonl``
 (oldest kept). A record is written with a single ``write`` and ``fsync`` before ``record`` returns,
 so after ``kill -9`` at most the line being written is torn; readers skip it and the writer starts
-a fresh line after it. ``seq`` continues across restarts: the writer reads the last one on open.
+a fresh line after it. Records of routine events (a node connecting) may be written with
+``durable=False``: no fsync of their own, made durable by the next durable record, by ``sync()``
+(the server calls it every second) or by ``close()`` — so a reconnect storm of thousands of
+Envoys does not cost thousands of fsyncs on the event loop. ``seq`` continues across
+restarts: the writer reads the last one on open.
 """
 
 from __future__ import annotations
@@ -110,6 +114,7 @@ class DecisionLog:
             (seq for seq in map(_last_seq, reversed(log_files(self.state_dir))) if seq is not None),
             0,
         )
+        self._dirty = False  # written but not yet fsync'd
         self._fd = self._open()
 
     def _open(self) -> int:
@@ -126,6 +131,7 @@ class DecisionLog:
         return fd
 
     def _rotate(self) -> None:
+        self.sync()
         os.close(self._fd)
         oldest = self.state_dir / rotated_name(self.keep)
         oldest.unlink(missing_ok=True)
@@ -136,8 +142,11 @@ class DecisionLog:
         self.path.rename(self.state_dir / rotated_name(1))
         self._fd = self._open()
 
-    def record(self, kind: str, **fields: Any) -> dict[str, Any]:
-        """Append one decision; returns the record as written. Unknown kinds or fields raise."""
+    def record(self, kind: str, *, durable: bool = True, **fields: Any) -> dict[str, Any]:
+        """Append one decision; returns the record as written. Unknown kinds or fields raise.
+
+        `durable=False`: written now, fsync'd with the next durable record or `sync()`.
+        """
         if kind not in KINDS:
             raise ValueError(f"unknown decision kind {kind!r}; known: {', '.join(KINDS)}")
         unknown = set(fields) - set(FIELDS)
@@ -156,12 +165,23 @@ class DecisionLog:
         written = os.write(self._fd, line)
         if written != len(line):
             raise OSError(f"short write to {self.path}: {written} of {len(line)} bytes")
-        os.fsync(self._fd)
         self.seq += 1
+        if durable:
+            os.fsync(self._fd)  # also covers every earlier non-durable line
+            self._dirty = False
+        else:
+            self._dirty = True
         return record
+
+    def sync(self) -> None:
+        """Make the records written with `durable=False` durable."""
+        if self._dirty and self._fd >= 0:
+            os.fsync(self._fd)
+            self._dirty = False
 
     def close(self) -> None:
         if self._fd >= 0:
+            self.sync()
             os.close(self._fd)
             self._fd = -1
 
