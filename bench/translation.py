@@ -10,7 +10,7 @@ from typing import Any
 from envoy.service.discovery.v3.discovery_pb2 import DeltaDiscoveryResponse, DiscoveryResponse
 
 from bench.common import desired_by_name, table, time_per_call
-from bench.preserialized import ResponseEncoder
+from control_plane.ads.encoding import ResponseEncoder
 from control_plane.ads.protocol import DeltaResponse, SotwResponse
 from control_plane.ads.server import encode_delta, encode_sotw
 from control_plane.translate import translate_pop

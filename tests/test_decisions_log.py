@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -17,6 +18,19 @@ T0 = datetime(2024, 5, 1, 16, 2, 10, 123456, tzinfo=UTC)
 
 def lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def spy_fsyncs(monkeypatch: pytest.MonkeyPatch, measure: Callable[[int], int]) -> list[int]:
+    """From now on, every fsync appends `measure(fd)` (taken before the real fsync)."""
+    synced: list[int] = []
+    real_fsync = os.fsync
+
+    def spy(fd: int) -> None:
+        synced.append(measure(fd))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    return synced
 
 
 def test_record_layout_and_time(tmp_path: Path) -> None:
@@ -34,14 +48,7 @@ def test_each_record_is_fsynced_before_record_returns(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     log = DecisionLog(tmp_path)
-    synced: list[int] = []
-    real_fsync = os.fsync
-
-    def spy(fd: int) -> None:
-        synced.append(os.fstat(fd).st_size)
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", spy)
+    synced = spy_fsyncs(monkeypatch, lambda fd: os.fstat(fd).st_size)
     for count in range(1, 4):
         log.record("hold", pop="ewr", group="api")
         assert len(synced) == count
@@ -117,14 +124,8 @@ def test_routine_records_share_fsyncs_and_are_readable_at_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     log = DecisionLog(tmp_path)
-    synced: list[int] = []
-    real_fsync = os.fsync
-
-    def spy(fd: int) -> None:
-        synced.append(len(lines(log.path)))  # how many lines the fsync made durable
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", spy)
+    # how many lines each fsync made durable
+    synced = spy_fsyncs(monkeypatch, lambda fd: len(lines(log.path)))
     for index in range(50):
         log.record("node_connected", durable=False, detail={"node": f"n{index}"})
     assert synced == []
