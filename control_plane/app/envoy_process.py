@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -52,7 +53,35 @@ def find_envoy(explicit: str | None = None) -> str:
     )
 
 
+_handed_out: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
+    """A free loopback port for a server to bind later (Envoy listeners, admin, xDS).
+
+    Taken below the kernel's ephemeral range: a port the kernel picked with bind(0) can be
+    handed to some client's outgoing connection before our server binds it (seen as "Address
+    already in use" on a busy test run). Never the same port twice in one process.
+    """
+    low = _ephemeral_low()
+    for _ in range(200):
+        port = random.randint(10_000, max(10_001, low - 1))
+        if port in _handed_out:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

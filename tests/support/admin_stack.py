@@ -4,6 +4,7 @@ that goes through Envoy's start-up order."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -103,7 +104,20 @@ async def connect_node(
     await client.wait_for(
         lambda c: bool(c.responses(ROUTE_TYPE)) and bool(c.responses(ENDPOINT_TYPE))
     )
+    await _server_has_answers(stack, node_id)
     return client, channel
+
+
+async def _server_has_answers(stack: AdminStack, node_id: str, timeout: float = 5.0) -> None:
+    """The client has every response before the server has read its last ACK/NACK: wait for
+    the server's registry to have an answer to every type it sent (no type STALE)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        streams = stack.ballast.nodes.by_node(node_id)
+        if streams and all(s.status != "STALE" for s in streams):
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"server never saw {node_id}'s answers within {timeout}s")
 
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
