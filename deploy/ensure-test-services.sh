@@ -1,15 +1,30 @@
 #!/usr/bin/env bash
 # Installs the real peers the test-suite starts on loopback (Prometheus from Debian).
-# Tests start and stop the servers themselves; this only makes sure the binaries exist.
+# Tests start and stop the servers themselves, by PID; this only makes sure the binaries exist.
+# Debian's packages would start system daemons on install; a policy-rc.d that refuses every
+# start keeps them from running at all, so nothing has to be stopped (never by name).
 set -euo pipefail
-if ! command -v prometheus >/dev/null 2>&1; then
+
+install_debian() {
+    local policy=/usr/sbin/policy-rc.d created=0
+    if [ ! -e "$policy" ]; then
+        printf '#!/bin/sh\nexit 101\n' >"$policy"
+        chmod 755 "$policy"
+        created=1
+    fi
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >/dev/null
+    apt-get install -y -qq --no-install-recommends "$@" >/dev/null || status=$?
+    if [ "$created" = 1 ]; then rm -f "$policy"; fi
+    return "${status:-0}"
+}
+
+missing=()
+command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
+if [ "${#missing[@]}" -gt 0 ]; then
     if [ "$(id -u)" = "0" ]; then
-        export DEBIAN_FRONTEND=noninteractive
-        apt-get update -qq >/dev/null
-        apt-get install -y -qq --no-install-recommends prometheus >/dev/null
-        # Debian's package starts a system Prometheus on :9090; tests run their own.
-        (service prometheus stop || pkill -x prometheus || true) >/dev/null 2>&1
+        install_debian "${missing[@]}"
     else
-        echo "prometheus not installed and not root: Prometheus tests will be skipped" >&2
+        echo "not root, cannot install: ${missing[*]}; tests that need them are skipped" >&2
     fi
 fi
