@@ -95,3 +95,40 @@ def test_per_endpoint_stats_on_every_tier_cluster() -> None:
     """Per-host counters count every attempt (retries too): observe reads origin errors there."""
     for cluster in clusters().values():
         assert cluster.track_cluster_stats.per_endpoint_stats
+
+
+def _tls_context(origin: Origin) -> UpstreamTlsContext:
+    cluster = clusters(desired=example_desired(shop_group(primary=origin)))["shop.critical"]
+    context = UpstreamTlsContext()
+    assert cluster.transport_socket_matches[0].transport_socket.typed_config.Unpack(context)
+    return context
+
+
+def test_tls_origin_certificate_is_verified_by_default() -> None:
+    validation = _tls_context(
+        Origin(name="primary", address="10.0.0.1", port=443, tls=True, sni="shop.example")
+    ).common_tls_context.validation_context
+    assert validation.trusted_ca.filename == "/etc/ssl/certs/ca-certificates.crt"
+    (san,) = validation.match_typed_subject_alt_names
+    assert (san.san_type, san.matcher.exact) == (san.DNS, "shop.example")
+    assert list(validation.verify_certificate_spki) == []
+    assert list(validation.verify_certificate_hash) == []
+
+
+def test_tls_verification_name_ca_and_pins() -> None:
+    validation = _tls_context(Origin(
+        name="primary", address="10.0.0.1", port=443, tls=True, verify_name="10.0.0.9",
+        ca_file="/etc/origin-ca.pem", spki_pins=("a",), cert_pins=("b",),
+    )).common_tls_context.validation_context
+    assert validation.trusted_ca.filename == "/etc/origin-ca.pem"
+    (san,) = validation.match_typed_subject_alt_names
+    assert (san.san_type, san.matcher.exact) == (san.IP_ADDRESS, "10.0.0.9")
+    assert (list(validation.verify_certificate_spki),
+            list(validation.verify_certificate_hash)) == (["a"], ["b"])
+
+
+def test_tls_without_verification_only_when_turned_off() -> None:
+    context = _tls_context(
+        Origin(name="primary", address="10.0.0.1", port=443, tls=True, verify=False))
+    assert context.sni == "10.0.0.1"
+    assert not context.HasField("common_tls_context")

@@ -23,6 +23,7 @@ from control_plane.cli.translate_options import (
     node_capabilities,
     release_capabilities,
 )
+from control_plane.desired.warnings import desired_warnings
 from control_plane.translate import static_bootstrap, translate_pop
 
 HELP = "check a desired-state file; with an envoy binary, have Envoy validate every PoP"
@@ -61,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
         f"{args.file}: OK ({len(desired.pops)} PoPs, {len(desired.origin_groups)} origin groups, "
         f"{len(desired.listeners)} listeners)"
     )
+    for warning in desired_warnings(desired):
+        print(f"{args.file}: warning: {warning}")
     if binary is None:
         reason = "--no-envoy" if args.no_envoy else "no envoy binary found"
         print(f"envoy check skipped ({reason})")

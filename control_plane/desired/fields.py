@@ -7,6 +7,8 @@ value's line and column, and at the end reports the keys nobody asked for, with 
 
 from __future__ import annotations
 
+import base64
+import binascii
 import difflib
 import ipaddress
 import math
@@ -29,6 +31,9 @@ HEADER_RE = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+")
 DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
 MAX_DURATION_MS = 86_400_000
+MAX_PATH_CHARS = 4096
+SHA256_BYTES = 32
+HEX_SHA256_RE = re.compile(r"[0-9a-f]{64}")
 
 
 class Bad(Exception):
@@ -198,6 +203,36 @@ def host(node: yaml.Node) -> str:
     except ValueError:
         if not HOSTNAME_RE.fullmatch(value):
             raise Bad(f"must be an IP address or a DNS name, got {value!r}") from None
+    return value
+
+
+def file_path(node: yaml.Node) -> str:
+    """An absolute file path on the Envoy hosts (no check that it exists here)."""
+    value = text(node)
+    if not value.startswith("/") or len(value) > MAX_PATH_CHARS or "\0" in value:
+        raise Bad(f"must be an absolute file path (at most {MAX_PATH_CHARS} characters), "
+                  f"got {value!r}")
+    return value
+
+
+def spki_pin(node: yaml.Node) -> str:
+    """Base64 of a certificate's SHA-256 SPKI hash (Envoy's verify_certificate_spki)."""
+    value = text(node).strip()
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except (ValueError, binascii.Error):
+        raw = b""
+    if len(raw) != SHA256_BYTES:
+        raise Bad(f"must be the base64 of a SHA-256 SPKI hash (44 characters), got {value!r}")
+    return value
+
+
+def cert_pin(node: yaml.Node) -> str:
+    """Hex of a certificate's SHA-256 hash, colons allowed; kept lower-case without colons."""
+    value = text(node).strip().replace(":", "").lower()
+    if not HEX_SHA256_RE.fullmatch(value):
+        raise Bad(f"must be the hex SHA-256 hash of a certificate (64 hex digits, colons "
+                  f"allowed), got {text(node)!r}")
     return value
 
 

@@ -16,10 +16,13 @@ from control_plane.desired.defaults import DEFAULT_TIER_NAME, MAX_ORIGIN_CONCURR
 from control_plane.desired.errors import At, Sink
 from control_plane.desired.fields import (
     Bad,
+    Converter,
     Fields,
     boolean,
+    cert_pin,
     check_name,
     did_you_mean,
+    file_path,
     header_name,
     host,
     integer,
@@ -27,6 +30,7 @@ from control_plane.desired.fields import (
     name,
     path_prefix,
     sequence,
+    spki_pin,
     text,
 )
 from control_plane.desired.layers import (
@@ -47,6 +51,7 @@ from control_plane.desired.model import (
     Listener,
     Origin,
     OriginGroup,
+    OriginTlsPolicy,
     Pop,
     Tier,
     TierActionPolicy,
@@ -73,6 +78,10 @@ from control_plane.desired.schema import (
 from control_plane.desired.yaml_nodes import is_null, join
 
 HEADER_KINDS = ("exact", "prefix", "contains", "present")
+VERIFY_KEYS = ("verify_name", "ca_file", "pin_spki_sha256", "pin_cert_sha256")
+TLS_ONLY_KEYS = ("sni", "insecure_skip_verify", *VERIFY_KEYS)
+MAX_PINS = 16
+MAX_EXPIRY_WARNING_DAYS = 365
 
 
 def build_desired(root: yaml.Node, sink: Sink, digest: str) -> Desired | None:
@@ -302,7 +311,8 @@ class _Document:
         concurrency = Located(concurrency_value, group.at("max_origin_concurrency"), GROUP)
         if not group.has("max_origin_concurrency"):
             concurrency = Located(MAX_ORIGIN_CONCURRENCY, None, GROUP)
-        origins, origin_names = self._origins(group)
+        origin_tls = self._origin_tls(group)
+        origins, origin_names = self._origins(group, origin_tls)
         preference = self._preference(group, origin_names)
         tiers, tier_layers = self._group_tiers(group, concurrency)
         failover_fields = Fields(group.node_of("failover"), join(group.path, "failover"),
@@ -329,9 +339,22 @@ class _Document:
             failover=build_from_layer(FailoverPolicy, failover),
             health_check=build_from_layer(HealthCheck, health),
             tier_actions=tier_actions,
+            origin_tls=origin_tls,
         )
 
-    def _origins(self, group: Fields) -> tuple[list[Origin], list[str]]:
+    def _origin_tls(self, group: Fields) -> OriginTlsPolicy:
+        fields = Fields(group.node_of("origin_tls"), join(group.path, "origin_tls"), self.sink)
+        ca_file = fields.read("ca_file", file_path)
+        days = fields.read("expiry_warning_days", integer(0, MAX_EXPIRY_WARNING_DAYS))
+        fields.finish()
+        default = OriginTlsPolicy()
+        return OriginTlsPolicy(
+            ca_file=ca_file or default.ca_file,
+            expiry_warning_days=default.expiry_warning_days if days is None else days,
+        )
+
+    def _origins(self, group: Fields,
+                 origin_tls: OriginTlsPolicy) -> tuple[list[Origin], list[str]]:
         """The origins, and the names of all (also those with bad fields) for references."""
         fields = Fields(group.node_of("origins"), join(group.path, "origins"), self.sink)
         if group.ok and not group.has("origins"):
@@ -346,13 +369,41 @@ class _Document:
             port = origin.read("port", integer(1, 65535), required=True)
             tls = origin.read("tls", boolean)
             sni = origin.read("sni", host)
-            if sni is not None and not tls:
-                self.sink.add(origin.at("sni"), "sni needs tls: true")
+            verify_name = origin.read("verify_name", host)
+            ca_file = origin.read("ca_file", file_path)
+            skip = origin.read("insecure_skip_verify", boolean)
+            spki_pins = self._pins(origin, "pin_spki_sha256", spki_pin)
+            cert_pins = self._pins(origin, "pin_cert_sha256", cert_pin)
+            for key in TLS_ONLY_KEYS:
+                if origin.has(key) and not tls:
+                    self.sink.add(origin.at(key), f"{key} needs tls: true")
+            if skip and any(origin.has(key) for key in VERIFY_KEYS):
+                self.sink.add(origin.at("insecure_skip_verify"), "insecure_skip_verify: true "
+                              "turns verification off; remove it or the verification keys ("
+                              + ", ".join(k for k in VERIFY_KEYS if origin.has(k)) + ")")
             origin.finish()
             if address is not None and port is not None:
-                origins.append(Origin(named.name, address, port, bool(tls), sni))
+                origins.append(Origin(
+                    named.name, address, port, bool(tls), sni,
+                    verify=not skip,
+                    ca_file=ca_file or origin_tls.ca_file,
+                    verify_name=verify_name,
+                    spki_pins=spki_pins,
+                    cert_pins=cert_pins,
+                ))
         fields.finish()
         return origins, names
+
+    def _pins(self, origin: Fields, key: str, convert: Converter[str]) -> tuple[str, ...]:
+        path = join(origin.path, key)
+        node = origin.node_of(key)
+        items = sequence(node, path, self.sink)
+        if isinstance(node, yaml.SequenceNode) and not items:
+            self.sink.add(At.of(node, path), "must list at least one pin (or leave it out)")
+        if len(items) > MAX_PINS:
+            self.sink.add(At.of(items[MAX_PINS], path), f"at most {MAX_PINS} pins")
+        pins = (origin.convert(item, f"{path}[{i}]", convert) for i, item in enumerate(items))
+        return tuple(pin for pin in pins if pin is not None)
 
     def _preference(self, group: Fields, origin_names: list[str]) -> dict[str, tuple[str, ...]]:
         node = group.node_of("preference")

@@ -25,7 +25,6 @@ from envoy.config.core.v3.config_source_pb2 import (
     ConfigSource,
 )
 from envoy.config.core.v3.protocol_pb2 import Http1ProtocolOptions
-from envoy.extensions.transport_sockets.tls.v3.tls_pb2 import UpstreamTlsContext
 from envoy.extensions.upstreams.http.v3.http_protocol_options_pb2 import HttpProtocolOptions
 from envoy.type.v3.percent_pb2 import Percent
 from google.protobuf.struct_pb2 import Struct
@@ -34,6 +33,7 @@ from google.protobuf.wrappers_pb2 import UInt32Value
 from control_plane.desired.model import OriginGroup, Tier
 from control_plane.translate.proto_values import duration_ms, packed
 from control_plane.translate.queue_policy import QueuePolicyChoice, attach
+from control_plane.translate.upstream_tls import upstream_tls
 
 HTTP_PROTOCOL_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 TLS_TRANSPORT_SOCKET = "envoy.transport_sockets.tls"
@@ -109,6 +109,7 @@ def _tls_matches(group: OriginGroup) -> list[Cluster.TransportSocketMatch]:
 
     Origins of one group share each tier cluster, so TLS is chosen per endpoint: endpoints carry
     `envoy.transport_socket_match: {origin: <name>}` metadata (`endpoints.py`); others stay plain.
+    The certificate is verified (`upstream_tls`) unless the origin says `insecure_skip_verify`.
     """
     matches = []
     for origin in group.origins:
@@ -122,7 +123,7 @@ def _tls_matches(group: OriginGroup) -> list[Cluster.TransportSocketMatch]:
                 match=criteria,
                 transport_socket=TransportSocket(
                     name=TLS_TRANSPORT_SOCKET,
-                    typed_config=packed(UpstreamTlsContext(sni=origin.sni or origin.address)),
+                    typed_config=packed(upstream_tls(origin)),
                 ),
             )
         )
