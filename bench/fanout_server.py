@@ -26,9 +26,9 @@ import time
 from typing import Any
 
 from bench.common import desired_by_name
-from control_plane.admin.metrics import BallastMetrics
 from control_plane.ads import nodes as nodes_module
 from control_plane.app.server import BallastServer
+from control_plane.own_metrics.registry import BallastMetrics
 from control_plane.translate.resources import ENDPOINT_TYPE, PUSH_ORDER, Capabilities
 
 

@@ -12,9 +12,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from control_plane.admin.metrics import BallastMetrics
 from control_plane.decisions.log import DecisionLog
 from control_plane.desired.model import TierActions
+from control_plane.own_metrics.registry import BallastMetrics
 from control_plane.translate import render_json
 from control_plane.translate.resources import CLUSTER_TYPE, Capabilities
 from tests.support.admin_stack import (

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from control_plane.admin.metrics import BallastMetrics
+from control_plane.own_metrics.registry import BallastMetrics
 
 RULES_DIR = Path(__file__).resolve().parents[1] / "deploy" / "prometheus"
 RULES = RULES_DIR / "ballast-alerts.yaml"

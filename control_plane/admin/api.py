@@ -25,13 +25,13 @@ from typing import Any
 from aiohttp import web
 
 from control_plane.admin.capability_keys import capabilities_for_key, most_common_key
-from control_plane.admin.metrics import BallastMetrics
 from control_plane.ads.nodes import NodeRegistry, NodeStatus
 from control_plane.ads.snapshots import SnapshotCache
 from control_plane.decisions.explain import describe_active
 from control_plane.decisions.kinds import KINDS
 from control_plane.decisions.read import Query, Record, RecordSource, parse_since, since_cutoff
 from control_plane.desired.model import TierActions
+from control_plane.own_metrics.registry import BallastMetrics
 from control_plane.translate import render_json
 from control_plane.translate.resources import Capabilities
 

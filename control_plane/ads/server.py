@@ -25,7 +25,6 @@ from envoy.service.discovery.v3.discovery_pb2 import (
     DiscoveryResponse,
 )
 
-from control_plane.admin.metrics import BallastMetrics
 from control_plane.ads.encoding import ResponseEncoder, encode_delta, encode_sotw, pass_bytes
 from control_plane.ads.fanout import PushHub
 from control_plane.ads.nodes import NodeEntry, NodeRegistry
@@ -39,6 +38,7 @@ from control_plane.ads.protocol import (
     short_name,
 )
 from control_plane.ads.snapshots import SnapshotCache
+from control_plane.own_metrics.registry import BallastMetrics
 from control_plane.translate import capabilities_from_node
 from control_plane.translate.resources import CLUSTER_TYPE, Capabilities, PopResources
 

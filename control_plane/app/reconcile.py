@@ -23,7 +23,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from control_plane.admin.metrics import BallastMetrics
 from control_plane.ads.snapshots import SnapshotCache
 from control_plane.decide.controller import ControllerState, StepResult, step
 from control_plane.decide.tiers import TierState, TierStepResult, tier_step
@@ -36,6 +35,7 @@ from control_plane.observe.source import (
     TierSource,
     wall_ms,
 )
+from control_plane.own_metrics.registry import BallastMetrics
 from control_plane.state.store import StateStore
 
 log = logging.getLogger(__name__)

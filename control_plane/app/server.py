@@ -9,12 +9,12 @@ from collections.abc import Callable
 
 import grpc
 
-from control_plane.admin.metrics import BallastMetrics
 from control_plane.ads.fanout import PushHub
 from control_plane.ads.nodes import NodeRegistry
 from control_plane.ads.server import SERVER_OPTIONS, AdsServicer, Record
 from control_plane.ads.snapshots import SnapshotCache
 from control_plane.desired.model import Desired
+from control_plane.own_metrics.registry import BallastMetrics
 
 log = logging.getLogger(__name__)
 

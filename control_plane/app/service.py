@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from control_plane.admin.api import AdminApi
-from control_plane.admin.metrics import BallastMetrics
 from control_plane.ads.snapshots import SnapshotCache
 from control_plane.app.reconcile import Reconciler, tier_key
 from control_plane.app.reload import DesiredFileWatcher
@@ -39,6 +38,7 @@ from control_plane.observe.probes import Prober, probe_targets
 from control_plane.observe.prometheus import PrometheusSource
 from control_plane.observe.sink import SinkStore, add_metrics_service
 from control_plane.observe.source import MetricSource, wall_ms
+from control_plane.own_metrics.registry import BallastMetrics
 from control_plane.state.lock import StateDirLock
 from control_plane.state.store import StateCorrupted, StateStore
 from control_plane.translate import render_json, translate_pop

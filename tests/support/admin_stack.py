@@ -16,10 +16,10 @@ import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from control_plane.admin.api import AdminApi
-from control_plane.admin.metrics import BallastMetrics
 from control_plane.app.server import BallastServer
 from control_plane.decisions.read import FileSource
 from control_plane.desired import Desired
+from control_plane.own_metrics.registry import BallastMetrics
 from control_plane.translate.resources import CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE
 from tests.support.background_loop import BackgroundLoop
 from tests.support.xds_client import Reject, XdsClient, local_channel, make_node
