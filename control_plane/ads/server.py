@@ -4,14 +4,14 @@ Each stream: read the first request, find the node's PoP (`node.locality.zone`, 
 `node.metadata["pop"]`) and capabilities (`node.extensions`), then loop over two inputs — the
 node's requests and wake-ups from the push hub — feeding them to `SotwStream`/`DeltaStream`
 and writing what comes out. Unknown PoPs and malformed requests end the stream with
-INVALID_ARGUMENT and a message saying why; nothing is sent to such a node.
+INVALID_ARGUMENT and a message saying why; nothing is sent to such a node. What happens on a
+stream is told to the embedder through `Callbacks` (`callbacks.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal
 
@@ -25,20 +25,19 @@ from envoy.service.discovery.v3.discovery_pb2 import (
     DiscoveryResponse,
 )
 
+from control_plane.ads.callbacks import Callbacks
 from control_plane.ads.encoding import ResponseEncoder, encode_delta, encode_sotw, pass_bytes
 from control_plane.ads.fanout import PushHub
 from control_plane.ads.nodes import NodeEntry, NodeRegistry
 from control_plane.ads.protocol import (
     Ack,
     DeltaStream,
-    Nack,
     ProtocolError,
     SotwStream,
     Step,
     short_name,
 )
 from control_plane.ads.snapshots import SnapshotCache
-from control_plane.own_metrics.registry import BallastMetrics
 from control_plane.translate import capabilities_from_node
 from control_plane.translate.resources import CLUSTER_TYPE, Capabilities, PopResources
 
@@ -49,8 +48,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 ADS_SERVICE = "envoy.service.discovery.v3.AggregatedDiscoveryService"
-
-Record = Callable[[str, dict[str, Any]], None]
 
 # Envoy's xDS cluster may ping every few seconds (edge.yaml: HTTP/2 keepalive 30 s); without
 # these a gRPC server answers pings with GOAWAY too_many_pings (NOTES.md).
@@ -97,16 +94,12 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         hub: PushHub,
         nodes: NodeRegistry,
         *,
-        record: Record | None = None,
-        metrics: BallastMetrics | None = None,
+        callbacks: Callbacks | None = None,
     ) -> None:
         self.cache = cache
         self.hub = hub
         self.nodes = nodes
-        self._record = record
-        self.metrics = metrics
-        # (stream, type_url) -> (nonce, monotonic time) of the last response not yet answered
-        self._pushed: dict[tuple[int, str], tuple[str, float]] = {}
+        self.callbacks = callbacks if callbacks is not None else Callbacks()
         self._queues: set[asyncio.Queue[object]] = set()
         self._closing = False
         self._fallbacks_seen: set[tuple[str, str]] = set()  # (node id, CDS version)
@@ -188,8 +181,6 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             capability_key=caps.capabilities.key,
             capability_reason=caps.reason,
         )
-        if self.metrics is not None:
-            self.metrics.connected_nodes.labels(pop).inc()
         queue: asyncio.Queue[object] = asyncio.Queue()
         self._queues.add(queue)
         pending_push = False
@@ -202,9 +193,7 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
 
         unsubscribe = self.hub.subscribe(pop, wake)
         reader = asyncio.create_task(self._read(context, queue))
-        self._emit("node_connected", node=node.id, pop=pop, mode=mode,
-                   envoy_version=entry.envoy_version, capabilities=entry.capability_key,
-                   capability_reason=entry.capability_reason)
+        self._notify(self.callbacks.on_stream_open, entry)
         log.info("node %s connected (%s, PoP %s, %s)", node.id, mode, pop, entry.capability_key)
         status, details = grpc.StatusCode.OK, ""
         try:
@@ -224,6 +213,7 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                     pending_push = False
                     step = stream.on_snapshot(snapshot)
                 else:
+                    self._notify(self.callbacks.on_request, entry, item)
                     step = stream.on_request(item, snapshot)  # type: ignore[arg-type]
                 await self._apply(context, entry, step)
                 item = await queue.get()
@@ -235,12 +225,7 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             unsubscribe()
             self._queues.discard(queue)
             self.nodes.disconnect(entry)
-            if self.metrics is not None:
-                self.metrics.connected_nodes.labels(pop).dec()
-            for key in [key for key in self._pushed if key[0] == entry.stream]:
-                del self._pushed[key]
-            self._emit("node_disconnected", node=node.id, pop=pop, mode=mode,
-                       status=status.name, details=details)
+            self._notify(self.callbacks.on_stream_closed, entry, status.name, details)
             log.info("node %s disconnected (%s)", node.id, details or status.name)
         if status is not grpc.StatusCode.OK:
             await context.abort(status, details)
@@ -269,58 +254,33 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                 self._fallbacks_seen.add(seen)
                 for note in snapshot.notes:
                     log.info("node %s: capability fallback: %s", entry.node_id, note)
-                self._emit("capability_fallback", node=entry.node_id, pop=entry.pop,
-                           capabilities=caps.capabilities.key, version=seen[1],
-                           notes=list(snapshot.notes))
+                self._notify(self.callbacks.on_capability_fallback, entry,
+                             caps.capabilities.key, seen[1], snapshot.notes)
         return snapshot
 
     async def _apply(
         self, context: grpc.aio.ServicerContext[Any, Any], entry: NodeEntry, step: Step
     ) -> None:
         for event in step.events:
-            self._count_answer(entry, event)
             if isinstance(event, Ack):
                 entry.acked(event.type_url, event.version)
+                self._notify(self.callbacks.on_ack, entry, event)
             else:
                 entry.nacked(event.type_url, event.version, event.message)
                 log.warning("node %s NACKed %s version %s: %s", entry.node_id,
                             short_name(event.type_url), event.version, event.message)
-                self._emit("nack", node=entry.node_id, pop=entry.pop,
-                           type=short_name(event.type_url), version=event.version,
-                           message=event.message)
+                self._notify(self.callbacks.on_nack, entry, event)
         for response in step.responses:
             data = self.encoder.encode(response)
             await context.write(data)
             entry.sent(response.type_url, response.version)
             self.sends += 1
-            if self.metrics is not None:
-                kind = short_name(response.type_url)
-                self.metrics.pushes.labels(kind).inc()
-                self.metrics.push_bytes.labels(kind).inc(len(data))
-                self._pushed[(entry.stream, response.type_url)] = (
-                    response.nonce, time.monotonic()
-                )
+            self._notify(self.callbacks.on_response, entry, response, len(data))
 
-    def _count_answer(self, entry: NodeEntry, event: Ack | Nack) -> None:
-        """ACK/NACK counters; push-to-ACK seconds when the ACK answers the latest push."""
-        if self.metrics is None:
-            return
-        kind = short_name(event.type_url)
-        pushed = self._pushed.get((entry.stream, event.type_url))
-        if pushed is not None and pushed[0] == event.nonce:
-            del self._pushed[(entry.stream, event.type_url)]
-            if isinstance(event, Ack):
-                self.metrics.convergence.labels(kind).observe(time.monotonic() - pushed[1])
-        if isinstance(event, Ack):
-            self.metrics.acks.labels(kind).inc()
-        else:
-            self.metrics.nacks.labels(kind).inc()
-
-    def _emit(self, kind: str, **fields: Any) -> None:
-        if self._record is None:
-            return
+    @staticmethod
+    def _notify(callback: Callable[..., None], *args: Any) -> None:
         try:
-            self._record(kind, fields)
+            callback(*args)
         except Exception:
-            log.exception("record callback failed for %s", kind)
+            log.exception("callback %s failed", callback.__name__)
 

@@ -11,8 +11,9 @@ import grpc
 
 from control_plane.ads.fanout import PushHub
 from control_plane.ads.nodes import NodeRegistry
-from control_plane.ads.server import SERVER_OPTIONS, AdsServicer, Record
+from control_plane.ads.server import SERVER_OPTIONS, AdsServicer
 from control_plane.ads.snapshots import SnapshotCache
+from control_plane.app.ads_observer import AdsObserver, Record
 from control_plane.desired.model import Desired
 from control_plane.own_metrics.registry import BallastMetrics
 
@@ -36,7 +37,8 @@ class BallastServer:
         self.cache.add_listener(self.hub.changed)
         self.nodes = NodeRegistry()
         self.ads = AdsServicer(
-            self.cache, self.hub, self.nodes, record=record, metrics=metrics
+            self.cache, self.hub, self.nodes,
+            callbacks=AdsObserver(record=record, metrics=metrics),
         )
         self.grpc: grpc.aio.Server | None = None
         self.port = 0

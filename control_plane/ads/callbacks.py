@@ -1,0 +1,44 @@
+"""What the ADS server tells the program embedding it: the observability hooks of a stream.
+
+Modelled on go-control-plane's `server.Callbacks`: the server calls these on the event loop, in
+the order things happen on a stream, and never waits for anything they do. `Callbacks` does
+nothing; an embedder overrides what it needs (decision records, its own metrics, tests). An
+exception raised by a callback is logged and swallowed: observing must never break a stream.
+"""
+
+from __future__ import annotations
+
+from envoy.service.discovery.v3.discovery_pb2 import DeltaDiscoveryRequest, DiscoveryRequest
+
+from control_plane.ads.nodes import NodeEntry
+from control_plane.ads.protocol import Ack, DeltaResponse, Nack, SotwResponse
+
+
+class Callbacks:
+    def on_stream_open(self, node: NodeEntry) -> None:
+        """A node's stream was accepted (its first request named a known PoP)."""
+
+    def on_stream_closed(self, node: NodeEntry, status: str, details: str) -> None:
+        """The stream ended; `status` is the gRPC status code's name (OK, UNAVAILABLE, ...)."""
+
+    def on_request(
+        self, node: NodeEntry, request: DiscoveryRequest | DeltaDiscoveryRequest
+    ) -> None:
+        """A request arrived (the first one included), before the stream core saw it."""
+
+    def on_response(
+        self, node: NodeEntry, response: SotwResponse | DeltaResponse, size: int
+    ) -> None:
+        """A response of `size` bytes was written to the stream."""
+
+    def on_ack(self, node: NodeEntry, ack: Ack) -> None:
+        """The node accepted the response with `ack.nonce`."""
+
+    def on_nack(self, node: NodeEntry, nack: Nack) -> None:
+        """The node rejected the response with `nack.nonce`."""
+
+    def on_capability_fallback(
+        self, node: NodeEntry, capability_key: str, version: str, notes: tuple[str, ...]
+    ) -> None:
+        """The node got a fallback (e.g. FIFO instead of adaptive LIFO); once per node and CDS
+        version."""

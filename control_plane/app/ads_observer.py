@@ -1,0 +1,93 @@
+"""What Ballast does with the ADS server's callbacks: decision records and its own metrics.
+
+Records: `node_connected`, `node_disconnected`, `capability_fallback` and `nack`, each handed to
+`record(kind, fields)`. Metrics: connected nodes per PoP, responses and bytes sent, ACKs and
+NACKs per type, and the seconds from a response to the ACK that answers it (the latest response
+of that type on that stream; an answer to an older one is not timed).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from control_plane.ads.callbacks import Callbacks
+from control_plane.ads.nodes import NodeEntry
+from control_plane.ads.protocol import Ack, DeltaResponse, Nack, SotwResponse, short_name
+from control_plane.own_metrics.registry import BallastMetrics
+
+Record = Callable[[str, dict[str, Any]], None]
+
+
+class AdsObserver(Callbacks):
+    def __init__(
+        self,
+        *,
+        record: Record | None = None,
+        metrics: BallastMetrics | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._record = record
+        self.metrics = metrics
+        self._monotonic = monotonic
+        # (stream, type_url) -> (nonce, monotonic time) of the last response not yet answered
+        self._pushed: dict[tuple[int, str], tuple[str, float]] = {}
+
+    def on_stream_open(self, node: NodeEntry) -> None:
+        if self.metrics is not None:
+            self.metrics.connected_nodes.labels(node.pop).inc()
+        self._emit("node_connected", node=node.node_id, pop=node.pop, mode=node.mode,
+                   envoy_version=node.envoy_version, capabilities=node.capability_key,
+                   capability_reason=node.capability_reason)
+
+    def on_stream_closed(self, node: NodeEntry, status: str, details: str) -> None:
+        if self.metrics is not None:
+            self.metrics.connected_nodes.labels(node.pop).dec()
+        for key in [key for key in self._pushed if key[0] == node.stream]:
+            del self._pushed[key]
+        self._emit("node_disconnected", node=node.node_id, pop=node.pop, mode=node.mode,
+                   status=status, details=details)
+
+    def on_response(
+        self, node: NodeEntry, response: SotwResponse | DeltaResponse, size: int
+    ) -> None:
+        if self.metrics is None:
+            return
+        kind = short_name(response.type_url)
+        self.metrics.pushes.labels(kind).inc()
+        self.metrics.push_bytes.labels(kind).inc(size)
+        self._pushed[(node.stream, response.type_url)] = (response.nonce, self._monotonic())
+
+    def on_ack(self, node: NodeEntry, ack: Ack) -> None:
+        self._count_answer(node, ack)
+
+    def on_nack(self, node: NodeEntry, nack: Nack) -> None:
+        self._count_answer(node, nack)
+        self._emit("nack", node=node.node_id, pop=node.pop, type=short_name(nack.type_url),
+                   version=nack.version, message=nack.message)
+
+    def on_capability_fallback(
+        self, node: NodeEntry, capability_key: str, version: str, notes: tuple[str, ...]
+    ) -> None:
+        self._emit("capability_fallback", node=node.node_id, pop=node.pop,
+                   capabilities=capability_key, version=version, notes=list(notes))
+
+    def _count_answer(self, node: NodeEntry, event: Ack | Nack) -> None:
+        """ACK/NACK counters; push-to-ACK seconds when the ACK answers the latest push."""
+        if self.metrics is None:
+            return
+        kind = short_name(event.type_url)
+        pushed = self._pushed.get((node.stream, event.type_url))
+        if pushed is not None and pushed[0] == event.nonce:
+            del self._pushed[(node.stream, event.type_url)]
+            if isinstance(event, Ack):
+                self.metrics.convergence.labels(kind).observe(self._monotonic() - pushed[1])
+        if isinstance(event, Ack):
+            self.metrics.acks.labels(kind).inc()
+        else:
+            self.metrics.nacks.labels(kind).inc()
+
+    def _emit(self, kind: str, **fields: Any) -> None:
+        if self._record is not None:
+            self._record(kind, fields)
