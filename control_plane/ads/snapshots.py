@@ -14,7 +14,6 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from control_plane.decide.initial import initial_weights
 from control_plane.desired.model import Desired, GroupWeights, OriginGroup, TierActions
 from control_plane.translate import UnknownPop, translate_pop
 from control_plane.translate.resources import Capabilities, PopResources
@@ -95,7 +94,7 @@ class SnapshotCache:
         pushed = self._weights.get(pop, {}).get(group)
         if pushed is not None:
             return dict(pushed)
-        return initial_weights(self._group(group), pop)
+        return self._group(group).home_weights(pop)
 
     def tier_actions(self, pop: str, group: str) -> TierActions | None:
         """The tier actions active for (PoP, group); None when none are."""

@@ -39,7 +39,7 @@ from control_plane.decide.health import (
     score_origin,
 )
 from control_plane.decide.signals import GroupSignals, OriginSignals
-from control_plane.desired.model import FailoverPolicy, GroupWeights
+from control_plane.desired.model import FailoverPolicy, GroupWeights, home_weights
 
 StepKind = Literal["weight_shift", "return", "hold", "threshold_breach", "steady"]
 STEP_KINDS: tuple[str, ...] = ("weight_shift", "return", "hold", "threshold_breach", "steady")
@@ -113,12 +113,6 @@ class StepResult:
             "rule": self.rule,
             "detail": {"next": self.next, "state": self.state.to_dict()},
         }
-
-
-def home_weights(preference: tuple[str, ...], min_warm_pool: int) -> GroupWeights:
-    """The split with no incident: standbys keep their warm pool, the preferred origin the rest."""
-    first = 100 - min_warm_pool * (len(preference) - 1)
-    return {name: first if index == 0 else min_warm_pool for index, name in enumerate(preference)}
 
 
 def signals_to_dict(signals: OriginSignals) -> dict[str, Any]:

@@ -198,6 +198,11 @@ class OriginGroup:
     def tier(self, name: str) -> Tier:
         return next(t for t in self.tiers if t.name == name)
 
+    def home_weights(self, pop: str) -> GroupWeights:
+        """The starting weights in `pop`: its preferred origin takes everything but the standby
+        origins' warm pools."""
+        return home_weights(self.preference[pop], self.failover.min_warm_pool)
+
 
 @dataclass(frozen=True)
 class HeaderMatch:
@@ -261,3 +266,9 @@ class Desired:
 # Per (PoP, origin group): origin name -> weight; the weights of a group sum to 100.
 GroupWeights = dict[str, int]
 PopWeights = dict[str, GroupWeights]  # origin group name -> weights
+
+
+def home_weights(preference: tuple[str, ...], min_warm_pool: int) -> GroupWeights:
+    """The split with no incident: standbys keep their warm pool, the preferred origin the rest."""
+    first = 100 - min_warm_pool * (len(preference) - 1)
+    return {name: first if index == 0 else min_warm_pool for index, name in enumerate(preference)}

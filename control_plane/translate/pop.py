@@ -36,7 +36,7 @@ def translate_pop(
     """Clusters and endpoints per (origin group, tier), listeners and routes, for one PoP.
 
     `weights`: origin group -> origin -> weight (sum 100); a group missing from it starts from
-    `initial_weights`. `caps` decides adaptive LIFO vs FIFO; every fallback is in `notes`.
+    its home weights. `caps` decides adaptive LIFO vs FIFO; every fallback is in `notes`.
     `tier_actions`: origin group -> the tier actions active in this PoP (demotion, shedding;
     see `routes.py`); only the routes change.
     The Cluster message carries field 62 (queue policy) among its unknown fields, so its

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from control_plane.decide.initial import initial_weights
 from control_plane.desired.model import Desired, GroupWeights, OriginGroup, PopWeights
 
 
@@ -14,7 +13,7 @@ class WeightsError(ValueError):
 
 def resolve_weights(desired: Desired, pop: str, weights: Mapping[str, GroupWeights]) -> PopWeights:
     """Weights for every origin group of `desired`; a group missing from `weights` starts out
-    with `initial_weights` (the PoP's preferred origin, warm pools for the others)."""
+    with its home weights (the PoP's preferred origin, warm pools for the others)."""
     known = {group.name for group in desired.origin_groups}
     unknown = sorted(set(weights) - known)
     if unknown:
@@ -28,7 +27,7 @@ def resolve_weights(desired: Desired, pop: str, weights: Mapping[str, GroupWeigh
             check_group_weights(group, weights[group.name])
             resolved[group.name] = dict(weights[group.name])
         else:
-            resolved[group.name] = initial_weights(group, pop)
+            resolved[group.name] = group.home_weights(pop)
     return resolved
 
 
