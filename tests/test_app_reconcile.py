@@ -1,4 +1,5 @@
-"""The reconcile loop's shell: order of persist/log/push, steady logged once, holds on bad input.
+"""The reconcile loop's shell: order of persist/log/push, runs of holds and steadiness logged at
+their start and end, one fsync per tick, holds on bad input.
 
 Real snapshot cache, real decision log and real SQLite store in a temporary folder; the metric
 source is a scripted one (the sources themselves are tested against real Envoys elsewhere).
@@ -6,6 +7,7 @@ source is a scripted one (the sources themselves are tested against real Envoys 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -21,7 +23,7 @@ from control_plane.desired.model import TierActions
 from control_plane.observe.source import Signals, TierSignals
 from control_plane.state.store import StateStore
 from control_plane.translate.resources import Capabilities
-from tests.support.models import example_desired
+from tests.support.models import example_desired, fleet_desired
 
 T0 = 1_800_000_000_000
 
@@ -97,9 +99,12 @@ async def test_steady_is_logged_once_and_a_broken_source_holds(
     source.fail = False
     await reconciler.tick(T0 + 140_000)
     await reconciler.tick(T0 + 160_000)
-    ewr = [(r["kind"], r["rule"]) for r in iter_records(tmp_path) if r["pop"] == "ewr"]
-    assert [kind for kind, _ in ewr] == ["hold", "hold", "steady"], ewr
-    assert ewr[0][1].startswith("fail static"), ewr
+    ewr = [r for r in iter_records(tmp_path) if r["pop"] == "ewr"]
+    assert [r["kind"] for r in ewr] == ["hold", "hold_ended", "steady"], ewr
+    assert ewr[0]["rule"].startswith("fail static"), ewr
+    ended = ewr[1]["detail"]
+    assert (ended["reason"], ended["ticks"], ended["ended_by"]) == ("fail_static", 2, "steady")
+    assert ended["last_ms"] - ended["started_ms"] == 20_000
     assert cache.weights("ewr", "shop") == {"primary": 95, "secondary": 5}
 
 
@@ -226,3 +231,48 @@ async def test_a_reload_during_the_metrics_read_skips_the_tick(
     assert cache.desired is replaced
     reconciler.source = source
     assert len(await reconciler.tick(T0 + 20_000)) == 2
+
+
+class NoMetrics:
+    """A fleet whose Envoys have not reported yet."""
+
+    async def window(self, now_ms: int, window_ms: int) -> Signals:
+        return {}
+
+
+async def test_a_fleet_without_metrics_logs_each_pair_once_with_one_fsync_per_tick(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    desired = fleet_desired(pops=100, groups=50)
+    pairs = 100 * 50
+    log = DecisionLog(tmp_path)
+    reconciler = Reconciler(SnapshotCache(desired), NoMetrics(), log, StateStore(tmp_path))
+    fsyncs: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (fsyncs.append(fd), real_fsync(fd))[1])
+    counts = []
+    for tick in range(4):
+        fsyncs.clear()
+        await reconciler.tick(T0 + tick * 20_000)
+        counts.append(sum(1 for _ in iter_records(tmp_path)))
+        # the decision log's file: one fsync for the whole tick (SQLite syncs its own files)
+        assert fsyncs.count(log._fd) == (1 if tick == 0 else 0), (tick, fsyncs)
+    assert counts == [pairs] * 4, counts  # O(pairs) once, not O(pairs x ticks)
+    records = list(iter_records(tmp_path))
+    assert {r["kind"] for r in records} == {"hold"}
+    assert len({(r["pop"], r["group"]) for r in records}) == pairs
+
+
+async def test_a_hold_run_is_closed_with_its_tick_count_when_it_changes_reason(
+    tmp_path: Path, loop_parts: tuple[Reconciler, ScriptedSource, SnapshotCache, StateStore]
+) -> None:
+    reconciler, source, _, _ = loop_parts
+    source.stale_by = 60_000  # fail static: stale
+    for tick in range(5):
+        await reconciler.tick(T0 + tick * 20_000)
+    source.stale_by, source.error_rate = 0, 0.3  # fresh metrics, primary breaching
+    await reconciler.tick(T0 + 100_000)
+    ewr = [r for r in iter_records(tmp_path) if r["pop"] == "ewr"]
+    assert [r["kind"] for r in ewr] == ["hold", "hold_ended", "threshold_breach"], ewr
+    assert ewr[1]["detail"]["ticks"] == 5 and ewr[1]["detail"]["ended_by"] == "threshold_breach"
+    assert ewr[1]["weights_after"] == ewr[0]["weights_after"]

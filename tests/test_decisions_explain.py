@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from control_plane.decide.controller import ControllerState, home_weights, step
+from control_plane.decide.runs import END_KINDS, QuietRun, follow_run
 from control_plane.decide.signals import OriginSignals, TierPending
 from control_plane.decide.tiers import TierState, tier_step
 from control_plane.decisions.explain import describe_active, explain, explain_tiers
@@ -27,10 +28,12 @@ def sig(now: int, errors: int = 0, p95: float = 120.0, age: int = 0) -> OriginSi
     return OriginSignals(1000, errors, 0, 40.0, p95, 0.0, 0, None, now - age)
 
 
-def incident(tmp_path: Path, phases: list[tuple[str, int]]) -> list[dict]:
-    """Run the controller through phases (sick | healthy | stale, ticks) and log like the app."""
+def incident(tmp_path: Path, phases: list[tuple[str, int]], *, runs: bool = False) -> list[dict]:
+    """Run the controller through phases (sick | healthy | stale, ticks) and log every tick, or
+    with `runs` like the app: quiet runs at their start and end (`decide/runs.py`)."""
     now = [T0]
     weights, state, tick = home_weights(PREF, 5), ControllerState(), 0
+    run: QuietRun | None = None
     with DecisionLog(tmp_path, clock=lambda: now[0]) as log:
         for phase, ticks in phases:
             for _ in range(ticks):
@@ -44,8 +47,14 @@ def incident(tmp_path: Path, phases: list[tuple[str, int]]) -> list[dict]:
                 }[phase]
                 result = step(POLICY, PREF, weights, state,
                               {"primary": primary, "secondary": sig(ms)}, ms, 0)
-                log.record(result.kind, pop="ewr", group="api", config_version="v1",
-                           **result.record_fields())
+                logged = follow_run(run, result, ms, first_tick=tick == 1)
+                if runs and logged.ended is not None:
+                    log.record(END_KINDS[logged.ended.kind], pop="ewr", group="api",
+                               **logged.ended.end_fields(result.kind))
+                run = logged.run
+                if logged.write_tick or not runs:
+                    log.record(result.kind, pop="ewr", group="api", config_version="v1",
+                               **result.record_fields())
                 log.record("steady", pop="sjc", group="api", weights_before=home_weights(PREF, 5),
                            weights_after=home_weights(PREF, 5))
                 weights, state = result.weights_after, result.state
@@ -83,6 +92,19 @@ def test_folds_stale_holds_into_one_line(tmp_path: Path) -> None:
     assert ("held since 16:01:20: fail static: metrics stale 105 s (primary); weights held "
             "(3 ticks, last at 16:02:00)") in text
     assert "next: weights stay until every origin reports metrics newer than 45 s" in text
+
+
+def test_a_logged_run_of_holds_is_one_line_with_its_tick_count(tmp_path: Path) -> None:
+    records = incident(tmp_path, [("sick", 3), ("stale", 4), ("sick", 1)], runs=True)
+    ewr = [r["kind"] for r in records if r["pop"] == "ewr"]
+    assert ewr[-3:] == ["hold", "hold_ended", "weight_shift"], ewr  # 4 ticks, 2 records
+    text = explain(records, "ewr", "api")
+    assert ("16:01:20 held (4 ticks, last at 16:02:40): fail static: metrics stale 125 s "
+            "(primary); weights held") in text, text
+    ongoing = explain(incident(tmp_path / "2", [("sick", 3), ("stale", 3)], runs=True),
+                      "ewr", "api")
+    assert "held since 16:01:20: fail static: metrics stale 105 s (primary); weights held" \
+        in ongoing, ongoing
 
 
 def test_calm_after_return_home(tmp_path: Path) -> None:

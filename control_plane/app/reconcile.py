@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from control_plane.ads.snapshots import SnapshotCache
 from control_plane.decide.controller import ControllerState, StepResult, step
+from control_plane.decide.runs import END_KINDS, QuietRun, follow_run
 from control_plane.decide.tiers import TierState, TierStepResult, tier_step
 from control_plane.decisions.log import DecisionLog
 from control_plane.desired.model import Desired, OriginGroup
@@ -84,7 +85,7 @@ class Reconciler:
         self.seed = seed
         self.clock = clock
         self._rngs: dict[str, random.Random] = {}
-        self._last_kind: dict[GroupKey, str] = {}
+        self._runs: dict[GroupKey, QuietRun | None] = {}  # absent: not ticked yet
         self._due: dict[GroupKey, int] = {}
 
     def interval_ms(self, group: OriginGroup) -> int:
@@ -168,6 +169,7 @@ class Reconciler:
         return TickOutcome(pop, group.name, result, tiers)
 
     def _persist_and_push(self, desired: Desired, outcomes: list[TickOutcome]) -> None:
+        """State saved, then every record of the tick written and fsync'd once, then pushed."""
         self.store.save_groups(
             [(o.pop, o.group, o.result.weights_after, o.result.state) for o in outcomes],
             desired_digest=desired.digest,
@@ -175,16 +177,10 @@ class Reconciler:
         for outcome in outcomes:
             self._save_tier_state(outcome)
         for outcome in outcomes:
+            self._log(outcome, desired)
+        self.decisions.sync()  # one fsync for the tick's records, before anything is pushed
+        for outcome in outcomes:
             result = outcome.result
-            key = (outcome.pop, outcome.group)
-            self.states[key] = result.state
-            # Steady ticks are logged once, when steadiness starts: the log shows every change
-            # of mind without a line per quiet tick.
-            previous, self._last_kind[key] = self._last_kind.get(key), result.kind
-            if result.kind != "steady" or previous not in (None, "steady"):
-                self._record(outcome, result.kind, result.record_fields(), desired)
-            if outcome.tiers is not None and outcome.tiers.kind is not None:
-                self._record(outcome, outcome.tiers.kind, outcome.tiers.record_fields(), desired)
             if result.changed:
                 self.cache.update_weights(outcome.pop, outcome.group, result.weights_after)
             if outcome.tiers is not None:
@@ -192,6 +188,25 @@ class Reconciler:
             if self.metrics is not None:
                 for origin, weight in result.weights_after.items():
                     self.metrics.weight.labels(outcome.pop, outcome.group, origin).set(weight)
+
+    def _log(self, outcome: TickOutcome, desired: Desired) -> None:
+        """The tick's records: a run of quiet ticks is written when it starts and when it ends
+        (`decide/runs.py`), every other decision each time."""
+        result = outcome.result
+        key = (outcome.pop, outcome.group)
+        self.states[key] = result.state
+        run = follow_run(self._runs.get(key), result, result.inputs["now_ms"],
+                         first_tick=key not in self._runs)
+        self._runs[key] = run.run
+        if run.ended is not None:
+            fields = {"weights_before": dict(result.weights_before),
+                      "weights_after": dict(result.weights_before), **run.ended.end_fields(
+                          result.kind)}
+            self._record(outcome, END_KINDS[run.ended.kind], fields, desired)
+        if run.write_tick:
+            self._record(outcome, result.kind, result.record_fields(), desired)
+        if outcome.tiers is not None and outcome.tiers.kind is not None:
+            self._record(outcome, outcome.tiers.kind, outcome.tiers.record_fields(), desired)
 
     def _save_tier_state(self, outcome: TickOutcome) -> None:
         """Saved only when it changed; an idle state is removed from the store."""
@@ -213,6 +228,7 @@ class Reconciler:
     ) -> None:
         self.decisions.record(
             kind,
+            durable=False,  # made durable by the tick's one sync, before the push
             pop=outcome.pop,
             group=outcome.group,
             config_version=desired.digest[:16],
@@ -229,6 +245,7 @@ class Reconciler:
             if key not in keep:
                 del self.states[key]
                 self._due.pop(key, None)
+                self._runs.pop(key, None)
                 self.store.forget_group(*key)
         for key in list(self.tier_states):
             if key not in keep:

@@ -99,6 +99,9 @@ class StepResult:
     scores: dict[str, HealthScore]  # empty when the signals were missing or stale
     state: ControllerState  # the new state
     inputs: dict[str, Any]  # JSON-ready: signals, scores, jitter, time, preference, state before
+    # why the weights did not move, for runs of quiet ticks (`decide/runs.py`): "fail_static",
+    # "sick_held", "return_wait" or "steady"; the kind itself when they moved
+    reason: str = ""
 
     @property
     def changed(self) -> bool:
@@ -297,7 +300,7 @@ def _return(tick: _Tick) -> tuple[dict[str, int], str, str] | None:
     return weights, rule, nxt
 
 
-def _no_move(tick: _Tick) -> tuple[StepKind, str, str]:
+def _no_move(tick: _Tick) -> tuple[StepKind, str, str, str]:
     policy = tick.policy
     pending = tick.pending()
     sick = tick.sick()
@@ -306,6 +309,7 @@ def _no_move(tick: _Tick) -> tuple[StepKind, str, str]:
         name = pending[0]
         left = policy.breach_windows - tick.state.unhealthy(name)
         return (
+            "threshold_breach",
             "threshold_breach",
             "; ".join(tick.why(name) for name in pending),
             f"weight leaves {name} if the breach lasts {left} more window"
@@ -324,6 +328,7 @@ def _no_move(tick: _Tick) -> tuple[StepKind, str, str]:
             where = "every origin breaches: nowhere better to send traffic"
         return (
             "hold",
+            "sick_held",
             f"{'; '.join(tick.why(name) for name in sick)}; held: {where}",
             f"moves when {', '.join(sick)} gets worse or another origin gets healthier",
         )
@@ -332,12 +337,14 @@ def _no_move(tick: _Tick) -> tuple[StepKind, str, str]:
         need = policy.return_healthy_windows
         return (
             "hold",
+            "return_wait",
             f"held away from home: return waits for {need} healthy windows with p50 < "
             f"{policy.return_p50_ms} ms; {name} has {tick.state.healthy(name)}",
             f"return to {name} starts after {need} healthy windows; "
             f"{min(tick.state.healthy(name), need)} of {need} so far",
         )
     return (
+        "steady",
         "steady",
         "all origins within thresholds; weights at the preferred split",
         f"weights leave an origin after {policy.breach_windows} consecutive windows with 5xx > "
@@ -374,11 +381,11 @@ def step(
             else {name: signals_to_dict(sig) for name, sig in sorted(signals.items())}
         ),
     }
-    reason = _fail_static_reason(policy, preference, signals, now_ms)
-    if reason is not None or signals is None:
+    static = _fail_static_reason(policy, preference, signals, now_ms)
+    if static is not None or signals is None:
         return StepResult(
             kind="hold",
-            rule=f"fail static: {reason}; weights held",
+            rule=f"fail static: {static}; weights held",
             next=f"weights stay until every origin reports metrics newer than "
                  f"{policy.stale_after_ms / 1000:g} s",
             weights_before=before,
@@ -386,6 +393,7 @@ def step(
             scores={},
             state=state,
             inputs={**inputs, "scores": {}},
+            reason="fail_static",
         )
     scores = {name: score_origin(signals[name], policy) for name in preference}
     breaches = {name: breach_reasons(signals[name], policy) for name in preference}
@@ -401,6 +409,7 @@ def step(
     inputs["scores"] = {name: score.to_dict() for name, score in scores.items()}
     tick = _Tick(policy, preference, before, home, scores, breaches, new_state, jitter)
     kind: StepKind
+    reason: str
     moved = _leave(tick) if tick.sick() else None
     if moved is not None:
         kind = "weight_shift"
@@ -409,10 +418,11 @@ def step(
         kind = "return"
     if moved is not None:
         after, rule, nxt = moved
+        reason = kind
     else:
         after = dict(before)
-        kind, rule, nxt = _no_move(tick)
-    return StepResult(kind, rule, nxt, before, after, scores, new_state, inputs)
+        kind, reason, rule, nxt = _no_move(tick)
+    return StepResult(kind, rule, nxt, before, after, scores, new_state, inputs, reason)
 
 
 def replay_record(policy: FailoverPolicy, record: Mapping[str, Any]) -> StepResult:

@@ -55,26 +55,46 @@ def _line(record: Record) -> str:
 
 
 def _chain(episode: list[Record]) -> list[str]:
+    """One line per decision; a run of holds (one `hold` record, closed by `hold_ended` with its
+    tick count, or several `hold` records from older logs) folds into one line."""
     lines: list[str] = []
     index = 0
     while index < len(episode):
         record = episode[index]
-        if record["kind"] != "hold":
+        if record["kind"] == "steady_ended":  # the calm before the episode, nothing to explain
+            index += 1
+            continue
+        if record["kind"] not in ("hold", "hold_ended"):
             lines.append(_line(record))
             index += 1
             continue
         end = index
-        while end + 1 < len(episode) and episode[end + 1]["kind"] == "hold":
+        while end + 1 < len(episode) and episode[end + 1]["kind"] in ("hold", "hold_ended"):
             end += 1
-        last = episode[end]
-        ticks = end - index + 1
+        run = episode[index:end + 1]
+        closed = run[-1]["kind"] == "hold_ended"
+        ticks = sum(_ticks(r) for r in run if r["kind"] == "hold") + sum(
+            _ticks(r) - 1 for r in run if r["kind"] == "hold_ended")
+        last = run[-1]
+        rule = (last.get("detail") or {}).get("last_rule") if closed else last.get("rule")
         count = f" ({ticks} ticks, last at {_clock(last)})" if ticks > 1 else ""
-        if end == len(episode) - 1:
-            lines.append(f"held since {_clock(record)}: {last.get('rule')}{count}")
+        if end == len(episode) - 1 and not closed:
+            lines.append(f"held since {_clock(record)}: {rule}{count}")
         else:
-            lines.append(f"{_clock(record)} held{count}: {last.get('rule')}")
+            lines.append(f"{_clock(record)} held{count}: {rule}")
         index = end + 1
     return lines
+
+
+def _ticks(record: Record) -> int:
+    """Ticks a record stands for: a `hold_ended` record counts its run (whose first tick is the
+    `hold` record before it), any other record one."""
+    detail = record.get("detail")
+    if record["kind"] == "hold_ended" and isinstance(detail, dict):
+        ticks = detail.get("ticks")
+        if type(ticks) is int and ticks >= 1:
+            return ticks
+    return 1
 
 
 def _scores(record: Record) -> str | None:

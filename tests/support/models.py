@@ -81,3 +81,47 @@ def example_desired(group: OriginGroup | None = None) -> Desired:
         ),
         source="tests/support/models.py",
     )
+
+
+def fleet_desired(pops: int, groups: int, origins: int = 2) -> Desired:
+    """`pops` PoPs (p000…) and `groups` origin groups (g000…) of `origins` origins each, one
+    virtual host per group; each PoP prefers a different origin first. For scale tests."""
+    pop_names = [f"p{p:03d}" for p in range(pops)]
+    names = [f"o{i}" for i in range(origins)]
+    the_groups = tuple(
+        OriginGroup(
+            name=f"g{g:03d}",
+            origins=tuple(
+                Origin(name=name, address=f"10.{g // 250}.{g % 250}.{i + 1}", port=8080)
+                for i, name in enumerate(names)
+            ),
+            preference={
+                pop: tuple(names[p % origins:] + names[:p % origins])
+                for p, pop in enumerate(pop_names)
+            },
+            max_origin_concurrency=MAX_ORIGIN_CONCURRENCY,
+            tiers=DEFAULT_TIERS,
+            failover=FailoverPolicy(),
+            health_check=HealthCheck(),
+        )
+        for g in range(groups)
+    )
+    return Desired(
+        pops=tuple(Pop(name=name, listen_address="127.0.0.1", port_offset=p)
+                   for p, name in enumerate(pop_names)),
+        origin_groups=the_groups,
+        classification=CLASSIFICATION,
+        default_tier=DEFAULT_TIER_NAME,
+        listeners=(
+            Listener(
+                name="edge",
+                port=10000,
+                virtual_hosts=tuple(
+                    VirtualHost(name=group.name, domains=(f"{group.name}.example",),
+                                origin_group=group.name)
+                    for group in the_groups
+                ),
+            ),
+        ),
+        source=f"tests/support/models.py fleet {pops}x{groups}",
+    )
