@@ -20,8 +20,8 @@ from control_plane.decide.signals import OriginSignals, TierPending
 from control_plane.decisions.log import DecisionLog
 from control_plane.decisions.read import iter_records
 from control_plane.desired.model import TierActions
+from control_plane.intent.sqlite_store import StateStore
 from control_plane.observe.source import Signals, TierSignals
-from control_plane.state.store import StateStore
 from control_plane.translate.resources import Capabilities
 from tests.support.models import example_desired, fleet_desired
 

@@ -11,8 +11,8 @@ import pytest
 
 from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.cli.main import main
-from control_plane.state.lock import StateDirBusy, StateDirLock
-from control_plane.state.store import StateCorrupted
+from control_plane.intent.sqlite_store import StateCorrupted
+from control_plane.intent.state_dir_lock import StateDirBusy, StateDirLock
 from control_plane.translate.bootstrap import TEMPLATES
 
 EXAMPLE = TEMPLATES.parent / "examples" / "desired.yaml"

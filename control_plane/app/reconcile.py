@@ -29,6 +29,7 @@ from control_plane.decide.runs import END_KINDS, QuietRun, follow_run
 from control_plane.decide.tiers import TierState, TierStepResult, tier_step
 from control_plane.decisions.log import DecisionLog
 from control_plane.desired.model import Desired, OriginGroup
+from control_plane.intent.sqlite_store import StateStore
 from control_plane.observe.source import (
     MetricSource,
     Signals,
@@ -37,7 +38,6 @@ from control_plane.observe.source import (
     wall_ms,
 )
 from control_plane.own_metrics.registry import BallastMetrics
-from control_plane.state.store import StateStore
 
 log = logging.getLogger(__name__)
 

@@ -33,14 +33,14 @@ from control_plane.decisions.log import DecisionLog
 from control_plane.decisions.read import FileSource
 from control_plane.desired import DesiredStateError, load_desired, parse_desired
 from control_plane.desired.model import Desired
+from control_plane.intent.sqlite_store import StateCorrupted, StateStore
+from control_plane.intent.state_dir_lock import StateDirLock
 from control_plane.observe.combine import CombinedSource
 from control_plane.observe.probes import Prober, probe_targets
 from control_plane.observe.prometheus import PrometheusSource
 from control_plane.observe.sink import SinkStore, add_metrics_service
 from control_plane.observe.source import MetricSource, wall_ms
 from control_plane.own_metrics.registry import BallastMetrics
-from control_plane.state.lock import StateDirLock
-from control_plane.state.store import StateCorrupted, StateStore
 from control_plane.translate import render_json, translate_pop
 from control_plane.translate.diff import ResourceChange, diff_renderings, format_changes, summarize
 from control_plane.translate.resources import Capabilities

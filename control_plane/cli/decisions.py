@@ -20,7 +20,7 @@ from control_plane.decisions.read import (
     record_time,
     since_cutoff,
 )
-from control_plane.state.paths import DEFAULT_STATE_DIR, STATE_DIR_ENV, state_dir
+from control_plane.intent.state_dir import DEFAULT_STATE_DIR, STATE_DIR_ENV, state_dir
 
 HELP = "show the decision log: what the controller and the server decided, and why"
 HEADER = ("TIME", "SEQ", "KIND", "POP", "GROUP", "WEIGHTS", "RULE")

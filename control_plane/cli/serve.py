@@ -10,9 +10,9 @@ from pathlib import Path
 
 from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.desired import DesiredStateError
-from control_plane.state.lock import StateDirBusy
-from control_plane.state.paths import state_dir
-from control_plane.state.store import StateCorrupted
+from control_plane.intent.sqlite_store import StateCorrupted
+from control_plane.intent.state_dir import state_dir
+from control_plane.intent.state_dir_lock import StateDirBusy
 
 HELP = "serve the desired state to Envoys over ADS and reconcile origin weights"
 SHUTDOWN_GRACE = 1.0

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from control_plane.decide.controller import ControllerState
-from control_plane.state.store import GroupState, Snapshot, StateCorrupted, StateStore
+from control_plane.intent.sqlite_store import GroupState, Snapshot, StateCorrupted, StateStore
 
 STATE = ControllerState({"a": 2, "b": 0}, {"a": 0, "b": 7})
 
@@ -119,7 +119,7 @@ def test_unknown_schema_version(tmp_path: Path) -> None:
 WRITER = """
 import sys
 from control_plane.decide.controller import ControllerState
-from control_plane.state.store import StateStore
+from control_plane.intent.sqlite_store import StateStore
 
 store = StateStore(sys.argv[1])
 i = 0
