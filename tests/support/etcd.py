@@ -1,0 +1,99 @@
+"""A real etcd on loopback for tests: Debian's `etcd` binary (deploy/ensure-test-services.sh
+installs `etcd-server`). Own session, stopped by PID, data in a temporary folder. NOTES.md: healthy
+in ~1 s. `pause()`/`resume()` stop and continue the process (SIGSTOP/SIGCONT) to make it
+unreachable without losing its data; `stop()` ends it; `start()` may be called again on the same
+data directory.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from control_plane.app.envoy_process import free_port
+
+
+def etcd_binary() -> str | None:
+    return shutil.which("etcd")
+
+
+class EtcdServer:
+    def __init__(self) -> None:
+        binary = etcd_binary()
+        if binary is None:
+            raise FileNotFoundError("etcd binary not installed")
+        self.binary = binary
+        self.client_port = free_port()
+        self.peer_port = free_port()
+        self.endpoint = f"127.0.0.1:{self.client_port}"
+        self.url = f"etcd://{self.endpoint}"
+        self._dir = Path(tempfile.mkdtemp(prefix="ballast-etcd-"))
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 20.0) -> EtcdServer:
+        client = f"http://{self.endpoint}"
+        peer = f"http://127.0.0.1:{self.peer_port}"
+        log = open(self._dir / "etcd.log", "ab")  # noqa: SIM115 - owned by the child
+        self.proc = subprocess.Popen(
+            [
+                self.binary,
+                "--name", "test",
+                "--data-dir", str(self._dir / "data"),
+                "--listen-client-urls", client,
+                "--advertise-client-urls", client,
+                "--listen-peer-urls", peer,
+                "--initial-advertise-peer-urls", peer,
+                "--initial-cluster", f"test={peer}",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"etcd exited: {self.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"{client}/health", timeout=1) as response:
+                    if response.status == 200 and b'"true"' in response.read():
+                        return self
+            except (OSError, urllib.error.URLError):
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise TimeoutError(f"etcd not healthy: {self.log_tail()}")
+
+    def pause(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+
+    def log_tail(self, lines: int = 20) -> str:
+        path = self._dir / "etcd.log"
+        text = path.read_text(errors="replace") if path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def cleanup(self) -> None:
+        self.stop()
+        shutil.rmtree(self._dir, ignore_errors=True)
