@@ -97,10 +97,11 @@ def test_table_shows_the_nacked_node_with_envoys_message(
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert lines[0].split() == [
-        "NODE", "POP", "ENVOY", "MODE", "CONNECTED", "CDS", "EDS", "LDS", "RDS", "STATUS"
+        "NODE", "POP", "ENVOY", "QUEUE", "MODE", "CONNECTED", "CDS", "EDS", "LDS", "RDS",
+        "STATUS"
     ]
     ewr = next(line for line in lines if line.startswith("ewr-1 "))
-    assert ewr.split()[1:4] == ["ewr", fleet.node("ewr-1")["envoy_version"], "sotw"]
+    assert ewr.split()[1:5] == ["ewr", fleet.node("ewr-1")["envoy_version"], "lifo", "sotw"]
     assert ewr.split()[2].startswith("1.40.")
     assert ewr.rstrip().endswith("NACKED")
     cds = fleet.node("ewr-1")["types"]["CDS"]
@@ -128,8 +129,8 @@ def test_node_detail_shows_queue_policy_and_why(
 
     assert main(["status", "sjc-sim", "--server", fleet.stack.url]) == 0
     detail = capsys.readouterr().out
-    assert "capability key fifo, because its node.extensions does not list " \
-        "envoy.queue_policy.adaptive_lifo" in detail
+    assert "capability key fifo, because its node.extensions list envoy.queue_policy.fifo " \
+        "and do not list envoy.queue_policy.adaptive_lifo" in detail
     assert "last NACKs" not in detail
 
 

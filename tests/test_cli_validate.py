@@ -35,7 +35,8 @@ def test_example_passes_envoy_validation_for_every_pop(capsys) -> None:
 @pytest.mark.envoy
 def test_node_with_adaptive_lifo_is_rejected_by_envoy_1_40(capsys, tmp_path: Path) -> None:
     node = tmp_path / "node.json"
-    node.write_text(json.dumps({"extensions": [{"name": "envoy.queue_policy.adaptive_lifo"}]}))
+    node.write_text(json.dumps({"extensions": [{"name": "envoy.queue_policy.fifo"},
+                                               {"name": "envoy.queue_policy.adaptive_lifo"}]}))
     code, out, _ = validate(capsys, EXAMPLE, "--extensions-from-node", str(node))
     assert code == 1
     for pop in ("ewr", "sjc"):

@@ -1,4 +1,4 @@
-"""Capability keys (`fifo`, `lifo`) as the admin API and `ballast plan` name them."""
+"""Capability keys (`none`, `fifo`, `lifo`) as the admin API and `ballast plan` name them."""
 
 from __future__ import annotations
 
@@ -8,7 +8,10 @@ from collections.abc import Iterable
 from control_plane.translate.resources import Capabilities
 
 CAPABILITY_KEYS: dict[str, Capabilities] = {
-    caps.key: caps for caps in (Capabilities(), Capabilities(adaptive_lifo=True))
+    caps.key: caps
+    for caps in (
+        Capabilities(queue_policies=False), Capabilities(), Capabilities(adaptive_lifo=True)
+    )
 }
 
 

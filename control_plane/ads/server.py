@@ -38,8 +38,8 @@ from control_plane.ads.protocol import (
     short_name,
 )
 from control_plane.ads.snapshots import SnapshotCache
-from control_plane.translate import capabilities_from_node
-from control_plane.translate.resources import CLUSTER_TYPE, Capabilities, PopResources
+from control_plane.translate.capabilities import NodeCapabilities, read_node_capabilities
+from control_plane.translate.resources import CLUSTER_TYPE, PopResources
 
 __all__ = [
     "AdsServicer", "NodeRejected", "encode_delta", "encode_sotw", "envoy_version", "pop_of",
@@ -171,8 +171,8 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         except NodeRejected as err:
             log.warning("rejecting ADS stream: %s", err)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-        advertised = capabilities_from_node(node)
-        caps = self.cache.effective_capabilities(pop, advertised)
+        advertised = read_node_capabilities(node)
+        caps = self.cache.effective_capabilities(pop, advertised.capabilities, advertised.reason)
         entry = self.nodes.connect(
             node_id=node.id,
             pop=pop,
@@ -243,8 +243,10 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             pass
         queue.put_nowait(_EOF)
 
-    def _snapshot(self, entry: NodeEntry, advertised: Capabilities) -> PopResources:
-        caps = self.cache.effective_capabilities(entry.pop, advertised)
+    def _snapshot(self, entry: NodeEntry, advertised: NodeCapabilities) -> PopResources:
+        caps = self.cache.effective_capabilities(
+            entry.pop, advertised.capabilities, advertised.reason
+        )
         entry.capability_key = caps.capabilities.key
         entry.capability_reason = caps.reason
         snapshot = self.cache.resources(entry.pop, caps.capabilities)

@@ -68,12 +68,14 @@ class SnapshotCache:
     def has_pop(self, pop: str) -> bool:
         return pop in self._desired.pop_names
 
-    def effective_capabilities(self, pop: str, advertised: Capabilities) -> EffectiveCapabilities:
+    def effective_capabilities(
+        self, pop: str, advertised: Capabilities, why: str = "node.extensions"
+    ) -> EffectiveCapabilities:
         """A PoP override (set by an operator or a test) wins over what the node advertised."""
         override = self._overrides.get(pop)
         if override is not None:
             return EffectiveCapabilities(override, f"override for PoP {pop}")
-        return EffectiveCapabilities(advertised, "node.extensions")
+        return EffectiveCapabilities(advertised, why)
 
     def resources(self, pop: str, caps: Capabilities) -> PopResources:
         """The PoP's resources for nodes with `caps`; translated once, then shared."""

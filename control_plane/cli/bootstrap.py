@@ -14,6 +14,7 @@ import sys
 import yaml
 
 from control_plane.translate.bootstrap import TEMPLATES, ads_bootstrap
+from control_plane.translate.capabilities import ENVOY_RELEASES, NEWEST_RELEASE
 
 HELP = "print an Envoy bootstrap that streams its config from Ballast (ADS)"
 NAME = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -50,6 +51,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=sorted(p.stem for p in TEMPLATES.glob("*.yaml")),
         help="bootstrap template in envoy/ (default edge)",
     )
+    parser.add_argument(
+        "--envoy-version",
+        default=NEWEST_RELEASE,
+        choices=list(ENVOY_RELEASES),
+        metavar="X.Y",
+        help=f"the Envoy release that loads it ({', '.join(ENVOY_RELEASES)}; "
+        f"default {NEWEST_RELEASE})",
+    )
     parser.add_argument("--format", default="yaml", choices=["yaml", "json"], help="output")
 
 
@@ -76,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
         metrics_sink=args.metrics_sink,
         needed_stats_only=args.metrics_sink and not args.all_stats,
         template=args.template,
+        envoy_release=args.envoy_version,
     )
     if args.format == "json":
         print(json.dumps(bootstrap, indent=2))

@@ -24,13 +24,13 @@ from control_plane.cli.admin_client import (
     resolve_server,
 )
 from control_plane.decisions.explain import describe_active
-from control_plane.translate.resources import ADAPTIVE_LIFO_EXTENSION
 
 HELP = "show every connected Envoy node: versions sent and ACKed per type, NACKs, queue policy"
 TYPES = ("CDS", "EDS", "LDS", "RDS")
 SHORT = 8  # characters of a version hash shown
-HEADER = ("NODE", "POP", "ENVOY", "MODE", "CONNECTED", *TYPES, "STATUS")
+HEADER = ("NODE", "POP", "ENVOY", "QUEUE", "MODE", "CONNECTED", *TYPES, "STATUS")
 QUEUE_POLICIES = {
+    "none": "no queue policy sent (Cluster field 62 left out; Envoy queues FIFO)",
     "lifo": "adaptive LIFO for the tiers that ask for it",
     "fifo": "FIFO (tiers that ask for adaptive LIFO fall back to FIFO)",
 }
@@ -75,6 +75,7 @@ def row(node: Node, now: float) -> tuple[str, ...]:
         node["node_id"],
         node["pop"],
         node["envoy_version"],
+        node["capability_key"],
         node["mode"],
         age(node["connected_since"], now) + " ago",
         *(type_cell(node, kind) for kind in TYPES),
@@ -108,9 +109,6 @@ def nack_lines(node: Node, now: float) -> list[str]:
 def queue_policy(node: Node) -> str:
     key, reason = node["capability_key"], node["capability_reason"]
     policy = QUEUE_POLICIES.get(key, key)
-    if reason == "node.extensions":
-        lists = "lists" if key == "lifo" else "does not list"
-        reason = f"its node.extensions {lists} {ADAPTIVE_LIFO_EXTENSION}"
     return f"{policy} — capability key {key}, because {reason}"
 
 

@@ -40,7 +40,7 @@ def release_capabilities(release: str) -> Capabilities:
         raise OptionError(
             f"--envoy-version {release}: unknown Envoy release; known: {', '.join(ENVOY_RELEASES)}"
         )
-    return ENVOY_RELEASES[release]
+    return ENVOY_RELEASES[release].capabilities
 
 
 def node_capabilities(path: str) -> Capabilities:

@@ -9,6 +9,8 @@ from typing import Any
 
 import yaml
 
+from control_plane.translate.capabilities import ENVOY_RELEASES, NEWEST_RELEASE
+
 TEMPLATES = Path(__file__).resolve().parents[2] / "envoy"
 XDS_CLUSTER = "ballast_xds"
 
@@ -26,8 +28,12 @@ def ads_bootstrap(
     metrics_sink: bool = False,
     needed_stats_only: bool = False,
     template: str = "edge",
+    envoy_release: str = NEWEST_RELEASE,
 ) -> dict[str, Any]:
     """A bootstrap for one Envoy of `pop`, streaming config (and, if asked, stats) to Ballast.
+
+    `envoy_release` (a key of `ENVOY_RELEASES`, `KeyError` otherwise) is the Envoy that loads it:
+    releases without the OTel sink's DropAction get a sink without the drop matcher.
 
     `needed_stats_only` adds a stats matcher: Envoy then keeps only the stats Ballast reads
     (see `NEEDED_STATS`) plus the basics an operator looks at, so every flush stays small.
@@ -58,7 +64,7 @@ def ads_bootstrap(
                     "grpc_service": {"envoy_grpc": {"cluster_name": XDS_CLUSTER}},
                 },
             },
-            host_stats_sink(),
+            host_stats_sink(drop_others=ENVOY_RELEASES[envoy_release].otel_drop_action),
         ]
     if needed_stats_only:
         matcher = {"inclusion_list": {"patterns": [{"safe_regex": {"regex": r}}
@@ -81,13 +87,15 @@ NEEDED_STATS: tuple[str, ...] = (
 )
 
 
-def host_stats_sink() -> dict[str, Any]:
+def host_stats_sink(*, drop_others: bool = True) -> dict[str, Any]:
     """Envoy's OpenTelemetry stats sink, for the per-host stats the metrics_service sink lacks.
 
     Measured on Envoy 1.40: only this sink flushes per-endpoint stats (tier clusters set
     `track_cluster_stats.per_endpoint_stats`); they arrive at Ballast's OTLP endpoint (same port)
     as `cluster.endpoint.rq_total` {envoy.cluster_name, envoy.endpoint_address, ballast_pop}.
-    Everything but endpoint stats is dropped here (the metrics_service sink has it already).
+    Everything but endpoint stats is dropped here (the metrics_service sink has it already);
+    without `drop_others` (Envoy 1.36 has no DropAction) the sink also sends the stats the stats
+    matcher keeps, which Ballast's OTLP endpoint ignores.
     Counters stay cumulative: host counter deltas are latched by any reader, so every admin
     `/stats/prometheus` scrape would steal them from this sink (measured).
     """
@@ -103,28 +111,25 @@ def host_stats_sink() -> dict[str, Any]:
             }
         }
     }
-    return {
-        "name": "envoy.stat_sinks.open_telemetry",
-        "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.stat_sinks.open_telemetry.v3.SinkConfig",
-            "grpc_service": {"envoy_grpc": {"cluster_name": XDS_CLUSTER}},
-            "emit_tags_as_attributes": True,
-            "use_tag_extracted_name": True,
-            "report_counters_as_deltas": False,
-            "custom_metric_conversions": {
-                "matcher_list": {
-                    "matchers": [
-                        {
-                            "predicate": not_an_endpoint_stat,
-                            "on_match": {
-                                "action": {"name": "drop", "typed_config": {"@type": drop}}
-                            },
-                        }
-                    ]
-                }
-            },
-        },
+    config: dict[str, Any] = {
+        "@type": "type.googleapis.com/envoy.extensions.stat_sinks.open_telemetry.v3.SinkConfig",
+        "grpc_service": {"envoy_grpc": {"cluster_name": XDS_CLUSTER}},
+        "emit_tags_as_attributes": True,
+        "use_tag_extracted_name": True,
+        "report_counters_as_deltas": False,
     }
+    if drop_others:
+        config["custom_metric_conversions"] = {
+            "matcher_list": {
+                "matchers": [
+                    {
+                        "predicate": not_an_endpoint_stat,
+                        "on_match": {"action": {"name": "drop", "typed_config": {"@type": drop}}},
+                    }
+                ]
+            }
+        }
+    return {"name": "envoy.stat_sinks.open_telemetry", "typed_config": config}
 
 
 def _yaml_str(value: str) -> str:

@@ -47,8 +47,17 @@ class QueuePolicyChoice:
 
 
 def choose_queue_policy(cluster_name: str, tier: Tier, caps: Capabilities) -> QueuePolicyChoice:
-    """Adaptive LIFO when the tier asks for it and the node supports it; FIFO otherwise."""
+    """Adaptive LIFO when the tier asks for it and the node supports it; FIFO otherwise; no
+    field 62 at all for a node that lists no queue policy (Envoy then queues FIFO)."""
     wanted = tier.queue_policy.kind
+    if not caps.queue_policies:
+        note = None
+        if wanted == "adaptive_lifo":
+            note = (
+                f"{cluster_name}: adaptive_lifo requested, node lists no queue policy: "
+                "field 62 not sent (Envoy queues FIFO)"
+            )
+        return QueuePolicyChoice(ClusterQueuingPoliciesCarrier(), note)
     if wanted == "adaptive_lifo" and caps.adaptive_lifo:
         lifo = tier.queue_policy.adaptive_lifo
         return QueuePolicyChoice(adaptive_lifo(lifo.high_watermark, lifo.low_watermark), None)

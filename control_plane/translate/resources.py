@@ -31,16 +31,20 @@ FIFO_EXTENSION = "envoy.queue_policy.fifo"
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What a node's Envoy can accept, from `node.extensions` on its first request."""
+    """What a node's Envoy can accept, from `node.extensions` on its first request.
+
+    `queue_policies`: the node knows Cluster field 62 (it lists an enabled queue policy); without
+    it field 62 is not sent at all (Envoy then queues FIFO, its default). `adaptive_lifo`: it
+    lists the adaptive LIFO policy too.
+    """
 
     adaptive_lifo: bool = False
-
-    @classmethod
-    def from_extension_names(cls, names: set[str] | frozenset[str]) -> Capabilities:
-        return cls(adaptive_lifo=ADAPTIVE_LIFO_EXTENSION in names)
+    queue_policies: bool = True
 
     @property
     def key(self) -> str:
+        if not self.queue_policies:
+            return "none"
         return "lifo" if self.adaptive_lifo else "fifo"
 
 

@@ -51,6 +51,12 @@ def make_node(
 ) -> Node:
     node = Node(id=node_id, cluster="sim", user_agent_name="ballast-sim")
     node.user_agent_version = "sim"
+    # like Envoy 1.40: it lists the FIFO queue policy, so it gets Cluster field 62
+    node.extensions.add(
+        name="envoy.queue_policy.fifo",
+        category="envoy.queue_policy",
+        type_urls=["envoy.extensions.queue_policy.fifo.v3.FifoQueuePolicyConfig"],
+    )
     if pop is not None:
         node.locality.zone = pop
     if metadata_pop is not None:

@@ -1,0 +1,91 @@
+"""The queue-policy gate: what a node's `node.extensions` (names, type URLs, `disabled`) earn it,
+and what each Envoy release `ballast render/bootstrap --envoy-version` knows."""
+
+from __future__ import annotations
+
+import pytest
+from envoy.config.core.v3.base_pb2 import Node
+
+from control_plane.translate import translate_pop
+from control_plane.translate.bootstrap import ads_bootstrap
+from control_plane.translate.capabilities import (
+    ADAPTIVE_LIFO_TYPE_NAME,
+    ENVOY_RELEASES,
+    FIFO_TYPE_NAME,
+    read_node_capabilities,
+)
+from control_plane.translate.queue_policy import read_back
+from control_plane.translate.resources import CLUSTER_TYPE, Capabilities
+from tests.support.models import example_desired
+
+FIFO = "envoy.queue_policy.fifo"
+LIFO = "envoy.queue_policy.adaptive_lifo"
+CATEGORY = "envoy.queue_policy"
+
+
+def node(*extensions: tuple[str, list[str], bool]) -> Node:
+    result = Node(id="n")
+    result.extensions.add(name="envoy.filters.http.router", category="envoy.filters.http",
+                          type_urls=["envoy.extensions.filters.http.router.v3.Router"])
+    for name, type_urls, disabled in extensions:
+        result.extensions.add(name=name, category=CATEGORY, type_urls=type_urls, disabled=disabled)
+    return result
+
+
+@pytest.mark.parametrize(
+    ("extensions", "key", "why"),
+    [
+        ((), "none", "do not list envoy.queue_policy.fifo: Cluster field 62 not sent"),
+        (((FIFO, [FIFO_TYPE_NAME], False),), "fifo",
+         "list envoy.queue_policy.fifo and do not list envoy.queue_policy.adaptive_lifo"),
+        (((FIFO, [FIFO_TYPE_NAME], True),), "none",
+         "list as disabled envoy.queue_policy.fifo"),
+        # Envoy picks by type URL: a FIFO entry under another type is not the policy we send
+        (((FIFO, ["envoy.extensions.queue_policy.fifo.v4.Other"], False),), "none",
+         "list under other type URLs than " + FIFO_TYPE_NAME),
+        # a renamed extension with our type URL is the policy we send
+        ((("vendor.fifo", [FIFO_TYPE_NAME], False),), "fifo", "list envoy.queue_policy.fifo"),
+        (((FIFO, [], False),), "fifo", "list envoy.queue_policy.fifo"),
+        (((FIFO, [FIFO_TYPE_NAME], False), (LIFO, [ADAPTIVE_LIFO_TYPE_NAME], False)), "lifo",
+         "list envoy.queue_policy.fifo and envoy.queue_policy.adaptive_lifo"),
+        (((FIFO, [FIFO_TYPE_NAME], False), (LIFO, [ADAPTIVE_LIFO_TYPE_NAME], True)), "fifo",
+         "list as disabled envoy.queue_policy.adaptive_lifo"),
+        # adaptive LIFO alone: Envoy without the FIFO policy has no field 62 to carry it in
+        (((LIFO, [ADAPTIVE_LIFO_TYPE_NAME], False),), "none", "Cluster field 62 not sent"),
+    ],
+)
+def test_queue_policy_gate(
+    extensions: tuple[tuple[str, list[str], bool], ...], key: str, why: str
+) -> None:
+    read = read_node_capabilities(node(*extensions))
+    assert read.capabilities.key == key
+    assert why in read.reason
+
+
+def test_no_queue_policy_means_no_field_62_and_a_note_for_lifo_tiers() -> None:
+    none = translate_pop(example_desired(), "ewr", {}, Capabilities(queue_policies=False))
+    fifo = translate_pop(example_desired(), "ewr", {}, Capabilities())
+    for name, resource in none.of_type(CLUSTER_TYPE).items():
+        assert not read_back(resource.payload).HasField("queuing_policies"), name
+    assert all(read_back(r.payload).HasField("queuing_policies")
+               for r in fifo.of_type(CLUSTER_TYPE).values())
+    # the example's tiers ask for adaptive LIFO: each says why it gets no queue policy at all
+    assert none.notes
+    assert all("node lists no queue policy: field 62 not sent" in n for n in none.notes)
+
+
+def test_releases_from_1_36_know_field_62_only_from_1_40() -> None:
+    assert list(ENVOY_RELEASES) == ["1.36", "1.37", "1.38", "1.39", "1.40"]
+    assert [r.capabilities.key for r in ENVOY_RELEASES.values()] == ["none"] * 4 + ["fifo"]
+
+
+def test_metrics_sink_bootstrap_for_1_36_has_no_drop_action() -> None:
+    def otel(release: str) -> dict:
+        sinks = ads_bootstrap(node_id="n", pop="ewr", metrics_sink=True,
+                              envoy_release=release)["stats_sinks"]
+        (sink,) = [s for s in sinks if s["name"] == "envoy.stat_sinks.open_telemetry"]
+        return sink["typed_config"]
+
+    assert "DropAction" not in str(otel("1.36"))
+    assert "custom_metric_conversions" not in otel("1.36")
+    assert "DropAction" in str(otel("1.37")) and "DropAction" in str(otel("1.40"))
