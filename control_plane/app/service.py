@@ -35,6 +35,7 @@ from control_plane.desired import DesiredStateError, load_desired, parse_desired
 from control_plane.desired.model import Desired
 from control_plane.intent.sqlite_store import StateCorrupted, StateStore
 from control_plane.intent.state_dir_lock import StateDirLock
+from control_plane.observe.certificates import CertificateStatus
 from control_plane.observe.combine import CombinedSource
 from control_plane.observe.probes import Prober, probe_targets
 from control_plane.observe.prometheus import PrometheusSource
@@ -236,7 +237,8 @@ class BallastService:
         self._passive = passive  # host stats map to origins through the desired state
         if not config.probes:
             return passive
-        self.prober = Prober(probe_targets(desired), interval_ms=config.probe_interval_ms)
+        self.prober = Prober(probe_targets(desired), interval_ms=config.probe_interval_ms,
+                             on_certificate=self._on_certificate)
         return CombinedSource(passive, self.prober)
 
     async def _start_admin(self, address: str) -> None:
@@ -272,6 +274,7 @@ class BallastService:
             "state_dir": str(self.config.state_dir),
             "metrics_source": self.config.metrics_source,
             "ready": self.ready,
+            "certificates": self.prober.certificates_json() if self.prober else [],
         }
 
     # -- events ----------------------------------------------------------------------------
@@ -279,6 +282,25 @@ class BallastService:
     def _record(self, kind: str, *, durable: bool = True, **fields: Any) -> None:
         self.decisions.record(kind, durable=durable, **fields)
         self.metrics.decisions.labels(kind).inc()
+
+    def _on_certificate(
+        self, status: CertificateStatus, previous: CertificateStatus | None
+    ) -> None:
+        """Gauges follow every check; the log gets a record when a certificate starts failing
+        (or is failing at the first check) and when it passes again."""
+        if self.prober is not None:
+            self.metrics.set_certificates(self.prober.certificates.values())
+        before = previous.state if previous is not None else "ok"
+        if status.state == before:
+            return
+        where = f"origin {status.origin} of group {status.group}"
+        if status.passed:
+            rule = (f"certificate of {where} passes again ({status.days_to_expiry:.1f} days "
+                    "to expiry); its probes count again")
+        else:
+            rule = (f"certificate of {where} {status.problem}; its active probes fail until "
+                    "it is fixed")
+        self._record("certificate", group=status.group, rule=rule, detail=status.as_dict())
 
     def _on_ads_event(self, kind: str, fields: dict[str, Any]) -> None:
         detail = dict(fields)

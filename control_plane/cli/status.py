@@ -2,8 +2,9 @@
 
 The table shows, per node, the version sent and ACKed of each type (short hashes) and
 SYNCED/STALE/NACKED, then the message of every NACK, then the PoPs with adaptive tier actions
-active (demote, shed). With a NODE id: that node in detail, with its last NACKs, which queue
-policy it gets and why, and the tier actions active in its PoP. Reads the admin API of a running
+active (demote, shed), then each TLS origin's certificate: days to expiry, whether it
+verifies. With a NODE id: that node in detail, with its last NACKs, which queue policy it gets
+and why, and the tier actions active in its PoP. Reads the admin API of a running
 server; exit 1 when it cannot be reached or the node is not connected.
 """
 
@@ -212,4 +213,35 @@ def run(args: argparse.Namespace) -> int:
     if tier_actions is not None:
         print()
         print("\n".join(tier_action_lines(tier_actions)))
+    certificates = fetch_certificates(client)
+    if certificates:
+        print()
+        print("\n".join(certificate_lines(certificates)))
     return 0
+
+
+def fetch_certificates(client: AdminClient) -> list[dict[str, Any]]:
+    """The latest certificate check of each TLS origin (`/status`), or none when unknown."""
+    try:
+        answer: list[dict[str, Any]] = client.get("/status").get("certificates") or []
+    except (AdminError, AttributeError) as err:
+        print(f"ballast status: origin certificates unknown: {err}", file=sys.stderr)
+        return []
+    return answer
+
+
+def certificate_lines(certificates: list[dict[str, Any]]) -> list[str]:
+    """One line per TLS origin: days to expiry, whether it verifies, what fails."""
+    rows = []
+    for cert in certificates:
+        days = cert.get("days_to_expiry")
+        verified = {True: "verifies", False: "DOES NOT VERIFY", None: "verification off"}[
+            cert.get("verified")]
+        state = "ok" if cert.get("problem") is None else f"FAILING: {cert['problem']}"
+        rows.append((f"{cert['group']}/{cert['origin']}",
+                     "-" if days is None else f"{days:.1f} days", verified, state))
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    return ["origin certificates:", *(
+        "  " + "  ".join(c.ljust(w) for c, w in zip(r[:3], widths, strict=True)) + "  " + r[3]
+        for r in rows
+    )]

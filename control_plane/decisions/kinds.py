@@ -16,6 +16,7 @@ KINDS: tuple[str, ...] = (
     "node_disconnected",
     "capability_fallback",
     "tier_action",
+    "certificate",
     "state_restored",
     "startup",
     "shutdown",

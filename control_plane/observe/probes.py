@@ -5,19 +5,31 @@ for all PoPs (the PoPs' own view of an origin comes from the passive signals). E
 `HealthCheck.interval_ms` each origin gets two GETs with connect / read timeouts (2 s / 4 s by
 default); a probe passes when the status is the expected one. `success_share` is the rolling
 share of passing probes over a window (pure, from the recorded results).
+
+TLS origins also get their certificate checked each round, before the GETs (seed 002: "If your
+secondary origin hasn't been hit in hours, a stale or mismatched certificate will turn your
+graceful failover into a hard outage"): one handshake verifying the chain and dates against the
+origin's `ca_file` (a second, unverified one fetches the certificate when that fails), then
+`certificates.assess` for names, pins and the expiry window. While the certificate fails, both
+GETs of the round count as failed probes, so a standby that only sees warm-pool traffic is marked
+before a shift would need it. Each check goes to `on_certificate` (the service turns changes
+into decision records and keeps the gauges).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import ssl
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import aiohttp
 
-from control_plane.desired.model import Desired, HealthCheck
+from control_plane.desired.model import Desired, HealthCheck, Origin, OriginGroup
+from control_plane.observe.certificates import CertificateCheck, CertificateStatus, assess
 from control_plane.observe.source import wall_ms
 
 log = logging.getLogger(__name__)
@@ -32,6 +44,13 @@ class ProbeTarget:
     base_url: str  # scheme://host:port
     health_check: HealthCheck
     sni: str | None = None
+    host: str = ""
+    port: int = 0
+    ca_file: str | None = None  # TLS origins only
+    certificate: CertificateCheck | None = None  # TLS origins only
+
+
+CertificateListener = Callable[[CertificateStatus, CertificateStatus | None], None]
 
 
 def probe_targets(desired: Desired) -> list[ProbeTarget]:
@@ -43,10 +62,72 @@ def probe_targets(desired: Desired) -> list[ProbeTarget]:
             base_url=f"{'https' if origin.tls else 'http'}://{origin.address}:{origin.port}",
             health_check=group.health_check,
             sni=origin.sni,
+            host=origin.address,
+            port=origin.port,
+            ca_file=origin.ca_file if origin.tls else None,
+            certificate=_certificate_check(group, origin) if origin.tls else None,
         )
         for group in desired.origin_groups
         for origin in group.origins
     ]
+
+
+def _certificate_check(group: OriginGroup, origin: Origin) -> CertificateCheck:
+    return CertificateCheck(
+        expected_name=origin.expected_name,
+        verify=origin.verify,
+        spki_pins=origin.spki_pins,
+        cert_pins=origin.cert_pins,
+        expiry_warning_days=group.origin_tls.expiry_warning_days,
+    )
+
+
+async def fetch_certificate(
+    target: ProbeTarget, verify: bool, timeout_s: float
+) -> tuple[bytes | None, str | None]:
+    """(the leaf certificate in DER, why the chain or dates did not verify) of a TLS target.
+    The leaf is None when no handshake succeeded; the reason then says why."""
+    server_name = target.sni or target.host
+    chain_error = None
+    if verify:
+        try:
+            context = ssl.create_default_context(cafile=target.ca_file)
+        except (OSError, ssl.SSLError) as err:
+            chain_error = f"cannot read ca_file {target.ca_file}: {err}"
+        else:
+            context.check_hostname = False  # names are matched by `assess`, as Envoy does
+            try:
+                return await _leaf(target, server_name, context, timeout_s), None
+            except ssl.SSLCertVerificationError as err:
+                chain_error = err.verify_message or str(err)
+            except (OSError, TimeoutError, ssl.SSLError) as err:
+                return None, f"TLS handshake failed: {err or type(err).__name__}"
+    unverified = ssl.create_default_context()
+    unverified.check_hostname = False
+    unverified.verify_mode = ssl.CERT_NONE
+    try:
+        return await _leaf(target, server_name, unverified, timeout_s), chain_error
+    except (OSError, TimeoutError, ssl.SSLError) as err:
+        return None, f"TLS handshake failed: {err or type(err).__name__}"
+
+
+async def _leaf(
+    target: ProbeTarget, server_name: str, context: ssl.SSLContext, timeout_s: float
+) -> bytes:
+    _, writer = await asyncio.wait_for(
+        asyncio.open_connection(target.host, target.port, ssl=context,
+                                server_hostname=server_name),
+        timeout_s,
+    )
+    try:
+        der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError, ssl.SSLError):
+            await writer.wait_closed()
+    if not der:
+        raise ssl.SSLError("the origin presented no certificate")
+    return bytes(der)
 
 
 def success_share(results: Iterable[ProbeResult], now_ms: int, window_ms: int) -> float | None:
@@ -67,14 +148,17 @@ class Prober:
         interval_ms: int | None = None,
         retention_ms: int = 300_000,
         clock: Callable[[], int] = wall_ms,
+        on_certificate: CertificateListener | None = None,
     ) -> None:
         self.targets = list(targets)
         self.interval_ms = interval_ms
         self.retention_ms = retention_ms
         self.clock = clock
+        self.on_certificate = on_certificate
         self._results: dict[tuple[str, str], deque[ProbeResult]] = {
             (t.group, t.origin): deque() for t in self.targets
         }
+        self.certificates: dict[tuple[str, str], CertificateStatus] = {}
 
     def retarget(self, targets: Iterable[ProbeTarget]) -> None:
         """New desired state: probe these from the next round; results of a target that is
@@ -85,6 +169,11 @@ class Prober:
             key: results
             for key, results in self._results.items()
             if any((t.group, t.origin) == key for t in kept)
+        }
+        self.certificates = {
+            key: status
+            for key, status in self.certificates.items()
+            if any((t.group, t.origin) == key and t.certificate is not None for t in kept)
         }
         self.targets = fresh
 
@@ -100,8 +189,14 @@ class Prober:
         while results and results[0][0] < at_ms - self.retention_ms:
             results.popleft()
 
+    def certificates_json(self) -> list[dict[str, object]]:
+        """The latest certificate check of every TLS origin, by group and origin."""
+        return [self.certificates[key].as_dict() for key in sorted(self.certificates)]
+
     async def probe_once(self, session: aiohttp.ClientSession) -> None:
-        """One round: both paths of every target, concurrently."""
+        """One round: the certificates of TLS targets, then both paths of every target."""
+        await asyncio.gather(*(self.check_certificate(target, target.certificate)
+                               for target in self.targets if target.certificate is not None))
         await asyncio.gather(
             *(
                 self._probe(session, target, path)
@@ -110,6 +205,22 @@ class Prober:
                              target.health_check.uncacheable_path)
             )
         )
+
+    async def check_certificate(
+        self, target: ProbeTarget, certificate: CertificateCheck
+    ) -> CertificateStatus:
+        check = target.health_check
+        der, chain_error = await fetch_certificate(
+            target, certificate.verify, (check.connect_timeout_ms + check.read_timeout_ms) / 1000)
+        key = (target.group, target.origin)
+        status = assess(target.group, target.origin, certificate, der, chain_error, self.clock())
+        previous = self.certificates.get(key)
+        self.certificates[key] = status
+        if status.problem is not None:
+            log.info("certificate of %s/%s: %s", target.group, target.origin, status.problem)
+        if self.on_certificate is not None:
+            self.on_certificate(status, previous)
+        return status
 
     async def _probe(self, session: aiohttp.ClientSession, target: ProbeTarget, path: str) -> None:
         check = target.health_check
@@ -123,6 +234,9 @@ class Prober:
                 timeout=timeout,
                 allow_redirects=False,
                 server_hostname=target.sni,
+                # The certificate is judged by `check_certificate`, against the origin's own CA
+                # file and name: the GET only tells whether the origin answers.
+                ssl=target.certificate is None,
             ) as response:
                 await response.read()
                 passed = response.status == check.expected_status
@@ -130,6 +244,9 @@ class Prober:
                     log.info("probe %s%s answered %d", target.base_url, path, response.status)
         except (aiohttp.ClientError, TimeoutError) as err:
             log.info("probe %s%s failed: %s", target.base_url, path, err or type(err).__name__)
+        certificate = self.certificates.get((target.group, target.origin))
+        if target.certificate is not None and (certificate is None or not certificate.passed):
+            passed = False
         self.record(target.group, target.origin, self.clock(), passed)
 
     async def run(self) -> None:

@@ -6,12 +6,13 @@ never share series.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from control_plane.desired.model import TierActions
+from control_plane.observe.certificates import CertificateStatus
 
 CONVERGENCE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 15.0, 30.0)
 
@@ -69,6 +70,20 @@ class BallastMetrics:
         self.config_reloads = Counter(
             "ballast_config_reloads", "Desired-state reloads by result", ["result"], registry=r
         )
+        self.certificate_days = Gauge(
+            "ballast_origin_certificate_days_to_expiry",
+            "Days until the certificate a TLS origin presents expires (negative: expired), "
+            "from the latest probe",
+            ["group", "origin"],
+            registry=r,
+        )
+        self.certificate_ok = Gauge(
+            "ballast_origin_certificate_ok",
+            "1 while a TLS origin's certificate verifies and is outside the expiry warning "
+            "window, 0 while its probes fail because of it",
+            ["group", "origin"],
+            registry=r,
+        )
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
@@ -94,6 +109,17 @@ class BallastMetrics:
                 for group, actions in groups.items():
                     for action, tier in tier_action_parts(actions):
                         self.tier_action_active.labels(pop, group, action, tier).set(value)
+
+
+    def set_certificates(self, statuses: Iterable[CertificateStatus]) -> None:
+        """Make the certificate gauges exactly the latest check of each TLS origin."""
+        self.certificate_days.clear()
+        self.certificate_ok.clear()
+        for status in statuses:
+            if status.days_to_expiry is not None:
+                self.certificate_days.labels(status.group, status.origin).set(
+                    round(status.days_to_expiry, 3))
+            self.certificate_ok.labels(status.group, status.origin).set(int(status.passed))
 
 
 def tier_action_parts(actions: TierActions) -> list[tuple[str, str]]:
