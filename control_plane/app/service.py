@@ -289,7 +289,9 @@ class BallastService:
         """Gauges follow every check; the log gets a record when a certificate starts failing
         (or is failing at the first check) and when it passes again."""
         if self.prober is not None:
-            self.metrics.set_certificates(self.prober.certificates.values())
+            self.metrics.set_certificates(
+                (s.group, s.origin, s.days_to_expiry, s.passed)
+                for s in self.prober.certificates.values())
         before = previous.state if previous is not None else "ok"
         if status.state == before:
             return

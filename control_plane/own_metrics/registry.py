@@ -12,7 +12,6 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from control_plane.desired.model import TierActions
-from control_plane.observe.certificates import CertificateStatus
 
 CONVERGENCE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 15.0, 30.0)
 
@@ -111,15 +110,15 @@ class BallastMetrics:
                         self.tier_action_active.labels(pop, group, action, tier).set(value)
 
 
-    def set_certificates(self, statuses: Iterable[CertificateStatus]) -> None:
-        """Make the certificate gauges exactly the latest check of each TLS origin."""
+    def set_certificates(self, checks: Iterable[tuple[str, str, float | None, bool]]) -> None:
+        """Make the certificate gauges exactly these checks: (group, origin, days to expiry or
+        None when no certificate was fetched, passed)."""
         self.certificate_days.clear()
         self.certificate_ok.clear()
-        for status in statuses:
-            if status.days_to_expiry is not None:
-                self.certificate_days.labels(status.group, status.origin).set(
-                    round(status.days_to_expiry, 3))
-            self.certificate_ok.labels(status.group, status.origin).set(int(status.passed))
+        for group, origin, days, passed in checks:
+            if days is not None:
+                self.certificate_days.labels(group, origin).set(round(days, 3))
+            self.certificate_ok.labels(group, origin).set(int(passed))
 
 
 def tier_action_parts(actions: TierActions) -> list[tuple[str, str]]:
