@@ -1,0 +1,109 @@
+"""Leader election on a real etcd: one leader, fast takeover, fail static when etcd goes away."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from control_plane.app.leadership import LeaderElection
+from control_plane.intent.etcd_store import EtcdStore, Leadership
+from tests.support.etcd import EtcdServer, etcd_binary
+
+pytestmark = pytest.mark.skipif(etcd_binary() is None, reason="etcd not installed")
+
+
+@pytest.fixture
+def etcd() -> Iterator[EtcdServer]:
+    server = EtcdServer().start()
+    yield server
+    server.cleanup()
+
+
+class Replica:
+    def __init__(self, etcd: EtcdServer, name: str, ttl: int = 2) -> None:
+        host, port = etcd.endpoint.split(":")
+        self.store = EtcdStore([(host, int(port))], timeout_s=1)
+        self.changes: list[tuple[int | None, str]] = []
+        self.election = LeaderElection(
+            self.store, name, ttl, info={"id": name}, on_change=self._changed, retry_s=0.2
+        )
+        self.task: asyncio.Task[None] | None = None
+
+    async def _changed(self, lead: Leadership | None, why: str) -> None:
+        self.changes.append((None if lead is None else lead.term, why))
+
+    def start(self) -> Replica:
+        self.task = asyncio.create_task(self.election.run())
+        return self
+
+    async def stop(self, *, resign: bool = True) -> None:
+        assert self.task is not None
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+        if resign:
+            await self.election.resign()
+        await self.store.close()
+
+
+async def until(condition, timeout: float = 10.0) -> float:  # type: ignore[no-untyped-def]
+    started = time.monotonic()
+    while not condition():
+        assert time.monotonic() - started < timeout, "condition not met in time"
+        await asyncio.sleep(0.05)
+    return time.monotonic() - started
+
+
+async def test_exactly_one_leader_and_a_resignation_hands_over_at_once(etcd: EtcdServer) -> None:
+    replicas = [Replica(etcd, name).start() for name in ("a", "b", "c")]
+    try:
+        await until(lambda: sum(r.election.leading() is not None for r in replicas) == 1)
+        await asyncio.sleep(1.0)  # followers refresh and watch; still one leader
+        leaders = [r for r in replicas if r.election.leading() is not None]
+        assert len(leaders) == 1
+        first = leaders[0]
+        term = first.election.leading().term  # type: ignore[union-attr]
+        others = [r for r in replicas if r is not first]
+        await first.stop()
+        took = await until(lambda: any(r.election.leading() is not None for r in others))
+        assert took < 1.5  # the key went with the revoked lease: no TTL to wait for
+        new = next(r for r in others if r.election.leading() is not None)
+        assert new.election.leading().term > term  # type: ignore[union-attr]
+        replicas = others
+    finally:
+        for r in replicas:
+            await r.stop()
+
+
+async def test_a_killed_leader_is_replaced_within_the_ttl(etcd: EtcdServer) -> None:
+    a = Replica(etcd, "a").start()
+    await until(lambda: a.election.leading() is not None)
+    b = Replica(etcd, "b").start()
+    try:
+        await asyncio.sleep(0.5)
+        assert b.election.leading() is None
+        await a.stop(resign=False)  # as kill -9: the lease simply stops being refreshed
+        took = await until(lambda: b.election.leading() is not None, timeout=6)
+        assert took <= 2 + 1.5  # TTL + watch delivery + etcd's lease expiry granularity
+    finally:
+        await b.stop()
+
+
+async def test_etcd_unreachable_drops_leadership_and_it_comes_back(etcd: EtcdServer) -> None:
+    a = Replica(etcd, "a").start()
+    try:
+        await until(lambda: a.election.leading() is not None)
+        etcd.pause()
+        await until(lambda: a.election.leading() is None, timeout=2 + 1)
+        await until(lambda: not a.election.reachable, timeout=5)
+        assert a.changes[-1][0] is None
+        etcd.resume()
+        await until(lambda: a.election.leading() is not None, timeout=15)
+        assert a.election.reachable
+    finally:
+        etcd.resume()
+        await a.stop()
