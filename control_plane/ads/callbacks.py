@@ -35,10 +35,11 @@ class Callbacks:
         """The node accepted the response with `ack.nonce`."""
 
     def on_nack(self, node: NodeEntry, nack: Nack) -> None:
-        """The node rejected the response with `nack.nonce`."""
+        """The node rejected the response with `nack.nonce` (`nack.message` truncated to the
+        server's limit); `node.nack_count(type_url)` > 1 when it repeats the last NACK."""
 
     def on_capability_fallback(
         self, node: NodeEntry, capability_key: str, version: str, notes: tuple[str, ...]
     ) -> None:
-        """The node got a fallback (e.g. FIFO instead of adaptive LIFO); once per node and CDS
+        """The node got a fallback (e.g. FIFO instead of adaptive LIFO); once per stream and CDS
         version."""

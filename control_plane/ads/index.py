@@ -28,9 +28,13 @@ from functools import cached_property
 from control_plane.translate.resources import PopResources, Resource, content_version
 
 _INDEXES = "ads.index"  # PopResources.derived key: type_url -> TypeIndex
-# distinct named subscriptions kept per (snapshot, type); beyond that views are built per call
-# (still correct, just not shared) so nodes naming arbitrary sets cannot grow memory unbounded
+# distinct named subscriptions kept per (snapshot, type), and the names their keys hold in all;
+# beyond that views are built per call (still correct, just not shared), and so are views of
+# subscriptions naming mostly what does not exist: names are client-supplied, so what is kept
+# stays proportional to the snapshot, never to what clients send
 MAX_VIEWS = 1024
+MAX_VIEW_NAMES = 65_536
+SLACK_NAMES = 16  # names of resources not there (yet) that a kept view may hold
 
 
 def items_version(items: Mapping[str, str]) -> str:
@@ -176,6 +180,7 @@ class TypeIndex:
         self.items = items
         self._all: ResourceSet | None = None
         self._views: dict[frozenset[str], ResourceSet] = {}
+        self._view_names = 0  # names held by the keys of `_views`
 
     def view(self, wildcard: bool, names: frozenset[str]) -> ResourceSet:
         """What a subscription gets: everything (wildcard, in snapshot order) or the existing
@@ -190,8 +195,13 @@ class TypeIndex:
             view = ResourceSet(
                 {name: items[name] for name in sorted(names) if name in items}, scope=names
             )
-            if len(self._views) < MAX_VIEWS:
+            if (
+                len(self._views) < MAX_VIEWS
+                and len(names) <= 2 * len(view.items) + SLACK_NAMES
+                and self._view_names + len(names) <= MAX_VIEW_NAMES
+            ):
                 self._views[names] = view
+                self._view_names += len(names)
         return view
 
 

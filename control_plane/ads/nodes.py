@@ -20,7 +20,8 @@ Status = Literal["SYNCED", "STALE", "NACKED"]
 class Rejection:
     version: str
     message: str
-    at: float  # unix time
+    at: float  # unix time of the latest NACK of this version
+    count: int = 1  # NACKs of this version in a row (only the first is recorded)
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ class NodeStatus:
                         "version": t.last_nack.version,
                         "message": t.last_nack.message,
                         "at": t.last_nack.at,
+                        "count": t.last_nack.count,
                     },
                     "sends": t.sends,
                     "status": t.status,
@@ -96,6 +98,8 @@ class NodeEntry:
     capability_key: str
     capability_reason: str
     types: dict[str, _TypeRecord] = field(default_factory=dict)
+    fallback_version: str | None = None  # CDS version whose capability fallback was reported
+    repeated_nacks: dict[str, int] = field(default_factory=dict)  # type -> NACKs after the first
 
     def sent(self, type_url: str, version: str) -> None:
         record = self.types.setdefault(type_url, _TypeRecord())
@@ -109,11 +113,23 @@ class NodeEntry:
         if version == record.last_sent:
             record.outcome = "SYNCED"
 
-    def nacked(self, type_url: str, version: str, message: str) -> None:
+    def nacked(self, type_url: str, version: str, message: str) -> int:
+        """Note a NACK; how many NACKs of this version came in a row (1: a new one)."""
         record = self.types.setdefault(type_url, _TypeRecord())
-        record.last_nack = Rejection(version, message, time.time())
+        previous = record.last_nack
+        count = previous.count + 1 if previous is not None and previous.version == version else 1
+        record.last_nack = Rejection(version, message, time.time(), count)
+        if count > 1:
+            kind = short_name(type_url)
+            self.repeated_nacks[kind] = self.repeated_nacks.get(kind, 0) + 1
         if version == record.last_sent:
             record.outcome = "NACKED"
+        return count
+
+    def nack_count(self, type_url: str) -> int:
+        """NACKs in a row of the latest NACKed version of `type_url` (0: none)."""
+        record = self.types.get(type_url)
+        return 0 if record is None or record.last_nack is None else record.last_nack.count
 
     def status(self) -> NodeStatus:
         types = tuple(

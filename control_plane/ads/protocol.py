@@ -23,11 +23,13 @@ object identities and version strings; a push that changes k resources touches t
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from envoy.service.discovery.v3.discovery_pb2 import DeltaDiscoveryRequest, DiscoveryRequest
 
 from control_plane.ads.index import EMPTY, ResourceSet, index, items_version
+from control_plane.ads.limits import DEFAULT_LIMITS, AdsLimits, clip
 from control_plane.translate.resources import (
     CLUSTER_TYPE,
     ENDPOINT_TYPE,
@@ -98,12 +100,35 @@ def short_name(type_url: str) -> str:
     return SHORT_NAMES.get(type_url, type_url)
 
 
-def _check_type(type_url: str) -> None:
+def _check_type(type_url: str, limits: AdsLimits) -> None:
     if not type_url:
         raise ProtocolError("request without type_url")
     if type_url not in PUSH_ORDER:
         served = ", ".join(PUSH_ORDER)
-        raise ProtocolError(f"unsupported type_url {type_url!r}; Ballast serves {served}")
+        shown = clip(type_url, limits.name_chars)
+        raise ProtocolError(f"unsupported type_url {shown!r}; Ballast serves {served}")
+
+
+def _check_nonce(nonce: str, limits: AdsLimits) -> None:
+    if len(nonce) > limits.nonce_chars:
+        raise ProtocolError(
+            f"response_nonce of {len(nonce):,} characters; Ballast's nonces have at most "
+            f"{limits.nonce_chars}"
+        )
+
+
+def _check_names(names: Iterable[str], count: int, what: str, limits: AdsLimits) -> None:
+    """At most `names_per_subscription` names, each at most `name_chars` long."""
+    if count > limits.names_per_subscription:
+        raise ProtocolError(
+            f"{what}: {count:,} names; the limit is {limits.names_per_subscription:,} "
+            "per subscription"
+        )
+    longest = max(map(len, names), default=0)
+    if longest > limits.name_chars:
+        raise ProtocolError(
+            f"{what}: a name of {longest:,} characters; the limit is {limits.name_chars}"
+        )
 
 
 @dataclass(frozen=True)
@@ -119,16 +144,23 @@ def _view(snapshot: PopResources, type_url: str, sub: _Subscription) -> Resource
 
 # serialized resource_names -> frozenset of them, shared by every stream naming the same list;
 # a SotW ACK repeats all names (150 for EDS of a large PoP): serializing them in C is ~3x
-# cheaper than making a Python set, and the set is made once per distinct list, not per ACK
+# cheaper than making a Python set, and the set is made once per distinct list, not per ACK.
+# Bounded in bytes of keys (lists are client-supplied): emptied when full, big lists not kept.
 _REQUESTED: dict[bytes, frozenset[str]] = {}
-_MAX_REQUESTED = 4096
+_REQUESTED_BYTES = [0]
+MAX_REQUESTED_BYTES = 4 * 1024 * 1024
+MAX_REQUESTED_KEY_BYTES = 64 * 1024
 _NOT_NAMES = ("version_info", "node", "response_nonce", "error_detail")
 
 
-def _requested_names(request: DiscoveryRequest) -> frozenset[str]:
-    """`frozenset(request.resource_names)`, the same object for the same list."""
-    if len(request.resource_names) < 8:
-        return frozenset(request.resource_names)
+def _requested_names(request: DiscoveryRequest, limits: AdsLimits) -> frozenset[str]:
+    """`frozenset(request.resource_names)`, the same object for the same list; names checked
+    against `limits` once per distinct list."""
+    listed = request.resource_names
+    if len(listed) < 8:
+        _check_names(listed, len(listed), "resource_names", limits)
+        return frozenset(listed)
+    _check_names((), len(listed), "resource_names", limits)
     names_only = DiscoveryRequest()
     names_only.CopyFrom(request)
     for name in _NOT_NAMES:
@@ -136,9 +168,14 @@ def _requested_names(request: DiscoveryRequest) -> frozenset[str]:
     key = names_only.SerializeToString(deterministic=True)
     names = _REQUESTED.get(key)
     if names is None:
-        if len(_REQUESTED) >= _MAX_REQUESTED:
-            _REQUESTED.clear()
-        names = _REQUESTED[key] = frozenset(request.resource_names)
+        _check_names(listed, len(listed), "resource_names", limits)
+        names = frozenset(listed)
+        if len(key) <= MAX_REQUESTED_KEY_BYTES:
+            if _REQUESTED_BYTES[0] + len(key) > MAX_REQUESTED_BYTES:
+                _REQUESTED.clear()
+                _REQUESTED_BYTES[0] = 0
+            _REQUESTED[key] = names
+            _REQUESTED_BYTES[0] += len(key)
     return names
 
 
@@ -165,15 +202,17 @@ class _SotwType:
 class SotwStream:
     """One StreamAggregatedResources stream."""
 
-    def __init__(self) -> None:
+    def __init__(self, limits: AdsLimits = DEFAULT_LIMITS) -> None:
         self._types: dict[str, _SotwType] = {}
         self._counter = 0
+        self.limits = limits
 
     def subscribed(self, type_url: str) -> bool:
         return type_url in self._types
 
     def on_request(self, request: DiscoveryRequest, snapshot: PopResources) -> Step:
-        _check_type(request.type_url)
+        _check_type(request.type_url, self.limits)
+        _check_nonce(request.response_nonce, self.limits)
         type_url = request.type_url
         step = Step()
         state = self._types.get(type_url)
@@ -183,7 +222,7 @@ class SotwStream:
         first = state is None
         if state is None:
             state = self._types[type_url] = _SotwType()
-        names = _requested_names(request)
+        names = _requested_names(request, self.limits)
         wildcard = WILDCARD in names or (
             type_url in WILDCARD_TYPES and not names and (first or state.sub.wildcard)
         )
@@ -286,17 +325,36 @@ class _DeltaType:
 class DeltaStream:
     """One DeltaAggregatedResources stream."""
 
-    def __init__(self) -> None:
+    def __init__(self, limits: AdsLimits = DEFAULT_LIMITS) -> None:
         self._types: dict[str, _DeltaType] = {}
         self._pending: dict[str, DeltaResponse] = {}  # nonce -> response awaiting (N)ACK
         self._counter = 0
+        self.limits = limits
 
     def subscribed(self, type_url: str) -> bool:
         return type_url in self._types
 
     def on_request(self, request: DeltaDiscoveryRequest, snapshot: PopResources) -> Step:
-        _check_type(request.type_url)
+        limits = self.limits
+        _check_type(request.type_url, limits)
+        _check_nonce(request.response_nonce, limits)
+        subscribing, unsubscribing = (
+            request.resource_names_subscribe, request.resource_names_unsubscribe
+        )
+        initial = request.initial_resource_versions
+        _check_names(subscribing, len(subscribing), "resource_names_subscribe", limits)
+        _check_names(unsubscribing, len(unsubscribing), "resource_names_unsubscribe", limits)
+        _check_names(initial, len(initial), "initial_resource_versions", limits)
+        _check_names(initial.values(), 0, "initial_resource_versions (versions)", limits)
         type_url = request.type_url
+        held = self._types[type_url].sub.names if type_url in self._types else frozenset()
+        if len(held) + len(subscribing) > limits.names_per_subscription:
+            after = (held | set(subscribing)) - {WILDCARD} - set(unsubscribing)
+            if len(after) > limits.names_per_subscription:
+                raise ProtocolError(
+                    f"{short_name(type_url)} subscription would hold {len(after):,} names; "
+                    f"the limit is {limits.names_per_subscription:,}"
+                )
         step = Step()
         nonce = request.response_nonce
         answered = self._pending.pop(nonce, None) if nonce else None

@@ -6,11 +6,19 @@ node's requests and wake-ups from the push hub — feeding them to `SotwStream`/
 and writing what comes out. Unknown PoPs and malformed requests end the stream with
 INVALID_ARGUMENT and a message saying why; nothing is sent to such a node. What happens on a
 stream is told to the embedder through `Callbacks` (`callbacks.py`).
+
+Bounds (`limits.py`): requests over a size bound end the stream; a stream holds at most
+`queued_requests` requests read but not handled — a client that does not read its responses
+blocks our writes, so we stop reading it and gRPC flow control pushes back on its sends; NACK
+messages are truncated before anyone sees them, and a repeated NACK of the same (type,
+version) is logged once and counted (`NodeEntry.nacked`); what is kept per stream (fallback
+bookkeeping, NACK counts) lives in its `NodeEntry` and goes with it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal
@@ -28,6 +36,7 @@ from envoy.service.discovery.v3.discovery_pb2 import (
 from control_plane.ads.callbacks import Callbacks
 from control_plane.ads.encoding import ResponseEncoder, encode_delta, encode_sotw, pass_bytes
 from control_plane.ads.fanout import PushHub
+from control_plane.ads.limits import DEFAULT_LIMITS, AdsLimits, clip
 from control_plane.ads.nodes import NodeEntry, NodeRegistry
 from control_plane.ads.protocol import (
     Ack,
@@ -43,20 +52,26 @@ from control_plane.translate.resources import CLUSTER_TYPE, PopResources
 
 __all__ = [
     "AdsServicer", "NodeRejected", "encode_delta", "encode_sotw", "envoy_version", "pop_of",
+    "server_options",
 ]
 
 log = logging.getLogger(__name__)
 
 ADS_SERVICE = "envoy.service.discovery.v3.AggregatedDiscoveryService"
 
-# Envoy's xDS cluster may ping every few seconds (edge.yaml: HTTP/2 keepalive 30 s); without
-# these a gRPC server answers pings with GOAWAY too_many_pings (NOTES.md).
-SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.min_ping_interval_without_data_ms", 1000),
-    ("grpc.http2.max_ping_strikes", 0),
-    ("grpc.max_receive_message_length", 16 * 1024 * 1024),
-)
+
+def server_options(limits: AdsLimits = DEFAULT_LIMITS) -> tuple[tuple[str, int], ...]:
+    """grpc.aio server options: keepalive tolerance and the per-connection bounds."""
+    return (
+        # Envoy's xDS cluster may ping every few seconds (edge.yaml: HTTP/2 keepalive 30 s);
+        # without these a gRPC server answers pings with GOAWAY too_many_pings (NOTES.md).
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", 1000),
+        ("grpc.http2.max_ping_strikes", 0),
+        ("grpc.max_receive_message_length", limits.request_bytes),
+        ("grpc.max_concurrent_streams", limits.streams_per_connection),
+    )
+
 
 _PUSH = object()
 _CLOSE = object()
@@ -80,11 +95,19 @@ def pop_of(node: Node) -> str:
     )
 
 
-def envoy_version(node: Node) -> str:
+def check_node_id(node: Node, limits: AdsLimits) -> None:
+    if len(node.id) > limits.node_id_chars:
+        raise NodeRejected(
+            f"node id {clip(node.id, 64)!r} has {len(node.id):,} characters; the limit is "
+            f"{limits.node_id_chars}"
+        )
+
+
+def envoy_version(node: Node, limit: int = DEFAULT_LIMITS.text_chars) -> str:
     if node.HasField("user_agent_build_version"):
         v = node.user_agent_build_version.version
         return f"{v.major_number}.{v.minor_number}.{v.patch}"
-    return node.user_agent_version or "unknown"
+    return clip(node.user_agent_version, limit) or "unknown"
 
 
 class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
@@ -95,14 +118,15 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         nodes: NodeRegistry,
         *,
         callbacks: Callbacks | None = None,
+        limits: AdsLimits = DEFAULT_LIMITS,
     ) -> None:
         self.cache = cache
         self.hub = hub
         self.nodes = nodes
         self.callbacks = callbacks if callbacks is not None else Callbacks()
+        self.limits = limits
         self._queues: set[asyncio.Queue[object]] = set()
         self._closing = False
-        self._fallbacks_seen: set[tuple[str, str]] = set()  # (node id, CDS version)
         self.sends = 0  # responses written, all streams (tests, metrics)
         # responses go out as wire bytes: the part every stream shares serialized once
         self.encoder = ResponseEncoder()
@@ -140,14 +164,14 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         request_iterator: AsyncIterator[DiscoveryRequest],
         context: grpc.aio.ServicerContext[DiscoveryRequest, DiscoveryResponse],
     ) -> None:
-        await self._serve(context, "sotw", SotwStream())
+        await self._serve(context, "sotw", SotwStream(self.limits))
 
     async def DeltaAggregatedResources(
         self,
         request_iterator: AsyncIterator[DeltaDiscoveryRequest],
         context: grpc.aio.ServicerContext[DeltaDiscoveryRequest, DeltaDiscoveryResponse],
     ) -> None:
-        await self._serve(context, "delta", DeltaStream())
+        await self._serve(context, "delta", DeltaStream(self.limits))
 
     # -- one stream ----------------------------------------------------------------------------
 
@@ -164,10 +188,14 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             return
         node = first.node
         try:
+            check_node_id(node, self.limits)
             pop = pop_of(node)
             if not self.cache.has_pop(pop):
                 known = ", ".join(self.cache.desired.pop_names)
-                raise NodeRejected(f"node {node.id!r} names unknown PoP {pop!r}; known: {known}")
+                shown = clip(pop, self.limits.text_chars)
+                raise NodeRejected(
+                    f"node {node.id!r} names unknown PoP {shown!r}; known: {known}"
+                )
         except NodeRejected as err:
             log.warning("rejecting ADS stream: %s", err)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
@@ -177,12 +205,14 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             node_id=node.id,
             pop=pop,
             mode=mode,
-            envoy_version=envoy_version(node),
+            envoy_version=envoy_version(node, self.limits.text_chars),
             capability_key=caps.capabilities.key,
             capability_reason=caps.reason,
         )
         queue: asyncio.Queue[object] = asyncio.Queue()
         self._queues.add(queue)
+        # requests read but not yet handled; the reader waits for a slot before reading more
+        slots = asyncio.Semaphore(self.limits.queued_requests)
         pending_push = False
 
         def wake() -> None:
@@ -192,7 +222,7 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                 queue.put_nowait(_PUSH)
 
         unsubscribe = self.hub.subscribe(pop, wake)
-        reader = asyncio.create_task(self._read(context, queue))
+        reader = asyncio.create_task(self._read(context, queue, slots))
         self._notify(self.callbacks.on_stream_open, entry)
         log.info("node %s connected (%s, PoP %s, %s)", node.id, mode, pop, entry.capability_key)
         status, details = grpc.StatusCode.OK, ""
@@ -216,6 +246,8 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                     self._notify(self.callbacks.on_request, entry, item)
                     step = stream.on_request(item, snapshot)  # type: ignore[arg-type]
                 await self._apply(context, entry, step)
+                if item is not _PUSH and item is not first:
+                    slots.release()
                 item = await queue.get()
         except ProtocolError as err:
             log.warning("node %s: bad request: %s", node.id, err)
@@ -231,10 +263,14 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             await context.abort(status, details)
 
     async def _read(
-        self, context: grpc.aio.ServicerContext[Any, Any], queue: asyncio.Queue[object]
+        self,
+        context: grpc.aio.ServicerContext[Any, Any],
+        queue: asyncio.Queue[object],
+        slots: asyncio.Semaphore,
     ) -> None:
         try:
             while True:
+                await slots.acquire()
                 request = await context.read()
                 if request is grpc.aio.EOF:
                     break
@@ -251,13 +287,13 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         entry.capability_reason = caps.reason
         snapshot = self.cache.resources(entry.pop, caps.capabilities)
         if snapshot.notes:
-            seen = (entry.node_id, snapshot.type_version(CLUSTER_TYPE))
-            if seen not in self._fallbacks_seen:
-                self._fallbacks_seen.add(seen)
+            version = snapshot.type_version(CLUSTER_TYPE)
+            if version != entry.fallback_version:  # once per stream and CDS version
+                entry.fallback_version = version
                 for note in snapshot.notes:
                     log.info("node %s: capability fallback: %s", entry.node_id, note)
                 self._notify(self.callbacks.on_capability_fallback, entry,
-                             caps.capabilities.key, seen[1], snapshot.notes)
+                             caps.capabilities.key, version, snapshot.notes)
         return snapshot
 
     async def _apply(
@@ -268,10 +304,13 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                 entry.acked(event.type_url, event.version)
                 self._notify(self.callbacks.on_ack, entry, event)
             else:
-                entry.nacked(event.type_url, event.version, event.message)
-                log.warning("node %s NACKed %s version %s: %s", entry.node_id,
-                            short_name(event.type_url), event.version, event.message)
-                self._notify(self.callbacks.on_nack, entry, event)
+                nack = dataclasses.replace(
+                    event, message=clip(event.message, self.limits.message_chars)
+                )
+                if entry.nacked(nack.type_url, nack.version, nack.message) == 1:
+                    log.warning("node %s NACKed %s version %s: %s", entry.node_id,
+                                short_name(nack.type_url), nack.version, nack.message)
+                self._notify(self.callbacks.on_nack, entry, nack)
         for response in step.responses:
             data = self.encoder.encode(response)
             await context.write(data)

@@ -1,9 +1,11 @@
 """What Ballast does with the ADS server's callbacks: decision records and its own metrics.
 
 Records: `node_connected`, `node_disconnected`, `capability_fallback` and `nack`, each handed to
-`record(kind, fields)`. Metrics: connected nodes per PoP, responses and bytes sent, ACKs and
-NACKs per type, and the seconds from a response to the ACK that answers it (the latest response
-of that type on that stream; an answer to an older one is not timed).
+`record(kind, fields)`; a NACK repeating the last one of its stream and (type, version) is only
+counted (`repeated_nacks` in the stream's `node_disconnected`). Metrics: connected nodes per
+PoP, responses and bytes sent, ACKs and NACKs per type, and the seconds from a response to the
+ACK that answers it (the latest response of that type on that stream; an answer to an older one
+is not timed).
 """
 
 from __future__ import annotations
@@ -46,8 +48,9 @@ class AdsObserver(Callbacks):
             self.metrics.connected_nodes.labels(node.pop).dec()
         for key in [key for key in self._pushed if key[0] == node.stream]:
             del self._pushed[key]
+        extra = {"repeated_nacks": dict(node.repeated_nacks)} if node.repeated_nacks else {}
         self._emit("node_disconnected", node=node.node_id, pop=node.pop, mode=node.mode,
-                   status=status, details=details)
+                   status=status, details=details, **extra)
 
     def on_response(
         self, node: NodeEntry, response: SotwResponse | DeltaResponse, size: int
@@ -64,6 +67,8 @@ class AdsObserver(Callbacks):
 
     def on_nack(self, node: NodeEntry, nack: Nack) -> None:
         self._count_answer(node, nack)
+        if node.nack_count(nack.type_url) > 1:
+            return  # counted in node.repeated_nacks, recorded with the disconnect
         self._emit("nack", node=node.node_id, pop=node.pop, type=short_name(nack.type_url),
                    version=nack.version, message=nack.message)
 

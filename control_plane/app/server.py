@@ -10,8 +10,9 @@ from collections.abc import Callable
 import grpc
 
 from control_plane.ads.fanout import PushHub
+from control_plane.ads.limits import DEFAULT_LIMITS, AdsLimits
 from control_plane.ads.nodes import NodeRegistry
-from control_plane.ads.server import SERVER_OPTIONS, AdsServicer
+from control_plane.ads.server import AdsServicer, server_options
 from control_plane.ads.snapshots import SnapshotCache
 from control_plane.app.ads_observer import AdsObserver, Record
 from control_plane.desired.model import Desired
@@ -30,15 +31,17 @@ class BallastServer:
         debounce: float = 0.1,
         max_delay: float = 1.0,
         metrics: BallastMetrics | None = None,
+        limits: AdsLimits = DEFAULT_LIMITS,
     ) -> None:
         self.xds_address = xds_address
+        self.limits = limits
         self.cache = SnapshotCache(desired)
         self.hub = PushHub(quiet=debounce, max_delay=max_delay)
         self.cache.add_listener(self.hub.changed)
         self.nodes = NodeRegistry()
         self.ads = AdsServicer(
             self.cache, self.hub, self.nodes,
-            callbacks=AdsObserver(record=record, metrics=metrics),
+            callbacks=AdsObserver(record=record, metrics=metrics), limits=limits,
         )
         self.grpc: grpc.aio.Server | None = None
         self.port = 0
@@ -53,7 +56,7 @@ class BallastServer:
 
         The grpc.aio server is made here, on the running loop, with every registered service.
         """
-        self.grpc = grpc.aio.server(options=SERVER_OPTIONS)
+        self.grpc = grpc.aio.server(options=server_options(self.limits))
         for register in self._services:
             register(self.grpc)
         try:

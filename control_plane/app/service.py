@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
 import logging
 import signal
 from collections.abc import Coroutine
@@ -29,6 +30,7 @@ from control_plane.app.reload import DesiredFileWatcher
 from control_plane.app.server import BallastServer
 from control_plane.decide.controller import ControllerState
 from control_plane.decide.tiers import TierState
+from control_plane.decisions.budget import DEFAULT_BUDGET, BudgetConfig, RecordBudget
 from control_plane.decisions.log import DecisionLog
 from control_plane.decisions.read import FileSource
 from control_plane.desired import DesiredStateError, load_desired, parse_desired
@@ -50,6 +52,7 @@ log = logging.getLogger(__name__)
 
 MetricSourceKind = Literal["sink", "prometheus"]
 DIFF_LINES_IN_RECORD = 60
+RECORD_OVERHEAD_BYTES = 256  # time, seq, kind and the empty fields of a record
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,7 @@ class ServiceConfig:
     reload_poll_s: float = 0.5
     debounce_s: float = 0.1
     seed: int = 0
+    routine_records: BudgetConfig = DEFAULT_BUDGET
 
 
 class BallastService:
@@ -78,6 +82,7 @@ class BallastService:
         self.started_at_ms = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._desired_bytes = b""
+        self.routine_budget = RecordBudget(config.routine_records)
         self.server: BallastServer
         self.decisions: DecisionLog
         self.store: StateStore
@@ -256,7 +261,23 @@ class BallastService:
     async def _sync_decisions(self, every_s: float = 1.0) -> None:
         while True:
             await asyncio.sleep(every_s)
+            self._note_suppressed()
             self.decisions.sync()
+
+    def _note_suppressed(self) -> None:
+        """One record of the routine records the budget kept out since the last such note."""
+        counts = self.routine_budget.pending_note()
+        if counts is None:
+            return
+        budget = self.routine_budget.config
+        self._record(
+            "records_suppressed",
+            rule=f"{sum(counts.values())} routine records not written: clients caused more "
+            f"than the budget ({budget.burst_bytes:,} bytes at once, {budget.bytes_per_s:,} "
+            "bytes/s); decisions are never suppressed",
+            detail={"suppressed": counts,
+                    "total_since_start": self.routine_budget.suppressed_total},
+        )
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         self._tasks.append(asyncio.create_task(coroutine))
@@ -318,6 +339,13 @@ class BallastService:
             rule = f"node {node} lacks adaptive LIFO: FIFO sent"
         else:
             rule = f"node {node} {kind.removeprefix('node_')}"
+        size = RECORD_OVERHEAD_BYTES + len(rule) + len(
+            json.dumps(detail, separators=(",", ":"), ensure_ascii=False, default=str)
+        )
+        if not self.routine_budget.take(kind, size):
+            if self.routine_budget.suppressed_total == 1:
+                log.warning("routine records over budget: counting them instead of writing")
+            return
         # Connects, disconnects and fallbacks are routine and come in storms (a fleet
         # reconnecting): no fsync each; the periodic sync makes them durable within a second.
         self._record(kind, durable=kind == "nack", pop=pop, config_version=version, rule=rule,
@@ -398,6 +426,7 @@ class BallastService:
         await self.server.stop(grace)
         if self.admin is not None:
             await self.admin.stop()
+        self._note_suppressed()
         self._record("shutdown", rule="stopped: streams closed, state and log flushed")
         self.decisions.close()
         self.store.close()

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from control_plane.app.service import BallastService, ServiceConfig
+from control_plane.decisions.budget import DEFAULT_BURST_BYTES, DEFAULT_BYTES_PER_S, BudgetConfig
 from control_plane.desired import DesiredStateError
 from control_plane.intent.sqlite_store import StateCorrupted
 from control_plane.intent.state_dir import state_dir
@@ -27,6 +28,16 @@ def _milliseconds(text: str) -> int:
     if millis <= 0:
         raise argparse.ArgumentTypeError(f"duration must be positive: {text!r}")
     return int(millis)
+
+
+def _bytes(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"wants a whole number of bytes >= 1, got {text!r}")
+    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,6 +61,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reconcile-interval", type=_milliseconds, default=None,
                         metavar="DURATION", help="override every group's failover interval")
     parser.add_argument("--seed", type=int, default=0, help="seed of the per-PoP jitter")
+    parser.add_argument("--routine-records-burst", type=_bytes, default=DEFAULT_BURST_BYTES,
+                        metavar="BYTES", help="decision-log bytes clients may cause at once "
+                        f"(node events, NACKs; default {DEFAULT_BURST_BYTES})")
+    parser.add_argument("--routine-records-rate", type=_bytes, default=DEFAULT_BYTES_PER_S,
+                        metavar="BYTES", help="decision-log bytes per second clients may cause "
+                        f"after the burst (default {DEFAULT_BYTES_PER_S}); decisions are never "
+                        "limited")
     parser.add_argument("--log-level", default="info",
                         choices=["debug", "info", "warning", "error"], help="default info")
 
@@ -75,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
         probe_interval_ms=args.probe_interval,
         reconcile_interval_ms=args.reconcile_interval,
         seed=args.seed,
+        routine_records=BudgetConfig(args.routine_records_burst, args.routine_records_rate),
     )
     return asyncio.run(_serve(BallastService(config)))
 

@@ -20,4 +20,5 @@ KINDS: tuple[str, ...] = (
     "state_restored",
     "startup",
     "shutdown",
+    "records_suppressed",
 )

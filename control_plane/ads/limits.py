@@ -1,0 +1,43 @@
+"""How much any one ADS client may make the server hold, and how over-long text is shortened.
+
+Every field a client writes is bounded before anything keeps it: a request over a bound ends
+the stream with INVALID_ARGUMENT (the message says which bound), and free text the server
+only reports (NACK messages, the node's version string) is kept truncated with its original
+length noted (`clip`). The numbers are in `docs/security.md`; `AdsLimits` carries them so
+tests (and operators, through `ballast serve` options) can change them.
+
+Why these values: Envoy node ids are host names or pod names (Kubernetes caps names at 253
+characters); resource names are cluster and route names of the desired state (a few dozen
+characters); Ballast's nonces are decimal counters; a PoP has tens to hundreds of resources
+per type, so 10,000 names in one subscription is far above any real Envoy, and far below what
+would stall the event loop (a 3 M-name delta subscription held 1.1 GB and took 2 s).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["DEFAULT_LIMITS", "AdsLimits", "clip"]
+
+
+@dataclass(frozen=True)
+class AdsLimits:
+    node_id_chars: int = 1024
+    name_chars: int = 512  # resource names and type URLs
+    nonce_chars: int = 64
+    message_chars: int = 2048  # NACK error messages, as kept and recorded
+    text_chars: int = 256  # other reported node text: versions, PoP names in messages
+    names_per_subscription: int = 10_000
+    queued_requests: int = 8  # read but not yet handled, per stream: then reading stops
+    streams_per_connection: int = 100
+    request_bytes: int = 4 * 1024 * 1024  # gRPC max receive message length
+
+
+DEFAULT_LIMITS = AdsLimits()
+
+
+def clip(text: str, limit: int) -> str:
+    """`text`, or its first `limit` characters and the original length when it is longer."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… [truncated: {len(text):,} characters]"
