@@ -124,3 +124,4 @@ def test_validate_prints_the_warning(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert (f"{path}: warning: origin_groups.shop.origins.secure.insecure_skip_verify: TLS "
             "verification is OFF") in result.stdout
+

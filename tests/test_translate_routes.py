@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from envoy.config.listener.v3.listener_pb2 import Listener
 from envoy.config.route.v3.route_pb2 import RouteConfiguration
 from envoy.extensions.filters.network.http_connection_manager.v3.http_connection_manager_pb2 import (  # noqa: E501
@@ -93,3 +95,41 @@ def test_listener_address_port_offset_and_rds_over_ads() -> None:
     assert hcm.rds.route_config_name == "edge"
     assert hcm.rds.config_source.HasField("ads")
     assert [f.name for f in hcm.http_filters] == ["envoy.filters.http.router"]
+
+
+def test_trusted_sources_get_their_own_chain_and_routes_that_believe_the_tier_header() -> None:
+    desired = dataclasses.replace(example_desired(),
+                                  trusted_priority_sources=("10.1.0.0/16", "127.0.0.2/32"))
+    resources = translate_pop(desired, "ewr", {}, Capabilities())
+    routes = resources.of_type(ROUTE_TYPE)
+    assert sorted(routes) == ["edge", "edge.trusted"]
+    trusted_chain, plain_chain = resources.of_type(LISTENER_TYPE)["edge"].message.filter_chains
+    ranges = [(r.address_prefix, r.prefix_len.value)
+              for r in trusted_chain.filter_chain_match.source_prefix_ranges]
+    assert ranges == [("10.1.0.0", 16), ("127.0.0.2", 32)]
+    assert not plain_chain.HasField("filter_chain_match")
+    names = []
+    for chain in (trusted_chain, plain_chain):
+        hcm = HttpConnectionManager()
+        assert chain.filters[0].typed_config.Unpack(hcm)
+        names.append(hcm.rds.route_config_name)
+    assert names == ["edge.trusted", "edge"]
+
+    (vhost,) = routes["edge.trusted"].message.virtual_hosts
+    first = [(r.name, [(h.name, h.string_match.exact) for h in r.match.headers], r.route.cluster)
+             for r in vhost.routes[:3]]
+    assert first == [
+        ("trusted-critical", [("x-ballast-tier", "critical")], "shop.critical"),
+        ("trusted-normal", [("x-ballast-tier", "normal")], "shop.normal"),
+        ("trusted-background", [("x-ballast-tier", "background")], "shop.background"),
+    ]
+    (plain,) = routes["edge"].message.virtual_hosts
+    assert [r.name for r in vhost.routes[3:]] == [r.name for r in plain.routes]
+    assert not any(r.name.startswith("trusted-") for r in plain.routes)
+
+
+def test_without_trusted_sources_one_chain_and_no_trusted_routes() -> None:
+    resources = translate_pop(example_desired(), "ewr", {}, Capabilities())
+    assert list(resources.of_type(ROUTE_TYPE)) == ["edge"]
+    (chain,) = resources.of_type(LISTENER_TYPE)["edge"].message.filter_chains
+    assert not chain.HasField("filter_chain_match")

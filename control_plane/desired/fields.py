@@ -196,6 +196,16 @@ def ip_address(node: yaml.Node) -> str:
     return value
 
 
+def network(node: yaml.Node) -> str:
+    """An IP network like 10.0.0.0/8 or a single address (kept as /32 or /128)."""
+    value = text(node).strip()
+    try:
+        return str(ipaddress.ip_network(value, strict=True))
+    except ValueError:
+        raise Bad(f"must be an IP network like 10.1.0.0/16 or an address, with no host bits "
+                  f"set after the prefix, got {value!r}") from None
+
+
 def host(node: yaml.Node) -> str:
     value = text(node)
     try:

@@ -249,6 +249,10 @@ class Desired:
     classification: tuple[ClassificationRule, ...]
     default_tier: str  # unmatched requests: critical (fail safe)
     listeners: tuple[Listener, ...]
+    # Where a request's own `x-ballast-tier` is believed (seed 000: "tagging downstream
+    # sub-requests with the parent's priority"): networks (CIDR) of the trusted upstreams whose
+    # sub-requests carry the parent's tier. Empty: the header is never believed.
+    trusted_priority_sources: tuple[str, ...] = ()
     source: str = "<memory>"  # file it came from
     digest: str = ""  # sha256 of the source bytes; identifies a desired-state version
 

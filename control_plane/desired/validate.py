@@ -28,6 +28,7 @@ from control_plane.desired.fields import (
     integer,
     ip_address,
     name,
+    network,
     path_prefix,
     sequence,
     spki_pin,
@@ -82,6 +83,7 @@ VERIFY_KEYS = ("verify_name", "ca_file", "pin_spki_sha256", "pin_cert_sha256")
 TLS_ONLY_KEYS = ("sni", "insecure_skip_verify", *VERIFY_KEYS)
 MAX_PINS = 16
 MAX_EXPIRY_WARNING_DAYS = 365
+MAX_TRUSTED_SOURCES = 64
 
 
 def build_desired(root: yaml.Node, sink: Sink, digest: str) -> Desired | None:
@@ -120,7 +122,7 @@ class _Document:
         self._check_failover(self.failover, failover.at())
         self.tier_actions |= self._tier_actions_layer(doc, "tier_actions", GLOBAL)
         groups = self._origin_groups(doc)
-        default_tier, rules = self._classification(doc)
+        default_tier, rules, trusted = self._classification(doc)
         listeners = self._listeners(doc)
         doc.finish()
         if self.sink.problems:
@@ -131,6 +133,7 @@ class _Document:
             classification=tuple(rules),
             default_tier=default_tier,
             listeners=tuple(listeners),
+            trusted_priority_sources=trusted,
             source=self.sink.source,
             digest=digest,
         )
@@ -561,7 +564,9 @@ class _Document:
 
     # --- classification ----------------------------------------------------------------------
 
-    def _classification(self, doc: Fields) -> tuple[str, list[ClassificationRule]]:
+    def _classification(
+        self, doc: Fields
+    ) -> tuple[str, list[ClassificationRule], tuple[str, ...]]:
         fields = Fields(doc.node_of("classification"), "classification", self.sink)
         tiers = list(self.tier_layers)
         default_tier = self._reference(fields, "default_tier", "tiers", tiers, required=False)
@@ -580,8 +585,24 @@ class _Document:
             rule.finish()
             if named is not None and tier is not None:
                 rules.append(ClassificationRule(named.name, tier, prefix, headers))
+        trusted = self._trusted_sources(fields)
         fields.finish()
-        return default_tier or DEFAULT_TIER_NAME, rules
+        return default_tier or DEFAULT_TIER_NAME, rules, trusted
+
+    def _trusted_sources(self, classification: Fields) -> tuple[str, ...]:
+        path, items = self._list(classification, "trusted_priority_sources",
+                                 "network (or leave it out)", required=False)
+        if len(items) > MAX_TRUSTED_SOURCES:
+            self.sink.add(At.of(items[MAX_TRUSTED_SOURCES], path),
+                          f"at most {MAX_TRUSTED_SOURCES} networks")
+        networks: list[str] = []
+        for index, item in enumerate(items):
+            value = classification.convert(item, f"{path}[{index}]", network)
+            if value is not None and value in networks:
+                self.sink.add(At.of(item, f"{path}[{index}]"), f"{value} is listed twice")
+            elif value is not None:
+                networks.append(value)
+        return tuple(networks)
 
     def _headers(self, rule: Fields) -> tuple[HeaderMatch, ...]:
         path, items = self._list(rule, "headers", "header condition", required=False)

@@ -2,11 +2,16 @@
 
 The listener binds the PoP's `listen_address` at `port + port_offset` (several PoPs on one host);
 its route configuration has the listener's name (see `routes.py`).
+
+With `classification.trusted_priority_sources`, a second filter chain matches connections from
+those networks (`source_prefix_ranges`, the direct peer's address) and uses the route
+configuration `<listener>.trusted`, which believes a request's own `x-ballast-tier`; every other
+connection gets the first one, which ignores and overwrites it.
 """
 
 from __future__ import annotations
 
-from envoy.config.core.v3.address_pb2 import Address, SocketAddress
+from envoy.config.core.v3.address_pb2 import Address, CidrRange, SocketAddress
 from envoy.config.core.v3.config_source_pb2 import (
     AggregatedConfigSource,
     ApiVersion,
@@ -20,6 +25,7 @@ from envoy.extensions.filters.network.http_connection_manager.v3.http_connection
     HttpFilter,
     Rds,
 )
+from google.protobuf.wrappers_pb2 import UInt32Value
 
 from control_plane.desired.model import Listener as DesiredListener
 from control_plane.desired.model import Pop
@@ -29,17 +35,16 @@ HTTP_CONNECTION_MANAGER = "envoy.filters.network.http_connection_manager"
 ROUTER = "envoy.filters.http.router"
 
 
-def listener(desired_listener: DesiredListener, pop: Pop) -> Listener:
-    hcm = HttpConnectionManager(
-        stat_prefix=desired_listener.name,
-        rds=Rds(
-            config_source=ConfigSource(
-                ads=AggregatedConfigSource(), resource_api_version=ApiVersion.V3
-            ),
-            route_config_name=desired_listener.name,
-        ),
-        http_filters=[HttpFilter(name=ROUTER, typed_config=packed(Router()))],
-    )
+def listener(
+    desired_listener: DesiredListener, pop: Pop, trusted_sources: tuple[str, ...] = ()
+) -> Listener:
+    chains = [_chain(desired_listener.name, desired_listener.name)]
+    if trusted_sources:
+        trusted = _chain(desired_listener.name, trusted_route_name(desired_listener.name))
+        trusted.filter_chain_match.source_prefix_ranges.extend(
+            _cidr(source) for source in trusted_sources
+        )
+        chains.insert(0, trusted)
     return Listener(
         name=desired_listener.name,
         address=Address(
@@ -48,7 +53,29 @@ def listener(desired_listener: DesiredListener, pop: Pop) -> Listener:
                 port_value=desired_listener.port + pop.port_offset,
             )
         ),
-        filter_chains=[
-            FilterChain(filters=[Filter(name=HTTP_CONNECTION_MANAGER, typed_config=packed(hcm))])
-        ],
+        filter_chains=chains,
     )
+
+
+def trusted_route_name(listener_name: str) -> str:
+    """Listener names have no dots, so this never clashes with another listener's routes."""
+    return f"{listener_name}.trusted"
+
+
+def _chain(stat_prefix: str, route_name: str) -> FilterChain:
+    hcm = HttpConnectionManager(
+        stat_prefix=stat_prefix,
+        rds=Rds(
+            config_source=ConfigSource(
+                ads=AggregatedConfigSource(), resource_api_version=ApiVersion.V3
+            ),
+            route_config_name=route_name,
+        ),
+        http_filters=[HttpFilter(name=ROUTER, typed_config=packed(Router()))],
+    )
+    return FilterChain(filters=[Filter(name=HTTP_CONNECTION_MANAGER, typed_config=packed(hcm))])
+
+
+def _cidr(network: str) -> CidrRange:
+    address, _, length = network.partition("/")
+    return CidrRange(address_prefix=address, prefix_len=UInt32Value(value=int(length)))

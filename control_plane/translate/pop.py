@@ -60,8 +60,9 @@ def translate_pop(
             endpoints[name] = Resource.of(
                 ENDPOINT_TYPE, name, load_assignment(name, group, pop_weights[group.name])
             )
+    trusted = desired.trusted_priority_sources
     listeners = {
-        item.name: Resource.of(LISTENER_TYPE, item.name, listener(item, the_pop))
+        item.name: Resource.of(LISTENER_TYPE, item.name, listener(item, the_pop, trusted))
         for item in desired.listeners
     }
     routes = {
@@ -70,6 +71,10 @@ def translate_pop(
         )
         for item in desired.listeners
     }
+    if trusted:
+        for item in desired.listeners:
+            config = route_configuration(desired, item, pop, tier_actions, trusted=True)
+            routes[config.name] = Resource.of(ROUTE_TYPE, config.name, config)
     return PopResources(
         pop=pop,
         capabilities=caps,

@@ -13,6 +13,15 @@ when there is one (previous_hosts), so a retry leaves a failing origin.
 The request header `x-ballast-tier: <tier>` (overwriting any client value) tells the origin and
 operators how a request was classified.
 
+Priority that survives sub-requests (seed 000: "tagging downstream sub-requests with the
+parent's priority"): an origin that fetches a dependency through the edge while serving a
+request copies that request's `x-ballast-tier` onto the sub-request. Connections from
+`trusted_priority_sources` get the route configuration `<listener>.trusted` (`listeners.py`),
+whose first routes, one per tier, send a request whose `x-ballast-tier` names a tier of the group
+to that tier, before any classification rule; any other value falls through to the rules. Every
+other connection gets the plain configuration, where the header is ignored and overwritten, so
+an untrusted client cannot pick its own tier.
+
 Tier actions (adaptive re-prioritization, seed 000), when active for the group in this PoP:
 - demotion: the routes of the demoted tier get `weighted_clusters`: `demote_share` percent to
   the `demote_to` tier's cluster, the rest to their own; each part says the tier that serves it
@@ -55,6 +64,7 @@ from control_plane.desired.model import (
 )
 from control_plane.desired.model import VirtualHost as DesiredVirtualHost
 from control_plane.translate.clusters import cluster_name
+from control_plane.translate.listeners import trusted_route_name
 from control_plane.translate.proto_values import duration_ms, packed
 
 TIER_HEADER = "x-ballast-tier"
@@ -68,6 +78,7 @@ CATCH_ALL_ROUTE = "default"
 DEMOTED_HEADER = "x-ballast-demoted-from"
 SHED_HEADER = "x-ballast-shed"
 SHED_STATUS = 503
+TRUSTED_ROUTE_PREFIX = "trusted-"  # the trusted routes are named trusted-<tier>
 
 
 def route_timeout_ms(tier: Tier) -> int:
@@ -79,13 +90,16 @@ def route_configuration(
     listener: Listener,
     pop: str,
     tier_actions: Mapping[str, TierActions] | None = None,
+    *,
+    trusted: bool = False,
 ) -> RouteConfiguration:
-    """`tier_actions`: origin group -> the tier actions active for it in this PoP."""
+    """`tier_actions`: origin group -> the tier actions active for it in this PoP. `trusted`:
+    the configuration for connections from trusted sources (named `<listener>.trusted`)."""
     actions = tier_actions or {}
     return RouteConfiguration(
-        name=listener.name,
+        name=trusted_route_name(listener.name) if trusted else listener.name,
         virtual_hosts=[
-            _virtual_host(desired, vhost, actions.get(vhost.origin_group))
+            _virtual_host(desired, vhost, actions.get(vhost.origin_group), trusted)
             for vhost in listener.virtual_hosts
         ],
         request_headers_to_add=[_overwrite(POP_HEADER, pop)],
@@ -93,12 +107,16 @@ def route_configuration(
 
 
 def _virtual_host(
-    desired: Desired, vhost: DesiredVirtualHost, actions: TierActions | None
+    desired: Desired, vhost: DesiredVirtualHost, actions: TierActions | None, trusted: bool
 ) -> VirtualHost:
     group = desired.group(vhost.origin_group)
     if actions is not None:
         check_tier_actions(group, actions)
     routes = [
+        _route(f"{TRUSTED_ROUTE_PREFIX}{tier.name}", _trusted_match(tier), group, tier, actions)
+        for tier in (group.tiers if trusted else ())
+    ]
+    routes += [
         _route(rule.name, _match(rule), group, group.tier(rule.tier), actions)
         for rule in desired.classification
     ]
@@ -118,6 +136,13 @@ def check_tier_actions(group: OriginGroup, actions: TierActions) -> None:
         if tier is not None and tier not in names:
             raise ValueError(f"tier actions of group {group.name!r} name tier {tier!r}, "
                              f"which it does not have (tiers: {', '.join(sorted(names))})")
+
+
+def _trusted_match(tier: Tier) -> RouteMatch:
+    return RouteMatch(
+        prefix="/",
+        headers=[HeaderMatcher(name=TIER_HEADER, string_match=StringMatcher(exact=tier.name))],
+    )
 
 
 def _match(rule: ClassificationRule) -> RouteMatch:
