@@ -26,7 +26,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 bench: $(STAMP)
-	$(BIN)/python -m bench.run
+	GRPC_ENABLE_FORK_SUPPORT=false $(BIN)/python -m bench.run
 
 protos: $(STAMP)
 	$(BIN)/python -m control_plane.gen.build
