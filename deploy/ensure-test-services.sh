@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the real peers the test-suite starts on loopback (Prometheus and etcd from Debian).
+# Installs the real peers the test-suite starts on loopback (Prometheus and etcd from Debian)
+# and Chromium (from Debian too) for the dashboard tests.
 # Tests start and stop the servers themselves, by PID; this only makes sure the binaries exist.
 # Debian's packages would start system daemons on install; a policy-rc.d that refuses every
 # start keeps them from running at all, so nothing has to be stopped (never by name).
@@ -22,6 +23,7 @@ install_debian() {
 missing=()
 command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 if [ "${#missing[@]}" -gt 0 ]; then
     if [ "$(id -u)" = "0" ]; then
         install_debian "${missing[@]}"

@@ -6,7 +6,8 @@ Every handler only reads; a bad query parameter gets HTTP 400 and an unknown nam
 `{"error": "..."}`.
 
 Endpoints: `/healthz`, `/readyz`, `/status`, `/nodes`, `/nodes/{id}`, `/decisions`, `/weights`,
-`/tier-actions[?pop=P][&group=G]`, `/resources?pop=P[&caps=fifo|lifo]`, `/metrics`.
+`/tier-actions[?pop=P][&group=G]`, `/resources?pop=P[&caps=fifo|lifo]`, `/metrics`, and when
+given a `Dashboard`, the on-call page under `/dashboard/` (see `admin/dashboard.py`).
 
 `/tier-actions` (also under `tier_actions` in `/status`) is what the snapshot cache holds now:
 PoP -> origin group -> the active tier actions (`TierActions.to_dict()` plus a `description` in
@@ -25,6 +26,7 @@ from typing import Any
 from aiohttp import web
 
 from control_plane.admin.capability_keys import capabilities_for_key, most_common_key
+from control_plane.admin.dashboard import Dashboard
 from control_plane.ads.nodes import NodeRegistry, NodeStatus
 from control_plane.ads.snapshots import SnapshotCache
 from control_plane.decisions.explain import describe_active
@@ -183,6 +185,7 @@ class AdminApi:
         status: Callable[[], dict[str, Any]],
         not_ready_reason: Callable[[], str] = lambda: NOT_READY,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        dashboard: Dashboard | None = None,
     ) -> None:
         self.nodes = nodes
         self.cache = cache
@@ -203,6 +206,8 @@ class AdminApi:
         self.app.router.add_get("/tier-actions", self.tier_actions)
         self.app.router.add_get("/resources", self.resources)
         self.app.router.add_get("/metrics", self.scrape)
+        if dashboard is not None:
+            dashboard.register(self.app)
         self._runner: web.AppRunner | None = None
         self.host = DEFAULT_HOST
         self.port = 0

@@ -20,10 +20,13 @@ import logging
 import signal
 from collections.abc import Coroutine
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
 from control_plane.admin.api import AdminApi
+from control_plane.admin.dashboard import Dashboard
+from control_plane.admin.decision_feed import DecisionFeed
 from control_plane.ads.snapshots import SnapshotCache
 from control_plane.app.reconcile import Reconciler, tier_key
 from control_plane.app.reload import DesiredFileWatcher
@@ -248,6 +251,10 @@ class BallastService:
 
     async def _start_admin(self, address: str) -> None:
         host, _, port = address.rpartition(":")
+        feed = DecisionFeed()
+        self.decisions.add_listener(feed.publish)
+        dashboard = Dashboard(nodes=self.server.nodes, cache=self.server.cache, feed=feed,
+                              state_dir=self.config.state_dir, clock=lambda: datetime.now(UTC))
         self.admin = AdminApi(
             nodes=self.server.nodes,
             cache=self.server.cache,
@@ -255,6 +262,7 @@ class BallastService:
             metrics=self.metrics,
             ready=lambda: self.ready,
             status=self.status,
+            dashboard=dashboard,
         )
         await self.admin.start(host or "127.0.0.1", int(port))
 

@@ -36,6 +36,7 @@ FIELDS: tuple[str, ...] = (
 )
 
 Clock = Callable[[], datetime]
+Listener = Callable[[dict[str, Any]], None]
 
 
 def rotated_name(index: int) -> str:
@@ -115,7 +116,12 @@ class DecisionLog:
             0,
         )
         self._dirty = False  # written but not yet fsync'd
+        self._listeners: list[Listener] = []
         self._fd = self._open()
+
+    def add_listener(self, listener: Listener) -> None:
+        """Call ``listener(record)`` after each record is written (e.g. a live stream's feed)."""
+        self._listeners.append(listener)
 
     def _open(self) -> int:
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -171,6 +177,8 @@ class DecisionLog:
             self._dirty = False
         else:
             self._dirty = True
+        for listener in self._listeners:
+            listener(record)
         return record
 
     def sync(self) -> None:

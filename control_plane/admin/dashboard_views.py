@@ -1,0 +1,189 @@
+"""What the dashboard's pages show, as JSON-ready dicts: pure functions of what the server holds.
+
+- ``overview``: one card per PoP (nodes with sync state, Envoy versions, the NACKed ones with
+  their last message; groups away from their home weights; active tier actions), the
+  desired-state version in force and the last ``config_applied`` / ``config_rejected``.
+  Its size grows with PoPs and groups away from home, not with nodes or the log.
+- ``pop_view``: one PoP's nodes in full and every group's weights, home and tier actions.
+- ``timeline``: one (PoP, group)'s weights and health scores over a range, from the decision
+  records of that range, with the thresholds to draw as reference lines.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from control_plane.ads.nodes import NodeStatus
+from control_plane.decide.controller import STEP_KINDS
+from control_plane.decide.health import ZERO_AT_RATIO
+from control_plane.decisions.explain import describe_active
+from control_plane.decisions.log import format_time
+from control_plane.decisions.read import Record
+from control_plane.desired.model import Desired, OriginGroup, TierActions
+
+STATUSES = ("SYNCED", "STALE", "NACKED")
+NODES_LISTED_PER_POP = 12
+AWAY_LISTED_PER_POP = 20
+SCORE_AT_THRESHOLD = 1 - 1 / ZERO_AT_RATIO  # a signal exactly at its threshold scores this
+
+Weights = Mapping[str, Mapping[str, Mapping[str, int]]]  # PoP -> group -> origin -> weight
+Actions = Mapping[str, Mapping[str, TierActions]]  # PoP -> group -> active tier actions
+
+
+def _last_nack(node: NodeStatus) -> dict[str, Any] | None:
+    nacks = [
+        {"type": t.type, "version": t.last_nack.version, "message": t.last_nack.message,
+         "at": t.last_nack.at}
+        for t in node.types if t.last_nack is not None
+    ]
+    return max(nacks, key=lambda n: n["at"]) if nacks else None
+
+
+def node_summary(node: NodeStatus) -> dict[str, Any]:
+    return {
+        "node_id": node.node_id,
+        "envoy_version": node.envoy_version,
+        "status": node.status,
+        "mode": node.mode,
+        "types": {t.type.rsplit(".", 1)[-1]: t.status for t in node.types},
+        "last_nack": _last_nack(node),
+    }
+
+
+def actions_json(actions: TierActions) -> dict[str, Any]:
+    data = actions.to_dict()
+    return {**data, "description": describe_active(data)}
+
+
+def _config_record(record: Record | None) -> dict[str, Any] | None:
+    if record is None:
+        return None
+    keep = ("seq", "time", "kind", "config_version", "rule", "detail")
+    return {key: record.get(key) for key in keep}
+
+
+def overview(
+    desired: Desired,
+    nodes: list[NodeStatus],
+    weights: Weights,
+    actions: Actions,
+    config: Mapping[str, Record | None],
+) -> dict[str, Any]:
+    by_pop: dict[str, list[NodeStatus]] = {}
+    for node in nodes:
+        by_pop.setdefault(node.pop, []).append(node)
+    pops = []
+    for pop in sorted({*desired.pop_names, *by_pop}):
+        members = sorted(by_pop.get(pop, []), key=lambda n: (n.node_id, n.stream))
+        statuses = Counter(n.status for n in members)
+        away = []
+        for group in desired.origin_groups if pop in desired.pop_names else ():
+            current = dict(weights.get(pop, {}).get(group.name, {}))
+            if current and current != group.home_weights(pop):
+                away.append({"group": group.name, "weights": current})
+        pop_actions = actions.get(pop, {})
+        pops.append({
+            "name": pop,
+            "known": pop in desired.pop_names,
+            "node_count": len(members),
+            "by_status": {name: statuses.get(name, 0) for name in STATUSES},
+            "envoy_versions": dict(sorted(Counter(n.envoy_version for n in members).items())),
+            "nodes": [node_summary(n) for n in members[:NODES_LISTED_PER_POP]],
+            "nacked": [node_summary(n) for n in members if n.status == "NACKED"][:5],
+            "groups": len(desired.origin_groups) if pop in desired.pop_names else 0,
+            "away_count": len(away),
+            "away": away[:AWAY_LISTED_PER_POP],
+            "tier_actions": {g: actions_json(a) for g, a in sorted(pop_actions.items())},
+        })
+    return {
+        "desired": {"source": desired.source, "digest": desired.digest,
+                    "version": desired.digest[:16]},
+        "config": {kind: _config_record(record) for kind, record in config.items()},
+        "pops": pops,
+    }
+
+
+def pop_view(
+    desired: Desired, pop: str, nodes: list[NodeStatus], weights: Weights, actions: Actions
+) -> dict[str, Any]:
+    members = sorted((n for n in nodes if n.pop == pop), key=lambda n: (n.node_id, n.stream))
+    groups = []
+    for group in desired.origin_groups:
+        active = actions.get(pop, {}).get(group.name)
+        current = dict(weights.get(pop, {}).get(group.name, {}))
+        groups.append({
+            "name": group.name,
+            "weights": current,
+            "home": group.home_weights(pop),
+            "away": bool(current) and current != group.home_weights(pop),
+            "tier_actions": None if active is None else actions_json(active),
+        })
+    return {
+        "pop": pop,
+        "nodes": [{**node_summary(n), "connected_since": n.connected_since,
+                   "capability_key": n.capability_key} for n in members],
+        "groups": groups,
+    }
+
+
+def _point(record: Record) -> dict[str, Any]:
+    inputs = record.get("inputs") or {}
+    scores = {
+        origin: score.get("composite")
+        for origin, score in (inputs.get("scores") or {}).items()
+        if isinstance(score, dict)
+    }
+    detail = record.get("detail") or {}
+    return {
+        "seq": record["seq"],
+        "time": record["time"],
+        "kind": record["kind"],
+        "weights": record.get("weights_after"),
+        "scores": scores,
+        "rule": record.get("rule"),
+        "next": detail.get("next") if isinstance(detail, dict) else None,
+    }
+
+
+def timeline(
+    desired: Desired,
+    pop: str,
+    group: OriginGroup,
+    records: list[Record],
+    current: Mapping[str, int],
+    start: datetime,
+    end: datetime,
+    *,
+    truncated: bool,
+) -> dict[str, Any]:
+    """Weights start at the first record's ``weights_before`` (or now's, without records)."""
+    policy = group.failover
+    points = [_point(r) for r in records if r.get("kind") in STEP_KINDS and r.get("weights_after")]
+    markers = [_point(r) for r in records if r.get("kind") not in STEP_KINDS]
+    first = next((r for r in records if r.get("weights_before")), None)
+    return {
+        "pop": pop,
+        "group": group.name,
+        "start": format_time(start),
+        "end": format_time(end),
+        "origins": list(group.preference[pop]),
+        "home": group.home_weights(pop),
+        "current": dict(current),
+        "initial": dict(first["weights_before"]) if first is not None else dict(current),
+        "points": points,
+        "markers": markers,
+        "truncated": truncated,
+        "thresholds": {
+            "min_warm_pool": policy.min_warm_pool,
+            "score_at_threshold": SCORE_AT_THRESHOLD,
+            "error_rate": policy.error_rate_threshold,
+            "p95_ms": policy.p95_threshold_ms,
+            "return_p50_ms": policy.return_p50_ms,
+            "breach_windows": policy.breach_windows,
+            "return_healthy_windows": policy.return_healthy_windows,
+        },
+        "config_version": desired.digest[:16],
+    }

@@ -1,0 +1,492 @@
+// Ballast on-call dashboard. No dependencies: the charts are hand-written SVG.
+// Views (deep links): #/  ·  #/pop/P  ·  #/pop/P/group/G?range=1h&seq=N  ·  #/decision/N
+"use strict";
+
+const API = "/dashboard/api";
+const RANGES = ["15m", "1h", "6h", "24h"];
+const COLORS = ["#2f7ed8", "#e4572e", "#17a398", "#9d4edd", "#f0a202", "#6c757d"];
+const KIND_CLASS = {
+  weight_shift: "shift", return: "return", threshold_breach: "breach", hold: "hold",
+  steady: "steady", tier_action: "tier", nack: "nack", config_applied: "config",
+  config_rejected: "nack",
+};
+const SVG = "http://www.w3.org/2000/svg";
+const state = { overview: null, viewStream: null, panelStream: null, refreshTimer: null,
+                pollTimer: null, route: null };
+
+// -- small DOM helpers (text only: names and NACK messages never become markup) ------------
+
+function h(tag, attrs, ...children) {
+  const el = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === null || value === undefined || value === false) continue;
+    if (key.startsWith("on")) el.addEventListener(key.slice(2), value);
+    else if (key === "style") Object.assign(el.style, value);  // CSSOM: allowed by the CSP
+    else el.setAttribute(key, value === true ? "" : String(value));
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined || child === false) continue;
+    el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return el;
+}
+
+function s(tag, attrs, ...children) {
+  const el = document.createElementNS(SVG, tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (key.startsWith("on")) el.addEventListener(key.slice(2), value);
+    else el.setAttribute(key, String(value));
+  }
+  for (const child of children.flat()) {
+    if (child !== null && child !== undefined) {
+      el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+  }
+  return el;
+}
+
+function badge(status) {
+  return h("span", { class: `badge ${String(status).toLowerCase()}` }, status);
+}
+
+function kindTag(kind) {
+  return h("span", { class: `kind ${KIND_CLASS[kind] || "other"}` }, kind);
+}
+
+function hhmmss(iso) {
+  return String(iso).slice(11, 19);
+}
+
+function weightsText(weights) {
+  if (!weights) return "";
+  return Object.entries(weights).map(([origin, w]) => `${origin} ${w}`).join(" / ");
+}
+
+function weightBar(weights, origins) {
+  const names = origins || Object.keys(weights || {});
+  return h("span", { class: "wbar", title: weightsText(weights) },
+    names.map((name, i) => h("span", {
+      class: "wseg", style: { width: `${(weights || {})[name] || 0}%`, background: COLORS[i % COLORS.length] },
+    })));
+}
+
+function popLink(pop) {
+  return h("a", { href: `#/pop/${encodeURIComponent(pop)}` }, pop);
+}
+
+function groupLink(pop, group) {
+  return h("a", { href: `#/pop/${encodeURIComponent(pop)}/group/${encodeURIComponent(group)}` },
+    group);
+}
+
+function decisionLink(seq) {
+  return h("a", { href: `#/decision/${seq}`, class: "seq" }, `#${seq}`);
+}
+
+async function getJSON(path) {
+  const response = await fetch(API + path, { headers: { Accept: "application/json" } });
+  const body = await response.json().catch(() => ({ error: response.statusText }));
+  if (!response.ok) throw new Error(body.error || `${response.status} ${response.statusText}`);
+  return body;
+}
+
+function setView(...children) {
+  const view = document.getElementById("view");
+  view.replaceChildren(...children.flat());
+}
+
+function crumbs(...parts) {
+  document.getElementById("crumbs").replaceChildren(
+    ...parts.flatMap((part, i) => (i ? [h("span", { class: "sep" }, "›"), part] : [part])));
+}
+
+// -- routing -------------------------------------------------------------------------------
+
+function parseRoute() {
+  const [path, search] = location.hash.replace(/^#/, "").split("?");
+  const parts = (path || "/").split("/").filter(Boolean).map(decodeURIComponent);
+  const params = new URLSearchParams(search || "");
+  if (parts[0] === "pop" && parts[1] && parts[2] === "group" && parts[3]) {
+    return { name: "group", pop: parts[1], group: parts[3], range: params.get("range") || "1h",
+             seq: params.get("seq") };
+  }
+  if (parts[0] === "pop" && parts[1]) return { name: "pop", pop: parts[1] };
+  if (parts[0] === "decision" && parts[1]) return { name: "decision", seq: parts[1] };
+  return { name: "overview" };
+}
+
+function groupHash(route, changes) {
+  const next = { ...route, ...changes };
+  const params = new URLSearchParams({ range: next.range });
+  if (next.seq) params.set("seq", next.seq);
+  return `#/pop/${encodeURIComponent(next.pop)}/group/${encodeURIComponent(next.group)}?${params}`;
+}
+
+async function render() {
+  const route = parseRoute();
+  const previous = state.route;
+  state.route = route;
+  document.body.dataset.view = route.name;
+  const sameStream = previous && previous.name === route.name && previous.pop === route.pop
+    && previous.group === route.group;
+  if (!sameStream) openViewStream(route);
+  clearInterval(state.pollTimer);
+  try {
+    if (route.name === "overview") await renderOverview();
+    else if (route.name === "pop") await renderPop(route);
+    else if (route.name === "group") await renderGroup(route);
+    else await renderDecision(route);
+  } catch (err) {
+    setView(h("p", { class: "error" }, `Cannot show this view: ${err.message}`));
+  }
+  if (route.name === "overview" || route.name === "pop") {
+    // Node sync states change without decision records (ACKs): a slow refresh shows them.
+    state.pollTimer = setInterval(() => scheduleRefresh(0), 5000);
+  }
+}
+
+function scheduleRefresh(delay) {
+  clearTimeout(state.refreshTimer);
+  state.refreshTimer = setTimeout(async () => {
+    const route = state.route;
+    try {
+      if (route.name === "overview") await renderOverview();
+      else if (route.name === "pop") await renderPop(route);
+      else if (route.name === "group") await renderGroup(route);
+    } catch (err) {
+      document.getElementById("live").textContent = `refresh failed: ${err.message}`;
+    }
+  }, delay);
+}
+
+// -- header: version in force, last config change -------------------------------------------
+
+function showVersion(desired) {
+  document.getElementById("version").replaceChildren(
+    h("span", { class: "muted" }, "desired "), h("code", {}, desired.version));
+}
+
+function configPanel(config) {
+  const items = [];
+  for (const kind of ["config_applied", "config_rejected"]) {
+    const record = config[kind];
+    if (!record) {
+      items.push(h("div", { class: "config none" }, kindTag(kind), " none in the recent log"));
+      continue;
+    }
+    const detail = record.detail || {};
+    const lines = kind === "config_applied" ? (detail.diff || []) : (detail.problems || []);
+    items.push(h("div", { class: `config ${kind}` },
+      h("div", {}, kindTag(kind), " ", decisionLink(record.seq), " ", h("time", {}, record.time),
+        " ", h("code", {}, record.config_version || "")),
+      h("div", { class: "rule" }, record.rule),
+      lines.length ? h("details", {}, h("summary", {},
+        kind === "config_applied" ? `diff (${detail.diff_lines ?? lines.length} lines)`
+          : `${lines.length} problems`),
+      h("pre", {}, lines.join("\n"))) : null));
+  }
+  return h("section", { class: "panel configs" }, h("h2", {}, "Desired state"), items);
+}
+
+// -- overview --------------------------------------------------------------------------------
+
+async function renderOverview() {
+  const data = await getJSON("/overview");
+  state.overview = data;
+  showVersion(data.desired);
+  fillFilterOptions(data);
+  crumbs(h("span", {}, "Fleet"));
+  const cards = data.pops.map((pop) => {
+    const more = pop.node_count - pop.nodes.length;
+    return h("article", { class: "pop card", "data-pop": pop.name },
+      h("h3", {}, popLink(pop.name), pop.known ? null : h("span", { class: "warn" }, " not in desired state")),
+      h("p", { class: "counts" }, `${pop.node_count} nodes `,
+        Object.entries(pop.by_status).filter(([, n]) => n).map(([st, n]) =>
+          h("span", { class: `badge ${st.toLowerCase()}` }, `${n} ${st}`)),
+        " ", h("span", { class: "muted" },
+          Object.entries(pop.envoy_versions).map(([v, n]) => `Envoy ${v} ×${n}`).join(", "))),
+      h("ul", { class: "nodes" }, pop.nodes.map((node) => h("li", { class: "node", "data-node": node.node_id },
+        badge(node.status), " ", node.node_id, " ", h("span", { class: "muted" }, node.envoy_version),
+        node.last_nack ? h("div", { class: "nack" }, `${node.last_nack.type} NACK: ${node.last_nack.message}`) : null)),
+      more > 0 ? h("li", { class: "muted" }, `+${more} more`) : null),
+      pop.nacked.length ? h("div", { class: "nacked" }, h("strong", {}, "NACKed: "),
+        pop.nacked.map((n) => h("div", { class: "nack" }, `${n.node_id}: ${n.last_nack ? n.last_nack.message : ""}`))) : null,
+      h("p", {}, `${pop.groups} groups, `, h("strong", {}, `${pop.away_count} away from home`)),
+      pop.away.length ? h("ul", { class: "away" }, pop.away.map((g) => h("li", {},
+        groupLink(pop.name, g.group), " ", weightBar(g.weights), " ", weightsText(g.weights)))) : null,
+      Object.keys(pop.tier_actions).length ? h("div", { class: "tiers" }, h("strong", {}, "Tier actions: "),
+        Object.entries(pop.tier_actions).map(([g, a]) => h("div", {}, groupLink(pop.name, g), `: ${a.description}`))) : null);
+  });
+  setView(configPanel(data.config), h("section", { class: "pops" }, cards));
+}
+
+function fillFilterOptions(data) {
+  const form = document.getElementById("stream-filter");
+  const fill = (name, values) => {
+    const select = form.elements[name];
+    if (select.options.length > 1) return;
+    for (const value of values) select.append(h("option", { value }, value));
+  };
+  fill("pop", data.pops.map((p) => p.name));
+  fill("group", data.groups || []);
+  fill("kind", data.kinds || []);
+}
+
+// -- one PoP ---------------------------------------------------------------------------------
+
+async function renderPop(route) {
+  const data = await getJSON(`/pops/${encodeURIComponent(route.pop)}`);
+  crumbs(h("a", { href: "#/" }, "Fleet"), h("span", {}, `PoP ${data.pop}`));
+  const types = ["CDS", "EDS", "LDS", "RDS"];
+  const nodes = h("table", { class: "nodes" },
+    h("thead", {}, h("tr", {}, h("th", {}, "node"), h("th", {}, "Envoy"), h("th", {}, "mode"),
+      h("th", {}, "status"), types.map((t) => h("th", {}, t)), h("th", {}, "last NACK"))),
+    h("tbody", {}, data.nodes.map((node) => h("tr", { "data-node": node.node_id },
+      h("td", {}, node.node_id), h("td", {}, node.envoy_version), h("td", {}, node.mode),
+      h("td", {}, badge(node.status)), types.map((t) => h("td", {}, node.types[t] ? badge(node.types[t]) : "–")),
+      h("td", { class: "nack" }, node.last_nack ? `${node.last_nack.type} ${node.last_nack.version}: ${node.last_nack.message}` : "")))));
+  const groups = h("table", { class: "groups" },
+    h("thead", {}, h("tr", {}, h("th", {}, "group"), h("th", {}, "weights"), h("th", {}, "home"),
+      h("th", {}, "tier actions"))),
+    h("tbody", {}, data.groups.map((g) => h("tr", { class: g.away ? "away" : "" },
+      h("td", {}, groupLink(data.pop, g.name)),
+      h("td", {}, weightBar(g.weights, Object.keys(g.home)), " ", weightsText(g.weights)),
+      h("td", { class: "muted" }, weightsText(g.home)),
+      h("td", {}, g.tier_actions ? g.tier_actions.description : "")))));
+  setView(h("h1", {}, `PoP ${data.pop}`),
+    h("section", { class: "panel" }, h("h2", {}, `Nodes (${data.nodes.length})`),
+      data.nodes.length ? nodes : h("p", { class: "muted" }, "no node connected")),
+    h("section", { class: "panel" }, h("h2", {}, `Origin groups (${data.groups.length})`), groups));
+}
+
+// -- one (PoP, group): the timeline ----------------------------------------------------------
+
+function timeScale(data, width) {
+  const t0 = Date.parse(data.start);
+  const t1 = Date.parse(data.end);
+  return (iso) => ((Date.parse(iso) - t0) / Math.max(1, t1 - t0)) * width;
+}
+
+function axes(g, data, width, height, yTicks, yLabel) {
+  const x = timeScale(data, width);
+  const t0 = Date.parse(data.start);
+  const t1 = Date.parse(data.end);
+  for (let i = 0; i <= 4; i++) {
+    const iso = new Date(t0 + ((t1 - t0) * i) / 4).toISOString();
+    const anchor = i === 0 ? "start" : i === 4 ? "end" : "middle";
+    g.append(s("line", { x1: x(iso), x2: x(iso), y1: 0, y2: height, class: "grid" }),
+      s("text", { x: x(iso), y: height + 14, class: "tick", "text-anchor": anchor }, `${hhmmss(iso)}Z`));
+  }
+  for (const [value, y] of yTicks) {
+    g.append(s("line", { x1: 0, x2: width, y1: y, y2: y, class: "grid" }),
+      s("text", { x: -6, y: y + 4, class: "tick", "text-anchor": "end" }, value));
+  }
+  g.append(s("text", { x: -34, y: -8, class: "axis-label" }, yLabel));
+}
+
+function refLine(g, width, y, label) {
+  g.append(s("line", { x1: 0, x2: width, y1: y, y2: y, class: "ref" }),
+    s("text", { x: width - 4, y: y - 4, class: "ref-label", "text-anchor": "end" }, label));
+}
+
+function weightsChart(data, onPick) {
+  const W = 860, H = 220, M = { l: 44, r: 12, t: 24, b: 24 };
+  const width = W - M.l - M.r, height = H - M.t - M.b;
+  const x = timeScale(data, width);
+  const y = (w) => height - (w / 100) * height;
+  const g = s("g", { transform: `translate(${M.l},${M.t})` });
+  axes(g, data, width, height, [0, 25, 50, 75, 100].map((v) => [`${v}%`, y(v)]), "weight");
+  refLine(g, width, y(data.thresholds.min_warm_pool), `min warm pool ${data.thresholds.min_warm_pool}%`);
+  data.origins.forEach((origin, i) => {
+    let d = `M0,${y(data.initial[origin] ?? 0)}`;
+    for (const p of data.points) {
+      if (!p.weights || p.weights[origin] === undefined) continue;
+      d += ` H${x(p.time).toFixed(1)} V${y(p.weights[origin]).toFixed(1)}`;
+    }
+    d += ` H${width}`;
+    g.append(s("path", { d, class: "wline", stroke: COLORS[i % COLORS.length], "data-origin": origin }));
+  });
+  const marks = [...data.points.filter((p) => p.kind !== "steady" || data.points.length < 200), ...data.markers];
+  for (const p of marks) {
+    const cx = x(p.time);
+    const mark = s("g", { class: `mark ${KIND_CLASS[p.kind] || "other"}`, "data-seq": p.seq,
+                          transform: `translate(${cx.toFixed(1)},-8)`, onclick: () => onPick(p.seq) },
+      s("title", {}, `#${p.seq} ${p.kind} ${hhmmss(p.time)}Z\n${p.rule || ""}\nnext: ${p.next || "–"}`),
+      s("path", { d: "M-5,-6 L5,-6 L0,3 Z" }),
+      s("line", { x1: 0, x2: 0, y1: 3, y2: height + 8, class: "mark-line" }));
+    g.append(mark);
+  }
+  return s("svg", { viewBox: `0 0 ${W} ${H}`, class: "chart weights", role: "img",
+                    "aria-label": `weights of ${data.group} in ${data.pop}` }, g);
+}
+
+function healthChart(data) {
+  const W = 860, H = 170, M = { l: 44, r: 12, t: 16, b: 24 };
+  const width = W - M.l - M.r, height = H - M.t - M.b;
+  const x = timeScale(data, width);
+  const y = (v) => height - v * height;
+  const g = s("g", { transform: `translate(${M.l},${M.t})` });
+  axes(g, data, width, height, [0, 0.5, 1].map((v) => [v.toFixed(1), y(v)]), "health");
+  const t = data.thresholds;
+  refLine(g, width, y(t.score_at_threshold),
+    `at threshold (5xx ${(t.error_rate * 100).toFixed(1)}% · p95 ${t.p95_ms} ms)`);
+  data.origins.forEach((origin, i) => {
+    const pts = data.points.filter((p) => typeof p.scores[origin] === "number");
+    if (!pts.length) return;
+    g.append(s("polyline", {
+      points: pts.map((p) => `${x(p.time).toFixed(1)},${y(p.scores[origin]).toFixed(1)}`).join(" "),
+      class: "hline", stroke: COLORS[i % COLORS.length], "data-origin": origin }));
+    for (const p of pts) {
+      g.append(s("circle", { cx: x(p.time), cy: y(p.scores[origin]), r: 2.5, fill: COLORS[i % COLORS.length] },
+        s("title", {}, `${origin} ${p.scores[origin].toFixed(2)} at ${hhmmss(p.time)}Z`)));
+    }
+  });
+  return s("svg", { viewBox: `0 0 ${W} ${H}`, class: "chart health", role: "img",
+                    "aria-label": `health scores in ${data.pop}` }, g);
+}
+
+function legend(data) {
+  return h("div", { class: "legend" }, data.origins.map((origin, i) => h("span", { class: "key" },
+    h("span", { class: "swatch", style: { background: COLORS[i % COLORS.length] } }), origin,
+    h("strong", { "data-current": origin }, ` ${data.current[origin] ?? "?"}%`),
+    h("span", { class: "muted" }, ` (home ${data.home[origin]}%)`))));
+}
+
+function genericTable(obj) {
+  return h("table", { class: "kv" }, h("tbody", {}, Object.entries(obj).map(([k, v]) =>
+    h("tr", {}, h("th", {}, k), h("td", {}, typeof v === "object" && v !== null ? JSON.stringify(v) : String(v))))));
+}
+
+function recordDetail(record) {
+  return h("div", { class: "decision", "data-seq": record.seq },
+    h("h3", {}, kindTag(record.kind), " ", decisionLink(record.seq), " ", h("time", {}, record.time),
+      record.pop ? h("span", {}, " · ", popLink(record.pop)) : null,
+      record.pop && record.group ? h("span", {}, " / ", groupLink(record.pop, record.group)) : null),
+    h("p", { class: "rule" }, h("strong", {}, "rule: "), record.rule || "–"),
+    (record.detail && record.detail.next) || record.next
+      ? h("p", { class: "next" }, h("strong", {}, "next: "), (record.detail && record.detail.next) || record.next) : null,
+    record.weights_before ? h("p", {}, h("strong", {}, "weights: "),
+      `${weightsText(record.weights_before)} → ${weightsText(record.weights_after)}`) : null,
+    record.inputs ? h("details", { open: true }, h("summary", {}, "inputs"),
+      h("pre", {}, JSON.stringify(record.inputs, null, 2))) : null,
+    record.detail ? h("details", {}, h("summary", {}, "detail"),
+      h("pre", {}, JSON.stringify(record.detail, null, 2))) : null);
+}
+
+async function showPicked(seq, target) {
+  try {
+    const { record } = await getJSON(`/decisions/${encodeURIComponent(seq)}`);
+    target.replaceChildren(recordDetail(record));
+  } catch (err) {
+    target.replaceChildren(h("p", { class: "error" }, err.message));
+  }
+}
+
+async function renderGroup(route) {
+  const query = new URLSearchParams({ pop: route.pop, group: route.group, range: route.range });
+  const data = await getJSON(`/timeline?${query}`);
+  crumbs(h("a", { href: "#/" }, "Fleet"), popLink(route.pop), h("span", {}, `group ${route.group}`));
+  const picked = h("div", { id: "picked", class: "panel" },
+    h("p", { class: "muted" }, "Hover a marker for its rule; click it for the whole record."));
+  const pick = (seq) => { location.hash = groupHash(route, { seq }); };
+  const ranges = h("div", { class: "ranges", role: "group", "aria-label": "time range" },
+    RANGES.map((r) => h("a", { href: groupHash(route, { range: r, seq: null }),
+                              class: r === data.range ? "on" : "" }, r)));
+  const changes = data.points.filter((p) => p.kind !== "steady").concat(data.markers)
+    .sort((a, b) => b.seq - a.seq).slice(0, 100);
+  const list = h("table", { class: "records" }, h("tbody", {}, changes.map((p) => h("tr", { "data-seq": p.seq },
+    h("td", {}, h("a", { href: groupHash(route, { seq: p.seq }) }, `#${p.seq}`)),
+    h("td", {}, `${hhmmss(p.time)}Z`), h("td", {}, kindTag(p.kind)),
+    h("td", {}, weightsText(p.weights)), h("td", { class: "rule" }, p.rule)))));
+  const controllers = Object.entries(data.controllers || {}).map(([name, value]) =>
+    h("section", { class: "panel controller", "data-controller": name }, h("h2", {}, name),
+      value ? genericTable(value) : h("p", { class: "muted" }, "none active")));
+  setView(
+    h("h1", {}, `${route.group} in ${route.pop}`),
+    h("div", { class: "toolbar" }, ranges, legend(data),
+      data.truncated ? h("span", { class: "warn" }, "older records not scanned (bounded read)") : null,
+      data.log_begins ? h("span", { class: "muted" }, "the log begins inside this range") : null),
+    h("section", { class: "panel charts" }, weightsChart(data, pick), healthChart(data)),
+    picked, controllers,
+    h("section", { class: "panel" }, h("h2", {}, `Decisions in the last ${data.range} (${changes.length} changes)`), list));
+  if (route.seq) await showPicked(route.seq, picked);
+}
+
+// -- one decision ----------------------------------------------------------------------------
+
+async function renderDecision(route) {
+  crumbs(h("a", { href: "#/" }, "Fleet"), h("span", {}, `decision #${route.seq}`));
+  const { record } = await getJSON(`/decisions/${encodeURIComponent(route.seq)}`);
+  const timelineLink = record.pop && record.group
+    ? h("p", {}, h("a", { href: groupHash({ pop: record.pop, group: record.group, range: "1h" }, { seq: record.seq }) },
+      "show on the timeline")) : null;
+  setView(h("h1", {}, `Decision #${record.seq}`), h("section", { class: "panel" }, recordDetail(record)), timelineLink);
+}
+
+// -- live streams (server-sent events) -------------------------------------------------------
+
+function streamUrl(filter) {
+  const params = new URLSearchParams();
+  for (const [k, v] of Object.entries(filter)) if (v) params.set(k, v);
+  return `${API}/stream?${params}`;
+}
+
+function openViewStream(route) {
+  if (state.viewStream) state.viewStream.close();
+  state.viewStream = null;
+  if (route.name === "decision") return;
+  const filter = route.name === "group" ? { pop: route.pop, group: route.group }
+    : route.name === "pop" ? { pop: route.pop } : {};
+  const source = new EventSource(streamUrl(filter));
+  source.addEventListener("decision", () => scheduleRefresh(route.name === "overview" ? 1000 : 300));
+  state.viewStream = source;
+}
+
+function streamItem(record) {
+  return h("li", { class: "event", "data-seq": record.seq, "data-kind": record.kind, "data-pop": record.pop || "" },
+    h("div", {}, h("time", {}, `${hhmmss(record.time)}Z`), " ", kindTag(record.kind), " ", decisionLink(record.seq)),
+    h("div", { class: "where" }, record.pop ? popLink(record.pop) : null,
+      record.pop && record.group ? h("span", {}, " / ", groupLink(record.pop, record.group)) : null,
+      record.weights_after ? h("span", { class: "muted" }, ` ${weightsText(record.weights_after)}`) : null),
+    h("div", { class: "rule" }, record.rule || ""));
+}
+
+async function openPanelStream() {
+  if (state.panelStream) state.panelStream.close();
+  state.panelStream = null;
+  const form = document.getElementById("stream-filter");
+  const filter = Object.fromEntries([...new FormData(form).entries()].filter(([, v]) => v));
+  const list = document.getElementById("stream-list");
+  const live = document.getElementById("live");
+  const params = new URLSearchParams({ ...filter, limit: "30" });
+  let newest = 0;
+  try {
+    const { records } = await getJSON(`/decisions?${params}`);
+    list.replaceChildren(...records.reverse().map(streamItem));
+    newest = records.length ? records[0].seq : 0;
+  } catch (err) {
+    list.replaceChildren(h("li", { class: "error" }, err.message));
+  }
+  const source = new EventSource(streamUrl(filter));
+  source.addEventListener("open", () => { live.textContent = "live"; live.className = "live on"; });
+  source.addEventListener("error", () => { live.textContent = "reconnecting…"; live.className = "live off"; });
+  source.addEventListener("decision", (event) => {
+    const record = JSON.parse(event.data);
+    if (record.seq <= newest) return;  // already listed from the recent records
+    list.prepend(streamItem(record));
+    while (list.children.length > 200) list.lastChild.remove();
+  });
+  state.panelStream = source;
+}
+
+async function start() {
+  document.getElementById("stream-filter").addEventListener("change", openPanelStream);
+  window.addEventListener("hashchange", render);
+  await render();
+  if (!state.overview) {
+    try { fillFilterOptions(await getJSON("/overview")); } catch (err) { /* shown by the view */ }
+  }
+  openPanelStream();
+}
+
+document.addEventListener("DOMContentLoaded", start);
