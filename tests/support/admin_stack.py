@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,8 @@ import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from control_plane.admin.api import AdminApi
+from control_plane.admin.dashboard import Dashboard
+from control_plane.admin.decision_feed import DecisionFeed
 from control_plane.app.server import BallastServer
 from control_plane.decisions.read import FileSource
 from control_plane.desired import Desired
@@ -51,8 +54,12 @@ class AdminStack:
         await self.ballast.stop(0.2)
 
 
-async def start_stack(desired: Desired, state_dir: Path) -> AdminStack:
-    """Ballast on 127.0.0.1:0 with metrics wired into its ADS servicer; admin API on :0."""
+async def start_stack(
+    desired: Desired, state_dir: Path, *, feed: DecisionFeed | None = None
+) -> AdminStack:
+    """Ballast on 127.0.0.1:0 with metrics wired into its ADS servicer; admin API on :0.
+
+    With `feed`, the admin API serves the dashboard, its live stream fed by `feed`."""
     metrics = BallastMetrics()
     ballast = BallastServer(desired, xds_address="127.0.0.1:0", metrics=metrics)
     await ballast.start()
@@ -64,6 +71,10 @@ async def start_stack(desired: Desired, state_dir: Path) -> AdminStack:
         metrics=metrics,
         ready=lambda: holder[0].ready,
         status=lambda: holder[0].summary(),
+        dashboard=None if feed is None else Dashboard(
+            nodes=ballast.nodes, cache=ballast.cache, feed=feed, state_dir=state_dir,
+            clock=lambda: datetime.now(UTC),
+        ),
     )
     stack = AdminStack(ballast, api, metrics, state_dir)
     holder.append(stack)

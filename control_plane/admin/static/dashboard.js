@@ -289,7 +289,7 @@ function refLine(g, width, y, label) {
     s("text", { x: width - 4, y: y - 4, class: "ref-label", "text-anchor": "end" }, label));
 }
 
-function weightsChart(data, onPick) {
+function weightsChart(data, picked, onPick) {
   const W = 860, H = 220, M = { l: 44, r: 12, t: 24, b: 24 };
   const width = W - M.l - M.r, height = H - M.t - M.b;
   const x = timeScale(data, width);
@@ -309,10 +309,11 @@ function weightsChart(data, onPick) {
   const marks = [...data.points.filter((p) => p.kind !== "steady" || data.points.length < 200), ...data.markers];
   for (const p of marks) {
     const cx = x(p.time);
-    const mark = s("g", { class: `mark ${KIND_CLASS[p.kind] || "other"}`, "data-seq": p.seq,
+    const chosen = String(p.seq) === String(picked) ? " picked" : "";
+    const mark = s("g", { class: `mark ${KIND_CLASS[p.kind] || "other"}${chosen}`, "data-seq": p.seq,
                           transform: `translate(${cx.toFixed(1)},-8)`, onclick: () => onPick(p.seq) },
       s("title", {}, `#${p.seq} ${p.kind} ${hhmmss(p.time)}Z\n${p.rule || ""}\nnext: ${p.next || "–"}`),
-      s("path", { d: "M-5,-6 L5,-6 L0,3 Z" }),
+      s("path", { d: "M-6,-7 L6,-7 L0,4 Z", class: "mark-head" }),
       s("line", { x1: 0, x2: 0, y1: 3, y2: height + 8, class: "mark-line" }));
     g.append(mark);
   }
@@ -406,7 +407,7 @@ async function renderGroup(route) {
     h("div", { class: "toolbar" }, ranges, legend(data),
       data.truncated ? h("span", { class: "warn" }, "older records not scanned (bounded read)") : null,
       data.log_begins ? h("span", { class: "muted" }, "the log begins inside this range") : null),
-    h("section", { class: "panel charts" }, weightsChart(data, pick), healthChart(data)),
+    h("section", { class: "panel charts" }, weightsChart(data, route.seq, pick), healthChart(data)),
     picked, controllers,
     h("section", { class: "panel" }, h("h2", {}, `Decisions in the last ${data.range} (${changes.length} changes)`), list));
   if (route.seq) await showPicked(route.seq, picked);
