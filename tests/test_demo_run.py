@@ -51,6 +51,7 @@ def test_demo_serves_both_pops_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> No
     )
     try:
         guide = _wait_for_line(proc, "Ctrl-C stops everything", 40)
+        assert "over mTLS" in guide
         assert f"127.0.0.1:{listener}/api/checkout" in guide
         assert f"127.0.0.1:{sjc_listener}/api/checkout" in guide
         for port in (listener, sjc_listener):

@@ -13,6 +13,8 @@ from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.cli.main import main
 from control_plane.intent.sqlite_store import StateCorrupted
 from control_plane.intent.state_dir_lock import StateDirBusy, StateDirLock
+from control_plane.security.cert_dir import CertDir
+from control_plane.security.tls import TlsConfigError, TlsFiles
 from control_plane.translate.bootstrap import TEMPLATES
 
 EXAMPLE = TEMPLATES.parent / "examples" / "desired.yaml"
@@ -85,3 +87,25 @@ def test_serve_refuses_a_busy_state_directory(
     assert code == 1
     err = capsys.readouterr().err
     assert "already in use" in err and "Traceback" not in err
+
+
+async def test_tls_files_that_do_not_fit_refuse_the_start_and_hold_nothing(
+    tmp_path: Path,
+) -> None:
+    one, two = CertDir(tmp_path / "one"), CertDir(tmp_path / "two")
+    for certs in (one, two):
+        ca, _ = certs.load_or_make_ca(1)
+        certs.make_server(ca, ["127.0.0.1"], 1)
+
+    def config(key: Path) -> ServiceConfig:
+        return ServiceConfig(desired_path=EXAMPLE, state_dir=tmp_path / "state",
+                             xds_address="127.0.0.1:0", admin_address=None, probes=False,
+                             tls=TlsFiles(one.server.cert, key, one.ca.cert))
+
+    with pytest.raises(TlsConfigError, match="is not the key of"):
+        await BallastService(config(two.server.key)).start()
+    service = BallastService(config(one.server.key))
+    await service.start()
+    tls = service.status()["xds_tls"]
+    assert tls["reloads"] == 0 and tls["last_error"] is None and tls["not_after"]
+    await service.stop(0)

@@ -21,6 +21,13 @@ class Callbacks:
     def on_stream_closed(self, node: NodeEntry, status: str, details: str) -> None:
         """The stream ended; `status` is the gRPC status code's name (OK, UNAVAILABLE, ...)."""
 
+    def on_stream_refused(self, node_id: str, pop: str, reason: str) -> None:
+        """A stream was refused with PERMISSION_DENIED: the peer's certificate does not name the
+        node id and PoP its first request claims (both within the server's length bounds)."""
+
+    def on_stream_superseded(self, older: NodeEntry, newer: NodeEntry) -> None:
+        """`newer` has the node id of `older`, which is being closed (the newer stream wins)."""
+
     def on_request(
         self, node: NodeEntry, request: DiscoveryRequest | DeltaDiscoveryRequest
     ) -> None:

@@ -13,6 +13,11 @@ blocks our writes, so we stop reading it and gRPC flow control pushes back on it
 messages are truncated before anyone sees them, and a repeated NACK of the same (type,
 version) is logged once and counted (`NodeEntry.nacked`); what is kept per stream (fallback
 bookkeeping, NACK counts) lives in its `NodeEntry` and goes with it.
+
+With `verify_peer` (mTLS on), the client certificate's identity must name the PoP and node id
+the first request claims, else the stream ends with PERMISSION_DENIED (`on_stream_refused`).
+One live stream per node id: a newer stream of the same id closes the older one (ABORTED,
+`on_stream_superseded`), so the registry never holds one id twice.
 """
 
 from __future__ import annotations
@@ -73,9 +78,13 @@ def server_options(limits: AdsLimits = DEFAULT_LIMITS) -> tuple[tuple[str, int],
     )
 
 
+# (peer URI SANs, claimed PoP, claimed node id) -> why the peer may not claim them, or None
+VerifyPeer = Callable[[list[str], str, str], str | None]
+
 _PUSH = object()
 _CLOSE = object()
 _EOF = object()
+_SUPERSEDED = object()
 
 
 class NodeRejected(Exception):
@@ -103,6 +112,11 @@ def check_node_id(node: Node, limits: AdsLimits) -> None:
         )
 
 
+def peer_uris(context: grpc.aio.ServicerContext[Any, Any]) -> list[str]:
+    """The URI SANs of the peer's verified client certificate (none without TLS)."""
+    return [v.decode("utf-8", "replace") for v in context.auth_context().get("peer_uri", [])]
+
+
 def envoy_version(node: Node, limit: int = DEFAULT_LIMITS.text_chars) -> str:
     if node.HasField("user_agent_build_version"):
         v = node.user_agent_build_version.version
@@ -119,13 +133,17 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         *,
         callbacks: Callbacks | None = None,
         limits: AdsLimits = DEFAULT_LIMITS,
+        verify_peer: VerifyPeer | None = None,
     ) -> None:
         self.cache = cache
+        self._verify_peer = verify_peer
         self.hub = hub
         self.nodes = nodes
         self.callbacks = callbacks if callbacks is not None else Callbacks()
         self.limits = limits
         self._queues: set[asyncio.Queue[object]] = set()
+        # node id -> its one live stream (registry entry, wake-up queue)
+        self._live: dict[str, tuple[NodeEntry, asyncio.Queue[object]]] = {}
         self._closing = False
         self.sends = 0  # responses written, all streams (tests, metrics)
         # responses go out as wire bytes: the part every stream shares serialized once
@@ -190,6 +208,13 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         try:
             check_node_id(node, self.limits)
             pop = pop_of(node)
+            if self._verify_peer is not None:
+                why = self._verify_peer(peer_uris(context), pop, node.id)
+                if why is not None:
+                    log.warning("refusing ADS stream of node %s: %s", node.id, why)
+                    self._notify(self.callbacks.on_stream_refused, node.id,
+                                 clip(pop, self.limits.text_chars), why)
+                    await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
             if not self.cache.has_pop(pop):
                 known = ", ".join(self.cache.desired.pop_names)
                 shown = clip(pop, self.limits.text_chars)
@@ -213,6 +238,7 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         self._queues.add(queue)
         # requests read but not yet handled; the reader waits for a slot before reading more
         slots = asyncio.Semaphore(self.limits.queued_requests)
+        self._supersede(entry, queue)
         pending_push = False
 
         def wake() -> None:
@@ -233,6 +259,10 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                     break
                 if item is _CLOSE:
                     status, details = grpc.StatusCode.UNAVAILABLE, "ballast is shutting down"
+                    break
+                if item is _SUPERSEDED:
+                    status = grpc.StatusCode.ABORTED
+                    details = "a newer stream with the same node id replaced this one"
                     break
                 if not self.cache.has_pop(pop):
                     status = grpc.StatusCode.FAILED_PRECONDITION
@@ -257,10 +287,27 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             unsubscribe()
             self._queues.discard(queue)
             self.nodes.disconnect(entry)
+            live = self._live.get(entry.node_id)
+            if live is not None and live[0] is entry:
+                del self._live[entry.node_id]
             self._notify(self.callbacks.on_stream_closed, entry, status.name, details)
             log.info("node %s disconnected (%s)", node.id, details or status.name)
         if status is not grpc.StatusCode.OK:
             await context.abort(status, details)
+
+    def _supersede(self, entry: NodeEntry, queue: asyncio.Queue[object]) -> None:
+        """`entry` is now the node id's live stream; an older one is closed and leaves the
+        registry at once, so status never lists the id twice."""
+        older = self._live.get(entry.node_id)
+        self._live[entry.node_id] = (entry, queue)
+        if older is None:
+            return
+        old_entry, old_queue = older
+        self.nodes.disconnect(old_entry)
+        old_queue.put_nowait(_SUPERSEDED)
+        log.warning("node %s: stream %d replaced by newer stream %d", entry.node_id,
+                    old_entry.stream, entry.stream)
+        self._notify(self.callbacks.on_stream_superseded, old_entry, entry)
 
     async def _read(
         self,

@@ -1,6 +1,7 @@
 """What Ballast does with the ADS server's callbacks: decision records and its own metrics.
 
-Records: `node_connected`, `node_disconnected`, `capability_fallback` and `nack`, each handed to
+Records: `node_connected`, `node_disconnected`, `node_refused`, `node_superseded`,
+`capability_fallback` and `nack`, each handed to
 `record(kind, fields)`; a NACK repeating the last one of its stream and (type, version) is only
 counted (`repeated_nacks` in the stream's `node_disconnected`). Metrics: connected nodes per
 PoP, responses and bytes sent, ACKs and NACKs per type, and the seconds from a response to the
@@ -51,6 +52,13 @@ class AdsObserver(Callbacks):
         extra = {"repeated_nacks": dict(node.repeated_nacks)} if node.repeated_nacks else {}
         self._emit("node_disconnected", node=node.node_id, pop=node.pop, mode=node.mode,
                    status=status, details=details, **extra)
+
+    def on_stream_refused(self, node_id: str, pop: str, reason: str) -> None:
+        self._emit("node_refused", node=node_id, pop=pop, reason=reason)
+
+    def on_stream_superseded(self, older: NodeEntry, newer: NodeEntry) -> None:
+        self._emit("node_superseded", node=newer.node_id, pop=newer.pop,
+                   stream=newer.stream, closed_stream=older.stream, closed_pop=older.pop)
 
     def on_response(
         self, node: NodeEntry, response: SotwResponse | DeltaResponse, size: int

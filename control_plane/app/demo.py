@@ -3,6 +3,7 @@
 Starts the control plane on a desired-state file, one demo origin per origin of the file (on the
 addresses it names), one real Envoy per PoP bootstrapped from Ballast (metrics sink on), and a
 light steady stream of requests through every PoP so the reconcile loop has signals to act on.
+Envoys reach Ballast over mTLS, with certificates `ballast certs` would make (in STATE/certs).
 Prints where to send requests, how to break an origin and where to watch. Ctrl-C stops it all.
 """
 
@@ -20,7 +21,9 @@ from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.app.traffic import steady_traffic, stop_tasks
 from control_plane.desired import DesiredStateError, load_desired
 from control_plane.desired.model import Desired
-from control_plane.translate.bootstrap import ads_bootstrap
+from control_plane.security.cert_dir import CertDir
+from control_plane.security.tls import TlsFiles
+from control_plane.translate.bootstrap import XdsClientTls, ads_bootstrap
 
 XDS_PORT = 18000
 ADMIN_PORT = 18001
@@ -33,7 +36,8 @@ TRAFFIC_PATHS = ("/api/checkout/cart", "/", "/img/hero.png", "/auth/login")
 def _guide(
     desired: Desired, envoys: dict[str, EnvoyProcess], state_dir: Path, admin_port: int
 ) -> str:
-    lines = ["", "Ballast demo fleet is up.", ""]
+    lines = ["", "Ballast demo fleet is up (Envoys reach Ballast over mTLS, certificates in "
+             f"{state_dir / 'certs'}).", ""]
     for pop in desired.pops:
         for listener in desired.listeners:
             port = listener.port + pop.port_offset
@@ -61,6 +65,20 @@ def _guide(
     return "\n".join(lines)
 
 
+def node_id(pop: str) -> str:
+    return f"{pop}-edge-1"
+
+
+def demo_certs(directory: Path, desired: Desired, days: int = 365) -> CertDir:
+    """A CA (kept across runs), Ballast's certificate and one node certificate per PoP."""
+    certs = CertDir(directory)
+    ca, _ = certs.load_or_make_ca(days)
+    certs.make_server(ca, ["127.0.0.1", "localhost"], days)
+    for pop in desired.pops:
+        certs.make_node(ca, pop.name, node_id(pop.name), days)
+    return certs
+
+
 async def run_demo(
     path: Path,
     state_dir: Path,
@@ -80,12 +98,14 @@ async def run_demo(
         for group in desired.origin_groups
         for origin in group.origins
     ]
+    certs = demo_certs(state_dir / "certs", desired)
     service = BallastService(
         ServiceConfig(
             desired_path=path,
             state_dir=state_dir,
             xds_address=f"127.0.0.1:{xds_port}",
             admin_address=f"127.0.0.1:{admin_port}",
+            tls=TlsFiles(certs.server.cert, certs.server.key, certs.ca.cert),
         )
     )
     envoys: dict[str, EnvoyProcess] = {}
@@ -97,13 +117,16 @@ async def run_demo(
         await service.start()
         for index, pop in enumerate(desired.pops):
             admin = envoy_admin_port + index
+            node = certs.node(pop.name, node_id(pop.name))
             bootstrap = ads_bootstrap(
-                node_id=f"{pop.name}-edge-1",
+                node_id=node_id(pop.name),
                 pop=pop.name,
                 xds_port=xds_port,
                 admin_port=admin,
                 metrics_sink=True,
                 needed_stats_only=True,
+                tls=XdsClientTls(cert=str(node.cert.absolute()), key=str(node.key.absolute()),
+                                 ca=str(certs.ca.cert.absolute())),
             )
             envoys[pop.name] = EnvoyProcess(
                 bootstrap, admin, log_path=state_dir / f"envoy-{pop.name}.log"

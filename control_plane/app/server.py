@@ -1,5 +1,9 @@
 """`BallastServer`: the running control plane — snapshot cache, push hub, node registry and the
 ADS servicer on one grpc.aio server. The reconcile loop, hot reload and admin API hang off it.
+
+With `tls`, the port speaks only mTLS: client certificates must chain to the client CA, the files
+are re-read when they change (`security/tls.py`), and each ADS stream's node identity must match
+its certificate (`security/identity.py`).
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from control_plane.ads.snapshots import SnapshotCache
 from control_plane.app.ads_observer import AdsObserver, Record
 from control_plane.desired.model import Desired
 from control_plane.own_metrics.registry import BallastMetrics
+from control_plane.security.identity import node_mismatch
+from control_plane.security.tls import ReloadingCredentials
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +38,11 @@ class BallastServer:
         max_delay: float = 1.0,
         metrics: BallastMetrics | None = None,
         limits: AdsLimits = DEFAULT_LIMITS,
+        tls: ReloadingCredentials | None = None,
     ) -> None:
         self.xds_address = xds_address
         self.limits = limits
+        self.tls = tls
         self.cache = SnapshotCache(desired)
         self.hub = PushHub(quiet=debounce, max_delay=max_delay)
         self.cache.add_listener(self.hub.changed)
@@ -42,6 +50,7 @@ class BallastServer:
         self.ads = AdsServicer(
             self.cache, self.hub, self.nodes,
             callbacks=AdsObserver(record=record, metrics=metrics), limits=limits,
+            verify_peer=node_mismatch if tls is not None else None,
         )
         self.grpc: grpc.aio.Server | None = None
         self.port = 0
@@ -60,14 +69,18 @@ class BallastServer:
         for register in self._services:
             register(self.grpc)
         try:
-            self.port = self.grpc.add_insecure_port(self.xds_address)
+            if self.tls is None:
+                self.port = self.grpc.add_insecure_port(self.xds_address)
+            else:
+                self.port = self.grpc.add_secure_port(self.xds_address, self.tls.credentials())
         except RuntimeError as err:  # grpc's word for "bind failed"
             raise OSError(f"cannot listen on {self.xds_address}: address in use?") from err
         if self.port == 0:
             raise OSError(f"cannot listen on {self.xds_address}")
         await self.grpc.start()
         host = self.xds_address.rsplit(":", 1)[0]
-        log.info("serving xDS (ADS, SotW and delta) on %s:%d", host, self.port)
+        log.info("serving xDS (ADS, SotW and delta) on %s:%d (%s)", host, self.port,
+                 "mTLS" if self.tls is not None else "plaintext")
 
     async def stop(self, grace: float = 1.0) -> None:
         """Refuse new streams, end open ones with UNAVAILABLE, then stop after `grace` s."""

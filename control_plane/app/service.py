@@ -47,6 +47,7 @@ from control_plane.observe.prometheus import PrometheusSource
 from control_plane.observe.sink import SinkStore, add_metrics_service
 from control_plane.observe.source import MetricSource, wall_ms
 from control_plane.own_metrics.registry import BallastMetrics
+from control_plane.security.tls import ReloadingCredentials, TlsFiles
 from control_plane.translate import render_json, translate_pop
 from control_plane.translate.diff import ResourceChange, diff_renderings, format_changes, summarize
 from control_plane.translate.resources import Capabilities
@@ -73,6 +74,7 @@ class ServiceConfig:
     debounce_s: float = 0.1
     seed: int = 0
     routine_records: BudgetConfig = DEFAULT_BUDGET
+    tls: TlsFiles | None = None  # mTLS on the xDS/sink port when set
 
 
 class BallastService:
@@ -104,6 +106,8 @@ class BallastService:
         self.started_at_ms = wall_ms()
         self._desired_bytes = config.desired_path.read_bytes()
         desired = load_desired(config.desired_path)
+        # TLS files read and checked before anything is held: bad ones refuse the start
+        tls = ReloadingCredentials(config.tls) if config.tls is not None else None
         self._lock = StateDirLock(config.state_dir).acquire()
         try:
             self.store = StateStore(config.state_dir)
@@ -118,6 +122,7 @@ class BallastService:
             record=self._on_ads_event,
             debounce=config.debounce_s,
             metrics=self.metrics,
+            tls=tls,
         )
         states, tier_states = self._restore(desired, snapshot.groups, snapshot.tier_decisions)
         if snapshot.desired_digest != desired.digest:
@@ -300,6 +305,7 @@ class BallastService:
             "restored_groups": self.restored_groups,
             "restored_tier_actions": self.restored_tier_actions,
             "xds_port": self.server.port,
+            "xds_tls": self.server.tls.status() if self.server.tls is not None else None,
             "state_dir": str(self.config.state_dir),
             "metrics_source": self.config.metrics_source,
             "ready": self.ready,
@@ -345,6 +351,11 @@ class BallastService:
             )
         elif kind == "capability_fallback":
             rule = f"node {node} lacks adaptive LIFO: FIFO sent"
+        elif kind == "node_refused":
+            rule = f"node {node} refused: {detail.get('reason')}"
+        elif kind == "node_superseded":
+            rule = (f"node {node}: newer stream {detail.get('stream')} replaced stream "
+                    f"{detail.get('closed_stream')}, which was closed")
         else:
             rule = f"node {node} {kind.removeprefix('node_')}"
         size = RECORD_OVERHEAD_BYTES + len(rule) + len(

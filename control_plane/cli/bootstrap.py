@@ -1,7 +1,8 @@
 """`ballast bootstrap --pop NAME --node-id ID`: print a ready Envoy bootstrap fed by Ballast.
 
 ADS over gRPC (or delta with --delta) to Ballast at --xds, node locality zone = the PoP, admin on
-127.0.0.1. Templates live in `envoy/` (edge, sidecar).
+127.0.0.1. Templates live in `envoy/` (edge, sidecar). With --tls-cert/--tls-key/--tls-ca the
+connection to Ballast is mTLS (the node's certificate from `ballast certs`).
 """
 
 from __future__ import annotations
@@ -10,10 +11,11 @@ import argparse
 import json
 import re
 import sys
+from pathlib import Path
 
 import yaml
 
-from control_plane.translate.bootstrap import TEMPLATES, ads_bootstrap
+from control_plane.translate.bootstrap import TEMPLATES, XdsClientTls, ads_bootstrap
 from control_plane.translate.capabilities import ENVOY_RELEASES, NEWEST_RELEASE
 
 HELP = "print an Envoy bootstrap that streams its config from Ballast (ADS)"
@@ -60,6 +62,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"default {NEWEST_RELEASE})",
     )
     parser.add_argument("--format", default="yaml", choices=["yaml", "json"], help="output")
+    tls = parser.add_argument_group(
+        "mTLS to Ballast (all three, or none for plaintext); paths as Envoy will open them")
+    tls.add_argument("--tls-cert", metavar="FILE", help="the node's certificate (PEM)")
+    tls.add_argument("--tls-key", metavar="FILE", help="the node's private key (PEM)")
+    tls.add_argument("--tls-ca", metavar="FILE", help="the CA Ballast's certificate chains to")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
             )
         if not args.node_id.strip():
             raise BootstrapArgumentError("--node-id must not be empty")
+        tls = client_tls(args.tls_cert, args.tls_key, args.tls_ca)
     except BootstrapArgumentError as err:
         print(f"ballast bootstrap: {err}", file=sys.stderr)
         return 2
@@ -86,12 +94,25 @@ def run(args: argparse.Namespace) -> int:
         needed_stats_only=args.metrics_sink and not args.all_stats,
         template=args.template,
         envoy_release=args.envoy_version,
+        tls=tls,
     )
     if args.format == "json":
         print(json.dumps(bootstrap, indent=2))
     else:
         print(yaml.safe_dump(bootstrap, sort_keys=False), end="")
     return 0
+
+
+def client_tls(cert: str | None, key: str | None, ca: str | None) -> XdsClientTls | None:
+    given = [name for name, value in (("--tls-cert", cert), ("--tls-key", key),
+                                      ("--tls-ca", ca)) if value]
+    if not given:
+        return None
+    if len(given) < 3 or cert is None or key is None or ca is None:
+        raise BootstrapArgumentError(
+            f"mTLS needs --tls-cert, --tls-key and --tls-ca together (given: {', '.join(given)})")
+    return XdsClientTls(cert=str(Path(cert).absolute()), key=str(Path(key).absolute()),
+                        ca=str(Path(ca).absolute()))
 
 
 def parse_host_port(text: str) -> tuple[str, int]:

@@ -14,6 +14,7 @@ COMMANDS: dict[str, str] = {
     "validate": "control_plane.cli.validate",
     "render": "control_plane.cli.render",
     "bootstrap": "control_plane.cli.bootstrap",
+    "certs": "control_plane.cli.certs",
     "serve": "control_plane.cli.serve",
     "decisions": "control_plane.cli.decisions",
     "explain": "control_plane.cli.explain",

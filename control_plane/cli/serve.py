@@ -14,6 +14,7 @@ from control_plane.desired import DesiredStateError
 from control_plane.intent.sqlite_store import StateCorrupted
 from control_plane.intent.state_dir import state_dir
 from control_plane.intent.state_dir_lock import StateDirBusy
+from control_plane.security.tls import TlsFiles
 
 HELP = "serve the desired state to Envoys over ADS and reconcile origin weights"
 SHUTDOWN_GRACE = 1.0
@@ -68,6 +69,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="BYTES", help="decision-log bytes per second clients may cause "
                         f"after the burst (default {DEFAULT_BYTES_PER_S}); decisions are never "
                         "limited")
+    tls = parser.add_argument_group(
+        "mTLS on the xDS/sink port (all three, or none for plaintext); files are re-read when "
+        "they change, for rotation (`ballast certs` makes a set)")
+    tls.add_argument("--tls-cert", type=Path, metavar="FILE", help="server certificate (PEM)")
+    tls.add_argument("--tls-key", type=Path, metavar="FILE", help="its private key (PEM)")
+    tls.add_argument("--client-ca", type=Path, metavar="FILE",
+                     help="CA that node certificates must chain to; client certificates are "
+                     "required and their identity must match node id and PoP")
     parser.add_argument("--log-level", default="info",
                         choices=["debug", "info", "warning", "error"], help="default info")
 
@@ -82,6 +91,11 @@ def run(args: argparse.Namespace) -> int:
         print("ballast serve: --metrics-source prometheus needs --prometheus-url",
               file=sys.stderr)
         return 2
+    tls_given = [args.tls_cert, args.tls_key, args.client_ca]
+    if any(tls_given) and not all(tls_given):
+        print("ballast serve: mTLS needs --tls-cert, --tls-key and --client-ca together",
+              file=sys.stderr)
+        return 2
     config = ServiceConfig(
         desired_path=Path(args.file),
         state_dir=state_dir(args.state_dir),
@@ -94,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
         reconcile_interval_ms=args.reconcile_interval,
         seed=args.seed,
         routine_records=BudgetConfig(args.routine_records_burst, args.routine_records_rate),
+        tls=TlsFiles(args.tls_cert, args.tls_key, args.client_ca) if all(tls_given) else None,
     )
     return asyncio.run(_serve(BallastService(config)))
 
@@ -113,8 +128,9 @@ async def _serve(service: BallastService) -> int:
     stop = asyncio.Event()
     service.install_signal_handlers(stop)
     admin = f", admin on port {service.admin.port}" if service.admin is not None else ""
+    mode = "mTLS" if service.server.tls is not None else "plaintext"
     print(
-        f"ballast: serving xDS on port {service.server.port}{admin}; "
+        f"ballast: serving xDS ({mode}) on port {service.server.port}{admin}; "
         f"state in {service.config.state_dir}",
         file=sys.stderr,
         flush=True,

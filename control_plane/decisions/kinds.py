@@ -14,6 +14,8 @@ KINDS: tuple[str, ...] = (
     "nack",
     "node_connected",
     "node_disconnected",
+    "node_refused",
+    "node_superseded",
     "capability_fallback",
     "tier_action",
     "certificate",

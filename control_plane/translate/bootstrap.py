@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import string
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,16 @@ from control_plane.translate.capabilities import ENVOY_RELEASES, NEWEST_RELEASE
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "envoy"
 XDS_CLUSTER = "ballast_xds"
+
+
+@dataclass(frozen=True)
+class XdsClientTls:
+    """The node's side of mTLS to Ballast: its certificate and key, and the CA that signed
+    Ballast's certificate (paths as Envoy will open them)."""
+
+    cert: str
+    key: str
+    ca: str
 
 
 def ads_bootstrap(
@@ -29,6 +41,7 @@ def ads_bootstrap(
     needed_stats_only: bool = False,
     template: str = "edge",
     envoy_release: str = NEWEST_RELEASE,
+    tls: XdsClientTls | None = None,
 ) -> dict[str, Any]:
     """A bootstrap for one Envoy of `pop`, streaming config (and, if asked, stats) to Ballast.
 
@@ -50,6 +63,10 @@ def ads_bootstrap(
         stats_flush_interval=f"{stats_flush_interval_ms / 1000:g}s",
     )
     bootstrap: dict[str, Any] = yaml.safe_load(filled)
+    if tls is not None:
+        for cluster in bootstrap["static_resources"]["clusters"]:
+            if cluster["name"] == XDS_CLUSTER:
+                cluster["transport_socket"] = xds_transport_socket(tls, xds_host)
     if metrics_sink:
         bootstrap["stats_sinks"] = [
             {
@@ -130,6 +147,34 @@ def host_stats_sink(*, drop_others: bool = True) -> dict[str, Any]:
             }
         }
     return {"name": "envoy.stat_sinks.open_telemetry", "typed_config": config}
+
+
+def xds_transport_socket(tls: XdsClientTls, server: str) -> dict[str, Any]:
+    """mTLS from Envoy to Ballast: the node's certificate, Ballast's certificate checked against
+    the CA and against the name or address the node dials (`server`), HTTP/2 by ALPN."""
+    try:
+        ipaddress.ip_address(server)
+        san_type = "IP_ADDRESS"
+    except ValueError:
+        san_type = "DNS"
+    context: dict[str, Any] = {
+        "@type": "type.googleapis.com/"
+        "envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+        "common_tls_context": {
+            "alpn_protocols": ["h2"],
+            "tls_certificates": [{"certificate_chain": {"filename": tls.cert},
+                                  "private_key": {"filename": tls.key}}],
+            "validation_context": {
+                "trusted_ca": {"filename": tls.ca},
+                "match_typed_subject_alt_names": [
+                    {"san_type": san_type, "matcher": {"exact": server}}
+                ],
+            },
+        },
+    }
+    if san_type == "DNS":
+        context["sni"] = server
+    return {"name": "envoy.transport_sockets.tls", "typed_config": context}
 
 
 def _yaml_str(value: str) -> str:

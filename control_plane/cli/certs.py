@@ -1,0 +1,67 @@
+"""`ballast certs DIR`: a CA, Ballast's server certificate and node/admin client certificates.
+
+For the demo, the tests and trying mTLS out; production fleets bring their own PKI with the same
+URI SANs (`docs/security.md`). The CA is made once and reused; the server certificate is made
+when missing (or with --renew-server); each --node and --admin certificate is (re)issued.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from control_plane.security.cert_dir import CertDir
+from control_plane.security.certs import DEFAULT_DAYS
+
+HELP = "make a CA, a server certificate and node/admin client certificates for mTLS"
+
+
+def _node(text: str) -> tuple[str, str]:
+    pop, slash, node_id = text.partition("/")
+    if not slash or not pop or not node_id:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected POP/NODE_ID, e.g. ewr/ewr-edge-1")
+    return pop, node_id
+
+
+def _days(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 3650:
+        raise argparse.ArgumentTypeError(f"{text!r}: days must be 1..3650")
+    return int(text)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("dir", type=Path, help="directory for the files (made if missing)")
+    parser.add_argument("--host", action="append", default=None, metavar="HOST",
+                        help="a name or address Envoys reach Ballast by; repeat "
+                        "(default 127.0.0.1 and localhost)")
+    parser.add_argument("--node", action="append", type=_node, default=[], metavar="POP/ID",
+                        help="a node certificate for node ID of PoP POP; repeat")
+    parser.add_argument("--admin", action="append", default=[], metavar="NAME",
+                        help="an admin API client certificate; repeat")
+    parser.add_argument("--renew-server", action="store_true",
+                        help="issue a new server certificate even if one exists (rotation: a "
+                        "running `ballast serve` uses it from its next connection on)")
+    parser.add_argument("--days", type=_days, default=DEFAULT_DAYS,
+                        help=f"validity of what is made (default {DEFAULT_DAYS})")
+
+
+def run(args: argparse.Namespace) -> int:
+    certs = CertDir(args.dir)
+    try:
+        ca, made = certs.load_or_make_ca(args.days)
+        written = [certs.ca.cert] if made else []
+        if made or args.renew_server or not certs.server.cert.exists():
+            hosts = args.host or ["127.0.0.1", "localhost"]
+            written.append(certs.make_server(ca, hosts, args.days).cert)
+        written += [certs.make_node(ca, pop, node_id, args.days).cert
+                    for pop, node_id in args.node]
+        written += [certs.make_admin(ca, name, args.days).cert for name in args.admin]
+    except (OSError, ValueError) as err:
+        print(f"ballast certs: {err}", file=sys.stderr)
+        return 1
+    for path in written:
+        print(f"wrote {path} (key {path.with_suffix('.key')})")
+    print(f"serve with: --tls-cert {certs.server.cert} --tls-key {certs.server.key} "
+          f"--client-ca {certs.ca.cert}")
+    return 0

@@ -1,0 +1,96 @@
+"""Where `ballast certs` keeps what it makes, and the writing of it.
+
+    DIR/ca.pem, DIR/ca.key                  the CA (clients and the server trust ca.pem)
+    DIR/server.pem, DIR/server.key          Ballast's certificate (--tls-cert, --tls-key)
+    DIR/nodes/<pop>/<node id>.pem, .key     one per Envoy node (URI SAN naming PoP and id)
+    DIR/admin/<name>.pem, .key              admin API clients
+
+Each file is written to a temporary name and renamed, keys with mode 0600: a server reloading
+the files never reads half a file.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+
+from control_plane.security.certs import Issued, issue_client, issue_server, make_ca
+from control_plane.security.identity import admin_uri, node_uri
+
+
+@dataclass(frozen=True)
+class Pair:
+    cert: Path
+    key: Path
+
+
+def _file_part(value: str) -> str:
+    return urllib.parse.quote(value, safe="-_.@")
+
+
+class CertDir:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    @property
+    def ca(self) -> Pair:
+        return Pair(self.root / "ca.pem", self.root / "ca.key")
+
+    @property
+    def server(self) -> Pair:
+        return Pair(self.root / "server.pem", self.root / "server.key")
+
+    def node(self, pop: str, node_id: str) -> Pair:
+        base = self.root / "nodes" / _file_part(pop) / _file_part(node_id)
+        return Pair(base.with_name(base.name + ".pem"), base.with_name(base.name + ".key"))
+
+    def admin(self, name: str) -> Pair:
+        base = self.root / "admin" / _file_part(name)
+        return Pair(base.with_name(base.name + ".pem"), base.with_name(base.name + ".key"))
+
+    def load_or_make_ca(self, days: int) -> tuple[Issued, bool]:
+        """The CA in the directory (while it is valid), else a new one written there; True
+        when it was made."""
+        pair = self.ca
+        if pair.cert.exists() and pair.key.exists():
+            ca = Issued(pair.cert.read_bytes(), pair.key.read_bytes())
+            if ca.cert.not_valid_after_utc > datetime.datetime.now(datetime.UTC):
+                return ca, False
+        ca = make_ca(days=days)
+        write_pair(pair, ca)
+        return ca, True
+
+    def make_server(self, ca: Issued, hosts: list[str], days: int) -> Pair:
+        write_pair(self.server, issue_server(ca, hosts, days=days))
+        return self.server
+
+    def make_node(self, ca: Issued, pop: str, node_id: str, days: int) -> Pair:
+        pair = self.node(pop, node_id)
+        write_pair(pair, issue_client(ca, node_uri(pop, node_id), node_id, days=days))
+        return pair
+
+    def make_admin(self, ca: Issued, name: str, days: int) -> Pair:
+        pair = self.admin(name)
+        write_pair(pair, issue_client(ca, admin_uri(name), name, days=days))
+        return pair
+
+
+def write_pair(pair: Pair, issued: Issued) -> None:
+    """Key first, then certificate: a reader that sees the new certificate sees its key."""
+    _write(pair.key, issued.key_pem, 0o600)
+    _write(pair.cert, issued.cert_pem, 0o644)
+
+
+def _write(path: Path, data: bytes, mode: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)

@@ -1,0 +1,106 @@
+"""`ballast certs` and `ballast bootstrap --tls-*`: the files mTLS needs, and the Envoy side."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+
+from control_plane.app.envoy_process import find_envoy, validate_bootstrap
+from control_plane.cli.main import main
+from control_plane.security.certs import uri_sans
+from control_plane.security.tls import TlsConfigError, TlsFiles, load_tls
+
+
+def test_certs_makes_a_ca_a_server_and_node_certificates(tmp_path: Path, capsys) -> None:
+    out_dir = tmp_path / "pki"
+    code = main(["certs", str(out_dir), "--node", "ewr/ewr-edge-1", "--node", "sjc/a b",
+                 "--admin", "oncall", "--host", "127.0.0.1", "--host", "ballast.internal"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert f"--tls-cert {out_dir / 'server.pem'}" in out
+    ca = x509.load_pem_x509_certificate((out_dir / "ca.pem").read_bytes())
+    server = x509.load_pem_x509_certificate((out_dir / "server.pem").read_bytes())
+    assert server.issuer == ca.subject
+    names = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert [str(ip) for ip in names.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+    assert names.get_values_for_type(x509.DNSName) == ["ballast.internal"]
+    node = (out_dir / "nodes" / "ewr" / "ewr-edge-1.pem").read_bytes()
+    assert uri_sans(node) == ["spiffe://ballast/pop/ewr/node/ewr-edge-1"]
+    spaced = (out_dir / "nodes" / "sjc" / "a%20b.pem").read_bytes()
+    assert uri_sans(spaced) == ["spiffe://ballast/pop/sjc/node/a%20b"]
+    assert uri_sans((out_dir / "admin" / "oncall.pem").read_bytes()) == [
+        "spiffe://ballast/admin/oncall"
+    ]
+    for key in out_dir.rglob("*.key"):
+        assert stat.S_IMODE(key.stat().st_mode) == 0o600, key
+    load_tls(TlsFiles(out_dir / "server.pem", out_dir / "server.key", out_dir / "ca.pem"))
+
+    # a second run keeps the CA and the server certificate, unless asked to renew it
+    assert main(["certs", str(out_dir), "--node", "ewr/ewr-edge-2"]) == 0
+    assert x509.load_pem_x509_certificate((out_dir / "ca.pem").read_bytes()) == ca
+    assert x509.load_pem_x509_certificate((out_dir / "server.pem").read_bytes()) == server
+    assert main(["certs", str(out_dir), "--renew-server"]) == 0
+    renewed = x509.load_pem_x509_certificate((out_dir / "server.pem").read_bytes())
+    assert renewed.serial_number != server.serial_number and renewed.issuer == ca.subject
+
+
+def test_certs_refuses_a_node_without_pop(tmp_path: Path, capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["certs", str(tmp_path), "--node", "ewr-edge-1"])
+    assert "expected POP/NODE_ID" in capsys.readouterr().err
+
+
+def test_tls_files_that_do_not_fit_are_refused(tmp_path: Path) -> None:
+    assert main(["certs", str(tmp_path / "a")]) == 0
+    assert main(["certs", str(tmp_path / "b")]) == 0
+    a, b = tmp_path / "a", tmp_path / "b"
+    with pytest.raises(TlsConfigError, match="is not the key of"):
+        load_tls(TlsFiles(a / "server.pem", b / "server.key", a / "ca.pem"))
+    with pytest.raises(TlsConfigError, match="not PEM certificates"):
+        load_tls(TlsFiles(a / "server.pem", a / "server.key", a / "server.key"))
+    with pytest.raises(TlsConfigError, match="not a regular file"):
+        load_tls(TlsFiles(a, a / "server.key", a / "ca.pem"))
+
+
+def test_serve_wants_all_three_tls_files(tmp_path: Path, capsys) -> None:
+    code = main(["serve", str(tmp_path / "desired.yaml"), "--tls-cert", "x.pem"])
+    assert code == 2
+    assert "--tls-cert, --tls-key and --client-ca together" in capsys.readouterr().err
+
+
+@pytest.mark.envoy
+def test_bootstrap_with_tls_has_the_transport_socket(tmp_path: Path, capsys) -> None:
+    assert main(["certs", str(tmp_path), "--node", "ewr/ewr-1"]) == 0
+    capsys.readouterr()
+    code = main(["bootstrap", "--pop", "ewr", "--node-id", "ewr-1", "--format", "json",
+                 "--tls-cert", str(tmp_path / "nodes/ewr/ewr-1.pem"),
+                 "--tls-key", str(tmp_path / "nodes/ewr/ewr-1.key"),
+                 "--tls-ca", str(tmp_path / "ca.pem")])
+    assert code == 0
+    config = json.loads(capsys.readouterr().out)
+    (cluster,) = config["static_resources"]["clusters"]
+    socket = cluster["transport_socket"]
+    assert socket["name"] == "envoy.transport_sockets.tls"
+    context = socket["typed_config"]["common_tls_context"]
+    assert context["tls_certificates"] == [{
+        "certificate_chain": {"filename": str(tmp_path / "nodes/ewr/ewr-1.pem")},
+        "private_key": {"filename": str(tmp_path / "nodes/ewr/ewr-1.key")},
+    }]
+    assert context["validation_context"]["trusted_ca"] == {"filename": str(tmp_path / "ca.pem")}
+    assert context["validation_context"]["match_typed_subject_alt_names"] == [
+        {"san_type": "IP_ADDRESS", "matcher": {"exact": "127.0.0.1"}}
+    ]
+    find_envoy()
+    ok, output = validate_bootstrap(config)
+    assert ok, output
+
+
+def test_bootstrap_wants_all_three_tls_files(capsys) -> None:
+    code = main(["bootstrap", "--pop", "ewr", "--node-id", "n", "--tls-cert", "a.pem"])
+    assert code == 2
+    assert "--tls-cert, --tls-key and --tls-ca together (given: --tls-cert)" in \
+        capsys.readouterr().err

@@ -1,0 +1,155 @@
+"""Real Envoy 1.40 over mTLS to a real Ballast, certificates from `ballast certs`' helper.
+
+A node with its own certificate ACKs everything; a certificate of another PoP is refused with
+PERMISSION_DENIED (and a `node_refused` record) and the Envoy gets no configuration; an Envoy
+without a client certificate never gets past the TLS handshake.
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.error
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from control_plane.app.envoy_process import EnvoyProcess, free_port
+from control_plane.app.server import BallastServer
+from control_plane.security.cert_dir import CertDir
+from control_plane.security.tls import ReloadingCredentials, TlsFiles
+from control_plane.translate.bootstrap import XdsClientTls, ads_bootstrap
+from tests.support.ads_desired import desired
+from tests.support.background_loop import BackgroundLoop
+
+pytestmark = pytest.mark.envoy
+
+TYPES = {"CDS", "EDS", "LDS", "RDS"}
+
+
+@dataclass
+class Stack:
+    bg: BackgroundLoop
+    ballast: BallastServer
+    certs: CertDir
+    records: list[tuple[str, dict[str, Any]]]
+
+    def nodes(self) -> list[dict[str, Any]]:
+        return [s.as_dict() for s in self.bg.call(self.ballast.nodes.snapshot)]
+
+    def bootstrap(self, pop: str, node_id: str, tls: XdsClientTls) -> dict[str, Any]:
+        return ads_bootstrap(node_id=node_id, pop=pop, xds_port=self.ballast.port,
+                             admin_port=free_port(), tls=tls)
+
+    def node_tls(self, pop: str, node_id: str) -> XdsClientTls:
+        authority, _ = self.certs.load_or_make_ca(1)
+        pair = self.certs.make_node(authority, pop, node_id, 1)
+        return XdsClientTls(cert=str(pair.cert), key=str(pair.key), ca=str(self.certs.ca.cert))
+
+
+def envoy(bootstrap: dict[str, Any]) -> EnvoyProcess:
+    return EnvoyProcess(bootstrap, bootstrap["admin"]["address"]["socket_address"]["port_value"])
+
+
+def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"not within {timeout}s: {what}")
+
+
+def stat(envoy: EnvoyProcess, name: str) -> int:
+    for line in envoy.admin(f"/stats?filter=^{name}$").splitlines():
+        key, _, value = line.partition(": ")
+        if key == name:
+            return int(value)
+    return 0
+
+
+def admin_up(envoy: EnvoyProcess) -> bool:
+    try:
+        return bool(envoy.admin("/server_info"))
+    except (OSError, urllib.error.URLError):
+        return False
+
+
+def dynamic_clusters(envoy: EnvoyProcess) -> list[str]:
+    dump = envoy.admin_json("/config_dump?resource=dynamic_active_clusters")
+    return [c["cluster"]["name"] for c in dump.get("configs", [])]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    certs = CertDir(tmp_path_factory.mktemp("certs"))
+    authority, _ = certs.load_or_make_ca(1)
+    certs.make_server(authority, ["127.0.0.1"], 1)
+    bg = BackgroundLoop()
+    records: list[tuple[str, dict[str, Any]]] = []
+    first = free_port()
+    ballast = BallastServer(
+        desired(listener_port=first, sjc_offset=1, primary_port=free_port(),
+                secondary_port=free_port()),
+        xds_address="127.0.0.1:0",
+        record=lambda kind, fields: records.append((kind, fields)),
+        tls=ReloadingCredentials(TlsFiles(certs.server.cert, certs.server.key, certs.ca.cert)),
+    )
+    try:
+        bg.run(ballast.start())
+        yield Stack(bg, ballast, certs, records)
+    finally:
+        bg.run(ballast.stop(0.2))
+        bg.close()
+
+
+def test_envoy_with_its_own_certificate_acks_everything(stack: Stack) -> None:
+    with envoy(stack.bootstrap("ewr", "ewr-1", stack.node_tls("ewr", "ewr-1"))) as proxy:
+        proxy.wait_ready()
+
+        def synced() -> bool:
+            mine = [n for n in stack.nodes() if n["node_id"] == "ewr-1"]
+            return (len(mine) == 1 and mine[0]["status"] == "SYNCED"
+                    and set(mine[0]["types"]) == TYPES)
+
+        wait_until(synced, 5, "ewr-1 SYNCED on CDS, EDS, LDS, RDS over mTLS")
+        assert stat(proxy, "control_plane.connected_state") == 1
+        assert "shop.critical" in dynamic_clusters(proxy)
+        assert stat(proxy, "cluster.ballast_xds.ssl.handshake") >= 1
+
+
+def test_envoy_with_a_certificate_of_another_pop_is_refused_and_gets_nothing(
+    stack: Stack,
+) -> None:
+    # a real sjc certificate, used by an Envoy that claims to be ewr-2 of PoP ewr
+    stolen = stack.node_tls("sjc", "ewr-2")
+    with envoy(stack.bootstrap("ewr", "ewr-2", stolen)) as proxy:
+
+        def refused() -> list[dict[str, Any]]:
+            return [f for kind, f in list(stack.records)
+                    if kind == "node_refused" and f["node"] == "ewr-2"]
+
+        wait_until(lambda: bool(refused()), 10, "a node_refused record for ewr-2")
+        record = refused()[0]
+        assert record["pop"] == "ewr"
+        assert "PoP 'sjc'" in record["reason"] and "'ewr'" in record["reason"]
+        assert dynamic_clusters(proxy) == []
+        assert stat(proxy, "control_plane.connected_state") == 0
+        assert stat(proxy, "cluster_manager.cds.update_success") == 0
+        assert "ewr-2" not in {n["node_id"] for n in stack.nodes()}
+
+
+def test_envoy_without_a_client_certificate_is_refused_at_the_handshake(stack: Stack) -> None:
+    bootstrap = stack.bootstrap("ewr", "ewr-3", stack.node_tls("ewr", "ewr-3"))
+    (xds,) = bootstrap["static_resources"]["clusters"]
+    del xds["transport_socket"]["typed_config"]["common_tls_context"]["tls_certificates"]
+    with envoy(bootstrap) as proxy:
+        wait_until(lambda: admin_up(proxy), 10, "Envoy's admin API up")
+        wait_until(lambda: stat(proxy, "cluster.ballast_xds.upstream_cx_connect_fail")
+                   + stat(proxy, "cluster.ballast_xds.upstream_cx_destroy") >= 2,
+                   10, "two failed connections to Ballast")
+        assert stat(proxy, "cluster.ballast_xds.ssl.handshake") == 0
+        assert dynamic_clusters(proxy) == []
+        assert stat(proxy, "control_plane.connected_state") == 0
+        assert "ewr-3" not in {n["node_id"] for n in stack.nodes()}
