@@ -4,8 +4,10 @@ The cache knows nothing of gRPC or streams. It holds the desired state, the curr
 weights and the tier actions active per (PoP, group), translates lazily the first time a (PoP,
 capability key) is asked for, and keeps the result (payloads serialized once) until the desired
 state, a weight or tier action of that PoP or a capability override changes. Every update
-re-translates only the affected PoPs, compares the new resources with the old ones and tells its
-listener which PoPs really changed.
+re-translates only the affected PoPs, incrementally (the translator gets the entry it replaces
+and re-builds only the resources whose inputs changed), compares the new resources with the old
+ones and tells its listener which PoPs really changed; an entry that did not change stays the
+same object.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from control_plane.desired.model import Desired, GroupWeights, OriginGroup, TierActions
 from control_plane.translate import UnknownPop, translate_pop
@@ -22,10 +25,15 @@ from control_plane.translate.weights import WeightsError, check_group_weights
 
 log = logging.getLogger(__name__)
 
-Translator = Callable[
-    [Desired, str, Mapping[str, GroupWeights], Capabilities, Mapping[str, TierActions]],
-    PopResources,
-]
+class Translator(Protocol):
+    """`translate_pop`'s shape: `previous` is the entry being replaced, whose unchanged resources
+    an incremental translator takes over."""
+
+    def __call__(
+        self, desired: Desired, pop: str, weights: Mapping[str, GroupWeights], caps: Capabilities,
+        tier_actions: Mapping[str, TierActions], *, previous: PopResources | None = None,
+    ) -> PopResources: ...
+
 ChangeListener = Callable[[frozenset[str]], None]
 
 
@@ -37,15 +45,22 @@ class EffectiveCapabilities:
     reason: str
 
 
-def fingerprint(resources: PopResources) -> tuple[tuple[str, str, str], ...]:
-    """Every (type, name, version) of a snapshot: equal fingerprints, nothing to push."""
-    return tuple(
-        sorted(
-            (type_url, name, item.version)
-            for type_url, items in resources.by_type.items()
-            for name, item in items.items()
-        )
-    )
+def same_content(new: PopResources, old: PopResources) -> bool:
+    """Equal (type, name, version) everywhere and equal notes: nothing to push. Resources an
+    incremental translation took over are the same objects, so mostly identities are compared."""
+    if new.notes != old.notes or new.by_type.keys() != old.by_type.keys():
+        return False
+    for type_url, items in new.by_type.items():
+        before = old.by_type[type_url]
+        if items is before:
+            continue
+        if items.keys() != before.keys():
+            return False
+        for name, item in items.items():
+            other = before[name]
+            if item is not other and item.version != other.version:
+                return False
+    return True
 
 
 class SnapshotCache:
@@ -56,6 +71,7 @@ class SnapshotCache:
         self._tier_actions: dict[str, dict[str, TierActions]] = {}  # pop -> group -> actions
         self._overrides: dict[str, Capabilities] = {}
         self._entries: dict[tuple[str, str], PopResources] = {}
+        self._cap_keys: set[str] = set()  # every capability key an entry was made for
         self._listeners: list[ChangeListener] = []
         self.translations = 0  # how many times translate ran (tests, metrics)
 
@@ -88,6 +104,7 @@ class SnapshotCache:
                 )
             entry = self._build(self._desired, pop, caps)
             self._entries[key] = entry
+            self._cap_keys.add(caps.key)
         return entry
 
     def weights(self, pop: str, group: str) -> GroupWeights:
@@ -200,26 +217,33 @@ class SnapshotCache:
 
     # -- internals -------------------------------------------------------------------------
 
-    def _build(self, desired: Desired, pop: str, caps: Capabilities) -> PopResources:
+    def _build(
+        self, desired: Desired, pop: str, caps: Capabilities, previous: PopResources | None = None
+    ) -> PopResources:
         weights = self._weights.get(pop, {})
         self.translations += 1
-        return self._translate(desired, pop, weights, caps, self._tier_actions.get(pop, {}))
+        return self._translate(desired, pop, weights, caps, self._tier_actions.get(pop, {}),
+                               previous=previous)
 
     def _rebuild(self, desired: Desired, pops: set[str]) -> frozenset[str]:
         """Re-translate the cached entries of `pops` against `desired`; swap only if all work."""
         fresh: dict[tuple[str, str], PopResources] = {}
         changed: set[str] = set()
-        for (pop, cap_key), old in self._entries.items():
-            if pop not in pops:
-                continue
+        mine = [  # by key, not by scanning every entry: a weight change costs one PoP's work
+            ((pop, cap_key), self._entries[(pop, cap_key)])
+            for pop in pops for cap_key in self._cap_keys if (pop, cap_key) in self._entries
+        ]
+        for (pop, cap_key), old in mine:
             if pop not in desired.pop_names:
                 changed.add(pop)
                 continue
-            new = self._build(desired, pop, old.capabilities)
-            fresh[(pop, cap_key)] = new
-            if fingerprint(new) != fingerprint(old) or new.notes != old.notes:
+            new = self._build(desired, pop, old.capabilities, previous=old)
+            if not same_content(new, old):
                 changed.add(pop)
-        for key in [k for k in self._entries if k[0] in pops]:
+                fresh[(pop, cap_key)] = new
+            else:  # equal: keep the snapshot every stream already indexed
+                fresh[(pop, cap_key)] = old
+        for key, _ in mine:
             del self._entries[key]
         self._entries.update(fresh)
         result = frozenset(changed)

@@ -8,6 +8,7 @@ milliseconds; shares and weights are integer percents.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Literal
 
 QueuePolicyKind = Literal["fifo", "adaptive_lifo"]
@@ -262,8 +263,9 @@ class Desired:
     def group(self, name: str) -> OriginGroup:
         return next(g for g in self.origin_groups if g.name == name)
 
-    @property
+    @cached_property
     def pop_names(self) -> tuple[str, ...]:
+        """Computed once per (immutable) desired state: asked for on every weight change."""
         return tuple(p.name for p in self.pops)
 
 

@@ -1,13 +1,41 @@
-"""Translate the desired state into the Envoy resources of one PoP (pure: no I/O, no clocks)."""
+"""Translate the desired state into the Envoy resources of one PoP (pure: no I/O, no clocks).
+
+Incremental: given the PoP's `previous` snapshot, a resource whose inputs are equal to the ones
+it was built from is taken over as it is (same object, same bytes, same version); only the others
+are translated and serialized. The inputs of each resource are exactly what its builder reads:
+
+- Cluster `<group>.<tier>`: the origin group, the tier, the node capabilities;
+- ClusterLoadAssignment `<group>.<tier>`: the origin group, its weights in this PoP;
+- Listener: the desired listener, the PoP, the trusted priority sources;
+- RouteConfiguration (`<listener>` and, with trusted priority sources, `<listener>.trusted`): the
+  desired listener, the PoP, which of the two, the classification rules, the default tier, and
+  per virtual host its origin group and that group's active tier actions.
+
+So a weight change re-builds the ClusterLoadAssignments of that group, a tier action the routes,
+a desired-state edit the resources whose inputs it touched. Without `previous` every resource is
+built: that full translation is the reference the incremental one is tested against (byte for
+byte, `tests/test_translate_incremental.py`). What was built is kept with the snapshot
+(`built_resources`).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
-from control_plane.desired.model import Desired, GroupWeights, TierActions
+from google.protobuf.message import Message
+
+from control_plane.desired.model import (
+    Desired,
+    GroupWeights,
+    OriginGroup,
+    PopWeights,
+    Tier,
+    TierActions,
+)
 from control_plane.translate.clusters import cluster_name, tier_cluster
 from control_plane.translate.endpoints import load_assignment
-from control_plane.translate.listeners import listener
+from control_plane.translate.listeners import listener, trusted_route_name
 from control_plane.translate.queue_policy import choose_queue_policy
 from control_plane.translate.resources import (
     CLUSTER_TYPE,
@@ -21,9 +49,63 @@ from control_plane.translate.resources import (
 from control_plane.translate.routes import route_configuration
 from control_plane.translate.weights import resolve_weights
 
+ResourceKey = tuple[str, str]  # (type URL, name)
+_INPUTS = "translate:inputs"  # derived slot: ResourceKey -> the inputs it was built from
+_BUILT = "translate:built"  # derived slot: the ResourceKeys translated for this snapshot
+_POP_INPUTS = "translate:pop_inputs"  # derived slot: the `_PopInputs` it was translated from
+
 
 class UnknownPop(LookupError):
     """A PoP the desired state does not define."""
+
+
+@dataclass(frozen=True)
+class _Built:
+    inputs: tuple[object, ...]
+    resource: Resource
+    note: str | None = None  # a capability fallback said about it (clusters)
+
+
+class _Builder:
+    """Takes a resource over from the previous snapshot when its inputs are equal."""
+
+    def __init__(self, previous: PopResources | None, *, carry: bool = False) -> None:
+        """`carry`: every resource of `previous` is kept unless replaced (else only those
+        asked for)."""
+        self._previous: Mapping[ResourceKey, _Built] = (
+            {} if previous is None else previous.derived(_INPUTS, lambda _: {})
+        )
+        self.kept: dict[ResourceKey, _Built] = dict(self._previous) if carry else {}
+        self.built: list[ResourceKey] = []
+        # one object per equal model part, so later comparisons are identity checks
+        self._canonical: dict[int, object] = {}
+
+    def canonical(self, old: object | None, new: object) -> object:
+        """`old` when it equals `new` (compared once per call), else `new`."""
+        if old is None or old is new:
+            return new
+        known = self._canonical.get(id(new))
+        if known is None:
+            known = old if old == new else new
+            self._canonical[id(new)] = known
+        return known
+
+    def resource(self, type_url: str, name: str, inputs: tuple[object, ...],
+                 build: Callable[[], tuple[Message, str | None]]) -> _Built:
+        """The previous snapshot's resource when `inputs` equal its inputs, else `build()`."""
+        key = (type_url, name)
+        before = self._previous.get(key)
+        if before is not None and before.inputs == inputs:
+            self.kept[key] = before
+            return before
+        message, note = build()
+        made = self.kept[key] = _Built(inputs, Resource.of(type_url, name, message), note)
+        self.built.append(key)
+        return made
+
+    def previous_input(self, type_url: str, name: str, index: int) -> object | None:
+        before = self._previous.get((type_url, name))
+        return None if before is None or len(before.inputs) <= index else before.inputs[index]
 
 
 def translate_pop(
@@ -32,58 +114,159 @@ def translate_pop(
     weights: Mapping[str, GroupWeights],
     caps: Capabilities,
     tier_actions: Mapping[str, TierActions] | None = None,
+    *,
+    previous: PopResources | None = None,
 ) -> PopResources:
     """Clusters and endpoints per (origin group, tier), listeners and routes, for one PoP.
 
     `weights`: origin group -> origin -> weight (sum 100); a group missing from it starts from
     its home weights. `caps` decides adaptive LIFO vs FIFO; every fallback is in `notes`.
     `tier_actions`: origin group -> the tier actions active in this PoP (demotion, shedding;
-    see `routes.py`); only the routes change.
+    see `routes.py`); only the routes change. `previous`: this PoP's last snapshot, whose
+    resources are reused where their inputs did not change (see the module docstring).
     The Cluster message carries field 62 (queue policy) among its unknown fields, so its
     payload, version and re-serializations include it. Raises `UnknownPop` for a PoP not in
     `desired` and `WeightsError` for weights that do not fit it.
     """
     if pop not in desired.pop_names:
         raise UnknownPop(f"unknown PoP {pop!r}; known: {', '.join(desired.pop_names)}")
+    inputs = _PopInputs(desired, caps, resolve_weights(desired, pop, weights),
+                        dict(tier_actions or {}))
+    last = None if previous is None or previous.pop != pop else previous.derived(
+        _POP_INPUTS, lambda _: None)
+    if previous is not None and last is not None and last.desired is desired \
+            and last.caps == caps:
+        return _changed_weights_or_actions(previous, last, inputs)
+    return _translate(pop, inputs, _Builder(previous))
+
+
+@dataclass(frozen=True)
+class _PopInputs:
+    """Everything a PoP's translation reads (kept with the snapshot as `_POP_INPUTS`)."""
+
+    desired: Desired
+    caps: Capabilities
+    weights: PopWeights  # resolved: every group
+    actions: Mapping[str, TierActions]
+
+
+def _translate(pop: str, inputs: _PopInputs, make: _Builder) -> PopResources:
+    """Every resource, each taken over from the previous snapshot when its inputs are equal."""
+    desired, caps = inputs.desired, inputs.caps
     the_pop = desired.pop(pop)
-    pop_weights = resolve_weights(desired, pop, weights)
     clusters: dict[str, Resource] = {}
     endpoints: dict[str, Resource] = {}
     notes: list[str] = []
+    groups: dict[str, object] = {}
     for group in desired.origin_groups:
         for tier in group.tiers:
             name = cluster_name(group.name, tier.name)
-            choice = choose_queue_policy(name, tier, caps)
-            if choice.fallback_note is not None:
-                notes.append(choice.fallback_note)
-            clusters[name] = Resource.of(CLUSTER_TYPE, name, tier_cluster(group, tier, choice))
-            endpoints[name] = Resource.of(
-                ENDPOINT_TYPE, name, load_assignment(name, group, pop_weights[group.name])
+            # the previous snapshot's equal group object, so the comparisons below are cheap
+            same = make.canonical(make.previous_input(CLUSTER_TYPE, name, 0), group)
+            groups.setdefault(group.name, same)
+            cluster = make.resource(
+                CLUSTER_TYPE, name, (same, tier, caps),
+                lambda name=name, group=group, tier=tier: _cluster(name, group, tier, caps),
             )
+            clusters[name] = cluster.resource
+            if cluster.note is not None:
+                notes.append(cluster.note)
+            endpoints[name] = _endpoints(make, name, same, group, inputs.weights[group.name])
     trusted = desired.trusted_priority_sources
     listeners = {
-        item.name: Resource.of(LISTENER_TYPE, item.name, listener(item, the_pop, trusted))
+        item.name: make.resource(
+            LISTENER_TYPE, item.name, (item, the_pop, trusted),
+            lambda item=item: (listener(item, the_pop, trusted), None),
+        ).resource
         for item in desired.listeners
     }
-    routes = {
-        item.name: Resource.of(
-            ROUTE_TYPE, item.name, route_configuration(desired, item, pop, tier_actions)
-        )
-        for item in desired.listeners
-    }
-    if trusted:
-        for item in desired.listeners:
-            config = route_configuration(desired, item, pop, tier_actions, trusted=True)
-            routes[config.name] = Resource.of(ROUTE_TYPE, config.name, config)
-    return PopResources(
-        pop=pop,
-        capabilities=caps,
-        by_type={
-            CLUSTER_TYPE: clusters,
-            ENDPOINT_TYPE: endpoints,
-            LISTENER_TYPE: listeners,
-            ROUTE_TYPE: routes,
-        },
-        notes=tuple(notes),
-    )
+    routes = _routes(make, pop, inputs, groups)
+    return _finish(pop, inputs, make, notes, {
+        CLUSTER_TYPE: clusters,
+        ENDPOINT_TYPE: endpoints,
+        LISTENER_TYPE: listeners,
+        ROUTE_TYPE: routes,
+    })
 
+
+def _changed_weights_or_actions(
+    previous: PopResources, last: _PopInputs, inputs: _PopInputs
+) -> PopResources:
+    """Same desired state and capabilities as `previous`: only the ClusterLoadAssignments of
+    groups whose weights changed and, when tier actions changed, the routes are looked at."""
+    make = _Builder(previous, carry=True)
+    by_type = dict(previous.by_type)
+    desired = inputs.desired
+    moved = [g for g in desired.origin_groups if inputs.weights[g.name] != last.weights[g.name]]
+    if moved:
+        endpoints = dict(previous.of_type(ENDPOINT_TYPE))
+        for group in moved:
+            for tier in group.tiers:
+                name = cluster_name(group.name, tier.name)
+                same = make.previous_input(ENDPOINT_TYPE, name, 0) or group
+                endpoints[name] = _endpoints(make, name, same, group, inputs.weights[group.name])
+        by_type[ENDPOINT_TYPE] = endpoints
+    if inputs.actions != last.actions:
+        groups = {
+            g.name: make.previous_input(CLUSTER_TYPE, cluster_name(g.name, g.tiers[0].name), 0)
+            or g
+            for g in desired.origin_groups if g.tiers
+        }
+        by_type[ROUTE_TYPE] = _routes(make, previous.pop, inputs, groups)
+    return _finish(previous.pop, inputs, make, list(previous.notes), by_type)
+
+
+def _endpoints(
+    make: _Builder, name: str, same: object, group: OriginGroup, weights: GroupWeights
+) -> Resource:
+    return make.resource(
+        ENDPOINT_TYPE, name, (same, weights),
+        lambda: (load_assignment(name, group, weights), None),
+    ).resource
+
+
+def _routes(
+    make: _Builder, pop: str, inputs: _PopInputs, groups: Mapping[str, object]
+) -> dict[str, Resource]:
+    """Each listener's route configuration, then (with trusted priority sources) each one's
+    `<listener>.trusted` configuration."""
+    desired, actions = inputs.desired, inputs.actions
+    routes: dict[str, Resource] = {}
+    for trusted in (False, True) if desired.trusted_priority_sources else (False,):
+        for item in desired.listeners:
+            name = trusted_route_name(item.name) if trusted else item.name
+            routes[name] = make.resource(
+                ROUTE_TYPE, name,
+                (item, pop, trusted, desired.classification, desired.default_tier,
+                 tuple((groups.get(v.origin_group), actions.get(v.origin_group))
+                       for v in item.virtual_hosts)),
+                lambda item=item, trusted=trusted: (
+                    route_configuration(desired, item, pop, actions, trusted=trusted), None),
+            ).resource
+    return routes
+
+
+def _finish(
+    pop: str, inputs: _PopInputs, make: _Builder, notes: list[str],
+    by_type: Mapping[str, Mapping[str, Resource]],
+) -> PopResources:
+    resources = PopResources(pop=pop, capabilities=inputs.caps, by_type=by_type,
+                             notes=tuple(notes))
+    resources.derived(_INPUTS, lambda _: make.kept)
+    resources.derived(_BUILT, lambda _: tuple(make.built))
+    resources.derived(_POP_INPUTS, lambda _: inputs)
+    return resources
+
+
+def _cluster(
+    name: str, group: OriginGroup, tier: Tier, caps: Capabilities
+) -> tuple[Message, str | None]:
+    choice = choose_queue_policy(name, tier, caps)
+    return tier_cluster(group, tier, choice), choice.fallback_note
+
+
+def built_resources(resources: PopResources) -> tuple[ResourceKey, ...]:
+    """The (type URL, name) of every resource translated (not taken over) for this snapshot."""
+    return resources.derived(_BUILT, lambda r: tuple(
+        (type_url, name) for type_url, items in r.by_type.items() for name in items
+    ))
