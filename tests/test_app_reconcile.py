@@ -17,6 +17,7 @@ from control_plane.app.envoy_process import free_port
 from control_plane.app.reconcile import Reconciler
 from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.decide.signals import OriginSignals, TierPending
+from control_plane.decisions.explain import explain
 from control_plane.decisions.log import DecisionLog
 from control_plane.decisions.read import iter_records
 from control_plane.desired.model import TierActions
@@ -276,3 +277,43 @@ async def test_a_hold_run_is_closed_with_its_tick_count_when_it_changes_reason(
     assert [r["kind"] for r in ewr] == ["hold", "hold_ended", "threshold_breach"], ewr
     assert ewr[1]["detail"]["ticks"] == 5 and ewr[1]["detail"]["ended_by"] == "threshold_breach"
     assert ewr[1]["weights_after"] == ewr[0]["weights_after"]
+
+
+async def test_cold_standby_ramps_step_by_step_and_the_ramp_survives_a_restart(
+    tmp_path: Path
+) -> None:
+    desired = tmp_path / "desired.yaml"
+    desired.write_text(Path("examples/desired.yaml").read_text())
+    state = tmp_path / "state"
+    cache = SnapshotCache(example_desired())
+    source = ScriptedSource()
+    source.error_rate = 0.5
+    with StateStore(state) as store:
+        reconciler = Reconciler(cache, source, DecisionLog(state), store, seed=7)
+        seen = []
+        for tick in range(4):
+            await reconciler.tick(T0 + tick * 20_000)
+            seen.append(cache.weights("ewr", "shop")["secondary"])
+        saved = store.load().ramps
+    # breach, then 5 -> 10 -> 20 (one schedule step per interval), although the controller
+    # would move 10-15 points a tick
+    assert seen[:3] == [5, 10, 20] and 20 < seen[3] <= 40, seen
+    ramps = [r for r in iter_records(state) if r["kind"].startswith("ramp_")]
+    assert [r["kind"] for r in ramps] == ["ramp_start", "ramp_step", "ramp_step"], ramps
+    assert "secondary is cold" in ramps[0]["rule"] and "allows 10 %" in ramps[0]["rule"]
+    assert saved["ewr/shop"]["ramps"] == {"secondary": 3}  # the last step: 40 %
+
+    service = BallastService(ServiceConfig(
+        desired_path=desired, state_dir=state, xds_address=f"127.0.0.1:{free_port()}",
+        admin_address=None, probes=False,
+    ))
+    await service.start()
+    try:
+        assert service.reconciler.ramp_states[("ewr", "shop")].ramps == saved["ewr/shop"]["ramps"]
+        (restored,) = [r for r in iter_records(state) if r["kind"] == "state_restored"]
+        assert "standby ramps ewr/shop (secondary)" in restored["rule"]
+    finally:
+        await service.stop()
+    text = explain(list(iter_records(state)), "ewr", "shop")
+    assert "standby ramp: secondary at step" in text, text
+    assert "ramp_step: primary" in text, text

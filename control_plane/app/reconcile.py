@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from control_plane.ads.snapshots import SnapshotCache
 from control_plane.decide.controller import ControllerState, StepResult, step
+from control_plane.decide.ramp import RampResult, RampState, ramp_step
 from control_plane.decide.runs import END_KINDS, QuietRun, follow_run
 from control_plane.decide.tiers import TierState, TierStepResult, tier_step
 from control_plane.decisions.log import DecisionLog
@@ -50,10 +51,21 @@ class TickOutcome:
     group: str
     result: StepResult
     tiers: TierStepResult | None = None
+    ramp: RampResult | None = None
+
+    @property
+    def weights(self) -> dict[str, int]:
+        """The weights in force after the tick: the ramp's when it ran, else the controller's."""
+        return dict(self.ramp.weights_after if self.ramp else self.result.weights_after)
 
 
 def tier_key(pop: str, group: str) -> str:
     """The state store key of a (PoP, group)'s tier state."""
+    return f"{pop}/{group}"
+
+
+def ramp_key(pop: str, group: str) -> str:
+    """The state store key of a (PoP, group)'s standby-ramp state."""
     return f"{pop}/{group}"
 
 
@@ -68,6 +80,7 @@ class Reconciler:
         states: dict[GroupKey, ControllerState] | None = None,
         tier_source: TierSource | None = None,
         tier_states: dict[GroupKey, TierState] | None = None,
+        ramp_states: dict[GroupKey, RampState] | None = None,
         metrics: BallastMetrics | None = None,
         interval_ms: int | None = None,
         seed: int = 0,
@@ -80,6 +93,7 @@ class Reconciler:
         self.states: dict[GroupKey, ControllerState] = dict(states or {})
         self.tier_source = tier_source
         self.tier_states: dict[GroupKey, TierState] = dict(tier_states or {})
+        self.ramp_states: dict[GroupKey, RampState] = dict(ramp_states or {})
         self.metrics = metrics
         self.interval_override_ms = interval_ms
         self.seed = seed
@@ -166,27 +180,38 @@ class Reconciler:
             None if tier_signals is None else tier_signals.get(key),
             now,
         )
-        return TickOutcome(pop, group.name, result, tiers)
+        ramp = ramp_step(
+            group.standby_ramp,
+            group.failover,
+            group.preference[pop],
+            result.weights_before,
+            result.weights_after,
+            self.ramp_states.get(key, RampState()),
+            group_signals,
+            now,
+        )
+        return TickOutcome(pop, group.name, result, tiers, ramp)
 
     def _persist_and_push(self, desired: Desired, outcomes: list[TickOutcome]) -> None:
         """State saved, then every record of the tick written and fsync'd once, then pushed."""
         self.store.save_groups(
-            [(o.pop, o.group, o.result.weights_after, o.result.state) for o in outcomes],
+            [(o.pop, o.group, o.weights, o.result.state) for o in outcomes],
             desired_digest=desired.digest,
         )
         for outcome in outcomes:
             self._save_tier_state(outcome)
+            self._save_ramp_state(outcome)
         for outcome in outcomes:
             self._log(outcome, desired)
         self.decisions.sync()  # one fsync for the tick's records, before anything is pushed
         for outcome in outcomes:
             result = outcome.result
-            if result.changed:
-                self.cache.update_weights(outcome.pop, outcome.group, result.weights_after)
+            if outcome.weights != result.weights_before:
+                self.cache.update_weights(outcome.pop, outcome.group, outcome.weights)
             if outcome.tiers is not None:
                 self.cache.set_tier_actions(outcome.pop, outcome.group, outcome.tiers.actions)
             if self.metrics is not None:
-                for origin, weight in result.weights_after.items():
+                for origin, weight in outcome.weights.items():
                     self.metrics.weight.labels(outcome.pop, outcome.group, origin).set(weight)
 
     def _log(self, outcome: TickOutcome, desired: Desired) -> None:
@@ -205,6 +230,9 @@ class Reconciler:
             self._record(outcome, END_KINDS[run.ended.kind], fields, desired)
         if run.write_tick:
             self._record(outcome, result.kind, result.record_fields(), desired)
+        if outcome.ramp is not None and outcome.ramp.kind is not None:
+            self._record(outcome, outcome.ramp.kind,
+                         outcome.ramp.record_fields(result.weights_before), desired)
         if outcome.tiers is not None and outcome.tiers.kind is not None:
             self._record(outcome, outcome.tiers.kind, outcome.tiers.record_fields(), desired)
 
@@ -222,6 +250,21 @@ class Reconciler:
         else:
             self.store.set_tier_decision(tier_key(*key), new.to_dict())
             self.tier_states[key] = new
+
+    def _save_ramp_state(self, outcome: TickOutcome) -> None:
+        """Saved only when it changed; a state with nothing to remember is removed."""
+        if outcome.ramp is None:
+            return
+        key = (outcome.pop, outcome.group)
+        new = outcome.ramp.state
+        if new == self.ramp_states.get(key, RampState()):
+            return
+        if new == RampState():
+            self.store.clear_ramp(ramp_key(*key))
+            self.ramp_states.pop(key, None)
+        else:
+            self.store.set_ramp(ramp_key(*key), new.to_dict())
+            self.ramp_states[key] = new
 
     def _record(
         self, outcome: TickOutcome, kind: str, fields: dict[str, object], desired: Desired
@@ -251,6 +294,10 @@ class Reconciler:
             if key not in keep:
                 del self.tier_states[key]
                 self.store.clear_tier_decision(tier_key(*key))
+        for key in list(self.ramp_states):
+            if key not in keep:
+                del self.ramp_states[key]
+                self.store.clear_ramp(ramp_key(*key))
 
     async def run(self, poll_ms: int = 250) -> None:
         """Tick each (PoP, group) on its own interval until cancelled."""

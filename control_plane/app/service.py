@@ -28,10 +28,11 @@ from control_plane.admin.api import AdminApi
 from control_plane.admin.dashboard import Dashboard
 from control_plane.admin.decision_feed import DecisionFeed
 from control_plane.ads.snapshots import SnapshotCache
-from control_plane.app.reconcile import Reconciler, tier_key
+from control_plane.app.reconcile import Reconciler, ramp_key, tier_key
 from control_plane.app.reload import DesiredFileWatcher
 from control_plane.app.server import BallastServer
 from control_plane.decide.controller import ControllerState
+from control_plane.decide.ramp import RampState
 from control_plane.decide.tiers import TierState
 from control_plane.decisions.budget import DEFAULT_BUDGET, BudgetConfig, RecordBudget
 from control_plane.decisions.log import DecisionLog
@@ -124,7 +125,9 @@ class BallastService:
             metrics=self.metrics,
             tls=tls,
         )
-        states, tier_states = self._restore(desired, snapshot.groups, snapshot.tier_decisions)
+        ramp_states = self._restore_ramps(desired, snapshot.ramps)
+        states, tier_states = self._restore(desired, snapshot.groups, snapshot.tier_decisions,
+                                            ramp_states)
         if snapshot.desired_digest != desired.digest:
             self._record(
                 "config_applied",
@@ -142,6 +145,7 @@ class BallastService:
             states=states,
             tier_source=self._passive,
             tier_states=tier_states,
+            ramp_states=ramp_states,
             metrics=self.metrics,
             interval_ms=config.reconcile_interval_ms,
             seed=config.seed,
@@ -177,8 +181,28 @@ class BallastService:
         )
         self.ready = True
 
+    def _restore_ramps(
+        self, desired: Desired, saved: dict[str, Any]
+    ) -> dict[tuple[str, str], RampState]:
+        """Standby-ramp states by (PoP, group); pairs the desired state no longer has are left
+        out (and forgotten by the reconciler)."""
+        keys = {ramp_key(p, g.name): (p, g.name)
+                for p in desired.pop_names for g in desired.origin_groups}
+        states: dict[tuple[str, str], RampState] = {}
+        for key, value in sorted(saved.items()):
+            try:
+                state = RampState.from_dict(value)
+            except ValueError as exc:
+                raise StateCorrupted(f"{self.store.path}: ramp {key!r}: {exc}") from exc
+            if key in keys:
+                states[keys[key]] = state
+            else:
+                self.store.clear_ramp(key)
+        return states
+
     def _restore(
-        self, desired: Desired, groups: dict[tuple[str, str], Any], tiers: dict[str, Any]
+        self, desired: Desired, groups: dict[tuple[str, str], Any], tiers: dict[str, Any],
+        ramps: dict[tuple[str, str], RampState],
     ) -> tuple[dict[tuple[str, str], ControllerState], dict[tuple[str, str], TierState]]:
         states: dict[tuple[str, str], ControllerState] = {}
         skipped: list[str] = []
@@ -195,17 +219,21 @@ class BallastService:
         self.restored_groups = len(states)
         tier_states, active = self._restore_tiers(desired, tiers)
         skipped += sorted(set(tiers) - {tier_key(*key) for key in tier_states} - set(skipped))
+        ramping = [f"{ramp_key(*key)} ({', '.join(s.ramping)})"
+                   for key, s in sorted(ramps.items()) if s.ramping]
         if groups or tiers:
             self._record(
                 "state_restored",
                 rule=f"restored weights and streaks of {len(states)} (PoP, group) pairs; tier "
-                f"actions active for {', '.join(active) or 'none'}"
+                f"actions active for {', '.join(active) or 'none'}; standby ramps "
+                f"{', '.join(ramping) or 'none'}"
                 + (f"; dropped (no longer in desired state): {', '.join(skipped)}" if skipped
                    else ""),
                 detail={
                     "restored": {f"{p}/{g}": self.server.cache.weights(p, g) for p, g in states},
                     "tier_states": {tier_key(*k): s.to_dict() for k, s in tier_states.items()},
                     "tier_actions_active": active,
+                    "ramps": {ramp_key(*k): s.to_dict() for k, s in ramps.items()},
                     "dropped": skipped,
                 },
             )

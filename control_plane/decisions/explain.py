@@ -4,6 +4,9 @@ The story starts after the last time the group was calm at its home split (a ``s
 completed ``return`` record) and lists every decision since, with the numbers the controller logged;
 runs of holds are folded into one "held since" line. It ends with what would move the weights next.
 
+Then the standby ramp, when the group has one in its log (``ramp_*`` records): which standby
+ramps, at which step of the schedule, the last ramp decision in words and what comes next.
+
 Then the tier actions of the group in that PoP (``tier_action`` records, written only when they go
 on or off): which are active now and since when, the decision that switched them on with its
 numbers (the trigger tier's pending peak against ``trigger_pending``, held for how long) and what
@@ -169,6 +172,39 @@ def explain_tiers(records: Iterable[Record], pop: str, group: str) -> list[str]:
     ]
 
 
+def explain_ramp(records: Iterable[Record]) -> list[str]:
+    """The standby-ramp part of ``explain``: which standby ramps now, at which step, and why."""
+    ramps = [r for r in records if str(r.get("kind", "")).startswith("ramp_")]
+    if not ramps:
+        return []
+    last = ramps[-1]
+    detail = last.get("detail") if isinstance(last.get("detail"), dict) else {}
+    state = detail.get("state") or {}
+    active = sorted((state.get("ramps") or {}).items())
+    ceilings = detail.get("ceilings") or {}
+    if not active:
+        return [f"standby ramp: none active; last {last['kind']} at {_clock(last)} "
+                f"(seq {last['seq']}): {last.get('rule') or ''}"]
+    started = {}
+    for record in ramps:
+        for name, _ in (((record.get("detail") or {}).get("state") or {}).get("ramps")
+                        or {}).items():
+            if record["kind"] == "ramp_start":
+                started[name] = _clock(record)
+    parts = [
+        f"{name} at step {index + 1}" + (f", at most {ceilings[name]} %" if name in ceilings
+                                          else "")
+        + (f", since {started[name]}" if name in started else "")
+        for name, index in active
+    ]
+    return [
+        f"standby ramp: {'; '.join(parts)}",
+        f"  last ramp decision at {_clock(last)} ({last['kind']}, seq {last['seq']}): "
+        f"{last.get('rule') or ''}",
+        f"  next: {detail.get('next') or ''}",
+    ]
+
+
 def explain(records: Iterable[Record], pop: str, group: str) -> str:
     """A few lines for on-call: current weights, the chain of decisions, what moves them next;
     then the tier actions (``explain_tiers``)."""
@@ -179,6 +215,7 @@ def explain(records: Iterable[Record], pop: str, group: str) -> str:
     out = _explain_weights(mine, pop, group) if mine else [
         f"pop {pop}, group {group}: no weights decided yet"
     ]
+    out.extend(explain_ramp(mine))
     out.extend(explain_tiers(every, pop, group))
     return "\n".join(out)
 

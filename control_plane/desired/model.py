@@ -82,6 +82,20 @@ class FailoverPolicy:
     stale_after_ms: int = 45_000  # metrics older than this hold weights (fail static)
 
 
+RampDegrade = Literal["hold", "back_off"]
+
+
+@dataclass(frozen=True)
+class StandbyRampPolicy:
+    """Seed 002's cold-standby ramp: how weight flows into a standby that has sat at its warm
+    pool (the "cold" secondary of the seed's binary-failover incident)."""
+
+    enabled: bool = True
+    schedule: tuple[int, ...] = (5, 10, 20, 40)  # the standby's share ceilings, one per interval
+    cold_after_ms: int = 90_000  # at the warm pool this long = cold (seed: ~90 s hit-ratio window)
+    on_degrade: RampDegrade = "back_off"  # a standby breaching while it ramps: back off or hold
+
+
 @dataclass(frozen=True)
 class TierActions:
     """What adaptive re-prioritization does to a group's routes while it is active.
@@ -192,6 +206,7 @@ class OriginGroup:
     health_check: HealthCheck
     tier_actions: TierActionPolicy = field(default_factory=TierActionPolicy)
     origin_tls: OriginTlsPolicy = field(default_factory=OriginTlsPolicy)
+    standby_ramp: StandbyRampPolicy = field(default_factory=StandbyRampPolicy)
 
     def origin(self, name: str) -> Origin:
         return next(o for o in self.origins if o.name == name)

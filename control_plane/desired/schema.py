@@ -7,6 +7,7 @@ are layered (product defaults < the file's global block < a group's overrides); 
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import fields as dataclass_fields
 from typing import Any
 
@@ -33,6 +34,7 @@ from control_plane.desired.model import (
     FailoverPolicy,
     HealthCheck,
     QueuePolicy,
+    StandbyRampPolicy,
     Tier,
     TierActionPolicy,
 )
@@ -79,6 +81,26 @@ FAILOVER_FIELDS: FieldTable = {
     "stale_after": ("stale_after_ms", duration(1000, 86_400_000)),
 }
 
+MAX_RAMP_STEPS = 10
+
+
+def ramp_schedule(node: yaml.Node) -> tuple[int, ...]:
+    """The standby's share ceilings, e.g. [5, 10, 20, 40]: 1 to 10 percents, strictly rising."""
+    if not isinstance(node, yaml.SequenceNode) or not 1 <= len(node.value) <= MAX_RAMP_STEPS:
+        raise Bad(f"must be a list of 1 to {MAX_RAMP_STEPS} percents, e.g. [5, 10, 20, 40]")
+    steps = tuple(percent(1, 100)(item) for item in node.value)
+    if any(b <= a for a, b in itertools.pairwise(steps)):
+        raise Bad(f"must rise step by step, got {list(steps)}")
+    return steps
+
+
+STANDBY_RAMP_FIELDS: FieldTable = {
+    "enabled": ("enabled", boolean),
+    "schedule": ("schedule", ramp_schedule),
+    "cold_after": ("cold_after_ms", duration(0, 86_400_000)),
+    "on_degrade": ("on_degrade", choice("back_off", "hold")),
+}
+
 HEALTH_CHECK_FIELDS: FieldTable = {
     "interval": ("interval_ms", duration(100, 3_600_000)),
     "connect_timeout": ("connect_timeout_ms", duration()),
@@ -112,6 +134,7 @@ def _dataclass_values(obj: Any) -> dict[str, Any]:
 
 
 FAILOVER_DEFAULTS: Layer = defaults_layer(_dataclass_values(FailoverPolicy()))
+STANDBY_RAMP_DEFAULTS: Layer = defaults_layer(_dataclass_values(StandbyRampPolicy()))
 HEALTH_CHECK_DEFAULTS: Layer = defaults_layer(_dataclass_values(HealthCheck()))
 TIER_ACTION_DEFAULTS: Layer = defaults_layer({
     key: value for key, value in _dataclass_values(TierActionPolicy()).items()

@@ -54,6 +54,7 @@ from control_plane.desired.model import (
     OriginGroup,
     OriginTlsPolicy,
     Pop,
+    StandbyRampPolicy,
     Tier,
     TierActionPolicy,
     VirtualHost,
@@ -66,6 +67,8 @@ from control_plane.desired.schema import (
     HEALTH_CHECK_FIELDS,
     NEW_TIER_DEFAULTS,
     NO_TIER,
+    STANDBY_RAMP_DEFAULTS,
+    STANDBY_RAMP_FIELDS,
     TIER_ACTION_DEFAULTS,
     TIER_ACTION_FIELDS,
     TIER_ACTION_TIERS,
@@ -106,6 +109,7 @@ class _Document:
         self.tiers_at = At(1, 1, "tiers")
         self.failover: Layer = dict(FAILOVER_DEFAULTS)
         self.tier_actions: Layer = dict(TIER_ACTION_DEFAULTS)
+        self.standby_ramp: Layer = dict(STANDBY_RAMP_DEFAULTS)
         self.groups: dict[str, OriginGroup | None] = {}
         self.unsure_pops: set[str] = set()  # a bad address or offset: skip their port checks
         self.broken: set[str] = set()  # sections that are not mappings: skip references to them
@@ -121,6 +125,9 @@ class _Document:
         failover.finish()
         self._check_failover(self.failover, failover.at())
         self.tier_actions |= self._tier_actions_layer(doc, "tier_actions", GLOBAL)
+        ramp = Fields(doc.node_of("standby_ramp"), "standby_ramp", self.sink)
+        self.standby_ramp |= read_layer(ramp, STANDBY_RAMP_FIELDS, GLOBAL)
+        ramp.finish()
         groups = self._origin_groups(doc)
         default_tier, rules, trusted = self._classification(doc)
         listeners = self._listeners(doc)
@@ -330,6 +337,10 @@ class _Document:
         actions = self.tier_actions | self._tier_actions_layer(
             group, join(group.path, "tier_actions"), GROUP)
         tier_actions = self._resolve_tier_actions(actions, tier_layers, group.at())
+        ramp_fields = Fields(group.node_of("standby_ramp"), join(group.path, "standby_ramp"),
+                             self.sink)
+        ramp = self.standby_ramp | read_layer(ramp_fields, STANDBY_RAMP_FIELDS, GROUP)
+        ramp_fields.finish()
         group.finish()
         if self.sink.problems or not group.ok or tier_actions is None:
             return None
@@ -343,6 +354,7 @@ class _Document:
             health_check=build_from_layer(HealthCheck, health),
             tier_actions=tier_actions,
             origin_tls=origin_tls,
+            standby_ramp=build_from_layer(StandbyRampPolicy, ramp),
         )
 
     def _origin_tls(self, group: Fields) -> OriginTlsPolicy:

@@ -28,6 +28,7 @@ _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS groups (pop TEXT NOT NULL, grp TEXT NOT NULL,"
     " weights TEXT NOT NULL, controller TEXT NOT NULL, PRIMARY KEY (pop, grp))",
     "CREATE TABLE IF NOT EXISTS tier_decisions (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS ramps (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
 )
 
 
@@ -48,6 +49,7 @@ class Snapshot:
     groups: dict[tuple[str, str], GroupState] = field(default_factory=dict)
     tier_decisions: dict[str, Any] = field(default_factory=dict)
     desired_digest: str | None = None
+    ramps: dict[str, Any] = field(default_factory=dict)  # standby-ramp states by "<pop>/<group>"
 
 
 def check_weights(weights: Mapping[str, Any]) -> GroupWeights:
@@ -165,6 +167,16 @@ class StateStore:
         with self._transaction() as db:
             db.execute("DELETE FROM tier_decisions WHERE key = ?", (key,))
 
+    def set_ramp(self, key: str, value: Any) -> None:
+        """Store the standby-ramp state of a (PoP, group) (any JSON value)."""
+        text = json.dumps(value, sort_keys=True)
+        with self._transaction() as db:
+            db.execute("INSERT OR REPLACE INTO ramps VALUES (?, ?)", (key, text))
+
+    def clear_ramp(self, key: str) -> None:
+        with self._transaction() as db:
+            db.execute("DELETE FROM ramps WHERE key = ?", (key,))
+
     def load(self) -> Snapshot:
         """Everything stored; raises StateCorrupted on any row that does not parse."""
         try:
@@ -173,6 +185,7 @@ class StateStore:
                     "SELECT pop, grp, weights, controller FROM groups"
                 ).fetchall()
                 tier_rows = db.execute("SELECT key, value FROM tier_decisions").fetchall()
+                ramp_rows = db.execute("SELECT key, value FROM ramps").fetchall()
                 digest_row = db.execute(
                     "SELECT value FROM meta WHERE key = 'desired_digest'"
                 ).fetchone()
@@ -193,8 +206,14 @@ class StateStore:
                 tiers[key] = json.loads(text)
             except (TypeError, ValueError) as exc:
                 raise StateCorrupted(f"{self.path}: tier decision {key!r}: {exc}") from exc
+        ramps: dict[str, Any] = {}
+        for key, text in ramp_rows:
+            try:
+                ramps[key] = json.loads(text)
+            except (TypeError, ValueError) as exc:
+                raise StateCorrupted(f"{self.path}: ramp {key!r}: {exc}") from exc
         digest = digest_row[0] if digest_row is not None else None
-        return Snapshot(groups, tiers, digest)
+        return Snapshot(groups, tiers, digest, ramps)
 
     def close(self) -> None:
         self._db.close()

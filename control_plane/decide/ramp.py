@@ -1,0 +1,286 @@
+"""The cold-standby ramp of one (PoP, origin group): a pure step after the weight controller.
+
+Seed 002's binary-failover incident was a *cold* secondary that fell over when it suddenly got the
+traffic. A standby that has sat at its warm pool for ``cold_after_ms`` or longer (or for as long as
+this state knows) is cold. When the controller moves weight towards a cold standby, its share grows
+along ``schedule`` (5 -> 10 -> 20 -> 40 %), one schedule step per interval, then the normal
+controller takes over. ``ramp_step`` takes the controller's proposed weights and returns the
+weights in force:
+
+1. **Start.** A cold standby the controller gives weight to starts ramping at the first schedule
+   step above its current share; its share is capped there.
+2. **Step.** A ramping standby that holds its current step's share and whose window does not
+   breach the failover thresholds (5xx or p95: it stayed healthy under the new load) moves one
+   step on; past the last step the ramp is complete and the cap goes.
+3. **Degrade.** A ramping standby whose window breaches stops the ramp: ``back_off`` lowers its
+   cap by one step (weight goes back to the origins it came from), ``hold`` keeps it where it is.
+   Without fresh signals the ramp holds silently, as the controller does (fail static). Never
+   pour load into a falling standby.
+4. **End.** When the controller takes weight off a ramping standby (the shift reverses), the ramp
+   ends and the controller rules again.
+5. **Cap.** Weight proposed above a standby's cap stays with the origins that gave it, most
+   preferred first: the primary never leaves faster than the standby can take, and every origin
+   keeps at least ``min_warm_pool``.
+
+Every tick that starts, steps, holds, backs off, completes, ends or caps a ramp returns a record
+(``kind``) with its inputs, so it can be replayed (``replay_ramp_record``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from control_plane.decide.controller import signals_from_dict, signals_to_dict
+from control_plane.decide.health import breach_reasons
+from control_plane.decide.signals import GroupSignals
+from control_plane.desired.model import FailoverPolicy, GroupWeights, StandbyRampPolicy
+
+RAMP_KINDS: tuple[str, ...] = (
+    "ramp_start", "ramp_step", "ramp_hold", "ramp_back_off", "ramp_complete", "ramp_end",
+    "ramp_capped",
+)
+# when several origins ramp at once, the record is named after the most pressing event
+_PRIORITY = ("ramp_back_off", "ramp_hold", "ramp_start", "ramp_step", "ramp_complete",
+             "ramp_end", "ramp_capped")
+
+
+def _ms_map(value: Any, what: str) -> dict[str, int]:
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and type(v) is int and v >= 0 for k, v in value.items()
+    ):
+        raise ValueError(f"{what} must map origin -> integer >= 0, got {value!r}")
+    return dict(value)
+
+
+@dataclass(frozen=True)
+class RampState:
+    """What the ramp remembers between ticks."""
+
+    ramps: dict[str, int] = field(default_factory=dict)  # ramping origin -> schedule step index
+    # origin -> when it came down to its warm pool (0: before this state knew)
+    warm_pool_since_ms: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ramping(self) -> tuple[str, ...]:
+        return tuple(sorted(self.ramps))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ramps": dict(sorted(self.ramps.items())),
+            "warm_pool_since_ms": dict(sorted(self.warm_pool_since_ms.items())),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> RampState:
+        """Inverse of ``to_dict``; raises ValueError on anything else."""
+        if not isinstance(data, dict) or set(data) != {"ramps", "warm_pool_since_ms"}:
+            raise ValueError(f"ramp state must have ramps and warm_pool_since_ms, got {data!r}")
+        return cls(_ms_map(data["ramps"], "ramps"),
+                   _ms_map(data["warm_pool_since_ms"], "warm_pool_since_ms"))
+
+
+@dataclass(frozen=True)
+class RampResult:
+    weights_after: GroupWeights
+    state: RampState
+    kind: str | None  # None: nothing about a ramp to record this tick
+    rule: str
+    next: str
+    inputs: dict[str, Any]
+    ceilings: dict[str, int]  # the cap of each ramping origin this tick
+
+    def record_fields(self, weights_before: GroupWeights) -> dict[str, Any]:
+        """Fields of the ramp's decision record (``weights_before``: the tick's, not proposed)."""
+        return {
+            "weights_before": dict(weights_before),
+            "weights_after": dict(self.weights_after),
+            "inputs": self.inputs,
+            "rule": self.rule,
+            "detail": {"next": self.next, "state": self.state.to_dict(),
+                       "ceilings": dict(self.ceilings)},
+        }
+
+
+def _cold(policy: StandbyRampPolicy, since: int | None, now_ms: int) -> bool:
+    return since is not None and now_ms - since >= policy.cold_after_ms
+
+
+def _first_step_above(schedule: tuple[int, ...], share: int) -> int | None:
+    return next((i for i, ceiling in enumerate(schedule) if ceiling > share), None)
+
+
+def _give_back(
+    after: dict[str, int], excess: int, before: Mapping[str, int], proposed: Mapping[str, int],
+    preference: tuple[str, ...], capped: set[str],
+) -> None:
+    """Excess weight goes back to the origins that gave it this tick (most preferred first), the
+    rest to the most preferred origin without a cap."""
+    for name in preference:
+        if name in capped or excess == 0:
+            continue
+        gave = max(0, before[name] - proposed[name])
+        back = min(gave, excess)
+        after[name] += back
+        excess -= back
+    if excess:
+        target = next(name for name in preference if name not in capped)
+        after[target] += excess
+
+
+def ramp_step(
+    policy: StandbyRampPolicy,
+    failover: FailoverPolicy,
+    preference: tuple[str, ...],
+    before: Mapping[str, int],
+    proposed: Mapping[str, int],
+    state: RampState,
+    signals: GroupSignals | None,
+    now_ms: int,
+) -> RampResult:
+    """The weights in force after the ramp (from the controller's ``proposed``). Pure."""
+    warm = failover.min_warm_pool
+    schedule = policy.schedule
+    standbys = preference[1:]
+    inputs: dict[str, Any] = {
+        "now_ms": now_ms,
+        "preference": list(preference),
+        "proposed": dict(proposed),
+        "state_before": state.to_dict(),
+        "signals": (None if signals is None
+                    else {name: signals_to_dict(sig) for name, sig in sorted(signals.items())}),
+    }
+    since = {name: state.warm_pool_since_ms.get(name, 0)
+             for name in standbys if before[name] <= warm}
+    ramps = {name: index for name, index in state.ramps.items()
+             if name in standbys and 0 <= index < len(schedule)}
+    events: list[tuple[str, str, str]] = []  # (origin, kind, words)
+    ceilings: dict[str, int] = {}
+    for name in standbys:
+        index = ramps.get(name)
+        if not policy.enabled:
+            if index is not None:
+                del ramps[name]
+                events.append((name, "ramp_end", f"{name}: ramp switched off in the desired state"))
+            continue
+        if index is None:
+            if proposed[name] > before[name] and _cold(policy, since.get(name), now_ms):
+                start = _first_step_above(schedule, before[name])
+                if start is None:
+                    continue
+                ramps[name] = start
+                ceilings[name] = schedule[start]
+                cold_for = (now_ms - since[name]) / 1000 if since[name] else None
+                how_long = f"{cold_for:g} s" if cold_for is not None else "as long as known"
+                events.append((name, "ramp_start", (
+                    f"{name} is cold (at its warm pool {warm} % for {how_long}, cold after "
+                    f"{policy.cold_after_ms / 1000:g} s): ramp starts, step {start + 1} of "
+                    f"{len(schedule)} allows {schedule[start]} %")))
+            continue
+        if proposed[name] < before[name]:
+            del ramps[name]
+            events.append((name, "ramp_end", f"{name}: the shift reverses (controller moves it "
+                                       f"{before[name]}→{proposed[name]}): ramp ends"))
+            continue
+        ceiling = schedule[index]
+        if (signals is None or name not in signals
+                or now_ms - signals[name].observed_at_ms > failover.stale_after_ms):
+            ceilings[name] = min(ceiling, before[name])  # fail static, as the controller does
+            continue
+        breach = breach_reasons(signals[name], failover)
+        if breach:
+            why = ", ".join(breach)
+            if policy.on_degrade == "back_off":
+                index = max(0, index - 1)
+                ramps[name] = index
+                ceilings[name] = min(schedule[index], before[name])
+                events.append((name, "ramp_back_off", (
+                    f"{name} degrades under the ramp ({why}): backs off to step {index + 1} of "
+                    f"{len(schedule)}, at most {ceilings[name]} %")))
+            else:
+                ceilings[name] = min(ceiling, before[name])
+                events.append((name, "ramp_hold", (
+                    f"{name} degrades under the ramp ({why}): ramp holds at {ceilings[name]} % "
+                    f"(step {index + 1} of {len(schedule)})")))
+            continue
+        if before[name] < ceiling:
+            ceilings[name] = ceiling
+            continue  # still growing into its current step
+        if index + 1 == len(schedule):
+            del ramps[name]
+            events.append((name, "ramp_complete", (
+                f"{name} healthy at {before[name]} %, the last step: ramp complete, the "
+                "controller moves it from now on")))
+            continue
+        ramps[name] = index + 1
+        ceilings[name] = schedule[index + 1]
+        events.append((name, "ramp_step", (
+            f"{name} healthy at {before[name]} % (within 5xx "
+            f"{failover.error_rate_threshold * 100:g} % and p95 {failover.p95_threshold_ms} ms): "
+            f"step {index + 2} of {len(schedule)} allows {schedule[index + 1]} %")))
+    noted = {name for name, _, _ in events}
+    ceilings = {name: max(warm, ceiling) for name, ceiling in ceilings.items()}
+    after = dict(proposed)
+    for name, ceiling in ceilings.items():
+        if after[name] > ceiling:
+            excess = after[name] - ceiling
+            after[name] = ceiling
+            _give_back(after, excess, before, proposed, preference, set(ceilings))
+            if name not in noted:
+                events.append((name, "ramp_capped", (
+                    f"{name} ramping at step {ramps[name] + 1} of {len(schedule)}: capped at "
+                    f"{ceiling} %")))
+    new_since = {  # 0 (since before this state knew) is what an absent entry means already
+        name: since.get(name, now_ms) for name in standbys if after[name] <= warm
+    }
+    new_since = {name: ms for name, ms in new_since.items() if ms}
+    new_state = RampState(ramps, new_since)
+    kind = None
+    if events:
+        kind = min((k for _, k, _ in events), key=_PRIORITY.index)
+    rule = "; ".join(words for _, _, words in events)
+    if after != dict(proposed):
+        moves = ", ".join(f"{name} {proposed[name]}→{after[name]}" for name in preference
+                          if after[name] != proposed[name])
+        rule += f"; controller proposed {_weights(proposed)}, ramp made it {moves}"
+    return RampResult(after, new_state, kind, rule, _next(policy, ramps, after), inputs,
+                      ceilings)
+
+
+def _weights(weights: Mapping[str, int]) -> str:
+    return ", ".join(f"{name} {value}" for name, value in weights.items())
+
+
+def _next(policy: StandbyRampPolicy, ramps: Mapping[str, int], after: Mapping[str, int]) -> str:
+    if not ramps:
+        return "no ramp: a cold standby starts one when weight moves towards it"
+    schedule = policy.schedule
+    parts = []
+    for name, index in sorted(ramps.items()):
+        if index + 1 < len(schedule):
+            parts.append(f"{name} moves to {schedule[index + 1]} % after an interval healthy at "
+                         f"{schedule[index]} % (now {after[name]} %)")
+        else:
+            parts.append(f"{name} completes its ramp after an interval healthy at "
+                         f"{schedule[index]} % (now {after[name]} %)")
+    return "; ".join(parts)
+
+
+def replay_ramp_record(
+    policy: StandbyRampPolicy, failover: FailoverPolicy, record: Mapping[str, Any]
+) -> RampResult:
+    """Run ``ramp_step`` again on the inputs a ramp record holds."""
+    inputs = record["inputs"]
+    signals = inputs["signals"]
+    return ramp_step(
+        policy,
+        failover,
+        tuple(inputs["preference"]),
+        record["weights_before"],
+        inputs["proposed"],
+        RampState.from_dict(inputs["state_before"]),
+        None if signals is None
+        else {name: signals_from_dict(data) for name, data in signals.items()},
+        inputs["now_ms"],
+    )
