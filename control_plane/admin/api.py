@@ -17,9 +17,11 @@ words); every PoP is listed, groups only while they have actions active.
 from __future__ import annotations
 
 import asyncio
+import itertools
+import json
 import logging
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -46,6 +48,7 @@ STATUSES = ("SYNCED", "STALE", "NACKED")
 DECISION_PARAMS = frozenset({"pop", "group", "kind", "since", "limit", "after"})
 RESOURCE_PARAMS = frozenset({"pop", "caps"})
 TIER_ACTION_PARAMS = frozenset({"pop", "group"})
+DECISIONS_BATCH = 500  # records read and written per step of a /decisions answer
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -119,6 +122,14 @@ def decision_query(params: Mapping[str, str], now: datetime) -> tuple[Query, int
         limit=_whole(params, "limit", 1),
     )
     return query, _whole(params, "after", 0) or 0
+
+
+def _encoded_batch(records: Iterator[Record], size: int = DECISIONS_BATCH) -> list[bytes]:
+    """The next `size` records as JSON (fewer at the end; none when done)."""
+    return [
+        json.dumps(record, separators=(",", ":"), ensure_ascii=False).encode()
+        for record in itertools.islice(records, size)
+    ]
 
 
 def node_counts(statuses: list[NodeStatus], pops: tuple[str, ...]) -> dict[str, Any]:
@@ -264,14 +275,23 @@ class AdminApi:
             return error(404, f"no connected node {node_id!r}")
         return web.json_response({"node_id": node_id, "streams": _sorted_nodes(streams)})
 
-    async def list_decisions(self, request: web.Request) -> web.Response:
+    async def list_decisions(self, request: web.Request) -> web.StreamResponse:
+        """`{"records": [...]}`, streamed: records are read from the log (off the event loop)
+        and written in batches, so memory stays bounded whatever the answer's size."""
         query, after = decision_query(request.query, self._clock())
-        unlimited = Query(query.pop, query.group, query.kinds, query.since)
-        records: list[Record] = await asyncio.to_thread(self.decisions.query, unlimited)
-        records = [record for record in records if record["seq"] > after]
-        if query.limit is not None:
-            records = records[-query.limit :]
-        return web.json_response({"records": records})
+        records = self.decisions.records(query, after)
+        batch = await asyncio.to_thread(_encoded_batch, records)  # errors here still get a 500
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        await response.write(b'{"records":[')
+        separator = b""
+        while batch:
+            await response.write(separator + b",".join(batch))
+            separator = b","
+            batch = await asyncio.to_thread(_encoded_batch, records)
+        await response.write(b"]}")
+        await response.write_eof()
+        return response
 
     async def weights(self, request: web.Request) -> web.Response:
         return web.json_response({"weights": self.cache.all_weights()})

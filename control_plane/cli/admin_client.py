@@ -125,6 +125,9 @@ class ServerSource:
         records: list[Record] = self.client.get("/decisions", params)["records"]
         return records
 
+    def records(self, query: Query, after_seq: int = 0) -> Iterator[Record]:
+        return iter(self.query(query, after_seq))
+
     def follow(
         self, query: Query, after_seq: int, poll_s: float, stop: Callable[[], bool]
     ) -> Iterator[Record]:

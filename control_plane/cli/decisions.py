@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,6 +26,7 @@ from control_plane.intent.state_dir import DEFAULT_STATE_DIR, STATE_DIR_ENV, sta
 
 HELP = "show the decision log: what the controller and the server decided, and why"
 HEADER = ("TIME", "SEQ", "KIND", "POP", "GROUP", "WEIGHTS", "RULE")
+TABLE_BATCH = 1000
 
 
 def _since(text: str) -> Any:
@@ -129,13 +132,34 @@ def _row(record: Record) -> tuple[str, ...]:
     )
 
 
-def _table(records: list[Record]) -> str:
-    rows = [HEADER, *map(_row, records)]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(HEADER) - 1)]
+def _widths(rows: list[tuple[str, ...]]) -> list[int]:
+    return [max(len(row[i]) for row in rows) for i in range(len(HEADER) - 1)]
+
+
+def _table(rows: list[tuple[str, ...]], widths: list[int]) -> str:
     return "\n".join(
         "  ".join([*(cell.ljust(w) for cell, w in zip(row, widths, strict=False)), row[-1]])
         for row in rows
     )
+
+
+def _print_all(records: Iterator[Record], as_json: bool) -> int | None:
+    """Print records as they stream in, a batch at a time (the table's columns are as wide as
+    the first batch needs); the last seq printed, None when there were none."""
+    last: int | None = None
+    widths: list[int] | None = None
+    while batch := list(itertools.islice(records, TABLE_BATCH)):
+        last = int(batch[-1]["seq"])
+        if as_json:
+            _emit(batch, True, header=False)
+            continue
+        rows = [_row(record) for record in batch]
+        if widths is None:
+            rows.insert(0, HEADER)
+            widths = _widths(rows)
+        print(_table(rows, widths))
+        sys.stdout.flush()
+    return last
 
 
 def _emit(records: list[Record], as_json: bool, header: bool) -> None:
@@ -143,7 +167,8 @@ def _emit(records: list[Record], as_json: bool, header: bool) -> None:
         for record in records:
             print(json.dumps(record, separators=(",", ":"), ensure_ascii=False))
     elif header:
-        print(_table(records))
+        rows = [HEADER, *map(_row, records)]
+        print(_table(rows, _widths(rows)))
     else:
         for record in records:
             print("  ".join(_row(record)))
@@ -153,16 +178,18 @@ def _emit(records: list[Record], as_json: bool, header: bool) -> None:
 def run(args: argparse.Namespace) -> int:
     source = source_for(args)
     kinds = frozenset(kind for group in args.kind or () for kind in group)
-    since = since_cutoff(args.since, datetime.now(UTC)) if args.since is not None else None
+    try:
+        since = since_cutoff(args.since, datetime.now(UTC)) if args.since is not None else None
+    except ValueError as err:
+        print(f"ballast decisions: --since: {err}", file=sys.stderr)
+        return 2
     query = Query(pop=args.pop, group=args.group, kinds=kinds, since=since, limit=args.limit)
     try:
-        records = source.query(query)
-        if records:
-            _emit(records, args.json, header=True)
-        elif not args.follow:
+        last = _print_all(source.records(query), args.json)
+        if last is None and not args.follow:
             print(f"no decisions in {source} matching the filters")
         if args.follow:
-            after = records[-1]["seq"] if records else 0
+            after = last or 0
             stream = source.follow(Query(args.pop, args.group, kinds, since), after,
                                    args.interval, stop=lambda: False)
             for record in stream:

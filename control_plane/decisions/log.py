@@ -66,14 +66,22 @@ def format_time(moment: datetime) -> str:
 
 
 def parse_line(line: bytes) -> dict[str, Any] | None:
-    """A record from one line, or None for a torn or foreign line."""
+    """A record from one line, or None for a torn or foreign line (also: no integer seq, or a
+    time that is not an ISO-8601 time with an offset, so readers can rely on both)."""
     try:
         record = json.loads(line)
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (ValueError, RecursionError):  # undecodable, not JSON, nested or numbers too deep
         return None
     if not isinstance(record, dict) or type(record.get("seq")) is not int:
         return None
-    return record
+    moment = record.get("time")
+    if not isinstance(moment, str):
+        return None
+    try:
+        parsed = datetime.fromisoformat(moment.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return record if parsed.tzinfo is not None else None
 
 
 def _last_seq(path: Path) -> int | None:

@@ -1,8 +1,9 @@
 """Reading the decision log: records across rotated files in order, filters, and follow mode.
 
-A ``RecordSource`` is where records come from. ``FileSource`` reads the state directory; a source
-reading a running server's admin API (``/decisions?...``, built from ``Query.to_params``) can
-implement the same two methods, and the CLI does not change.
+A ``RecordSource`` is where records come from. ``FileSource`` reads the state directory with
+bounded memory (`scan.py`: since/after bisect, limit scans backwards, records stream one at a
+time); a source reading a running server's admin API (``/decisions?...``, built from
+``Query.to_params``) implements the same methods, and the CLI does not change.
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from control_plane.decisions.log import CURRENT, log_files, parse_line
+from control_plane.decisions.scan import MAX_LINE_BYTES, LogView
 
 _DURATION = re.compile(r"^\s*(\d+)\s*(s|m|h|d|w)\s*$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+MAX_SINCE = timedelta(days=100 * 366)
 
 Record = dict[str, Any]
 
@@ -28,7 +31,18 @@ def parse_since(text: str) -> timedelta | datetime:
     """``10m``, ``2h``, ``1d`` (ago) or an ISO-8601 time (UTC when no offset is given)."""
     match = _DURATION.match(text)
     if match:
-        return timedelta(**{_UNITS[match.group(2)]: int(match.group(1))})
+        digits = match.group(1)
+        try:
+            ago = timedelta(**{_UNITS[match.group(2)]: int(digits)}) if len(digits) < 16 else None
+        except OverflowError:
+            ago = None
+        if ago is None or ago > MAX_SINCE:
+            raise ValueError(
+                f"{text.strip()[:32]!r} is too far back: at most {MAX_SINCE.days}d (100 years)"
+            )
+        return ago
+    if len(text) > 64:
+        raise ValueError(f"cannot read a {len(text):,}-character text as a time")
     try:
         moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:
@@ -40,7 +54,13 @@ def parse_since(text: str) -> timedelta | datetime:
 
 
 def since_cutoff(since: timedelta | datetime, now: datetime) -> datetime:
-    return now - since if isinstance(since, timedelta) else since
+    """The earliest time wanted; ValueError when it is before year 1."""
+    if isinstance(since, datetime):
+        return since
+    try:
+        return now - since
+    except OverflowError:
+        raise ValueError(f"{since.days}d ago is before year 1") from None
 
 
 def record_time(record: Record) -> datetime:
@@ -83,31 +103,66 @@ def select(records: Iterable[Record], query: Query) -> list[Record]:
     return matching
 
 
-def _complete_lines(path: Path, offset: int) -> tuple[list[Record], int]:
-    """Records in whole lines from ``offset``; returns them and the offset after the last one."""
+def _complete_lines(path: Path, offset: int) -> Iterator[tuple[Record, int]]:
+    """Records in whole lines from ``offset``, each with the offset after its line; lines
+    longer than the readers' bound are skipped."""
     with open(path, "rb") as handle:
         handle.seek(offset)
-        data = handle.read()
-    end = data.rfind(b"\n") + 1
-    records = [rec for rec in map(parse_line, data[:end].splitlines()) if rec is not None]
-    return records, offset + end
+        skipping = False
+        while True:
+            line = handle.readline(MAX_LINE_BYTES + 1)
+            if not line.endswith(b"\n"):
+                if len(line) <= MAX_LINE_BYTES:
+                    return  # the end, or a line still being written
+                skipping = True
+                offset += len(line)
+                continue
+            offset += len(line)
+            if skipping:
+                skipping = False
+                continue
+            record = parse_line(line)
+            if record is not None:
+                yield record, offset
 
 
 def iter_records(state_dir: Path) -> Iterator[Record]:
     """Every record, oldest first, across rotated files; torn lines are skipped."""
-    for path in log_files(state_dir):
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:  # rotated away while we listed
-            continue
-        for line in data.splitlines():
-            record = parse_line(line)
-            if record is not None:
+    with LogView(state_dir) as view:
+        for _, record in view.records():
+            yield record
+
+
+def stream_records(state_dir: Path, query: Query, after_seq: int = 0) -> Iterator[Record]:
+    """The records `query` selects with seq > `after_seq`, oldest first, one at a time; with
+    `limit`, the newest that many. Reads only what it must (see `scan.py`)."""
+    since = query.since
+    with LogView(state_dir) as view:
+        start = (0, 0)
+        if since is not None:
+            start = view.first(lambda record: record_time(record) >= since)
+        if after_seq:
+            start = max(start, view.first(lambda record: record["seq"] > after_seq))
+
+        def wanted(record: Record) -> bool:
+            return record["seq"] > after_seq and query.matches(record)
+
+        if query.limit is not None:
+            start = view.newest(wanted, query.limit, start)
+        left = query.limit
+        for _, record in view.records(start):
+            if wanted(record):
                 yield record
+                if left is not None:
+                    left -= 1
+                    if left <= 0:
+                        return
 
 
 class RecordSource(Protocol):
     def query(self, query: Query) -> list[Record]: ...
+
+    def records(self, query: Query, after_seq: int = 0) -> Iterator[Record]: ...
 
     def follow(
         self, query: Query, after_seq: int, poll_s: float, stop: Callable[[], bool]
@@ -124,7 +179,10 @@ class FileSource:
         return str(self.state_dir)
 
     def query(self, query: Query) -> list[Record]:
-        return select(iter_records(self.state_dir), query)
+        return list(self.records(query))
+
+    def records(self, query: Query, after_seq: int = 0) -> Iterator[Record]:
+        return stream_records(self.state_dir, query, after_seq)
 
     def _rotated_since(self, inode: int, offset: int) -> list[Record]:
         """After rotation: the rest of the file we were reading, then any newer rotated file."""
@@ -134,9 +192,9 @@ class FileSource:
             if inode not in inodes:
                 return []
             start = inodes.index(inode)
-            records = _complete_lines(rotated[start], offset)[0]
+            records = [record for record, _ in _complete_lines(rotated[start], offset)]
             for path in rotated[start + 1:]:
-                records += _complete_lines(path, 0)[0]
+                records += [record for record, _ in _complete_lines(path, 0)]
         except FileNotFoundError:  # rotated again while we read: the seq check keeps order
             return []
         return records
@@ -149,6 +207,10 @@ class FileSource:
         inode: int | None = None
         offset = 0
         last = after_seq
+        with LogView(self.state_dir) as view:  # start at the first newer record if it is in
+            resume = view.in_current(view.first(lambda record: record["seq"] > after_seq))
+        if resume is not None:  # the current file, not at the current file's start
+            inode, offset = resume
         while not stop():
             fresh: list[Record] = []
             try:
@@ -160,8 +222,9 @@ class FileSource:
                     fresh += self._rotated_since(inode, offset)
                     offset = 0
                 inode = status.st_ino
-                records, offset = _complete_lines(current, offset)
-                fresh += records
+                for record, after in _complete_lines(current, offset):
+                    fresh.append(record)
+                    offset = after
             for record in fresh:
                 if record["seq"] > last:
                     last = record["seq"]
