@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
+from control_plane.admin.auth import read_token
 from control_plane.app.envoy_process import find_envoy, validate_bootstrap
 from control_plane.cli.main import main
 from control_plane.security.certs import uri_sans
@@ -104,3 +105,13 @@ def test_bootstrap_wants_all_three_tls_files(capsys) -> None:
     assert code == 2
     assert "--tls-cert, --tls-key and --tls-ca together (given: --tls-cert)" in \
         capsys.readouterr().err
+
+
+def test_certs_writes_an_admin_token_the_server_accepts(tmp_path: Path, capsys) -> None:
+    assert main(["certs", str(tmp_path), "--admin-token"]) == 0
+    assert f"--admin-token-file {tmp_path / 'admin.token'}" in capsys.readouterr().out
+    token = read_token(tmp_path / "admin.token")
+    assert len(token) >= 40
+    assert stat.S_IMODE((tmp_path / "admin.token").stat().st_mode) == 0o600
+    assert main(["certs", str(tmp_path), "--admin-token"]) == 0
+    assert read_token(tmp_path / "admin.token") != token  # a new one each time: rotation

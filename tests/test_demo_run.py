@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -41,11 +43,11 @@ def test_demo_serves_both_pops_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> No
         sjc_offset=sjc_listener - listener, primary=free_port(), secondary=free_port(),
         listener=listener,
     ))
-    envoy_admin = free_port()
+    envoy_admin, admin = free_port(), free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "control_plane.app.demo", str(desired),
          "--state-dir", str(tmp_path / "state"), "--xds-port", str(free_port()),
-         "--admin-port", str(free_port()), "--envoy-admin-port", str(envoy_admin)],
+         "--admin-port", str(admin), "--envoy-admin-port", str(envoy_admin)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True,
     )
@@ -58,6 +60,14 @@ def test_demo_serves_both_pops_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> No
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/checkout", timeout=5) as r:
                 assert r.headers["x-origin"] == "primary"
                 assert r.headers["x-seen-tier"] == "critical"
+        status = f"http://127.0.0.1:{admin}/status"
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(status, timeout=5)
+        assert refused.value.code == 401  # the admin API wants the demo's token
+        token = (tmp_path / "state" / "certs" / "admin.token").read_text().strip()
+        request = urllib.request.Request(status, headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(request, timeout=5) as r:
+            assert json.loads(r.read())["xds_tls"]["reloads"] == 0
         os.killpg(proc.pid, signal.SIGINT)
         out, _ = proc.communicate(timeout=20)
         assert proc.returncode == 0, out

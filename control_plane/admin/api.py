@@ -9,6 +9,9 @@ Endpoints: `/healthz`, `/readyz`, `/status`, `/nodes`, `/nodes/{id}`, `/decision
 `/tier-actions[?pop=P][&group=G]`, `/resources?pop=P[&caps=fifo|lifo]`, `/metrics`, and when
 given a `Dashboard`, the on-call page under `/dashboard/` (see `admin/dashboard.py`).
 
+Authentication (`admin/auth.py`): one middleware in front of every route — a bearer token, its
+cookie, or an admin client certificate, for all but `/healthz` and `/readyz`.
+
 `/tier-actions` (also under `tier_actions` in `/status`) is what the snapshot cache holds now:
 PoP -> origin group -> the active tier actions (`TierActions.to_dict()` plus a `description` in
 words); every PoP is listed, groups only while they have actions active.
@@ -27,6 +30,7 @@ from typing import Any
 
 from aiohttp import web
 
+from control_plane.admin.auth import AdminAuth, Login, auth_middleware, check_bind
 from control_plane.admin.capability_keys import capabilities_for_key, most_common_key
 from control_plane.admin.dashboard import Dashboard
 from control_plane.ads.nodes import NodeRegistry, NodeStatus
@@ -197,7 +201,9 @@ class AdminApi:
         not_ready_reason: Callable[[], str] = lambda: NOT_READY,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         dashboard: Dashboard | None = None,
+        auth: AdminAuth | None = None,
     ) -> None:
+        self.auth = auth if auth is not None else AdminAuth()
         self.nodes = nodes
         self.cache = cache
         self.decisions = decisions
@@ -206,7 +212,10 @@ class AdminApi:
         self._status = status
         self._not_ready_reason = not_ready_reason
         self._clock = clock
-        self.app = web.Application(middlewares=[json_errors])
+        # authentication first: every route below (and any added later) goes through it
+        self.app = web.Application(middlewares=[auth_middleware(self.auth), json_errors])
+        if self.auth.token is not None:
+            Login(self.auth).register(self.app)
         self.app.router.add_get("/healthz", self.healthz)
         self.app.router.add_get("/readyz", self.readyz)
         self.app.router.add_get("/status", self.status)
@@ -228,7 +237,9 @@ class AdminApi:
         return f"http://{self.host}:{self.port}"
 
     async def start(self, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> None:
-        """Bind and serve; `port` (0: any free one) is readable afterwards."""
+        """Bind and serve; `port` (0: any free one) is readable afterwards. Without
+        authentication only a loopback address is allowed (AdminAuthError)."""
+        check_bind(host, self.auth)
         runner = web.AppRunner(self.app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, host, port)

@@ -3,7 +3,8 @@
 Starts the control plane on a desired-state file, one demo origin per origin of the file (on the
 addresses it names), one real Envoy per PoP bootstrapped from Ballast (metrics sink on), and a
 light steady stream of requests through every PoP so the reconcile loop has signals to act on.
-Envoys reach Ballast over mTLS, with certificates `ballast certs` would make (in STATE/certs).
+Envoys reach Ballast over mTLS, with certificates `ballast certs` would make (in STATE/certs);
+the admin API wants the token in STATE/certs/admin.token.
 Prints where to send requests, how to break an origin and where to watch. Ctrl-C stops it all.
 """
 
@@ -34,7 +35,8 @@ TRAFFIC_PATHS = ("/api/checkout/cart", "/", "/img/hero.png", "/auth/login")
 
 
 def _guide(
-    desired: Desired, envoys: dict[str, EnvoyProcess], state_dir: Path, admin_port: int
+    desired: Desired, envoys: dict[str, EnvoyProcess], state_dir: Path, admin_port: int,
+    token: Path,
 ) -> str:
     lines = ["", "Ballast demo fleet is up (Envoys reach Ballast over mTLS, certificates in "
              f"{state_dir / 'certs'}).", ""]
@@ -57,8 +59,11 @@ def _guide(
         f"  Decisions:  .venv/bin/ballast decisions --state-dir {state_dir} --follow",
         f"  Why:        .venv/bin/ballast explain --state-dir {state_dir} --pop {pop} "
         f"--group {group.name}",
-        f"  Nodes:      .venv/bin/ballast status --server http://127.0.0.1:{admin_port}",
-        f"  Admin API:  http://127.0.0.1:{admin_port}/status   /metrics   /weights",
+        f"  Nodes:      .venv/bin/ballast status --server http://127.0.0.1:{admin_port} "
+        f"--token-file {token}",
+        f"  Admin API:  curl -H \"Authorization: Bearer $(cat {token})\" "
+        f"http://127.0.0.1:{admin_port}/status   (/metrics /weights ...)",
+        f"  Browser:    http://127.0.0.1:{admin_port}/login with the token in {token}",
         "",
         "Ctrl-C stops everything.",
     ]
@@ -70,12 +75,14 @@ def node_id(pop: str) -> str:
 
 
 def demo_certs(directory: Path, desired: Desired, days: int = 365) -> CertDir:
-    """A CA (kept across runs), Ballast's certificate and one node certificate per PoP."""
+    """A CA (kept across runs), Ballast's certificate, one node certificate per PoP and an
+    admin token."""
     certs = CertDir(directory)
     ca, _ = certs.load_or_make_ca(days)
     certs.make_server(ca, ["127.0.0.1", "localhost"], days)
     for pop in desired.pops:
         certs.make_node(ca, pop.name, node_id(pop.name), days)
+    certs.make_admin_token()
     return certs
 
 
@@ -106,6 +113,7 @@ async def run_demo(
             xds_address=f"127.0.0.1:{xds_port}",
             admin_address=f"127.0.0.1:{admin_port}",
             tls=TlsFiles(certs.server.cert, certs.server.key, certs.ca.cert),
+            admin_token_file=certs.admin_token,
         )
     )
     envoys: dict[str, EnvoyProcess] = {}
@@ -138,7 +146,7 @@ async def run_demo(
             for listener in desired.listeners:
                 url = f"http://{pop.listen_address}:{listener.port + pop.port_offset}"
                 tasks.append(asyncio.create_task(steady_traffic(url, TRAFFIC_PATHS, rps, stop)))
-        print(_guide(desired, envoys, state_dir, admin_port), flush=True)
+        print(_guide(desired, envoys, state_dir, admin_port, certs.admin_token), flush=True)
         await stop.wait()
         return 0
     except (OSError, EnvoyNotFound, TimeoutError, RuntimeError) as err:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from control_plane.admin.api import AdminApi
+from control_plane.admin.auth import AdminAuth, TokenFile, check_bind
 from control_plane.admin.dashboard import Dashboard
 from control_plane.admin.decision_feed import DecisionFeed
 from control_plane.ads.snapshots import SnapshotCache
@@ -76,6 +77,7 @@ class ServiceConfig:
     seed: int = 0
     routine_records: BudgetConfig = DEFAULT_BUDGET
     tls: TlsFiles | None = None  # mTLS on the xDS/sink port when set
+    admin_token_file: Path | None = None  # bearer token the admin API requires when set
 
 
 class BallastService:
@@ -109,6 +111,7 @@ class BallastService:
         desired = load_desired(config.desired_path)
         # TLS files read and checked before anything is held: bad ones refuse the start
         tls = ReloadingCredentials(config.tls) if config.tls is not None else None
+        admin_auth = self._admin_auth()
         self._lock = StateDirLock(config.state_dir).acquire()
         try:
             self.store = StateStore(config.state_dir)
@@ -159,7 +162,7 @@ class BallastService:
         try:
             await self.server.start()
             if config.admin_address is not None:
-                await self._start_admin(config.admin_address)
+                await self._start_admin(config.admin_address, admin_auth)
         except OSError:  # a port taken: close what was opened, leave nothing running
             await self.server.stop(0)
             self.decisions.close()
@@ -282,7 +285,16 @@ class BallastService:
                              on_certificate=self._on_certificate)
         return CombinedSource(passive, self.prober)
 
-    async def _start_admin(self, address: str) -> None:
+    def _admin_auth(self) -> AdminAuth:
+        """The admin API's authentication, checked against its bind before anything starts."""
+        config = self.config
+        token = TokenFile(config.admin_token_file) if config.admin_token_file else None
+        auth = AdminAuth(token=token)
+        if config.admin_address is not None:
+            check_bind(config.admin_address.rpartition(":")[0] or "127.0.0.1", auth)
+        return auth
+
+    async def _start_admin(self, address: str, auth: AdminAuth) -> None:
         host, _, port = address.rpartition(":")
         feed = DecisionFeed()
         self.decisions.add_listener(feed.publish)
@@ -296,6 +308,7 @@ class BallastService:
             ready=lambda: self.ready,
             status=self.status,
             dashboard=dashboard,
+            auth=auth,
         )
         await self.admin.start(host or "127.0.0.1", int(port))
 
@@ -334,6 +347,7 @@ class BallastService:
             "restored_tier_actions": self.restored_tier_actions,
             "xds_port": self.server.port,
             "xds_tls": self.server.tls.status() if self.server.tls is not None else None,
+            "admin_auth": "token" if self.config.admin_token_file else "none (loopback only)",
             "state_dir": str(self.config.state_dir),
             "metrics_source": self.config.metrics_source,
             "ready": self.ready,

@@ -1,5 +1,9 @@
 """How CLI commands talk to a running Ballast's admin API (`--server URL`, `$BALLAST_ADMIN`).
 
+The admin token (when the server wants one) comes from `--token-file FILE`, else
+`$BALLAST_ADMIN_TOKEN`, else the file named by `$BALLAST_ADMIN_TOKEN_FILE`; it travels as
+`Authorization: Bearer`.
+
 Plain blocking HTTP (urllib): a CLI makes a few requests and exits. Every failure — server not
 reachable, an error answer, a body that is not JSON — is an `AdminError` whose message says what
 to do; commands print it and exit 1.
@@ -21,6 +25,9 @@ from control_plane.decisions.read import Query, Record
 
 DEFAULT_SERVER = "http://127.0.0.1:18001"
 SERVER_ENV = "BALLAST_ADMIN"
+TOKEN_ENV = "BALLAST_ADMIN_TOKEN"
+TOKEN_FILE_ENV = "BALLAST_ADMIN_TOKEN_FILE"
+TOKEN_FILE_BYTES = 4096
 TIMEOUT_S = 10.0
 
 
@@ -68,10 +75,43 @@ def resolve_server(explicit: str | None) -> str:
         raise AdminError(f"${SERVER_ENV}: {err}") from None
 
 
+def add_token_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--token-file", metavar="FILE",
+        help=f"admin API token (default: ${TOKEN_ENV}, or the file ${TOKEN_FILE_ENV} names)",
+    )
+
+
+def resolve_token(token_file: str | None) -> str | None:
+    """`--token-file`, else `$BALLAST_ADMIN_TOKEN`, else `$BALLAST_ADMIN_TOKEN_FILE`, else none;
+    AdminError when a named file cannot be read."""
+    path = token_file or os.environ.get(TOKEN_FILE_ENV)
+    if token_file is None and os.environ.get(TOKEN_ENV):
+        return os.environ[TOKEN_ENV].strip()
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            data = f.read(TOKEN_FILE_BYTES + 1)
+    except OSError as err:
+        raise AdminError(f"cannot read the admin token file {path}: {err.strerror}") from None
+    if len(data) > TOKEN_FILE_BYTES:
+        raise AdminError(f"admin token file {path}: longer than {TOKEN_FILE_BYTES} bytes")
+    return data.decode("ascii", "replace").strip()
+
+
+def client_for(server: str | None, token_file: str | None) -> AdminClient:
+    """The client a command's `--server` and `--token-file` (and the environment) ask for."""
+    return AdminClient(resolve_server(server), token=resolve_token(token_file))
+
+
 class AdminClient:
-    def __init__(self, base_url: str, timeout: float = TIMEOUT_S) -> None:
+    def __init__(
+        self, base_url: str, timeout: float = TIMEOUT_S, *, token: str | None = None
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
 
     def __str__(self) -> str:
         return self.base_url
@@ -81,10 +121,17 @@ class AdminClient:
         url = self.base_url + path
         if params:
             url += "?" + urllib.parse.urlencode(params)
+        request = urllib.request.Request(url, headers=self._headers)
         try:
-            with urllib.request.urlopen(url, timeout=self.timeout) as response:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 body = response.read()
         except urllib.error.HTTPError as err:
+            if err.code == 401:
+                given = "the token given was refused" if self._headers else "no token was given"
+                raise AdminError(
+                    f"{self.base_url}: the admin API wants authentication ({given}): pass "
+                    f"--token-file FILE or set ${TOKEN_ENV}", 401,
+                ) from None
             raise AdminError(f"{url}: HTTP {err.code}: {_error_message(err)}", err.code) from None
         except (urllib.error.URLError, OSError) as err:
             reason = getattr(err, "reason", err)

@@ -39,6 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a node certificate for node ID of PoP POP; repeat")
     parser.add_argument("--admin", action="append", default=[], metavar="NAME",
                         help="an admin API client certificate; repeat")
+    parser.add_argument("--admin-token", action="store_true",
+                        help="also write DIR/admin.token, a new random admin API token "
+                        "(for serve --admin-token-file and the CLI's --token-file)")
     parser.add_argument("--renew-server", action="store_true",
                         help="issue a new server certificate even if one exists (rotation: a "
                         "running `ballast serve` uses it from its next connection on)")
@@ -57,11 +60,14 @@ def run(args: argparse.Namespace) -> int:
         written += [certs.make_node(ca, pop, node_id, args.days).cert
                     for pop, node_id in args.node]
         written += [certs.make_admin(ca, name, args.days).cert for name in args.admin]
+        token = certs.make_admin_token() if args.admin_token else None
     except (OSError, ValueError) as err:
         print(f"ballast certs: {err}", file=sys.stderr)
         return 1
     for path in written:
         print(f"wrote {path} (key {path.with_suffix('.key')})")
+    if token is not None:
+        print(f"wrote {token} (serve --admin-token-file {token}; CLI --token-file {token})")
     print(f"serve with: --tls-cert {certs.server.cert} --tls-key {certs.server.key} "
           f"--client-ca {certs.ca.cert}")
     return 0

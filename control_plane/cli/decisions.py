@@ -11,7 +11,13 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
-from control_plane.cli.admin_client import AdminClient, AdminError, ServerSource, add_server_option
+from control_plane.cli.admin_client import (
+    AdminError,
+    ServerSource,
+    add_server_option,
+    add_token_option,
+    client_for,
+)
 from control_plane.decisions.kinds import KINDS
 from control_plane.decisions.read import (
     FileSource,
@@ -77,6 +83,7 @@ def add_state_dir(parser: argparse.ArgumentParser) -> None:
     add_server_option(
         where, "read the records from this running Ballast's admin API instead", defaults=False
     )
+    add_token_option(parser)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -102,7 +109,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def source_for(args: argparse.Namespace) -> RecordSource:
     if args.server is not None:
-        return ServerSource(AdminClient(args.server))
+        return ServerSource(client_for(args.server, args.token_file))
     return FileSource(state_dir(args.state_dir))
 
 

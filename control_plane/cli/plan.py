@@ -20,7 +20,8 @@ from control_plane.cli.admin_client import (
     AdminClient,
     AdminError,
     add_server_option,
-    resolve_server,
+    add_token_option,
+    client_for,
 )
 from control_plane.cli.translate_options import (
     DEFAULT_ENVOY_RELEASE,
@@ -61,6 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", metavar="FILE", help="the desired-state YAML to plan")
     where = parser.add_mutually_exclusive_group()
     add_server_option(where, "compare with what this running Ballast serves")
+    add_token_option(parser)
     where.add_argument(
         "--against",
         metavar="OLD_FILE",
@@ -106,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
             source = args.against
             plans = plan_files(old, new, args.pop)
         else:
-            client = AdminClient(resolve_server(args.server))
+            client = client_for(args.server, args.token_file)
             source = str(client)
             plans = plan_against_server(client, new, args.pop)
     except (PlanError, AdminError) as err:

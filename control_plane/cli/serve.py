@@ -77,6 +77,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     tls.add_argument("--client-ca", type=Path, metavar="FILE",
                      help="CA that node certificates must chain to; client certificates are "
                      "required and their identity must match node id and PoP")
+    parser.add_argument("--admin-token-file", type=Path, metavar="FILE",
+                        help="require this bearer token (one word, >= 16 characters; re-read "
+                        "when the file changes) for every admin route but /healthz and "
+                        "/readyz. Without it the admin API is open and may only bind loopback")
     parser.add_argument("--log-level", default="info",
                         choices=["debug", "info", "warning", "error"], help="default info")
 
@@ -109,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         routine_records=BudgetConfig(args.routine_records_burst, args.routine_records_rate),
         tls=TlsFiles(args.tls_cert, args.tls_key, args.client_ca) if all(tls_given) else None,
+        admin_token_file=args.admin_token_file,
     )
     return asyncio.run(_serve(BallastService(config)))
 

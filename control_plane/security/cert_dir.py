@@ -4,6 +4,7 @@
     DIR/server.pem, DIR/server.key          Ballast's certificate (--tls-cert, --tls-key)
     DIR/nodes/<pop>/<node id>.pem, .key     one per Envoy node (URI SAN naming PoP and id)
     DIR/admin/<name>.pem, .key              admin API clients
+    DIR/admin.token                         a bearer token for the admin API
 
 Each file is written to a temporary name and renamed, keys with mode 0600: a server reloading
 the files never reads half a file.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import secrets
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +52,15 @@ class CertDir:
     def admin(self, name: str) -> Pair:
         base = self.root / "admin" / _file_part(name)
         return Pair(base.with_name(base.name + ".pem"), base.with_name(base.name + ".key"))
+
+    @property
+    def admin_token(self) -> Path:
+        return self.root / "admin.token"
+
+    def make_admin_token(self) -> Path:
+        """A new random admin token (256 bits, URL-safe), mode 0600."""
+        _write(self.admin_token, (secrets.token_urlsafe(32) + "\n").encode(), 0o600)
+        return self.admin_token
 
     def load_or_make_ca(self, days: int) -> tuple[Issued, bool]:
         """The CA in the directory (while it is valid), else a new one written there; True
