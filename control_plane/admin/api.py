@@ -23,6 +23,7 @@ import asyncio
 import itertools
 import json
 import logging
+import ssl
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from datetime import UTC, datetime
@@ -231,18 +232,22 @@ class AdminApi:
         self._runner: web.AppRunner | None = None
         self.host = DEFAULT_HOST
         self.port = 0
+        self.scheme = "http"
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{self.scheme}://{self.host}:{self.port}"
 
-    async def start(self, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> None:
+    async def start(
+        self, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
         """Bind and serve; `port` (0: any free one) is readable afterwards. Without
         authentication only a loopback address is allowed (AdminAuthError)."""
         check_bind(host, self.auth)
         runner = web.AppRunner(self.app, access_log=None)
         await runner.setup()
-        site = web.TCPSite(runner, host, port)
+        site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
         try:
             await site.start()
         except OSError:
@@ -251,6 +256,7 @@ class AdminApi:
         self._runner = runner
         self.host = host
         self.port = int(runner.addresses[0][1])
+        self.scheme = "https" if ssl_context is not None else "http"
         log.info("admin API on %s", self.url)
 
     async def stop(self) -> None:

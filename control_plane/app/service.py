@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from control_plane.admin.api import AdminApi
-from control_plane.admin.auth import AdminAuth, TokenFile, check_bind
+from control_plane.admin.auth import AdminAuth, AdminAuthError, TokenFile, check_bind
 from control_plane.admin.dashboard import Dashboard
 from control_plane.admin.decision_feed import DecisionFeed
 from control_plane.ads.snapshots import SnapshotCache
@@ -49,7 +49,7 @@ from control_plane.observe.prometheus import PrometheusSource
 from control_plane.observe.sink import SinkStore, add_metrics_service
 from control_plane.observe.source import MetricSource, wall_ms
 from control_plane.own_metrics.registry import BallastMetrics
-from control_plane.security.tls import ReloadingCredentials, TlsFiles
+from control_plane.security.tls import ReloadingCredentials, ReloadingSslContext, TlsFiles
 from control_plane.translate import render_json, translate_pop
 from control_plane.translate.diff import ResourceChange, diff_renderings, format_changes, summarize
 from control_plane.translate.resources import Capabilities
@@ -78,6 +78,7 @@ class ServiceConfig:
     routine_records: BudgetConfig = DEFAULT_BUDGET
     tls: TlsFiles | None = None  # mTLS on the xDS/sink port when set
     admin_token_file: Path | None = None  # bearer token the admin API requires when set
+    admin_tls: bool = False  # admin API on HTTPS with `tls`'s files; admin client certs accepted
 
 
 class BallastService:
@@ -289,7 +290,10 @@ class BallastService:
         """The admin API's authentication, checked against its bind before anything starts."""
         config = self.config
         token = TokenFile(config.admin_token_file) if config.admin_token_file else None
-        auth = AdminAuth(token=token)
+        if config.admin_tls and config.tls is None:
+            raise AdminAuthError("the admin API's HTTPS uses the xDS port's TLS files: give "
+                                 "--tls-cert, --tls-key and --client-ca too")
+        auth = AdminAuth(token=token, client_certs=config.admin_tls)
         if config.admin_address is not None:
             check_bind(config.admin_address.rpartition(":")[0] or "127.0.0.1", auth)
         return auth
@@ -310,7 +314,10 @@ class BallastService:
             dashboard=dashboard,
             auth=auth,
         )
-        await self.admin.start(host or "127.0.0.1", int(port))
+        https = ReloadingSslContext(self.config.tls) if self.config.tls and auth.client_certs \
+            else None
+        await self.admin.start(host or "127.0.0.1", int(port),
+                               ssl_context=https.context if https is not None else None)
 
     async def _sync_decisions(self, every_s: float = 1.0) -> None:
         while True:
@@ -347,12 +354,17 @@ class BallastService:
             "restored_tier_actions": self.restored_tier_actions,
             "xds_port": self.server.port,
             "xds_tls": self.server.tls.status() if self.server.tls is not None else None,
-            "admin_auth": "token" if self.config.admin_token_file else "none (loopback only)",
+            "admin_auth": self._admin_auth_summary(),
             "state_dir": str(self.config.state_dir),
             "metrics_source": self.config.metrics_source,
             "ready": self.ready,
             "certificates": self.prober.certificates_json() if self.prober else [],
         }
+
+    def _admin_auth_summary(self) -> str:
+        ways = (["token"] if self.config.admin_token_file else []) + (
+            ["client certificate (HTTPS)"] if self.config.admin_tls else [])
+        return " or ".join(ways) or "none (loopback only)"
 
     # -- events ----------------------------------------------------------------------------
 

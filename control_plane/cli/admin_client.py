@@ -2,7 +2,9 @@
 
 The admin token (when the server wants one) comes from `--token-file FILE`, else
 `$BALLAST_ADMIN_TOKEN`, else the file named by `$BALLAST_ADMIN_TOKEN_FILE`; it travels as
-`Authorization: Bearer`.
+`Authorization: Bearer`. For an `https://` server, `--cacert` (or `$BALLAST_ADMIN_CACERT`) is
+the CA its certificate chains to, and `--cert`/`--key` (`$BALLAST_ADMIN_CERT`/`_KEY`) an admin
+client certificate to present instead of a token.
 
 Plain blocking HTTP (urllib): a CLI makes a few requests and exits. Every failure — server not
 reachable, an error answer, a body that is not JSON — is an `AdminError` whose message says what
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import ssl
 import time
 import urllib.error
 import urllib.parse
@@ -28,6 +31,7 @@ SERVER_ENV = "BALLAST_ADMIN"
 TOKEN_ENV = "BALLAST_ADMIN_TOKEN"
 TOKEN_FILE_ENV = "BALLAST_ADMIN_TOKEN_FILE"
 TOKEN_FILE_BYTES = 4096
+CACERT_ENV, CERT_ENV, KEY_ENV = "BALLAST_ADMIN_CACERT", "BALLAST_ADMIN_CERT", "BALLAST_ADMIN_KEY"
 TIMEOUT_S = 10.0
 
 
@@ -75,11 +79,18 @@ def resolve_server(explicit: str | None) -> str:
         raise AdminError(f"${SERVER_ENV}: {err}") from None
 
 
-def add_token_option(parser: argparse.ArgumentParser) -> None:
+def add_auth_options(parser: argparse.ArgumentParser) -> None:
+    """How to authenticate to the admin API: a token, or (HTTPS) a client certificate."""
     parser.add_argument(
         "--token-file", metavar="FILE",
         help=f"admin API token (default: ${TOKEN_ENV}, or the file ${TOKEN_FILE_ENV} names)",
     )
+    parser.add_argument("--cacert", metavar="FILE",
+                        help=f"https: the CA of the server's certificate (default ${CACERT_ENV})")
+    parser.add_argument("--cert", metavar="FILE",
+                        help=f"https: admin client certificate (default ${CERT_ENV})")
+    parser.add_argument("--key", metavar="FILE",
+                        help=f"https: its private key (default ${KEY_ENV})")
 
 
 def resolve_token(token_file: str | None) -> str | None:
@@ -100,18 +111,45 @@ def resolve_token(token_file: str | None) -> str | None:
     return data.decode("ascii", "replace").strip()
 
 
-def client_for(server: str | None, token_file: str | None) -> AdminClient:
-    """The client a command's `--server` and `--token-file` (and the environment) ask for."""
-    return AdminClient(resolve_server(server), token=resolve_token(token_file))
+def tls_context(
+    cacert: str | None, cert: str | None, key: str | None
+) -> ssl.SSLContext | None:
+    """The client side of HTTPS to the admin API; None when nothing was asked for."""
+    cacert = cacert or os.environ.get(CACERT_ENV)
+    cert = cert or os.environ.get(CERT_ENV)
+    key = key or os.environ.get(KEY_ENV)
+    if not (cacert or cert):
+        return None
+    if bool(cert) != bool(key):
+        raise AdminError("a client certificate needs --cert and --key together")
+    try:
+        context = ssl.create_default_context(cafile=cacert)
+        if cert:
+            context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as err:
+        raise AdminError(f"cannot load the admin TLS files: {err}") from None
+    return context
+
+
+def client_for(args: argparse.Namespace) -> AdminClient:
+    """The client a command's `--server`, `--token-file`, `--cacert`, `--cert` and `--key` (and
+    the environment) ask for."""
+    return AdminClient(
+        resolve_server(args.server),
+        token=resolve_token(args.token_file),
+        tls=tls_context(args.cacert, args.cert, args.key),
+    )
 
 
 class AdminClient:
     def __init__(
-        self, base_url: str, timeout: float = TIMEOUT_S, *, token: str | None = None
+        self, base_url: str, timeout: float = TIMEOUT_S, *, token: str | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._tls = tls
 
     def __str__(self) -> str:
         return self.base_url
@@ -123,7 +161,8 @@ class AdminClient:
             url += "?" + urllib.parse.urlencode(params)
         request = urllib.request.Request(url, headers=self._headers)
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+            with urllib.request.urlopen(request, timeout=self.timeout,
+                                        context=self._tls) as response:
                 body = response.read()
         except urllib.error.HTTPError as err:
             if err.code == 401:

@@ -14,8 +14,8 @@ from typing import Any
 from control_plane.cli.admin_client import (
     AdminError,
     ServerSource,
+    add_auth_options,
     add_server_option,
-    add_token_option,
     client_for,
 )
 from control_plane.decisions.kinds import KINDS
@@ -83,7 +83,7 @@ def add_state_dir(parser: argparse.ArgumentParser) -> None:
     add_server_option(
         where, "read the records from this running Ballast's admin API instead", defaults=False
     )
-    add_token_option(parser)
+    add_auth_options(parser)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -109,7 +109,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def source_for(args: argparse.Namespace) -> RecordSource:
     if args.server is not None:
-        return ServerSource(client_for(args.server, args.token_file))
+        return ServerSource(client_for(args))
     return FileSource(state_dir(args.state_dir))
 
 

@@ -19,8 +19,8 @@ from control_plane.admin.capability_keys import capabilities_for_key
 from control_plane.cli.admin_client import (
     AdminClient,
     AdminError,
+    add_auth_options,
     add_server_option,
-    add_token_option,
     client_for,
 )
 from control_plane.cli.translate_options import (
@@ -62,7 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", metavar="FILE", help="the desired-state YAML to plan")
     where = parser.add_mutually_exclusive_group()
     add_server_option(where, "compare with what this running Ballast serves")
-    add_token_option(parser)
+    add_auth_options(parser)
     where.add_argument(
         "--against",
         metavar="OLD_FILE",
@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
             source = args.against
             plans = plan_files(old, new, args.pop)
         else:
-            client = client_for(args.server, args.token_file)
+            client = client_for(args)
             source = str(client)
             plans = plan_against_server(client, new, args.pop)
     except (PlanError, AdminError) as err:

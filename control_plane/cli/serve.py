@@ -81,6 +81,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="require this bearer token (one word, >= 16 characters; re-read "
                         "when the file changes) for every admin route but /healthz and "
                         "/readyz. Without it the admin API is open and may only bind loopback")
+    parser.add_argument("--admin-tls", action="store_true",
+                        help="serve the admin API over HTTPS with the --tls-* files; client "
+                        "certificates naming an admin identity (ballast certs --admin NAME) are "
+                        "accepted like the token")
     parser.add_argument("--log-level", default="info",
                         choices=["debug", "info", "warning", "error"], help="default info")
 
@@ -114,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
         routine_records=BudgetConfig(args.routine_records_burst, args.routine_records_rate),
         tls=TlsFiles(args.tls_cert, args.tls_key, args.client_ca) if all(tls_given) else None,
         admin_token_file=args.admin_token_file,
+        admin_tls=args.admin_tls,
     )
     return asyncio.run(_serve(BallastService(config)))
 

@@ -21,8 +21,8 @@ from typing import Any
 from control_plane.cli.admin_client import (
     AdminClient,
     AdminError,
+    add_auth_options,
     add_server_option,
-    add_token_option,
     client_for,
 )
 from control_plane.decisions.explain import describe_active
@@ -44,7 +44,7 @@ TierActions = dict[str, dict[str, dict[str, Any]]]  # PoP -> group -> actions (/
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("node", nargs="?", metavar="NODE", help="show this node id in detail")
     add_server_option(parser, "admin API of the running Ballast")
-    add_token_option(parser)
+    add_auth_options(parser)
     parser.add_argument("--json", action="store_true", help="print the server's JSON as is")
 
 
@@ -183,7 +183,7 @@ def detail(node: Node, now: float, tier_actions: TierActions | None = None) -> s
 
 def run(args: argparse.Namespace) -> int:
     try:
-        client = client_for(args.server, args.token_file)
+        client = client_for(args)
         if args.node is None:
             answer = client.get("/nodes")
         else:

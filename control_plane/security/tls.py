@@ -1,4 +1,5 @@
-"""mTLS server credentials for the xDS/sink port whose files are re-read when they change.
+"""mTLS server credentials (xDS/sink port, and the admin API's HTTPS) whose files are re-read
+when they change.
 
 gRPC asks `ReloadingCredentials.fetch` for the certificate configuration at every new TLS
 handshake (`grpc.dynamic_ssl_server_credentials`, from one of gRPC's own threads). `fetch` looks
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import ssl
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,3 +151,45 @@ class ReloadingCredentials:
             "reloads": self.reloads,
             "last_error": self.last_error,
         }
+
+
+class ReloadingSslContext:
+    """The same three files as an `ssl.SSLContext` for an HTTPS server (the admin API): client
+    certificates are asked for and verified against the client CA but optional (the request's
+    authentication decides), and a handshake after the files changed gets a context built from
+    the new files (swapped in by the SNI callback, which OpenSSL runs at every handshake)."""
+
+    def __init__(self, files: TlsFiles) -> None:
+        self.files = files
+        self._lock = threading.Lock()
+        self._signature = _signature(files)
+        self._current = self._build(load_tls(files))
+        self.context = self._build(load_tls(files))
+        self.context.sni_callback = self._pick
+        self.reloads = 0
+        self.last_error: str | None = None
+
+    def _build(self, loaded: LoadedTls) -> ssl.SSLContext:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cadata=loaded.ca_pem.decode())
+        context.verify_mode = ssl.CERT_OPTIONAL
+        context.load_cert_chain(self.files.cert, self.files.key)
+        return context
+
+    def _pick(self, sock: ssl.SSLObject, server_name: str | None, _: ssl.SSLContext) -> None:
+        sock.context = self.current()
+
+    def current(self) -> ssl.SSLContext:
+        with self._lock:
+            try:
+                signature = _signature(self.files)
+                if signature != self._signature:
+                    self._current = self._build(load_tls(self.files))
+                    self._signature = signature
+                    self.reloads += 1
+                    self.last_error = None
+                    log.info("admin TLS files reloaded")
+            except (TlsConfigError, OSError, ssl.SSLError) as err:
+                if str(err) != self.last_error:
+                    log.error("admin TLS files not reloaded, the last good ones stay: %s", err)
+                self.last_error = str(err)
+            return self._current
