@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from dataclasses import replace
 
 import pytest
 
 from control_plane.ads.fanout import PushHub
 from control_plane.ads.snapshots import SnapshotCache
-from control_plane.translate import UnknownPop, WeightsError
+from control_plane.translate import UnknownPop, WeightsError, translate_pop
 from control_plane.translate.resources import ENDPOINT_TYPE, Capabilities
 from tests.support.ads_desired import desired
+from tests.support.models import fleet_desired
 
 FIFO, LIFO = Capabilities(), Capabilities(adaptive_lifo=True)
 
@@ -108,3 +110,39 @@ async def test_hub_accepts_changes_from_another_thread() -> None:
     thread.start()
     thread.join()
     await asyncio.wait_for(woke.wait(), 1)
+
+
+def test_a_desired_state_prepared_off_the_cache_keeps_changes_made_meanwhile() -> None:
+    desired = fleet_desired(pops=3, groups=4)
+    cache = SnapshotCache(desired)
+    caps = Capabilities()
+    for pop in desired.pop_names:
+        cache.resources(pop, caps)
+    new = replace(desired, origin_groups=tuple(
+        replace(g, max_origin_concurrency=60) for g in desired.origin_groups))
+    prepare = cache.prepare_desired(new)  # read now; the work below could run on a thread
+    moved = {"o0": 30, "o1": 70}
+    assert cache.update_weights("p001", "g002", moved)  # the loop keeps pushing meanwhile
+    lifo = cache.resources("p002", Capabilities(adaptive_lifo=True))  # a new node meanwhile
+    prepared = prepare()
+    assert cache.desired is desired and cache.weights("p001", "g002") == moved  # untouched
+    heard: list[frozenset[str]] = []
+    cache.add_listener(heard.append)
+    assert cache.commit_desired(prepared) == frozenset(desired.pop_names)
+    assert heard == [frozenset(desired.pop_names)]
+    assert cache.desired is new and cache.weights("p001", "g002") == moved
+    for pop, weights in (("p000", {}), ("p001", {"g002": moved}), ("p002", {})):
+        assert cache.resources(pop, caps) == translate_pop(new, pop, weights, caps)
+    after = cache.resources("p002", Capabilities(adaptive_lifo=True))
+    assert after is not lifo
+    assert after == translate_pop(new, "p002", {}, Capabilities(adaptive_lifo=True))
+
+
+def test_entries_translated_ahead_are_kept_only_while_they_hold() -> None:
+    cache = SnapshotCache(fleet_desired(pops=3, groups=2))
+    caps = Capabilities()
+    warm = cache.prepare_entries(caps)
+    cache.update_weights("p001", "g000", {"o0": 40, "o1": 60})  # p001 changed meanwhile
+    assert cache.commit_entries(warm()) == 2
+    assert cache.cached("p000", caps) is not None and cache.cached("p001", caps) is None
+    assert cache.resources("p001", caps).of_type(ENDPOINT_TYPE)

@@ -13,7 +13,7 @@ same object.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -63,6 +63,28 @@ def same_content(new: PopResources, old: PopResources) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class PreparedDesired:
+    """A new desired state translated off the cache (`SnapshotCache.prepare_desired`)."""
+
+    desired: Desired
+    weights: dict[str, dict[str, GroupWeights]]  # what still fits the new desired state
+    tier_actions: dict[str, dict[str, TierActions]]
+    entries: dict[tuple[str, str], PopResources]
+    changed: frozenset[str]
+    base: int  # the cache's change count when its state was read
+    translated: int  # entries translated
+
+
+@dataclass(frozen=True)
+class WarmEntries:
+    """Entries translated ahead of their first node (`SnapshotCache.prepare_entries`)."""
+
+    desired: Desired
+    entries: dict[tuple[str, str], PopResources]
+    base: int
+
+
 class SnapshotCache:
     def __init__(self, desired: Desired, *, translator: Translator = translate_pop) -> None:
         self._desired = desired
@@ -72,6 +94,8 @@ class SnapshotCache:
         self._overrides: dict[str, Capabilities] = {}
         self._entries: dict[tuple[str, str], PopResources] = {}
         self._cap_keys: set[str] = set()  # every capability key an entry was made for
+        self._changes = 0  # counts changes; `_touched[pop]`: the count at the PoP's last one
+        self._touched: dict[str, int] = {}
         self._listeners: list[ChangeListener] = []
         self.translations = 0  # how many times translate ran (tests, metrics)
 
@@ -105,7 +129,12 @@ class SnapshotCache:
             entry = self._build(self._desired, pop, caps)
             self._entries[key] = entry
             self._cap_keys.add(caps.key)
+            self._touch(pop)
         return entry
+
+    def cached(self, pop: str, caps: Capabilities) -> PopResources | None:
+        """The PoP's resources for `caps` if they were translated already (never translates)."""
+        return self._entries.get((pop, caps.key))
 
     def weights(self, pop: str, group: str) -> GroupWeights:
         """Current weights of (PoP, origin group): pushed ones, else the starting weights."""
@@ -181,30 +210,106 @@ class SnapshotCache:
         Weights that no longer fit (origin group or origins gone) fall back to the starting
         weights, tier actions naming a tier the group no longer has are dropped (the next
         reconcile tick sets them again from the new policy); PoPs that disappeared count as
-        changed so their streams can be told.
+        changed so their streams can be told. The same as `commit_desired(prepare_desired(d)())`,
+        all on the caller's thread.
         """
-        kept: dict[str, dict[str, GroupWeights]] = {}
-        for pop, groups in self._weights.items():
-            if pop not in desired.pop_names:
-                continue
-            for group, weights in groups.items():
-                if _fits(desired, group, weights):
-                    kept.setdefault(pop, {})[group] = weights
-        kept_actions: dict[str, dict[str, TierActions]] = {}
-        for pop, by_group in self._tier_actions.items():
-            for group, actions in by_group.items():
-                if pop in desired.pop_names and _actions_fit(desired, group, actions):
-                    kept_actions.setdefault(pop, {})[group] = actions
-        old_weights, self._weights = self._weights, kept
-        old_actions, self._tier_actions = self._tier_actions, kept_actions
+        return self.commit_desired(self.prepare_desired(desired)())
+
+    def prepare_desired(self, desired: Desired) -> Callable[[], PreparedDesired]:
+        """Read the cache's state now; the returned call does the translation work of
+        `update_desired` and touches nothing of the cache, so it may run on a worker thread
+        while the event loop keeps serving (and changing weights). `commit_desired` applies it."""
+        weights = {pop: dict(groups) for pop, groups in self._weights.items()}
+        actions = {pop: dict(groups) for pop, groups in self._tier_actions.items()}
+        entries = dict(self._entries)
+        base = self._changes
+        translate = self._translate
+
+        def prepare() -> PreparedDesired:
+            kept = _fitting_weights(desired, weights)
+            kept_actions = _fitting_actions(desired, actions)
+            fresh: dict[tuple[str, str], PopResources] = {}
+            changed: set[str] = set()
+            for (pop, cap_key), old in entries.items():
+                if pop not in desired.pop_names:
+                    changed.add(pop)
+                    continue
+                new = translate(desired, pop, kept.get(pop, {}), old.capabilities,
+                                kept_actions.get(pop, {}), previous=old)
+                if same_content(new, old):
+                    fresh[(pop, cap_key)] = old
+                else:
+                    fresh[(pop, cap_key)] = new
+                    changed.add(pop)
+            return PreparedDesired(desired, kept, kept_actions, fresh, frozenset(changed), base,
+                                   len(entries))
+
+        return prepare
+
+    def commit_desired(self, prepared: PreparedDesired) -> frozenset[str]:
+        """Swap in what `prepare_desired` made. PoPs whose weights, tier actions or entries
+        changed after it read the cache are re-translated now (incrementally) from their
+        current values; returns (and announces) every PoP whose config changed."""
+        desired = prepared.desired
+        weights = {pop: dict(groups) for pop, groups in prepared.weights.items()}
+        actions = {pop: dict(groups) for pop, groups in prepared.tier_actions.items()}
+        entries = dict(prepared.entries)
+        late = {pop for pop, at in self._touched.items()
+                if at > prepared.base and pop in desired.pop_names}
+        for pop in late:
+            weights[pop] = _fitting_weights(desired, {pop: self._weights.get(pop, {})}).get(
+                pop, {})
+            actions[pop] = _fitting_actions(desired, {pop: self._tier_actions.get(pop, {})}).get(
+                pop, {})
+            entries.update({key: entry for key, entry in self._entries.items()
+                            if key[0] == pop and key not in entries})
+        saved = (self._desired, self._weights, self._tier_actions, self._entries)
+        self._desired, self._weights, self._tier_actions, self._entries = (
+            desired, weights, actions, entries)
         try:
-            changed = self._rebuild(desired, {pop for pop, _ in self._entries})
+            late_changed = self._rebuild(desired, late, announce=False)
         except Exception:
-            self._weights = old_weights
-            self._tier_actions = old_actions
+            self._desired, self._weights, self._tier_actions, self._entries = saved
             raise
-        self._desired = desired
+        self._touch(*desired.pop_names)
+        self.translations += prepared.translated
+        changed = prepared.changed | late_changed
+        if changed:
+            self._announce(changed)
         return changed
+
+    def prepare_entries(
+        self, caps: Capabilities, pops: Iterable[str] | None = None
+    ) -> Callable[[], WarmEntries]:
+        """Like `prepare_desired`, for translating `pops` (default: all) for `caps` ahead of
+        their first node (start-up, off the event loop); `commit_entries` keeps them."""
+        desired = self._desired
+        wanted = [pop for pop in (desired.pop_names if pops is None else pops)
+                  if (pop, caps.key) not in self._entries]
+        weights = {pop: dict(self._weights.get(pop, {})) for pop in wanted}
+        actions = {pop: dict(self._tier_actions.get(pop, {})) for pop in wanted}
+        base = self._changes
+        translate = self._translate
+
+        def prepare() -> WarmEntries:
+            built = {(pop, caps.key): translate(desired, pop, weights[pop], caps, actions[pop])
+                     for pop in wanted}
+            return WarmEntries(desired, built, base)
+
+        return prepare
+
+    def commit_entries(self, warm: WarmEntries) -> int:
+        """Keep the prepared entries that still hold (same desired state, PoP untouched since,
+        no entry made meanwhile); returns how many were kept."""
+        if warm.desired is not self._desired:
+            return 0
+        kept = 0
+        for key, entry in warm.entries.items():
+            if key not in self._entries and self._touched.get(key[0], -1) <= warm.base:
+                self._entries[key] = entry
+                self._cap_keys.add(key[1])
+                kept += 1
+        return kept
 
     def override_capabilities(self, pop: str, caps: Capabilities | None) -> None:
         """Force `caps` onto every node of `pop` (None: back to what nodes advertise)."""
@@ -225,7 +330,9 @@ class SnapshotCache:
         return self._translate(desired, pop, weights, caps, self._tier_actions.get(pop, {}),
                                previous=previous)
 
-    def _rebuild(self, desired: Desired, pops: set[str]) -> frozenset[str]:
+    def _rebuild(
+        self, desired: Desired, pops: set[str], *, announce: bool = True
+    ) -> frozenset[str]:
         """Re-translate the cached entries of `pops` against `desired`; swap only if all work."""
         fresh: dict[tuple[str, str], PopResources] = {}
         changed: set[str] = set()
@@ -247,9 +354,16 @@ class SnapshotCache:
             del self._entries[key]
         self._entries.update(fresh)
         result = frozenset(changed)
-        if result:
+        self._touch(*pops)
+        if result and announce:
             self._announce(result)
         return result
+
+    def _touch(self, *pops: str) -> None:
+        """Remember that these PoPs' inputs or entries changed now (see `commit_desired`)."""
+        self._changes += 1
+        for pop in pops:
+            self._touched[pop] = self._changes
 
     def _announce(self, pops: frozenset[str]) -> None:
         log.debug("snapshots changed for PoPs %s", ", ".join(sorted(pops)))
@@ -274,23 +388,43 @@ class SnapshotCache:
         raise WeightsError(f"unknown origin group {name!r}; known: {known}")
 
 
-def _fits(desired: Desired, group: str, weights: GroupWeights) -> bool:
-    for candidate in desired.origin_groups:
-        if candidate.name == group:
+def _fitting_weights(
+    desired: Desired, weights: Mapping[str, Mapping[str, GroupWeights]]
+) -> dict[str, dict[str, GroupWeights]]:
+    groups = {group.name: group for group in desired.origin_groups}
+    pops = set(desired.pop_names)
+    kept: dict[str, dict[str, GroupWeights]] = {}
+    for pop, by_group in weights.items():
+        if pop not in pops:
+            continue
+        for name, group_weights in by_group.items():
+            group = groups.get(name)
+            if group is None:
+                continue
             try:
-                check_group_weights(candidate, weights)
+                check_group_weights(group, group_weights)
             except WeightsError:
-                return False
-            return True
-    return False
+                continue
+            kept.setdefault(pop, {})[name] = group_weights
+    return kept
 
 
-def _actions_fit(desired: Desired, group: str, actions: TierActions) -> bool:
-    for candidate in desired.origin_groups:
-        if candidate.name == group:
+def _fitting_actions(
+    desired: Desired, actions: Mapping[str, Mapping[str, TierActions]]
+) -> dict[str, dict[str, TierActions]]:
+    groups = {group.name: group for group in desired.origin_groups}
+    pops = set(desired.pop_names)
+    kept: dict[str, dict[str, TierActions]] = {}
+    for pop, by_group in actions.items():
+        if pop not in pops:
+            continue
+        for name, group_actions in by_group.items():
+            group = groups.get(name)
+            if group is None:
+                continue
             try:
-                check_tier_actions(candidate, actions)
+                check_tier_actions(group, group_actions)
             except ValueError:
-                return False
-            return True
-    return False
+                continue
+            kept.setdefault(pop, {})[name] = group_actions
+    return kept

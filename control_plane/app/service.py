@@ -5,7 +5,9 @@ Start-up order matters and is the point of this module:
 2. open the state store and restore weights, streak counters and active tier actions (refuse to
    start on corrupted state) into the snapshot cache — before the gRPC port is even bound, so a
    reconnecting Envoy never sees default weights or lifted shedding mid-incident;
-3. bind xDS (ADS + the metrics_service sink on the same port), then the admin API;
+3. translate every PoP's resources on a worker thread (Envoys reconnecting after a restart find
+   them ready), then bind xDS (ADS + the metrics_service sink on the same port), then the admin
+   API;
 4. start the reconcile loop, the active probes and the desired-state watcher; report ready.
 Shutdown runs the other way and ends with the decision log and the state store closed.
 """
@@ -18,7 +20,7 @@ import hashlib
 import json
 import logging
 import signal
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -39,7 +41,7 @@ from control_plane.decisions.budget import DEFAULT_BUDGET, BudgetConfig, RecordB
 from control_plane.decisions.log import DecisionLog
 from control_plane.decisions.read import FileSource
 from control_plane.desired import DesiredStateError, load_desired, parse_desired
-from control_plane.desired.model import Desired
+from control_plane.desired.model import Desired, GroupWeights, TierActions
 from control_plane.intent.sqlite_store import StateCorrupted, StateStore
 from control_plane.intent.state_dir_lock import StateDirLock
 from control_plane.observe.certificates import CertificateStatus
@@ -52,7 +54,7 @@ from control_plane.own_metrics.registry import BallastMetrics
 from control_plane.security.tls import ReloadingCredentials, ReloadingSslContext, TlsFiles
 from control_plane.translate import render_json, translate_pop
 from control_plane.translate.diff import ResourceChange, diff_renderings, format_changes, summarize
-from control_plane.translate.resources import Capabilities
+from control_plane.translate.resources import Capabilities, PopResources
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +93,7 @@ class BallastService:
         self.started_at_ms = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._desired_bytes = b""
+        self._reload_lock = asyncio.Lock()  # one reload at a time (file watcher, SIGHUP)
         self.routine_budget = RecordBudget(config.routine_records)
         self.server: BallastServer
         self.decisions: DecisionLog
@@ -160,6 +163,10 @@ class BallastService:
             poll=config.reload_poll_s,
             current=self._desired_bytes,
         )
+        # every PoP translated for Envoys without adaptive LIFO (Envoy 1.40 lacks it), off the
+        # loop and before the port is bound: a reconnect storm finds its snapshots ready
+        warm = self.server.cache.prepare_entries(Capabilities())
+        self.server.cache.commit_entries(await asyncio.to_thread(warm))
         try:
             await self.server.start()
             if config.admin_address is not None:
@@ -427,20 +434,33 @@ class BallastService:
     # -- hot reload ------------------------------------------------------------------------
 
     async def apply_desired_bytes(self, data: bytes) -> bool:
-        """Validate and apply a new desired state; on any problem keep running as is."""
+        """Validate and apply a new desired state; on any problem keep running as is.
+
+        Everything that grows with the desired state (parsing, the per-PoP diffs, translating
+        every cached PoP) runs on a worker thread from inputs read on the loop; the loop keeps
+        answering Envoys and pushing weight changes meanwhile, and only the swap (plus an
+        incremental re-translation of PoPs whose weights moved during the work) runs on it.
+        """
+        async with self._reload_lock:
+            return await self._apply_desired_bytes(data)
+
+    async def _apply_desired_bytes(self, data: bytes) -> bool:
         source = str(self.config.desired_path)
         digest = hashlib.sha256(data).hexdigest()
         try:
-            new = parse_desired(data, source)
+            new = await asyncio.to_thread(parse_desired, data, source)
         except DesiredStateError as err:
             self._reject(digest, [str(p) for p in err.problems])
             return False
-        old = self.server.cache.desired
+        cache = self.server.cache
+        old = cache.desired
         if new.digest == old.digest:
             return False
+        diffs = pop_diffs_from(cache, old, new)
+        prepare = cache.prepare_desired(new)
         try:
-            changes = {pop: diff_pop(old, new, pop, self.server.cache) for pop in _pops(old, new)}
-            changed_pops = self.server.cache.update_desired(new)
+            changes, prepared = await asyncio.to_thread(lambda: (diffs(), prepare()))
+            changed_pops = cache.commit_desired(prepared)
         except Exception as err:  # translation of a valid file failed: never half-apply
             log.exception("applying %s failed", source)
             self._reject(digest, [f"{source}: cannot translate: {err}"])
@@ -510,13 +530,42 @@ def _pops(old: Desired, new: Desired) -> list[str]:
     return sorted(set(old.pop_names) | set(new.pop_names))
 
 
-def diff_pop(old: Desired, new: Desired, pop: str, cache: SnapshotCache) -> list[ResourceChange]:
-    """What `pop` gets differently under `new` than now (Envoys without adaptive LIFO)."""
+def pop_diffs_from(
+    cache: SnapshotCache, old: Desired, new: Desired
+) -> Callable[[], dict[str, list[ResourceChange]]]:
+    """Read what the diffs need from the cache now; the returned call computes, per PoP, what it
+    gets differently under `new` than now (Envoys without adaptive LIFO) and touches nothing of
+    the cache, so it may run on a worker thread."""
     caps = Capabilities()
-    before = render_json(cache.resources(pop, caps)) if pop in old.pop_names else {}
+    weights = cache.all_weights()
+    active = {
+        pop: {g.name: a for g in old.origin_groups
+              if (a := cache.tier_actions(pop, g.name)) is not None}
+        for pop in old.pop_names
+    }
+    cached = {pop: cache.cached(pop, caps) for pop in old.pop_names}
+
+    def diffs() -> dict[str, list[ResourceChange]]:
+        return {pop: diff_pop(old, new, pop, weights.get(pop, {}), active.get(pop, {}),
+                              cached.get(pop))
+                for pop in _pops(old, new)}
+
+    return diffs
+
+
+def diff_pop(
+    old: Desired, new: Desired, pop: str, current: Mapping[str, GroupWeights],
+    active: Mapping[str, TierActions], before_resources: PopResources | None = None,
+) -> list[ResourceChange]:
+    """What `pop` gets differently under `new` than now (Envoys without adaptive LIFO), from its
+    current weights and active tier actions (and its current resources, when at hand)."""
+    caps = Capabilities()
+    if pop not in old.pop_names:
+        before = {}
+    else:
+        before = render_json(before_resources or translate_pop(old, pop, current, caps, active))
     if pop not in new.pop_names:
         return diff_renderings(before, {})
-    current = cache.all_weights().get(pop, {})
     weights = {
         g.name: current[g.name]
         for g in new.origin_groups
@@ -525,8 +574,7 @@ def diff_pop(old: Desired, new: Desired, pop: str, cache: SnapshotCache) -> list
     actions = {}
     if pop in old.pop_names:
         for group in new.origin_groups:
-            active = cache.tier_actions(pop, group.name)
-            if active is not None and group.tier_actions.enabled:
+            if group.name in active and group.tier_actions.enabled:
                 actions[group.name] = group.tier_actions.actions()
     return diff_renderings(
         before, render_json(translate_pop(new, pop, weights, caps, actions))

@@ -61,3 +61,29 @@ def desired(**kwargs: int) -> Desired:
 def write_desired(path: Path, **kwargs: int) -> Path:
     path.write_text(desired_yaml(**kwargs))
     return path
+
+
+def fleet_yaml(*, pops: int, groups: int, listener_port: int = 10000,
+               max_origin_concurrency: int = 120) -> str:
+    """`pops` PoPs (p000…) and `groups` origin groups (g000…) of two origins, one virtual host
+    per group: the YAML twin of `tests.support.models.fleet_desired`, for scale tests."""
+    pop_names = [f"p{p:03d}" for p in range(pops)]
+    lines = ["pops:"]
+    lines += [f"  {name}: {{listen_address: 127.0.0.1, port_offset: {p}}}"
+              for p, name in enumerate(pop_names)]
+    lines.append("origin_groups:")
+    for g in range(groups):
+        order = {name: ("[o0, o1]" if p % 2 == 0 else "[o1, o0]")
+                 for p, name in enumerate(pop_names)}
+        lines += [
+            f"  g{g:03d}:",
+            f"    max_origin_concurrency: {max_origin_concurrency}",
+            "    origins:",
+            f"      o0: {{address: 10.{g // 250}.{g % 250}.1, port: 8080}}",
+            f"      o1: {{address: 10.{g // 250}.{g % 250}.2, port: 8080}}",
+            "    preference: {" + ", ".join(f"{k}: {v}" for k, v in order.items()) + "}",
+        ]
+    lines += ["listeners:", "  - name: edge", f"    port: {listener_port}", "    virtual_hosts:"]
+    lines += [f"      - {{name: g{g:03d}, domains: [g{g:03d}.example], origin_group: g{g:03d}}}"
+              for g in range(groups)]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,109 @@
+"""The event loop never stalls on work that grows with the desired state: a hot reload that
+re-translates every PoP runs on a worker thread, and meanwhile the loop keeps answering and
+pushing one PoP's weight changes.
+
+A real `BallastService` with a desired state of 8 PoPs x 40 groups (every PoP translated at
+start-up), one simulated delta node in PoP p000 over real gRPC, and a loop-lag probe (a 5 ms
+sleep, measured). The reload changes every group, so every cluster of every PoP is re-translated
+(and each PoP's diff rendered). The bounds are relative to the reload's own duration, which is
+what the loop would have stalled for when the work ran on it: no machine time is asserted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from control_plane.app.envoy_process import free_port
+from control_plane.app.service import BallastService, ServiceConfig
+from control_plane.translate.resources import CLUSTER_TYPE, ENDPOINT_TYPE, Capabilities
+from tests.support.ads_desired import fleet_yaml
+from tests.support.xds_client import XdsClient, local_channel, make_node
+
+POPS, GROUPS = 8, 40
+PROBE_S = 0.005
+
+
+class LagProbe:
+    """How late the loop runs a 5 ms sleep's wake-up, sample by sample."""
+
+    def __init__(self) -> None:
+        self.lags: list[float] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        while True:
+            started = time.perf_counter()
+            await asyncio.sleep(PROBE_S)
+            self.lags.append(time.perf_counter() - started - PROBE_S)
+
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+
+
+async def test_a_full_retranslation_does_not_delay_a_small_pops_push(tmp_path: Path) -> None:
+    path = tmp_path / "desired.yaml"
+    path.write_text(fleet_yaml(pops=POPS, groups=GROUPS))
+    service = BallastService(ServiceConfig(
+        desired_path=path, state_dir=tmp_path / "state", xds_address=f"127.0.0.1:{free_port()}",
+        admin_address=None, probes=False, reconcile_interval_ms=3_600_000, debounce_s=0.0,
+    ))
+    await service.start()
+    cache = service.server.cache
+    assert all(cache.cached(pop, Capabilities()) is not None for pop in cache.desired.pop_names)
+    channel = local_channel(f"127.0.0.1:{service.server.port}")
+    client = await XdsClient(channel, make_node("edge-1", "p000"), delta=True).start()
+    try:
+        await client.subscribe(CLUSTER_TYPE)
+        await client.wait_for(lambda c: len(c.names(CLUSTER_TYPE)) == GROUPS * 3, 30)
+        await client.subscribe(ENDPOINT_TYPE, sorted(client.names(CLUSTER_TYPE)))
+        await client.wait_for(lambda c: len(c.names(ENDPOINT_TYPE)) == GROUPS * 3, 30)
+        # the first reconcile tick (every pair) is done before anything is measured
+        await _until(lambda: len(service.reconciler.states) == POPS * GROUPS)
+
+        async def push(step: int) -> float:
+            """Shift g000 in p000; seconds until the node holds the new assignment."""
+            started = time.perf_counter()
+            share = 10 + step % 80
+            cache.update_weights("p000", "g000", {"o0": share, "o1": 100 - share})
+            want = cache.resources("p000", Capabilities()).of_type(ENDPOINT_TYPE)[
+                "g000.critical"].version
+            await client.wait_for(
+                lambda c: c.state.resources[ENDPOINT_TYPE]["g000.critical"][0] == want, 30)
+            return time.perf_counter() - started
+
+        probe = LagProbe()
+        probe.start()
+        edited = fleet_yaml(pops=POPS, groups=GROUPS, max_origin_concurrency=100).encode()
+        started = time.perf_counter()
+        reload = asyncio.create_task(service.apply_desired_bytes(edited))
+        during: list[float] = []
+        while not reload.done():
+            during.append(await push(len(during)))
+        assert await reload
+        duration = time.perf_counter() - started
+        await probe.stop()
+    finally:
+        await client.close()
+        await channel.close()
+        await service.stop()
+    assert cache.desired.origin_groups[0].max_origin_concurrency == 100
+    worst = max(probe.lags)
+    # on the loop, the reload would have stalled it (and any push) for its whole duration
+    assert len(during) >= 3, (during, duration)
+    assert max(during) < duration / 4, (max(during), duration, during)
+    assert worst < duration / 4, (worst, duration)
+
+
+async def _until(check: object, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.05)
