@@ -8,6 +8,7 @@ source is a scripted one (the sources themselves are tested against real Envoys 
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,11 +21,11 @@ from control_plane.decide.signals import OriginSignals, TierPending
 from control_plane.decisions.explain import explain
 from control_plane.decisions.log import DecisionLog
 from control_plane.decisions.read import iter_records
-from control_plane.desired.model import TierActions
+from control_plane.desired.model import TierActionPolicy, TierActions
 from control_plane.intent.sqlite_store import StateStore
 from control_plane.observe.source import Signals, TierSignals
 from control_plane.translate.resources import Capabilities
-from tests.support.models import example_desired, fleet_desired
+from tests.support.models import example_desired, fleet_desired, shop_group
 
 T0 = 1_800_000_000_000
 
@@ -158,7 +159,8 @@ class ScriptedTiers:
 
 
 async def test_tier_actions_go_on_and_off_saved_before_the_push(tmp_path: Path) -> None:
-    cache = SnapshotCache(example_desired())
+    pending_trigger = TierActionPolicy(trigger="pending", lending=False)
+    cache = SnapshotCache(example_desired(replace(shop_group(), tier_actions=pending_trigger)))
     store = StateStore(tmp_path)
     tiers = ScriptedTiers()
     reconciler = Reconciler(cache, ScriptedSource(), DecisionLog(tmp_path), store,
@@ -171,16 +173,16 @@ async def test_tier_actions_go_on_and_off_saved_before_the_push(tmp_path: Path) 
     tiers.ewr = 25
     for tick in range(3):  # 0 s, 20 s, 40 s: on at 40 s (>= 30 s)
         await reconciler.tick(T0 + tick * 20_000)
-    assert cache.tier_actions("ewr", "shop") == TierActions()
+    assert cache.tier_actions("ewr", "shop") == TierActions(shed_status=(("background", 503),))
     assert cache.tier_actions("sjc", "shop") is None
     assert saved_at_push == [(frozenset({"ewr"}), True)], "saved before pushed; ewr only"
     (on,) = [r for r in iter_records(tmp_path) if r["kind"] == "tier_action"]
     assert (on["pop"], on["group"], on["detail"]["active"]) == ("ewr", "shop", True)
-    assert on["inputs"]["pending"]["pending_max"] == 25 and "for 40 s" in on["rule"]
+    assert on["inputs"]["readings"]["critical"]["pending_max"] == 25 and "for 40 s" in on["rule"]
 
     tiers.fail = True  # a failing source holds the actions
     await reconciler.tick(T0 + 60_000)
-    assert cache.tier_actions("ewr", "shop") == TierActions()
+    assert cache.tier_actions("ewr", "shop") == TierActions(shed_status=(("background", 503),))
     tiers.fail, tiers.ewr = False, 2
     for tick in range(4, 8):  # quiet from 80 s; lifted at 140 s (60 s later)
         await reconciler.tick(T0 + tick * 20_000)
@@ -188,6 +190,39 @@ async def test_tier_actions_go_on_and_off_saved_before_the_push(tmp_path: Path) 
     assert [r["detail"]["active"] for r in iter_records(tmp_path)
             if r["kind"] == "tier_action"] == [True, False]
     assert store.load().tier_decisions == {}, "an idle state leaves the store"
+
+
+class LendingTiers:
+    """Every tier of ewr/shop read by one Envoy: idle critical and normal, busy background."""
+
+    def __init__(self) -> None:
+        self.critical = self.normal = 0.0
+
+    async def tier_pending(self, now_ms: int, window_ms: int) -> TierSignals:
+        return {("ewr", "shop"): {
+            "critical": TierPending(0, now_ms, (("e1", self.critical),)),
+            "normal": TierPending(0, now_ms, (("e1", self.normal),)),
+            "background": TierPending(40, now_ms, (("e1", 6.0),)),
+        }}
+
+
+async def test_lending_and_reclaim_reach_the_cache_the_log_and_the_store(tmp_path: Path) -> None:
+    cache = SnapshotCache(example_desired())
+    store = StateStore(tmp_path)
+    tiers = LendingTiers()
+    reconciler = Reconciler(cache, ScriptedSource(), DecisionLog(tmp_path), store,
+                            tier_source=tiers, seed=7)
+    await reconciler.tick(T0)
+    actions = cache.tier_actions("ewr", "shop")
+    assert actions is not None and actions.limits == (("background", 47),)  # 6 + 40 + 1
+    assert store.load().tier_decisions["ewr/shop"]["lent"] == {"background": 41}
+    tiers.critical, tiers.normal = 80, 30  # the lenders' demand is back: reclaimed at once
+    await reconciler.tick(T0 + 20_000)
+    assert cache.tier_actions("ewr", "shop") is None
+    assert [r["detail"]["change"] for r in iter_records(tmp_path)
+            if r["kind"] == "tier_lend"] == ["lend", "reclaim"]
+    saved = store.load().tier_decisions["ewr/shop"]  # utilization 116/120: its hold started
+    assert saved["lent"] == {} and saved["shed_since_ms"] == T0 + 20_000
 
 
 async def test_service_restores_active_tier_actions_before_serving(tmp_path: Path) -> None:
@@ -205,7 +240,8 @@ async def test_service_restores_active_tier_actions_before_serving(tmp_path: Pat
     ))
     await service.start()
     try:
-        assert service.server.cache.tier_actions("ewr", "shop") == TierActions()
+        shed_503 = TierActions(shed_status=(("background", 503),))
+        assert service.server.cache.tier_actions("ewr", "shop") == shed_503
         assert service.server.cache.tier_actions("sjc", "shop") is None
         assert service.reconciler.tier_states[("ewr", "shop")].active
         assert service.status()["restored_tier_actions"] == 1

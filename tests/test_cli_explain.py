@@ -4,6 +4,7 @@ state directory and from a running server (`--server`), and its argument errors.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from control_plane.decisions.log import DecisionLog
 from control_plane.desired.model import FailoverPolicy, TierActionPolicy
 from tests.support.admin_stack import AdminStack, serving
 from tests.support.ads_desired import desired
+from tests.support.models import shop_group
 
 T0 = datetime(2024, 5, 1, 16, 0, tzinfo=UTC)
 
@@ -24,7 +26,8 @@ T0 = datetime(2024, 5, 1, 16, 0, tzinfo=UTC)
 def write_log(state_dir: Path, group: str, critical_pending: list[float] | None = None) -> Path:
     """Three ticks of a sick primary in ewr (and, with `critical_pending`, the tier step on that
     critical tier peak per tick), recorded like the reconcile loop does."""
-    policy, pref, tiers = FailoverPolicy(), ("primary", "secondary"), TierActionPolicy()
+    policy, pref = FailoverPolicy(), ("primary", "secondary")
+    tiers = replace(shop_group(), tier_actions=TierActionPolicy(trigger="pending", lending=False))
     now = [T0]
     weights, state, tier_state = home_weights(pref, 5), ControllerState(), TierState()
     with DecisionLog(state_dir, clock=lambda: now[0]) as log:
@@ -41,7 +44,7 @@ def write_log(state_dir: Path, group: str, critical_pending: list[float] | None 
                 tiers_result = tier_step(tiers, tier_state, pending, ms)
                 if tiers_result.kind is not None:
                     log.record(tiers_result.kind, pop="ewr", group=group,
-                               **tiers_result.record_fields())
+                               **tiers_result.record_fields(tiers_result.decisions[0]))
                 tier_state = tiers_result.state
     return state_dir
 

@@ -16,7 +16,8 @@ from control_plane.decide.tiers import TierState, tier_step
 from control_plane.decisions.explain import describe_active, explain, explain_tiers
 from control_plane.decisions.log import DecisionLog
 from control_plane.decisions.read import iter_records
-from control_plane.desired.model import FailoverPolicy, TierActionPolicy, TierActions
+from control_plane.desired.model import FailoverPolicy, OriginGroup, TierActionPolicy, TierActions
+from tests.support.models import shop_group
 
 POLICY = FailoverPolicy()
 PREF = ("primary", "secondary")
@@ -121,7 +122,8 @@ def test_no_records(tmp_path: Path) -> None:
 
 # -- tier actions ----------------------------------------------------------------------------
 
-TIERS = TierActionPolicy()  # seed 000: critical pending > 10 for 30 s; lifted after 60 s without
+TIERS = TierActionPolicy(trigger="pending", lending=False)  # critical pending > 10 for 30 s;
+# lifted after 60 s without
 TIER_TICK = 15_000
 DISABLED = replace(TIERS, enabled=False)
 SHED_ONLY = replace(TIERS, for_ms=0, demote_tier=None, recover_after_ms=120_000)
@@ -136,6 +138,10 @@ ON_AT_0045 = [
     "(trigger_pending) at every tick for 30 s since 16:00:15 (for: 30 s)",
     OFF_LINE,
 ]
+def group_with(policy: TierActionPolicy) -> OriginGroup:
+    return replace(shop_group(), tier_actions=policy)
+
+
 NONE = ["tier actions: no tier actions active (none switched on in the log)"]
 
 
@@ -153,9 +159,11 @@ def tier_log(tmp_path: Path, ticks: list[float | tuple[TierActionPolicy, float]]
             policy, pending = entry if isinstance(entry, tuple) else (TIERS, entry)
             ms = tick * TIER_TICK
             now[0] = T0 + timedelta(milliseconds=ms)
-            result = tier_step(policy, state, {"critical": TierPending(pending, ms)}, ms)
+            result = tier_step(group_with(policy), state,
+                               {"critical": TierPending(pending, ms)}, ms)
             if result.kind is not None:
-                log.record(result.kind, pop="ewr", group="api", **result.record_fields())
+                log.record(result.kind, pop="ewr", group="api",
+                           **result.record_fields(result.decisions[0]))
             state = result.state
     return list(iter_records(tmp_path))
 
@@ -212,9 +220,10 @@ def test_tier_records_do_not_disturb_the_weights_story(tmp_path: Path) -> None:
     records = incident(tmp_path, [("sick", 3), ("healthy", 8)])
     clock = [T0 + timedelta(minutes=10)]
     with DecisionLog(tmp_path, clock=lambda: clock[0]) as log:
-        result = tier_step(TIERS, TierState(trigger_since_ms=0),
+        result = tier_step(group_with(TIERS), TierState(trigger_since_ms=0),
                            {"critical": TierPending(30, 600_000)}, 600_000)
-        log.record("tier_action", pop="ewr", group="api", **result.record_fields())
+        log.record("tier_action", pop="ewr", group="api",
+                   **result.record_fields(result.decisions[0]))
     records = list(iter_records(tmp_path))
     text = explain(records, "ewr", "api")
     assert "calm: at the preferred split since 16:03:00 (return, seq 17)" in text
@@ -227,9 +236,10 @@ def test_tier_records_do_not_disturb_the_weights_story(tmp_path: Path) -> None:
 def test_only_tier_records(tmp_path: Path) -> None:
     clock = [T0]
     with DecisionLog(tmp_path, clock=lambda: clock[0]) as log:
-        result = tier_step(replace(TIERS, for_ms=0), TierState(),
+        result = tier_step(group_with(replace(TIERS, for_ms=0)), TierState(),
                            {"critical": TierPending(12.5, 0)}, 0)
-        log.record("tier_action", pop="ewr", group="api", **result.record_fields())
+        log.record("tier_action", pop="ewr", group="api",
+                   **result.record_fields(result.decisions[0]))
     lines = explain(list(iter_records(tmp_path)), "ewr", "api").splitlines()
     assert lines[0] == "pop ewr, group api: no weights decided yet"
     assert lines[1].startswith("tier actions: normal: 50% demoted to background since 16:00:00")

@@ -17,7 +17,7 @@ def pending(cluster: str, value: float) -> prom.MetricFamily:
                              metric=[metric])
 
 
-def test_sink_takes_each_envoys_peak_in_the_window_and_sums_a_pops_envoys() -> None:
+def test_sink_takes_the_worst_envoys_peak_in_the_window() -> None:
     store = SinkStore()
     one, two = store.open_stream("ewr-1", "ewr"), store.open_stream("ewr-2", "ewr")
     sjc = store.open_stream("sjc-1", "sjc")
@@ -28,7 +28,7 @@ def test_sink_takes_each_envoys_peak_in_the_window_and_sums_a_pops_envoys() -> N
     tiers = store.tier_snapshot(T0, 30_000)  # the 99s are older than the window
     assert tiers == {
         ("ewr", "shop"): {
-            "critical": TierPending(pending_max=30 + 6, observed_at_ms=T0 - 5_000),
+            "critical": TierPending(pending_max=30, observed_at_ms=T0 - 5_000),
             "normal": TierPending(pending_max=1, observed_at_ms=T0 - 5_000),
         },
         ("sjc", "shop"): {"critical": TierPending(pending_max=0, observed_at_ms=T0 - 1_000)},

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from envoy.config.route.v3.route_components_pb2 import Route
 
@@ -9,7 +11,7 @@ from control_plane.ads.snapshots import SnapshotCache
 from control_plane.desired.model import TierActions
 from control_plane.translate import translate_pop
 from control_plane.translate.resources import CLUSTER_TYPE, ENDPOINT_TYPE, ROUTE_TYPE, Capabilities
-from tests.support.models import example_desired
+from tests.support.models import example_desired, shop_group
 
 
 def routes(pop: str = "ewr", actions: dict[str, TierActions] | None = None) -> dict[str, Route]:
@@ -104,3 +106,44 @@ def test_snapshot_cache_sets_actions_for_one_pop_and_pushes_it() -> None:
     with pytest.raises(ValueError):
         cache.set_tier_actions("ewr", "shop", TierActions(demote_to="bulk"))
     assert cache.tier_actions("ewr", "shop") is None
+
+
+@pytest.mark.parametrize(
+    ("action", "status", "extra"),
+    [
+        ("reject", 503, {}),
+        ("defer", 202, {}),
+        ("stale", 503, {"x-ballast-serve-stale": "1", "cache-control": "no-store"}),
+    ],
+)
+def test_each_shed_action_of_a_tier_shed_for_utilization(
+    action: str, status: int, extra: dict[str, str]
+) -> None:
+    group = replace(shop_group(), tiers=tuple(
+        replace(t, shed_action=action, sheddable=True) if t.name == "normal" else t
+        for t in shop_group().tiers))
+    actions = TierActions(demote_tier=None, demote_to=None, demote_share=0, shed_tier=None,
+                          retry_after_s=60, shed_tiers=("normal",))
+    resources = translate_pop(example_desired(group), "ewr", {}, Capabilities(),
+                              {"shop": actions})
+    (vhost,) = resources.of_type(ROUTE_TYPE)["edge"].message.virtual_hosts
+    route = {r.name: r for r in vhost.routes}["x-prefetch"]
+    assert route.direct_response.status == status
+    assert headers(route.response_headers_to_add) == {
+        "retry-after": "60", "x-ballast-shed": "normal", **extra
+    }
+    assert {r.name: r for r in vhost.routes}["prefetch"].WhichOneof("action") == "route"
+
+
+def test_lent_limits_raise_only_the_borrowers_breakers() -> None:
+    actions = TierActions(demote_tier=None, demote_to=None, demote_share=0, shed_tier=None,
+                          limits=(("background", 57),))
+    plain = translate_pop(example_desired(), "ewr", {}, Capabilities()).of_type(CLUSTER_TYPE)
+    lent = translate_pop(example_desired(), "ewr", {}, Capabilities(),
+                         {"shop": actions}).of_type(CLUSTER_TYPE)
+    (limits,) = lent["shop.background"].message.circuit_breakers.thresholds
+    assert (limits.max_requests.value, limits.max_connections.value) == (57, 57)
+    (static,) = plain["shop.background"].message.circuit_breakers.thresholds
+    assert static.max_requests.value == 6
+    for name in ("shop.critical", "shop.normal"):
+        assert lent[name].payload == plain[name].payload

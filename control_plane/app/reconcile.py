@@ -175,7 +175,7 @@ class Reconciler:
             newest = max(s.observed_at_ms for s in group_signals.values())
             self.metrics.source_staleness.labels(pop, group.name).set(max(0, now - newest) / 1000)
         tiers = tier_step(
-            group.tier_actions,
+            group,
             self.tier_states.get(key, TierState()),
             None if tier_signals is None else tier_signals.get(key),
             now,
@@ -233,8 +233,10 @@ class Reconciler:
         if outcome.ramp is not None and outcome.ramp.kind is not None:
             self._record(outcome, outcome.ramp.kind,
                          outcome.ramp.record_fields(result.weights_before), desired)
-        if outcome.tiers is not None and outcome.tiers.kind is not None:
-            self._record(outcome, outcome.tiers.kind, outcome.tiers.record_fields(), desired)
+        if outcome.tiers is not None:
+            for decision in outcome.tiers.decisions:
+                self._record(outcome, decision.kind, outcome.tiers.record_fields(decision),
+                             desired)
 
     def _save_tier_state(self, outcome: TickOutcome) -> None:
         """Saved only when it changed; an idle state is removed from the store."""

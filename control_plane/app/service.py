@@ -36,7 +36,7 @@ from control_plane.app.reload import DesiredFileWatcher
 from control_plane.app.server import BallastServer
 from control_plane.decide.controller import ControllerState
 from control_plane.decide.ramp import RampState
-from control_plane.decide.tiers import TierState
+from control_plane.decide.tiers import TierState, actions_in_force
 from control_plane.decisions.budget import DEFAULT_BUDGET, BudgetConfig, RecordBudget
 from control_plane.decisions.log import DecisionLog
 from control_plane.decisions.read import FileSource
@@ -268,9 +268,9 @@ class BallastService:
                 continue
             pop, group = keys[key]
             states[pop, group] = state
-            policy = desired.group(group).tier_actions
-            if state.active and policy.enabled:
-                self.server.cache.set_tier_actions(pop, group, policy.actions())
+            actions = actions_in_force(desired.group(group), state)
+            if actions is not None:
+                self.server.cache.set_tier_actions(pop, group, actions)
                 active.append(key)
         self.restored_tier_actions = len(active)
         return states, active

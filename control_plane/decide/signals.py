@@ -39,11 +39,43 @@ GroupSignals = dict[str, OriginSignals]
 
 
 @dataclass(frozen=True)
-class TierPending:
-    """One tier cluster of one group as seen from one PoP over the window."""
+class WaitQuantiles:
+    """Pool wait of one tier's requests in the window, from sampled access-log entries: the
+    time from the request's first byte to its first byte sent upstream
+    (`time_to_first_upstream_tx_byte`)."""
 
-    pending_max: float  # highest upstream_rq_pending_active in the window, the PoP's Envoys summed
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    samples: int
+
+    def quantile(self, name: str) -> float:
+        return {"p50": self.p50_ms, "p95": self.p95_ms, "p99": self.p99_ms}[name]
+
+
+@dataclass(frozen=True)
+class TierPending:
+    """One tier cluster of one group as seen from one PoP over the window.
+
+    The adaptive LIFO watermarks and the breakers apply to each Envoy's own pool, so the numbers
+    are per Envoy: the worst Envoy of the PoP counts (not the PoP's sum).
+    """
+
+    pending_max: float  # highest upstream_rq_pending_active in the window of the worst Envoy
     observed_at_ms: int  # when the newest sample behind it arrived
+    # Each Envoy's highest upstream_rq_active of the tier pool in the window (node id -> peak).
+    active_by_node: tuple[tuple[str, float], ...] = ()
+    overloaded_max: float | None = None  # upstream_queue_overloaded, worst Envoy (if reported)
+    wait: WaitQuantiles | None = None  # from the access logs; None: no sampled request
+
+    @property
+    def active_max(self) -> float:
+        return max((peak for _, peak in self.active_by_node), default=0.0)
+
+    @property
+    def demand(self) -> float:
+        """Requests the tier's pool held at its peak (active + waiting), worst Envoy."""
+        return self.active_max + self.pending_max
 
 
 # (PoP, origin group) -> tier name -> pending

@@ -1,91 +1,147 @@
-"""Adaptive tier re-prioritization of one (PoP, origin group): one pure call per reconcile tick.
+"""The tier controller of one (PoP, origin group): one pure call per reconcile tick.
 
-Seed 000: "If P0 wait time exceeds 35ms for more than 30 seconds, we automatically demote 50% of
-P1 to P2 and shed P2 entirely." Envoy has no queue-wait stat, so the trigger is the number of
-requests waiting for a connection of the trigger tier's cluster (``upstream_rq_pending_active``,
-its highest value in the window). The rules, with the defaults of ``TierActionPolicy``:
+Three parts, each with its own decision records, decided from the same window of readings
+(``TierPending`` per tier: the worst Envoy's pool, since breakers and the LIFO watermarks act per
+Envoy) with the defaults of ``TierActionPolicy``:
 
-1. **Disabled.** ``enabled: false`` lifts active actions at once and otherwise does nothing.
-2. **Fail static.** No reading for the trigger tier, or a reading older than ``stale_after_ms``:
-   the current action (on or off) and the timers are held, and the reason is given.
-3. **Trigger.** The trigger holds at a tick when the pending maximum exceeds ``trigger_pending``.
-   Off → on once it has held at every tick for at least ``for_ms`` (counted from the first tick
-   that saw it); any tick without it restarts the count.
-4. **Recover.** On → off once ``recover_after_ms`` have passed without the trigger (counted from
-   the first tick without it); a tick with the trigger restarts the count.
+1. **Re-prioritization** (seed 000: "If P0 wait time exceeds 35ms for more than 30 seconds, we
+   automatically demote 50% of P1 to P2 and shed P2 entirely"). Trigger ``wait``: the
+   ``trigger_wait_quantile`` of the trigger tier's pool wait (access logs) above
+   ``trigger_wait_ms``; a fresh window without a sampled request counts as no wait when the
+   tier's pool had nobody pending. Trigger ``pending``: the worst Envoy's pending peak above
+   ``trigger_pending``. Off → on once the trigger held at every tick for ``for_ms``; on → off
+   once ``recover_after_ms`` passed without it. Kind ``tier_action``.
+2. **Utilization shedding** (seed 000 ``shed_threshold: 0.85``). The origin concurrency in use is
+   each Envoy's active requests of the group's tier pools, each tier counted up to its
+   guarantee (borrowed slots are idle capacity of another tier and are reclaimed by lending,
+   not by shedding), over ``max_origin_concurrency``; the worst Envoy counts. Above
+   ``shed_threshold`` at every tick for ``for_ms``: every sheddable tier (never the trigger
+   tier) is shed. Lifted with hysteresis: once it stayed below ``shed_lift_threshold`` for
+   ``recover_after_ms``. Kind ``tier_shed``.
+3. **Lending** (work-conserving shares). Each tier's guarantee G (``OriginGroup.guarantee``) is
+   its own whenever it wants it. Demand D = active + pending peak (worst Envoy). A tier with
+   D < G - headroom lends the difference (headroom = ``lend_headroom_percent`` of G, kept
+   free for its own arrivals until the next tick); the pooled spare goes to tiers with
+   D + headroom > G in priority order (never to a shed tier). A borrower's per-Envoy limit is
+   G + lent; no tier's limit is ever below its G (the floor). Growth and voluntary shrinkage
+   smaller than ``lend_step_percent`` of ``max_origin_concurrency`` wait (hysteresis); when a
+   lender's demand returns, the borrowers give back at this tick whatever exceeds the new spare
+   (least critical first). Kind ``tier_lend``.
 
-``kind`` is ``tier_action`` only when the action changes (on → off or off → on); other ticks have
-nothing to log, and their ``rule`` still says where the timers stand.
+**Fail static.** A missing reading, or one older than ``stale_after_ms``, holds that part's
+state and timers, and the rule says why. ``enabled: false`` lifts everything at once.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from control_plane.decide.signals import TierPending
-from control_plane.desired.model import TierActionPolicy, TierActions
+from control_plane.desired.model import SHED_STATUS, OriginGroup, TierActionPolicy, TierActions
 
-TierKind = Literal["tier_action"]
+TierKind = Literal["tier_action", "tier_shed", "tier_lend"]
+TIER_KINDS: tuple[TierKind, ...] = ("tier_action", "tier_shed", "tier_lend")
+
+_REQUIRED_KEYS = frozenset({"active", "trigger_since_ms", "clear_since_ms", "active_since_ms"})
+_SHED_KEYS = frozenset({"shedding", "shed_since_ms", "shed_clear_since_ms"})
 
 
 def _optional_ms(data: Mapping[str, Any], key: str) -> int | None:
-    value = data[key]
+    value = data.get(key)
     if value is not None and (type(value) is not int or value < 0):
         raise ValueError(f"tier state {key} must be null or milliseconds >= 0, got {value!r}")
     return value
 
 
+def _lent_from(value: Any) -> tuple[tuple[str, int], ...]:
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and type(v) is int and v > 0 for k, v in value.items()
+    ):
+        raise ValueError(f"tier state lent must map tier names to slots > 0, got {value!r}")
+    return tuple(sorted(value.items()))
+
+
 @dataclass(frozen=True)
 class TierState:
-    """What the tier step remembers between ticks (saved as JSON under "<pop>/<group>")."""
+    """What the tier controller remembers between ticks (saved as JSON under "<pop>/<group>")."""
 
-    active: bool = False
+    active: bool = False  # re-prioritization (demote/shed) on
     trigger_since_ms: int | None = None  # first tick of the current run with the trigger
     clear_since_ms: int | None = None  # first tick of the current run without it (while active)
     active_since_ms: int | None = None  # when the actions went on
+    shedding: bool = False  # utilization shedding on
+    shed_since_ms: int | None = None  # off: first tick above the threshold; on: when it went on
+    shed_clear_since_ms: int | None = None  # on: first tick of the current run below the lift
+    lent: tuple[tuple[str, int], ...] = ()  # tier -> slots borrowed beyond its guarantee
 
     @property
     def idle(self) -> bool:
         return self == TierState()
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        data["lent"] = dict(self.lent)
+        return data
 
     @classmethod
     def from_dict(cls, data: Any) -> TierState:
-        """Inverse of ``to_dict``; raises ValueError on anything else."""
-        keys = {"active", "trigger_since_ms", "clear_since_ms", "active_since_ms"}
-        if not isinstance(data, dict) or set(data) != keys:
-            raise ValueError(f"tier state must have exactly {sorted(keys)}, got {data!r}")
-        if not isinstance(data["active"], bool):
-            raise ValueError(f"tier state active must be true or false, got {data['active']!r}")
+        """Inverse of ``to_dict`` (states saved before shedding and lending existed load too);
+        raises ValueError on anything else."""
+        allowed = _REQUIRED_KEYS | _SHED_KEYS | {"lent"}
+        if not isinstance(data, dict) or not _REQUIRED_KEYS <= set(data) <= allowed:
+            raise ValueError(f"tier state must have {sorted(_REQUIRED_KEYS)} and only "
+                             f"{sorted(allowed)}, got {data!r}")
+        for key in ("active", "shedding"):
+            if not isinstance(data.get(key, False), bool):
+                raise ValueError(f"tier state {key} must be true or false, got {data[key]!r}")
         return cls(
             active=data["active"],
             trigger_since_ms=_optional_ms(data, "trigger_since_ms"),
             clear_since_ms=_optional_ms(data, "clear_since_ms"),
             active_since_ms=_optional_ms(data, "active_since_ms"),
+            shedding=data.get("shedding", False),
+            shed_since_ms=_optional_ms(data, "shed_since_ms"),
+            shed_clear_since_ms=_optional_ms(data, "shed_clear_since_ms"),
+            lent=_lent_from(data.get("lent", {})),
         )
 
 
 @dataclass(frozen=True)
-class TierStepResult:
-    """What one tick decided for the tier actions of one (PoP, group)."""
+class TierDecision:
+    """One change of mind: a decision record of kind ``kind``."""
 
-    kind: TierKind | None  # "tier_action" when the actions went on or off, else None
+    kind: TierKind
     rule: str  # in words, with the numbers
-    state: TierState  # the new state
-    actions: TierActions | None  # the actions in force after this tick (None: none)
-    inputs: dict[str, Any]  # JSON-ready: the reading, time, state before
+    detail: dict[str, Any]  # JSON-ready: what changed
 
-    def record_fields(self) -> dict[str, Any]:
-        """Fields for ``DecisionLog.record(result.kind, pop=..., group=..., **these)``."""
+
+@dataclass(frozen=True)
+class TierStepResult:
+    """What one tick decided for the tier controller of one (PoP, group)."""
+
+    decisions: tuple[TierDecision, ...]  # empty on a tick that changed nothing
+    rule: str  # every part's reasoning on this tick, in words
+    state: TierState  # the new state
+    actions: TierActions | None  # what is in force after this tick (None: nothing)
+    inputs: dict[str, Any]  # JSON-ready: readings, time, state before
+
+    @property
+    def kind(self) -> TierKind | None:
+        """The first decision's kind (None: nothing changed)."""
+        return self.decisions[0].kind if self.decisions else None
+
+    def record_fields(self, decision: TierDecision) -> dict[str, Any]:
+        """Fields for ``DecisionLog.record(decision.kind, pop=..., group=..., **these)``."""
         return {
             "inputs": self.inputs,
-            "rule": self.rule,
+            "rule": decision.rule,
             "detail": {
+                **decision.detail,
                 "active": self.state.active,
+                "shedding": self.state.shedding,
                 "actions": None if self.actions is None else self.actions.to_dict(),
                 "state": self.state.to_dict(),
             },
@@ -93,12 +149,19 @@ class TierStepResult:
 
 
 def describe_actions(actions: TierActions) -> str:
+    status = dict(actions.shed_status)
     parts = []
     if actions.demote_tier and actions.demote_to and actions.demote_share:
         parts.append(f"demote {actions.demote_share}% of {actions.demote_tier} to "
                      f"{actions.demote_to}")
     if actions.shed_tier:
-        parts.append(f"shed {actions.shed_tier} (503, retry-after {actions.retry_after_s} s)")
+        parts.append(f"shed {actions.shed_tier} ({status.get(actions.shed_tier, 503)}, "
+                     f"retry-after {actions.retry_after_s} s)")
+    for tier in actions.shed_tiers:
+        parts.append(f"shed {tier} for utilization ({status.get(tier, 503)}, retry-after "
+                     f"{actions.retry_after_s} s)")
+    if actions.limits:
+        parts.append("lend: " + ", ".join(f"{t} limit {n}" for t, n in actions.limits))
     return ", ".join(parts) or "no action configured"
 
 
@@ -106,74 +169,361 @@ def _s(ms: int) -> str:
     return f"{ms / 1000:g} s"
 
 
-def tier_step(
-    policy: TierActionPolicy,
-    state: TierState,
-    pending_by_tier: Mapping[str, TierPending] | None,
-    now_ms: int,
-) -> TierStepResult:
-    """One tick of the tier actions of one (PoP, origin group). Pure.
+def sheddable_tiers(group: OriginGroup) -> tuple[str, ...]:
+    """The tiers utilization shedding sheds: sheddable ones, never the trigger tier."""
+    trigger = group.tier_actions.trigger_tier
+    return tuple(t.name for t in group.tiers if t.sheddable and t.name != trigger)
 
-    ``pending_by_tier``: tier name -> the window's pending maximum (None: no readings at all).
-    """
-    reading = (pending_by_tier or {}).get(policy.trigger_tier)
-    inputs: dict[str, Any] = {
-        "now_ms": now_ms,
-        "trigger_tier": policy.trigger_tier,
-        "trigger_pending": policy.trigger_pending,
-        "pending": None if reading is None else asdict(reading),
-        "state_before": state.to_dict(),
-    }
-    tier, limit = policy.trigger_tier, policy.trigger_pending
 
-    def result(kind: TierKind | None, rule: str, new: TierState) -> TierStepResult:
-        actions = policy.actions() if new.active and policy.enabled else None
-        return TierStepResult(kind, rule, new, actions, inputs)
-
+def actions_in_force(group: OriginGroup, state: TierState) -> TierActions | None:
+    """The Envoy-side actions a state stands for (pure; also used to restore after a restart)."""
+    policy = group.tier_actions
     if not policy.enabled:
-        if state.active:
-            return result("tier_action", "tier actions disabled in the desired state: "
-                          f"lifted ({describe_actions(policy.actions())})", TierState())
-        return result(None, "tier actions disabled", TierState())
-    now_on = "on" if state.active else "off"
+        return None
+    base = policy.actions() if state.active else TierActions(
+        demote_tier=None, demote_to=None, demote_share=0, shed_tier=None,
+        retry_after_s=policy.actions().retry_after_s,
+    )
+    shed = tuple(t for t in sheddable_tiers(group) if t != base.shed_tier) \
+        if state.shedding else ()
+    known = {t.name for t in group.tiers}
+    limits = tuple((name, group.guarantee(group.tier(name)) + extra)
+                   for name, extra in state.lent if name in known and extra > 0)
+    if not state.active and not shed and not limits:
+        return None
+    actions = replace(base, shed_tiers=shed, limits=limits)
+    status = tuple((t, SHED_STATUS[group.tier(t).shed_action]) for t in sorted(actions.shed)
+                   if t in known)
+    return replace(actions, shed_status=status)
+
+
+def _fresh(reading: TierPending | None, policy: TierActionPolicy, now_ms: int) -> str | None:
+    """Why the reading cannot be used (None: it can)."""
     if reading is None:
-        return result(None, f"fail static: no pending metrics for tier {tier}; actions stay "
-                      f"{now_on}", state)
+        return "no reading"
     age = now_ms - reading.observed_at_ms
     if age > policy.stale_after_ms:
-        return result(None, f"fail static: pending metrics of tier {tier} stale ({_s(age)} > "
-                      f"{_s(policy.stale_after_ms)}); actions stay {now_on}", state)
-    pending = reading.pending_max
-    triggered = pending > limit
-    seen = f"{tier} pending max {pending:g} {'>' if triggered else '≤'} {limit}"
+        return f"reading stale ({_s(age)} > {_s(policy.stale_after_ms)})"
+    return None
+
+
+# --- 1. re-prioritization ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Part:
+    state: TierState
+    rule: str
+    decision: TierDecision | None = None
+
+
+def _trigger_reading(
+    policy: TierActionPolicy, reading: TierPending | None, now_ms: int
+) -> tuple[bool | None, str]:
+    """(triggered, what was seen); triggered None: fail static, the text says why."""
+    tier = policy.trigger_tier
+    why = _fresh(reading, policy, now_ms)
+    if why is not None or reading is None:
+        return None, f"fail static: {why} for tier {tier}"
+    if policy.trigger == "pending":
+        pending, limit = reading.pending_max, policy.trigger_pending
+        hit = pending > limit
+        return hit, f"{tier} pending max {pending:g} {'>' if hit else '≤'} {limit}"
+    q, limit_ms = policy.trigger_wait_quantile, policy.trigger_wait_ms
+    if reading.wait is None:
+        if reading.pending_max > 0:
+            return None, (f"fail static: no sampled {tier} request in the window while "
+                          f"{reading.pending_max:g} were pending")
+        return False, f"{tier} wait: no sampled request, none pending ≤ {limit_ms} ms"
+    value = reading.wait.quantile(q)
+    hit = value > limit_ms
+    return hit, (f"{tier} wait {q} {value:g} ms {'>' if hit else '≤'} {limit_ms} ms "
+                 f"({reading.wait.samples} sampled)")
+
+
+def _reprioritize(
+    policy: TierActionPolicy, state: TierState, reading: TierPending | None, now_ms: int
+) -> _Part:
+    triggered, seen = _trigger_reading(policy, reading, now_ms)
+    described = describe_actions(policy.actions())
+    now_on = "on" if state.active else "off"
+
+    def decision(on: bool, rule: str) -> TierDecision:
+        return TierDecision("tier_action", rule, {"change": "on" if on else "off",
+                                                  "part": "reprioritize"})
+
+    if triggered is None:
+        return _Part(state, f"{seen}; actions stay {now_on}")
     if not state.active:
         if not triggered:
-            return result(None, f"{seen}: no trigger", TierState())
+            return _Part(replace(state, trigger_since_ms=None), f"{seen}: no trigger")
         since = now_ms if state.trigger_since_ms is None else state.trigger_since_ms
         held = now_ms - since
         if held >= policy.for_ms:
-            return result(
-                "tier_action",
-                f"{seen} for {_s(held)} (≥ {_s(policy.for_ms)}): "
-                f"{describe_actions(policy.actions())}",
-                TierState(active=True, trigger_since_ms=since, active_since_ms=now_ms),
-            )
-        return result(None, f"{seen} for {_s(held)} of {_s(policy.for_ms)}",
-                      TierState(trigger_since_ms=since))
+            rule = f"{seen} for {_s(held)} (≥ {_s(policy.for_ms)}): {described}"
+            new = replace(state, active=True, trigger_since_ms=since, clear_since_ms=None,
+                          active_since_ms=now_ms)
+            return _Part(new, rule, decision(True, rule))
+        return _Part(replace(state, trigger_since_ms=since),
+                     f"{seen} for {_s(held)} of {_s(policy.for_ms)}")
     if triggered:
-        return result(None, f"{seen}: actions stay on",
-                      TierState(active=True, trigger_since_ms=state.trigger_since_ms,
-                                active_since_ms=state.active_since_ms))
+        return _Part(replace(state, clear_since_ms=None), f"{seen}: actions stay on")
     clear = now_ms if state.clear_since_ms is None else state.clear_since_ms
     quiet = now_ms - clear
     if quiet >= policy.recover_after_ms:
-        return result(
-            "tier_action",
-            f"{seen} for {_s(quiet)} (≥ recover_after {_s(policy.recover_after_ms)}): lifted "
-            f"({describe_actions(policy.actions())})",
-            TierState(),
-        )
-    return result(None, f"{seen} for {_s(quiet)} of {_s(policy.recover_after_ms)}; actions "
-                  "stay on",
-                  TierState(active=True, clear_since_ms=clear,
-                            active_since_ms=state.active_since_ms))
+        rule = (f"{seen} for {_s(quiet)} (≥ recover_after {_s(policy.recover_after_ms)}): "
+                f"lifted ({described})")
+        new = replace(state, active=False, trigger_since_ms=None, clear_since_ms=None,
+                      active_since_ms=None)
+        return _Part(new, rule, decision(False, rule))
+    return _Part(replace(state, clear_since_ms=clear, trigger_since_ms=None),
+                 f"{seen} for {_s(quiet)} of {_s(policy.recover_after_ms)}; actions stay on")
+
+
+# --- 2. utilization shedding -----------------------------------------------------------------
+
+
+def utilization(
+    group: OriginGroup, readings: Mapping[str, TierPending]
+) -> tuple[float, str, int] | None:
+    """(utilization, worst Envoy, newest sample ms), or None without active readings.
+
+    Per Envoy: Σ over tiers of min(active peak, guarantee) / max_origin_concurrency.
+    """
+    used: dict[str, float] = {}
+    newest = 0
+    for tier in group.tiers:
+        reading = readings.get(tier.name)
+        if reading is None or not reading.active_by_node:
+            continue
+        newest = max(newest, reading.observed_at_ms)
+        cap = group.guarantee(tier)
+        for node, peak in reading.active_by_node:
+            used[node] = used.get(node, 0.0) + min(peak, cap)
+    if not used:
+        return None
+    node = max(sorted(used), key=lambda n: used[n])
+    return used[node] / group.max_origin_concurrency, node, newest
+
+
+def _shedding(
+    group: OriginGroup, state: TierState, readings: Mapping[str, TierPending], now_ms: int
+) -> _Part:
+    policy = group.tier_actions
+    tiers = sheddable_tiers(group)
+    now_on = "on" if state.shedding else "off"
+    if not tiers:
+        off = replace(state, shedding=False, shed_since_ms=None, shed_clear_since_ms=None)
+        return _Part(off, "utilization shedding: no sheddable tier")
+    found = utilization(group, readings)
+    if found is None:
+        return _Part(state, f"utilization: fail static: no active-request reading; shedding "
+                     f"stays {now_on}")
+    used, node, newest = found
+    age = now_ms - newest
+    if age > policy.stale_after_ms:
+        return _Part(state, f"utilization: fail static: reading stale ({_s(age)} > "
+                     f"{_s(policy.stale_after_ms)}); shedding stays {now_on}")
+    high, low = policy.shed_threshold, policy.shed_lift_threshold
+    seen = f"utilization {used:.2f} (worst Envoy {node})"
+    names = ", ".join(tiers)
+    actions = ", ".join(f"{t} {group.tier(t).shed_action}" for t in tiers)
+
+    def decision(on: bool, rule: str) -> TierDecision:
+        return TierDecision("tier_shed", rule, {
+            "change": "on" if on else "off", "utilization": round(used, 4), "node": node,
+            "tiers": list(tiers),
+            "shed_actions": {t: group.tier(t).shed_action for t in tiers},
+        })
+
+    if not state.shedding:
+        if used <= high:
+            return _Part(replace(state, shed_since_ms=None), f"{seen} ≤ {high:g}: no shedding")
+        since = now_ms if state.shed_since_ms is None else state.shed_since_ms
+        held = now_ms - since
+        if held >= policy.for_ms:
+            rule = (f"{seen} > {high:g} for {_s(held)} (≥ {_s(policy.for_ms)}): shed {names} "
+                    f"({actions})")
+            new = replace(state, shedding=True, shed_since_ms=now_ms, shed_clear_since_ms=None)
+            return _Part(new, rule, decision(True, rule))
+        return _Part(replace(state, shed_since_ms=since),
+                     f"{seen} > {high:g} for {_s(held)} of {_s(policy.for_ms)}")
+    if used >= low:
+        return _Part(replace(state, shed_clear_since_ms=None),
+                     f"{seen} ≥ lift {low:g}: shedding {names} stays on")
+    clear = now_ms if state.shed_clear_since_ms is None else state.shed_clear_since_ms
+    quiet = now_ms - clear
+    if quiet >= policy.recover_after_ms:
+        rule = (f"{seen} < lift {low:g} for {_s(quiet)} (≥ {_s(policy.recover_after_ms)}): "
+                f"shedding of {names} lifted")
+        new = replace(state, shedding=False, shed_since_ms=None, shed_clear_since_ms=None)
+        return _Part(new, rule, decision(False, rule))
+    return _Part(replace(state, shed_clear_since_ms=clear),
+                 f"{seen} < lift {low:g} for {_s(quiet)} of {_s(policy.recover_after_ms)}; "
+                 "shedding stays on")
+
+
+# --- 3. lending ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LendingPlan:
+    """The numbers behind one lending decision (all per Envoy, in request slots)."""
+
+    guarantee: dict[str, int]
+    demand: dict[str, float]
+    spare: dict[str, int]  # what each tier lends (0 for borrowers)
+    want: dict[str, int]  # what each tier would borrow (0 for lenders and shed tiers)
+    lent: dict[str, int] = field(default_factory=dict)  # the outcome: tier -> slots borrowed
+
+    @property
+    def pool(self) -> int:
+        return sum(self.spare.values())
+
+
+def plan_lending(
+    group: OriginGroup,
+    current: Mapping[str, int],
+    demand: Mapping[str, float],
+    excluded: frozenset[str] = frozenset(),
+) -> LendingPlan:
+    """Pure arithmetic of work-conserving lending (see the module docstring, part 3).
+
+    ``demand``: tier -> active + pending peak of the worst Envoy; ``excluded``: tiers that may
+    not borrow (shed). Invariants (property-tested): Σ lent ≤ Σ spare; nothing is lent out of a
+    tier whose demand reaches its guarantee minus headroom; no limit below its guarantee.
+    """
+    policy = group.tier_actions
+    guarantee = {t.name: group.guarantee(t) for t in group.tiers}
+    headroom = {name: math.ceil(policy.lend_headroom_percent * g / 100)
+                for name, g in guarantee.items()}
+    spare = {name: max(0, math.floor(guarantee[name] - demand[name] - headroom[name]))
+             for name in guarantee}
+    want = {name: 0 if name in excluded else
+            max(0, math.ceil(demand[name] + headroom[name] - guarantee[name]))
+            for name in guarantee}
+    pool = sum(spare.values())
+    order = [t.name for t in sorted(group.tiers, key=lambda t: t.priority)]
+    ideal: dict[str, int] = {}
+    left = pool
+    for name in order:
+        ideal[name] = min(want[name], left)
+        left -= ideal[name]
+    step = max(1, math.ceil(policy.lend_step_percent * group.max_origin_concurrency / 100))
+    lent: dict[str, int] = {}
+    for name in order:
+        now, best = current.get(name, 0), ideal[name]
+        keep = name not in excluded and abs(best - now) < step
+        lent[name] = now if keep else best
+    excess = sum(lent.values()) - pool
+    for name in reversed(order):  # a lender's demand returned: least critical gives back first
+        if excess <= 0:
+            break
+        back = min(excess, lent[name])
+        lent[name] -= back
+        excess -= back
+    return LendingPlan(guarantee, dict(demand), spare, want,
+                       {name: n for name, n in lent.items() if n > 0})
+
+
+def _lending(
+    group: OriginGroup, state: TierState, readings: Mapping[str, TierPending], now_ms: int,
+    excluded: frozenset[str],
+) -> _Part:
+    policy = group.tier_actions
+    current = dict(state.lent)
+
+    def decision(new: dict[str, int], rule: str, plan: LendingPlan | None) -> TierDecision:
+        change = "reclaim" if sum(new.values()) < sum(current.values()) or any(
+            new.get(t, 0) < n for t, n in current.items()) else "lend"
+        detail: dict[str, Any] = {"change": change, "lent_before": current, "lent": new}
+        if plan is not None:
+            detail |= {"guarantee": plan.guarantee, "demand": plan.demand,
+                       "spare": plan.spare, "want": plan.want}
+        return TierDecision("tier_lend", rule, detail)
+
+    if not policy.lending:
+        if current:
+            rule = "lending disabled in the desired state: every borrowed slot reclaimed"
+            return _Part(replace(state, lent=()), rule, decision({}, rule, None))
+        return _Part(state, "lending disabled")
+    problems = [f"{t.name}: {why}" for t in group.tiers
+                if (why := _fresh(readings.get(t.name), policy, now_ms)) is not None]
+    if problems:
+        return _Part(state, f"lending: fail static ({'; '.join(problems)}); lent stays "
+                     f"{current or 'nothing'}")
+    demand = {t.name: readings[t.name].demand for t in group.tiers}
+    plan = plan_lending(group, current, demand, excluded)
+    summary = ", ".join(f"{t} D {demand[t]:g}/G {plan.guarantee[t]}" for t in plan.guarantee)
+    if plan.lent == current:
+        return _Part(state, f"lending: {summary}; lent {current or 'nothing'} (pool "
+                     f"{plan.pool})")
+    moves = ", ".join(f"{t} {current.get(t, 0)}→{plan.lent.get(t, 0)}"
+                      for t in plan.guarantee if current.get(t, 0) != plan.lent.get(t, 0))
+    rule = f"lending: {summary}; spare pool {plan.pool}: borrowed slots {moves}"
+    new = replace(state, lent=tuple(sorted(plan.lent.items())))
+    return _Part(new, rule, decision(plan.lent, rule, plan))
+
+
+# --- the tick --------------------------------------------------------------------------------
+
+
+def _readings_json(readings: Mapping[str, TierPending]) -> dict[str, Any]:
+    return {name: asdict(r) for name, r in sorted(readings.items())}
+
+
+def tier_step(
+    group: OriginGroup,
+    state: TierState,
+    readings: Mapping[str, TierPending] | None,
+    now_ms: int,
+) -> TierStepResult:
+    """One tick of the tier controller of one (PoP, origin group). Pure.
+
+    ``readings``: tier name -> the window's reading (None: no readings at all).
+    """
+    policy = group.tier_actions
+    readings = readings or {}
+    inputs: dict[str, Any] = {
+        "now_ms": now_ms,
+        "trigger": policy.trigger,
+        "trigger_tier": policy.trigger_tier,
+        "trigger_wait_ms": policy.trigger_wait_ms,
+        "trigger_wait_quantile": policy.trigger_wait_quantile,
+        "trigger_pending": policy.trigger_pending,
+        "shed_threshold": policy.shed_threshold,
+        "shed_lift_threshold": policy.shed_lift_threshold,
+        "max_origin_concurrency": group.max_origin_concurrency,
+        "readings": _readings_json(readings),
+        "state_before": state.to_dict(),
+    }
+    if not policy.enabled:
+        decisions = []
+        if state.active:
+            decisions.append(TierDecision("tier_action", "tier actions disabled in the desired "
+                                          f"state: lifted ({describe_actions(policy.actions())})",
+                                          {"change": "off", "part": "reprioritize"}))
+        if state.shedding:
+            decisions.append(TierDecision("tier_shed", "tier actions disabled: shedding lifted",
+                                          {"change": "off"}))
+        if state.lent:
+            decisions.append(TierDecision("tier_lend", "tier actions disabled: every borrowed "
+                                          "slot reclaimed", {"change": "reclaim",
+                                                             "lent_before": dict(state.lent),
+                                                             "lent": {}}))
+        rule = "; ".join(d.rule for d in decisions) or "tier actions disabled"
+        return TierStepResult(tuple(decisions), rule, TierState(), None, inputs)
+    first = _reprioritize(policy, state, readings.get(policy.trigger_tier), now_ms)
+    second = _shedding(group, first.state, readings, now_ms)
+    probe = actions_in_force(group, replace(second.state, lent=()))
+    excluded = frozenset() if probe is None else probe.shed
+    third = _lending(group, second.state, readings, now_ms, excluded)
+    parts = (first, second, third)
+    decisions = tuple(p.decision for p in parts if p.decision is not None)
+    return TierStepResult(
+        decisions,
+        "; ".join(p.rule for p in parts),
+        third.state,
+        actions_in_force(group, third.state),
+        inputs,
+    )

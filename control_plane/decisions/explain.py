@@ -10,7 +10,8 @@ ramps, at which step of the schedule, the last ramp decision in words and what c
 Then the tier actions of the group in that PoP (``tier_action`` records, written only when they go
 on or off): which are active now and since when, the decision that switched them on with its
 numbers (the trigger tier's pending peak against ``trigger_pending``, held for how long) and what
-lifts them, or that none are active and when the last ones ended.
+lifts them, or that none are active and when the last ones ended. Then utilization shedding
+(``tier_shed``) and lending (``tier_lend``): what is in force and the record that put it there.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from control_plane.decisions.read import Record, record_time
 
 MAX_CHAIN = 20
 TIER_KIND = "tier_action"
+TIER_KINDS = frozenset({TIER_KIND, "tier_shed", "tier_lend"})
 _FOR = re.compile(r"\(≥ (\d[\d.]* s)\)")  # the `for` threshold in an "on" rule
 
 
@@ -124,31 +126,69 @@ def describe_active(actions: Mapping[str, Any], since: str | None = None) -> str
     if demote and to and share:
         parts.append(f"{demote}: {share}% demoted to {to}{suffix}")
     shed = actions.get("shed_tier")
+    status = actions.get("shed_status") or {}
+    after = actions.get("retry_after_s")
     if shed:
-        parts.append(f"{shed}: shed (503, retry-after {actions.get('retry_after_s')} s){suffix}")
+        parts.append(f"{shed}: shed ({status.get(shed, 503)}, retry-after {after} s){suffix}")
+    for tier in actions.get("shed_tiers") or ():
+        parts.append(f"{tier}: shed for utilization ({status.get(tier, 503)}, retry-after "
+                     f"{after} s){suffix}")
+    limits = actions.get("limits") or {}
+    if limits:
+        parts.append("lent: " + ", ".join(f"{t} limit {n}" for t, n in limits.items()))
     return "; ".join(parts) or f"no action configured{suffix}"
 
 
 def _switched_on(record: Record) -> str:
     """The numbers of the record that switched tier actions on (its rule when they are missing)."""
     inputs = record.get("inputs") or {}
-    reading = inputs.get("pending") or {}
-    tier, limit = inputs.get("trigger_tier"), inputs.get("trigger_pending")
-    peak = reading.get("pending_max")
+    tier = inputs.get("trigger_tier")
+    reading = (inputs.get("readings") or {}).get(tier) or inputs.get("pending") or {}
     now_ms = inputs.get("now_ms")
-    if tier is None or limit is None or peak is None or now_ms is None:
+    if inputs.get("trigger") == "wait":
+        q = inputs.get("trigger_wait_quantile", "p95")
+        wait = reading.get("wait") or {}
+        value, limit = wait.get(f"{q}_ms"), inputs.get("trigger_wait_ms")
+        seen = f"{tier} wait {q} {value:g} ms > {limit} ms (trigger_wait)" \
+            if value is not None and limit is not None else None
+    else:
+        peak, limit = reading.get("pending_max"), inputs.get("trigger_pending")
+        seen = f"{tier} pending max {peak:g} > {limit} (trigger_pending)" \
+            if peak is not None and limit is not None else None
+    if tier is None or seen is None or now_ms is None:
         return str(record.get("rule") or "")
     since_ms = (inputs.get("state_before") or {}).get("trigger_since_ms")
     held = max(0, now_ms - (now_ms if since_ms is None else since_ms))
     started = (record_time(record) - timedelta(milliseconds=held)).strftime("%H:%M:%S")
     needed = _FOR.search(str(record.get("rule") or ""))
     threshold = f" (for: {needed.group(1)})" if needed else ""
-    return (f"{tier} pending max {peak:g} > {limit} (trigger_pending) at every tick for "
-            f"{_seconds(held)} since {started}{threshold}")
+    return f"{seen} at every tick for {_seconds(held)} since {started}{threshold}"
 
 
 def explain_tiers(records: Iterable[Record], pop: str, group: str) -> list[str]:
     """The tier-action part of ``explain``: what is active now, why, and what lifts it."""
+    records = list(records)
+    return [*_explain_reprioritization(records, pop, group),
+            *_explain_shedding_and_lending(records, pop, group)]
+
+
+def _explain_shedding_and_lending(records: list[Record], pop: str, group: str) -> list[str]:
+    out = []
+    for kind, label in (("tier_shed", "utilization shedding"), ("tier_lend", "lending")):
+        mine = [r for r in records
+                if r.get("kind") == kind and r.get("pop") == pop and r.get("group") == group]
+        if not mine:
+            continue
+        last = mine[-1]
+        detail = last.get("detail") if isinstance(last.get("detail"), dict) else {}
+        on = detail.get("shedding") if kind == "tier_shed" else bool(detail.get("lent"))
+        state = "in force" if on else "off"
+        out.append(f"{label}: {state} since {_clock(last)} ({kind}, seq {last['seq']}): "
+                   f"{last.get('rule') or ''}")
+    return out
+
+
+def _explain_reprioritization(records: list[Record], pop: str, group: str) -> list[str]:
     mine = [r for r in records
             if r.get("kind") == TIER_KIND and r.get("pop") == pop and r.get("group") == group]
     if not mine:
@@ -160,8 +200,15 @@ def explain_tiers(records: Iterable[Record], pop: str, group: str) -> list[str]:
                 f"(seq {last['seq']}): {last.get('rule') or ''}"]
     actions: Mapping[str, Any] = detail.get("actions") or {}
     inputs = last.get("inputs") or {}
-    tier, limit = inputs.get("trigger_tier"), inputs.get("trigger_pending")
-    above = f"{tier} pending max > {limit}" if tier and limit is not None else "the trigger"
+    tier = inputs.get("trigger_tier")
+    if inputs.get("trigger") == "wait":
+        q, limit = inputs.get("trigger_wait_quantile", "p95"), inputs.get("trigger_wait_ms")
+        above = f"{tier} wait {q} > {limit} ms"
+    else:
+        limit = inputs.get("trigger_pending")
+        above = f"{tier} pending max > {limit}"
+    if not tier or limit is None:
+        above = "the trigger"
     recover = actions.get("retry_after_s")
     quiet = f"{recover} s (recover_after)" if recover is not None else "recover_after"
     return [
@@ -211,7 +258,7 @@ def explain(records: Iterable[Record], pop: str, group: str) -> str:
     every = [r for r in records if r.get("pop") == pop and r.get("group") == group]
     if not every:
         return f"no decisions for pop {pop}, group {group}"
-    mine = [r for r in every if r.get("kind") != TIER_KIND]
+    mine = [r for r in every if r.get("kind") not in TIER_KINDS]
     out = _explain_weights(mine, pop, group) if mine else [
         f"pop {pop}, group {group}: no weights decided yet"
     ]

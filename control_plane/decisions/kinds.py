@@ -21,6 +21,8 @@ KINDS: tuple[str, ...] = (
     "capability_fallback",
     "tier_action",
     "certificate",
+    "tier_shed",
+    "tier_lend",
     "state_restored",
     "startup",
     "shutdown",

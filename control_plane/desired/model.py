@@ -7,6 +7,7 @@ milliseconds; shares and weights are integer percents.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Literal
@@ -14,6 +15,13 @@ from typing import Literal
 QueuePolicyKind = Literal["fifo", "adaptive_lifo"]
 FailoverMode = Literal["health_proportional", "linear", "exponential"]
 HeaderMatchKind = Literal["exact", "prefix", "contains", "present"]
+# How Envoy answers a shed tier's requests (seed 000 "serve stale or 202"): `reject` 503 +
+# retry-after; `defer` 202 + retry-after (work a client can safely do later, e.g. prefetch);
+# `stale` 503 + retry-after + `x-ballast-serve-stale` (a cache in front serves its stale copy).
+ShedAction = Literal["reject", "defer", "stale"]
+SHED_STATUS: dict[str, int] = {"reject": 503, "defer": 202, "stale": 503}
+TriggerKind = Literal["wait", "pending"]
+WaitQuantile = Literal["p50", "p95", "p99"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +55,7 @@ class Tier:
     sheddable: bool
     queue_policy: QueuePolicy
     retry_budget_percent: float = 15.0  # seed 002: at most 15% of requests may be retries
+    shed_action: ShedAction = "reject"  # how its requests are answered while it is shed
 
 
 @dataclass(frozen=True)
@@ -110,6 +119,21 @@ class TierActions:
     demote_share: int = 50
     shed_tier: str | None = "background"
     retry_after_s: int = 60
+    # Utilization shedding: further tiers answered at the edge (each with its `shed_action`).
+    shed_tiers: tuple[str, ...] = ()
+    # Work-conserving lending: tier -> its per-Envoy concurrency limit (max_requests and
+    # max_connections) while it borrows; tiers not named keep their guaranteed share.
+    limits: tuple[tuple[str, int], ...] = ()
+    # The HTTP status each shed tier is answered with (its `shed_action`); not named: 503.
+    shed_status: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def shed(self) -> frozenset[str]:
+        """Every tier answered at the edge while these actions are in force."""
+        return frozenset(self.shed_tiers) | ({self.shed_tier} if self.shed_tier else set())
+
+    def limit(self, tier: str) -> int | None:
+        return dict(self.limits).get(tier)
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -118,6 +142,9 @@ class TierActions:
             "demote_share": self.demote_share,
             "shed_tier": self.shed_tier,
             "retry_after_s": self.retry_after_s,
+            "shed_tiers": list(self.shed_tiers),
+            "limits": dict(self.limits),
+            "shed_status": dict(self.shed_status),
         }
 
 
@@ -126,14 +153,22 @@ class TierActionPolicy:
     """Seed 000's adaptive re-prioritization of one origin group ("If P0 wait time exceeds 35ms
     for more than 30 seconds, we automatically demote 50% of P1 to P2 and shed P2 entirely").
 
-    Envoy has no queue-wait stat, so the trigger is the `trigger_tier` cluster's
-    `upstream_rq_pending_active` (requests waiting for a connection) above `trigger_pending`,
-    held for `for_ms`; the actions are lifted after `recover_after_ms` without the trigger.
+    The trigger (`trigger`): `wait`, the `trigger_wait_quantile` of the `trigger_tier`'s pool
+    wait measured from Envoy's access logs above `trigger_wait_ms`; or `pending`, the tier
+    cluster's `upstream_rq_pending_active` (worst Envoy) above `trigger_pending`. Held for
+    `for_ms`; the actions are lifted after `recover_after_ms` without the trigger.
+    Utilization shedding (seed 000 `shed_threshold: 0.85`): the group's origin concurrency in
+    use above `shed_threshold` for `for_ms` sheds every sheddable tier; lifted once it stayed
+    below `shed_lift_threshold` for `recover_after_ms`. Lending: unused guaranteed concurrency
+    is lent to tiers that want more (see `decide/tiers.py`).
     Tier names are resolved (defaults by priority) when the file is read.
     """
 
     enabled: bool = True
     trigger_tier: str = "critical"
+    trigger: TriggerKind = "pending"
+    trigger_wait_ms: int = 35
+    trigger_wait_quantile: WaitQuantile = "p95"
     trigger_pending: int = 10
     for_ms: int = 30_000
     demote_tier: str | None = "normal"
@@ -142,6 +177,11 @@ class TierActionPolicy:
     shed_tier: str | None = "background"
     recover_after_ms: int = 60_000
     stale_after_ms: int = 45_000  # a trigger reading older than this holds the current action
+    shed_threshold: float = 0.85
+    shed_lift_threshold: float = 0.70
+    lending: bool = True
+    lend_headroom_percent: int = 10  # of a lender's guarantee, kept free for its own arrivals
+    lend_step_percent: int = 5  # of max_origin_concurrency: smaller lending changes wait
 
     def actions(self) -> TierActions:
         return TierActions(
@@ -218,6 +258,11 @@ class OriginGroup:
         """The starting weights in `pop`: its preferred origin takes everything but the standby
         origins' warm pools."""
         return home_weights(self.preference[pop], self.failover.min_warm_pool)
+
+    def guarantee(self, tier: Tier) -> int:
+        """The tier's share of the origin connections, rounded up (70% of 120 -> 84): its
+        per-Envoy concurrency when nothing is lent."""
+        return math.ceil(tier.share_percent * self.max_origin_concurrency / 100)
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,7 @@ TIER_FIELDS: FieldTable = {
     "retries": ("retries", integer(0, 10)),
     "sheddable": ("sheddable", boolean),
     "retry_budget": ("retry_budget_percent", _budget),
+    "shed_action": ("shed_action", choice("reject", "defer", "stale")),
 }
 TIER_REQUIRED = ("priority", "share", "max_queue_depth", "queue_timeout", "connect_timeout",
                  "read_timeout", "retries")
@@ -113,8 +114,16 @@ HEALTH_CHECK_FIELDS: FieldTable = {
 
 TIER_ACTION_FIELDS: FieldTable = {
     "enabled": ("enabled", boolean),
+    "trigger": ("trigger", choice("wait", "pending")),
+    "trigger_wait": ("trigger_wait_ms", duration(1, 600_000)),
+    "trigger_wait_quantile": ("trigger_wait_quantile", choice("p50", "p95", "p99")),
     "trigger_pending": ("trigger_pending", integer(0, 1_000_000)),
     "for": ("for_ms", duration(0, 3_600_000)),
+    "shed_threshold": ("shed_threshold", fraction(0.01, 1)),
+    "shed_lift_threshold": ("shed_lift_threshold", fraction(0, 1)),
+    "lending": ("lending", boolean),
+    "lend_headroom": ("lend_headroom_percent", percent(0, 100)),
+    "lend_step": ("lend_step_percent", percent(0, 100)),
     "demote_share": ("demote_share", percent(0, 100)),
     "recover_after": ("recover_after_ms", duration(0, 3_600_000)),
     "stale_after": ("stale_after_ms", duration(1000, 86_400_000)),
@@ -165,6 +174,7 @@ def tier_defaults(tier: Tier) -> Layer:
 DEFAULT_TIER_LAYERS: dict[str, Layer] = {t.name: tier_defaults(t) for t in DEFAULT_TIERS}
 NEW_TIER_DEFAULTS: Layer = defaults_layer({
     "sheddable": False,
+    "shed_action": "reject",
     "retry_budget_percent": 15.0,
     "queue_policy": QueuePolicy().kind,
     "high_watermark": AdaptiveLifo().high_watermark,

@@ -567,6 +567,10 @@ class _Document:
         if trigger is not None and trigger in (demote, shed):
             self.sink.add(at("trigger_tier", "demote_tier", "shed_tier"), f"the trigger tier "
                           f"'{trigger}' cannot also be demoted or shed")
+        high, low = layer.get("shed_threshold"), layer.get("shed_lift_threshold")
+        if high is not None and low is not None and known(high, low) and low.value >= high.value:
+            self.sink.add(at("shed_lift_threshold", "shed_threshold"), f"shed_lift_threshold "
+                          f"{low.value:g} must be below shed_threshold {high.value:g} (hysteresis)")
         if shed is not None:
             sheddable = tiers[shed]["sheddable"]
             if known(sheddable) and not sheddable.value:

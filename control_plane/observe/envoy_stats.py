@@ -32,7 +32,9 @@ from typing import Any, Literal
 from control_plane.gen.ballast.v1 import prometheus_metrics_pb2 as prom
 from control_plane.observe.window import Buckets
 
-Stat = Literal["completed", "5xx", "latency", "pending_active", "pending_overflow"]
+Stat = Literal["completed", "5xx", "latency", "pending_active", "pending_overflow", "active",
+               "queue_overloaded"]
+GAUGES: frozenset[str] = frozenset({"pending_active", "active", "queue_overloaded"})
 
 _ZONE_STATS: dict[str, Stat] = {
     "upstream_rq_completed": "completed",
@@ -42,6 +44,8 @@ _ZONE_STATS: dict[str, Stat] = {
 _CLUSTER_STATS: dict[str, Stat] = {
     "upstream_rq_pending_active": "pending_active",
     "upstream_rq_pending_overflow": "pending_overflow",
+    "upstream_rq_active": "active",
+    "upstream_queue_overloaded": "queue_overloaded",
 }
 _FULL_ZONE = re.compile(
     r"^cluster\.(?P<cluster>.+?)\.zone\.(?P<pop>[^.]+)\.(?P<origin>[^.]+)\.(?P<stat>[^.]+)$"
@@ -137,7 +141,7 @@ def points(family: prom.MetricFamily) -> Iterator[StatPoint | BadMetric]:
                 if family.type != prom.HISTOGRAM:
                     continue
                 yield StatPoint(stat, cluster, pop, origin, *_histogram(metric.histogram))
-            elif stat == "pending_active":
+            elif stat in GAUGES:
                 yield StatPoint(stat, cluster, pop, origin, _number(metric.gauge.value))
             else:
                 yield StatPoint(stat, cluster, pop, origin, _number(metric.counter.value))

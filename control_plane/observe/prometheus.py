@@ -22,8 +22,10 @@ when host series exist in the window: `requests` = increase of `rq_total` (attem
 Envoy counts a connect failure as an `rq_error` too), `connect_failures` = of `cx_connect_fail`;
 otherwise the zone counters as before. Quantiles stay on the zone histogram.
 
-For the tier actions, `tier_pending` asks `max_over_time` of the pending gauge per (PoP, tier
-cluster), summed over the PoP's Envoys (`tier_queries`, `assemble_tiers`).
+For the tier controller, `tier_pending` asks `max_over_time` of the pending gauge per (PoP, tier
+cluster), the worst Envoy's (`max by`: breakers and queue policies act per Envoy), each Envoy's
+(`instance`) peak of `upstream_rq_active`, and `upstream_queue_overloaded` where a node reports
+it (`tier_queries`, `assemble_tiers`). The pool wait comes from the access-log sink either way.
 """
 
 from __future__ import annotations
@@ -98,10 +100,13 @@ def tier_queries(window_ms: int) -> dict[str, str]:
     """The PromQL behind the per-tier pending maximum (tier actions) of one window."""
     r = f"[{window_ms}ms]"
     gauge = "envoy_cluster_upstream_rq_pending_active"
+    by = "by (ballast_pop, ballast_cluster)"
     return {
-        "pending_max": f"sum by (ballast_pop, ballast_cluster) (max_over_time({gauge}{r}))",
-        "observed_at": f"max by (ballast_pop, ballast_cluster) "
-        f"(timestamp({gauge}) and last_over_time({gauge}{r}))",
+        "pending_max": f"max {by} (max_over_time({gauge}{r}))",
+        "observed_at": f"max {by} (timestamp({gauge}) and last_over_time({gauge}{r}))",
+        "active": "max by (ballast_pop, ballast_cluster, instance) "
+        f"(max_over_time(envoy_cluster_upstream_rq_active{r}))",
+        "overloaded": f"max {by} (max_over_time(envoy_cluster_upstream_queue_overloaded{r}))",
     }
 
 
@@ -113,18 +118,25 @@ def assemble_tiers(results: dict[str, Vector]) -> TierSignals:
 
     A tier cluster needs both its maximum and its newest sample time to be present."""
     rows: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)
-    for name in ("pending_max", "observed_at"):
+    active: dict[tuple[str, str], list[tuple[str, float]]] = defaultdict(list)
+    for name in ("pending_max", "observed_at", "overloaded", "active"):
         for labels, value in _series(results.get(name, [])):
             pop, cluster = labels.get("ballast_pop", ""), labels.get("ballast_cluster", "")
-            if pop and split_cluster(cluster) is not None:
+            if not pop or split_cluster(cluster) is None:
+                continue
+            if name == "active":
+                active[pop, cluster].append((labels.get("instance", ""), value))
+            else:
                 rows[pop, cluster][name] = value
     signals: TierSignals = {}
     for (pop, cluster), values in sorted(rows.items()):
         split = split_cluster(cluster)
-        if split is not None and len(values) == 2:
+        if split is not None and "pending_max" in values and "observed_at" in values:
             signals.setdefault((pop, split[0]), {})[split[1]] = TierPending(
                 pending_max=values["pending_max"],
                 observed_at_ms=round(values["observed_at"] * 1000),
+                active_by_node=tuple(sorted(active.get((pop, cluster), []))),
+                overloaded_max=values.get("overloaded"),
             )
     return signals
 

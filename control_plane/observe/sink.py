@@ -36,8 +36,12 @@ addresses) the zone counters as before (`upstream_rq_completed`, `upstream_rq_5x
 failures 0). Latency quantiles always come from the zone histogram. Several Envoys of one PoP add
 up. Caveat: a PoP where some Envoys send host stats and others do not counts only the former.
 
-For the tier actions, `tier_pending` gives per (PoP, group, tier) the highest
-`upstream_rq_pending_active` of each Envoy in the window, summed over the PoP's Envoys.
+For the tier controller, `tier_pending` gives per (PoP, group, tier) the worst Envoy's peak of
+`upstream_rq_pending_active` in the window (breakers and LIFO watermarks act on each Envoy's own
+pool, so a PoP sum would hide one saturated Envoy behind idle ones), each Envoy's peak of
+`upstream_rq_active` (utilization and lending), and the worst `upstream_queue_overloaded` where a
+node reports it. Envoy sends a gauge only once it was used, so a tier cluster of the desired
+state that a flushing Envoy does not report reads 0 there (no request ever reached its pool).
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ from control_plane.desired.model import Desired
 from control_plane.gen.ballast.v1 import metrics_service_pb2, prometheus_metrics_pb2
 from control_plane.observe.endpoints import EndpointOrigins, endpoint_origins
 from control_plane.observe.envoy_stats import (
+    GAUGES,
     BadMetric,
     HostPoint,
     StatPoint,
@@ -101,6 +106,13 @@ class _Stream:
     warned: set[str] = field(default_factory=set)
 
 
+def tier_clusters(desired: Desired | None) -> tuple[str, ...]:
+    """Every tier cluster (`<group>.<tier>`) of the desired state."""
+    if desired is None:
+        return ()
+    return tuple(f"{g.name}.{t.name}" for g in desired.origin_groups for t in g.tiers)
+
+
 class SinkStore:
     """Samples from every metrics stream, and the windows computed from them (a MetricSource)."""
 
@@ -109,6 +121,7 @@ class SinkStore:
         self._streams: dict[int, _Stream] = {}
         self._ids = itertools.count(1)
         self._endpoints: EndpointOrigins = endpoint_origins(desired)
+        self._tier_clusters = tier_clusters(desired)
         # (connection, PoP, cluster, address, stat) -> cumulative samples
         self._hosts: dict[tuple[str, str, str, str, str], list[Sample]] = {}
         self._host_warned: set[str] = set()
@@ -116,6 +129,7 @@ class SinkStore:
     def update_desired(self, desired: Desired) -> None:
         """New desired state (hot reload): host stats map to its origins from now on."""
         self._endpoints = endpoint_origins(desired)
+        self._tier_clusters = tier_clusters(desired)
 
     def ingest_hosts(
         self, connection: str, found: Iterable[HostPoint | BadMetric], received_ms: int
@@ -183,7 +197,7 @@ class SinkStore:
                 if point.stat == "latency":
                     count, buckets = histograms.get(key, (0.0, ()))
                     histograms[key] = (count + point.value, add_buckets(buckets, point.buckets))
-                elif point.stat == "pending_active":
+                elif point.stat in GAUGES:
                     stream.gauges.setdefault(key, []).append((received_ms, point.value))
                 else:
                     self._add_counter(stream, key, point, received_ms, previous)
@@ -273,7 +287,9 @@ class SinkStore:
                         origins[key] = origins[key].merge(
                             OriginWindow(latency=buckets, latency_count=count, observed_at_ms=t)
                         )
-            for (_, cluster, _), samples in stream.gauges.items():
+            for (stat, cluster, _), samples in stream.gauges.items():
+                if stat != "pending_active":
+                    continue
                 recent = [sample for sample in samples if start < sample[0] <= now_ms]
                 key = (stream.pop, cluster, stream.node_id)
                 if recent and recent[-1][0] >= latest_gauge.get(key, (0, 0.0))[0]:
@@ -286,30 +302,44 @@ class SinkStore:
         return self.tier_snapshot(now_ms, window_ms)
 
     def tier_snapshot(self, now_ms: int, window_ms: int) -> TierSignals:
-        """Per (PoP, group) -> tier: each Envoy's highest pending gauge in the window, summed
-        over the PoP's Envoys (an upper bound of the PoP's queue when their peaks differ)."""
+        """Per (PoP, group) -> tier: the worst Envoy's pending peak in the window, each Envoy's
+        active peak and the worst queue_overloaded (see the module docstring)."""
         start = now_ms - window_ms
-        per_node: dict[tuple[str, str, str], tuple[float, int]] = {}  # (pop, cluster, node)
+        # (pop, cluster) -> node -> stat -> peak; and the newest sample time
+        peaks: dict[tuple[str, str], dict[str, dict[str, float]]] = defaultdict(dict)
+        newest: dict[tuple[str, str], int] = {}
+        flushed: dict[tuple[str, str], int] = {}  # (pop, node) -> newest flush in the window
         for stream in self._streams.values():
+            if not stream.pop or not start < stream.last_flush_ms <= now_ms:
+                continue
+            node_key = (stream.pop, stream.node_id)
+            flushed[node_key] = max(flushed.get(node_key, 0), stream.last_flush_ms)
             for (stat, cluster, _), samples in stream.gauges.items():
-                recent = [(value, t) for t, value in samples if start < t <= now_ms]
-                if stat != "pending_active" or not recent or not stream.pop:
+                recent = [(t, value) for t, value in samples if start < t <= now_ms]
+                if not recent:
                     continue
-                key = (stream.pop, cluster, stream.node_id)  # a node's streams: one Envoy
-                peak, newest = per_node.get(key, (0.0, 0))
-                per_node[key] = (max(peak, *(v for v, _ in recent)),
-                                 max(newest, *(t for _, t in recent)))
-        peaks: dict[tuple[str, str], list[tuple[float, int]]] = defaultdict(list)
-        for (pop, cluster, _), peak in per_node.items():
-            peaks[pop, cluster].append(peak)
+                by_stat = peaks[stream.pop, cluster].setdefault(stream.node_id, {})
+                by_stat[stat] = max(by_stat.get(stat, 0.0), *(v for _, v in recent))
+                newest[stream.pop, cluster] = max(newest.get((stream.pop, cluster), 0),
+                                                  *(t for t, _ in recent))
+        for (pop, node), at in flushed.items():  # unused gauges of a flushing Envoy read 0
+            for cluster in self._tier_clusters:
+                by_stat = peaks[pop, cluster].setdefault(node, {})
+                by_stat.setdefault("pending_active", 0.0)
+                by_stat.setdefault("active", 0.0)
+                newest[pop, cluster] = max(newest.get((pop, cluster), 0), at)
         result: TierSignals = {}
         for (pop, cluster), nodes in sorted(peaks.items()):
             split = split_cluster(cluster)
-            if split is None:
+            if split is None or not nodes:
                 continue
+            overloaded = [n["queue_overloaded"] for n in nodes.values() if "queue_overloaded" in n]
             result.setdefault((pop, split[0]), {})[split[1]] = TierPending(
-                pending_max=sum(v for v, _ in nodes),
-                observed_at_ms=max(t for _, t in nodes),
+                pending_max=max(n.get("pending_active", 0.0) for n in nodes.values()),
+                observed_at_ms=newest[pop, cluster],
+                active_by_node=tuple(sorted((node, n["active"]) for node, n in nodes.items()
+                                            if "active" in n)),
+                overloaded_max=max(overloaded) if overloaded else None,
             )
         return result
 

@@ -61,8 +61,8 @@ class BallastMetrics:
         self.tier_action_active = Gauge(
             "ballast_tier_action_active",
             "1 while a tier action is active in a PoP (action demote: part of the tier's "
-            "requests go to a less critical tier; shed: the tier is answered 503), 0 while it is "
-            "configured but off",
+            "requests go to a less critical tier; shed: the tier is answered at the edge; lend: "
+            "the tier borrows unused concurrency), 0 while it is configured but off",
             ["pop", "group", "action", "tier"],
             registry=r,
         )
@@ -122,10 +122,11 @@ class BallastMetrics:
 
 
 def tier_action_parts(actions: TierActions) -> list[tuple[str, str]]:
-    """(action, tier) of each part that does something: ("demote", tier), ("shed", tier)."""
+    """(action, tier) of each part that does something: ("demote", tier), ("shed", tier) (the
+    re-prioritization's and utilization's), ("lend", tier) for a tier borrowing concurrency."""
     parts = []
     if actions.demote_tier and actions.demote_to and actions.demote_share:
         parts.append(("demote", actions.demote_tier))
-    if actions.shed_tier:
-        parts.append(("shed", actions.shed_tier))
+    parts.extend(("shed", tier) for tier in sorted(actions.shed))
+    parts.extend(("lend", tier) for tier, _ in actions.limits)
     return parts

@@ -96,8 +96,9 @@ def ads_bootstrap(
 # Per-endpoint stats are not in the stats store and are not affected.
 NEEDED_STATS: tuple[str, ...] = (
     r"cluster\.[^.]+\.[^.]+\.zone\..*",  # per (PoP, origin): codes, completed, latency
-    r"cluster\.[^.]+\.[^.]+\.(upstream_rq_(pending_active|pending_overflow|total|retry"
-    r"|completed|time|[0-9]xx)|upstream_cx_connect_fail|membership_(healthy|total))",
+    r"cluster\.[^.]+\.[^.]+\.(upstream_rq_(pending_active|pending_overflow|active|total|retry"
+    r"|completed|time|[0-9]xx)|upstream_queue_overloaded|upstream_cx_connect_fail"
+    r"|membership_(healthy|total))",
     r"control_plane\..*",  # xDS connection state, rejected updates
     r"(server|cluster_manager|listener_manager)\..*",
     r"http\.[^.]+\.downstream_rq_.*",

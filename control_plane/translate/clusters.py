@@ -47,11 +47,14 @@ def cluster_name(group: str, tier: str) -> str:
 
 def tier_concurrency(group: OriginGroup, tier: Tier) -> int:
     """The tier's share of the group's origin connections, rounded up (70% of 120 -> 84)."""
-    return math.ceil(tier.share_percent * group.max_origin_concurrency / 100)
+    return group.guarantee(tier)
 
 
-def tier_cluster(group: OriginGroup, tier: Tier, queue_policy: QueuePolicyChoice) -> Cluster:
-    """The EDS cluster of one tier, field 62 (queue policy) merged in."""
+def tier_cluster(
+    group: OriginGroup, tier: Tier, queue_policy: QueuePolicyChoice, limit: int | None = None
+) -> Cluster:
+    """The EDS cluster of one tier, field 62 (queue policy) merged in. `limit`: the tier's
+    concurrency while it borrows unused shares of other tiers (lending, `decide/tiers.py`)."""
     cluster = Cluster(
         name=cluster_name(group.name, tier.name),
         type=Cluster.EDS,
@@ -65,7 +68,7 @@ def tier_cluster(group: OriginGroup, tier: Tier, queue_policy: QueuePolicyChoice
         common_lb_config=Cluster.CommonLbConfig(
             locality_weighted_lb_config=Cluster.CommonLbConfig.LocalityWeightedLbConfig()
         ),
-        circuit_breakers=_circuit_breakers(group, tier),
+        circuit_breakers=_circuit_breakers(group, tier, limit),
         # Per-host counters (`cluster.<name>.endpoint.<addr>_<port>.rq_error`, ...) count every
         # attempt, retried ones included; the zone `upstream_rq_*` stats do not (observe/).
         track_cluster_stats=TrackClusterStats(per_endpoint_stats=True),
@@ -84,8 +87,8 @@ def tier_cluster(group: OriginGroup, tier: Tier, queue_policy: QueuePolicyChoice
     return cluster
 
 
-def _circuit_breakers(group: OriginGroup, tier: Tier) -> CircuitBreakers:
-    concurrency = tier_concurrency(group, tier)
+def _circuit_breakers(group: OriginGroup, tier: Tier, limit: int | None) -> CircuitBreakers:
+    concurrency = max(tier_concurrency(group, tier), limit or 0)
     max_retries = math.ceil(tier.retry_budget_percent * concurrency / 100)
     return CircuitBreakers(
         thresholds=[

@@ -4,14 +4,16 @@ Incremental: given the PoP's `previous` snapshot, a resource whose inputs are eq
 it was built from is taken over as it is (same object, same bytes, same version); only the others
 are translated and serialized. The inputs of each resource are exactly what its builder reads:
 
-- Cluster `<group>.<tier>`: the origin group, the tier, the node capabilities;
+- Cluster `<group>.<tier>`: the origin group, the tier, the node capabilities, the tier's lent
+  concurrency limit (lending, from the group's active tier actions);
 - ClusterLoadAssignment `<group>.<tier>`: the origin group, its weights in this PoP;
 - Listener: the desired listener, the PoP, the trusted priority sources;
 - RouteConfiguration (`<listener>` and, with trusted priority sources, `<listener>.trusted`): the
   desired listener, the PoP, which of the two, the classification rules, the default tier, and
   per virtual host its origin group and that group's active tier actions.
 
-So a weight change re-builds the ClusterLoadAssignments of that group, a tier action the routes,
+So a weight change re-builds the ClusterLoadAssignments of that group, a tier action the routes
+(and, when a lent limit changed, that tier's cluster),
 a desired-state edit the resources whose inputs it touched. Without `previous` every resource is
 built: that full translation is the reference the incremental one is tested against (byte for
 byte, `tests/test_translate_incremental.py`). What was built is kept with the snapshot
@@ -122,7 +124,8 @@ def translate_pop(
     `weights`: origin group -> origin -> weight (sum 100); a group missing from it starts from
     its home weights. `caps` decides adaptive LIFO vs FIFO; every fallback is in `notes`.
     `tier_actions`: origin group -> the tier actions active in this PoP (demotion, shedding;
-    see `routes.py`); only the routes change. `previous`: this PoP's last snapshot, whose
+    see `routes.py`) change the routes; lent limits change the borrowing tiers' breakers.
+    `previous`: this PoP's last snapshot, whose
     resources are reused where their inputs did not change (see the module docstring).
     The Cluster message carries field 62 (queue policy) among its unknown fields, so its
     payload, version and re-serializations include it. Raises `UnknownPop` for a PoP not in
@@ -152,7 +155,7 @@ class _PopInputs:
 
 def _translate(pop: str, inputs: _PopInputs, make: _Builder) -> PopResources:
     """Every resource, each taken over from the previous snapshot when its inputs are equal."""
-    desired, caps = inputs.desired, inputs.caps
+    desired = inputs.desired
     the_pop = desired.pop(pop)
     clusters: dict[str, Resource] = {}
     endpoints: dict[str, Resource] = {}
@@ -164,10 +167,7 @@ def _translate(pop: str, inputs: _PopInputs, make: _Builder) -> PopResources:
             # the previous snapshot's equal group object, so the comparisons below are cheap
             same = make.canonical(make.previous_input(CLUSTER_TYPE, name, 0), group)
             groups.setdefault(group.name, same)
-            cluster = make.resource(
-                CLUSTER_TYPE, name, (same, tier, caps),
-                lambda name=name, group=group, tier=tier: _cluster(name, group, tier, caps),
-            )
+            cluster = _tier_cluster(make, name, same, group, tier, inputs)
             clusters[name] = cluster.resource
             if cluster.note is not None:
                 notes.append(cluster.note)
@@ -207,6 +207,13 @@ def _changed_weights_or_actions(
                 endpoints[name] = _endpoints(make, name, same, group, inputs.weights[group.name])
         by_type[ENDPOINT_TYPE] = endpoints
     if inputs.actions != last.actions:
+        clusters = dict(previous.of_type(CLUSTER_TYPE))
+        for group in desired.origin_groups:
+            for tier in group.tiers:
+                name = cluster_name(group.name, tier.name)
+                same = make.previous_input(CLUSTER_TYPE, name, 0) or group
+                clusters[name] = _tier_cluster(make, name, same, group, tier, inputs).resource
+        by_type[CLUSTER_TYPE] = clusters
         groups = {
             g.name: make.previous_input(CLUSTER_TYPE, cluster_name(g.name, g.tiers[0].name), 0)
             or g
@@ -258,11 +265,22 @@ def _finish(
     return resources
 
 
+def _tier_cluster(
+    make: _Builder, name: str, same: object, group: OriginGroup, tier: Tier, inputs: _PopInputs
+) -> _Built:
+    actions = inputs.actions.get(group.name)
+    limit = None if actions is None else actions.limit(tier.name)
+    return make.resource(
+        CLUSTER_TYPE, name, (same, tier, inputs.caps, limit),
+        lambda: _cluster(name, group, tier, inputs.caps, limit),
+    )
+
+
 def _cluster(
-    name: str, group: OriginGroup, tier: Tier, caps: Capabilities
+    name: str, group: OriginGroup, tier: Tier, caps: Capabilities, limit: int | None
 ) -> tuple[Message, str | None]:
     choice = choose_queue_policy(name, tier, caps)
-    return tier_cluster(group, tier, choice), choice.fallback_note
+    return tier_cluster(group, tier, choice, limit), choice.fallback_note
 
 
 def built_resources(resources: PopResources) -> tuple[ResourceKey, ...]:

@@ -27,9 +27,13 @@ Tier actions (adaptive re-prioritization, seed 000), when active for the group i
   the `demote_to` tier's cluster, the rest to their own; each part says the tier that serves it
   in `x-ballast-tier`, and the demoted part also `x-ballast-demoted-from: <tier>`. Timeouts and
   retries stay those of the route's own tier (the client's deadline does not change);
-- shedding: the routes of the shed tier answer at the edge with `direct_response` 503, a
-  `retry-after` of the recovery time in seconds and `x-ballast-shed: <tier>`; nothing reaches an
-  origin.
+- shedding (the re-prioritization's shed tier and the tiers shed for utilization): the routes
+  of a shed tier answer at the edge with `direct_response`, `retry-after` = the recovery time in
+  seconds and `x-ballast-shed: <tier>`; nothing reaches an origin. The tier's `shed_action`
+  picks the answer: `reject` 503; `defer` 202 (the client may do the work later); `stale` 503
+  with `x-ballast-serve-stale: 1` and `cache-control: no-store`, which tells a cache in front
+  to answer with its stale copy (e.g. nginx `proxy_cache_use_stale http_503`) and never to
+  store the 503 itself.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ from envoy.extensions.retry.host.previous_hosts.v3.previous_hosts_pb2 import (
 from envoy.type.matcher.v3.string_pb2 import StringMatcher
 
 from control_plane.desired.model import (
+    SHED_STATUS,
     ClassificationRule,
     Desired,
     HeaderMatch,
@@ -77,8 +82,8 @@ HOST_SELECTION_RETRY_MAX_ATTEMPTS = 3
 CATCH_ALL_ROUTE = "default"
 DEMOTED_HEADER = "x-ballast-demoted-from"
 SHED_HEADER = "x-ballast-shed"
-SHED_STATUS = 503
 TRUSTED_ROUTE_PREFIX = "trusted-"  # the trusted routes are named trusted-<tier>
+SERVE_STALE_HEADER = "x-ballast-serve-stale"
 
 
 def route_timeout_ms(tier: Tier) -> int:
@@ -132,7 +137,8 @@ def _virtual_host(
 def check_tier_actions(group: OriginGroup, actions: TierActions) -> None:
     """ValueError when the actions name a tier the group does not have."""
     names = {tier.name for tier in group.tiers}
-    for tier in (actions.demote_tier, actions.demote_to, actions.shed_tier):
+    named = (actions.demote_tier, actions.demote_to, *actions.shed, *dict(actions.limits))
+    for tier in named:
         if tier is not None and tier not in names:
             raise ValueError(f"tier actions of group {group.name!r} name tier {tier!r}, "
                              f"which it does not have (tiers: {', '.join(sorted(names))})")
@@ -166,7 +172,7 @@ def _header_matcher(header: HeaderMatch) -> HeaderMatcher:
 def _route(
     name: str, match: RouteMatch, group: OriginGroup, tier: Tier, actions: TierActions | None
 ) -> Route:
-    if actions is not None and actions.shed_tier == tier.name:
+    if actions is not None and tier.name in actions.shed:
         return _shed_route(name, match, tier, actions.retry_after_s)
     action = RouteAction(
         timeout=duration_ms(route_timeout_ms(tier)),
@@ -205,18 +211,19 @@ def _demoted(group: str, tier: str, to: str, share: int) -> WeightedCluster:
 
 
 def _shed_route(name: str, match: RouteMatch, tier: Tier, retry_after_s: int) -> Route:
+    headers = [_overwrite("retry-after", str(retry_after_s)), _overwrite(SHED_HEADER, tier.name)]
+    if tier.shed_action == "stale":
+        headers += [_overwrite(SERVE_STALE_HEADER, "1"), _overwrite("cache-control", "no-store")]
+    later = "accepted; do it" if tier.shed_action == "defer" else "retry"
     return Route(
         name=name,
         match=match,
         direct_response=DirectResponseAction(
-            status=SHED_STATUS,
+            status=SHED_STATUS[tier.shed_action],
             body=DataSource(inline_string=f"shed: tier {tier.name} is paused while the origin "
-                            f"is under stress; retry in {retry_after_s} s\n"),
+                            f"is under stress; {later} in {retry_after_s} s\n"),
         ),
-        response_headers_to_add=[
-            _overwrite("retry-after", str(retry_after_s)),
-            _overwrite(SHED_HEADER, tier.name),
-        ],
+        response_headers_to_add=headers,
     )
 
 
