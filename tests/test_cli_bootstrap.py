@@ -61,8 +61,10 @@ def test_real_envoy_accepts_each_template(capsys, template: str) -> None:
     config = json.loads(out)
     ok, output = validate_bootstrap(config)
     assert ok, output
+    # --metrics-sink asks Ballast for listeners with the sampled access log
+    assert config["node"]["metadata"]["ballast_access_log"] is True
     if template == "sidecar":
-        assert config["node"]["metadata"] == {"role": "sidecar"}
+        assert config["node"]["metadata"] == {"role": "sidecar", "ballast_access_log": True}
         assert "overload_manager" in config
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from envoy.config.core.v3.base_pb2 import Node
+from google.protobuf.struct_pb2 import Struct
 
 from control_plane.translate import translate_pop
 from control_plane.translate.bootstrap import ads_bootstrap
@@ -14,8 +15,9 @@ from control_plane.translate.capabilities import (
     FIFO_TYPE_NAME,
     read_node_capabilities,
 )
+from control_plane.translate.listeners import access_log
 from control_plane.translate.queue_policy import read_back
-from control_plane.translate.resources import CLUSTER_TYPE, Capabilities
+from control_plane.translate.resources import CLUSTER_TYPE, LISTENER_TYPE, Capabilities
 from tests.support.models import example_desired
 
 FIFO = "envoy.queue_policy.fifo"
@@ -89,3 +91,22 @@ def test_metrics_sink_bootstrap_for_1_36_has_no_drop_action() -> None:
     assert "DropAction" not in str(otel("1.36"))
     assert "custom_metric_conversions" not in otel("1.36")
     assert "DropAction" in str(otel("1.37")) and "DropAction" in str(otel("1.40"))
+
+
+def test_a_node_asking_for_access_logs_gets_listeners_with_the_grpc_access_log() -> None:
+    node = Node(id="n")
+    metadata = Struct()
+    metadata.update({"ballast_access_log": True})
+    node.metadata.CopyFrom(metadata)
+    found = read_node_capabilities(node)
+    assert found.capabilities.access_log and found.capabilities.key == "none+als"
+    assert "ballast_access_log" in found.reason
+    plain = translate_pop(example_desired(), "ewr", {}, Capabilities())
+    logged = translate_pop(example_desired(), "ewr", {}, Capabilities(access_log=True))
+    assert plain.of_type(LISTENER_TYPE)["edge"].payload != logged.of_type(LISTENER_TYPE)[
+        "edge"].payload
+    text = str(logged.of_type(LISTENER_TYPE)["edge"].message)
+    assert "envoy.access_loggers.http_grpc" in text and "ballast_xds" in text
+    sampled = access_log(example_desired().access_log.sample_rate).filter.runtime_filter
+    assert sampled.percent_sampled.numerator == 100_000  # 10 % per million
+    assert sampled.use_independent_randomness

@@ -1,4 +1,5 @@
-"""Capability keys (`none`, `fifo`, `lifo`) as the admin API and `ballast plan` name them."""
+"""Capability keys (`none`, `fifo`, `lifo`, each also with `+als`) as the admin API and
+`ballast plan` name them."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ from control_plane.translate.resources import Capabilities
 
 CAPABILITY_KEYS: dict[str, Capabilities] = {
     caps.key: caps
+    for access_log in (False, True)
     for caps in (
-        Capabilities(queue_policies=False), Capabilities(), Capabilities(adaptive_lifo=True)
+        Capabilities(queue_policies=False, access_log=access_log),
+        Capabilities(access_log=access_log),
+        Capabilities(adaptive_lifo=True, access_log=access_log),
     )
 }
 

@@ -7,6 +7,8 @@ be limited to requests that came through some PoPs (Envoy adds `x-ballast-pop`),
 regional problem between one PoP and an origin is simulated.
 `POST /_ballast/fault` (JSON body with the fields of `Fault`) changes them over HTTP, which is how
 `make run` lets an operator break an origin by hand.
+`max_concurrency` caps the requests it works on at once (the rest wait inside the origin, as a
+real origin's worker pool would): the concurrency-capped origin of the tier benchmarks.
 """
 
 from __future__ import annotations
@@ -48,8 +50,14 @@ class Fault:
 
 
 class DemoOrigin:
-    def __init__(self, name: str, port: int, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, name: str, port: int, host: str = "127.0.0.1", max_concurrency: int = 0
+    ) -> None:
         self.name = name
+        self._slots = asyncio.Semaphore(max_concurrency) if max_concurrency > 0 else None
+        self.in_flight = 0
+        self.in_flight_peak = 0
+        self.connections: set[object] = set()  # every TCP connection a request came on
         self.host = host
         self.port = port
         self.fault = Fault()
@@ -79,6 +87,18 @@ class DemoOrigin:
     async def _handle(self, request: web.Request) -> web.Response:
         if request.path == FAULT_PATH:
             return await self._handle_fault(request)
+        self.connections.add(request.transport)
+        if self._slots is None:
+            return await self._answer(request)
+        async with self._slots:
+            self.in_flight += 1
+            self.in_flight_peak = max(self.in_flight_peak, self.in_flight)
+            try:
+                return await self._answer(request)
+            finally:
+                self.in_flight -= 1
+
+    async def _answer(self, request: web.Request) -> web.Response:
         faulty = self._faulty(request)
         if self.fault.latency_ms and faulty:
             await asyncio.sleep(self.fault.latency_ms / 1000)

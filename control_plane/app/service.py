@@ -44,6 +44,7 @@ from control_plane.desired import DesiredStateError, load_desired, parse_desired
 from control_plane.desired.model import Desired, GroupWeights, TierActions
 from control_plane.intent.sqlite_store import StateCorrupted, StateStore
 from control_plane.intent.state_dir_lock import StateDirLock
+from control_plane.observe.access_log import AccessLogStore, WithWaits, add_access_log_service
 from control_plane.observe.certificates import CertificateStatus
 from control_plane.observe.combine import CombinedSource
 from control_plane.observe.probes import Prober, probe_targets
@@ -150,7 +151,7 @@ class BallastService:
             self.decisions,
             self.store,
             states=states,
-            tier_source=self._passive,
+            tier_source=WithWaits(self._passive, self.access_logs),
             tier_states=tier_states,
             ramp_states=ramp_states,
             metrics=self.metrics,
@@ -277,6 +278,10 @@ class BallastService:
 
     def _metric_source(self, desired: Desired) -> MetricSource:
         config = self.config
+        # The access-log sink (measured pool wait) is hosted whatever the metric source is.
+        self.access_logs = AccessLogStore()
+        access_logs = self.access_logs
+        self.server.add_service(lambda server: add_access_log_service(server, access_logs))
         passive: SinkStore | PrometheusSource
         if config.metrics_source == "prometheus":
             if not config.prometheus_url:

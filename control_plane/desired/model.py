@@ -166,7 +166,7 @@ class TierActionPolicy:
 
     enabled: bool = True
     trigger_tier: str = "critical"
-    trigger: TriggerKind = "pending"
+    trigger: TriggerKind = "wait"
     trigger_wait_ms: int = 35
     trigger_wait_quantile: WaitQuantile = "p95"
     trigger_pending: int = 10
@@ -304,6 +304,14 @@ class Pop:
 
 
 @dataclass(frozen=True)
+class AccessLog:
+    """Envoy access logs streamed to Ballast (gRPC AccessLogService on the xDS port) by nodes
+    whose bootstrap asks for it (`ballast bootstrap --metrics-sink`): the measured pool wait."""
+
+    sample_rate: float = 0.1  # share of requests each Envoy logs (independent per request)
+
+
+@dataclass(frozen=True)
 class Desired:
     pops: tuple[Pop, ...]
     origin_groups: tuple[OriginGroup, ...]
@@ -314,6 +322,7 @@ class Desired:
     # sub-requests with the parent's priority"): networks (CIDR) of the trusted upstreams whose
     # sub-requests carry the parent's tier. Empty: the header is never believed.
     trusted_priority_sources: tuple[str, ...] = ()
+    access_log: AccessLog = field(default_factory=AccessLog)
     source: str = "<memory>"  # file it came from
     digest: str = ""  # sha256 of the source bytes; identifies a desired-state version
 

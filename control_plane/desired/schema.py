@@ -128,6 +128,10 @@ TIER_ACTION_FIELDS: FieldTable = {
     "recover_after": ("recover_after_ms", duration(0, 3_600_000)),
     "stale_after": ("stale_after_ms", duration(1000, 86_400_000)),
 }
+ACCESS_LOG_FIELDS: FieldTable = {
+    "sample_rate": ("sample_rate", fraction(0, 1)),
+}
+
 # Keys naming a tier (or `none`); left out, they are chosen by priority for each group.
 TIER_ACTION_TIERS: dict[str, str] = {
     "trigger_tier": "trigger_tier",

@@ -44,6 +44,7 @@ from control_plane.desired.layers import (
     read_layer,
 )
 from control_plane.desired.model import (
+    AccessLog,
     ClassificationRule,
     Desired,
     FailoverPolicy,
@@ -60,6 +61,7 @@ from control_plane.desired.model import (
     VirtualHost,
 )
 from control_plane.desired.schema import (
+    ACCESS_LOG_FIELDS,
     DEFAULT_TIER_LAYERS,
     FAILOVER_DEFAULTS,
     FAILOVER_FIELDS,
@@ -128,6 +130,9 @@ class _Document:
         ramp = Fields(doc.node_of("standby_ramp"), "standby_ramp", self.sink)
         self.standby_ramp |= read_layer(ramp, STANDBY_RAMP_FIELDS, GLOBAL)
         ramp.finish()
+        access = Fields(doc.node_of("access_log"), "access_log", self.sink)
+        access_log = read_layer(access, ACCESS_LOG_FIELDS, GLOBAL)
+        access.finish()
         groups = self._origin_groups(doc)
         default_tier, rules, trusted = self._classification(doc)
         listeners = self._listeners(doc)
@@ -141,6 +146,7 @@ class _Document:
             default_tier=default_tier,
             listeners=tuple(listeners),
             trusted_priority_sources=trusted,
+            access_log=AccessLog(**{k: v.value for k, v in access_log.items()}),
             source=self.sink.source,
             digest=digest,
         )

@@ -11,10 +11,14 @@ from typing import Any
 
 import yaml
 
-from control_plane.translate.capabilities import ENVOY_RELEASES, NEWEST_RELEASE
+from control_plane.translate.capabilities import (
+    ACCESS_LOG_METADATA,
+    ENVOY_RELEASES,
+    NEWEST_RELEASE,
+)
+from control_plane.translate.listeners import XDS_CLUSTER
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "envoy"
-XDS_CLUSTER = "ballast_xds"
 
 
 @dataclass(frozen=True)
@@ -43,7 +47,8 @@ def ads_bootstrap(
     envoy_release: str = NEWEST_RELEASE,
     tls: XdsClientTls | None = None,
 ) -> dict[str, Any]:
-    """A bootstrap for one Envoy of `pop`, streaming config (and, if asked, stats) to Ballast.
+    """A bootstrap for one Envoy of `pop`, streaming config (and, if asked, stats and sampled
+    access logs: node metadata `ballast_access_log`) to Ballast.
 
     `envoy_release` (a key of `ENVOY_RELEASES`, `KeyError` otherwise) is the Envoy that loads it:
     releases without the OTel sink's DropAction get a sink without the drop matcher.
@@ -83,6 +88,8 @@ def ads_bootstrap(
             },
             host_stats_sink(drop_others=ENVOY_RELEASES[envoy_release].otel_drop_action),
         ]
+        # Asks Ballast for listeners with the gRPC access log (the measured pool wait).
+        bootstrap["node"].setdefault("metadata", {})[ACCESS_LOG_METADATA] = True
     if needed_stats_only:
         matcher = {"inclusion_list": {"patterns": [{"safe_regex": {"regex": r}}
                                                    for r in NEEDED_STATS]}}

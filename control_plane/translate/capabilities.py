@@ -8,7 +8,7 @@ at all and queues FIFO, its default; it would otherwise log `unknown field set {
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from envoy.config.core.v3.base_pb2 import Node
 
@@ -18,6 +18,7 @@ from control_plane.translate.resources import (
     Capabilities,
 )
 
+ACCESS_LOG_METADATA = "ballast_access_log"  # set by `ballast bootstrap --metrics-sink`
 FIFO_TYPE_NAME = "envoy.extensions.queue_policy.fifo.v3.FifoQueuePolicyConfig"
 ADAPTIVE_LIFO_TYPE_NAME = (
     "envoy.extensions.queue_policy.adaptive_lifo.v3.AdaptiveLifoQueuePolicyConfig"
@@ -59,6 +60,17 @@ def capabilities_from_node(node: Node) -> Capabilities:
 
 
 def read_node_capabilities(node: Node) -> NodeCapabilities:
+    found = _queue_capabilities(node)
+    field = node.metadata.fields.get(ACCESS_LOG_METADATA)
+    if field is None or not field.bool_value:
+        return found
+    return NodeCapabilities(
+        replace(found.capabilities, access_log=True),
+        f"{found.reason}; its node.metadata has {ACCESS_LOG_METADATA}: access logs to Ballast",
+    )
+
+
+def _queue_capabilities(node: Node) -> NodeCapabilities:
     fifo = _policy_state(node, FIFO_EXTENSION, FIFO_TYPE_NAME)
     lifo = _policy_state(node, ADAPTIVE_LIFO_EXTENSION, ADAPTIVE_LIFO_TYPE_NAME)
     if fifo != "usable":

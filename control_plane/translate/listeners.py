@@ -7,24 +7,37 @@ With `classification.trusted_priority_sources`, a second filter chain matches co
 those networks (`source_prefix_ranges`, the direct peer's address) and uses the route
 configuration `<listener>.trusted`, which believes a request's own `x-ballast-tier`; every other
 connection gets the first one, which ignores and overwrites it.
+
+With `access_log_sample` (nodes whose bootstrap asked for it, see `capabilities.py`), each HTTP
+connection manager streams a sampled gRPC access log (`envoy.access_loggers.http_grpc`, log name
+`ballast`) to Ballast over the bootstrap's `ballast_xds` cluster: `runtime_filter` with
+independent randomness per request, percent from the desired state (runtime key
+`ballast.access_log_sample` overrides the numerator, per million).
 """
 
 from __future__ import annotations
 
+from envoy.config.accesslog.v3.accesslog_pb2 import AccessLog, AccessLogFilter, RuntimeFilter
 from envoy.config.core.v3.address_pb2 import Address, CidrRange, SocketAddress
 from envoy.config.core.v3.config_source_pb2 import (
     AggregatedConfigSource,
     ApiVersion,
     ConfigSource,
 )
+from envoy.config.core.v3.grpc_service_pb2 import GrpcService
 from envoy.config.listener.v3.listener_components_pb2 import Filter, FilterChain
 from envoy.config.listener.v3.listener_pb2 import Listener
+from envoy.extensions.access_loggers.grpc.v3.als_pb2 import (
+    CommonGrpcAccessLogConfig,
+    HttpGrpcAccessLogConfig,
+)
 from envoy.extensions.filters.http.router.v3.router_pb2 import Router
 from envoy.extensions.filters.network.http_connection_manager.v3.http_connection_manager_pb2 import (  # noqa: E501
     HttpConnectionManager,
     HttpFilter,
     Rds,
 )
+from envoy.type.v3.percent_pb2 import FractionalPercent
 from google.protobuf.wrappers_pb2 import UInt32Value
 
 from control_plane.desired.model import Listener as DesiredListener
@@ -33,14 +46,37 @@ from control_plane.translate.proto_values import packed
 
 HTTP_CONNECTION_MANAGER = "envoy.filters.network.http_connection_manager"
 ROUTER = "envoy.filters.http.router"
+GRPC_ACCESS_LOGGER = "envoy.access_loggers.http_grpc"
+ACCESS_LOG_NAME = "ballast"
+ACCESS_LOG_RUNTIME_KEY = "ballast.access_log_sample"
+XDS_CLUSTER = "ballast_xds"  # the bootstraps' cluster to Ballast (translate/bootstrap.py)
+
+
+def access_log(sample_rate: float) -> AccessLog:
+    sampled = AccessLogFilter(runtime_filter=RuntimeFilter(
+        runtime_key=ACCESS_LOG_RUNTIME_KEY,
+        percent_sampled=FractionalPercent(numerator=round(sample_rate * 1_000_000),
+                                          denominator=FractionalPercent.MILLION),
+        use_independent_randomness=True,
+    ))
+    config = HttpGrpcAccessLogConfig(common_config=CommonGrpcAccessLogConfig(
+        log_name=ACCESS_LOG_NAME,
+        grpc_service=GrpcService(envoy_grpc=GrpcService.EnvoyGrpc(cluster_name=XDS_CLUSTER)),
+        transport_api_version=ApiVersion.V3,
+    ))
+    return AccessLog(name=GRPC_ACCESS_LOGGER, filter=sampled, typed_config=packed(config))
 
 
 def listener(
-    desired_listener: DesiredListener, pop: Pop, trusted_sources: tuple[str, ...] = ()
+    desired_listener: DesiredListener,
+    pop: Pop,
+    trusted_sources: tuple[str, ...] = (),
+    access_log_sample: float | None = None,
 ) -> Listener:
-    chains = [_chain(desired_listener.name, desired_listener.name)]
+    chains = [_chain(desired_listener.name, desired_listener.name, access_log_sample)]
     if trusted_sources:
-        trusted = _chain(desired_listener.name, trusted_route_name(desired_listener.name))
+        trusted = _chain(desired_listener.name, trusted_route_name(desired_listener.name),
+                         access_log_sample)
         trusted.filter_chain_match.source_prefix_ranges.extend(
             _cidr(source) for source in trusted_sources
         )
@@ -62,7 +98,7 @@ def trusted_route_name(listener_name: str) -> str:
     return f"{listener_name}.trusted"
 
 
-def _chain(stat_prefix: str, route_name: str) -> FilterChain:
+def _chain(stat_prefix: str, route_name: str, access_log_sample: float | None) -> FilterChain:
     hcm = HttpConnectionManager(
         stat_prefix=stat_prefix,
         rds=Rds(
@@ -73,6 +109,8 @@ def _chain(stat_prefix: str, route_name: str) -> FilterChain:
         ),
         http_filters=[HttpFilter(name=ROUTER, typed_config=packed(Router()))],
     )
+    if access_log_sample is not None:
+        hcm.access_log.append(access_log(access_log_sample))
     return FilterChain(filters=[Filter(name=HTTP_CONNECTION_MANAGER, typed_config=packed(hcm))])
 
 

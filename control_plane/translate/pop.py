@@ -7,7 +7,8 @@ are translated and serialized. The inputs of each resource are exactly what its 
 - Cluster `<group>.<tier>`: the origin group, the tier, the node capabilities, the tier's lent
   concurrency limit (lending, from the group's active tier actions);
 - ClusterLoadAssignment `<group>.<tier>`: the origin group, its weights in this PoP;
-- Listener: the desired listener, the PoP, the trusted priority sources;
+- Listener: the desired listener, the PoP, the trusted priority sources, the access-log sample
+  rate (nodes that asked for access logs);
 - RouteConfiguration (`<listener>` and, with trusted priority sources, `<listener>.trusted`): the
   desired listener, the PoP, which of the two, the classification rules, the default tier, and
   per virtual host its origin group and that group's active tier actions.
@@ -173,10 +174,11 @@ def _translate(pop: str, inputs: _PopInputs, make: _Builder) -> PopResources:
                 notes.append(cluster.note)
             endpoints[name] = _endpoints(make, name, same, group, inputs.weights[group.name])
     trusted = desired.trusted_priority_sources
+    sample = desired.access_log.sample_rate if inputs.caps.access_log else None
     listeners = {
         item.name: make.resource(
-            LISTENER_TYPE, item.name, (item, the_pop, trusted),
-            lambda item=item: (listener(item, the_pop, trusted), None),
+            LISTENER_TYPE, item.name, (item, the_pop, trusted, sample),
+            lambda item=item: (listener(item, the_pop, trusted, sample), None),
         ).resource
         for item in desired.listeners
     }

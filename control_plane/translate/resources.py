@@ -35,17 +35,19 @@ class Capabilities:
 
     `queue_policies`: the node knows Cluster field 62 (it lists an enabled queue policy); without
     it field 62 is not sent at all (Envoy then queues FIFO, its default). `adaptive_lifo`: it
-    lists the adaptive LIFO policy too.
+    lists the adaptive LIFO policy too. `access_log`: its bootstrap asks for access logs streamed
+    to Ballast (node metadata `ballast_access_log: true`), so its listeners get the gRPC access
+    log (key suffix `+als`).
     """
 
     adaptive_lifo: bool = False
     queue_policies: bool = True
+    access_log: bool = False
 
     @property
     def key(self) -> str:
-        if not self.queue_policies:
-            return "none"
-        return "lifo" if self.adaptive_lifo else "fifo"
+        base = ("lifo" if self.adaptive_lifo else "fifo") if self.queue_policies else "none"
+        return f"{base}+als" if self.access_log else base
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,201 @@
+"""The measured pool wait: Envoy's gRPC access logs, streamed to Ballast on the xDS port.
+
+`add_access_log_service(server, store)` hosts `/envoy.service.accesslog.v3.AccessLogService/
+StreamAccessLogs` (client streaming; the first message names the node, whose `locality.zone` is
+the PoP) on an existing grpc.aio server. Listeners of nodes that asked for it carry a sampled
+`envoy.access_loggers.http_grpc` logger (`translate/listeners.py`).
+
+Which field measures the wait for a pool slot: `time_to_first_upstream_tx_byte` — from the
+request's first byte at Envoy to its first byte sent upstream. It holds the filter chain (µs),
+the wait in the tier pool's pending queue for a request slot or connection, and a connect when
+the pool opens one; it does not hold the origin's own time (`time_to_first_upstream_rx_byte`
+minus it) nor the response. With a concurrency-capped origin the wait is exactly the extra
+latency clients see over the origin's own latency (measured, `tests/test_access_log_envoy.py`
+and `docs/benchmarks.md`). A request that never got a byte upstream (it timed out in the
+queue) counts its whole `duration` — a lower bound of its wait; one refused at once by the
+pending-queue breaker (`UO`: upstream overflow) never waited and is not a sample. Entries
+without a tier cluster (edge direct responses, shed tiers) are not samples either.
+
+Per (PoP, tier cluster) the store keeps (arrival ms, wait ms, duration ms), at most
+`max_samples` per cluster and `retention_ms` long; `waits` gives p50 / p95 / p99 per window.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass, replace
+
+import grpc
+from envoy.data.accesslog.v3.accesslog_pb2 import HTTPAccessLogEntry
+from envoy.service.accesslog.v3 import als_pb2
+from google.protobuf.message import DecodeError
+
+from control_plane.decide.signals import WaitQuantiles
+from control_plane.observe.source import PopGroup, TierSignals, TierSource, wall_ms
+from control_plane.observe.window import split_cluster
+
+log = logging.getLogger(__name__)
+
+SERVICE = "envoy.service.accesslog.v3.AccessLogService"
+MAX_SAMPLES = 50_000  # per (PoP, tier cluster): a busy sampled tier over the retention
+
+
+@dataclass(frozen=True)
+class WaitSample:
+    received_ms: int
+    wait_ms: float
+    duration_ms: float  # the whole request at Envoy: first byte in to last byte out
+
+
+def _ms(duration: object) -> float:
+    return duration.seconds * 1000 + duration.nanos / 1e6  # type: ignore[attr-defined]
+
+
+def wait_sample(entry: HTTPAccessLogEntry, received_ms: int) -> tuple[str, WaitSample] | None:
+    """(tier cluster, sample) of one entry, or None when it is not a pool-wait sample."""
+    common = entry.common_properties
+    cluster = common.upstream_cluster
+    if not cluster or split_cluster(cluster) is None or common.response_flags.upstream_overflow:
+        return None
+    if common.HasField("duration"):
+        duration = _ms(common.duration)
+    else:
+        duration = _ms(common.time_to_last_downstream_tx_byte)
+    if common.HasField("time_to_first_upstream_tx_byte"):
+        wait = _ms(common.time_to_first_upstream_tx_byte)
+    else:
+        wait = duration
+    if not (math.isfinite(wait) and math.isfinite(duration)) or wait < 0 or duration < 0:
+        return None
+    return cluster, WaitSample(received_ms, wait, duration)
+
+
+def quantiles(values: list[float]) -> WaitQuantiles | None:
+    """Nearest-rank p50 / p95 / p99 (None without values)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+
+    def rank(q: float) -> float:
+        return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+    return WaitQuantiles(rank(0.5), rank(0.95), rank(0.99), len(ordered))
+
+
+class AccessLogStore:
+    """Pool-wait samples per (PoP, tier cluster), bounded."""
+
+    def __init__(self, retention_ms: int = 120_000, max_samples: int = MAX_SAMPLES) -> None:
+        self.retention_ms = retention_ms
+        self.max_samples = max_samples
+        self._samples: dict[tuple[str, str], deque[WaitSample]] = {}
+        self.received = 0  # entries seen, samples or not
+
+    def ingest(self, pop: str, entries: Iterable[HTTPAccessLogEntry], received_ms: int) -> int:
+        """Record one message's entries; returns how many were pool-wait samples."""
+        kept = 0
+        for entry in entries:
+            self.received += 1
+            found = wait_sample(entry, received_ms)
+            if found is None or not pop:
+                continue
+            cluster, sample = found
+            queue = self._samples.get((pop, cluster))
+            if queue is None:
+                queue = self._samples[pop, cluster] = deque(maxlen=self.max_samples)
+            queue.append(sample)
+            kept += 1
+        self._prune(received_ms)
+        return kept
+
+    def _prune(self, now_ms: int) -> None:
+        cutoff = now_ms - self.retention_ms
+        for key, queue in list(self._samples.items()):
+            while queue and queue[0].received_ms < cutoff:
+                queue.popleft()
+            if not queue:
+                del self._samples[key]
+
+    def samples(self, now_ms: int, window_ms: int) -> dict[tuple[str, str], list[WaitSample]]:
+        """(PoP, tier cluster) -> the samples that arrived in (now - window, now]."""
+        start = now_ms - window_ms
+        return {
+            key: [s for s in queue if start < s.received_ms <= now_ms]
+            for key, queue in self._samples.items()
+        }
+
+    def waits(self, now_ms: int, window_ms: int) -> dict[PopGroup, dict[str, WaitQuantiles]]:
+        """(PoP, group) -> tier -> pool-wait quantiles of the window (tiers without a sample
+        are absent)."""
+        result: dict[PopGroup, dict[str, WaitQuantiles]] = {}
+        for (pop, cluster), found in sorted(self.samples(now_ms, window_ms).items()):
+            split = split_cluster(cluster)
+            summary = quantiles([s.wait_ms for s in found])
+            if split is not None and summary is not None:
+                result.setdefault((pop, split[0]), {})[split[1]] = summary
+        return result
+
+
+class WithWaits:
+    """A TierSource: the gauges' readings (sink or Prometheus) with the access logs' wait added.
+
+    The wait always comes from the access-log sink, whatever source the gauges come from."""
+
+    def __init__(self, gauges: TierSource, store: AccessLogStore) -> None:
+        self.gauges = gauges
+        self.store = store
+
+    async def tier_pending(self, now_ms: int, window_ms: int) -> TierSignals:
+        readings = await self.gauges.tier_pending(now_ms, window_ms)
+        waits = self.store.waits(now_ms, window_ms)
+        return {
+            key: {tier: replace(r, wait=waits.get(key, {}).get(tier)) for tier, r in by.items()}
+            for key, by in readings.items()
+        }
+
+
+class AccessLogServicer:
+    """StreamAccessLogs: one Envoy per stream; the first message names the node and its PoP."""
+
+    def __init__(self, store: AccessLogStore, clock: Callable[[], int] = wall_ms) -> None:
+        self.store = store
+        self.clock = clock
+
+    async def stream_access_logs(
+        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+    ) -> bytes:
+        pop: str | None = None
+        async for raw in requests:
+            try:
+                message = als_pb2.StreamAccessLogsMessage.FromString(raw)
+            except DecodeError as err:
+                log.warning("undecodable StreamAccessLogsMessage from %s: %s", context.peer(), err)
+                continue
+            if pop is None:
+                node = message.identifier.node
+                if not node.id:
+                    log.warning("access logs from %s before any node identifier: dropped",
+                                context.peer())
+                    continue
+                pop = node.locality.zone
+            self.store.ingest(pop, message.http_logs.log_entry, self.clock())
+        return als_pb2.StreamAccessLogsResponse().SerializeToString()
+
+
+def add_access_log_service(
+    server: grpc.aio.Server, store: AccessLogStore, clock: Callable[[], int] = wall_ms
+) -> None:
+    """Host Envoy's AccessLogService on `server` (e.g. the ADS server), feeding `store`."""
+    servicer = AccessLogServicer(store, clock)
+    handler = grpc.method_handlers_generic_handler(
+        SERVICE,
+        {
+            "StreamAccessLogs": grpc.stream_unary_rpc_method_handler(
+                servicer.stream_access_logs, request_deserializer=None, response_serializer=None
+            )
+        },
+    )
+    server.add_generic_rpc_handlers((handler,))
