@@ -133,11 +133,16 @@ class Reconciler:
         tiers_by_window = {window: await self._tier_signals(now, window) for window in windows}
         if self.cache.desired is not desired:  # a reload landed while we were reading metrics
             return []
-        outcomes = [
+        # pure steps over every due pair: O(PoPs x groups), so on a worker thread while the loop
+        # keeps serving; only this reconciler changes weights and states, and a reload that
+        # lands meanwhile voids the tick
+        outcomes = await asyncio.to_thread(lambda: [
             self._decide(desired, pop, group, signals_by_window[group.failover.window_ms],
                          tiers_by_window[group.failover.window_ms], now)
             for pop, group in due
-        ]
+        ])
+        if self.cache.desired is not desired:
+            return []
         self._persist_and_push(desired, outcomes)
         for outcome in outcomes:
             group = desired.group(outcome.group)
@@ -194,10 +199,13 @@ class Reconciler:
 
     def _persist_and_push(self, desired: Desired, outcomes: list[TickOutcome]) -> None:
         """State saved, then every record of the tick written and fsync'd once, then pushed."""
-        self.store.save_groups(
-            [(o.pop, o.group, o.weights, o.result.state) for o in outcomes],
-            desired_digest=desired.digest,
-        )
+        changed = [  # a pair whose weights and streaks stayed is already saved as it is
+            (o.pop, o.group, o.weights, o.result.state) for o in outcomes
+            if o.weights != o.result.weights_before
+            or self.states.get((o.pop, o.group), ControllerState()) != o.result.state
+        ]
+        if changed:
+            self.store.save_groups(changed, desired_digest=desired.digest)
         for outcome in outcomes:
             self._save_tier_state(outcome)
             self._save_ramp_state(outcome)
