@@ -17,7 +17,9 @@ import pytest
 
 from control_plane.app.envoy_process import EnvoyProcess, free_port
 from control_plane.app.server import BallastServer
+from control_plane.observe.sink import SinkStore, add_metrics_service
 from control_plane.security.cert_dir import CertDir
+from control_plane.security.peer import check_node_peer, peer_pop
 from control_plane.security.tls import ReloadingCredentials, TlsFiles
 from control_plane.translate.bootstrap import XdsClientTls, ads_bootstrap
 from tests.support.ads_desired import desired
@@ -34,13 +36,15 @@ class Stack:
     ballast: BallastServer
     certs: CertDir
     records: list[tuple[str, dict[str, Any]]]
+    sink: SinkStore
 
     def nodes(self) -> list[dict[str, Any]]:
         return [s.as_dict() for s in self.bg.call(self.ballast.nodes.snapshot)]
 
     def bootstrap(self, pop: str, node_id: str, tls: XdsClientTls) -> dict[str, Any]:
         return ads_bootstrap(node_id=node_id, pop=pop, xds_port=self.ballast.port,
-                             admin_port=free_port(), tls=tls)
+                             admin_port=free_port(), tls=tls, metrics_sink=True,
+                             stats_flush_interval_ms=200)
 
     def node_tls(self, pop: str, node_id: str) -> XdsClientTls:
         authority, _ = self.certs.load_or_make_ca(1)
@@ -96,9 +100,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         record=lambda kind, fields: records.append((kind, fields)),
         tls=ReloadingCredentials(TlsFiles(certs.server.cert, certs.server.key, certs.ca.cert)),
     )
+    sink = SinkStore()
+    ballast.add_service(lambda server: add_metrics_service(
+        server, sink, verify_peer=check_node_peer, peer_pop=peer_pop))
     try:
         bg.run(ballast.start())
-        yield Stack(bg, ballast, certs, records)
+        yield Stack(bg, ballast, certs, records, sink)
     finally:
         bg.run(ballast.stop(0.2))
         bg.close()
@@ -117,6 +124,9 @@ def test_envoy_with_its_own_certificate_acks_everything(stack: Stack) -> None:
         assert stat(proxy, "control_plane.connected_state") == 1
         assert "shop.critical" in dynamic_clusters(proxy)
         assert stat(proxy, "cluster.ballast_xds.ssl.handshake") >= 1
+        # its stats arrive over the same mTLS port, as its own node and PoP
+        wait_until(lambda: stack.bg.call(stack.sink.nodes).get("ewr-1") == "ewr", 5,
+                   "ewr-1's metrics_service stream")
 
 
 def test_envoy_with_a_certificate_of_another_pop_is_refused_and_gets_nothing(
@@ -138,6 +148,7 @@ def test_envoy_with_a_certificate_of_another_pop_is_refused_and_gets_nothing(
         assert stat(proxy, "control_plane.connected_state") == 0
         assert stat(proxy, "cluster_manager.cds.update_success") == 0
         assert "ewr-2" not in {n["node_id"] for n in stack.nodes()}
+        assert "ewr-2" not in stack.bg.call(stack.sink.nodes)  # its stats are refused too
 
 
 def test_envoy_without_a_client_certificate_is_refused_at_the_handshake(stack: Stack) -> None:

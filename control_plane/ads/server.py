@@ -78,8 +78,9 @@ def server_options(limits: AdsLimits = DEFAULT_LIMITS) -> tuple[tuple[str, int],
     )
 
 
-# (peer URI SANs, claimed PoP, claimed node id) -> why the peer may not claim them, or None
-VerifyPeer = Callable[[list[str], str, str], str | None]
+# (the stream's context, claimed PoP, claimed node id) -> why the peer (its certificate) may
+# not claim them, or None
+VerifyPeer = Callable[[grpc.aio.ServicerContext[Any, Any], str, str], str | None]
 
 _PUSH = object()
 _CLOSE = object()
@@ -110,11 +111,6 @@ def check_node_id(node: Node, limits: AdsLimits) -> None:
             f"node id {clip(node.id, 64)!r} has {len(node.id):,} characters; the limit is "
             f"{limits.node_id_chars}"
         )
-
-
-def peer_uris(context: grpc.aio.ServicerContext[Any, Any]) -> list[str]:
-    """The URI SANs of the peer's verified client certificate (none without TLS)."""
-    return [v.decode("utf-8", "replace") for v in context.auth_context().get("peer_uri", [])]
 
 
 def envoy_version(node: Node, limit: int = DEFAULT_LIMITS.text_chars) -> str:
@@ -209,7 +205,7 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             check_node_id(node, self.limits)
             pop = pop_of(node)
             if self._verify_peer is not None:
-                why = self._verify_peer(peer_uris(context), pop, node.id)
+                why = self._verify_peer(context, pop, node.id)
                 if why is not None:
                     log.warning("refusing ADS stream of node %s: %s", node.id, why)
                     self._notify(self.callbacks.on_stream_refused, node.id,

@@ -21,7 +21,7 @@ from control_plane.ads.snapshots import SnapshotCache
 from control_plane.app.ads_observer import AdsObserver, Record
 from control_plane.desired.model import Desired
 from control_plane.own_metrics.registry import BallastMetrics
-from control_plane.security.identity import node_mismatch
+from control_plane.security.peer import check_node_peer
 from control_plane.security.tls import ReloadingCredentials
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ class BallastServer:
         self.ads = AdsServicer(
             self.cache, self.hub, self.nodes,
             callbacks=AdsObserver(record=record, metrics=metrics), limits=limits,
-            verify_peer=node_mismatch if tls is not None else None,
+            verify_peer=check_node_peer if tls is not None else None,
         )
         self.grpc: grpc.aio.Server | None = None
         self.port = 0

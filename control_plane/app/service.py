@@ -52,6 +52,7 @@ from control_plane.observe.prometheus import PrometheusSource
 from control_plane.observe.sink import SinkStore, add_metrics_service
 from control_plane.observe.source import MetricSource, wall_ms
 from control_plane.own_metrics.registry import BallastMetrics
+from control_plane.security.peer import check_node_peer, peer_pop
 from control_plane.security.tls import ReloadingCredentials, ReloadingSslContext, TlsFiles
 from control_plane.translate import render_json, translate_pop
 from control_plane.translate.diff import ResourceChange, diff_renderings, format_changes, summarize
@@ -289,7 +290,10 @@ class BallastService:
             passive = PrometheusSource(config.prometheus_url, desired=desired)
         else:
             sink = SinkStore(desired=desired)
-            self.server.add_service(lambda grpc_server: add_metrics_service(grpc_server, sink))
+            bound = config.tls is not None  # mTLS: what a node reports is bound to its cert
+            self.server.add_service(lambda grpc_server: add_metrics_service(
+                grpc_server, sink, verify_peer=check_node_peer if bound else None,
+                peer_pop=peer_pop if bound else None))
             passive = sink
         self._passive = passive  # host stats map to origins through the desired state
         if not config.probes:

@@ -36,6 +36,12 @@ addresses) the zone counters as before (`upstream_rq_completed`, `upstream_rq_5x
 failures 0). Latency quantiles always come from the zone histogram. Several Envoys of one PoP add
 up. Caveat: a PoP where some Envoys send host stats and others do not counts only the former.
 
+With mTLS on the port, the sinks are bound to the sender's certificate like ADS streams are: a
+metrics_service stream whose node (id and zone) is not the certificate's ends with
+PERMISSION_DENIED before anything is kept (its zone stats of other PoPs are dropped anyway), and
+an OTLP export keeps only the points whose `ballast_pop` is the certificate's PoP (a peer with no
+node identity is refused). So a node can only ever report stats for its own PoP.
+
 For the tier controller, `tier_pending` gives per (PoP, group, tier) the worst Envoy's peak of
 `upstream_rq_pending_active` in the window (breakers and LIFO watermarks act on each Envoy's own
 pool, so a PoP sum would hide one saturated Envoy behind idle ones), each Envoy's peak of
@@ -90,6 +96,10 @@ OTLP_METHOD = f"/{OTLP_SERVICE}/Export"
 MAX_HOST_WARNINGS = 100
 
 SeriesKey = tuple[str, str, str]  # (stat, cluster, origin); origin "" for cluster-wide stats
+# (call context, claimed PoP, claimed node id) -> why the peer may not claim them, or None
+VerifyPeer = Callable[[grpc.aio.ServicerContext, str, str], str | None]
+# call context -> the PoP of the peer's certificate, None when it names no node
+PeerPop = Callable[[grpc.aio.ServicerContext], str | None]
 
 
 @dataclass
@@ -424,9 +434,13 @@ def assemble(
 class MetricsServicer:
     """StreamMetrics: one Envoy per stream; the first message names the node and its PoP."""
 
-    def __init__(self, store: SinkStore, clock: Callable[[], int] = wall_ms) -> None:
+    def __init__(
+        self, store: SinkStore, clock: Callable[[], int] = wall_ms,
+        verify_peer: VerifyPeer | None = None,
+    ) -> None:
         self.store = store
         self.clock = clock
+        self._verify_peer = verify_peer
 
     async def stream_metrics(
         self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
@@ -445,6 +459,11 @@ class MetricsServicer:
                         log.warning("metrics from %s before any node identifier: dropped",
                                     context.peer())
                         continue
+                    why = (self._verify_peer(context, node.locality.zone, node.id)
+                           if self._verify_peer is not None else None)
+                    if why is not None:
+                        log.warning("refusing metrics stream from %s: %s", context.peer(), why)
+                        await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
                     stream_id = self.store.open_stream(node.id, node.locality.zone)
                 self.store.ingest(stream_id, message.envoy_metrics, self.clock())
         finally:
@@ -456,9 +475,13 @@ class MetricsServicer:
 class OtlpMetricsServicer:
     """OTLP Export from Envoy's OpenTelemetry stats sink: per-host counters (deltas) and gauges."""
 
-    def __init__(self, store: SinkStore, clock: Callable[[], int] = wall_ms) -> None:
+    def __init__(
+        self, store: SinkStore, clock: Callable[[], int] = wall_ms,
+        peer_pop: PeerPop | None = None,
+    ) -> None:
         self.store = store
         self.clock = clock
+        self._peer_pop = peer_pop
 
     async def export(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         try:
@@ -467,16 +490,27 @@ class OtlpMetricsServicer:
             log.warning("undecodable OTLP ExportMetricsServiceRequest from %s: %s",
                         context.peer(), err)
         else:
-            self.store.ingest_hosts(context.peer(), otlp_host_points(request), self.clock())
+            found: Iterable[HostPoint | BadMetric] = otlp_host_points(request)
+            if self._peer_pop is not None:
+                pop = self._peer_pop(context)
+                if pop is None:
+                    await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                        "the client certificate names no node identity")
+                found = [p if isinstance(p, BadMetric) or p.pop == pop else BadMetric(
+                    f"host stat of PoP {p.pop[:64]!r} from a node of PoP {pop!r}")
+                    for p in found]
+            self.store.ingest_hosts(context.peer(), found, self.clock())
         return otlp_metrics.ExportMetricsServiceResponse().SerializeToString()
 
 
 def add_metrics_service(
-    server: grpc.aio.Server, store: SinkStore, clock: Callable[[], int] = wall_ms
+    server: grpc.aio.Server, store: SinkStore, clock: Callable[[], int] = wall_ms,
+    *, verify_peer: VerifyPeer | None = None, peer_pop: PeerPop | None = None,
 ) -> None:
     """Host the metrics_service sink and the OTLP metrics endpoint on `server` (e.g. the ADS
-    server), both feeding `store`."""
-    servicer = MetricsServicer(store, clock)
+    server), both feeding `store`; with mTLS, `verify_peer` and `peer_pop` bind what a peer may
+    report to its certificate."""
+    servicer = MetricsServicer(store, clock, verify_peer)
     handler = grpc.method_handlers_generic_handler(
         SERVICE,
         {
@@ -485,7 +519,7 @@ def add_metrics_service(
             )
         },
     )
-    otlp = OtlpMetricsServicer(store, clock)
+    otlp = OtlpMetricsServicer(store, clock, peer_pop)
     otlp_handler = grpc.method_handlers_generic_handler(
         OTLP_SERVICE,
         {

@@ -1,0 +1,27 @@
+"""The identity of a gRPC peer from its verified client certificate (the mTLS port's services:
+ADS, the metrics_service sink, OTLP), as plain checks the servicers are handed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+
+from control_plane.security.identity import NodeIdentity, identities, node_mismatch
+
+
+def peer_uris(context: grpc.aio.ServicerContext[Any, Any]) -> list[str]:
+    """The URI SANs of the peer's verified client certificate (none without TLS)."""
+    return [v.decode("utf-8", "replace") for v in context.auth_context().get("peer_uri", [])]
+
+
+def check_node_peer(context: grpc.aio.ServicerContext[Any, Any], pop: str, node_id: str
+                    ) -> str | None:
+    """Why this peer may not speak for node `node_id` of PoP `pop`; None when it may."""
+    return node_mismatch(peer_uris(context), pop, node_id)
+
+
+def peer_pop(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
+    """The PoP of the peer's node identity (exactly one), else None."""
+    nodes = [i for i in identities(peer_uris(context)) if isinstance(i, NodeIdentity)]
+    return nodes[0].pop if len(nodes) == 1 else None
