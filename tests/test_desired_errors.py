@@ -70,13 +70,13 @@ def test_did_you_mean_for_top_level_keys(typo: str, meant: str) -> None:
 def test_did_you_mean_inside_a_tier() -> None:
     text = EXAMPLE.read_text().replace("    max_queue_depth: 8000", "    max_queue_dept: 8000")
     assert problems_of(text) == [
-        "desired.yaml:28:5: tiers.normal: unknown key 'max_queue_dept'; "
+        "desired.yaml:31:5: tiers.normal: unknown key 'max_queue_dept'; "
         "did you mean 'max_queue_depth'?"]
 
 
 def test_no_suggestion_when_nothing_is_close() -> None:
     text = EXAMPLE.read_text().replace("  mode: health_proportional", "  zzz: 1")
-    assert problems_of(text) == ["desired.yaml:50:3: failover: unknown key 'zzz'"]
+    assert problems_of(text) == ["desired.yaml:53:3: failover: unknown key 'zzz'"]
 
 
 def test_oversized_file_is_refused_before_parsing(tmp_path: Path) -> None:

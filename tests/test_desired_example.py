@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from pathlib import Path
 
@@ -124,8 +125,12 @@ def test_omitted_blocks_take_the_product_defaults() -> None:
 
 
 def test_example_equals_defaults_written_out(example: Desired) -> None:
+    """Except hedging, which the example turns on for critical (off by default)."""
     minimal = parse_desired(MINIMAL, "minimal.yaml")
-    assert example.group("shop").tiers == minimal.group("shop").tiers
+    hedges = {t.name: t.hedge_delay_ms for t in example.group("shop").tiers}
+    assert hedges == {"critical": 50, "normal": 0, "background": 0}
+    assert tuple(dataclasses.replace(t, hedge_delay_ms=0) for t in example.group("shop").tiers
+                 ) == minimal.group("shop").tiers
     assert example.group("shop").failover == minimal.group("shop").failover
 
 

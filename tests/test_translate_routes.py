@@ -133,3 +133,26 @@ def test_without_trusted_sources_one_chain_and_no_trusted_routes() -> None:
     assert list(resources.of_type(ROUTE_TYPE)) == ["edge"]
     (chain,) = resources.of_type(LISTENER_TYPE)["edge"].message.filter_chains
     assert not chain.HasField("filter_chain_match")
+
+
+def test_hedging_tier_gets_envoys_hedge_policy_and_the_delay_as_per_try_timeout() -> None:
+    desired = example_desired()
+    (group,) = desired.origin_groups
+    tiers = tuple(dataclasses.replace(t, hedge_delay_ms=50) if t.name == "critical" else t
+                  for t in group.tiers)
+    desired = dataclasses.replace(desired, origin_groups=(dataclasses.replace(group, tiers=tiers),))
+    resources = translate_pop(desired, "ewr", {}, Capabilities())
+    (vhost,) = resources.of_type(ROUTE_TYPE)["edge"].message.virtual_hosts
+    assert vhost.include_request_attempt_count
+    by_cluster = {r.route.cluster: r.route for r in vhost.routes}
+    critical, normal = by_cluster["shop.critical"], by_cluster["shop.normal"]
+    assert critical.hedge_policy.hedge_on_per_try_timeout
+    policy = critical.retry_policy
+    assert policy.per_try_timeout.ToMilliseconds() == 50
+    assert policy.per_try_idle_timeout.ToMilliseconds() == 2000  # the read timeout
+    assert policy.num_retries.value == 2
+    assert policy.host_selection_retry_max_attempts == 100
+    assert not normal.HasField("hedge_policy")
+    assert normal.retry_policy.per_try_timeout.ToMilliseconds() == 4000
+    assert not normal.retry_policy.HasField("per_try_idle_timeout")
+    assert normal.retry_policy.host_selection_retry_max_attempts == 3

@@ -56,6 +56,9 @@ class Tier:
     queue_policy: QueuePolicy
     retry_budget_percent: float = 15.0  # seed 002: at most 15% of requests may be retries
     shed_action: ShedAction = "reject"  # how its requests are answered while it is shed
+    # Seed 000 "50ms for P0 before we attempt hedging to a secondary origin": an attempt not
+    # answered within this delay gets a second one to another origin; 0 = no hedging.
+    hedge_delay_ms: int = 0
 
 
 @dataclass(frozen=True)

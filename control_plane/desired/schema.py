@@ -48,6 +48,20 @@ def _budget(node: yaml.Node) -> float:
     return round(fraction(0, 1)(node) * 100, 6)
 
 
+HEDGE_OFF = "off"
+MAX_HEDGE_DELAY_MS = 60_000
+
+
+def _hedge_delay(node: yaml.Node) -> int:
+    """`off` (0) or a duration 1ms..60s."""
+    if isinstance(node, yaml.ScalarNode) and node.value == HEDGE_OFF:
+        return 0
+    try:
+        return duration(1, MAX_HEDGE_DELAY_MS)(node)
+    except Bad as bad:
+        raise Bad(f"{bad} (or {HEDGE_OFF})") from None
+
+
 TIER_FIELDS: FieldTable = {
     "priority": ("priority", integer(0, 1000)),
     "share": ("share_percent", percent(1, 100)),
@@ -59,6 +73,7 @@ TIER_FIELDS: FieldTable = {
     "sheddable": ("sheddable", boolean),
     "retry_budget": ("retry_budget_percent", _budget),
     "shed_action": ("shed_action", choice("reject", "defer", "stale")),
+    "hedge_delay": ("hedge_delay_ms", _hedge_delay),
 }
 TIER_REQUIRED = ("priority", "share", "max_queue_depth", "queue_timeout", "connect_timeout",
                  "read_timeout", "retries")
@@ -180,6 +195,7 @@ NEW_TIER_DEFAULTS: Layer = defaults_layer({
     "sheddable": False,
     "shed_action": "reject",
     "retry_budget_percent": 15.0,
+    "hedge_delay_ms": 0,
     "queue_policy": QueuePolicy().kind,
     "high_watermark": AdaptiveLifo().high_watermark,
     "low_watermark": AdaptiveLifo().low_watermark,

@@ -277,6 +277,7 @@ class _Document:
                                   f"'{tier_name}' both have priority {priority.value}; "
                                   "priorities must differ")
                 seen.setdefault(priority.value, tier_name)
+            self._check_hedging(tier_name, layer, set_at)
             high, low = layer["high_watermark"], layer["low_watermark"]
             if known(high, low) and low.value >= high.value:
                 self.sink.add(blame(set_at, high, low), f"low_watermark ({low.value}) must be "
@@ -289,6 +290,20 @@ class _Document:
                                   f"tier '{tier_name}' gets {share.value}% of "
                                   f"max_origin_concurrency {concurrency.value} = 0 connections; "
                                   "raise the share or max_origin_concurrency")
+
+    def _check_hedging(self, tier_name: str, layer: Layer, set_at: At) -> None:
+        """A hedge is a retry (it needs one left) sent before the attempt's read timeout."""
+        hedge = layer.get("hedge_delay_ms")
+        if hedge is None or not known(hedge) or not hedge.value:
+            return
+        retries, read = layer.get("retries"), layer.get("read_timeout_ms")
+        if retries is not None and known(retries) and retries.value < 1:
+            self.sink.add(blame(set_at, hedge, retries), f"tier '{tier_name}' hedges "
+                          "(hedge_delay) but has retries: 0; a hedge is one of the tier's "
+                          "retries, so it needs retries of at least 1")
+        if read is not None and known(read) and hedge.value >= read.value:
+            self.sink.add(blame(set_at, hedge, read), f"hedge_delay ({hedge.value} ms) of tier "
+                          f"'{tier_name}' must be below its read_timeout ({read.value} ms)")
 
     # --- failover ----------------------------------------------------------------------------
 

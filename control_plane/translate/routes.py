@@ -10,6 +10,19 @@ Timeouts per tier (seed 000):
 Retries: `retry_on: 5xx,connect-failure,reset`, `num_retries` = the tier's retries, Envoy's
 fully jittered exponential backoff (base 25 ms, max 250 ms), and a retry goes to another host
 when there is one (previous_hosts), so a retry leaves a failing origin.
+
+Hedging (seed 000 "50ms for P0 before we attempt hedging to a secondary origin"), for a tier
+with `hedge_delay`: Envoy's `hedge_policy.hedge_on_per_try_timeout` with `per_try_timeout` =
+the hedge delay. Measured on Envoy 1.40: when an attempt has not answered within the delay,
+Envoy sends another attempt (after the retry backoff) without cancelling the first, answers with
+whichever responds first and resets the other; the delay starts when the attempt is sent on a
+connection, not while it waits in the tier's pending queue. Each hedge is one of the tier's
+retries: counted in `upstream_rq_retry`, capped by `num_retries` and refused by the cluster's
+retry budget (`upstream_rq_retry_overflow`) beyond it. A stalled attempt is still bounded by
+the read timeout, as `per_try_idle_timeout` (no byte for that long ends it). To reach another
+origin despite a 95/5 weight split, host selection is retried up to
+`HEDGE_HOST_SELECTION_ATTEMPTS` times (previous_hosts rejects the origin tried before).
+Envoy adds `x-envoy-attempt-count` toward the origin, so it can tell a hedge (2, 3) apart.
 The request header `x-ballast-tier: <tier>` (overwriting any client value) tells the origin and
 operators how a request was classified.
 
@@ -44,6 +57,7 @@ from envoy.config.core.v3.base_pb2 import DataSource, HeaderValue, HeaderValueOp
 from envoy.config.route.v3.route_components_pb2 import (
     DirectResponseAction,
     HeaderMatcher,
+    HedgePolicy,
     RetryPolicy,
     Route,
     RouteAction,
@@ -79,6 +93,8 @@ RETRY_BASE_INTERVAL_MS = 25
 RETRY_MAX_INTERVAL_MS = 250
 PREVIOUS_HOSTS_PREDICATE = "envoy.retry_host_predicates.previous_hosts"
 HOST_SELECTION_RETRY_MAX_ATTEMPTS = 3
+# Hedging tiers: with 95/5 weights, 100 draws all land on the tried origin with p = 0.95^100.
+HEDGE_HOST_SELECTION_ATTEMPTS = 100
 CATCH_ALL_ROUTE = "default"
 DEMOTED_HEADER = "x-ballast-demoted-from"
 SHED_HEADER = "x-ballast-shed"
@@ -131,7 +147,8 @@ def _virtual_host(
             actions,
         )
     )
-    return VirtualHost(name=vhost.name, domains=list(vhost.domains), routes=routes)
+    return VirtualHost(name=vhost.name, domains=list(vhost.domains), routes=routes,
+                       include_request_attempt_count=True)
 
 
 def check_tier_actions(group: OriginGroup, actions: TierActions) -> None:
@@ -178,6 +195,8 @@ def _route(
         timeout=duration_ms(route_timeout_ms(tier)),
         retry_policy=_retry_policy(tier),
     )
+    if tier.hedge_delay_ms:
+        action.hedge_policy.CopyFrom(HedgePolicy(hedge_on_per_try_timeout=True))
     if (actions is not None and actions.demote_tier == tier.name
             and actions.demote_to is not None and actions.demote_share > 0):
         action.weighted_clusters.CopyFrom(
@@ -251,4 +270,8 @@ def _retry_policy(tier: Tier) -> RetryPolicy:
         host_selection_retry_max_attempts=HOST_SELECTION_RETRY_MAX_ATTEMPTS,
     )
     policy.num_retries.value = tier.retries
+    if tier.hedge_delay_ms:
+        policy.per_try_timeout.CopyFrom(duration_ms(tier.hedge_delay_ms))
+        policy.per_try_idle_timeout.CopyFrom(duration_ms(tier.read_timeout_ms))
+        policy.host_selection_retry_max_attempts = HEDGE_HOST_SELECTION_ATTEMPTS
     return policy
