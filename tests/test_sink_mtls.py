@@ -1,5 +1,5 @@
 """With mTLS, the metrics sinks are bound to the sender's certificate: a node can report stats
-for its own PoP only (metrics_service streams and OTLP exports)."""
+for its own PoP only (metrics_service streams, OTLP exports, access logs)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,15 @@ from pathlib import Path
 
 import grpc
 import pytest
+from envoy.service.accesslog.v3 import als_pb2
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as otlp
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
 from control_plane.gen.ballast.v1 import metrics_service_pb2 as ms
 from control_plane.gen.ballast.v1 import prometheus_metrics_pb2 as prom
+from control_plane.observe.access_log import SERVICE as ALS_SERVICE
+from control_plane.observe.access_log import AccessLogStore, add_access_log_service
 from control_plane.observe.sink import METHOD, OTLP_METHOD, SinkStore, add_metrics_service
 from control_plane.observe.source import wall_ms
 from control_plane.security.cert_dir import CertDir, Pair
@@ -121,3 +124,44 @@ async def test_otlp_points_of_other_pops_are_dropped(
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await call(export([("ewr", 9)]))
         assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+
+def access_logs(node_id: str, zone: str) -> bytes:
+    message = als_pb2.StreamAccessLogsMessage()
+    message.identifier.node.id = node_id
+    message.identifier.node.locality.zone = zone
+    entry = message.http_logs.log_entry.add()
+    entry.common_properties.upstream_cluster = "shop.critical"
+    entry.common_properties.time_to_first_upstream_tx_byte.FromMilliseconds(12)
+    entry.common_properties.time_to_last_downstream_tx_byte.FromMilliseconds(40)
+    return message.SerializeToString()
+
+
+async def test_access_logs_of_another_pop_are_refused(tmp_path: Path) -> None:
+    certs = CertDir(tmp_path)
+    authority, _ = certs.load_or_make_ca(1)
+    certs.make_server(authority, ["127.0.0.1"], 1)
+    node = certs.make_node(authority, "ewr", "ewr-1", 1)
+    store = AccessLogStore()
+    server = grpc.aio.server()
+    add_access_log_service(server, store, verify_peer=check_node_peer)
+    credentials = ReloadingCredentials(TlsFiles(certs.server.cert, certs.server.key,
+                                                certs.ca.cert))
+    port = server.add_secure_port("127.0.0.1:0", credentials.credentials())
+    await server.start()
+    try:
+        async with channel(port, certs, node) as ch:
+            call = ch.stream_unary(f"/{ALS_SERVICE}/StreamAccessLogs",
+                                   request_serializer=None, response_deserializer=None)
+
+            async def one(message: bytes) -> AsyncIterator[bytes]:
+                yield message
+
+            await call(one(access_logs("ewr-1", "ewr")))
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await call(one(access_logs("ewr-1", "sjc")))
+            assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        kept = store.samples(wall_ms() + 1, 60_000)
+        assert set(kept) == {("ewr", "shop.critical")}
+    finally:
+        await server.stop(None)

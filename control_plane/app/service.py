@@ -282,7 +282,9 @@ class BallastService:
         # The access-log sink (measured pool wait) is hosted whatever the metric source is.
         self.access_logs = AccessLogStore()
         access_logs = self.access_logs
-        self.server.add_service(lambda server: add_access_log_service(server, access_logs))
+        bound = config.tls is not None  # mTLS: what a node reports is bound to its cert
+        self.server.add_service(lambda server: add_access_log_service(
+            server, access_logs, verify_peer=check_node_peer if bound else None))
         passive: SinkStore | PrometheusSource
         if config.metrics_source == "prometheus":
             if not config.prometheus_url:
@@ -290,7 +292,6 @@ class BallastService:
             passive = PrometheusSource(config.prometheus_url, desired=desired)
         else:
             sink = SinkStore(desired=desired)
-            bound = config.tls is not None  # mTLS: what a node reports is bound to its cert
             self.server.add_service(lambda grpc_server: add_metrics_service(
                 grpc_server, sink, verify_peer=check_node_peer if bound else None,
                 peer_pop=peer_pop if bound else None))

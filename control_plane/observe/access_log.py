@@ -16,6 +16,9 @@ queue) counts its whole `duration` — a lower bound of its wait; one refused at
 pending-queue breaker (`UO`: upstream overflow) never waited and is not a sample. Entries
 without a tier cluster (edge direct responses, shed tiers) are not samples either.
 
+With mTLS on the port, a stream whose node (id, zone) is not the client certificate's ends with
+PERMISSION_DENIED before any entry is kept: a node reports waits for its own PoP only.
+
 Per (PoP, tier cluster) the store keeps (arrival ms, wait ms, duration ms), at most
 `max_samples` per cluster and `retention_ms` long; `waits` gives p50 / p95 / p99 per window.
 """
@@ -36,6 +39,7 @@ from google.protobuf.message import DecodeError
 from control_plane.decide.signals import WaitQuantiles
 from control_plane.observe.source import PopGroup, TierSignals, TierSource, wall_ms
 from control_plane.observe.window import split_cluster
+from control_plane.security.peer import NodePeerCheck
 
 log = logging.getLogger(__name__)
 
@@ -160,9 +164,13 @@ class WithWaits:
 class AccessLogServicer:
     """StreamAccessLogs: one Envoy per stream; the first message names the node and its PoP."""
 
-    def __init__(self, store: AccessLogStore, clock: Callable[[], int] = wall_ms) -> None:
+    def __init__(
+        self, store: AccessLogStore, clock: Callable[[], int] = wall_ms,
+        verify_peer: NodePeerCheck | None = None,
+    ) -> None:
         self.store = store
         self.clock = clock
+        self._verify_peer = verify_peer
 
     async def stream_access_logs(
         self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
@@ -180,16 +188,23 @@ class AccessLogServicer:
                     log.warning("access logs from %s before any node identifier: dropped",
                                 context.peer())
                     continue
+                why = (self._verify_peer(context, node.locality.zone, node.id)
+                       if self._verify_peer is not None else None)
+                if why is not None:
+                    log.warning("refusing access logs from %s: %s", context.peer(), why)
+                    await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
                 pop = node.locality.zone
             self.store.ingest(pop, message.http_logs.log_entry, self.clock())
         return als_pb2.StreamAccessLogsResponse().SerializeToString()
 
 
 def add_access_log_service(
-    server: grpc.aio.Server, store: AccessLogStore, clock: Callable[[], int] = wall_ms
+    server: grpc.aio.Server, store: AccessLogStore, clock: Callable[[], int] = wall_ms,
+    *, verify_peer: NodePeerCheck | None = None,
 ) -> None:
-    """Host Envoy's AccessLogService on `server` (e.g. the ADS server), feeding `store`."""
-    servicer = AccessLogServicer(store, clock)
+    """Host Envoy's AccessLogService on `server` (e.g. the ADS server), feeding `store`; with
+    mTLS, `verify_peer` binds a stream's node to the peer's certificate."""
+    servicer = AccessLogServicer(store, clock, verify_peer)
     handler = grpc.method_handlers_generic_handler(
         SERVICE,
         {

@@ -86,6 +86,7 @@ from control_plane.observe.window import (
     quantile,
     split_cluster,
 )
+from control_plane.security.peer import NodePeerCheck, PeerPop
 
 log = logging.getLogger(__name__)
 
@@ -96,10 +97,6 @@ OTLP_METHOD = f"/{OTLP_SERVICE}/Export"
 MAX_HOST_WARNINGS = 100
 
 SeriesKey = tuple[str, str, str]  # (stat, cluster, origin); origin "" for cluster-wide stats
-# (call context, claimed PoP, claimed node id) -> why the peer may not claim them, or None
-VerifyPeer = Callable[[grpc.aio.ServicerContext, str, str], str | None]
-# call context -> the PoP of the peer's certificate, None when it names no node
-PeerPop = Callable[[grpc.aio.ServicerContext], str | None]
 
 
 @dataclass
@@ -436,7 +433,7 @@ class MetricsServicer:
 
     def __init__(
         self, store: SinkStore, clock: Callable[[], int] = wall_ms,
-        verify_peer: VerifyPeer | None = None,
+        verify_peer: NodePeerCheck | None = None,
     ) -> None:
         self.store = store
         self.clock = clock
@@ -505,7 +502,7 @@ class OtlpMetricsServicer:
 
 def add_metrics_service(
     server: grpc.aio.Server, store: SinkStore, clock: Callable[[], int] = wall_ms,
-    *, verify_peer: VerifyPeer | None = None, peer_pop: PeerPop | None = None,
+    *, verify_peer: NodePeerCheck | None = None, peer_pop: PeerPop | None = None,
 ) -> None:
     """Host the metrics_service sink and the OTLP metrics endpoint on `server` (e.g. the ADS
     server), both feeding `store`; with mTLS, `verify_peer` and `peer_pop` bind what a peer may

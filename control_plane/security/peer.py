@@ -3,11 +3,17 @@ ADS, the metrics_service sink, OTLP), as plain checks the servicers are handed."
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import grpc
 
 from control_plane.security.identity import NodeIdentity, identities, node_mismatch
+
+# (call context, claimed PoP, claimed node id) -> why the peer may not claim them, or None
+NodePeerCheck = Callable[[grpc.aio.ServicerContext[Any, Any], str, str], str | None]
+# call context -> the PoP of the peer's certificate, None when it names no node
+PeerPop = Callable[[grpc.aio.ServicerContext[Any, Any]], str | None]
 
 
 def peer_uris(context: grpc.aio.ServicerContext[Any, Any]) -> list[str]:
