@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from bench import fanout, protocol_core, translation
+from bench import dashboard, fanout, protocol_core, translation
 from bench.common import ROOT
 
 
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-connection", type=int, default=10,
                         help="simulated nodes (streams) per TCP connection (default 10)")
     parser.add_argument("--pushes", type=int, help="weight updates per fan-out run (default 5)")
-    parser.add_argument("--only", choices=("fanout", "translation", "protocol"),
+    parser.add_argument("--only", choices=("fanout", "translation", "protocol", "dashboard"),
                         help="one benchmark")
     parser.add_argument("--compare-protocol", action="store_true",
                         help="fan-out runs twice per (size, mode): with the protocol core of "
@@ -98,6 +98,11 @@ def main(argv: list[str] | None = None) -> int:
                                                 rounds=5 if args.quick else 9)
         out += ["== Protocol core per stream (one PoP, weight change of one origin group)",
                 protocol_core.report(results["protocol"])]
+        print(out[-1] + "\n", flush=True)
+    if args.only in (None, "dashboard"):
+        print("== dashboard server time (100 PoPs x 50 groups, full decision log)", flush=True)
+        results["dashboard"] = dashboard.run(quick=args.quick)
+        out += ["== Dashboard server time", dashboard.report(results["dashboard"])]
         print(out[-1] + "\n", flush=True)
     if args.only in (None, "fanout"):
         print("== push fan-out", flush=True)

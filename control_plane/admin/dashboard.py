@@ -28,7 +28,14 @@ from typing import Any
 
 from aiohttp import web
 
-from control_plane.admin.dashboard_views import actions_json, overview, pop_view, timeline
+from control_plane.admin.dashboard_views import (
+    NACKED_LISTED_PER_POP,
+    NODES_LISTED_PER_POP,
+    actions_json,
+    overview,
+    pop_view,
+    timeline,
+)
 from control_plane.admin.decision_feed import (
     REMEMBERED_KINDS,
     DecisionFeed,
@@ -154,21 +161,12 @@ class Dashboard:
     async def overview(self, request: web.Request) -> web.Response:
         config = await self._config_records()
         desired = self.cache.desired
-        body = overview(desired, self.nodes.snapshot(), self.cache.all_weights(),
-                        self._active_actions(), config)
+        census = self.nodes.census(NODES_LISTED_PER_POP, NACKED_LISTED_PER_POP)
+        body = overview(desired, census, self.cache.pushed_weights(),
+                        self.cache.all_tier_actions(), config)
         body["groups"] = [g.name for g in desired.origin_groups]
         body["kinds"] = list(KINDS)
         return web.json_response(body)
-
-    def _active_actions(self) -> dict[str, dict[str, Any]]:
-        desired = self.cache.desired
-        active: dict[str, dict[str, Any]] = {}
-        for pop in desired.pop_names:
-            for group in desired.origin_groups:
-                actions = self.cache.tier_actions(pop, group.name)
-                if actions is not None:
-                    active.setdefault(pop, {})[group.name] = actions
-        return active
 
     def _known_pop(self, pop: str) -> web.Response | None:
         if self.cache.has_pop(pop):
@@ -181,8 +179,10 @@ class Dashboard:
         missing = self._known_pop(pop)
         if missing is not None:
             return missing
-        body = pop_view(self.cache.desired, pop, self.nodes.snapshot(), self.cache.all_weights(),
-                        self._active_actions())
+        desired = self.cache.desired
+        weights = {pop: {g.name: self.cache.weights(pop, g.name) for g in desired.origin_groups}}
+        body = pop_view(desired, pop, self.nodes.snapshot(pop), weights,
+                        self.cache.all_tier_actions())
         return web.json_response(body)
 
     async def timeline(self, request: web.Request) -> web.Response:

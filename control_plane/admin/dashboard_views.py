@@ -4,7 +4,8 @@
   their last message; groups away from their home weights; active tier actions), the
   desired-state version in force and the last ``config_applied`` / ``config_rejected``.
   Its size grows with PoPs and groups away from home, not with nodes or the log.
-- ``pop_view``: one PoP's nodes in full and every group's weights, home and tier actions.
+- ``pop_view``: one PoP's nodes (`NodeRegistry.snapshot(pop)`) in full and every group's
+  weights, home and tier actions.
 - ``timeline``: one (PoP, group)'s weights and health scores over a range, from the decision
   records of that range, with the thresholds to draw as reference lines.
 """
@@ -16,7 +17,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from control_plane.ads.nodes import NodeStatus
+from control_plane.ads.nodes import NodeStatus, PopCensus
 from control_plane.decide.controller import STEP_KINDS
 from control_plane.decide.health import ZERO_AT_RATIO
 from control_plane.decisions.explain import describe_active
@@ -25,11 +26,13 @@ from control_plane.decisions.read import Record
 from control_plane.desired.model import Desired, OriginGroup, TierActions
 
 STATUSES = ("SYNCED", "STALE", "NACKED")
-NODES_LISTED_PER_POP = 12
+NODES_LISTED_PER_POP = 5
+NACKED_LISTED_PER_POP = 5
 AWAY_LISTED_PER_POP = 20
 SCORE_AT_THRESHOLD = 1 - 1 / ZERO_AT_RATIO  # a signal exactly at its threshold scores this
 
-Weights = Mapping[str, Mapping[str, Mapping[str, int]]]  # PoP -> group -> origin -> weight
+# PoP -> group -> origin -> weight; in `overview`, pairs left out are at their home weights
+Weights = Mapping[str, Mapping[str, Mapping[str, int]]]
 Actions = Mapping[str, Mapping[str, TierActions]]  # PoP -> group -> active tier actions
 
 
@@ -67,32 +70,35 @@ def _config_record(record: Record | None) -> dict[str, Any] | None:
 
 def overview(
     desired: Desired,
-    nodes: list[NodeStatus],
+    census: Mapping[str, PopCensus],
     weights: Weights,
     actions: Actions,
     config: Mapping[str, Record | None],
 ) -> dict[str, Any]:
-    by_pop: dict[str, list[NodeStatus]] = {}
-    for node in nodes:
-        by_pop.setdefault(node.pop, []).append(node)
+    """``census``: `NodeRegistry.census(NODES_LISTED_PER_POP, NACKED_LISTED_PER_POP)`."""
     pops = []
-    for pop in sorted({*desired.pop_names, *by_pop}):
-        members = sorted(by_pop.get(pop, []), key=lambda n: (n.node_id, n.stream))
-        statuses = Counter(n.status for n in members)
+    for pop in sorted({*desired.pop_names, *census}):
+        nodes = census.get(pop)
+        counts: Counter[tuple[str, str]] = Counter() if nodes is None else nodes.by_status_version
+        statuses: Counter[str] = Counter()
+        versions: Counter[str] = Counter()
+        for (status, version), streams in counts.items():
+            statuses[status] += streams
+            versions[version] += streams
         away = []
         for group in desired.origin_groups if pop in desired.pop_names else ():
-            current = dict(weights.get(pop, {}).get(group.name, {}))
+            current = weights.get(pop, {}).get(group.name)
             if current and current != group.home_weights(pop):
-                away.append({"group": group.name, "weights": current})
+                away.append({"group": group.name, "weights": dict(current)})
         pop_actions = actions.get(pop, {})
         pops.append({
             "name": pop,
             "known": pop in desired.pop_names,
-            "node_count": len(members),
+            "node_count": sum(statuses.values()),
             "by_status": {name: statuses.get(name, 0) for name in STATUSES},
-            "envoy_versions": dict(sorted(Counter(n.envoy_version for n in members).items())),
-            "nodes": [node_summary(n) for n in members[:NODES_LISTED_PER_POP]],
-            "nacked": [node_summary(n) for n in members if n.status == "NACKED"][:5],
+            "envoy_versions": dict(sorted(versions.items())),
+            "nodes": [] if nodes is None else [node_summary(n) for n in nodes.listed],
+            "nacked": [] if nodes is None else [node_summary(n) for n in nodes.nacked],
             "groups": len(desired.origin_groups) if pop in desired.pop_names else 0,
             "away_count": len(away),
             "away": away[:AWAY_LISTED_PER_POP],
@@ -109,7 +115,7 @@ def overview(
 def pop_view(
     desired: Desired, pop: str, nodes: list[NodeStatus], weights: Weights, actions: Actions
 ) -> dict[str, Any]:
-    members = sorted((n for n in nodes if n.pop == pop), key=lambda n: (n.node_id, n.stream))
+    members = sorted(nodes, key=lambda n: (n.node_id, n.stream))
     groups = []
     for group in desired.origin_groups:
         active = actions.get(pop, {}).get(group.name)

@@ -6,8 +6,10 @@ last response sent was ACKed, NACKED when it was rejected, STALE while it awaits
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -143,10 +145,6 @@ class NodeEntry:
             )
             for type_url, r in self.types.items()
         )
-        outcomes = {t.status for t in types}
-        overall: Status = (
-            "NACKED" if "NACKED" in outcomes else "STALE" if "STALE" in outcomes else "SYNCED"
-        )
         return NodeStatus(
             stream=self.stream,
             node_id=self.node_id,
@@ -156,9 +154,28 @@ class NodeEntry:
             connected_since=self.connected_since,
             capability_key=self.capability_key,
             capability_reason=self.capability_reason,
-            status=overall,
+            status=self.overall,
             types=types,
         )
+
+    @property
+    def overall(self) -> Status:
+        """NACKED if any type is, else STALE if any awaits an answer, else SYNCED."""
+        outcomes = [r.outcome for r in self.types.values()]
+        return "NACKED" if "NACKED" in outcomes else "STALE" if "STALE" in outcomes else "SYNCED"
+
+
+def _by_node_id(entry: NodeEntry) -> tuple[str, int]:
+    return entry.node_id, entry.stream
+
+
+@dataclass(frozen=True)
+class PopCensus:
+    """One PoP's connected streams, counted without building every node's status."""
+
+    by_status_version: Counter[tuple[Status, str]]  # (status, Envoy version) -> streams
+    listed: list[NodeStatus]  # the first ones by node id
+    nacked: list[NodeStatus]  # the first NACKED ones by node id
 
 
 class NodeRegistry:
@@ -195,8 +212,27 @@ class NodeRegistry:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def snapshot(self) -> list[NodeStatus]:
-        return [entry.status() for entry in self._entries.values()]
+    def snapshot(self, pop: str | None = None) -> list[NodeStatus]:
+        """Every stream's status, or only those of `pop`."""
+        return [e.status() for e in self._entries.values() if pop is None or e.pop == pop]
+
+    def census(self, listed: int, nacked: int) -> dict[str, PopCensus]:
+        """Per PoP: streams by (status, version), and the statuses of the first `listed` and of
+        the first `nacked` NACKED streams by node id. Costs a pass over the entries, not a
+        status object per node (the dashboard's overview of a large fleet)."""
+        by_pop: dict[str, list[NodeEntry]] = {}
+        for entry in self._entries.values():
+            by_pop.setdefault(entry.pop, []).append(entry)
+        census = {}
+        for pop, entries in by_pop.items():
+            overall = [(entry, entry.overall) for entry in entries]
+            census[pop] = PopCensus(
+                by_status_version=Counter((status, e.envoy_version) for e, status in overall),
+                listed=[e.status() for e in heapq.nsmallest(listed, entries, key=_by_node_id)],
+                nacked=[e.status() for e in heapq.nsmallest(
+                    nacked, (e for e, status in overall if status == "NACKED"), key=_by_node_id)],
+            )
+        return census
 
     def by_node(self, node_id: str) -> list[NodeStatus]:
         return [e.status() for e in self._entries.values() if e.node_id == node_id]

@@ -149,6 +149,17 @@ class SnapshotCache:
         self._check_pop(pop)
         return self._tier_actions.get(pop, {}).get(group)
 
+    def pushed_weights(self) -> dict[str, dict[str, GroupWeights]]:
+        """Only the weights set by `update_weights` (every other pair is at its home weights):
+        for faces of a large fleet that look for pairs away from home."""
+        return {
+            pop: {g: dict(w) for g, w in groups.items()} for pop, groups in self._weights.items()
+        }
+
+    def all_tier_actions(self) -> dict[str, dict[str, TierActions]]:
+        """PoP -> group -> active tier actions, only where some are active."""
+        return {pop: dict(groups) for pop, groups in self._tier_actions.items() if groups}
+
     def all_weights(self) -> dict[str, dict[str, GroupWeights]]:
         return {
             pop: {g.name: self.weights(pop, g.name) for g in self._desired.origin_groups}

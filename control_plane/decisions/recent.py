@@ -51,10 +51,10 @@ def _needles(query: Query) -> list[bytes]:
             if value is not None]
 
 
-def _line_time(line: bytes) -> str | None:
-    if line.startswith(_TIME_PREFIX):
-        return line[len(_TIME_PREFIX):len(_TIME_PREFIX) + _TIME_LEN].decode("ascii", "replace")
-    return None
+def _older(line: bytes, since: bytes) -> bool:
+    """The line's time (its fixed prefix, compared as bytes) is before ``since``."""
+    start = len(_TIME_PREFIX)
+    return line.startswith(_TIME_PREFIX) and line[start:start + _TIME_LEN] < since
 
 
 def _lines_backwards(path: Path) -> Iterator[tuple[bytes, int]]:
@@ -86,7 +86,7 @@ def newest(state_dir: Path, query: Query, max_bytes: int = DEFAULT_MAX_BYTES) ->
     """The newest records matching ``query`` (``limit`` of them at most), oldest first."""
     needles = _needles(query)
     kinds = [_spelled("kind", kind) for kind in sorted(query.kinds)]
-    since = format_time(query.since) if query.since is not None else None
+    since = format_time(query.since).encode() if query.since is not None else None
     found: list[Record] = []
     scanned = 0
     for path in reversed(log_files(state_dir)):
@@ -94,10 +94,8 @@ def newest(state_dir: Path, query: Query, max_bytes: int = DEFAULT_MAX_BYTES) ->
         for line, file_read in _lines_backwards(path):
             if scanned + file_read > max_bytes:
                 return Window(found[::-1], True, scanned + file_read)
-            if since is not None:
-                moment = _line_time(line)
-                if moment is not None and moment < since:
-                    return Window(found[::-1], False, scanned + file_read)
+            if since is not None and _older(line, since):
+                return Window(found[::-1], False, scanned + file_read)
             if any(needle not in line for needle in needles):
                 continue
             if kinds and not any(kind in line for kind in kinds):
