@@ -251,3 +251,17 @@ async def test_live_streams_are_bounded(
     finally:
         for stream in streams:
             stream.close()
+
+
+async def test_timeline_follows_every_record_that_sets_weights_and_marks_the_others(
+    parts: tuple[AdminStack, DecisionLog, DecisionFeed], http: aiohttp.ClientSession
+) -> None:
+    _, log, _ = parts
+    log.record("ramp_capped", pop="ewr", group="shop",
+               weights_before={"primary": 84, "secondary": 16},
+               weights_after={"primary": 90, "secondary": 10}, rule="ramp made it 84->90")
+    log.record("tier_action", pop="ewr", group="shop", rule="critical pending > 10 for 30 s")
+    body = await get(http, "/dashboard/api/timeline?pop=ewr&group=shop&range=15m")
+    assert [p["kind"] for p in body["points"]][-1] == "ramp_capped"
+    assert body["points"][-1]["weights"] == {"primary": 90, "secondary": 10}
+    assert [m["kind"] for m in body["markers"]] == ["tier_action"]

@@ -1,5 +1,9 @@
 """The on-call dashboard in a real headless Chromium (Debian's, driven by Playwright) against a
-whole fleet on loopback: Ballast in-process, real Envoys in PoPs ewr and sjc, real origins.
+whole fleet on loopback: Ballast in-process (admin token required), real Envoys in PoPs ewr and
+sjc, real origins.
+
+Without the token, the page, its data and its stream are refused (401); signed in through the
+admin API's /login form, the fleet shows with no console error and nothing fetched from elsewhere.
 
 The primary origin starts failing for ewr only; the page, left open, must draw the move and list
 the decisions within a few seconds, without a reload. Deep links open the right views in a fresh
@@ -23,6 +27,7 @@ from tests.support.fleet import Fleet, running_fleet
 pytestmark = [pytest.mark.envoy, pytest.mark.chromium]
 
 UPDATE_WITHIN_MS = 3000  # "within a few seconds": from the record in the log to the page
+TOKEN = "dashboard-test-token-0123456789"
 
 
 def _watch(page: Page, errors: list[str], requests: list[str]) -> None:
@@ -41,14 +46,32 @@ async def test_dashboard_shows_the_fleet_and_follows_a_failover_live(tmp_path: P
     require_chromium()
     errors: list[str] = []
     requests: list[str] = []
-    async with running_fleet(tmp_path) as fleet, chromium() as browser:
+    async with running_fleet(tmp_path, admin_token=TOKEN) as fleet, chromium() as browser:
         admin = fleet.service.admin
         assert admin is not None
         base = f"{admin.url}/dashboard/"
         context = await browser.new_context(viewport={"width": 1400, "height": 1000})
+
+        # Without the admin token the page, its data and its stream are refused.
+        stranger = await context.new_page()
+        refused = await stranger.goto(base)
+        assert refused is not None and refused.status == 401
+        assert await stranger.locator("article.pop").count() == 0
+        for path in ("api/overview", "api/stream", "static/dashboard.js"):
+            answer = await context.request.get(base + path)
+            assert answer.status == 401, path
+        wrong = await context.request.get(
+            base + "api/overview", headers={"Authorization": "Bearer not-the-token-at-all"})
+        assert wrong.status == 401
+        await stranger.close()
+
+        # With it: signed in through the admin API's form (a cookie), as an engineer would.
         page = await context.new_page()
         _watch(page, errors, requests)
-        await page.goto(base)
+        await page.goto(f"{admin.url}/login")
+        await page.locator('input[name="token"]').fill(TOKEN)
+        await page.locator('button[type="submit"]').click()
+        await page.wait_for_url(base)
 
         # Fleet: both PoPs of the example, each with its Envoy, synced, and its version.
         for pop in ("ewr", "sjc"):

@@ -6,7 +6,8 @@ Routes (on the admin API's application, so its bind and its authentication apply
   package (nothing is fetched from anywhere else: the page's Content-Security-Policy says so).
 - ``/dashboard/api/overview`` fleet cards (see ``dashboard_views.overview``).
 - ``/dashboard/api/pops/{pop}`` one PoP's nodes and groups.
-- ``/dashboard/api/timeline?pop=P&group=G&range=15m|1h|6h|24h`` one group's weights over time.
+- ``/dashboard/api/timeline?pop=P&group=G&range=15m|1h|6h|24h`` one group's weights over time,
+  with its active tier actions and whatever ``controllers`` (given by the server) report for it.
 - ``/dashboard/api/decisions?[pop][&group][&kind][&limit]`` the newest matching records.
 - ``/dashboard/api/decisions/{seq}`` one record.
 - ``/dashboard/api/stream?[pop][&group][&kind]`` new records as server-sent events
@@ -67,6 +68,10 @@ STATIC = {
 CSP = "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'"
 
 
+# (PoP, group) -> controller name -> its state, JSON-ready (None: idle); shown key by key
+Controllers = Callable[[str, str], dict[str, dict[str, Any] | None]]
+
+
 class BadParameter(ValueError):
     """A query parameter the dashboard cannot use; answered 400 with this message."""
 
@@ -100,8 +105,10 @@ class Dashboard:
         feed: DecisionFeed,
         state_dir: Path,
         clock: Callable[[], datetime],
+        controllers: Controllers | None = None,
     ) -> None:
         self.nodes = nodes
+        self._controllers = controllers
         self.cache = cache
         self.feed = feed
         self.state_dir = state_dir
@@ -224,6 +231,7 @@ class Dashboard:
         body["log_begins"] = log_begins
         body["controllers"] = {
             "Tier actions": None if actions is None else actions_json(actions),
+            **(self._controllers(pop, group_name) if self._controllers is not None else {}),
         }
         return web.json_response(body)
 

@@ -18,7 +18,6 @@ from datetime import datetime
 from typing import Any
 
 from control_plane.ads.nodes import NodeStatus, PopCensus
-from control_plane.decide.controller import STEP_KINDS
 from control_plane.decide.health import ZERO_AT_RATIO
 from control_plane.decisions.explain import describe_active
 from control_plane.decisions.log import format_time
@@ -165,10 +164,12 @@ def timeline(
     *,
     truncated: bool,
 ) -> dict[str, Any]:
-    """Weights start at the first record's ``weights_before`` (or now's, without records)."""
+    """Weights start at the first record's ``weights_before`` (or now's, without records) and
+    follow every record that carries ``weights_after`` (controller steps, ramps, whatever
+    decides weights); records without weights are markers only."""
     policy = group.failover
-    points = [_point(r) for r in records if r.get("kind") in STEP_KINDS and r.get("weights_after")]
-    markers = [_point(r) for r in records if r.get("kind") not in STEP_KINDS]
+    points = [_point(r) for r in records if r.get("weights_after")]
+    markers = [_point(r) for r in records if not r.get("weights_after")]
     first = next((r for r in records if r.get("weights_before")), None)
     return {
         "pop": pop,

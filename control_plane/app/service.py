@@ -320,7 +320,8 @@ class BallastService:
         feed = DecisionFeed()
         self.decisions.add_listener(feed.publish)
         dashboard = Dashboard(nodes=self.server.nodes, cache=self.server.cache, feed=feed,
-                              state_dir=self.config.state_dir, clock=lambda: datetime.now(UTC))
+                              state_dir=self.config.state_dir, clock=lambda: datetime.now(UTC),
+                              controllers=self.controller_states)
         self.admin = AdminApi(
             nodes=self.server.nodes,
             cache=self.server.cache,
@@ -382,6 +383,15 @@ class BallastService:
         ways = (["token"] if self.config.admin_token_file else []) + (
             ["client certificate (HTTPS)"] if self.config.admin_tls else [])
         return " or ".join(ways) or "none (loopback only)"
+
+    def controller_states(self, pop: str, group: str) -> dict[str, dict[str, Any] | None]:
+        """The reconcile loop's state of one (PoP, group) beyond its weights (None: idle)."""
+        tier = self.reconciler.tier_states.get((pop, group))
+        ramp = self.reconciler.ramp_states.get((pop, group))
+        return {
+            "Tier controller": None if tier is None or tier.idle else tier.to_dict(),
+            "Failover ramp": None if ramp is None or not ramp.ramping else ramp.to_dict(),
+        }
 
     # -- events ----------------------------------------------------------------------------
 

@@ -129,12 +129,19 @@ async def running_fleet(
     metrics_source: str = "sink",
     prometheus_url: Callable[[dict[str, EnvoyProcess]], Any] | None = None,
     rps: float = 25.0,
+    admin_token: str | None = None,
 ) -> AsyncIterator[Fleet]:
     """Ballast + origins primary/secondary + one Envoy per PoP (ewr, sjc) + steady traffic.
 
     With `prometheus_url`, it is called with the started Envoys and returns (an awaitable of)
     the Prometheus URL to read from, so a test can start Prometheus scraping those Envoys.
+    With `admin_token`, the admin API requires it (written to a token file, mode 0600).
     """
+    token_file = None
+    if admin_token is not None:
+        token_file = tmp_path / "admin.token"
+        token_file.write_text(admin_token + "\n")
+        token_file.chmod(0o600)
     origins = {
         "primary": await DemoOrigin("primary", free_port()).start(),
         "secondary": await DemoOrigin("secondary", free_port()).start(),
@@ -177,6 +184,7 @@ async def running_fleet(
                 prometheus_url=url,
                 probe_interval_ms=1000,
                 reload_poll_s=0.1,
+                admin_token_file=token_file,
             )
         )
         await service.start()

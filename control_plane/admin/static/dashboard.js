@@ -10,7 +10,12 @@ const KIND_CLASS = {
   steady: "steady", tier_action: "tier", nack: "nack", config_applied: "config",
   config_rejected: "nack",
 };
+
+function kindClass(kind) {
+  return KIND_CLASS[kind] || (String(kind).startsWith("ramp_") ? "ramp" : "other");
+}
 const SVG = "http://www.w3.org/2000/svg";
+const MARK_ROWS = 3;
 const state = { overview: null, viewStream: null, panelStream: null, refreshTimer: null,
                 pollTimer: null, route: null };
 
@@ -50,7 +55,7 @@ function badge(status) {
 }
 
 function kindTag(kind) {
-  return h("span", { class: `kind ${KIND_CLASS[kind] || "other"}` }, kind);
+  return h("span", { class: `kind ${kindClass(kind)}` }, kind);
 }
 
 function hhmmss(iso) {
@@ -85,6 +90,10 @@ function decisionLink(seq) {
 
 async function getJSON(path) {
   const response = await fetch(API + path, { headers: { Accept: "application/json" } });
+  if (response.status === 401) {
+    location.assign("/login");  // the admin token (cookie) is missing or no longer valid
+    throw new Error("not signed in");
+  }
   const body = await response.json().catch(() => ({ error: response.statusText }));
   if (!response.ok) throw new Error(body.error || `${response.status} ${response.statusText}`);
   return body;
@@ -290,7 +299,7 @@ function refLine(g, width, y, label) {
 }
 
 function weightsChart(data, picked, onPick) {
-  const W = 860, H = 220, M = { l: 44, r: 12, t: 24, b: 24 };
+  const W = 860, H = 250, M = { l: 44, r: 12, t: 16 + 13 * MARK_ROWS, b: 24 };
   const width = W - M.l - M.r, height = H - M.t - M.b;
   const x = timeScale(data, width);
   const y = (w) => height - (w / 100) * height;
@@ -306,15 +315,20 @@ function weightsChart(data, picked, onPick) {
     d += ` H${width}`;
     g.append(s("path", { d, class: "wline", stroke: COLORS[i % COLORS.length], "data-origin": origin }));
   });
-  const marks = [...data.points.filter((p) => p.kind !== "steady" || data.points.length < 200), ...data.markers];
+  const marks = [...data.points.filter((p) => p.kind !== "steady" || data.points.length < 200), ...data.markers]
+    .sort((a, b) => a.seq - b.seq);
+  const rowEnds = [];  // markers closer than their width stack in rows above the chart
   for (const p of marks) {
     const cx = x(p.time);
+    let row = rowEnds.findIndex((end) => cx - end >= 13);
+    if (row < 0) row = rowEnds.length < MARK_ROWS ? rowEnds.length : rowEnds.indexOf(Math.min(...rowEnds));
+    rowEnds[row] = cx;
     const chosen = String(p.seq) === String(picked) ? " picked" : "";
-    const mark = s("g", { class: `mark ${KIND_CLASS[p.kind] || "other"}${chosen}`, "data-seq": p.seq,
-                          transform: `translate(${cx.toFixed(1)},-8)`, onclick: () => onPick(p.seq) },
+    const mark = s("g", { class: `mark ${kindClass(p.kind)}${chosen}`, "data-seq": p.seq,
+                          transform: `translate(${cx.toFixed(1)},${-8 - 13 * row})`, onclick: () => onPick(p.seq) },
       s("title", {}, `#${p.seq} ${p.kind} ${hhmmss(p.time)}Z\n${p.rule || ""}\nnext: ${p.next || "–"}`),
       s("path", { d: "M-6,-7 L6,-7 L0,4 Z", class: "mark-head" }),
-      s("line", { x1: 0, x2: 0, y1: 3, y2: height + 8, class: "mark-line" }));
+      s("line", { x1: 0, x2: 0, y1: 4, y2: height + 8 + 13 * row, class: "mark-line" }));
     g.append(mark);
   }
   return s("svg", { viewBox: `0 0 ${W} ${H}`, class: "chart weights", role: "img",
