@@ -1,21 +1,25 @@
 """Verified origin TLS through a real Envoy 1.40: loopback HTTPS origins with certificates made
 by the test. Envoy serves through an origin whose certificate chains to the configured CA and
 names the expected host (and matches a pin, when pinned); it refuses a self-signed, a wrong-name,
-an expired and a wrongly pinned one; `insecure_skip_verify` accepts anything.
+an expired and a wrongly pinned one; `insecure_skip_verify` accepts anything. Ballast's
+certificate probe fails exactly the origins Envoy refused.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from control_plane.app.envoy_process import EnvoyProcess, find_envoy, free_port
 from control_plane.desired.model import Desired, Listener, Origin, VirtualHost
+from control_plane.observe.probes import Prober, probe_targets
 from control_plane.translate import static_bootstrap, translate_pop
 from control_plane.translate.resources import Capabilities
 from tests.support.certs import Issued, make_ca, make_leaf
@@ -103,6 +107,15 @@ def test_envoy_serves_only_through_verified_certificates(
     }, stats
     refused = {case for case, status in got.items() if status == 503}
     assert {case: tls_origins.served[case] for case in refused} == dict.fromkeys(refused, 0)
+    # Ballast's certificate probe records the same verdicts for the same origins
+    prober = Prober(probe_targets(desired))
+    async def one_round() -> None:
+        async with aiohttp.ClientSession() as session:
+            await prober.probe_once(session)
+    asyncio.run(one_round())
+    failing = {case for (case, _), status in prober.certificates.items() if not status.passed}
+    assert failing == refused, {k: v.problem for k, v in prober.certificates.items()}
+    assert prober.certificates[("skip", "only")].verified is None
     assert stats["wrong_name"].get("fail_verify_san", 0) > 0, stats
     for case in ("self_signed", "other_ca", "expired"):
         assert stats[case].get("fail_verify_error", 0) > 0, stats

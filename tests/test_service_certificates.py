@@ -116,3 +116,36 @@ async def test_expiring_standby_certificate_is_flagged_before_any_shift(tmp_path
     finally:
         await service.stop()
         origins.close()
+
+
+async def test_verification_off_is_warned_at_start_and_never_fails_the_origin(
+        tmp_path: Path) -> None:
+    ca = make_ca()
+    ca_file, _ = ca.write(tmp_path, "ca")
+    origins = TlsOrigins(tmp_path)
+    primary = origins.start("primary", make_leaf(["origin.test"], ca))
+    lab = origins.start("standby", make_leaf(["lab.invalid"], None, not_after_days=2))
+    desired = tmp_path / "desired.yaml"
+    text = DESIRED.format(ca_file=ca_file, primary=primary, standby=lab, listener=free_port())
+    desired.write_text(text.replace(f"port: {lab}, tls: true, sni: origin.test}}",
+                                    f"port: {lab}, tls: true, insecure_skip_verify: true}}"))
+    state_dir = tmp_path / "state"
+    service = BallastService(ServiceConfig(
+        desired_path=desired, state_dir=state_dir, xds_address="127.0.0.1:0",
+        admin_address=None, probe_interval_ms=200))
+    await service.start()
+    try:
+        assert service.prober is not None
+        prober = service.prober
+        await wait_for(lambda: ("shop", "standby") in prober.certificates, 20, "a check")
+        status = prober.certificates[("shop", "standby")]
+        assert status.passed and status.verified is None
+        assert status.days_to_expiry is not None and status.days_to_expiry < 2
+        (applied,) = [r for r in iter_records(state_dir) if r["kind"] == "config_applied"]
+        (warning,) = applied["detail"]["warnings"]
+        assert warning.startswith("origin_groups.shop.origins.standby.insecure_skip_verify: "
+                                  "TLS verification is OFF")
+        assert not [r for r in iter_records(state_dir) if r["kind"] == "certificate"]
+    finally:
+        await service.stop()
+        origins.close()

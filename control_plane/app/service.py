@@ -42,6 +42,7 @@ from control_plane.decisions.log import DecisionLog
 from control_plane.decisions.read import FileSource
 from control_plane.desired import DesiredStateError, load_desired, parse_desired
 from control_plane.desired.model import Desired, GroupWeights, TierActions
+from control_plane.desired.warnings import desired_warnings
 from control_plane.intent.sqlite_store import StateCorrupted, StateStore
 from control_plane.intent.state_dir_lock import StateDirLock
 from control_plane.observe.access_log import AccessLogStore, WithWaits, add_access_log_service
@@ -115,6 +116,7 @@ class BallastService:
         self.started_at_ms = wall_ms()
         self._desired_bytes = config.desired_path.read_bytes()
         desired = load_desired(config.desired_path)
+        _log_warnings(desired)
         # TLS files read and checked before anything is held: bad ones refuse the start
         tls = ReloadingCredentials(config.tls) if config.tls is not None else None
         admin_auth = self._admin_auth()
@@ -142,7 +144,8 @@ class BallastService:
                 "config_applied",
                 config_version=desired.digest[:16],
                 rule="desired state loaded at start-up",
-                detail={"source": str(config.desired_path), "digest": desired.digest},
+                detail={"source": str(config.desired_path), "digest": desired.digest,
+                        "warnings": desired_warnings(desired)},
             )
             self.store.set_desired_digest(desired.digest)
         source = self._metric_source(desired)
@@ -504,8 +507,10 @@ class BallastService:
             rule=f"desired state applied ({'; '.join(lines)}); pushed to "
             f"{', '.join(sorted(changed_pops)) or 'no PoP'}",
             detail={"digest": new.digest, "pushed_pops": sorted(changed_pops),
-                    "diff": diff[:DIFF_LINES_IN_RECORD], "diff_lines": len(diff)},
+                    "diff": diff[:DIFF_LINES_IN_RECORD], "diff_lines": len(diff),
+                    "warnings": desired_warnings(new)},
         )
+        _log_warnings(new)
         self.metrics.config_reloads.labels("applied").inc()
         log.info("applied %s: %s", source, "; ".join(lines))
         return True
@@ -599,3 +604,9 @@ def diff_pop(
     return diff_renderings(
         before, render_json(translate_pop(new, pop, weights, caps, actions))
     )
+
+
+def _log_warnings(desired: Desired) -> None:
+    """What `ballast validate` warns about, in the server log too (e.g. TLS verification off)."""
+    for warning in desired_warnings(desired):
+        log.warning("%s: %s", desired.source, warning)
