@@ -58,7 +58,9 @@ def test_demo_serves_both_pops_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> No
         assert f"127.0.0.1:{sjc_listener}/api/checkout" in guide
         for port in (listener, sjc_listener):
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/checkout", timeout=5) as r:
-                assert r.headers["x-origin"] == "primary"
+                # either origin of the group: 5 % of requests go to the warm standby, and a
+                # critical request the primary has not answered within 50 ms is hedged to it
+                assert r.headers["x-origin"] in ("primary", "secondary")
                 assert r.headers["x-seen-tier"] == "critical"
         status = f"http://127.0.0.1:{admin}/status"
         with pytest.raises(urllib.error.HTTPError) as refused:
