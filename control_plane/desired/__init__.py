@@ -1,7 +1,12 @@
 """The desired-state room: operators' YAML in, a validated immutable model out."""
 
 from control_plane.desired.errors import DesiredStateError, Problem
-from control_plane.desired.loader import MAX_FILE_BYTES, load_desired, parse_desired
+from control_plane.desired.loader import (
+    MAX_FILE_BYTES,
+    load_desired,
+    parse_desired,
+    read_desired_bytes,
+)
 from control_plane.desired.model import Desired
 
 __all__ = [
@@ -11,4 +16,5 @@ __all__ = [
     "Problem",
     "load_desired",
     "parse_desired",
+    "read_desired_bytes",
 ]

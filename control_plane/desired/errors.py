@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 
 import yaml
 
+MAX_PROBLEMS = 200  # kept per file; the rest are counted in one last problem
+MAX_MESSAGE_CHARS = 300  # of a problem's message and path (values in them are the file's)
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -51,21 +54,41 @@ class At:
         return cls(mark.line + 1, mark.column + 1, path)
 
 
+def _clip(text: str) -> str:
+    if len(text) <= MAX_MESSAGE_CHARS:
+        return text
+    return f"{text[:MAX_MESSAGE_CHARS]}… [{len(text):,} characters]"
+
+
 @dataclass
 class Sink:
-    """Collects the problems of one file so all of them are reported at once."""
+    """Collects the problems of one file so all of them are reported at once (the first
+    `MAX_PROBLEMS`, each message and path at most `MAX_MESSAGE_CHARS`; the rest counted)."""
 
     source: str
     problems: list[Problem] = field(default_factory=list)
+    _seen: set[Problem] = field(default_factory=set)
+    _more: int = 0
 
     def add(self, at: At, message: str) -> None:
-        problem = Problem(self.source, at.line, at.column, at.path, message)
-        if problem not in self.problems:
-            self.problems.append(problem)
+        self._keep(Problem(self.source, at.line, at.column, _clip(at.path), _clip(message)))
 
     def whole_file(self, message: str) -> None:
-        self.problems.append(Problem(self.source, 0, 0, "", message))
+        self._keep(Problem(self.source, 0, 0, "", _clip(message)))
+
+    def _keep(self, problem: Problem) -> None:
+        if problem in self._seen:
+            return
+        if len(self.problems) >= MAX_PROBLEMS:
+            self._more += 1
+            return
+        self._seen.add(problem)
+        self.problems.append(problem)
 
     def raise_if_any(self) -> None:
         if self.problems:
-            raise DesiredStateError(self.problems)
+            more = []
+            if self._more:
+                more = [Problem(self.source, 0, 0, "", f"... and {self._more:,} more problems "
+                                f"(the first {MAX_PROBLEMS} are listed)")]
+            raise DesiredStateError(self.problems + more)

@@ -7,6 +7,8 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import stat
 from pathlib import Path
 
 from control_plane.desired.errors import At, DesiredStateError, Problem, Sink
@@ -17,19 +19,38 @@ from control_plane.desired.yaml_nodes import compose
 MAX_FILE_BYTES = 1024 * 1024
 
 
-def load_desired(path: str | Path) -> Desired:
-    """Read and validate a desired-state file; `source` in problems is `path` as given."""
+def read_desired_bytes(path: str | Path) -> bytes:
+    """The bytes of a desired-state file: a regular file (symlinks followed) of at most
+    `MAX_FILE_BYTES`, read without ever blocking on a FIFO or reading a device without end;
+    DesiredStateError otherwise."""
     source = str(path)
     try:
-        size = Path(path).stat().st_size
-        if size > MAX_FILE_BYTES:
-            raise DesiredStateError([_too_large(source, size)])
-        data = Path(path).read_bytes()
+        # O_NONBLOCK: opening a FIFO must not wait for a writer; regular files ignore it
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        try:
+            status = os.fstat(fd)
+            if not stat.S_ISREG(status.st_mode):
+                raise DesiredStateError([Problem(
+                    source, 0, 0, "", f"not a regular file ({_file_kind(status.st_mode)}); "
+                    "the desired state must be a file")])
+            if status.st_size > MAX_FILE_BYTES:
+                raise DesiredStateError([_too_large(source, status.st_size)])
+            with os.fdopen(os.dup(fd), "rb") as handle:
+                data = handle.read(MAX_FILE_BYTES + 1)  # the file may grow after fstat
+        finally:
+            os.close(fd)
     except OSError as error:
         reason = error.strerror or str(error)
         problem = Problem(source, 0, 0, "", f"cannot read file: {reason}")
         raise DesiredStateError([problem]) from None
-    return parse_desired(data, source)
+    if len(data) > MAX_FILE_BYTES:
+        raise DesiredStateError([_too_large(source, len(data))])
+    return data
+
+
+def load_desired(path: str | Path) -> Desired:
+    """Read and validate a desired-state file; `source` in problems is `path` as given."""
+    return parse_desired(read_desired_bytes(path), str(path))
 
 
 def parse_desired(text: str | bytes, source: str) -> Desired:
@@ -53,6 +74,13 @@ def parse_desired(text: str | bytes, source: str) -> Desired:
     sink.raise_if_any()
     assert desired is not None, "a document without problems always builds"
     return desired
+
+
+def _file_kind(mode: int) -> str:
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"),
+             (stat.S_ISSOCK, "a socket"))
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
 
 
 def _too_large(source: str, size: int) -> Problem:

@@ -8,6 +8,8 @@ were found, so the schema can report its own problems in the same run.
 
 from __future__ import annotations
 
+import re
+
 import yaml
 
 from control_plane.desired.errors import At, Sink
@@ -15,19 +17,62 @@ from control_plane.desired.errors import At, Sink
 STANDARD_TAGS = frozenset(
     f"tag:yaml.org,2002:{name}" for name in ("str", "int", "float", "bool", "null", "map", "seq")
 )
+NUMBER_TAGS = frozenset({"tag:yaml.org,2002:int", "tag:yaml.org,2002:float"})
+NULL_TAG = "tag:yaml.org,2002:null"
+MAX_DEPTH = 32  # mappings and lists inside each other; the format needs 6
+MAX_NUMBER_CHARS = 40  # of a number as written (Python refuses ints over 4,300 digits)
 _CONSTRUCTOR = yaml.constructor.SafeConstructor()
+_FLOW_MARKS = re.compile(r"""[\[\]{}"'#\n]""")
+_OPENS = (yaml.MappingStartEvent, yaml.SequenceStartEvent)
+_CLOSES = (yaml.MappingEndEvent, yaml.SequenceEndEvent)
 
 
 class _Composer(yaml.SafeLoader):
-    """SafeLoader's composer, refusing anchors, aliases and non-standard tags as it goes."""
+    """SafeLoader's composer, refusing anchors, aliases, non-standard tags, nesting deeper
+    than `MAX_DEPTH` and numbers longer than `MAX_NUMBER_CHARS` as it goes."""
 
     def __init__(self, text: str, sink: Sink) -> None:
         super().__init__(text)
         self.sink = sink
+        self.depth = 0
 
     def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node:
         event = self.peek_event()
         at = At.mark(event.start_mark, "")
+        if isinstance(event, _OPENS) and self.depth >= MAX_DEPTH:
+            self.sink.add(at, f"nested more than {MAX_DEPTH} levels deep; the format needs "
+                          "far fewer")
+            self._skip_collection()
+            return yaml.ScalarNode(NULL_TAG, "", event.start_mark, event.end_mark)
+        self.depth += 1
+        try:
+            return self._compose_checked(parent, index, event, at)
+        finally:
+            self.depth -= 1
+
+    def _skip_collection(self) -> None:
+        """Consume one collection's events without building (or recursing into) it."""
+        level = 0
+        while True:
+            event = self.get_event()
+            if isinstance(event, _OPENS):
+                level += 1
+            elif isinstance(event, _CLOSES):
+                level -= 1
+            if level == 0:
+                return
+
+    def compose_scalar_node(self, anchor: str | None) -> yaml.ScalarNode:
+        node: yaml.ScalarNode = super().compose_scalar_node(anchor)
+        if node.tag in NUMBER_TAGS and len(node.value) > MAX_NUMBER_CHARS:
+            self.sink.add(At.of(node, ""), f"a number of {len(node.value):,} characters; "
+                          f"numbers here have at most {MAX_NUMBER_CHARS}")
+            node.tag = NULL_TAG
+        return node
+
+    def _compose_checked(
+        self, parent: yaml.Node | None, index: object, event: yaml.Event, at: At
+    ) -> yaml.Node:
         if isinstance(event, yaml.AliasEvent):
             self.get_event()
             self.sink.add(at, f"aliases (*{event.anchor}) are not supported; write the value out")
@@ -42,8 +87,51 @@ class _Composer(yaml.SafeLoader):
         return super().compose_node(parent, index)
 
 
+def flow_too_deep(text: str) -> tuple[int, int] | None:
+    """Where `[`/`{` nest more than `MAX_DEPTH` deep (line, column), found without parsing:
+    PyYAML's scanner is quadratic in flow nesting (1,000 levels: 4 s; 8,000: 52 s), so such a
+    document must be refused before it reaches the scanner. Quoted scalars and comments are
+    skipped; a quote or `#` counts only where YAML would start one (after space or `[{,:`)."""
+    if text.count("[") + text.count("{") <= MAX_DEPTH:
+        return None
+    depth, quote, comment, line, line_start = 0, "", False, 1, 0
+    for match in _FLOW_MARKS.finditer(text):
+        char, at = match.group(), match.start()
+        before = text[at - 1] if at > line_start else " "
+        if char == "\n":
+            line, line_start, comment = line + 1, at + 1, False
+        elif comment:
+            continue
+        elif quote:
+            if char == quote and not (quote == '"' and _escaped(text, at)):
+                quote = ""
+        elif char in "\"'":
+            quote = char if before in " \t[{,:" else ""
+        elif char == "#":
+            comment = before in " \t"
+        elif char in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                return line, at - line_start + 1
+        else:
+            depth = max(0, depth - 1)
+    return None
+
+
+def _escaped(text: str, at: int) -> bool:
+    backslashes = 0
+    while at - backslashes - 1 >= 0 and text[at - backslashes - 1] == "\\":
+        backslashes += 1
+    return backslashes % 2 == 1
+
+
 def compose(text: str, sink: Sink) -> yaml.Node | None:
     """The document's root node, or None (with a problem) when there is nothing usable."""
+    deep = flow_too_deep(text)
+    if deep is not None:
+        sink.add(At(*deep, ""), f"nested more than {MAX_DEPTH} levels deep; the format needs "
+                 "far fewer")
+        return None
     try:
         root = _Composer(text, sink).get_single_node()
     except yaml.MarkedYAMLError as error:
