@@ -105,7 +105,7 @@ def test_missing_file(tmp_path: Path) -> None:
 
 
 def test_directory_is_not_a_file(tmp_path: Path) -> None:
-    with pytest.raises(DesiredStateError, match="cannot read file: Is a directory"):
+    with pytest.raises(DesiredStateError, match=r"not a regular file \(a directory\)"):
         load_desired(tmp_path)
 
 

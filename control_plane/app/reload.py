@@ -6,6 +6,10 @@ temp file and rename it over the original. Both are covered by polling the file'
 seconds; the bytes are then handed over only if their hash differs from the last ones handed
 over. Whatever is handed over still goes through full validation before anything applies.
 SIGHUP (via `trigger`) forces a re-read even if nothing seems to have changed.
+
+The watcher survives anything: a file that cannot be read as a desired state (not a regular
+file, too large) goes to `on_unreadable` with the reason, and any exception while handing over
+is logged and goes to `on_error`; the next change (or SIGHUP) is handled as usual.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import logging
 import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+
+from control_plane.desired import DesiredStateError, read_desired_bytes
 
 log = logging.getLogger(__name__)
 
@@ -35,14 +41,18 @@ class DesiredFileWatcher:
     def __init__(
         self,
         path: Path,
-        on_change: Callable[[bytes], Awaitable[None]],
+        on_change: Callable[[bytes], Awaitable[object]],
         *,
         poll: float = 0.25,
         settle: float = 0.3,
         current: bytes | None = None,
+        on_unreadable: Callable[[DesiredStateError], None] | None = None,
+        on_error: Callable[[Exception], None] | None = None,
     ) -> None:
         self.path = path
         self.on_change = on_change
+        self.on_unreadable = on_unreadable
+        self.on_error = on_error
         self.poll = poll
         self.settle = settle
         self._seen = identity(path)
@@ -59,14 +69,23 @@ class DesiredFileWatcher:
                 await asyncio.wait_for(self._forced.wait(), self.poll)
             forced = self._forced.is_set()
             self._forced.clear()
-            now = identity(self.path)
-            if now is None or (now == self._seen and not forced):
-                continue
-            stable = await self._wait_stable(now)
-            if stable is None:
-                continue
-            self._seen = stable
-            await self._hand_over(forced)
+            try:
+                await self._check(forced)
+            except Exception as err:  # never let one bad pass end hot reload
+                log.exception("desired-state watcher: handling %s failed", self.path)
+                if self.on_error is not None:
+                    with contextlib.suppress(Exception):
+                        self.on_error(err)
+
+    async def _check(self, forced: bool) -> None:
+        now = identity(self.path)
+        if now is None or (now == self._seen and not forced):
+            return
+        stable = await self._wait_stable(now)
+        if stable is None:
+            return
+        self._seen = stable
+        await self._hand_over(forced)
 
     async def _wait_stable(self, first: FileIdentity) -> FileIdentity | None:
         previous = first
@@ -81,9 +100,12 @@ class DesiredFileWatcher:
 
     async def _hand_over(self, forced: bool) -> None:
         try:
-            data = self.path.read_bytes()
-        except OSError as err:
+            data = await asyncio.to_thread(read_desired_bytes, self.path)
+        except DesiredStateError as err:
             log.warning("cannot read %s: %s", self.path, err)
+            self._handed_hash = None  # a readable file again is handed over, even if unchanged
+            if self.on_unreadable is not None:
+                self.on_unreadable(err)
             return
         digest = hashlib.sha256(data).hexdigest()
         if digest == self._handed_hash and not forced:

@@ -19,7 +19,10 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
 import signal
+import sqlite3
+from collections import deque
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -38,9 +41,9 @@ from control_plane.decide.controller import ControllerState
 from control_plane.decide.ramp import RampState
 from control_plane.decide.tiers import TierState, actions_in_force
 from control_plane.decisions.budget import DEFAULT_BUDGET, BudgetConfig, RecordBudget
-from control_plane.decisions.log import DecisionLog
+from control_plane.decisions.log import DecisionLog, format_time, log_files
 from control_plane.decisions.read import FileSource
-from control_plane.desired import DesiredStateError, load_desired, parse_desired
+from control_plane.desired import DesiredStateError, parse_desired, read_desired_bytes
 from control_plane.desired.model import Desired, GroupWeights, TierActions
 from control_plane.desired.warnings import desired_warnings
 from control_plane.intent.sqlite_store import StateCorrupted, StateStore
@@ -64,6 +67,9 @@ log = logging.getLogger(__name__)
 MetricSourceKind = Literal["sink", "prometheus"]
 DIFF_LINES_IN_RECORD = 60
 RECORD_OVERHEAD_BYTES = 256  # time, seq, kind and the empty fields of a record
+UNWRITTEN_RECORDS = 1000  # records kept in memory while the log cannot be written (disk full)
+PROBLEMS_IN_RECORD = 50
+MIN_FREE_BYTES = 1024 * 1024  # a reload must be able to save the state and record it
 
 
 @dataclass(frozen=True)
@@ -81,6 +87,7 @@ class ServiceConfig:
     debounce_s: float = 0.1
     seed: int = 0
     routine_records: BudgetConfig = DEFAULT_BUDGET
+    accept_empty_state: bool = False  # an empty state.db next to a decision log: start anyway
     tls: TlsFiles | None = None  # mTLS on the xDS/sink port when set
     admin_token_file: Path | None = None  # bearer token the admin API requires when set
     admin_tls: bool = False  # admin API on HTTPS with `tls`'s files; admin client certs accepted
@@ -98,6 +105,13 @@ class BallastService:
         self._desired_bytes = b""
         self._reload_lock = asyncio.Lock()  # one reload at a time (file watcher, SIGHUP)
         self.routine_budget = RecordBudget(config.routine_records)
+        # records the log could not take (disk full), oldest first, written once it can again
+        self._unwritten: deque[tuple[str, bool, dict[str, Any], datetime]] = deque(
+            maxlen=UNWRITTEN_RECORDS)
+        self.unwritten_dropped = 0
+        self.log_error: str | None = None  # why the log cannot be written now
+        self.reload_error: str | None = None  # an internal error of the last reload attempt
+        self._watcher_task: asyncio.Task[None] | None = None
         self.server: BallastServer
         self.decisions: DecisionLog
         self.store: StateStore
@@ -114,15 +128,16 @@ class BallastService:
         """Raises DesiredStateError, StateCorrupted or OSError; nothing is left running then."""
         config = self.config
         self.started_at_ms = wall_ms()
-        self._desired_bytes = config.desired_path.read_bytes()
-        desired = load_desired(config.desired_path)
+        self._desired_bytes = read_desired_bytes(config.desired_path)
+        desired = parse_desired(self._desired_bytes, str(config.desired_path))
         _log_warnings(desired)
         # TLS files read and checked before anything is held: bad ones refuse the start
         tls = ReloadingCredentials(config.tls) if config.tls is not None else None
         admin_auth = self._admin_auth()
         self._lock = StateDirLock(config.state_dir).acquire()
         try:
-            self.store = StateStore(config.state_dir)
+            history = None if config.accept_empty_state else _log_history(config.state_dir)
+            self.store = StateStore(config.state_dir, history=history)
             snapshot = self.store.load()
         except BaseException:
             self._lock.release()
@@ -167,6 +182,8 @@ class BallastService:
             self.apply_desired_bytes,
             poll=config.reload_poll_s,
             current=self._desired_bytes,
+            on_unreadable=self._on_unreadable,
+            on_error=self._on_reload_error,
         )
         # every PoP translated for Envoys without adaptive LIFO (Envoy 1.40 lacks it), off the
         # loop and before the port is bound: a reconnect storm finds its snapshots ready
@@ -184,7 +201,7 @@ class BallastService:
             raise
         self._spawn(self.reconciler.run())
         self._spawn(self._sync_decisions())
-        self._spawn(self.watcher.run())
+        self._watcher_task = self._spawn(self.watcher.run())
         if self.prober is not None:
             self._spawn(self.prober.run())
         self._record(
@@ -193,7 +210,9 @@ class BallastService:
             rule=f"serving xDS on port {self.server.port}",
             detail={"restored_groups": self.restored_groups,
                     "restored_tier_actions": self.restored_tier_actions,
-                    "xds_port": self.server.port},
+                    "xds_port": self.server.port,
+                    **({"empty_state_accepted": str(self.store.path)} if self.store.blank
+                       else {})},
         )
         self.ready = True
 
@@ -330,7 +349,8 @@ class BallastService:
             cache=self.server.cache,
             decisions=FileSource(self.config.state_dir),
             metrics=self.metrics,
-            ready=lambda: self.ready,
+            ready=self.is_ready,
+            not_ready_reason=self.not_ready_reason,
             status=self.status,
             dashboard=dashboard,
             auth=auth,
@@ -343,8 +363,12 @@ class BallastService:
     async def _sync_decisions(self, every_s: float = 1.0) -> None:
         while True:
             await asyncio.sleep(every_s)
+            self._flush_unwritten()
             self._note_suppressed()
-            self.decisions.sync()
+            try:
+                self.decisions.sync()
+            except OSError as err:
+                log.error("cannot sync the decision log: %s", err)
 
     def _note_suppressed(self) -> None:
         """One record of the routine records the budget kept out since the last such note."""
@@ -361,8 +385,29 @@ class BallastService:
                     "total_since_start": self.routine_budget.suppressed_total},
         )
 
-    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
-        self._tasks.append(asyncio.create_task(coroutine))
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.create_task(coroutine)
+        self._tasks.append(task)
+        return task
+
+    def is_ready(self) -> bool:
+        return self.ready and self.not_ready_reason() == ""
+
+    def not_ready_reason(self) -> str:
+        """Why /readyz fails: not started, hot reload broken, or the log cannot be written."""
+        if not self.ready:
+            return "not ready: controller state not restored or desired state not loaded yet"
+        task = self._watcher_task
+        if task is not None and task.done():
+            error = None if task.cancelled() else task.exception()
+            return f"desired-state watcher stopped ({error!r}): hot reload and SIGHUP are off"
+        if self.log_error is not None:
+            return (f"decision log cannot be written ({self.log_error}); "
+                    f"{len(self._unwritten)} records waiting")
+        if self.reload_error is not None:
+            return (f"the last desired-state reload failed with an internal error "
+                    f"({self.reload_error}); the running state is kept")
+        return ""
 
     # -- the faces -------------------------------------------------------------------------
 
@@ -378,7 +423,7 @@ class BallastService:
             "admin_auth": self._admin_auth_summary(),
             "state_dir": str(self.config.state_dir),
             "metrics_source": self.config.metrics_source,
-            "ready": self.ready,
+            "ready": self.is_ready(),
             "certificates": self.prober.certificates_json() if self.prober else [],
         }
 
@@ -399,8 +444,48 @@ class BallastService:
     # -- events ----------------------------------------------------------------------------
 
     def _record(self, kind: str, *, durable: bool = True, **fields: Any) -> None:
-        self.decisions.record(kind, durable=durable, **fields)
+        """Write a record; when the log cannot take it (a full disk), keep it (and those after
+        it, in order) until `_flush_unwritten` can write them, every second."""
+        if self._unwritten:
+            self._flush_unwritten()
+        if self._unwritten:
+            self._keep_unwritten(kind, durable, fields)
+            return
+        try:
+            self.decisions.record(kind, durable=durable, **fields)
+        except OSError as err:
+            self.log_error = f"{type(err).__name__}: {err}"
+            log.error("cannot write a %s record to the decision log (%s); kept until it can",
+                      kind, err)
+            self._keep_unwritten(kind, durable, fields)
+            return
         self.metrics.decisions.labels(kind).inc()
+
+    def _keep_unwritten(self, kind: str, durable: bool, fields: dict[str, Any]) -> None:
+        if len(self._unwritten) == self._unwritten.maxlen:
+            self.unwritten_dropped += 1
+        self._unwritten.append((kind, durable, fields, datetime.now(UTC)))
+
+    def _flush_unwritten(self) -> None:
+        while self._unwritten:
+            kind, durable, fields, at = self._unwritten[0]
+            detail = fields.get("detail")
+            late = {**(detail if isinstance(detail, dict) else {"detail": detail}),
+                    "recorded_late": {"happened_at": format_time(at),
+                                      "reason": self.log_error}}
+            try:
+                self.decisions.record(kind, durable=durable, **{**fields, "detail": late})
+            except OSError as err:
+                self.log_error = f"{type(err).__name__}: {err}"
+                return
+            self._unwritten.popleft()
+            self.metrics.decisions.labels(kind).inc()
+        if self.log_error is not None:
+            log.warning("decision log writable again (%s); records kept meanwhile written%s",
+                        self.log_error,
+                        f", {self.unwritten_dropped} dropped" if self.unwritten_dropped else "")
+            self.log_error = None
+            self.unwritten_dropped = 0
 
     def _on_certificate(
         self, status: CertificateStatus, previous: CertificateStatus | None
@@ -456,6 +541,13 @@ class BallastService:
 
     # -- hot reload ------------------------------------------------------------------------
 
+    def _on_unreadable(self, err: DesiredStateError) -> None:
+        self._reject("unreadable", [str(p) for p in err.problems])
+
+    def _on_reload_error(self, err: Exception) -> None:
+        self.reload_error = f"{type(err).__name__}: {err}"[:300]
+        self._reject("internal-error", [f"internal error while reloading: {self.reload_error}"])
+
     async def apply_desired_bytes(self, data: bytes) -> bool:
         """Validate and apply a new desired state; on any problem keep running as is.
 
@@ -465,7 +557,14 @@ class BallastService:
         incremental re-translation of PoPs whose weights moved during the work) runs on it.
         """
         async with self._reload_lock:
-            return await self._apply_desired_bytes(data)
+            try:
+                applied = await self._apply_desired_bytes(data)
+            except Exception as err:  # anything unforeseen: rejected, running state kept
+                log.exception("applying %s failed", self.config.desired_path)
+                self._on_reload_error(err)
+                return False
+            self.reload_error = None
+            return applied
 
     async def _apply_desired_bytes(self, data: bytes) -> bool:
         source = str(self.config.desired_path)
@@ -483,13 +582,23 @@ class BallastService:
         prepare = cache.prepare_desired(new)
         try:
             changes, prepared = await asyncio.to_thread(lambda: (diffs(), prepare()))
-            changed_pops = cache.commit_desired(prepared)
         except Exception as err:  # translation of a valid file failed: never half-apply
             log.exception("applying %s failed", source)
             self._reject(digest, [f"{source}: cannot translate: {err}"])
             return False
+        free = _free_bytes(self.config.state_dir)
+        if free < MIN_FREE_BYTES:  # a full disk rejects the apply: nothing half-done
+            self._reject(digest, [f"{source}: only {free:,} bytes free where the state is saved "
+                                  f"({self.config.state_dir}); not applied"])
+            return False
+        try:  # saved before it applies
+            self.store.set_desired_digest(new.digest)
+        except (OSError, sqlite3.Error) as err:
+            log.error("cannot save the desired-state digest: %s", err)
+            self._reject(digest, [f"{source}: cannot save the state ({err}); not applied"])
+            return False
+        changed_pops = cache.commit_desired(prepared)
         self._desired_bytes = data
-        self.store.set_desired_digest(new.digest)
         self.reconciler.forget_missing(new)
         if self._passive is not None:
             self._passive.update_desired(new)
@@ -520,7 +629,7 @@ class BallastService:
             "config_rejected",
             config_version=digest[:16],
             rule=f"desired state rejected ({len(problems)} problems); running state kept",
-            detail={"problems": problems},
+            detail={"problems": problems[:PROBLEMS_IN_RECORD], "problem_count": len(problems)},
         )
         self.metrics.config_reloads.labels("rejected").inc()
         log.error("rejected new desired state, keeping the running one:\n%s", "\n".join(problems))
@@ -549,6 +658,19 @@ class BallastService:
         self.decisions.close()
         self.store.close()
         self._lock.release()
+
+
+def _free_bytes(directory: Path) -> int:
+    status = os.statvfs(directory)
+    return status.f_bavail * status.f_frsize
+
+
+def _log_history(state_dir: Path) -> str | None:
+    """The decision log, when the state directory has one with records in it."""
+    sizes = [path.stat().st_size for path in log_files(state_dir) if path.exists()]
+    if not any(sizes):
+        return None
+    return f"the decision log next to it ({len(sizes)} file(s), {sum(sizes):,} bytes)"
 
 
 def _pops(old: Desired, new: Desired) -> list[str]:

@@ -62,6 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reconcile-interval", type=_milliseconds, default=None,
                         metavar="DURATION", help="override every group's failover interval")
     parser.add_argument("--seed", type=int, default=0, help="seed of the per-PoP jitter")
+    parser.add_argument("--accept-empty-state", action="store_true",
+                        help="start from default weights even though state.db is empty while "
+                        "the decision log shows earlier use (refused otherwise)")
     parser.add_argument("--routine-records-burst", type=_bytes, default=DEFAULT_BURST_BYTES,
                         metavar="BYTES", help="decision-log bytes clients may cause at once "
                         f"(node events, NACKs; default {DEFAULT_BURST_BYTES})")
@@ -116,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
         reconcile_interval_ms=args.reconcile_interval,
         seed=args.seed,
         routine_records=BudgetConfig(args.routine_records_burst, args.routine_records_rate),
+        accept_empty_state=args.accept_empty_state,
         tls=TlsFiles(args.tls_cert, args.tls_key, args.client_ca) if all(tls_given) else None,
         admin_token_file=args.admin_token_file,
         admin_tls=args.admin_tls,

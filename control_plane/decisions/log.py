@@ -12,6 +12,8 @@ restarts: the writer reads the last one on open.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 from collections.abc import Callable
@@ -176,9 +178,18 @@ class DecisionLog:
         size = os.fstat(self._fd).st_size
         if size and size + len(line) > self.max_bytes:
             self._rotate()
-        written = os.write(self._fd, line)
-        if written != len(line):
-            raise OSError(f"short write to {self.path}: {written} of {len(line)} bytes")
+        before = os.fstat(self._fd).st_size
+        try:
+            written = os.write(self._fd, line)
+            if written != len(line):
+                raise OSError(errno.ENOSPC, f"short write to {self.path}: {written} of "
+                              f"{len(line)} bytes")
+        except OSError:
+            # a full disk: take back what part of the line got in, so the next record (once
+            # there is space) starts a line of its own; nothing is counted as written
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, before)
+            raise
         self.seq += 1
         if durable:
             os.fsync(self._fd)  # also covers every earlier non-durable line

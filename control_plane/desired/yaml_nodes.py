@@ -91,7 +91,8 @@ def flow_too_deep(text: str) -> tuple[int, int] | None:
     """Where `[`/`{` nest more than `MAX_DEPTH` deep (line, column), found without parsing:
     PyYAML's scanner is quadratic in flow nesting (1,000 levels: 4 s; 8,000: 52 s), so such a
     document must be refused before it reaches the scanner. Quoted scalars and comments are
-    skipped; a quote or `#` counts only where YAML would start one (after space or `[{,:`)."""
+    skipped; a quote or `#` counts only where YAML would start one (after space or `[{,:`), and
+    outside flow collections `[`/`{` only after a space or at a line's start."""
     if text.count("[") + text.count("{") <= MAX_DEPTH:
         return None
     depth, quote, comment, line, line_start = 0, "", False, 1, 0
@@ -110,11 +111,12 @@ def flow_too_deep(text: str) -> tuple[int, int] | None:
         elif char == "#":
             comment = before in " \t"
         elif char in "[{":
-            depth += 1
-            if depth > MAX_DEPTH:
-                return line, at - line_start + 1
-        else:
-            depth = max(0, depth - 1)
+            if depth or before in " \t":  # outside flow, only a value's start opens one
+                depth += 1
+                if depth > MAX_DEPTH:
+                    return line, at - line_start + 1
+        elif depth:
+            depth -= 1
     return None
 
 

@@ -4,7 +4,9 @@ Holds, per (PoP, origin group), the weights in force and the controller's streak
 decisions (key -> JSON value); and the digest of the last applied desired state. Every ``save_*``
 is one transaction, durable when it returns, so after ``kill -9`` the store holds the last completed
 save. Anything unreadable raises ``StateCorrupted`` naming the file: the state is never reset
-silently (move the file aside to start from defaults on purpose).
+silently (move the file aside to start from defaults on purpose). A file that is there but
+empty (0 bytes, or no tables) while the state directory shows earlier use (``history``, e.g. a
+decision log) raises ``StateSuspicious``: a failed copy or a full disk looks exactly like that.
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ _SCHEMA = (
 
 class StateCorrupted(Exception):
     """The state file cannot be trusted; the message names the file and what is wrong."""
+
+
+class StateSuspicious(StateCorrupted):
+    """The state file is empty although the state directory was used before."""
 
 
 @dataclass(frozen=True)
@@ -68,10 +74,19 @@ def check_weights(weights: Mapping[str, Any]) -> GroupWeights:
 class StateStore:
     """Open (creating if needed) ``state.db`` in ``state_dir``; checks its integrity first."""
 
-    def __init__(self, state_dir: str | os.PathLike[str]) -> None:
+    def __init__(
+        self, state_dir: str | os.PathLike[str], *, history: str | None = None
+    ) -> None:
+        """`history`: what in the state directory shows earlier use (None: nothing, or an
+        empty file is accepted on purpose). `blank` says afterwards whether the file existed
+        but held nothing."""
         self.state_dir = Path(state_dir)
         self.path = self.state_dir / STATE_FILE
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._existed = self.path.exists()
+        self._size_before = self.path.stat().st_size if self._existed else 0
+        self._history = history
+        self.blank = False
         try:
             self._db = sqlite3.connect(self.path, isolation_level=None)
         except sqlite3.Error as exc:
@@ -99,6 +114,16 @@ class StateStore:
             raise StateCorrupted(
                 f"{self.path}: integrity check failed: {'; '.join(problems[:5])}; "
                 f"move it aside to start from defaults"
+            )
+        tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        self.blank = self._existed and not {"meta", "groups"} <= tables
+        if self.blank and self._history is not None:
+            raise StateSuspicious(
+                f"{self.path} is there but empty ({self._size_before} bytes, "
+                f"{'no tables' if not tables else 'tables missing'}) while {self._history} "
+                "shows this state directory was used: the weights and streaks were probably "
+                "lost (a failed copy or restore, a full disk). Restore state.db from a backup, "
+                "or start from default weights on purpose with --accept-empty-state"
             )
         with self._transaction():
             for statement in _SCHEMA:
