@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from bench import dashboard, fanout, protocol_core, translation
+from bench import dashboard, fanout, fleet, protocol_core, translation
 from bench.common import ROOT
 
 
@@ -69,8 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-connection", type=int, default=10,
                         help="simulated nodes (streams) per TCP connection (default 10)")
     parser.add_argument("--pushes", type=int, help="weight updates per fan-out run (default 5)")
-    parser.add_argument("--only", choices=("fanout", "translation", "protocol", "dashboard"),
+    parser.add_argument("--only",
+                        choices=("fanout", "translation", "protocol", "dashboard", "fleet"),
                         help="one benchmark")
+    parser.add_argument("--fleet", default="10000x100x20", metavar="NODESxPOPSxGROUPS",
+                        help="the fleet benchmark's size (default 10000x100x20; --quick: "
+                        "400x20x20)")
     parser.add_argument("--compare-protocol", action="store_true",
                         help="fan-out runs twice per (size, mode): with the protocol core of "
                         "bench/protocol_baseline.py, then with the current one")
@@ -125,6 +129,17 @@ def main(argv: list[str] | None = None) -> int:
                 f" µs/node wall ({fanout.FLOOR_MESSAGE_PER_STREAM_US_PER_NODE:g} with a message "
                 f"per stream), {fanout.FLOOR_CPU_US_PER_NODE:g} µs CPU/node, "
                 f"{fanout.FLOOR_RSS_PER_NODE / 1e3:g} KB RSS/node"]
+    if args.only in (None, "fleet"):
+        size = "400x20x20" if args.quick and args.fleet == "10000x100x20" else args.fleet
+        nodes, pops, groups = (int(part) for part in size.split("x"))
+        print(f"== fleet: {nodes:,} nodes over {pops} PoPs, {groups} groups, Ballast vs the "
+              "raw grpc.aio floor", flush=True)
+        results["fleet"] = fleet.run(nodes, pops, groups, args.per_connection,
+                                     pushes=args.pushes or 20)
+        out += [f"== Fleet: {nodes:,} nodes over {pops} PoPs, {groups} origin groups "
+                f"({args.per_connection} streams per connection), Ballast vs the floor "
+                "measured in the same run", fleet.report(results["fleet"])]
+        print(out[-1] + "\n", flush=True)
     results["elapsed_s"] = time.time() - started
     results["loadavg_end"] = os.getloadavg()
     path = ROOT / "bench" / "results" / "latest.json"
@@ -133,7 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     print("\n\n".join(out))
     print(f"\n{results['elapsed_s']:.0f} s; load average {os.getloadavg()[0]:.1f} on "
           f"{os.cpu_count()} CPUs; results in {path.relative_to(ROOT)}")
-    return 0 if all(not r.get("errors") for r in results.get("fanout", [])) else 1
+    fleet_errors = [side.get("errors") for name, side in results.get("fleet", {}).items()
+                    if name in fleet.SIDES]
+    failed = any(r.get("errors") for r in results.get("fanout", [])) or any(fleet_errors)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

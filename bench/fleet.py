@@ -1,0 +1,351 @@
+"""The fleet benchmark: N simulated nodes over P PoPs, Ballast against the raw grpc.aio floor.
+
+For each side (`bench/fleet_server.py`: `floor` first, then `ballast`, each a fresh server
+process driven from a fresh client process), in this order:
+
+1. **reconnect storm**: every node connects at once (at most `CONNECTING` doing their start-up
+   exchange at a time, as Envoys' jittered back-off spreads them); time until the server has
+   every node's four ACKs. Halfway through, one PoP's weights change: time until as many of its
+   nodes hold the new version as had synced when it was pushed;
+2. server RSS and CPU per connected node;
+3. **one-PoP weight change**, repeated: push -> last ACK of that PoP's nodes (p50, p99);
+4. **global change**: one origin group shifts in every PoP in one loop callback: that
+   callback's time (`tick`) and push -> last ACK of all nodes;
+5. the largest event-loop stall of each phase (a 5 ms sleep, measured in the server).
+
+Separately, in this process: a real `Reconciler` tick over P x G pairs in which one group
+breaches in every PoP (so it shifts everywhere), with its time on the event loop (the tick's
+wall time minus the pure steps it runs on a worker thread) and the loop's largest stall.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import multiprocessing
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from bench.common import ROOT, proc_cpu_seconds, proc_rss_bytes, table
+from bench.fanout import BenchClient, connect
+from tests.support.xds_client import XdsClient, local_channel, make_node
+
+CONNECTING = 500
+SIDES = ("floor", "ballast")
+
+
+class Server:
+    def __init__(self, kind: str, pops: int, groups: int) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.fleet_server", kind, str(pops), str(groups)],
+            cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            start_new_session=True,
+        )
+        self.port = int(self._read()["port"])
+
+    def _read(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"benchmark server exited ({self.proc.poll()})")
+        return dict(json.loads(line))
+
+    async def call(self, **command: Any) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(command) + "\n")
+        self.proc.stdin.flush()
+        return await asyncio.to_thread(self._read)
+
+    def cpu(self) -> float:
+        return proc_cpu_seconds(self.proc.pid)
+
+    def rss(self) -> int:
+        return proc_rss_bytes(self.proc.pid)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(BrokenPipeError, OSError):
+                assert self.proc.stdin is not None
+                self.proc.stdin.write('{"cmd": "stop"}\n')
+                self.proc.stdin.flush()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def pop_of(index: int, pops: int) -> str:
+    return f"p{index % pops:03d}"
+
+
+async def run_side(kind: str, pops: int, groups: int, nodes: int, per_connection: int,
+                   pushes: int, timeout: float = 600.0, push_timeout: float = 120.0
+                   ) -> dict[str, Any]:
+    out: dict[str, Any] = {"side": kind, "nodes": nodes, "pops": pops, "groups": groups,
+                           "errors": []}
+    server = Server(kind, pops, groups)
+    connections = -(-nodes // per_connection)
+    channels: list[grpc.aio.Channel] = []
+    clients: list[XdsClient] = []
+    try:
+        target = f"127.0.0.1:{server.port}"
+        channels = [local_channel(target) for _ in range(connections)]
+        clients = [BenchClient(channels[i // per_connection],
+                               make_node(f"bench-{i}", pop_of(i, pops)), delta=False)
+                   for i in range(nodes)]
+        await asyncio.sleep(0.5)
+        await server.call(cmd="lag")
+        rss0, cpu0 = server.rss(), server.cpu()
+        per_pop = sum(1 for i in range(nodes) if pop_of(i, pops) == "p000")
+        connected = {"all": 0, "p000": 0}
+        gate = asyncio.Semaphore(CONNECTING)
+
+        async def gated(index: int, client: XdsClient) -> None:
+            async with gate:
+                await connect(client, timeout)
+            connected["all"] += 1
+            if pop_of(index, pops) == "p000":
+                connected["p000"] += 1
+
+        start = time.monotonic()
+        storm = asyncio.ensure_future(asyncio.wait_for(
+            asyncio.gather(*(gated(i, c) for i, c in enumerate(clients))), timeout))
+        while connected["all"] < nodes // 2 and not storm.done():
+            await asyncio.sleep(0.02)
+        if connected["p000"]:
+            during = await server.call(cmd="push", pops=["p000"], expect=connected["p000"],
+                                       timeout=push_timeout)
+            out["storm_push_s"] = during["last_ack"] - during["start"]
+            out["storm_push_nodes"] = connected["p000"]
+        await storm
+        synced = await server.call(cmd="synced")
+        deadline = time.monotonic() + 30
+        while synced["synced"] < nodes and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            synced = await server.call(cmd="synced")
+        if synced["synced"] != nodes:
+            out["errors"].append(f"only {synced['synced']} of {nodes} nodes synced")
+        out["storm_s"] = synced["last_sync"] - start
+        out["storm_cpu_per_node_us"] = (server.cpu() - cpu0) * 1e6 / nodes
+        out["stall_storm_s"] = (await server.call(cmd="lag"))["worst"]
+        await asyncio.sleep(1.0)  # let the server settle before reading RSS
+        out["rss_per_node"] = (server.rss() - rss0) / nodes
+        await server.call(cmd="lag")
+        one: list[float] = []
+        for n in range(pushes):
+            pop = pop_of(n, min(pops, 5))
+            reply = await server.call(cmd="push", pops=[pop], expect=per_pop,
+                                      timeout=push_timeout)
+            if not reply["ok"]:
+                out["errors"].append(f"one-PoP push {n}: {reply['acks']} of {per_pop} ACKed")
+                break
+            one.append(reply["last_ack"] - reply["start"])
+            await asyncio.sleep(0.05)
+        out["one_pop_s"] = one
+        out["stall_one_pop_s"] = (await server.call(cmd="lag"))["worst"]
+        everyone: list[float] = []
+        ticks: list[float] = []
+        cpu0 = server.cpu()
+        for n in range(2):
+            reply = await server.call(cmd="push", pops="*", expect=nodes, timeout=push_timeout)
+            if not reply["ok"]:
+                out["errors"].append(f"global push {n}: {reply['acks']} of {nodes} ACKed")
+                break
+            everyone.append(reply["last_ack"] - reply["start"])
+            ticks.append(reply["tick_s"])
+            await asyncio.sleep(0.5)
+        out["global_s"] = everyone
+        out["global_tick_s"] = ticks
+        out["global_cpu_per_node_us"] = (server.cpu() - cpu0) * 1e6 / max(1, 2 * nodes)
+        out["stall_global_s"] = (await server.call(cmd="lag"))["worst"]
+        broken = [c for c in clients if c.error is not None]
+        if broken:
+            out["errors"].append(f"{len(broken)} streams failed, e.g. {broken[0].error}")
+    except Exception as err:  # a benchmark reports what went wrong and carries on
+        out["errors"].append(f"{type(err).__name__}: {err}")
+    finally:
+        for client in clients:
+            await client.close()
+        for channel in channels:
+            await channel.close()
+        server.stop()
+    return out
+
+
+def _side_in_process(kind: str, pops: int, groups: int, nodes: int, per_connection: int,
+                     pushes: int) -> dict[str, Any]:
+    return asyncio.run(run_side(kind, pops, groups, nodes, per_connection, pushes))
+
+
+# -- the reconcile tick, in this process -----------------------------------------------------
+
+async def tick_cost(pops: int, groups: int) -> dict[str, Any]:
+    from control_plane.ads.snapshots import SnapshotCache
+    from control_plane.app.reconcile import Reconciler
+    from control_plane.decide.signals import OriginSignals
+    from control_plane.decisions.log import DecisionLog
+    from control_plane.intent.sqlite_store import StateStore
+    from control_plane.translate.resources import Capabilities
+    from tests.support.models import fleet_desired
+
+    desired = fleet_desired(pops, groups)
+
+    class Breaching:
+        """Every pair healthy, except g000's preferred origin in every PoP (30 % errors)."""
+
+        async def window(self, now_ms: int, window_ms: int) -> dict[Any, Any]:
+            def origin(errors: int) -> OriginSignals:
+                return OriginSignals(1000, errors, 0, 20.0, 60.0, 0.0, 0, 1.0, now_ms)
+
+            return {
+                (pop, group.name): {
+                    name: origin(300 if group.name == "g000" and name == group.preference[
+                        pop][0] else 0) for name in group.preference[pop]}
+                for pop in desired.pop_names for group in desired.origin_groups
+            }
+
+    cache = SnapshotCache(desired)
+    for pop in desired.pop_names:
+        cache.resources(pop, Capabilities())
+    with tempfile.TemporaryDirectory() as folder:
+        store = StateStore(Path(folder))
+        log = DecisionLog(Path(folder))
+        reconciler = Reconciler(cache, Breaching(), log, store, seed=1)
+        in_steps = [0.0]
+        decide = reconciler._decide
+
+        def timed(*args: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return decide(*args)
+            finally:
+                in_steps[0] += time.perf_counter() - started
+
+        reconciler._decide = timed  # type: ignore[method-assign]
+        on_loop = [0.0]
+        persist = reconciler._persist_and_push
+
+        def timed_persist(*args: Any) -> None:
+            started = time.perf_counter()
+            try:
+                persist(*args)
+            finally:
+                on_loop[0] += time.perf_counter() - started
+
+        reconciler._persist_and_push = timed_persist  # type: ignore[method-assign]
+        probe_worst = [0.0]
+
+        async def probe() -> None:
+            while True:
+                started = time.perf_counter()
+                await asyncio.sleep(0.005)
+                probe_worst[0] = max(probe_worst[0], time.perf_counter() - started - 0.005)
+
+        rows = []
+        now = 1_800_000_000_000
+        pushed: list[frozenset[str]] = []
+        cache.add_listener(pushed.append)
+        for tick in range(4):  # breach, breach, shift, shift
+            in_steps[0], probe_worst[0], on_loop[0] = 0.0, 0.0, 0.0
+            task = asyncio.create_task(probe())
+            await asyncio.sleep(0.02)
+            pushed.clear()
+            started = time.perf_counter()
+            outcomes = await reconciler.tick(now + tick * 20_000)
+            wall = time.perf_counter() - started
+            await asyncio.sleep(0.02)
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            shifted = sum(1 for o in outcomes if o.weights != o.result.weights_before)
+            rows.append({"tick": tick, "wall_s": wall, "steps_s": in_steps[0],
+                         "loop_s": wall - in_steps[0], "persist_push_s": on_loop[0],
+                         "stall_s": probe_worst[0],
+                         "shifted": shifted, "pushed_pops": len(set().union(*pushed))})
+        log.close()
+        store.close()
+    return {"pops": pops, "groups": groups, "ticks": rows}
+
+
+# -- driver and report -----------------------------------------------------------------------
+
+def run(nodes: int, pops: int, groups: int, per_connection: int, pushes: int) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    context = multiprocessing.get_context("spawn")
+    for kind in SIDES:
+        with ProcessPoolExecutor(1, mp_context=context) as pool:
+            side = pool.submit(_side_in_process, kind, pops, groups, nodes, per_connection,
+                               pushes).result()
+        results[kind] = side
+        print(f"  {kind}: storm {side.get('storm_s', float('nan')):.2f} s, one-PoP p50 "
+              f"{_pct(side.get('one_pop_s', []), 50) * 1e3:.1f} ms, global "
+              f"{_pct(side.get('global_s', []), 50):.2f} s"
+              + (f"  ERRORS: {side['errors']}" if side["errors"] else ""), flush=True)
+    results["tick"] = asyncio.run(tick_cost(pops, groups))
+    return results
+
+
+def _pct(values: list[float], pct: int) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(pct / 100 * (len(ordered) - 1)))]
+
+
+def report(results: dict[str, Any]) -> str:
+    floor, ballast = results["floor"], results["ballast"]
+
+    def row(what: str, key: str, scale: float, unit: str, pick: Any, goal: str) -> list[Any]:
+        b, f = pick(ballast.get(key)), pick(floor.get(key))
+        ratio = b / f if f else float("nan")
+        return [what, f"{b * scale:,.1f} {unit}", f"{f * scale:,.1f} {unit}", f"{ratio:.2f}",
+                goal]
+
+    def p(n: int) -> Any:
+        return lambda values: _pct(values or [], n)
+
+    def one(values: Any) -> float:
+        return float("nan") if values is None else float(values)
+
+    def worst(values: Any) -> float:
+        return max(values) if values else float("nan")
+
+    rows = [
+        row("one-PoP change: push -> last ACK, p50", "one_pop_s", 1e3, "ms", p(50), ""),
+        row("one-PoP change: push -> last ACK, p99", "one_pop_s", 1e3, "ms", p(99),
+            "≤ 100 ms"),
+        row("global change: push -> last ACK of all nodes", "global_s", 1e3, "ms", worst,
+            "≤ 1.2x floor"),
+        row("global change: the pushing callback (loop time)", "global_tick_s", 1e3, "ms",
+            worst, ""),
+        row("reconnect storm: all nodes synced", "storm_s", 1, "s", one, "≤ 10 s"),
+        row("one-PoP push during the storm", "storm_push_s", 1e3, "ms", one, ""),
+        row("server CPU per node during the storm", "storm_cpu_per_node_us", 1, "µs", one, ""),
+        row("server RSS per connected node", "rss_per_node", 1e-3, "KB", one, "≤ 1.25x floor"),
+        row("largest loop stall: storm", "stall_storm_s", 1e3, "ms", one, ""),
+        row("largest loop stall: one-PoP pushes", "stall_one_pop_s", 1e3, "ms", one, ""),
+        row("largest loop stall: global change", "stall_global_s", 1e3, "ms", one, ""),
+    ]
+    text = [table(["", "Ballast", "floor", "Ballast ÷ floor", "goal"], rows)]
+    tick = results["tick"]
+    text.append(f"\nReconcile tick, {tick['pops']} PoPs x {tick['groups']} groups "
+                "(one group breaching in every PoP; in the benchmark process, no nodes):")
+    text.append(table(
+        ["tick", "wall ms", "pure steps (worker thread) ms", "wall - steps ms",
+         "save, log, push (on the loop) ms", "largest loop stall ms", "pairs shifted",
+         "PoPs re-translated"],
+        [[r["tick"], r["wall_s"] * 1e3, r["steps_s"] * 1e3, r["loop_s"] * 1e3,
+          r["persist_push_s"] * 1e3, r["stall_s"] * 1e3, r["shifted"], r["pushed_pops"]]
+         for r in tick["ticks"]]))
+    errors = [f"{side}: {e}" for side in SIDES for e in results[side]["errors"]]
+    if errors:
+        text.append("errors: " + "; ".join(errors))
+    return "\n".join(text)

@@ -1,0 +1,306 @@
+"""The server side of the fleet benchmark (`bench/fleet.py`): Ballast, or the raw grpc.aio floor.
+
+`python -m bench.fleet_server ballast|floor POPS GROUPS` prints `{"port": ...}` when serving,
+then answers one JSON command per stdin line with one JSON line (times are `time.monotonic()`,
+shared with the client process):
+
+- `synced`: nodes that ACKed all four types, when the last one did;
+- `push {"pops": [...] | "*", "expect": N}`: shift one origin group's weights in those PoPs (in
+  one loop callback, like a reconcile tick) and wait for N ACKs of the new versions; returns
+  the callback's own time (`tick_s`), first/last ACK, CPU;
+- `lag`: the largest event-loop stall since the last `lag` (a 5 ms sleep, measured), then reset;
+- `stop`.
+
+`ballast`: a real `BallastServer` (every PoP translated before the port is bound, on a worker
+thread, as `BallastService` does), no debounce. `floor`: the cheapest grpc.aio fan-out (NOTES.md):
+a generic handler with a bytes serializer, every response body serialized once per (PoP, type,
+version) and only `version_info` and `nonce` appended per stream; SotW only, it answers a
+request without a matching nonce and counts the others as ACKs. Both serve the same resources
+(Ballast's translation of the same desired state).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import logging
+import sys
+import threading
+import time
+from typing import Any
+
+import grpc
+from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest
+
+from control_plane.ads import nodes as nodes_module
+from control_plane.app.server import BallastServer
+from control_plane.desired.model import Desired, GroupWeights
+from control_plane.translate.pop import translate_pop
+from control_plane.translate.resources import ENDPOINT_TYPE, PUSH_ORDER, Capabilities
+from tests.support.models import fleet_desired
+
+ADS_METHOD = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"
+PROBE_S = 0.005
+PUSHED_GROUP = "g000"
+
+
+class Tracker:
+    """Initial syncs and the ACKs of one push's versions, per PoP."""
+
+    def __init__(self) -> None:
+        self.types: dict[object, set[str]] = {}
+        self.synced = 0
+        self.last_sync = 0.0
+        self.targets: dict[str, str] = {}  # pop -> the EDS version being pushed
+        self.expected = 0
+        self.acks = 0
+        self.first_ack = 0.0
+        self.last_ack = 0.0
+        self.done: asyncio.Future[None] | None = None
+
+    def on_ack(self, stream: object, pop: str, type_url: str, version: str) -> None:
+        now = time.monotonic()
+        types = self.types.setdefault(stream, set())
+        if len(types) < len(PUSH_ORDER):
+            types.add(type_url)
+            if len(types) == len(PUSH_ORDER):
+                self.synced += 1
+                self.last_sync = now
+        if type_url == ENDPOINT_TYPE and self.targets.get(pop) == version:
+            self.acks += 1
+            if self.acks == 1:
+                self.first_ack = now
+            self.last_ack = now
+            if self.acks >= self.expected and self.done is not None and not self.done.done():
+                self.done.set_result(None)
+
+
+class LagProbe:
+    def __init__(self) -> None:
+        self.worst = 0.0
+
+    async def run(self) -> None:
+        while True:
+            started = time.perf_counter()
+            await asyncio.sleep(PROBE_S)
+            self.worst = max(self.worst, time.perf_counter() - started - PROBE_S)
+
+    def take(self) -> float:
+        worst, self.worst = self.worst, 0.0
+        return worst
+
+
+def shifted(desired: Desired, pop: str, step: int) -> GroupWeights:
+    group = desired.group(PUSHED_GROUP)
+    home = group.home_weights(pop)
+    first, second = group.preference[pop][:2]
+    move = 1 + step % 40  # a PoP's weights differ from any of its last 39 pushes
+    return {**home, first: home[first] - move, second: home[second] + move}
+
+
+# -- Ballast ---------------------------------------------------------------------------------
+
+class BallastSide:
+    def __init__(self, desired: Desired, tracker: Tracker) -> None:
+        self.desired = desired
+        self.tracker = tracker
+        original = nodes_module.NodeEntry.acked
+
+        def acked(entry: Any, type_url: str, version: str) -> None:
+            original(entry, type_url, version)
+            tracker.on_ack(entry.stream, entry.pop, type_url, version)
+
+        nodes_module.NodeEntry.acked = acked  # type: ignore[method-assign]
+        self.server = BallastServer(desired, xds_address="127.0.0.1:0", debounce=0.0,
+                                    max_delay=0.0)
+
+    async def start(self) -> int:
+        cache = self.server.cache
+        cache.commit_entries(await asyncio.to_thread(cache.prepare_entries(Capabilities())))
+        await self.server.start()
+        return int(self.server.port)
+
+    def push(self, pops: list[str], step: int) -> dict[str, str]:
+        cache = self.server.cache
+        for pop in pops:
+            cache.update_weights(pop, PUSHED_GROUP, shifted(self.desired, pop, step))
+        return {pop: cache.resources(pop, Capabilities()).type_version(ENDPOINT_TYPE)
+                for pop in pops}
+
+    async def stop(self) -> None:
+        await self.server.stop(0.5)
+
+
+# -- the floor -------------------------------------------------------------------------------
+
+def _field(number: int, value: bytes) -> bytes:
+    """A length-delimited protobuf field."""
+    out = bytearray([number << 3 | 2])
+    size = len(value)
+    while size > 0x7F:
+        out.append(size & 0x7F | 0x80)
+        size >>= 7
+    out.append(size)
+    return bytes(out) + value
+
+
+class FloorStream:
+    def __init__(self, side: FloorSide, context: Any) -> None:
+        self.side = side
+        self.context = context
+        self.pop = ""
+        self.nonces: dict[str, str] = {}
+        self.sent: dict[str, str] = {}
+        self.count = 0
+        self.lock = asyncio.Lock()
+
+    async def send(self, type_url: str) -> None:
+        version, body = self.side.bodies[self.pop][type_url]
+        self.count += 1
+        nonce = str(self.count)
+        self.nonces[type_url], self.sent[type_url] = nonce, version
+        async with self.lock:
+            await self.context.write(body + _field(1, version.encode()) + _field(5, nonce.encode()))
+
+
+class FloorSide:
+    def __init__(self, desired: Desired, tracker: Tracker) -> None:
+        self.desired = desired
+        self.tracker = tracker
+        self.bodies: dict[str, dict[str, tuple[str, bytes]]] = {}
+        self.streams: dict[str, set[FloorStream]] = {}
+        self.sending: set[asyncio.Future[None]] = set()  # pushes in flight (kept referenced)
+        self.server = grpc.aio.server(options=[("grpc.max_concurrent_streams", 1000)])
+
+    def _bodies(self, pop: str, weights: dict[str, GroupWeights]) -> dict[str, tuple[str, bytes]]:
+        resources = translate_pop(self.desired, pop, weights, Capabilities())
+        out = {}
+        for type_url in PUSH_ORDER:
+            items = resources.of_type(type_url)
+            body = b"".join(_field(2, _field(1, type_url.encode()) + _field(2, r.payload))
+                            for r in items.values()) + _field(4, type_url.encode())
+            out[type_url] = (resources.type_version(type_url), body)
+        return out
+
+    async def start(self) -> int:
+        def build() -> dict[str, dict[str, tuple[str, bytes]]]:
+            return {pop: self._bodies(pop, {}) for pop in self.desired.pop_names}
+
+        self.bodies = await asyncio.to_thread(build)
+        handler = grpc.method_handlers_generic_handler(
+            "envoy.service.discovery.v3.AggregatedDiscoveryService",
+            {"StreamAggregatedResources": grpc.stream_stream_rpc_method_handler(
+                self._ads, request_deserializer=DiscoveryRequest.FromString,
+                response_serializer=lambda data: data)},
+        )
+        self.server.add_generic_rpc_handlers((handler,))
+        port = self.server.add_insecure_port("127.0.0.1:0")
+        await self.server.start()
+        return port
+
+    async def _ads(self, requests: Any, context: Any) -> None:
+        stream = FloorStream(self, context)
+        try:
+            async for request in requests:
+                if not stream.pop:
+                    stream.pop = request.node.locality.zone
+                    self.streams.setdefault(stream.pop, set()).add(stream)
+                type_url = request.type_url
+                if request.response_nonce and request.response_nonce == stream.nonces.get(type_url):
+                    if not request.HasField("error_detail"):
+                        self.tracker.on_ack(stream, stream.pop, type_url, request.version_info)
+                    continue
+                await stream.send(type_url)
+        finally:
+            self.streams.get(stream.pop, set()).discard(stream)
+
+    def prepare(self, pops: list[str], step: int) -> dict[str, tuple[str, bytes]]:
+        """The pushed EDS bodies, serialized before the push (the floor's premise)."""
+        return {pop: self._bodies(pop, {PUSHED_GROUP: shifted(self.desired, pop, step)})[
+            ENDPOINT_TYPE] for pop in pops}
+
+    def push(self, bodies: dict[str, tuple[str, bytes]]) -> dict[str, str]:
+        for pop, body in bodies.items():
+            self.bodies[pop][ENDPOINT_TYPE] = body
+            for stream in self.streams.get(pop, ()):
+                sending = asyncio.ensure_future(stream.send(ENDPOINT_TYPE))
+                self.sending.add(sending)
+                sending.add_done_callback(self.sending.discard)
+        return {pop: version for pop, (version, _) in bodies.items()}
+
+    async def stop(self) -> None:
+        await self.server.stop(0.5)
+
+
+# -- command loop ----------------------------------------------------------------------------
+
+async def main(kind: str, pops: int, groups: int) -> None:
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    desired = fleet_desired(pops, groups)
+    tracker = Tracker()
+    side: BallastSide | FloorSide = (
+        BallastSide(desired, tracker) if kind == "ballast" else FloorSide(desired, tracker))
+    port = await side.start()
+    gc.collect()
+    probe = LagProbe()
+    probe_task = asyncio.create_task(probe.run())
+    loop = asyncio.get_running_loop()
+    commands: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+
+    def read_stdin() -> None:
+        for line in sys.stdin:
+            loop.call_soon_threadsafe(commands.put_nowait, json.loads(line))
+        loop.call_soon_threadsafe(commands.put_nowait, None)
+
+    threading.Thread(target=read_stdin, daemon=True).start()
+    reply({"port": port})
+    step = 0
+    while (command := await commands.get()) is not None:
+        name = command["cmd"]
+        if name == "stop":
+            break
+        if name == "synced":
+            reply({"synced": tracker.synced, "last_sync": tracker.last_sync})
+        elif name == "lag":
+            reply({"worst": probe.take()})
+        elif name == "push":
+            step += 1
+            targets = list(desired.pop_names) if command["pops"] == "*" else command["pops"]
+            reply(await push(side, tracker, targets, step, command))
+    probe_task.cancel()
+    await side.stop()
+
+
+async def push(side: BallastSide | FloorSide, tracker: Tracker, pops: list[str], step: int,
+               command: dict[str, Any]) -> dict[str, Any]:
+    tracker.acks, tracker.expected = 0, command["expect"]
+    tracker.done = asyncio.get_running_loop().create_future()
+    bodies = side.prepare(pops, step) if isinstance(side, FloorSide) else None
+    cpu0 = time.process_time()
+    start = time.monotonic()
+    tick0 = time.perf_counter()
+    if isinstance(side, FloorSide):
+        assert bodies is not None
+        tracker.targets = side.push(bodies)
+    else:
+        tracker.targets = side.push(pops, step)
+    tick = time.perf_counter() - tick0
+    try:
+        await asyncio.wait_for(tracker.done, command.get("timeout", 120.0))
+        ok = True
+    except TimeoutError:
+        ok = False
+    tracker.targets = {}
+    return {"ok": ok, "start": start, "tick_s": tick, "first_ack": tracker.first_ack,
+            "last_ack": tracker.last_ack, "acks": tracker.acks,
+            "cpu": time.process_time() - cpu0}
+
+
+def reply(data: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(data) + "\n")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3])))
