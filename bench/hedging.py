@@ -22,7 +22,8 @@ def row(label: str, run: HedgeRun) -> str:
     p = run.percentile
     return (f"{label:<26} {p(50):7.1f} {p(90):7.1f} {p(99):7.1f} {max(run.latencies_ms):7.1f}"
             f"  {run.stats['upstream_rq_retry']:6d} {run.stats['upstream_rq_retry_overflow']:8d}"
-            f"  {run.attempts.max_retries_in_flight:9d}  {dict(sorted(run.statuses.items()))}")
+            f"  {run.attempts.max_retries_in_flight:9d}  {run.stats['upstream_cx_total']:11d}"
+            f"  {dict(sorted(run.statuses.items()))}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--burst", type=int, default=30, help="clients of the budget burst")
     args = parser.parse_args(argv)
     print(f"{'run':<26} {'p50 ms':>7} {'p90 ms':>7} {'p99 ms':>7} {'max ms':>7}  "
-          f"{'hedges':>6} {'refused':>8}  {'in flight':>9}  statuses")
+          f"{'hedges':>6} {'refused':>8}  {'in flight':>9}  {'connections':>11}  statuses")
     for delay in (0, 50):
         run = run_hedging(delay, requests=args.requests, concurrency=args.concurrency,
                           stall_every=10, stall_ms=600)

@@ -81,6 +81,9 @@ class StallingOrigin:
             daemon_threads = True
             request_queue_size = 256  # a burst of Envoy connections must not hit the backlog
 
+            def handle_error(self, request: object, client_address: object) -> None:
+                return  # Envoy resets the attempt it abandons: expected, not worth a traceback
+
         self.server = Server(("127.0.0.1", 0), Handler)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
@@ -120,7 +123,8 @@ def hedging_desired(primary: int, standby: int, hedge_delay_ms: int) -> Desired:
 
 
 STATS = ("upstream_rq_total", "upstream_rq_retry", "upstream_rq_retry_overflow",
-         "upstream_rq_retry_success", "upstream_rq_retry_limit_exceeded")
+         "upstream_rq_retry_success", "upstream_rq_retry_limit_exceeded", "upstream_cx_total",
+         "upstream_cx_destroy_local_with_active_rq")
 
 
 def run_hedging(hedge_delay_ms: int, *, requests: int, concurrency: int, stall_every: int,
