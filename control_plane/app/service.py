@@ -185,10 +185,12 @@ class BallastService:
             on_unreadable=self._on_unreadable,
             on_error=self._on_reload_error,
         )
-        # every PoP translated for Envoys without adaptive LIFO (Envoy 1.40 lacks it), off the
-        # loop and before the port is bound: a reconnect storm finds its snapshots ready
-        warm = self.server.cache.prepare_entries(Capabilities())
-        self.server.cache.commit_entries(await asyncio.to_thread(warm))
+        # every PoP translated for Envoy 1.40 (FIFO queue policies; with and without the access
+        # log its --metrics-sink bootstrap asks for), off the loop and before the port is bound:
+        # a reconnect storm finds its snapshots ready
+        for caps in (Capabilities(), Capabilities(access_log=True)):
+            warm = self.server.cache.prepare_entries(caps)
+            self.server.cache.commit_entries(await asyncio.to_thread(warm))
         try:
             await self.server.start()
             if config.admin_address is not None:
