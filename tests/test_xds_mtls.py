@@ -15,6 +15,7 @@ import grpc
 import pytest
 from cryptography import x509
 
+from control_plane.ads.limits import AdsLimits
 from control_plane.app.envoy_process import free_port
 from control_plane.app.server import BallastServer
 from control_plane.security.cert_dir import CertDir, Pair, write_pair
@@ -266,3 +267,25 @@ async def test_rotated_files_are_used_from_the_next_connection(
         assert seen == other.cert.serial_number
         assert before.error is None and not before.done.is_set()
         await before.close()
+
+
+async def test_a_connection_that_never_handshakes_is_closed(certs: CertDir) -> None:
+    server = BallastServer(
+        desired(listener_port=free_port(), primary_port=free_port(), secondary_port=free_port()),
+        xds_address="127.0.0.1:0", limits=AdsLimits(handshake_ms=300),
+        tls=ReloadingCredentials(TlsFiles(certs.server.cert, certs.server.key, certs.ca.cert)),
+    )
+    await server.start()
+
+    def idle() -> tuple[float, bytes]:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as raw:
+            started = time.monotonic()
+            data = raw.recv(16)  # we send no ClientHello
+            return time.monotonic() - started, data
+
+    try:
+        waited, data = await asyncio.to_thread(idle)
+    finally:
+        await server.stop(0)
+    assert data == b""  # closed by the server
+    assert 0.2 < waited < 5.0  # its handshake bound, not gRPC's default 120 s

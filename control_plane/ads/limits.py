@@ -31,6 +31,8 @@ class AdsLimits:
     queued_requests: int = 8  # read but not yet handled, per stream: then reading stops
     streams_per_connection: int = 100
     request_bytes: int = 4 * 1024 * 1024  # gRPC max receive message length
+    # a new connection's TLS / HTTP/2 handshake; gRPC's default lets an idle one hold 120 s
+    handshake_ms: int = 10_000
 
 
 DEFAULT_LIMITS = AdsLimits()

@@ -75,6 +75,7 @@ def server_options(limits: AdsLimits = DEFAULT_LIMITS) -> tuple[tuple[str, int],
         ("grpc.http2.max_ping_strikes", 0),
         ("grpc.max_receive_message_length", limits.request_bytes),
         ("grpc.max_concurrent_streams", limits.streams_per_connection),
+        ("grpc.server_handshake_timeout_ms", limits.handshake_ms),
     )
 
 
