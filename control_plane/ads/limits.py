@@ -30,6 +30,11 @@ class AdsLimits:
     names_per_subscription: int = 10_000
     queued_requests: int = 8  # read but not yet handled, per stream: then reading stops
     streams_per_connection: int = 100
+    # streams doing their initial exchange at once (all types answered and ACKed, or
+    # `initial_sync_s`); the others wait unread, so a reconnect storm cannot queue the pushes
+    # of nodes already synced behind thousands of start-ups
+    initial_syncs: int = 256
+    initial_sync_s: float = 5.0
     request_bytes: int = 4 * 1024 * 1024  # gRPC max receive message length
     # a new connection's TLS / HTTP/2 handshake; gRPC's default lets an idle one hold 120 s
     handshake_ms: int = 10_000

@@ -53,7 +53,7 @@ from control_plane.ads.protocol import (
 )
 from control_plane.ads.snapshots import SnapshotCache
 from control_plane.translate.capabilities import NodeCapabilities, read_node_capabilities
-from control_plane.translate.resources import CLUSTER_TYPE, PopResources
+from control_plane.translate.resources import CLUSTER_TYPE, PUSH_ORDER, PopResources
 
 __all__ = [
     "AdsServicer", "NodeRejected", "encode_delta", "encode_sotw", "envoy_version", "pop_of",
@@ -121,6 +121,14 @@ def envoy_version(node: Node, limit: int = DEFAULT_LIMITS.text_chars) -> str:
     return clip(node.user_agent_version, limit) or "unknown"
 
 
+def _initial_sync_done(entry: NodeEntry) -> bool:
+    """Every type of a node's start-up (CDS, EDS, LDS, RDS) answered and ACKed or NACKed."""
+    return all(
+        (record := entry.types.get(type_url)) is not None and record.outcome != "STALE"
+        for type_url in PUSH_ORDER
+    )
+
+
 class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
     def __init__(
         self,
@@ -142,6 +150,8 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         # node id -> its one live stream (registry entry, wake-up queue)
         self._live: dict[str, tuple[NodeEntry, asyncio.Queue[object]]] = {}
         self._closing = False
+        self._admission = asyncio.Semaphore(limits.initial_syncs)
+        self.syncing = 0  # streams holding an initial-sync slot now (tests, benchmarks)
         self.sends = 0  # responses written, all streams (tests, metrics)
         # responses go out as wire bytes: the part every stream shares serialized once
         self.encoder = ResponseEncoder()
@@ -231,6 +241,19 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             capability_key=caps.capabilities.key,
             capability_reason=caps.reason,
         )
+        await self._admission.acquire()  # released once its initial exchange is done
+        self.syncing += 1
+        admitted = True
+        loop = asyncio.get_running_loop()
+
+        def admitted_done() -> None:
+            nonlocal admitted
+            if admitted:
+                admitted = False
+                self.syncing -= 1
+                self._admission.release()
+
+        cap = loop.call_later(self.limits.initial_sync_s, admitted_done)
         queue: asyncio.Queue[object] = asyncio.Queue()
         self._queues.add(queue)
         # requests read but not yet handled; the reader waits for a slot before reading more
@@ -273,6 +296,8 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                     self._notify(self.callbacks.on_request, entry, item)
                     step = stream.on_request(item, snapshot)  # type: ignore[arg-type]
                 await self._apply(context, entry, step)
+                if admitted and _initial_sync_done(entry):
+                    admitted_done()
                 if item is not _PUSH and item is not first:
                     slots.release()
                 item = await queue.get()
@@ -280,6 +305,8 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             log.warning("node %s: bad request: %s", node.id, err)
             status, details = grpc.StatusCode.INVALID_ARGUMENT, str(err)
         finally:
+            cap.cancel()
+            admitted_done()
             reader.cancel()
             unsubscribe()
             self._queues.discard(queue)
