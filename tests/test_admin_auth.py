@@ -69,6 +69,10 @@ async def test_without_a_token_everything_but_the_probes_is_401(
                 assert response.status == (404 if path == "/nope" else 200), path
         async with http.get(url(service, "/status"), headers=good) as response:
             assert (await response.json())["admin_auth"] == "token"
+        browser = {"Accept": "text/html,application/xhtml+xml"}
+        async with http.get(url(service, "/dashboard/"), headers=browser) as response:
+            assert response.status == 401
+            assert 'href="/login"' in await response.text()
 
 
 async def test_a_rewritten_token_file_takes_over(

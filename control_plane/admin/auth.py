@@ -10,7 +10,8 @@ that turns a token into a browser cookie). Everything else, unknown paths includ
 - with the admin API on HTTPS, a client certificate that chains to the client CA and names an
   admin identity (`spiffe://ballast/admin/<name>`).
 
-Otherwise: 401 with `WWW-Authenticate: Bearer`. With no authentication configured the API is
+Otherwise: 401 with `WWW-Authenticate: Bearer` (a JSON error; for a browser asking for a
+page, a page pointing at `/login`). With no authentication configured the API is
 open, and then it may only listen on a loopback address (`check_bind`).
 """
 
@@ -157,6 +158,10 @@ def auth_middleware(auth: AdminAuth) -> Callable[[web.Request, Handler], Awaitab
                         "$BALLAST_ADMIN_TOKEN)")
         if auth.client_certs:
             ways.append("a client certificate with an admin identity")
+        if auth.token is not None and "text/html" in request.headers.get("Accept", ""):
+            return web.Response(status=401, text=SIGN_IN_FIRST, content_type="text/html",
+                                headers={"WWW-Authenticate": 'Bearer realm="ballast admin"',
+                                         "Content-Security-Policy": LOGIN_CSP})
         return unauthorized(f"authentication required: {' or '.join(ways)}")
 
     return authenticate
@@ -187,6 +192,10 @@ LOGIN_PAGE = """<!doctype html>
 <button type="submit">Sign in</button></form></body></html>
 """
 LOGIN_CSP = "default-src 'none'; form-action 'self'"
+SIGN_IN_FIRST = """<!doctype html>
+<html><head><meta charset="utf-8"><title>Ballast admin: sign in</title></head>
+<body><p>This page needs the admin token: <a href="/login">sign in</a>.</p></body></html>
+"""
 
 
 class Login:
