@@ -16,6 +16,7 @@ import pytest
 
 from control_plane.admin.decision_feed import DecisionFeed
 from control_plane.decisions.log import DecisionLog
+from control_plane.translate.resources import CLUSTER_TYPE
 from tests.support.admin_stack import AdminStack, connect_node, start_stack
 from tests.support.ads_desired import desired
 
@@ -106,18 +107,30 @@ async def test_overview_shows_pops_nodes_version_and_last_config_change(
     parts: tuple[AdminStack, DecisionLog, DecisionFeed], http: aiohttp.ClientSession
 ) -> None:
     stack, log, _ = parts
+
+    def reject(type_url: str, names: list[str]) -> str | None:
+        return "cluster shop.critical: simulated rejection" if type_url == CLUSTER_TYPE else None
+
     client, channel = await connect_node(stack, "ewr-1", "ewr")
+    bad, bad_channel = await connect_node(stack, "sjc-bad", "sjc", reject=reject)
     try:
         body = await get(http, "/dashboard/api/overview")
+        sjc_page = await get(http, "/dashboard/api/pops/sjc")
     finally:
-        await client.close()
-        await channel.close()
+        for closing in (client, channel, bad, bad_channel):
+            await closing.close()
     pops = {p["name"]: p for p in body["pops"]}
     assert set(pops) == {"ewr", "sjc"}
     assert [n["node_id"] for n in pops["ewr"]["nodes"]] == ["ewr-1"]
     assert pops["ewr"]["nodes"][0]["types"] == dict.fromkeys(("CDS", "EDS", "LDS", "RDS"),
                                                              "SYNCED")
-    assert pops["ewr"]["by_status"]["SYNCED"] == 1 and pops["sjc"]["node_count"] == 0
+    assert pops["ewr"]["by_status"]["SYNCED"] == 1
+    assert pops["sjc"]["by_status"] == {"SYNCED": 0, "STALE": 0, "NACKED": 1}
+    (nacked,) = pops["sjc"]["nacked"]
+    assert nacked["node_id"] == "sjc-bad" and nacked["types"]["CDS"] == "NACKED"
+    assert nacked["last_nack"]["type"] == "CDS"
+    assert "simulated rejection" in nacked["last_nack"]["message"]
+    assert sjc_page["nodes"][0]["last_nack"]["message"] == nacked["last_nack"]["message"]
     assert body["desired"]["version"] == stack.ballast.cache.desired.digest[:16]
     applied = body["config"]["config_applied"]
     assert applied["seq"] == 1 and applied["detail"]["diff"][0] == "pop ewr:"

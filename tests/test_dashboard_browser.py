@@ -107,6 +107,17 @@ async def test_dashboard_shows_the_fleet_and_follows_a_failover_live(tmp_path: P
             " 95%", timeout=UPDATE_WITHIN_MS)
         assert await page.evaluate("window.sameDocument") is True, "the page was reloaded"
 
+        # The live panel filters on the server: sjc shows no ewr record, ewr's shifts only shifts.
+        panel = page.locator("#stream-list li")
+        await page.locator('#stream-filter select[name="pop"]').select_option("sjc")
+        await expect(page.locator('#stream-list li[data-pop="sjc"]').first).to_be_visible()
+        await expect(page.locator('#stream-list li[data-pop="ewr"]')).to_have_count(0)
+        await page.locator('#stream-filter select[name="pop"]').select_option("ewr")
+        await page.locator('#stream-filter select[name="kind"]').select_option("weight_shift")
+        await expect(page.locator(f'#stream-list li[data-seq="{shift["seq"]}"]')).to_be_visible()
+        kinds = await panel.evaluate_all("items => items.map(i => i.dataset.kind + i.dataset.pop)")
+        assert kinds and set(kinds) == {"weight_shiftewr"}, kinds
+
         # Hover shows the rule, a click the whole record (rule, inputs, next) and a deep link.
         assert shift["rule"] in (await marker.locator("title").text_content() or "")
         await marker.locator(".mark-head").click()

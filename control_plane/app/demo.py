@@ -63,7 +63,8 @@ def _guide(
         f"--token-file {token}",
         f"  Admin API:  curl -H \"Authorization: Bearer $(cat {token})\" "
         f"http://127.0.0.1:{admin_port}/status   (/metrics /weights ...)",
-        f"  Browser:    http://127.0.0.1:{admin_port}/login with the token in {token}",
+        f"  Dashboard:  http://127.0.0.1:{admin_port}/login with the token in {token}, "
+        f"then http://127.0.0.1:{admin_port}/dashboard/",
         "",
         "Ctrl-C stops everything.",
     ]

@@ -16,8 +16,8 @@ function kindClass(kind) {
 }
 const SVG = "http://www.w3.org/2000/svg";
 const MARK_ROWS = 3;
-const state = { overview: null, viewStream: null, panelStream: null, refreshTimer: null,
-                pollTimer: null, route: null };
+const state = { overview: null, viewStream: null, panelStream: null, panelGeneration: 0,
+                refreshTimer: null, pollTimer: null, route: null };
 
 // -- small DOM helpers (text only: names and NACK messages never become markup) ------------
 
@@ -141,7 +141,7 @@ async function render() {
   if (!sameStream) openViewStream(route);
   clearInterval(state.pollTimer);
   try {
-    if (route.name === "overview") await renderOverview();
+    if (route.name === "overview") await renderOverview(route);
     else if (route.name === "pop") await renderPop(route);
     else if (route.name === "group") await renderGroup(route);
     else await renderDecision(route);
@@ -159,7 +159,7 @@ function scheduleRefresh(delay) {
   state.refreshTimer = setTimeout(async () => {
     const route = state.route;
     try {
-      if (route.name === "overview") await renderOverview();
+      if (route.name === "overview") await renderOverview(route);
       else if (route.name === "pop") await renderPop(route);
       else if (route.name === "group") await renderGroup(route);
     } catch (err) {
@@ -199,8 +199,9 @@ function configPanel(config) {
 
 // -- overview --------------------------------------------------------------------------------
 
-async function renderOverview() {
+async function renderOverview(route) {
   const data = await getJSON("/overview");
+  if (state.route !== route) return;  // navigated away while this was loading
   state.overview = data;
   showVersion(data.desired);
   fillFilterOptions(data);
@@ -245,6 +246,7 @@ function fillFilterOptions(data) {
 
 async function renderPop(route) {
   const data = await getJSON(`/pops/${encodeURIComponent(route.pop)}`);
+  if (state.route !== route) return;
   crumbs(h("a", { href: "#/" }, "Fleet"), h("span", {}, `PoP ${data.pop}`));
   const types = ["CDS", "EDS", "LDS", "RDS"];
   const nodes = h("table", { class: "nodes" },
@@ -400,6 +402,7 @@ async function showPicked(seq, target) {
 async function renderGroup(route) {
   const query = new URLSearchParams({ pop: route.pop, group: route.group, range: route.range });
   const data = await getJSON(`/timeline?${query}`);
+  if (state.route !== route) return;
   crumbs(h("a", { href: "#/" }, "Fleet"), popLink(route.pop), h("span", {}, `group ${route.group}`));
   const picked = h("div", { id: "picked", class: "panel" },
     h("p", { class: "muted" }, "Hover a marker for its rule; click it for the whole record."));
@@ -432,6 +435,7 @@ async function renderGroup(route) {
 async function renderDecision(route) {
   crumbs(h("a", { href: "#/" }, "Fleet"), h("span", {}, `decision #${route.seq}`));
   const { record } = await getJSON(`/decisions/${encodeURIComponent(route.seq)}`);
+  if (state.route !== route) return;
   const timelineLink = record.pop && record.group
     ? h("p", {}, h("a", { href: groupHash({ pop: record.pop, group: record.group, range: "1h" }, { seq: record.seq }) },
       "show on the timeline")) : null;
@@ -469,6 +473,7 @@ function streamItem(record) {
 async function openPanelStream() {
   if (state.panelStream) state.panelStream.close();
   state.panelStream = null;
+  const generation = ++state.panelGeneration;  // a newer filter change wins over this one
   const form = document.getElementById("stream-filter");
   const filter = Object.fromEntries([...new FormData(form).entries()].filter(([, v]) => v));
   const list = document.getElementById("stream-list");
@@ -477,9 +482,11 @@ async function openPanelStream() {
   let newest = 0;
   try {
     const { records } = await getJSON(`/decisions?${params}`);
+    if (generation !== state.panelGeneration) return;
     list.replaceChildren(...records.reverse().map(streamItem));
     newest = records.length ? records[0].seq : 0;
   } catch (err) {
+    if (generation !== state.panelGeneration) return;
     list.replaceChildren(h("li", { class: "error" }, err.message));
   }
   const source = new EventSource(streamUrl(filter));
