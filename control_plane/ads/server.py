@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal
 
@@ -127,6 +128,37 @@ def _initial_sync_done(entry: NodeEntry) -> bool:
         (record := entry.types.get(type_url)) is not None and record.outcome != "STALE"
         for type_url in PUSH_ORDER
     )
+
+
+class _Backlog:
+    """Requests of one stream read but not yet handled: at most `count` of them and `size`
+    bytes (one request always fits). The reader waits for room before reading the next one,
+    so a stream whose writes are blocked (a client not reading) stops being read."""
+
+    def __init__(self, count: int, size: int) -> None:
+        self._max_count, self._max_bytes = count, size
+        self._sizes: deque[int] = deque()
+        self._bytes = 0
+        self._has_room = asyncio.Event()
+        self._has_room.set()
+
+    async def room(self) -> None:
+        await self._has_room.wait()
+
+    def read(self, size: int) -> None:
+        self._sizes.append(size)
+        self._bytes += size
+        self._update()
+
+    def handled(self) -> None:
+        self._bytes -= self._sizes.popleft()
+        self._update()
+
+    def _update(self) -> None:
+        if len(self._sizes) >= self._max_count or (self._sizes and self._bytes >= self._max_bytes):
+            self._has_room.clear()
+        else:
+            self._has_room.set()
 
 
 class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
@@ -256,8 +288,7 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         cap = loop.call_later(self.limits.initial_sync_s, admitted_done)
         queue: asyncio.Queue[object] = asyncio.Queue()
         self._queues.add(queue)
-        # requests read but not yet handled; the reader waits for a slot before reading more
-        slots = asyncio.Semaphore(self.limits.queued_requests)
+        backlog = _Backlog(self.limits.queued_requests, self.limits.request_bytes)
         self._supersede(entry, queue)
         pending_push = False
 
@@ -268,9 +299,9 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                 queue.put_nowait(_PUSH)
 
         unsubscribe = self.hub.subscribe(pop, wake)
-        reader = asyncio.create_task(self._read(context, queue, slots))
+        reader = asyncio.create_task(self._read(context, queue, backlog))
         self._notify(self.callbacks.on_stream_open, entry)
-        log.info("node %s connected (%s, PoP %s, %s)", node.id, mode, pop, entry.capability_key)
+        log.info("node %r connected (%s, PoP %s, %s)", node.id, mode, pop, entry.capability_key)
         status, details = grpc.StatusCode.OK, ""
         try:
             item: object = first
@@ -299,10 +330,10 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                 if admitted and _initial_sync_done(entry):
                     admitted_done()
                 if item is not _PUSH and item is not first:
-                    slots.release()
+                    backlog.handled()
                 item = await queue.get()
         except ProtocolError as err:
-            log.warning("node %s: bad request: %s", node.id, err)
+            log.warning("node %r: bad request: %s", node.id, err)
             status, details = grpc.StatusCode.INVALID_ARGUMENT, str(err)
         finally:
             cap.cancel()
@@ -315,7 +346,7 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             if live is not None and live[0] is entry:
                 del self._live[entry.node_id]
             self._notify(self.callbacks.on_stream_closed, entry, status.name, details)
-            log.info("node %s disconnected (%s)", node.id, details or status.name)
+            log.info("node %r disconnected (%s)", node.id, details or status.name)
         if status is not grpc.StatusCode.OK:
             await context.abort(status, details)
 
@@ -329,7 +360,7 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         old_entry, old_queue = older
         self.nodes.disconnect(old_entry)
         old_queue.put_nowait(_SUPERSEDED)
-        log.warning("node %s: stream %d replaced by newer stream %d", entry.node_id,
+        log.warning("node %r: stream %d replaced by newer stream %d", entry.node_id,
                     old_entry.stream, entry.stream)
         self._notify(self.callbacks.on_stream_superseded, old_entry, entry)
 
@@ -337,14 +368,15 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         self,
         context: grpc.aio.ServicerContext[Any, Any],
         queue: asyncio.Queue[object],
-        slots: asyncio.Semaphore,
+        backlog: _Backlog,
     ) -> None:
         try:
             while True:
-                await slots.acquire()
+                await backlog.room()
                 request = await context.read()
                 if request is grpc.aio.EOF:
                     break
+                backlog.read(request.ByteSize())
                 queue.put_nowait(request)
         except (grpc.aio.AioRpcError, grpc.aio.UsageError, ConnectionError):
             pass
@@ -362,7 +394,7 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             if version != entry.fallback_version:  # once per stream and CDS version
                 entry.fallback_version = version
                 for note in snapshot.notes:
-                    log.info("node %s: capability fallback: %s", entry.node_id, note)
+                    log.info("node %r: capability fallback: %s", entry.node_id, note)
                 self._notify(self.callbacks.on_capability_fallback, entry,
                              caps.capabilities.key, version, snapshot.notes)
         return snapshot
@@ -379,7 +411,7 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                     event, message=clip(event.message, self.limits.message_chars)
                 )
                 if entry.nacked(nack.type_url, nack.version, nack.message) == 1:
-                    log.warning("node %s NACKed %s version %s: %s", entry.node_id,
+                    log.warning("node %r NACKed %s version %s: %r", entry.node_id,
                                 short_name(nack.type_url), nack.version, nack.message)
                 self._notify(self.callbacks.on_nack, entry, nack)
         for response in step.responses:
