@@ -12,7 +12,8 @@ const KIND_CLASS = {
 };
 
 function kindClass(kind) {
-  return KIND_CLASS[kind] || (String(kind).startsWith("ramp_") ? "ramp" : "other");
+  const text = String(kind);
+  return KIND_CLASS[kind] || (text.startsWith("ramp_") ? "ramp" : text.startsWith("tier_") ? "tier" : "other");
 }
 const SVG = "http://www.w3.org/2000/svg";
 const MARK_ROWS = 3;
