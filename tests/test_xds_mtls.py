@@ -18,11 +18,14 @@ from cryptography import x509
 from control_plane.ads.limits import AdsLimits
 from control_plane.app.envoy_process import free_port
 from control_plane.app.server import BallastServer
+from control_plane.cli.main import main
 from control_plane.security.cert_dir import CertDir, Pair, write_pair
 from control_plane.security.certs import Issued, issue_server, make_ca
 from control_plane.security.tls import ReloadingCredentials, TlsFiles
 from control_plane.translate.resources import CLUSTER_TYPE
+from tests.support.admin_stack import connect_node, start_stack
 from tests.support.ads_desired import desired
+from tests.support.models import example_desired
 from tests.support.xds_client import XdsClient, make_node
 
 Records = list[tuple[str, dict[str, Any]]]
@@ -289,3 +292,26 @@ async def test_a_connection_that_never_handshakes_is_closed(certs: CertDir) -> N
         await server.stop(0)
     assert data == b""  # closed by the server
     assert 0.2 < waited < 5.0  # its handshake bound, not gRPC's default 120 s
+
+
+async def test_status_lists_a_reconnected_node_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The issue's observation: a second stream reusing a connected node's id (here, its NACKs
+    differing) made `ballast status` list the node twice, one row NACKED."""
+    stack = await start_stack(example_desired(), tmp_path)
+    try:
+        first, first_channel = await connect_node(stack, "edge-9", "ewr")
+        second, second_channel = await connect_node(
+            stack, "edge-9", "ewr", reject=lambda type_url, names: "impostor says no")
+        await asyncio.wait_for(first.done.wait(), 5)
+        code = await asyncio.to_thread(main, ["status", "--server", stack.url])
+        out = capsys.readouterr().out
+        assert code == 0
+        rows = [line for line in out.splitlines() if line.split()[:2] == ["edge-9", "ewr"]]
+        assert len(rows) == 1 and rows[0].split()[-1] == "NACKED"  # the newer stream's view
+        for client, channel in ((first, first_channel), (second, second_channel)):
+            await client.close()
+            await channel.close()
+    finally:
+        await stack.stop()
