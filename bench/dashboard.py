@@ -32,7 +32,7 @@ from control_plane.admin.api import AdminApi
 from control_plane.admin.dashboard import Dashboard
 from control_plane.admin.decision_feed import DecisionFeed
 from control_plane.ads.nodes import NodeRegistry
-from control_plane.ads.snapshots import SnapshotCache
+from control_plane.app.server import intent_and_cache
 from control_plane.decisions.log import DEFAULT_KEEP, DEFAULT_MAX_BYTES, DecisionLog, log_files
 from control_plane.decisions.read import FileSource, Query
 from control_plane.desired import Desired, parse_desired
@@ -144,13 +144,13 @@ async def _time(
 async def measure(rounds: int, nodes_per_pop: int) -> dict[str, Any]:
     rng = random.Random(15)
     desired = fleet_desired()
-    cache = SnapshotCache(desired)
+    intent, cache = intent_and_cache(desired)
     away = rng.sample([(p, g.name) for p in desired.pop_names for g in desired.origin_groups],
                       int(POPS * GROUPS * AWAY_SHARE))
     for pop, group in away:
-        cache.update_weights(pop, group, {"a": 50, "b": 50})
+        intent.update_weights(pop, group, {"a": 50, "b": 50})
     for pop, group in away[:20]:
-        cache.set_tier_actions(pop, group, TierActions())
+        intent.set_tier_actions(pop, group, TierActions())
     registry = NodeRegistry()
     connect_nodes(registry, desired, nodes_per_pop)
     with tempfile.TemporaryDirectory(prefix="ballast-dash-bench-") as tmp:
@@ -159,9 +159,9 @@ async def measure(rounds: int, nodes_per_pop: int) -> dict[str, Any]:
         last_seq = fill_log(state_dir, desired, rng)
         log_bytes = sum(path.stat().st_size for path in log_files(state_dir))
         fill_s = time.perf_counter() - started
-        dashboard = Dashboard(nodes=registry, cache=cache, feed=DecisionFeed(),
+        dashboard = Dashboard(nodes=registry, intent=intent, feed=DecisionFeed(),
                               state_dir=state_dir, clock=lambda: datetime.now(UTC))
-        api = AdminApi(nodes=registry, cache=cache, decisions=FileSource(state_dir),
+        api = AdminApi(nodes=registry, intent=intent, cache=cache, decisions=FileSource(state_dir),
                        metrics=BallastMetrics(), ready=lambda: True, status=dict,
                        dashboard=dashboard)
         cpu: list[float] = []

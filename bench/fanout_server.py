@@ -150,7 +150,7 @@ async def push(
     tracker.done = asyncio.get_running_loop().create_future()
     cpu0 = time.process_time()
     start = time.monotonic()
-    ballast.cache.update_weights(pop, group, weights)
+    ballast.intent.update_weights(pop, group, weights)
     version = ballast.cache.resources(pop, Capabilities()).type_version(ENDPOINT_TYPE)
     tracker.target = (pop, ENDPOINT_TYPE, version)
     updated = time.monotonic()

@@ -189,8 +189,8 @@ def _side_in_process(kind: str, pops: int, groups: int, nodes: int, per_connecti
 # -- the reconcile tick, in this process -----------------------------------------------------
 
 async def tick_cost(pops: int, groups: int) -> dict[str, Any]:
-    from control_plane.ads.snapshots import SnapshotCache
     from control_plane.app.reconcile import Reconciler
+    from control_plane.app.server import intent_and_cache
     from control_plane.decide.signals import OriginSignals
     from control_plane.decisions.log import DecisionLog
     from control_plane.intent.sqlite_store import StateStore
@@ -213,13 +213,13 @@ async def tick_cost(pops: int, groups: int) -> dict[str, Any]:
                 for pop in desired.pop_names for group in desired.origin_groups
             }
 
-    cache = SnapshotCache(desired)
-    for pop in desired.pop_names:
-        cache.resources(pop, Capabilities())
     with tempfile.TemporaryDirectory() as folder:
         store = StateStore(Path(folder))
+        intent, cache = intent_and_cache(desired, store=store)
+        for pop in desired.pop_names:
+            cache.resources(pop, Capabilities())
         log = DecisionLog(Path(folder))
-        reconciler = Reconciler(cache, Breaching(), log, store, seed=1)
+        reconciler = Reconciler(intent, Breaching(), log, seed=1)
         in_steps = [0.0]
         decide = reconciler._decide
 
@@ -234,10 +234,10 @@ async def tick_cost(pops: int, groups: int) -> dict[str, Any]:
         on_loop = [0.0]
         persist = reconciler._persist_and_push
 
-        def timed_persist(*args: Any) -> None:
+        async def timed_persist(*args: Any) -> None:
             started = time.perf_counter()
             try:
-                persist(*args)
+                await persist(*args)
             finally:
                 on_loop[0] += time.perf_counter() - started
 

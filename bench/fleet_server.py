@@ -124,7 +124,7 @@ class BallastSide:
     def push(self, pops: list[str], step: int) -> dict[str, str]:
         cache = self.server.cache
         for pop in pops:
-            cache.update_weights(pop, PUSHED_GROUP, shifted(self.desired, pop, step))
+            self.server.intent.update_weights(pop, PUSHED_GROUP, shifted(self.desired, pop, step))
         return {pop: cache.resources(pop, Capabilities()).type_version(ENDPOINT_TYPE)
                 for pop in pops}
 

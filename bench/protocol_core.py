@@ -25,7 +25,7 @@ from envoy.service.discovery.v3.discovery_pb2 import DeltaDiscoveryRequest, Disc
 from bench import protocol_baseline
 from bench.common import desired_by_name, median, table
 from control_plane.ads import protocol as protocol_current
-from control_plane.ads.snapshots import SnapshotCache
+from control_plane.app.server import intent_and_cache
 from control_plane.translate.resources import (
     CLUSTER_TYPE,
     ENDPOINT_TYPE,
@@ -44,15 +44,15 @@ STARTUP = (CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE)
 
 def generations(desired_name: str, pop: str = "ewr") -> tuple[PopResources, PopResources]:
     """Two snapshots of `pop` that differ in one origin group's weights (10 points moved)."""
-    cache = SnapshotCache(desired_by_name(desired_name))
+    intent, cache = intent_and_cache(desired_by_name(desired_name))
     first = cache.resources(pop, Capabilities())
-    group = cache.desired.origin_groups[0]
-    weights = cache.weights(pop, group.name)
+    group = intent.desired.origin_groups[0]
+    weights = intent.weights(pop, group.name)
     names = sorted(weights, key=lambda n: -weights[n])
     moved = dict(weights)
     moved[names[0]] -= 10
     moved[names[-1]] += 10
-    cache.update_weights(pop, group.name, moved)
+    intent.update_weights(pop, group.name, moved)
     second = cache.resources(pop, Capabilities())
     assert second is not first
     return first, second

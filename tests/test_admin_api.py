@@ -114,9 +114,10 @@ async def test_weights_and_resources_match_the_cache(
     stack: AdminStack, http: aiohttp.ClientSession
 ) -> None:
     cache = stack.ballast.cache
-    cache.update_weights("ewr", "shop", {"primary": 60, "secondary": 40})
+    intent = stack.ballast.intent
+    intent.update_weights("ewr", "shop", {"primary": 60, "secondary": 40})
     weights = (await get(http, "/weights"))["weights"]
-    assert weights == cache.all_weights()
+    assert weights == intent.all_weights()
     assert weights["ewr"]["shop"] == {"primary": 60, "secondary": 40}
     assert weights["sjc"]["shop"] == {"primary": 95, "secondary": 5}
 
@@ -157,7 +158,7 @@ async def test_weights_and_resources_match_the_cache(
         await get(http, "/resources?popp=ewr", 400)
     )["error"]
     assert "Not Found" in (await get(http, "/nope", 404))["error"]
-    assert await get(http, "/weights") == {"weights": cache.all_weights()}  # state intact
+    assert await get(http, "/weights") == {"weights": intent.all_weights()}  # state intact
 
 
 async def test_decisions_filters_and_bad_queries(
@@ -224,7 +225,7 @@ async def test_metrics_move_with_pushes_acks_and_nacks(
             parsed, "ballast_origin_weight", pop="ewr", group="shop", origin="primary"
         ) == 95
 
-        stack.ballast.cache.update_weights("ewr", "shop", {"primary": 70, "secondary": 30})
+        stack.ballast.intent.update_weights("ewr", "shop", {"primary": 70, "secondary": 30})
         await good.wait_for(lambda c: len(c.responses(
             "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment")) >= 2)
         parsed = await scrape(http)
@@ -262,7 +263,7 @@ SEED_000 = {
 async def test_tier_actions_in_the_api_status_and_gauge(
     stack: AdminStack, http: aiohttp.ClientSession
 ) -> None:
-    cache = stack.ballast.cache
+    intent = stack.ballast.intent
 
     def gauge(parsed: Samples, pop: str, action: str, tier: str) -> float | None:
         return sample(parsed, "ballast_tier_action_active", pop=pop, group="shop", action=action,
@@ -274,7 +275,7 @@ async def test_tier_actions_in_the_api_status_and_gauge(
     assert gauge(parsed, "ewr", "demote", "normal") == 0
     assert gauge(parsed, "ewr", "shed", "background") == 0
 
-    cache.set_tier_actions("ewr", "shop", TierActions())
+    intent.set_tier_actions("ewr", "shop", TierActions())
     every = await get(http, "/tier-actions")
     assert every == {"tier_actions": {"ewr": {"shop": SEED_000}, "sjc": {}}}
     assert (await get(http, "/status"))["tier_actions"] == every["tier_actions"]
@@ -290,7 +291,7 @@ async def test_tier_actions_in_the_api_status_and_gauge(
     assert gauge(parsed, "sjc", "shed", "background") == 0
 
     shed_only = TierActions(demote_tier=None, demote_to=None, demote_share=0, retry_after_s=30)
-    cache.set_tier_actions("ewr", "shop", shed_only)
+    intent.set_tier_actions("ewr", "shop", shed_only)
     shop = (await get(http, "/tier-actions?pop=ewr"))["tier_actions"]["ewr"]["shop"]
     assert shop["description"] == "background: shed (503, retry-after 30 s)"
     parsed = await scrape(http)
@@ -305,7 +306,7 @@ async def test_tier_actions_in_the_api_status_and_gauge(
     for path, (status, message) in bad.items():
         assert message in (await get(http, path, status))["error"], path
 
-    cache.set_tier_actions("ewr", "shop", None)
+    intent.set_tier_actions("ewr", "shop", None)
     assert await get(http, "/tier-actions") == {"tier_actions": {"ewr": {}, "sjc": {}}}
     parsed = await scrape(http)
     assert gauge(parsed, "ewr", "shed", "background") == 0

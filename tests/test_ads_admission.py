@@ -61,7 +61,7 @@ async def test_start_ups_wait_for_a_slot_while_synced_nodes_get_their_pushes() -
         await _until(lambda: len(ballast.nodes) == 4)  # connected, but no slot: not answered
         assert ballast.ads.syncing == 2
 
-        ballast.cache.update_weights("ewr", "shop", {"primary": 60, "secondary": 40})
+        ballast.intent.update_weights("ewr", "shop", {"primary": 60, "secondary": 40})
         want = ballast.cache.resources("ewr", Capabilities()).of_type(EDS)["shop.critical"].payload
         await synced.wait_for(lambda c: c.state.resources[EDS]["shop.critical"][1] == want)
         assert not waiting.responses(), "a start-up got a slot it should not have"

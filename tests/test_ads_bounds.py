@@ -313,7 +313,7 @@ async def test_a_client_that_does_not_read_stops_being_read(server: Any) -> None
 
 
 def _snapshot() -> Any:
-    from control_plane.ads.snapshots import SnapshotCache
+    from control_plane.translate import translate_pop
 
-    cache = SnapshotCache(desired(listener_port=10000, primary_port=8081, secondary_port=8082))
-    return cache.resources("ewr", Capabilities())
+    served = desired(listener_port=10000, primary_port=8081, secondary_port=8082)
+    return translate_pop(served, "ewr", {}, Capabilities())

@@ -15,6 +15,7 @@ from control_plane.ads.nodes import NodeEntry, NodeRegistry
 from control_plane.ads.protocol import Ack, DeltaResponse, Nack, SotwResponse
 from control_plane.ads.server import AdsServicer
 from control_plane.ads.snapshots import SnapshotCache
+from control_plane.translate import translate_pop
 from control_plane.translate.resources import CLUSTER_TYPE as CDS
 from control_plane.translate.resources import LISTENER_TYPE as LDS
 from tests.support.ads_desired import desired
@@ -58,8 +59,11 @@ class Recorder(Callbacks):
 @pytest.fixture(params=[False, True], ids=["quiet", "raising"])
 async def served(request: pytest.FixtureRequest) -> AsyncIterator[tuple[str, Recorder]]:
     recorder = Recorder(explode=request.param)
+    served = desired(listener_port=10000, primary_port=8081, secondary_port=8082)
     cache = SnapshotCache(
-        desired(listener_port=10000, primary_port=8081, secondary_port=8082)
+        lambda the_desired, pop, caps, _: translate_pop(the_desired, pop, {}, caps),
+        lambda the_desired: the_desired.pop_names,
+        served,
     )
     servicer = AdsServicer(cache, PushHub(quiet=0.0), NodeRegistry(), callbacks=recorder)
     server = grpc.aio.server()

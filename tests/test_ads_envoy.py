@@ -183,7 +183,7 @@ def test_weight_change_applies_within_a_second_and_shifts_traffic(stack: Stack) 
             ({"primary": 0, "secondary": 100}, "secondary"),
             ({"primary": 100, "secondary": 0}, "primary"),
         ):
-            stack.bg.call(lambda w=weights: stack.ballast.cache.update_weights("ewr", "shop", w))
+            stack.bg.call(lambda w=weights: stack.ballast.intent.update_weights("ewr", "shop", w))
             expected = {name: w for name, w in weights.items() if w}
             took = wait_until(
                 lambda e=expected: {
@@ -199,7 +199,7 @@ def test_weight_change_applies_within_a_second_and_shifts_traffic(stack: Stack) 
         assert sjc == {"primary": 95, "secondary": 5}  # the other PoP did not move
     finally:
         stack.bg.call(
-            lambda: stack.ballast.cache.update_weights(
+            lambda: stack.ballast.intent.update_weights(
                 "ewr", "shop", {"primary": 95, "secondary": 5}
             )
         )
@@ -208,7 +208,7 @@ def test_weight_change_applies_within_a_second_and_shifts_traffic(stack: Stack) 
 def test_cds_change_does_not_leave_clusters_warming(stack: Stack) -> None:
     for concurrency in (200, 120):
         stack.bg.call(
-            lambda c=concurrency: stack.ballast.cache.update_desired(
+            lambda c=concurrency: stack.ballast.intent.update_desired(
                 stack.build(max_origin_concurrency=c)
             )
         )

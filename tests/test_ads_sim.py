@@ -128,8 +128,8 @@ async def test_weight_burst_pushes_once_to_that_pop_only_changed_clusters(server
         started = time.monotonic()
         for primary in (90, 80, 70, 60, 50):  # a burst within the debounce window
             weights = {"primary": primary, "secondary": 100 - primary}
-            ballast.cache.update_weights("ewr", "shop", weights)
-        assert ballast.cache.weights("ewr", "shop") == {"primary": 50, "secondary": 50}
+            ballast.intent.update_weights("ewr", "shop", weights)
+        assert ballast.intent.weights("ewr", "shop") == {"primary": 50, "secondary": 50}
         ewr = [c for pop, c, _, _ in nodes if pop == "ewr"]
         wanted = ballast.cache.resources("ewr", Capabilities()).of_type(EDS)
         for client in ewr:

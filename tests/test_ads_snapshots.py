@@ -1,4 +1,5 @@
-"""The snapshot cache (lazy, shared, per-PoP rebuilds) and the debouncing push hub."""
+"""The output cache (lazy, shared, per-PoP rebuilds through an injected build function), the
+intent owner publishing to it, and the debouncing push hub."""
 
 from __future__ import annotations
 
@@ -10,21 +11,26 @@ import pytest
 
 from control_plane.ads.fanout import PushHub
 from control_plane.ads.snapshots import SnapshotCache
+from control_plane.app.server import intent_and_cache
+from control_plane.desired.model import Desired
+from control_plane.intent.carry_over import carry_over
+from control_plane.intent.owner import IntentOwner
+from control_plane.intent.running import RunningIntent
 from control_plane.translate import UnknownPop, WeightsError, translate_pop
-from control_plane.translate.resources import ENDPOINT_TYPE, Capabilities
+from control_plane.translate.resources import ENDPOINT_TYPE, Capabilities, PopResources
 from tests.support.ads_desired import desired
 from tests.support.models import fleet_desired
 
 FIFO, LIFO = Capabilities(), Capabilities(adaptive_lifo=True)
 
 
-def make(**overrides: int) -> SnapshotCache:
+def make(**overrides: int) -> tuple[IntentOwner, SnapshotCache[RunningIntent]]:
     base = {"listener_port": 10000, "primary_port": 8081, "secondary_port": 8082}
-    return SnapshotCache(desired(**{**base, **overrides}))
+    return intent_and_cache(desired(**{**base, **overrides}))
 
 
 def test_translated_once_per_pop_and_capability_key() -> None:
-    cache = make()
+    _, cache = make()
     assert cache.resources("ewr", FIFO) is cache.resources("ewr", FIFO)
     assert cache.resources("ewr", LIFO) is not cache.resources("ewr", FIFO)
     cache.resources("sjc", FIFO)
@@ -32,22 +38,61 @@ def test_translated_once_per_pop_and_capability_key() -> None:
     assert cache.resources("ewr", FIFO).notes and not cache.resources("ewr", LIFO).notes
 
 
+def test_the_build_function_is_injected_and_gets_the_entry_it_replaces() -> None:
+    served = desired(listener_port=10000, primary_port=8081, secondary_port=8082)
+    calls: list[tuple[str, str, PopResources | None]] = []
+
+    def build(
+        source: Desired, pop: str, caps: Capabilities, previous: PopResources | None
+    ) -> PopResources:
+        calls.append((pop, caps.key, previous))
+        return translate_pop(source, pop, {}, caps)
+
+    cache = SnapshotCache(build, lambda source: source.pop_names, served)
+    first = cache.resources("ewr", FIFO)
+    assert calls == [("ewr", FIFO.key, None)]
+    assert cache.update(served, {"ewr"}) == frozenset()  # same content: nothing to announce
+    assert calls[-1] == ("ewr", FIFO.key, first)
+    with pytest.raises(UnknownPop, match="unknown PoP 'lax'; known: ewr, sjc"):
+        cache.resources("lax", FIFO)
+    only_sjc = replace(served, pops=served.pops[1:])
+    assert cache.update(only_sjc, None) == frozenset({"ewr"})  # ewr gone: changed
+    assert not cache.has_pop("ewr") and cache.pops == ("sjc",) and cache.source is only_sjc
+
+
+def test_a_failing_build_leaves_the_source_and_every_entry() -> None:
+    served = desired(listener_port=10000, primary_port=8081, secondary_port=8082)
+
+    def build(
+        source: Desired, pop: str, caps: Capabilities, previous: PopResources | None
+    ) -> PopResources:
+        if source is not served:
+            raise RuntimeError("translation broke")
+        return translate_pop(source, pop, {}, caps)
+
+    cache = SnapshotCache(build, lambda source: source.pop_names, served)
+    ewr = cache.resources("ewr", FIFO)
+    with pytest.raises(RuntimeError):
+        cache.update(replace(served, digest="other"), None)
+    assert cache.resources("ewr", FIFO) is ewr and cache.source is served
+
+
 def test_weights_rebuild_only_that_pop() -> None:
-    cache = make()
+    intent, cache = make()
     seen: list[frozenset[str]] = []
     cache.add_listener(seen.append)
     sjc = cache.resources("sjc", FIFO)
     ewr = cache.resources("ewr", FIFO)
-    assert cache.weights("ewr", "shop") == {"primary": 95, "secondary": 5}
-    assert cache.update_weights("ewr", "shop", {"primary": 50, "secondary": 50})
+    assert intent.weights("ewr", "shop") == {"primary": 95, "secondary": 5}
+    assert intent.update_weights("ewr", "shop", {"primary": 50, "secondary": 50})
     assert seen == [frozenset({"ewr"})]
     assert cache.resources("sjc", FIFO) is sjc
     assert cache.resources("ewr", FIFO).type_version(ENDPOINT_TYPE) != ewr.type_version(
         ENDPOINT_TYPE
     )
-    assert not cache.update_weights("ewr", "shop", {"primary": 50, "secondary": 50})
+    assert not intent.update_weights("ewr", "shop", {"primary": 50, "secondary": 50})
     assert seen == [frozenset({"ewr"})]  # same weights: nothing announced
-    assert cache.all_weights()["sjc"]["shop"] == {"primary": 95, "secondary": 5}
+    assert intent.all_weights()["sjc"]["shop"] == {"primary": 95, "secondary": 5}
 
 
 @pytest.mark.parametrize(
@@ -61,29 +106,29 @@ def test_weights_rebuild_only_that_pop() -> None:
 def test_bad_weights_leave_state_intact(
     pop: str, group: str, weights: dict[str, int], error: type[Exception], message: str
 ) -> None:
-    cache = make()
+    intent, cache = make()
     before = cache.resources("ewr", FIFO)
     with pytest.raises(error, match=message):
-        cache.update_weights(pop, group, weights)
+        intent.update_weights(pop, group, weights)
     assert cache.resources("ewr", FIFO) is before
-    assert cache.weights("ewr", "shop") == {"primary": 95, "secondary": 5}
+    assert intent.weights("ewr", "shop") == {"primary": 95, "secondary": 5}
 
 
 def test_update_desired_announces_only_changed_pops_and_keeps_weights() -> None:
-    cache = make()
+    intent, cache = make()
     seen: list[frozenset[str]] = []
     cache.add_listener(seen.append)
     cache.resources("ewr", FIFO)
     cache.resources("sjc", FIFO)
-    cache.update_weights("sjc", "shop", {"primary": 30, "secondary": 70})
+    intent.update_weights("sjc", "shop", {"primary": 30, "secondary": 70})
     seen.clear()
     # only sjc's listener port moves
-    changed = cache.update_desired(
+    changed = intent.update_desired(
         desired(listener_port=10000, primary_port=8081, secondary_port=8082, sjc_offset=5)
     )
     assert changed == frozenset({"sjc"}) and seen == [changed]
-    assert cache.weights("sjc", "shop") == {"primary": 30, "secondary": 70}
-    assert cache.update_desired(cache.desired) == frozenset()
+    assert intent.weights("sjc", "shop") == {"primary": 30, "secondary": 70}
+    assert intent.update_desired(intent.desired) == frozenset()
 
 
 async def test_hub_coalesces_bursts_with_a_max_delay() -> None:
@@ -114,23 +159,26 @@ async def test_hub_accepts_changes_from_another_thread() -> None:
 
 def test_a_desired_state_prepared_off_the_cache_keeps_changes_made_meanwhile() -> None:
     desired = fleet_desired(pops=3, groups=4)
-    cache = SnapshotCache(desired)
+    intent, cache = intent_and_cache(desired)
     caps = Capabilities()
     for pop in desired.pop_names:
         cache.resources(pop, caps)
     new = replace(desired, origin_groups=tuple(
         replace(g, max_origin_concurrency=60) for g in desired.origin_groups))
-    prepare = cache.prepare_desired(new)  # read now; the work below could run on a thread
+    before = intent.intent
+    prepare = cache.prepare(carry_over(before, new).intent)  # the work could run on a thread
     moved = {"o0": 30, "o1": 70}
-    assert cache.update_weights("p001", "g002", moved)  # the loop keeps pushing meanwhile
+    assert intent.update_weights("p001", "g002", moved)  # the loop keeps pushing meanwhile
     lifo = cache.resources("p002", Capabilities(adaptive_lifo=True))  # a new node meanwhile
     prepared = prepare()
-    assert cache.desired is desired and cache.weights("p001", "g002") == moved  # untouched
+    assert intent.desired is desired and intent.weights("p001", "g002") == moved  # untouched
     heard: list[frozenset[str]] = []
     cache.add_listener(heard.append)
-    assert cache.commit_desired(prepared) == frozenset(desired.pop_names)
+    current = carry_over(intent.intent, new)  # the rule again, over what runs now
+    assert intent.apply(current, lambda it: cache.commit(prepared, it)) == frozenset(
+        desired.pop_names)
     assert heard == [frozenset(desired.pop_names)]
-    assert cache.desired is new and cache.weights("p001", "g002") == moved
+    assert intent.desired is new and intent.weights("p001", "g002") == moved
     for pop, weights in (("p000", {}), ("p001", {"g002": moved}), ("p002", {})):
         assert cache.resources(pop, caps) == translate_pop(new, pop, weights, caps)
     after = cache.resources("p002", Capabilities(adaptive_lifo=True))
@@ -139,10 +187,10 @@ def test_a_desired_state_prepared_off_the_cache_keeps_changes_made_meanwhile() -
 
 
 def test_entries_translated_ahead_are_kept_only_while_they_hold() -> None:
-    cache = SnapshotCache(fleet_desired(pops=3, groups=2))
+    intent, cache = intent_and_cache(fleet_desired(pops=3, groups=2))
     caps = Capabilities()
     warm = cache.prepare_entries(caps)
-    cache.update_weights("p001", "g000", {"o0": 40, "o1": 60})  # p001 changed meanwhile
+    intent.update_weights("p001", "g000", {"o0": 40, "o1": 60})  # p001 changed meanwhile
     assert cache.commit_entries(warm()) == 2
     assert cache.cached("p000", caps) is not None and cache.cached("p001", caps) is None
     assert cache.resources("p001", caps).of_type(ENDPOINT_TYPE)

@@ -16,6 +16,7 @@ import pytest
 from control_plane.ads.snapshots import SnapshotCache
 from control_plane.app.envoy_process import free_port
 from control_plane.app.reconcile import Reconciler
+from control_plane.app.server import intent_and_cache
 from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.decide.signals import OriginSignals, TierPending
 from control_plane.decisions.explain import explain
@@ -55,10 +56,10 @@ class ScriptedSource:
 
 @pytest.fixture
 def loop_parts(tmp_path: Path) -> tuple[Reconciler, ScriptedSource, SnapshotCache, StateStore]:
-    cache = SnapshotCache(example_desired())
-    source = ScriptedSource()
     store = StateStore(tmp_path)
-    reconciler = Reconciler(cache, source, DecisionLog(tmp_path), store, seed=7)
+    intent, cache = intent_and_cache(example_desired(), store=store)
+    source = ScriptedSource()
+    reconciler = Reconciler(intent, source, DecisionLog(tmp_path), seed=7)
     return reconciler, source, cache, store
 
 
@@ -76,22 +77,22 @@ async def test_sick_origin_is_left_gradually_and_state_is_saved_before_the_push(
     cache.add_listener(on_push)
     for pop in ("ewr", "sjc"):  # as if a node of each PoP were connected
         cache.resources(pop, Capabilities())
-    sjc_home = cache.weights("sjc", "shop")
+    sjc_home = reconciler.intent.weights("sjc", "shop")
     source.error_rate = 0.3
     for tick in range(6):
         await reconciler.tick(T0 + tick * 20_000)
     kinds = [r["kind"] for r in iter_records(tmp_path) if r["pop"] == "ewr"]
     assert kinds[:2] == ["threshold_breach", "weight_shift"], kinds
-    assert cache.weights("sjc", "shop") == sjc_home
+    assert reconciler.intent.weights("sjc", "shop") == sjc_home
     assert pushed and all(pops == frozenset({"ewr"}) for pops in pushed), "only ewr pushed"
-    assert saved_at_push[-1] == cache.weights("ewr", "shop"), "saved before pushed"
-    assert 5 <= cache.weights("ewr", "shop")["primary"] < 95 - 10
+    assert saved_at_push[-1] == reconciler.intent.weights("ewr", "shop"), "saved before pushed"
+    assert 5 <= reconciler.intent.weights("ewr", "shop")["primary"] < 95 - 10
 
 
 async def test_steady_is_logged_once_and_a_broken_source_holds(
     tmp_path: Path, loop_parts: tuple[Reconciler, ScriptedSource, SnapshotCache, StateStore]
 ) -> None:
-    reconciler, source, cache, _ = loop_parts
+    reconciler, source, _, _ = loop_parts
     for tick in range(4):
         await reconciler.tick(T0 + tick * 20_000)
     assert [r["kind"] for r in iter_records(tmp_path)] == []  # steady from the start: nothing
@@ -107,39 +108,38 @@ async def test_steady_is_logged_once_and_a_broken_source_holds(
     ended = ewr[1]["detail"]
     assert (ended["reason"], ended["ticks"], ended["ended_by"]) == ("fail_static", 2, "steady")
     assert ended["last_ms"] - ended["started_ms"] == 20_000
-    assert cache.weights("ewr", "shop") == {"primary": 95, "secondary": 5}
+    assert reconciler.intent.weights("ewr", "shop") == {"primary": 95, "secondary": 5}
 
 
 async def test_stale_metrics_hold_weights_mid_shift(
     tmp_path: Path, loop_parts: tuple[Reconciler, ScriptedSource, SnapshotCache, StateStore]
 ) -> None:
-    reconciler, source, cache, _ = loop_parts
+    reconciler, source, _, _ = loop_parts
     source.error_rate = 0.3
     for tick in range(3):
         await reconciler.tick(T0 + tick * 20_000)
-    moved = cache.weights("ewr", "shop")
+    moved = reconciler.intent.weights("ewr", "shop")
     assert moved["primary"] < 95
     source.stale_by = 60_000  # newest sample a minute old: fail static
     await reconciler.tick(T0 + 60_000)
-    assert cache.weights("ewr", "shop") == moved
+    assert reconciler.intent.weights("ewr", "shop") == moved
     last = [r for r in iter_records(tmp_path) if r["pop"] == "ewr"][-1]
     assert last["kind"] == "hold" and "stale" in last["rule"], last
 
 
 async def test_restored_states_continue_streaks(tmp_path: Path) -> None:
-    cache = SnapshotCache(example_desired())
     source = ScriptedSource()
     source.error_rate = 0.3
     store = StateStore(tmp_path)
-    first = Reconciler(cache, source, DecisionLog(tmp_path), store, seed=1)
+    intent, _ = intent_and_cache(example_desired(), store=store)
+    first = Reconciler(intent, source, DecisionLog(tmp_path), seed=1)
     await first.tick(T0)  # one bad window: breach noted, no move yet
-    assert cache.weights("ewr", "shop")["primary"] == 95
-    snapshot = store.load()
-    fresh_cache = SnapshotCache(example_desired())
-    states = {key: saved.controller for key, saved in snapshot.groups.items()}
-    second = Reconciler(fresh_cache, source, DecisionLog(tmp_path), store, states=states, seed=1)
+    assert intent.weights("ewr", "shop")["primary"] == 95
+    fresh, _ = intent_and_cache(example_desired(), store=store)
+    fresh.restore(store.load(), where=str(store.path))
+    second = Reconciler(fresh, source, DecisionLog(tmp_path), seed=1)
     await second.tick(T0 + 20_000)  # the second consecutive bad window: leave now
-    assert fresh_cache.weights("ewr", "shop")["primary"] < 95
+    assert fresh.weights("ewr", "shop")["primary"] < 95
 
 
 class ScriptedTiers:
@@ -160,10 +160,11 @@ class ScriptedTiers:
 
 async def test_tier_actions_go_on_and_off_saved_before_the_push(tmp_path: Path) -> None:
     pending_trigger = TierActionPolicy(trigger="pending", lending=False)
-    cache = SnapshotCache(example_desired(replace(shop_group(), tier_actions=pending_trigger)))
     store = StateStore(tmp_path)
+    intent, cache = intent_and_cache(
+        example_desired(replace(shop_group(), tier_actions=pending_trigger)), store=store)
     tiers = ScriptedTiers()
-    reconciler = Reconciler(cache, ScriptedSource(), DecisionLog(tmp_path), store,
+    reconciler = Reconciler(intent, ScriptedSource(), DecisionLog(tmp_path),
                             tier_source=tiers, seed=7)
     for pop in ("ewr", "sjc"):
         cache.resources(pop, Capabilities())
@@ -173,8 +174,8 @@ async def test_tier_actions_go_on_and_off_saved_before_the_push(tmp_path: Path) 
     tiers.ewr = 25
     for tick in range(3):  # 0 s, 20 s, 40 s: on at 40 s (>= 30 s)
         await reconciler.tick(T0 + tick * 20_000)
-    assert cache.tier_actions("ewr", "shop") == TierActions(shed_status=(("background", 503),))
-    assert cache.tier_actions("sjc", "shop") is None
+    assert intent.tier_actions("ewr", "shop") == TierActions(shed_status=(("background", 503),))
+    assert reconciler.intent.tier_actions("sjc", "shop") is None
     assert saved_at_push == [(frozenset({"ewr"}), True)], "saved before pushed; ewr only"
     (on,) = [r for r in iter_records(tmp_path) if r["kind"] == "tier_action"]
     assert (on["pop"], on["group"], on["detail"]["active"]) == ("ewr", "shop", True)
@@ -182,11 +183,11 @@ async def test_tier_actions_go_on_and_off_saved_before_the_push(tmp_path: Path) 
 
     tiers.fail = True  # a failing source holds the actions
     await reconciler.tick(T0 + 60_000)
-    assert cache.tier_actions("ewr", "shop") == TierActions(shed_status=(("background", 503),))
+    assert intent.tier_actions("ewr", "shop") == TierActions(shed_status=(("background", 503),))
     tiers.fail, tiers.ewr = False, 2
     for tick in range(4, 8):  # quiet from 80 s; lifted at 140 s (60 s later)
         await reconciler.tick(T0 + tick * 20_000)
-    assert cache.tier_actions("ewr", "shop") is None
+    assert reconciler.intent.tier_actions("ewr", "shop") is None
     assert [r["detail"]["active"] for r in iter_records(tmp_path)
             if r["kind"] == "tier_action"] == [True, False]
     assert store.load().tier_decisions == {}, "an idle state leaves the store"
@@ -207,18 +208,18 @@ class LendingTiers:
 
 
 async def test_lending_and_reclaim_reach_the_cache_the_log_and_the_store(tmp_path: Path) -> None:
-    cache = SnapshotCache(example_desired())
     store = StateStore(tmp_path)
+    intent, _ = intent_and_cache(example_desired(), store=store)
     tiers = LendingTiers()
-    reconciler = Reconciler(cache, ScriptedSource(), DecisionLog(tmp_path), store,
+    reconciler = Reconciler(intent, ScriptedSource(), DecisionLog(tmp_path),
                             tier_source=tiers, seed=7)
     await reconciler.tick(T0)
-    actions = cache.tier_actions("ewr", "shop")
+    actions = reconciler.intent.tier_actions("ewr", "shop")
     assert actions is not None and actions.limits == (("background", 47),)  # 6 + 40 + 1
     assert store.load().tier_decisions["ewr/shop"]["lent"] == {"background": 41}
     tiers.critical, tiers.normal = 80, 30  # the lenders' demand is back: reclaimed at once
     await reconciler.tick(T0 + 20_000)
-    assert cache.tier_actions("ewr", "shop") is None
+    assert reconciler.intent.tier_actions("ewr", "shop") is None
     assert [r["detail"]["change"] for r in iter_records(tmp_path)
             if r["kind"] == "tier_lend"] == ["lend", "reclaim"]
     saved = store.load().tier_decisions["ewr/shop"]  # utilization 116/120: its hold started
@@ -241,9 +242,9 @@ async def test_service_restores_active_tier_actions_before_serving(tmp_path: Pat
     await service.start()
     try:
         shed_503 = TierActions(shed_status=(("background", 503),))
-        assert service.server.cache.tier_actions("ewr", "shop") == shed_503
-        assert service.server.cache.tier_actions("sjc", "shop") is None
-        assert service.reconciler.tier_states[("ewr", "shop")].active
+        assert service.server.intent.tier_actions("ewr", "shop") == shed_503
+        assert service.server.intent.tier_actions("sjc", "shop") is None
+        assert service.server.intent.tier_state(("ewr", "shop")).active
         assert service.status()["restored_tier_actions"] == 1
         (restored,) = [r for r in iter_records(state) if r["kind"] == "state_restored"]
         assert restored["detail"]["tier_actions_active"] == ["ewr/shop"]
@@ -255,17 +256,17 @@ async def test_service_restores_active_tier_actions_before_serving(tmp_path: Pat
 async def test_a_reload_during_the_metrics_read_skips_the_tick(
     tmp_path: Path, loop_parts: tuple[Reconciler, ScriptedSource, SnapshotCache, StateStore]
 ) -> None:
-    reconciler, source, cache, _ = loop_parts
+    reconciler, source, _, _ = loop_parts
     replaced = example_desired()
 
     class ReloadingSource(ScriptedSource):
         async def window(self, now_ms: int, window_ms: int) -> Signals:
-            cache.update_desired(replaced)  # as if the file watcher applied an edit meanwhile
+            reconciler.intent.update_desired(replaced)  # as if a reload landed meanwhile
             return await super().window(now_ms, window_ms)
 
     reconciler.source = ReloadingSource()
     assert await reconciler.tick(T0) == []
-    assert cache.desired is replaced
+    assert reconciler.intent.desired is replaced
     reconciler.source = source
     assert len(await reconciler.tick(T0 + 20_000)) == 2
 
@@ -283,7 +284,8 @@ async def test_a_fleet_without_metrics_logs_each_pair_once_with_one_fsync_per_ti
     desired = fleet_desired(pops=100, groups=50)
     pairs = 100 * 50
     log = DecisionLog(tmp_path)
-    reconciler = Reconciler(SnapshotCache(desired), NoMetrics(), log, StateStore(tmp_path))
+    intent, _ = intent_and_cache(desired, store=StateStore(tmp_path))
+    reconciler = Reconciler(intent, NoMetrics(), log)
     fsyncs: list[int] = []
     real_fsync = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: (fsyncs.append(fd), real_fsync(fd))[1])
@@ -321,15 +323,15 @@ async def test_cold_standby_ramps_step_by_step_and_the_ramp_survives_a_restart(
     desired = tmp_path / "desired.yaml"
     desired.write_text(Path("examples/desired.yaml").read_text())
     state = tmp_path / "state"
-    cache = SnapshotCache(example_desired())
     source = ScriptedSource()
     source.error_rate = 0.5
     with StateStore(state) as store:
-        reconciler = Reconciler(cache, source, DecisionLog(state), store, seed=7)
+        intent, _ = intent_and_cache(example_desired(), store=store)
+        reconciler = Reconciler(intent, source, DecisionLog(state), seed=7)
         seen = []
         for tick in range(4):
             await reconciler.tick(T0 + tick * 20_000)
-            seen.append(cache.weights("ewr", "shop")["secondary"])
+            seen.append(reconciler.intent.weights("ewr", "shop")["secondary"])
         saved = store.load().ramps
     # breach, then 5 -> 10 -> 20 (one schedule step per interval), although the controller
     # would move 10-15 points a tick
@@ -345,7 +347,8 @@ async def test_cold_standby_ramps_step_by_step_and_the_ramp_survives_a_restart(
     ))
     await service.start()
     try:
-        assert service.reconciler.ramp_states[("ewr", "shop")].ramps == saved["ewr/shop"]["ramps"]
+        ramp = service.server.intent.ramp_state(("ewr", "shop"))
+        assert ramp.ramps == saved["ewr/shop"]["ramps"]
         (restored,) = [r for r in iter_records(state) if r["kind"] == "state_restored"]
         assert "standby ramps ewr/shop (secondary)" in restored["rule"]
     finally:

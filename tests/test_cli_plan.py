@@ -44,13 +44,13 @@ def test_same_file_has_no_changes_even_after_weights_moved(
     assert code == 0, out
     assert "pop ewr: no changes (running: capabilities fifo" in out
     assert out.rstrip().endswith(f"No changes: {same} matches {stack.url} in 2 PoP(s).")
-    cache = stack.ballast.cache
+    intent = stack.ballast.intent
     try:
-        bg.call(lambda: cache.update_weights("ewr", "shop", {"primary": 50, "secondary": 50}))
+        bg.call(lambda: intent.update_weights("ewr", "shop", {"primary": 50, "secondary": 50}))
         code, out, _ = plan(capsys, str(same), "--server", stack.url)
         assert code == 0, out  # planned with the running weights, so they are no change
     finally:
-        bg.call(lambda: cache.update_weights("ewr", "shop", {"primary": 95, "secondary": 5}))
+        bg.call(lambda: intent.update_weights("ewr", "shop", {"primary": 95, "secondary": 5}))
 
 
 def test_changed_breaker_shows_field_old_and_new(

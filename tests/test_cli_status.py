@@ -165,9 +165,9 @@ def test_unknown_node_and_unreachable_server_exit_1(
 def test_pops_with_active_tier_actions(
     fleet: Fleet, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    cache = fleet.stack.ballast.cache
+    intent = fleet.stack.ballast.intent
     shed_only = TierActions(demote_tier=None, demote_to=None, demote_share=0)
-    fleet.bg.call(lambda: cache.set_tier_actions("sjc", "shop", TierActions()))
+    fleet.bg.call(lambda: intent.set_tier_actions("sjc", "shop", TierActions()))
     try:
         assert main(["status", "--server", fleet.stack.url]) == 0
         out = capsys.readouterr().out
@@ -182,7 +182,7 @@ def test_pops_with_active_tier_actions(
         assert main(["status", "ewr-1", "--server", fleet.stack.url]) == 0
         assert "  tier actions:  none active\n" in capsys.readouterr().out
 
-        fleet.bg.call(lambda: cache.set_tier_actions("ewr", "shop", shed_only))
+        fleet.bg.call(lambda: intent.set_tier_actions("ewr", "shop", shed_only))
         assert main(["status", "--server", fleet.stack.url]) == 0
         assert capsys.readouterr().out.splitlines()[-3:] == [
             "tier actions active:",
@@ -191,8 +191,8 @@ def test_pops_with_active_tier_actions(
             "retry-after 60 s)",
         ]
     finally:
-        fleet.bg.call(lambda: cache.set_tier_actions("sjc", "shop", None))
-        fleet.bg.call(lambda: cache.set_tier_actions("ewr", "shop", None))
+        fleet.bg.call(lambda: intent.set_tier_actions("sjc", "shop", None))
+        fleet.bg.call(lambda: intent.set_tier_actions("ewr", "shop", None))
         wait_until(lambda: fleet.node("sjc-sim")["status"] == "SYNCED", 5, "sim node synced")
     assert main(["status", "--server", fleet.stack.url]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == "tier actions: none active"

@@ -131,7 +131,7 @@ async def test_overview_shows_pops_nodes_version_and_last_config_change(
     assert nacked["last_nack"]["type"] == "CDS"
     assert "simulated rejection" in nacked["last_nack"]["message"]
     assert sjc_page["nodes"][0]["last_nack"]["message"] == nacked["last_nack"]["message"]
-    assert body["desired"]["version"] == stack.ballast.cache.desired.digest[:16]
+    assert body["desired"]["version"] == stack.ballast.intent.desired.digest[:16]
     applied = body["config"]["config_applied"]
     assert applied["seq"] == 1 and applied["detail"]["diff"][0] == "pop ewr:"
     assert body["config"]["config_rejected"] is None

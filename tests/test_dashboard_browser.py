@@ -79,7 +79,7 @@ async def test_dashboard_shows_the_fleet_and_follows_a_failover_live(tmp_path: P
             await expect(node).to_contain_text("SYNCED", timeout=10_000)
             await expect(node).to_contain_text("1.40.0")
         await expect(page.locator("#version code")).to_have_text(
-            fleet.service.server.cache.desired.digest[:16])
+            fleet.service.server.intent.desired.digest[:16])
         await expect(page.locator(".config.config_applied")).to_contain_text("config_applied")
 
         # Into ewr, then its group, by clicking: the page stays one document from here on.

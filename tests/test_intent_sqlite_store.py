@@ -14,6 +14,7 @@ import pytest
 
 from control_plane.decide.controller import ControllerState
 from control_plane.intent.sqlite_store import GroupState, Snapshot, StateCorrupted, StateStore
+from control_plane.intent.store import IntentBatch
 
 STATE = ControllerState({"a": 2, "b": 0}, {"a": 0, "b": 7})
 
@@ -167,3 +168,31 @@ def test_forget_group_and_digest(tmp_path: Path) -> None:
         snapshot = store.load()
     assert set(snapshot.groups) == {("ewr", "api")}
     assert snapshot.desired_digest == "sha256:abc"
+
+
+async def test_intent_batches_are_atomic_and_keep_any_record_kind(tmp_path: Path) -> None:
+    """The IntentStore face: a batch of pairs, forgotten pairs, records of any kind (a new
+    kind of intent needs no schema change) and the digest; a bad batch writes nothing."""
+    with StateStore(tmp_path) as store:
+        await store.write(IntentBatch(
+            groups=(("ewr", "api", {"a": 85, "b": 15}, STATE),
+                    ("sjc", "api", {"a": 95, "b": 5}, ControllerState())),
+            records=(("tier", "ewr/api", {"active": True}), ("ramp", "ewr/api", {"r": 1}),
+                     ("mirror", "ewr/api", [1, 2])),
+            desired_digest="d1",
+        ))
+        with pytest.raises(ValueError, match="summing to 100"):
+            await store.write(IntentBatch(groups=(("ewr", "api", {"a": 1}, STATE),),
+                                          forget_groups=(("sjc", "api"),), desired_digest="d2"))
+        await store.write(IntentBatch(forget_groups=(("sjc", "api"),),
+                                      records=(("mirror", "ewr/api", None),
+                                               ("lend", "sjc/api", "on"))))
+    with StateStore(tmp_path) as store:
+        snapshot = await store.read()
+    assert snapshot == Snapshot(
+        groups={("ewr", "api"): GroupState({"a": 85, "b": 15}, STATE)},
+        tier_decisions={"ewr/api": {"active": True}},
+        desired_digest="d1",
+        ramps={"ewr/api": {"r": 1}},
+        records={"lend": {"sjc/api": "on"}},
+    )

@@ -76,7 +76,7 @@ async def test_expiring_standby_certificate_is_flagged_before_any_shift(tmp_path
             "certificate of origin standby of group shop expires in "), record["rule"]
         assert "within the 14-day warning window" in str(record["rule"])
         # no weight moved: the standby keeps its warm pool, the primary the rest
-        assert service.server.cache.weights("ewr", "shop") == {"primary": 95, "standby": 5}
+        assert service.server.intent.weights("ewr", "shop") == {"primary": 95, "standby": 5}
         kinds = {r["kind"] for r in iter_records(state_dir)}
         assert not kinds & {"shift", "leave", "return"}, kinds
 

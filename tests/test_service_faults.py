@@ -68,7 +68,7 @@ async def until(check: Callable[[], Any], timeout: float = 10.0) -> Any:
 
 async def test_watcher_survives_bad_files_and_failing_code(service: BallastService) -> None:
     path = service.config.desired_path
-    digest = service.server.cache.desired.digest
+    digest = service.server.intent.desired.digest
     # a document nested hundreds of levels deep killed the watcher with a RecursionError
     path.write_text("pops: " + "[" * 400 + "]" * 400)
     rejected = await until(lambda: records(service, "config_rejected"))
@@ -92,11 +92,11 @@ async def test_watcher_survives_bad_files_and_failing_code(service: BallastServi
     assert "internal error while reloading: RecursionError" in rejected[-1]["detail"]["problems"][0]
     status, body = await readyz(service)
     assert status == 503 and "internal error (RecursionError" in body["reason"]
-    assert service.server.cache.desired.digest == digest  # running state kept
+    assert service.server.intent.desired.digest == digest  # running state kept
     # the watcher is alive: SIGHUP's re-read applies once the code works again
     service._apply_desired_bytes = real_apply  # type: ignore[method-assign]
     service.watcher.trigger()
-    await until(lambda: service.server.cache.desired.digest != digest)
+    await until(lambda: service.server.intent.desired.digest != digest)
     assert (await readyz(service))[0] == 200
     # even an exception escaping the hand-over itself does not end the watcher
     real_change = service.watcher.on_change
@@ -110,7 +110,7 @@ async def test_watcher_survives_bad_files_and_failing_code(service: BallastServi
     assert "KeyError" in records(service, "config_rejected")[-1]["detail"]["problems"][0]
     service.watcher.on_change = real_change
     service.watcher.trigger()
-    await until(lambda: service.server.cache.desired.digest == digest)
+    await until(lambda: service.server.intent.desired.digest == digest)
     assert (await readyz(service))[0] == 200
 
 
@@ -181,7 +181,7 @@ async def test_a_full_disk_during_a_reload_is_a_rejected_apply_recorded_later(
     running = BallastService(config(desired, small_disk / "state"))
     await running.start()
     try:
-        digest = running.server.cache.desired.digest
+        digest = running.server.intent.desired.digest
         filler = small_disk / "filler"
         with open(filler, "wb") as handle:  # fill the disk to the last byte
             try:
@@ -193,7 +193,7 @@ async def test_a_full_disk_during_a_reload_is_a_rejected_apply_recorded_later(
         desired.write_text(EDITED)
         await until(lambda: running.reload_error is None and (
             running.log_error is not None or records(running, "config_rejected")), 10)
-        assert running.server.cache.desired.digest == digest  # not applied
+        assert running.server.intent.desired.digest == digest  # not applied
         assert running.store.load().desired_digest == digest
         filler.unlink()  # space returns
         rejected = await until(lambda: records(running, "config_rejected"))
@@ -201,7 +201,7 @@ async def test_a_full_disk_during_a_reload_is_a_rejected_apply_recorded_later(
         await until(lambda: running.log_error is None)
         assert (await readyz(running))[0] == 200
         running.watcher.trigger()  # the same file, now with room: applied
-        await until(lambda: running.server.cache.desired.digest != digest)
+        await until(lambda: running.server.intent.desired.digest != digest)
     finally:
         await running.stop(0)
 

@@ -57,7 +57,8 @@ async def test_a_full_retranslation_does_not_delay_a_small_pops_push(tmp_path: P
     ))
     await service.start()
     cache = service.server.cache
-    assert all(cache.cached(pop, Capabilities()) is not None for pop in cache.desired.pop_names)
+    pops = service.server.intent.desired.pop_names
+    assert all(cache.cached(pop, Capabilities()) is not None for pop in pops)
     channel = local_channel(f"127.0.0.1:{service.server.port}")
     client = await XdsClient(channel, make_node("edge-1", "p000"), delta=True).start()
     try:
@@ -66,13 +67,13 @@ async def test_a_full_retranslation_does_not_delay_a_small_pops_push(tmp_path: P
         await client.subscribe(ENDPOINT_TYPE, sorted(client.names(CLUSTER_TYPE)))
         await client.wait_for(lambda c: len(c.names(ENDPOINT_TYPE)) == GROUPS * 3, 30)
         # the first reconcile tick (every pair) is done before anything is measured
-        await _until(lambda: len(service.reconciler.states) == POPS * GROUPS)
+        await _until(lambda: len(service.server.intent.intent.controllers) == POPS * GROUPS)
 
         async def push(step: int) -> float:
             """Shift g000 in p000; seconds until the node holds the new assignment."""
             started = time.perf_counter()
             share = 10 + step % 80
-            cache.update_weights("p000", "g000", {"o0": share, "o1": 100 - share})
+            service.server.intent.update_weights("p000", "g000", {"o0": share, "o1": 100 - share})
             want = cache.resources("p000", Capabilities()).of_type(ENDPOINT_TYPE)[
                 "g000.critical"].version
             await client.wait_for(
@@ -94,7 +95,7 @@ async def test_a_full_retranslation_does_not_delay_a_small_pops_push(tmp_path: P
         await client.close()
         await channel.close()
         await service.stop()
-    assert cache.desired.origin_groups[0].max_origin_concurrency == 100
+    assert service.server.intent.desired.origin_groups[0].max_origin_concurrency == 100
     worst = max(probe.lags)
     # on the loop, the reload would have stalled it (and any push) for its whole duration
     assert len(during) >= 3, (during, duration)

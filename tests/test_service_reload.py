@@ -82,7 +82,7 @@ async def test_invalid_edits_are_rejected_and_envoys_keep_their_config(
     async with running_fleet(tmp_path, rps=5) as fleet:
         await fleet.wait_for(lambda: _sends(fleet, "ewr-edge-1").get("RDS", 0) > 0, 10, "sync")
         before = {pop: _dynamic_versions(fleet, pop) for pop in ("ewr", "sjc")}
-        digest = fleet.service.server.cache.desired.digest
+        digest = fleet.service.server.intent.desired.digest
         path = tmp_path / "desired.yaml"
         assert callable(edit)
         path.write_text(edit(path.read_text()))
@@ -91,6 +91,6 @@ async def test_invalid_edits_are_rejected_and_envoys_keep_their_config(
         problems = "\n".join(rejected["detail"]["problems"])
         assert expected in problems, problems
         assert str(path) in problems, "same file:line messages as `ballast validate`"
-        assert fleet.service.server.cache.desired.digest == digest
+        assert fleet.service.server.intent.desired.digest == digest
         assert {pop: _dynamic_versions(fleet, pop) for pop in ("ewr", "sjc")} == before
         assert len(fleet.records("config_applied")) == 1  # only the start-up load

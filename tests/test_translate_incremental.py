@@ -8,7 +8,7 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from control_plane.ads.snapshots import SnapshotCache
+from control_plane.app.server import intent_and_cache
 from control_plane.desired.model import Desired, GroupWeights, TierActions
 from control_plane.translate.pop import built_resources, translate_pop
 from control_plane.translate.resources import (
@@ -165,14 +165,14 @@ def test_incremental_translation_is_byte_identical_to_the_full_one(
 
 
 def test_the_snapshot_cache_translates_a_weight_change_incrementally() -> None:
-    cache = SnapshotCache(fleet_desired(pops=3, groups=50))
+    intent, cache = intent_and_cache(fleet_desired(pops=3, groups=50))
     before = cache.resources("p002", FIFO)
-    assert cache.update_weights("p002", "g040", {"o0": 50, "o1": 50})
+    assert intent.update_weights("p002", "g040", {"o0": 50, "o1": 50})
     after = cache.resources("p002", FIFO)
     assert sorted(built_resources(after)) == [
         (ENDPOINT_TYPE, f"g040.{tier}") for tier in ("background", "critical", "normal")]
     assert after.of_type(CLUSTER_TYPE)["g040.critical"] is before.of_type(CLUSTER_TYPE)[
         "g040.critical"]
     unchanged = cache.resources("p001", FIFO)
-    assert not cache.update_weights("p001", "g040", cache.weights("p001", "g040"))
+    assert not intent.update_weights("p001", "g040", intent.weights("p001", "g040"))
     assert cache.resources("p001", FIFO) is unchanged  # nothing changed: the same snapshot

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 from envoy.config.route.v3.route_components_pb2 import Route
 
-from control_plane.ads.snapshots import SnapshotCache
+from control_plane.app.server import intent_and_cache
 from control_plane.desired.model import TierActions
 from control_plane.translate import translate_pop
 from control_plane.translate.resources import CLUSTER_TYPE, ENDPOINT_TYPE, ROUTE_TYPE, Capabilities
@@ -84,28 +84,28 @@ def test_unknown_tier_in_actions_is_refused() -> None:
         routes(actions={"shop": TierActions(shed_tier="bulk")})
 
 
-def test_snapshot_cache_sets_actions_for_one_pop_and_pushes_it() -> None:
-    cache = SnapshotCache(example_desired())
+def test_intent_owner_sets_actions_for_one_pop_and_pushes_it() -> None:
+    intent, cache = intent_and_cache(example_desired())
     for pop in ("ewr", "sjc"):
         cache.resources(pop, Capabilities())
     announced: list[frozenset[str]] = []
     cache.add_listener(announced.append)
     sjc_before = cache.resources("sjc", Capabilities())
     translations = cache.translations
-    assert cache.set_tier_actions("ewr", "shop", TierActions()) is True
+    assert intent.set_tier_actions("ewr", "shop", TierActions()) is True
     assert announced == [frozenset({"ewr"})]
     assert cache.translations == translations + 1  # only ewr re-translated
-    assert cache.tier_actions("ewr", "shop") == TierActions()
-    assert cache.tier_actions("sjc", "shop") is None
+    assert intent.tier_actions("ewr", "shop") == TierActions()
+    assert intent.tier_actions("sjc", "shop") is None
     assert cache.resources("sjc", Capabilities()) is sjc_before
     ewr = cache.resources("ewr", Capabilities()).of_type(ROUTE_TYPE)["edge"].message
     assert ewr.virtual_hosts[0].routes[2].direct_response.status == 503
-    assert cache.set_tier_actions("ewr", "shop", TierActions()) is False  # same: no push
-    assert cache.set_tier_actions("ewr", "shop", None) is True
+    assert intent.set_tier_actions("ewr", "shop", TierActions()) is False  # same: no push
+    assert intent.set_tier_actions("ewr", "shop", None) is True
     assert announced == [frozenset({"ewr"})] * 2
     with pytest.raises(ValueError):
-        cache.set_tier_actions("ewr", "shop", TierActions(demote_to="bulk"))
-    assert cache.tier_actions("ewr", "shop") is None
+        intent.set_tier_actions("ewr", "shop", TierActions(demote_to="bulk"))
+    assert intent.tier_actions("ewr", "shop") is None
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,8 @@
 """The admin HTTP API (aiohttp, JSON, loopback by default): what on-call and `ballast` CLIs read.
 
-Built from explicit parts — node registry, snapshot cache, decision-log source, metrics and two
-callables for readiness and the server summary — so it runs against any of them in tests.
+Built from explicit parts — node registry, intent owner, output cache, decision-log source,
+metrics and two callables for readiness and the server summary — so it runs against any of them
+in tests.
 Every handler only reads; a bad query parameter gets HTTP 400 and an unknown name 404, both as
 `{"error": "..."}`.
 
@@ -12,7 +13,7 @@ given a `Dashboard`, the on-call page under `/dashboard/` (see `admin/dashboard.
 Authentication (`admin/auth.py`): one middleware in front of every route — a bearer token, its
 cookie, or an admin client certificate, for all but `/healthz` and `/readyz`.
 
-`/tier-actions` (also under `tier_actions` in `/status`) is what the snapshot cache holds now:
+`/tier-actions` (also under `tier_actions` in `/status`) is what the intent owner holds now:
 PoP -> origin group -> the active tier actions (`TierActions.to_dict()` plus a `description` in
 words); every PoP is listed, groups only while they have actions active.
 """
@@ -40,6 +41,7 @@ from control_plane.decisions.explain import describe_active
 from control_plane.decisions.kinds import KINDS
 from control_plane.decisions.read import Query, Record, RecordSource, parse_since, since_cutoff
 from control_plane.desired.model import TierActions
+from control_plane.intent.owner import IntentOwner
 from control_plane.own_metrics.registry import BallastMetrics
 from control_plane.translate import render_json
 from control_plane.translate.resources import Capabilities
@@ -147,22 +149,22 @@ def node_counts(statuses: list[NodeStatus], pops: tuple[str, ...]) -> dict[str, 
     }
 
 
-def active_tier_actions(cache: SnapshotCache) -> dict[str, dict[str, TierActions]]:
-    """PoP -> group -> the tier actions active in the cache; every PoP, active groups only."""
-    desired = cache.desired
+def active_tier_actions(intent: IntentOwner) -> dict[str, dict[str, TierActions]]:
+    """PoP -> group -> the tier actions active now; every PoP, active groups only."""
+    desired = intent.desired
     active: dict[str, dict[str, TierActions]] = {}
     for pop in desired.pop_names:
         active[pop] = {}
         for group in desired.origin_groups:
-            actions = cache.tier_actions(pop, group.name)
+            actions = intent.tier_actions(pop, group.name)
             if actions is not None:
                 active[pop][group.name] = actions
     return active
 
 
-def configured_tier_actions(cache: SnapshotCache) -> dict[str, dict[str, TierActions]]:
+def configured_tier_actions(intent: IntentOwner) -> dict[str, dict[str, TierActions]]:
     """PoP -> group -> the actions its enabled policy would switch on (for the zero series)."""
-    desired = cache.desired
+    desired = intent.desired
     return {
         pop: {g.name: g.tier_actions.actions() for g in desired.origin_groups
               if g.tier_actions.enabled}
@@ -194,7 +196,8 @@ class AdminApi:
         self,
         *,
         nodes: NodeRegistry,
-        cache: SnapshotCache,
+        intent: IntentOwner,
+        cache: SnapshotCache[Any],
         decisions: RecordSource,
         metrics: BallastMetrics,
         ready: Callable[[], bool],
@@ -206,6 +209,7 @@ class AdminApi:
     ) -> None:
         self.auth = auth if auth is not None else AdminAuth()
         self.nodes = nodes
+        self.intent = intent
         self.cache = cache
         self.decisions = decisions
         self.metrics = metrics
@@ -278,8 +282,8 @@ class AdminApi:
     async def status(self, request: web.Request) -> web.Response:
         summary = dict(self._status())
         summary["ready"] = self._ready()
-        summary["nodes"] = node_counts(self.nodes.snapshot(), self.cache.desired.pop_names)
-        summary["tier_actions"] = tier_actions_json(active_tier_actions(self.cache))
+        summary["nodes"] = node_counts(self.nodes.snapshot(), self.intent.desired.pop_names)
+        summary["tier_actions"] = tier_actions_json(active_tier_actions(self.intent))
         return web.json_response(summary)
 
     async def list_nodes(self, request: web.Request) -> web.Response:
@@ -311,21 +315,21 @@ class AdminApi:
         return response
 
     async def weights(self, request: web.Request) -> web.Response:
-        return web.json_response({"weights": self.cache.all_weights()})
+        return web.json_response({"weights": self.intent.all_weights()})
 
     async def tier_actions(self, request: web.Request) -> web.Response:
         params = request.query
         check_params(params, TIER_ACTION_PARAMS)
         pop, group = params.get("pop"), params.get("group")
-        desired = self.cache.desired
-        if pop is not None and not self.cache.has_pop(pop):
+        desired = self.intent.desired
+        if pop is not None and not self.intent.has_pop(pop):
             return error(404, f"unknown PoP {pop!r}; known: {', '.join(desired.pop_names)}")
         groups = [g.name for g in desired.origin_groups]
         if group is not None and group not in groups:
             return error(404, f"unknown origin group {group!r}; known: {', '.join(groups)}")
         active = {
             name: {g: a for g, a in by_group.items() if group is None or g == group}
-            for name, by_group in active_tier_actions(self.cache).items()
+            for name, by_group in active_tier_actions(self.intent).items()
             if pop is None or name == pop
         }
         return web.json_response({"tier_actions": tier_actions_json(active)})
@@ -337,7 +341,7 @@ class AdminApi:
         if not pop:
             raise BadQuery("pop: required (the PoP whose resources to show)")
         if not self.cache.has_pop(pop):
-            known = ", ".join(self.cache.desired.pop_names)
+            known = ", ".join(self.cache.pops)
             return error(404, f"unknown PoP {pop!r}; known: {known}")
         caps, why = self._capabilities(pop, params.get("caps"))
         snapshot = self.cache.resources(pop, caps)
@@ -352,9 +356,9 @@ class AdminApi:
         )
 
     async def scrape(self, request: web.Request) -> web.Response:
-        self.metrics.set_weights(self.cache.all_weights())
+        self.metrics.set_weights(self.intent.all_weights())
         self.metrics.set_tier_actions(
-            active_tier_actions(self.cache), configured_tier_actions(self.cache)
+            active_tier_actions(self.intent), configured_tier_actions(self.intent)
         )
         return web.Response(
             body=self.metrics.exposition(), headers={"Content-Type": self.metrics.content_type}

@@ -44,10 +44,10 @@ from control_plane.admin.decision_feed import (
     TooManySubscribers,
 )
 from control_plane.ads.nodes import NodeRegistry
-from control_plane.ads.snapshots import SnapshotCache
 from control_plane.decisions.kinds import KINDS
 from control_plane.decisions.read import Query, record_time
 from control_plane.decisions.recent import by_seq, newest
+from control_plane.intent.owner import IntentOwner
 
 RANGES: dict[str, timedelta] = {
     "15m": timedelta(minutes=15),
@@ -101,7 +101,7 @@ class Dashboard:
         self,
         *,
         nodes: NodeRegistry,
-        cache: SnapshotCache,
+        intent: IntentOwner,
         feed: DecisionFeed,
         state_dir: Path,
         clock: Callable[[], datetime],
@@ -109,7 +109,7 @@ class Dashboard:
     ) -> None:
         self.nodes = nodes
         self._controllers = controllers
-        self.cache = cache
+        self.intent = intent
         self.feed = feed
         self.state_dir = state_dir
         self._clock = clock
@@ -167,18 +167,18 @@ class Dashboard:
 
     async def overview(self, request: web.Request) -> web.Response:
         config = await self._config_records()
-        desired = self.cache.desired
+        desired = self.intent.desired
         census = self.nodes.census(NODES_LISTED_PER_POP, NACKED_LISTED_PER_POP)
-        body = overview(desired, census, self.cache.pushed_weights(),
-                        self.cache.all_tier_actions(), config)
+        body = overview(desired, census, self.intent.pushed_weights(),
+                        self.intent.all_tier_actions(), config)
         body["groups"] = [g.name for g in desired.origin_groups]
         body["kinds"] = list(KINDS)
         return web.json_response(body)
 
     def _known_pop(self, pop: str) -> web.Response | None:
-        if self.cache.has_pop(pop):
+        if self.intent.has_pop(pop):
             return None
-        known = ", ".join(self.cache.desired.pop_names)
+        known = ", ".join(self.intent.desired.pop_names)
         return web.json_response({"error": f"unknown PoP {pop!r}; known: {known}"}, status=404)
 
     async def pop(self, request: web.Request) -> web.Response:
@@ -186,10 +186,10 @@ class Dashboard:
         missing = self._known_pop(pop)
         if missing is not None:
             return missing
-        desired = self.cache.desired
-        weights = {pop: {g.name: self.cache.weights(pop, g.name) for g in desired.origin_groups}}
+        desired = self.intent.desired
+        weights = {pop: {g.name: self.intent.weights(pop, g.name) for g in desired.origin_groups}}
         body = pop_view(desired, pop, self.nodes.snapshot(pop), weights,
-                        self.cache.all_tier_actions())
+                        self.intent.all_tier_actions())
         return web.json_response(body)
 
     async def timeline(self, request: web.Request) -> web.Response:
@@ -210,7 +210,7 @@ class Dashboard:
         missing = self._known_pop(pop)
         if missing is not None:
             return missing
-        desired = self.cache.desired
+        desired = self.intent.desired
         if group_name not in {g.name for g in desired.origin_groups}:
             known = ", ".join(g.name for g in desired.origin_groups)
             return web.json_response(
@@ -223,10 +223,10 @@ class Dashboard:
         if log_begins:  # a log younger than the range: the chart starts where the log does
             start = max(start, record_time(window.records[0]) - LEAD_IN)
         body = timeline(desired, pop, desired.group(group_name), window.records,
-                        self.cache.weights(pop, group_name), start, end,
+                        self.intent.weights(pop, group_name), start, end,
                         truncated=window.truncated
                         or len(window.records) >= TIMELINE_MAX_RECORDS)
-        actions = self.cache.tier_actions(pop, group_name)
+        actions = self.intent.tier_actions(pop, group_name)
         body["range"] = span
         body["log_begins"] = log_begins
         body["controllers"] = {

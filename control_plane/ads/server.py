@@ -255,7 +255,7 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                                  clip(pop, self.limits.text_chars), why)
                     await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
             if not self.cache.has_pop(pop):
-                known = ", ".join(self.cache.desired.pop_names)
+                known = ", ".join(self.cache.pops)
                 shown = clip(pop, self.limits.text_chars)
                 raise NodeRejected(
                     f"node {node.id!r} names unknown PoP {shown!r}; known: {known}"

@@ -1,16 +1,16 @@
 """The reconcile loop: observe -> decide -> persist -> log -> push, per (PoP, origin group).
 
-Level-triggered and safe to run any number of times: each tick reads the desired state and the
-current weights from the snapshot cache, the signals of the last window from the metric source,
-and asks the pure controller for the next weights. Order per tick: state is saved (one SQLite
-transaction) before weights reach Envoys, so a crash never leaves Envoys on weights the restarted
-server would not restore. Jitter comes from a seeded RNG per PoP, so PoPs never step in lockstep
-and a run is reproducible.
+Level-triggered and safe to run any number of times: each tick reads the desired state, the
+current weights and streaks from the intent owner, the signals of the last window from the
+metric source, and asks the pure controller for the next weights. Order per tick: state is saved
+(one store write) before weights reach Envoys, so a crash never leaves Envoys on weights the
+restarted server would not restore. Jitter comes from a seeded RNG per PoP, so PoPs never step
+in lockstep and a run is reproducible.
 
 The same tick runs the tier step (`decide/tiers.py`) per (PoP, group) on the per-tier pending
 maxima of the same window from `tier_source`: its state is saved under "<pop>/<group>" when it
 changes, a `tier_action` record is written when the actions go on or off, and then the actions
-of the current policy (or none) are set in the snapshot cache, which pushes RDS when the routes
+of the current policy (or none) are set on the intent owner, which pushes RDS when the routes
 change. Without a tier source, or when it fails, the tier actions hold.
 """
 
@@ -23,14 +23,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from control_plane.ads.snapshots import SnapshotCache
 from control_plane.decide.controller import ControllerState, StepResult, step
 from control_plane.decide.ramp import RampResult, RampState, ramp_step
 from control_plane.decide.runs import END_KINDS, QuietRun, follow_run
 from control_plane.decide.tiers import TierState, TierStepResult, tier_step
 from control_plane.decisions.log import DecisionLog
 from control_plane.desired.model import Desired, OriginGroup
-from control_plane.intent.sqlite_store import StateStore
+from control_plane.intent.owner import IntentOwner, PairStep
+from control_plane.intent.running import RunningIntent
 from control_plane.observe.source import (
     MetricSource,
     Signals,
@@ -59,41 +59,23 @@ class TickOutcome:
         return dict(self.ramp.weights_after if self.ramp else self.result.weights_after)
 
 
-def tier_key(pop: str, group: str) -> str:
-    """The state store key of a (PoP, group)'s tier state."""
-    return f"{pop}/{group}"
-
-
-def ramp_key(pop: str, group: str) -> str:
-    """The state store key of a (PoP, group)'s standby-ramp state."""
-    return f"{pop}/{group}"
-
-
 class Reconciler:
     def __init__(
         self,
-        cache: SnapshotCache,
+        intent: IntentOwner,
         source: MetricSource,
         decisions: DecisionLog,
-        store: StateStore,
         *,
-        states: dict[GroupKey, ControllerState] | None = None,
         tier_source: TierSource | None = None,
-        tier_states: dict[GroupKey, TierState] | None = None,
-        ramp_states: dict[GroupKey, RampState] | None = None,
         metrics: BallastMetrics | None = None,
         interval_ms: int | None = None,
         seed: int = 0,
         clock: Callable[[], int] = wall_ms,
     ) -> None:
-        self.cache = cache
+        self.intent = intent
         self.source = source
         self.decisions = decisions
-        self.store = store
-        self.states: dict[GroupKey, ControllerState] = dict(states or {})
         self.tier_source = tier_source
-        self.tier_states: dict[GroupKey, TierState] = dict(tier_states or {})
-        self.ramp_states: dict[GroupKey, RampState] = dict(ramp_states or {})
         self.metrics = metrics
         self.interval_override_ms = interval_ms
         self.seed = seed
@@ -113,7 +95,7 @@ class Reconciler:
         """One pass over every (PoP, group) that is due (or all of them)."""
         now = self.clock() if now_ms is None else now_ms
         started = time.perf_counter()
-        desired = self.cache.desired
+        desired = self.intent.desired
         due = [
             (pop.name, group)
             for pop in desired.pops
@@ -131,19 +113,20 @@ class Reconciler:
                 log.warning("metric source failed, holding weights: %s", err)
                 signals_by_window[window] = {}
         tiers_by_window = {window: await self._tier_signals(now, window) for window in windows}
-        if self.cache.desired is not desired:  # a reload landed while we were reading metrics
+        if self.intent.desired is not desired:  # a reload landed while we were reading metrics
             return []
         # pure steps over every due pair: O(PoPs x groups), so on a worker thread while the loop
-        # keeps serving; only this reconciler changes weights and states, and a reload that
-        # lands meanwhile voids the tick
+        # keeps serving, from the running intent as it is now; only this reconciler changes
+        # weights and states, and a reload that lands meanwhile voids the tick
+        running = self.intent.intent
         outcomes = await asyncio.to_thread(lambda: [
-            self._decide(desired, pop, group, signals_by_window[group.failover.window_ms],
+            self._decide(running, pop, group, signals_by_window[group.failover.window_ms],
                          tiers_by_window[group.failover.window_ms], now)
             for pop, group in due
         ])
-        if self.cache.desired is not desired:
+        if self.intent.desired is not desired:
             return []
-        self._persist_and_push(desired, outcomes)
+        await self._persist_and_push(desired, outcomes)
         for outcome in outcomes:
             group = desired.group(outcome.group)
             self._due[(outcome.pop, outcome.group)] = now + self.interval_ms(group)
@@ -162,7 +145,7 @@ class Reconciler:
             return None
 
     def _decide(
-        self, desired: Desired, pop: str, group: OriginGroup, signals: Signals,
+        self, running: RunningIntent, pop: str, group: OriginGroup, signals: Signals,
         tier_signals: TierSignals | None, now: int,
     ) -> TickOutcome:
         key = (pop, group.name)
@@ -170,8 +153,8 @@ class Reconciler:
         result = step(
             group.failover,
             group.preference[pop],
-            self.cache.weights(pop, group.name),
-            self.states.get(key, ControllerState()),
+            running.weights_of(pop, group.name),
+            running.controllers.get(key, ControllerState()),
             group_signals,
             now,
             self._jitter(pop, group.failover.jitter),
@@ -181,7 +164,7 @@ class Reconciler:
             self.metrics.source_staleness.labels(pop, group.name).set(max(0, now - newest) / 1000)
         tiers = tier_step(
             group,
-            self.tier_states.get(key, TierState()),
+            running.tier_states.get(key, TierState()),
             None if tier_signals is None else tier_signals.get(key),
             now,
         )
@@ -191,33 +174,32 @@ class Reconciler:
             group.preference[pop],
             result.weights_before,
             result.weights_after,
-            self.ramp_states.get(key, RampState()),
+            running.ramps.get(key, RampState()),
             group_signals,
             now,
         )
         return TickOutcome(pop, group.name, result, tiers, ramp)
 
-    def _persist_and_push(self, desired: Desired, outcomes: list[TickOutcome]) -> None:
+    async def _persist_and_push(self, desired: Desired, outcomes: list[TickOutcome]) -> None:
         """State saved, then every record of the tick written and fsync'd once, then pushed."""
-        changed = [  # a pair whose weights and streaks stayed is already saved as it is
-            (o.pop, o.group, o.weights, o.result.state) for o in outcomes
-            if o.weights != o.result.weights_before
-            or self.states.get((o.pop, o.group), ControllerState()) != o.result.state
-        ]
-        if changed:
-            self.store.save_groups(changed, desired_digest=desired.digest)
-        for outcome in outcomes:
-            self._save_tier_state(outcome)
-            self._save_ramp_state(outcome)
+        await self.intent.save_steps(
+            [
+                PairStep((o.pop, o.group), o.weights, o.result.state,
+                         None if o.tiers is None else o.tiers.state,
+                         None if o.ramp is None else o.ramp.state)
+                for o in outcomes
+            ],
+            desired,
+        )
         for outcome in outcomes:
             self._log(outcome, desired)
         self.decisions.sync()  # one fsync for the tick's records, before anything is pushed
         for outcome in outcomes:
             result = outcome.result
             if outcome.weights != result.weights_before:
-                self.cache.update_weights(outcome.pop, outcome.group, outcome.weights)
+                self.intent.update_weights(outcome.pop, outcome.group, outcome.weights)
             if outcome.tiers is not None:
-                self.cache.set_tier_actions(outcome.pop, outcome.group, outcome.tiers.actions)
+                self.intent.set_tier_actions(outcome.pop, outcome.group, outcome.tiers.actions)
             if self.metrics is not None:
                 for origin, weight in outcome.weights.items():
                     self.metrics.weight.labels(outcome.pop, outcome.group, origin).set(weight)
@@ -227,7 +209,6 @@ class Reconciler:
         (`decide/runs.py`), every other decision each time."""
         result = outcome.result
         key = (outcome.pop, outcome.group)
-        self.states[key] = result.state
         run = follow_run(self._runs.get(key), result, result.inputs["now_ms"],
                          first_tick=key not in self._runs)
         self._runs[key] = run.run
@@ -246,36 +227,6 @@ class Reconciler:
                 self._record(outcome, decision.kind, outcome.tiers.record_fields(decision),
                              desired)
 
-    def _save_tier_state(self, outcome: TickOutcome) -> None:
-        """Saved only when it changed; an idle state is removed from the store."""
-        if outcome.tiers is None:
-            return
-        key = (outcome.pop, outcome.group)
-        new = outcome.tiers.state
-        if new == self.tier_states.get(key, TierState()):
-            return
-        if new.idle:
-            self.store.clear_tier_decision(tier_key(*key))
-            self.tier_states.pop(key, None)
-        else:
-            self.store.set_tier_decision(tier_key(*key), new.to_dict())
-            self.tier_states[key] = new
-
-    def _save_ramp_state(self, outcome: TickOutcome) -> None:
-        """Saved only when it changed; a state with nothing to remember is removed."""
-        if outcome.ramp is None:
-            return
-        key = (outcome.pop, outcome.group)
-        new = outcome.ramp.state
-        if new == self.ramp_states.get(key, RampState()):
-            return
-        if new == RampState():
-            self.store.clear_ramp(ramp_key(*key))
-            self.ramp_states.pop(key, None)
-        else:
-            self.store.set_ramp(ramp_key(*key), new.to_dict())
-            self.ramp_states[key] = new
-
     def _record(
         self, outcome: TickOutcome, kind: str, fields: dict[str, object], desired: Desired
     ) -> None:
@@ -291,23 +242,13 @@ class Reconciler:
             self.metrics.decisions.labels(kind).inc()
 
     def forget_missing(self, desired: Desired) -> None:
-        """Drop controller and tier state of (PoP, group) pairs the new desired state no longer
-        has."""
+        """Drop the schedule and quiet runs of (PoP, group) pairs the new desired state no
+        longer has (their intent is dropped by the intent owner's carry-over)."""
         keep = {(p.name, g.name) for p in desired.pops for g in desired.origin_groups}
-        for key in list(self.states):
+        for key in [*self._due, *self._runs]:
             if key not in keep:
-                del self.states[key]
                 self._due.pop(key, None)
                 self._runs.pop(key, None)
-                self.store.forget_group(*key)
-        for key in list(self.tier_states):
-            if key not in keep:
-                del self.tier_states[key]
-                self.store.clear_tier_decision(tier_key(*key))
-        for key in list(self.ramp_states):
-            if key not in keep:
-                del self.ramp_states[key]
-                self.store.clear_ramp(ramp_key(*key))
 
     async def run(self, poll_ms: int = 250) -> None:
         """Tick each (PoP, group) on its own interval until cancelled."""

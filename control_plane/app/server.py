@@ -1,5 +1,6 @@
-"""`BallastServer`: the running control plane — snapshot cache, push hub, node registry and the
-ADS servicer on one grpc.aio server. The reconcile loop, hot reload and admin API hang off it.
+"""`BallastServer`: the running control plane — the intent owner, the output cache it publishes
+to (built by translating the running intent), push hub, node registry and the ADS servicer on one
+grpc.aio server. The reconcile loop, hot reload and admin API hang off it.
 
 With `tls`, the port speaks only mTLS: client certificates must chain to the client CA, the files
 are re-read when they change (`security/tls.py`), and each ADS stream's node identity must match
@@ -20,11 +21,41 @@ from control_plane.ads.server import AdsServicer, server_options
 from control_plane.ads.snapshots import SnapshotCache
 from control_plane.app.ads_observer import AdsObserver, Record
 from control_plane.desired.model import Desired
+from control_plane.intent.owner import IntentOwner
+from control_plane.intent.running import RunningIntent
+from control_plane.intent.store import IntentStore
 from control_plane.own_metrics.registry import BallastMetrics
 from control_plane.security.peer import check_node_peer
 from control_plane.security.tls import ReloadingCredentials
+from control_plane.translate import translate_pop
+from control_plane.translate.resources import Capabilities, PopResources
 
 log = logging.getLogger(__name__)
+
+
+def translate_intent(
+    intent: RunningIntent, pop: str, caps: Capabilities, previous: PopResources | None = None
+) -> PopResources:
+    """What nodes of `pop` with `caps` get under `intent`: its desired state, the weights and
+    tier actions it holds for `pop`, translated (incrementally from `previous`, when given:
+    byte-identical to the full translation)."""
+    return translate_pop(intent.desired, pop, intent.pop_weights(pop), caps,
+                         intent.pop_tier_actions(pop), previous=previous)
+
+
+def intent_pops(intent: RunningIntent) -> tuple[str, ...]:
+    return intent.desired.pop_names
+
+
+def intent_and_cache(
+    desired: Desired, *, store: IntentStore | None = None
+) -> tuple[IntentOwner, SnapshotCache[RunningIntent]]:
+    """The intent owner and the output cache it publishes to, whose entries are the running
+    intent translated (`translate_intent`)."""
+    owner = IntentOwner(desired, store=store)
+    cache = SnapshotCache(translate_intent, intent_pops, owner.intent)
+    owner.connect(cache.update)
+    return owner, cache
 
 
 class BallastServer:
@@ -39,11 +70,12 @@ class BallastServer:
         metrics: BallastMetrics | None = None,
         limits: AdsLimits = DEFAULT_LIMITS,
         tls: ReloadingCredentials | None = None,
+        store: IntentStore | None = None,
     ) -> None:
         self.xds_address = xds_address
         self.limits = limits
         self.tls = tls
-        self.cache = SnapshotCache(desired)
+        self.intent, self.cache = intent_and_cache(desired, store=store)
         self.hub = PushHub(quiet=debounce, max_delay=max_delay)
         self.cache.add_listener(self.hub.changed)
         self.nodes = NodeRegistry()

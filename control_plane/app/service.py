@@ -2,9 +2,10 @@
 
 Start-up order matters and is the point of this module:
 1. load and validate the desired state (refuse to start on problems);
-2. open the state store and restore weights, streak counters and active tier actions (refuse to
-   start on corrupted state) into the snapshot cache — before the gRPC port is even bound, so a
-   reconnecting Envoy never sees default weights or lifted shedding mid-incident;
+2. open the state store and restore weights, streak counters, ramps and active tier actions
+   (refuse to start on corrupted state) into the intent owner, under the same carry-over rule as
+   a reload — before the gRPC port is even bound, so a reconnecting Envoy never sees default
+   weights or lifted shedding mid-incident;
 3. translate every PoP's resources on a worker thread (Envoys reconnecting after a restart find
    them ready), then bind xDS (ADS + the metrics_service sink on the same port), then the admin
    API;
@@ -23,7 +24,7 @@ import os
 import signal
 import sqlite3
 from collections import deque
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -34,20 +35,20 @@ from control_plane.admin.auth import AdminAuth, AdminAuthError, TokenFile, check
 from control_plane.admin.dashboard import Dashboard
 from control_plane.admin.decision_feed import DecisionFeed
 from control_plane.ads.snapshots import SnapshotCache
-from control_plane.app.reconcile import Reconciler, ramp_key, tier_key
+from control_plane.app.reconcile import Reconciler
 from control_plane.app.reload import DesiredFileWatcher
-from control_plane.app.server import BallastServer
-from control_plane.decide.controller import ControllerState
-from control_plane.decide.ramp import RampState
-from control_plane.decide.tiers import TierState, actions_in_force
+from control_plane.app.server import BallastServer, translate_intent
 from control_plane.decisions.budget import DEFAULT_BUDGET, BudgetConfig, RecordBudget
 from control_plane.decisions.log import DecisionLog, format_time, log_files
 from control_plane.decisions.read import FileSource
 from control_plane.desired import DesiredStateError, parse_desired, read_desired_bytes
-from control_plane.desired.model import Desired, GroupWeights, TierActions
+from control_plane.desired.model import Desired
 from control_plane.desired.warnings import desired_warnings
-from control_plane.intent.sqlite_store import StateCorrupted, StateStore
+from control_plane.intent.carry_over import carry_over
+from control_plane.intent.running import RunningIntent, ramp_key, tier_key
+from control_plane.intent.sqlite_store import StateStore
 from control_plane.intent.state_dir_lock import StateDirLock
+from control_plane.intent.store import RAMP_KIND, Snapshot
 from control_plane.observe.access_log import AccessLogStore, WithWaits, add_access_log_service
 from control_plane.observe.certificates import CertificateStatus
 from control_plane.observe.combine import CombinedSource
@@ -58,7 +59,7 @@ from control_plane.observe.source import MetricSource, wall_ms
 from control_plane.own_metrics.registry import BallastMetrics
 from control_plane.security.peer import check_node_peer, peer_pop
 from control_plane.security.tls import ReloadingCredentials, ReloadingSslContext, TlsFiles
-from control_plane.translate import render_json, translate_pop
+from control_plane.translate import render_json
 from control_plane.translate.diff import ResourceChange, diff_renderings, format_changes, summarize
 from control_plane.translate.resources import Capabilities, PopResources
 
@@ -150,10 +151,9 @@ class BallastService:
             debounce=config.debounce_s,
             metrics=self.metrics,
             tls=tls,
+            store=self.store,
         )
-        ramp_states = self._restore_ramps(desired, snapshot.ramps)
-        states, tier_states = self._restore(desired, snapshot.groups, snapshot.tier_decisions,
-                                            ramp_states)
+        await self._restore(snapshot)
         if snapshot.desired_digest != desired.digest:
             self._record(
                 "config_applied",
@@ -162,17 +162,13 @@ class BallastService:
                 detail={"source": str(config.desired_path), "digest": desired.digest,
                         "warnings": desired_warnings(desired)},
             )
-            self.store.set_desired_digest(desired.digest)
+            await self.server.intent.save_digest()
         source = self._metric_source(desired)
         self.reconciler = Reconciler(
-            self.server.cache,
+            self.server.intent,
             source,
             self.decisions,
-            self.store,
-            states=states,
             tier_source=WithWaits(self._passive, self.access_logs),
-            tier_states=tier_states,
-            ramp_states=ramp_states,
             metrics=self.metrics,
             interval_ms=config.reconcile_interval_ms,
             seed=config.seed,
@@ -218,88 +214,42 @@ class BallastService:
         )
         self.ready = True
 
-    def _restore_ramps(
-        self, desired: Desired, saved: dict[str, Any]
-    ) -> dict[tuple[str, str], RampState]:
-        """Standby-ramp states by (PoP, group); pairs the desired state no longer has are left
-        out (and forgotten by the reconciler)."""
-        keys = {ramp_key(p, g.name): (p, g.name)
-                for p in desired.pop_names for g in desired.origin_groups}
-        states: dict[tuple[str, str], RampState] = {}
-        for key, value in sorted(saved.items()):
-            try:
-                state = RampState.from_dict(value)
-            except ValueError as exc:
-                raise StateCorrupted(f"{self.store.path}: ramp {key!r}: {exc}") from exc
-            if key in keys:
-                states[keys[key]] = state
-            else:
-                self.store.clear_ramp(key)
-        return states
-
-    def _restore(
-        self, desired: Desired, groups: dict[tuple[str, str], Any], tiers: dict[str, Any],
-        ramps: dict[tuple[str, str], RampState],
-    ) -> tuple[dict[tuple[str, str], ControllerState], dict[tuple[str, str], TierState]]:
-        states: dict[tuple[str, str], ControllerState] = {}
-        skipped: list[str] = []
-        for (pop, group), saved in sorted(groups.items()):
-            known = pop in desired.pop_names and any(
-                g.name == group for g in desired.origin_groups
-            )
-            fits = known and set(saved.weights) == {o.name for o in desired.group(group).origins}
-            if not fits:
-                skipped.append(f"{pop}/{group}")
-                continue
-            self.server.cache.update_weights(pop, group, saved.weights)
-            states[(pop, group)] = saved.controller
-        self.restored_groups = len(states)
-        tier_states, active = self._restore_tiers(desired, tiers)
-        skipped += sorted(set(tiers) - {tier_key(*key) for key in tier_states} - set(skipped))
-        ramping = [f"{ramp_key(*key)} ({', '.join(s.ramping)})"
-                   for key, s in sorted(ramps.items()) if s.ramping]
-        if groups or tiers:
+    async def _restore(self, snapshot: Snapshot) -> None:
+        """What the store held, under the carry-over rule; a `state_restored` record says what
+        was restored and what was dropped (pairs the desired state no longer has, or whose
+        weights no longer fit). Ramp states of pairs that are gone leave the store."""
+        owner = self.server.intent
+        carried = owner.restore(snapshot, where=str(self.store.path))
+        intent = carried.intent
+        restored = sorted(intent.weights)
+        active = sorted(tier_key(*key) for key in intent.tier_actions)
+        skipped = [tier_key(*key) for key in sorted(set(snapshot.groups) - set(intent.weights))]
+        kept_tiers = {tier_key(*key) for key in intent.tier_states}
+        skipped += sorted(set(snapshot.tier_decisions) - kept_tiers - set(skipped))
+        ramps = sorted(intent.ramps.items())
+        await owner.forget_records(
+            RAMP_KIND, sorted(set(snapshot.ramps) - {ramp_key(*key) for key, _ in ramps}))
+        ramping = [f"{ramp_key(*key)} ({', '.join(s.ramping)})" for key, s in ramps if s.ramping]
+        self.restored_groups = len(restored)
+        self.restored_tier_actions = len(active)
+        if snapshot.groups or snapshot.tier_decisions:
             self._record(
                 "state_restored",
-                rule=f"restored weights and streaks of {len(states)} (PoP, group) pairs; tier "
+                rule=f"restored weights and streaks of {len(restored)} (PoP, group) pairs; tier "
                 f"actions active for {', '.join(active) or 'none'}; standby ramps "
                 f"{', '.join(ramping) or 'none'}"
                 + (f"; dropped (no longer in desired state): {', '.join(skipped)}" if skipped
                    else ""),
                 detail={
-                    "restored": {f"{p}/{g}": self.server.cache.weights(p, g) for p, g in states},
-                    "tier_states": {tier_key(*k): s.to_dict() for k, s in tier_states.items()},
+                    "restored": {tier_key(*key): owner.weights(*key) for key in restored},
+                    "tier_states": {tier_key(*k): s.to_dict()
+                                    for k, s in sorted(intent.tier_states.items(),
+                                                       key=lambda item: tier_key(*item[0]))},
                     "tier_actions_active": active,
-                    "ramps": {ramp_key(*k): s.to_dict() for k, s in ramps.items()},
+                    "ramps": {ramp_key(*k): s.to_dict() for k, s in ramps},
                     "dropped": skipped,
                 },
             )
-        return states, tier_states
-
-    def _restore_tiers(
-        self, desired: Desired, saved: dict[str, Any]
-    ) -> tuple[dict[tuple[str, str], TierState], list[str]]:
-        """Tier states by (PoP, group), and the keys whose actions (those of the current policy)
-        were set in the cache. Keys of pairs the desired state no longer has are left out."""
-        keys = {tier_key(p, g.name): (p, g.name)
-                for p in desired.pop_names for g in desired.origin_groups}
-        states: dict[tuple[str, str], TierState] = {}
-        active: list[str] = []
-        for key, value in sorted(saved.items()):
-            try:
-                state = TierState.from_dict(value)
-            except ValueError as exc:
-                raise StateCorrupted(f"{self.store.path}: tier decision {key!r}: {exc}") from exc
-            if key not in keys:
-                continue
-            pop, group = keys[key]
-            states[pop, group] = state
-            actions = actions_in_force(desired.group(group), state)
-            if actions is not None:
-                self.server.cache.set_tier_actions(pop, group, actions)
-                active.append(key)
-        self.restored_tier_actions = len(active)
-        return states, active
 
     def _metric_source(self, desired: Desired) -> MetricSource:
         config = self.config
@@ -343,11 +293,12 @@ class BallastService:
         host, _, port = address.rpartition(":")
         feed = DecisionFeed()
         self.decisions.add_listener(feed.publish)
-        dashboard = Dashboard(nodes=self.server.nodes, cache=self.server.cache, feed=feed,
+        dashboard = Dashboard(nodes=self.server.nodes, intent=self.server.intent, feed=feed,
                               state_dir=self.config.state_dir, clock=lambda: datetime.now(UTC),
                               controllers=self.controller_states)
         self.admin = AdminApi(
             nodes=self.server.nodes,
+            intent=self.server.intent,
             cache=self.server.cache,
             decisions=FileSource(self.config.state_dir),
             metrics=self.metrics,
@@ -414,7 +365,7 @@ class BallastService:
     # -- the faces -------------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
-        desired = self.server.cache.desired
+        desired = self.server.intent.desired
         return {
             "desired": {"source": desired.source, "digest": desired.digest},
             "started_at_ms": self.started_at_ms,
@@ -436,11 +387,11 @@ class BallastService:
 
     def controller_states(self, pop: str, group: str) -> dict[str, dict[str, Any] | None]:
         """The reconcile loop's state of one (PoP, group) beyond its weights (None: idle)."""
-        tier = self.reconciler.tier_states.get((pop, group))
-        ramp = self.reconciler.ramp_states.get((pop, group))
+        tier = self.server.intent.tier_state((pop, group))
+        ramp = self.server.intent.ramp_state((pop, group))
         return {
-            "Tier controller": None if tier is None or tier.idle else tier.to_dict(),
-            "Failover ramp": None if ramp is None or not ramp.ramping else ramp.to_dict(),
+            "Tier controller": None if tier.idle else tier.to_dict(),
+            "Failover ramp": ramp.to_dict() if ramp.ramping else None,
         }
 
     # -- events ----------------------------------------------------------------------------
@@ -576,12 +527,13 @@ class BallastService:
         except DesiredStateError as err:
             self._reject(digest, [str(p) for p in err.problems])
             return False
-        cache = self.server.cache
-        old = cache.desired
-        if new.digest == old.digest:
+        owner, cache = self.server.intent, self.server.cache
+        before = owner.intent
+        if new.digest == before.desired.digest:
             return False
-        diffs = pop_diffs_from(cache, old, new)
-        prepare = cache.prepare_desired(new)
+        carried = carry_over(before, new)
+        diffs = pop_diffs_from(cache, before, carried.intent)
+        prepare = cache.prepare(carried.intent)
         try:
             changes, prepared = await asyncio.to_thread(lambda: (diffs(), prepare()))
         except Exception as err:  # translation of a valid file failed: never half-apply
@@ -593,13 +545,15 @@ class BallastService:
             self._reject(digest, [f"{source}: only {free:,} bytes free where the state is saved "
                                   f"({self.config.state_dir}); not applied"])
             return False
+        # weights may have moved meanwhile: the same rule, over the intent running now
+        current = carried if owner.intent is before else carry_over(owner.intent, new)
         try:  # saved before it applies
-            self.store.set_desired_digest(new.digest)
+            await owner.save_desired(before, current.intent)
         except (OSError, sqlite3.Error) as err:
             log.error("cannot save the desired-state digest: %s", err)
             self._reject(digest, [f"{source}: cannot save the state ({err}); not applied"])
             return False
-        changed_pops = cache.commit_desired(prepared)
+        changed_pops = owner.apply(current, lambda intent: cache.commit(prepared, intent))
         self._desired_bytes = data
         self.reconciler.forget_missing(new)
         if self._passive is not None:
@@ -680,54 +634,36 @@ def _pops(old: Desired, new: Desired) -> list[str]:
 
 
 def pop_diffs_from(
-    cache: SnapshotCache, old: Desired, new: Desired
+    cache: SnapshotCache[RunningIntent], before: RunningIntent, after: RunningIntent
 ) -> Callable[[], dict[str, list[ResourceChange]]]:
     """Read what the diffs need from the cache now; the returned call computes, per PoP, what it
-    gets differently under `new` than now (Envoys without adaptive LIFO) and touches nothing of
-    the cache, so it may run on a worker thread."""
+    gets differently under the carried-over intent `after` than under `before` (Envoys without
+    adaptive LIFO) and touches nothing of the cache, so it may run on a worker thread."""
     caps = Capabilities()
-    weights = cache.all_weights()
-    active = {
-        pop: {g.name: a for g in old.origin_groups
-              if (a := cache.tier_actions(pop, g.name)) is not None}
-        for pop in old.pop_names
-    }
-    cached = {pop: cache.cached(pop, caps) for pop in old.pop_names}
+    cached = {pop: cache.cached(pop, caps) for pop in before.desired.pop_names}
 
     def diffs() -> dict[str, list[ResourceChange]]:
-        return {pop: diff_pop(old, new, pop, weights.get(pop, {}), active.get(pop, {}),
-                              cached.get(pop))
-                for pop in _pops(old, new)}
+        return {pop: diff_pop(before, after, pop, cached.get(pop))
+                for pop in _pops(before.desired, after.desired)}
 
     return diffs
 
 
 def diff_pop(
-    old: Desired, new: Desired, pop: str, current: Mapping[str, GroupWeights],
-    active: Mapping[str, TierActions], before_resources: PopResources | None = None,
+    before: RunningIntent, after: RunningIntent, pop: str,
+    before_resources: PopResources | None = None,
 ) -> list[ResourceChange]:
-    """What `pop` gets differently under `new` than now (Envoys without adaptive LIFO), from its
-    current weights and active tier actions (and its current resources, when at hand)."""
+    """What `pop` gets differently under `after` than under `before` (Envoys without adaptive
+    LIFO): exactly what applying `after` pushes to them. `before_resources`: what it is served
+    now, when at hand."""
     caps = Capabilities()
-    if pop not in old.pop_names:
-        before = {}
+    if pop not in before.desired.pop_names:
+        old = {}
     else:
-        before = render_json(before_resources or translate_pop(old, pop, current, caps, active))
-    if pop not in new.pop_names:
-        return diff_renderings(before, {})
-    weights = {
-        g.name: current[g.name]
-        for g in new.origin_groups
-        if g.name in current and set(current[g.name]) == {o.name for o in g.origins}
-    }
-    actions = {}
-    if pop in old.pop_names:
-        for group in new.origin_groups:
-            if group.name in active and group.tier_actions.enabled:
-                actions[group.name] = group.tier_actions.actions()
-    return diff_renderings(
-        before, render_json(translate_pop(new, pop, weights, caps, actions))
-    )
+        old = render_json(before_resources or translate_intent(before, pop, caps))
+    if pop not in after.desired.pop_names:
+        return diff_renderings(old, {})
+    return diff_renderings(old, render_json(translate_intent(after, pop, caps)))
 
 
 def _log_warnings(desired: Desired) -> None:

@@ -29,7 +29,9 @@ from control_plane.cli.translate_options import (
     release_capabilities,
 )
 from control_plane.desired import Desired
-from control_plane.desired.model import GroupWeights
+from control_plane.desired.model import GroupWeights, TierActions
+from control_plane.intent.carry_over import carry_over
+from control_plane.intent.running import PairKey, RunningIntent
 from control_plane.translate import render_json, translate_pop
 from control_plane.translate.diff import (
     Rendering,
@@ -39,7 +41,6 @@ from control_plane.translate.diff import (
     summarize,
 )
 from control_plane.translate.resources import Capabilities
-from control_plane.translate.weights import WeightsError, check_group_weights
 
 HELP = "show which Envoy resources applying a desired-state file would add, change or remove"
 NO_CHANGES, ERROR, CHANGES = 0, 1, 2
@@ -140,8 +141,11 @@ def plan_files(old: Desired, new: Desired, pop: str | None) -> list[PopPlan]:
 
 
 def plan_against_server(client: AdminClient, new: Desired, pop: str | None) -> list[PopPlan]:
-    """`new` rendered with the server's weights and capability key, against what it serves."""
+    """`new` rendered with the server's running intent carried over (the rule a reload
+    applies) and its capability key, against what it serves."""
     running: dict[str, dict[str, GroupWeights]] = client.get("/weights")["weights"]
+    active: dict[str, dict[str, Any]] = client.get("/tier-actions")["tier_actions"]
+    carried = carry_over(running_intent(new, running, active), new)
     plans = []
     for name in _pops(pop, list(running), new.pop_names):
         if name in running:
@@ -153,37 +157,57 @@ def plan_against_server(client: AdminClient, new: Desired, pop: str | None) -> l
             before = {}
             caps = release_capabilities(DEFAULT_ENVOY_RELEASE)
             basis = f"new PoP: starting weights, capabilities {caps.key}"
-        weights, notes = fitting_weights(new, running.get(name, {}))
-        after = _render(new, name, weights, caps)
+        notes = tuple(
+            f"running weights do not fit ({why}); planned with starting weights"
+            for (p, _), why in sorted(carried.notes.items())
+            if p == name
+        )
+        intent = carried.intent
+        after = _render(new, name, intent.pop_weights(name), caps, intent.pop_tier_actions(name))
         plans.append(PopPlan(name, basis, diff_renderings(before, after), notes))
     return plans
 
 
-def fitting_weights(
-    desired: Desired, weights: Mapping[str, GroupWeights]
-) -> tuple[dict[str, GroupWeights], tuple[str, ...]]:
-    """The running weights that still fit `desired`; the others start over, as on apply."""
-    groups = {group.name: group for group in desired.origin_groups}
-    kept: dict[str, GroupWeights] = {}
-    notes: list[str] = []
-    for name, group_weights in weights.items():
-        if name not in groups:
-            continue
-        try:
-            check_group_weights(groups[name], group_weights)
-        except WeightsError as err:
-            notes.append(f"running weights do not fit ({err}); planned with starting weights")
-            continue
-        kept[name] = dict(group_weights)
-    return kept, tuple(notes)
+def running_intent(
+    new: Desired,
+    weights: Mapping[str, Mapping[str, GroupWeights]],
+    active: Mapping[str, Mapping[str, Any]],
+) -> RunningIntent:
+    """What the admin API shows of a server's running intent (`/weights`, `/tier-actions`).
+    `carry_over` reads only what an intent holds, not the desired state it ran under, so
+    `new` stands in for that."""
+    held: dict[PairKey, GroupWeights] = {
+        (pop, group): dict(w) for pop, groups in weights.items() for group, w in groups.items()
+    }
+    actions = {(pop, group): tier_actions_from_json(shown)
+               for pop, groups in active.items() for group, shown in groups.items()}
+    return RunningIntent(new, weights=held, tier_actions=actions)
+
+
+def tier_actions_from_json(shown: Mapping[str, Any]) -> TierActions:
+    """`TierActions.to_dict()` as `/tier-actions` shows it, back to the value."""
+    return TierActions(
+        demote_tier=shown["demote_tier"],
+        demote_to=shown["demote_to"],
+        demote_share=shown["demote_share"],
+        shed_tier=shown["shed_tier"],
+        retry_after_s=shown["retry_after_s"],
+        shed_tiers=tuple(shown.get("shed_tiers", ())),
+        limits=tuple(shown.get("limits", {}).items()),
+        shed_status=tuple(shown.get("shed_status", {}).items()),
+    )
 
 
 def _render(
-    desired: Desired, pop: str, weights: Mapping[str, GroupWeights], caps: Capabilities
+    desired: Desired,
+    pop: str,
+    weights: Mapping[str, GroupWeights],
+    caps: Capabilities,
+    tier_actions: Mapping[str, TierActions] | None = None,
 ) -> dict[str, dict[str, Any]]:
     if pop not in desired.pop_names:
         return {}
-    return render_json(translate_pop(desired, pop, weights, caps))
+    return render_json(translate_pop(desired, pop, weights, caps, tier_actions or {}))
 
 
 def report(file: str, source: str, plans: list[PopPlan]) -> str:

@@ -1,12 +1,15 @@
 """Crash-safe controller state: SQLite in WAL mode with ``synchronous=FULL`` in the state directory.
 
 Holds, per (PoP, origin group), the weights in force and the controller's streaks; the active tier
-decisions (key -> JSON value); and the digest of the last applied desired state. Every ``save_*``
-is one transaction, durable when it returns, so after ``kill -9`` the store holds the last completed
-save. Anything unreadable raises ``StateCorrupted`` naming the file: the state is never reset
-silently (move the file aside to start from defaults on purpose). A file that is there but
-empty (0 bytes, or no tables) while the state directory shows earlier use (``history``, e.g. a
-decision log) raises ``StateSuspicious``: a failed copy or a full disk looks exactly like that.
+decisions and standby-ramp states (key -> JSON value); records of any other kind of intent (kind,
+key -> JSON value); and the digest of the last applied desired state. Every ``save_*`` and every
+``write`` is one transaction, durable when it returns, so after ``kill -9`` the store holds the
+last completed save. Anything unreadable raises ``StateCorrupted`` naming the file: the state is
+never reset silently (move the file aside to start from defaults on purpose). A file that is
+there but empty (0 bytes, or no tables) while the state directory shows earlier use
+(``history``, e.g. a decision log) raises ``StateSuspicious``: a failed copy or a full disk looks
+exactly like that. ``read``/``write`` are the ``IntentStore`` interface (``store.py``); they run
+the local transaction inline.
 """
 
 from __future__ import annotations
@@ -16,12 +19,23 @@ import os
 import sqlite3
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from control_plane.decide.controller import ControllerState
-from control_plane.desired.model import GroupWeights
+from control_plane.intent.store import (
+    RAMP_KIND,
+    TIER_KIND,
+    GroupState,
+    IntentBatch,
+    Snapshot,
+    StateCorrupted,
+    check_weights,
+)
+
+__all__ = [
+    "STATE_FILE", "GroupState", "Snapshot", "StateCorrupted", "StateStore", "StateSuspicious",
+]
 
 STATE_FILE = "state.db"
 SCHEMA_VERSION = "1"
@@ -31,44 +45,14 @@ _SCHEMA = (
     " weights TEXT NOT NULL, controller TEXT NOT NULL, PRIMARY KEY (pop, grp))",
     "CREATE TABLE IF NOT EXISTS tier_decisions (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     "CREATE TABLE IF NOT EXISTS ramps (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS records (kind TEXT NOT NULL, key TEXT NOT NULL,"
+    " value TEXT NOT NULL, PRIMARY KEY (kind, key))",
 )
-
-
-class StateCorrupted(Exception):
-    """The state file cannot be trusted; the message names the file and what is wrong."""
+_KEYED_TABLES = {TIER_KIND: "tier_decisions", RAMP_KIND: "ramps"}  # kinds with their own table
 
 
 class StateSuspicious(StateCorrupted):
     """The state file is empty although the state directory was used before."""
-
-
-@dataclass(frozen=True)
-class GroupState:
-    weights: GroupWeights
-    controller: ControllerState
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """Everything the store holds."""
-
-    groups: dict[tuple[str, str], GroupState] = field(default_factory=dict)
-    tier_decisions: dict[str, Any] = field(default_factory=dict)
-    desired_digest: str | None = None
-    ramps: dict[str, Any] = field(default_factory=dict)  # standby-ramp states by "<pop>/<group>"
-
-
-def check_weights(weights: Mapping[str, Any]) -> GroupWeights:
-    """Weights as saved: origin -> integer >= 0, summing to 100; ValueError otherwise."""
-    if (
-        not isinstance(weights, Mapping)
-        or not weights
-        or not all(isinstance(k, str) for k in weights)
-        or any(type(v) is not int or v < 0 for v in weights.values())
-        or sum(weights.values()) != 100
-    ):
-        raise ValueError(f"weights must map origins to integers >= 0 summing to 100: {weights!r}")
-    return dict(weights)
 
 
 class StateStore:
@@ -211,6 +195,7 @@ class StateStore:
                 ).fetchall()
                 tier_rows = db.execute("SELECT key, value FROM tier_decisions").fetchall()
                 ramp_rows = db.execute("SELECT key, value FROM ramps").fetchall()
+                record_rows = db.execute("SELECT kind, key, value FROM records").fetchall()
                 digest_row = db.execute(
                     "SELECT value FROM meta WHERE key = 'desired_digest'"
                 ).fetchone()
@@ -237,8 +222,53 @@ class StateStore:
                 ramps[key] = json.loads(text)
             except (TypeError, ValueError) as exc:
                 raise StateCorrupted(f"{self.path}: ramp {key!r}: {exc}") from exc
+        records: dict[str, dict[str, Any]] = {}
+        for kind, key, text in record_rows:
+            try:
+                records.setdefault(kind, {})[key] = json.loads(text)
+            except (TypeError, ValueError) as exc:
+                raise StateCorrupted(f"{self.path}: {kind} record {key!r}: {exc}") from exc
         digest = digest_row[0] if digest_row is not None else None
-        return Snapshot(groups, tiers, digest, ramps)
+        return Snapshot(groups, tiers, digest, ramps, records)
+
+    # -- the IntentStore interface ---------------------------------------------------------
+
+    async def read(self) -> Snapshot:
+        return self.load()
+
+    async def write(self, batch: IntentBatch) -> None:
+        """One transaction: pairs saved and forgotten, records put and deleted, the digest."""
+        if not batch:
+            return
+        rows = [
+            (pop, group, json.dumps(check_weights(weights), sort_keys=True),
+             json.dumps(state.to_dict(), sort_keys=True))
+            for pop, group, weights, state in batch.groups
+        ]
+        with self._transaction() as db:
+            db.executemany(
+                "INSERT INTO groups VALUES (?, ?, ?, ?) ON CONFLICT (pop, grp) DO UPDATE SET "
+                "weights = excluded.weights, controller = excluded.controller",
+                rows,
+            )
+            db.executemany("DELETE FROM groups WHERE pop = ? AND grp = ?", batch.forget_groups)
+            for kind, key, value in batch.records:
+                table = _KEYED_TABLES.get(kind)
+                if value is None and table is not None:
+                    db.execute(f"DELETE FROM {table} WHERE key = ?", (key,))
+                elif value is None:
+                    db.execute("DELETE FROM records WHERE kind = ? AND key = ?", (kind, key))
+                elif table is not None:
+                    db.execute(f"INSERT OR REPLACE INTO {table} VALUES (?, ?)",
+                               (key, json.dumps(value, sort_keys=True)))
+                else:
+                    db.execute("INSERT OR REPLACE INTO records VALUES (?, ?, ?)",
+                               (kind, key, json.dumps(value, sort_keys=True)))
+            if batch.desired_digest is not None:
+                db.execute(
+                    "INSERT OR REPLACE INTO meta VALUES ('desired_digest', ?)",
+                    (batch.desired_digest,),
+                )
 
     def close(self) -> None:
         self._db.close()

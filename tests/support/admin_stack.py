@@ -66,13 +66,14 @@ async def start_stack(
     holder: list[AdminStack] = []
     api = AdminApi(
         nodes=ballast.nodes,
+        intent=ballast.intent,
         cache=ballast.cache,
         decisions=FileSource(state_dir),
         metrics=metrics,
         ready=lambda: holder[0].ready,
         status=lambda: holder[0].summary(),
         dashboard=None if feed is None else Dashboard(
-            nodes=ballast.nodes, cache=ballast.cache, feed=feed, state_dir=state_dir,
+            nodes=ballast.nodes, intent=ballast.intent, feed=feed, state_dir=state_dir,
             clock=lambda: datetime.now(UTC),
         ),
     )

@@ -86,7 +86,7 @@ class Fleet:
         ]
 
     def weights(self, pop: str) -> dict[str, int]:
-        return self.service.server.cache.weights(pop, "shop")
+        return self.service.server.intent.weights(pop, "shop")
 
     def envoy_weights(self, pop: str, cluster: str = "shop.critical") -> dict[str, int]:
         return envoy_locality_weights(self.envoys[pop], cluster)

@@ -1,0 +1,301 @@
+"""`IntentOwner`: the one holder of the running intent, and the only writer of its store.
+
+Everything that changes what runs goes through here: the reconcile loop's weights, streaks,
+tier states, ramp states and tier actions, a hot reload (`update_desired`, the `carry_over`
+rule), the start-up restore (`restore`, the same rule applied to what the store held). The
+owner keeps one immutable `RunningIntent` and swaps it whole.
+
+After each change of what Envoys get, the owner calls `publish(intent, pops)` — wired by the
+app to the ADS output cache — which rebuilds the output of `pops` (None: every PoP built so
+far) from the new intent and returns the PoPs whose output really changed. If publishing
+raises (a translation failed), the owner keeps the intent it had and re-raises: a change is
+never half-applied. Streaks, tier and ramp states change no output and publish nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from control_plane.decide.controller import ControllerState
+from control_plane.decide.ramp import RampState
+from control_plane.decide.tiers import TierState
+from control_plane.desired.model import Desired, GroupWeights, OriginGroup, TierActions
+from control_plane.intent.carry_over import CarryOver, carry_over
+from control_plane.intent.running import RunningIntent, ramp_key, tier_key
+from control_plane.intent.store import (
+    RAMP_KIND,
+    TIER_KIND,
+    IntentBatch,
+    IntentStore,
+    PairKey,
+    Snapshot,
+    StateCorrupted,
+)
+from control_plane.translate import UnknownPop
+from control_plane.translate.routes import check_tier_actions
+from control_plane.translate.weights import WeightsError, check_group_weights
+
+Publish = Callable[[RunningIntent, Collection[str] | None], frozenset[str]]
+
+
+@dataclass(frozen=True)
+class PairStep:
+    """What one reconcile tick decided for a (PoP, group), to be saved."""
+
+    key: PairKey
+    weights: GroupWeights
+    controller: ControllerState
+    tier_state: TierState | None = None  # None: the tier step did not run
+    ramp: RampState | None = None  # None: the ramp step did not run
+
+
+class IntentOwner:
+    def __init__(
+        self,
+        desired: Desired,
+        *,
+        store: IntentStore | None = None,
+        publish: Publish | None = None,
+    ) -> None:
+        self._intent = RunningIntent(desired)
+        self.store = store
+        self._publish = publish
+
+    def connect(self, publish: Publish) -> None:
+        """Where changes of what Envoys get are published (the app's output cache)."""
+        self._publish = publish
+
+    # -- reading ---------------------------------------------------------------------------
+
+    @property
+    def intent(self) -> RunningIntent:
+        return self._intent
+
+    @property
+    def desired(self) -> Desired:
+        return self._intent.desired
+
+    def has_pop(self, pop: str) -> bool:
+        return pop in self._intent.desired.pop_names
+
+    def weights(self, pop: str, group: str) -> GroupWeights:
+        """Current weights of (PoP, origin group): the controller's, else the home weights."""
+        self._check_pop(pop)
+        self._group(group)
+        return self._intent.weights_of(pop, group)
+
+    def tier_actions(self, pop: str, group: str) -> TierActions | None:
+        """The tier actions active for (PoP, group); None when none are."""
+        self._check_pop(pop)
+        return self._intent.tier_actions.get((pop, group))
+
+    def all_weights(self) -> dict[str, dict[str, GroupWeights]]:
+        desired = self._intent.desired
+        return {
+            pop: {g.name: self._intent.weights_of(pop, g.name) for g in desired.origin_groups}
+            for pop in desired.pop_names
+        }
+
+    def pushed_weights(self) -> dict[str, dict[str, GroupWeights]]:
+        """Only the weights the controller set (every other pair is at its home weights): for
+        faces of a large fleet that look for pairs away from home."""
+        pushed: dict[str, dict[str, GroupWeights]] = {}
+        for (pop, group), weights in self._intent.weights.items():
+            pushed.setdefault(pop, {})[group] = dict(weights)
+        return pushed
+
+    def all_tier_actions(self) -> dict[str, dict[str, TierActions]]:
+        """PoP -> group -> active tier actions, only where some are active."""
+        active: dict[str, dict[str, TierActions]] = {}
+        for (pop, group), actions in self._intent.tier_actions.items():
+            active.setdefault(pop, {})[group] = actions
+        return active
+
+    def controller(self, key: PairKey) -> ControllerState:
+        return self._intent.controllers.get(key, ControllerState())
+
+    def tier_state(self, key: PairKey) -> TierState:
+        return self._intent.tier_states.get(key, TierState())
+
+    def ramp_state(self, key: PairKey) -> RampState:
+        return self._intent.ramps.get(key, RampState())
+
+    # -- what Envoys get -------------------------------------------------------------------
+
+    def update_weights(self, pop: str, group: str, weights: Mapping[str, int]) -> bool:
+        """Set one (PoP, group)'s weights; True if the PoP's output changed.
+
+        Raises `UnknownPop` / `WeightsError` (intent untouched) for weights that do not fit.
+        """
+        self._check_pop(pop)
+        check_group_weights(self._group(group), weights)
+        held = {**self._intent.weights, (pop, group): dict(weights)}
+        return bool(self._swap(replace(self._intent, weights=held), {pop}))
+
+    def set_tier_actions(self, pop: str, group: str, actions: TierActions | None) -> bool:
+        """Set (or with None, lift) one (PoP, group)'s active tier actions; True if the PoP's
+        output changed (only its routes can).
+
+        Raises `UnknownPop` / `WeightsError` / ValueError (intent untouched) when they do not fit.
+        """
+        self._check_pop(pop)
+        if actions is not None:
+            check_tier_actions(self._group(group), actions)
+        if self._intent.tier_actions.get((pop, group)) == actions:
+            return False
+        active = dict(self._intent.tier_actions)
+        if actions is None:
+            active.pop((pop, group), None)
+        else:
+            active[(pop, group)] = actions
+        return bool(self._swap(replace(self._intent, tier_actions=active), {pop}))
+
+    def update_desired(self, desired: Desired) -> frozenset[str]:
+        """Swap in a new desired state under the carry-over rule; the PoPs whose output changed
+        (PoPs that disappeared count as changed, so their streams can be told)."""
+        return self.apply(carry_over(self._intent, desired))
+
+    def apply(
+        self, carried: CarryOver, commit: Callable[[RunningIntent], frozenset[str]] | None = None
+    ) -> frozenset[str]:
+        """Make `carried.intent` (a `carry_over` of the current intent) the running intent.
+        `commit(intent)` publishes it instead of a rebuild of every PoP (a reload whose
+        output was built off the event loop)."""
+        if commit is None:
+            return self._swap(carried.intent, None)
+        old, self._intent = self._intent, carried.intent
+        try:
+            return commit(carried.intent)
+        except BaseException:
+            self._intent = old
+            raise
+
+    def restore(self, snapshot: Snapshot, *, where: str) -> CarryOver:
+        """What the store held, carried over to the current desired state, made the running
+        intent. A tier or ramp state that does not parse raises StateCorrupted (naming
+        `where`)."""
+        keys = {tier_key(*k): k for k in self._intent.pairs()}
+        tier_states: dict[PairKey, TierState] = {}
+        for key, value in sorted(snapshot.tier_decisions.items()):
+            try:
+                state = TierState.from_dict(value)
+            except ValueError as exc:
+                raise StateCorrupted(f"{where}: tier decision {key!r}: {exc}") from exc
+            if key in keys:
+                tier_states[keys[key]] = state
+        ramps: dict[PairKey, RampState] = {}
+        for key, value in sorted(snapshot.ramps.items()):
+            try:
+                ramp = RampState.from_dict(value)
+            except ValueError as exc:
+                raise StateCorrupted(f"{where}: ramp {key!r}: {exc}") from exc
+            if key in keys:
+                ramps[keys[key]] = ramp
+        stored = RunningIntent(
+            desired=self._intent.desired,
+            weights={k: dict(s.weights) for k, s in sorted(snapshot.groups.items())},
+            controllers={k: s.controller for k, s in sorted(snapshot.groups.items())},
+            tier_states=tier_states,
+            ramps=ramps,
+        )
+        carried = carry_over(stored, self._intent.desired)
+        self.apply(carried)
+        return carried
+
+    # -- streaks and persistence -----------------------------------------------------------
+
+    async def save_steps(self, steps: Sequence[PairStep], desired: Desired) -> None:
+        """Save a tick's decisions in one store write (weights and streaks of the pairs where
+        they changed, the tier and ramp states that changed, the desired digest), then hold the
+        streaks, tier and ramp states. Weights and tier actions reach Envoys only through
+        `update_weights` / `set_tier_actions`.
+        """
+        changed = [s for s in steps if s.weights != self._intent.weights_of(*s.key)
+                   or s.controller != self.controller(s.key)]
+        tiers: dict[PairKey, TierState | None] = {}
+        ramps: dict[PairKey, RampState | None] = {}
+        for step in steps:
+            new = step.tier_state
+            if new is not None and new != self.tier_state(step.key):
+                tiers[step.key] = None if new.idle else new
+            ramp = step.ramp
+            if ramp is not None and ramp != self.ramp_state(step.key):
+                ramps[step.key] = None if ramp == RampState() else ramp
+        if self.store is not None and (changed or tiers or ramps):
+            await self.store.write(IntentBatch(
+                groups=tuple((*s.key, s.weights, s.controller) for s in changed),
+                records=(
+                    *((TIER_KIND, tier_key(*key), None if state is None else state.to_dict())
+                      for key, state in tiers.items()),
+                    *((RAMP_KIND, ramp_key(*key), None if ramp is None else ramp.to_dict())
+                      for key, ramp in ramps.items()),
+                ),
+                desired_digest=desired.digest,
+            ))
+        self._intent = replace(
+            self._intent,
+            controllers={**self._intent.controllers, **{s.key: s.controller for s in steps}},
+            tier_states=_merged(self._intent.tier_states, tiers),
+            ramps=_merged(self._intent.ramps, ramps),
+        )
+
+    async def save_desired(self, before: RunningIntent, after: RunningIntent) -> None:
+        """A desired-state change from `before` to `after` (its carry-over) saved: the new
+        digest, and the pairs that are gone forgotten; one write, before the change applies."""
+        if self.store is None:
+            return
+        gone = sorted(set(before.pairs()) - set(after.pairs()))
+        await self.store.write(IntentBatch(
+            forget_groups=tuple(gone),
+            records=tuple((kind, tier_key(*key), None)
+                          for key in gone for kind in (TIER_KIND, RAMP_KIND)),
+            desired_digest=after.desired.digest,
+        ))
+
+    async def forget_records(self, kind: str, keys: Iterable[str]) -> None:
+        """Delete stored records (e.g. of pairs a restore dropped)."""
+        if self.store is not None and keys:
+            await self.store.write(IntentBatch(records=tuple((kind, k, None) for k in keys)))
+
+    async def save_digest(self) -> None:
+        if self.store is not None:
+            await self.store.write(IntentBatch(desired_digest=self._intent.desired.digest))
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _swap(self, new: RunningIntent, pops: Iterable[str] | None) -> frozenset[str]:
+        old, self._intent = self._intent, new
+        if self._publish is None:
+            return frozenset()
+        try:
+            return self._publish(new, None if pops is None else frozenset(pops))
+        except BaseException:
+            self._intent = old
+            raise
+
+    def _check_pop(self, pop: str) -> None:
+        if not self.has_pop(pop):
+            known = ", ".join(self._intent.desired.pop_names)
+            raise UnknownPop(f"unknown PoP {pop!r}; known: {known}")
+
+    def _group(self, name: str) -> OriginGroup:
+        for group in self._intent.desired.origin_groups:
+            if group.name == name:
+                return group
+        known = ", ".join(g.name for g in self._intent.desired.origin_groups)
+        raise WeightsError(f"unknown origin group {name!r}; known: {known}")
+
+
+def _merged(
+    held: Mapping[PairKey, Any], changes: Mapping[PairKey, Any | None]
+) -> dict[PairKey, Any]:
+    """`held` with `changes` applied (None: removed)."""
+    merged = dict(held)
+    for key, value in changes.items():
+        if value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = value
+    return merged

@@ -1,0 +1,61 @@
+"""The running intent: everything Ballast has decided on top of the desired state, as one value.
+
+A `RunningIntent` is immutable and plain: the desired state it runs under, and per (PoP, origin
+group) the weights the controller set (pairs without are at their home weights), the tier
+actions active, the controller's streaks, the tier controller's state and the standby ramp's
+state. The owner
+(`owner.py`) swaps whole values; the pure carry-over rule (`carry_over.py`) maps one to the next
+across a desired-state change.
+
+A new kind of intent (say, a ramp per (PoP, group)) is a new field here, its line in
+`carry_over`, and a record kind in the store (`IntentBatch.records`: kind -> key -> JSON value,
+saved and read back by every store without a schema change).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from control_plane.decide.controller import ControllerState
+from control_plane.decide.ramp import RampState
+from control_plane.decide.tiers import TierState
+from control_plane.desired.model import Desired, GroupWeights, TierActions
+from control_plane.intent.store import PairKey
+
+
+@dataclass(frozen=True)
+class RunningIntent:
+    desired: Desired
+    weights: Mapping[PairKey, GroupWeights] = field(default_factory=dict)
+    tier_actions: Mapping[PairKey, TierActions] = field(default_factory=dict)
+    controllers: Mapping[PairKey, ControllerState] = field(default_factory=dict)
+    tier_states: Mapping[PairKey, TierState] = field(default_factory=dict)
+    ramps: Mapping[PairKey, RampState] = field(default_factory=dict)
+
+    def pairs(self) -> list[PairKey]:
+        """Every (PoP, group) of the desired state, PoPs in order, groups in order."""
+        return [(p, g.name) for p in self.desired.pop_names for g in self.desired.origin_groups]
+
+    def weights_of(self, pop: str, group: str) -> GroupWeights:
+        """The weights in force: the controller's, else the group's home weights in `pop`."""
+        held = self.weights.get((pop, group))
+        if held is not None:
+            return dict(held)
+        return self.desired.group(group).home_weights(pop)
+
+    def pop_weights(self, pop: str) -> dict[str, GroupWeights]:
+        """group -> weights the controller set in `pop` (the others are at home)."""
+        return {g: dict(w) for (p, g), w in self.weights.items() if p == pop}
+
+    def pop_tier_actions(self, pop: str) -> dict[str, TierActions]:
+        """group -> the tier actions active in `pop`."""
+        return {g: a for (p, g), a in self.tier_actions.items() if p == pop}
+
+
+def tier_key(pop: str, group: str) -> str:
+    """The store key of a (PoP, group)'s records (tier state, ramp): "<pop>/<group>"."""
+    return f"{pop}/{group}"
+
+
+ramp_key = tier_key

@@ -1,0 +1,66 @@
+"""A clock that moves only when a test says so: `time`/`call_at` (the push hub's timer) and
+`sleep` (the desired-file watcher's), on the running event loop.
+
+`await clock.advance(seconds)` fires every timer and wakes every sleeper that falls due, in
+time order, letting the woken tasks run after each, and then leaves the clock at the target.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+from collections.abc import Callable
+
+SETTLE_ROUNDS = 50  # loop turns after each wake-up: enough for a woken task's chain of awaits
+
+
+class FakeHandle:
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class FakeClock:
+    def __init__(self, start: float = 1000.0) -> None:
+        self._now = start
+        self._timers: list[tuple[float, int, FakeHandle, Callable[[], None]]] = []
+        self._order = itertools.count()
+
+    def time(self) -> float:
+        return self._now
+
+    def call_at(self, when: float, callback: Callable[[], None]) -> FakeHandle:
+        handle = FakeHandle()
+        heapq.heappush(self._timers, (when, next(self._order), handle, callback))
+        return handle
+
+    async def sleep(self, seconds: float) -> None:
+        woken = asyncio.get_running_loop().create_future()
+
+        def wake() -> None:
+            if not woken.done():
+                woken.set_result(None)
+
+        self.call_at(self._now + seconds, wake)
+        await woken
+
+    async def advance(self, seconds: float) -> None:
+        target = self._now + seconds
+        await settle()
+        while self._timers and self._timers[0][0] <= target:
+            when, _, handle, callback = heapq.heappop(self._timers)
+            self._now = max(self._now, when)
+            if not handle.cancelled:
+                callback()
+                await settle()
+        self._now = target
+        await settle()
+
+
+async def settle() -> None:
+    """Let every ready task run (no time passes)."""
+    for _ in range(SETTLE_ROUNDS):
+        await asyncio.sleep(0)

@@ -1,0 +1,169 @@
+"""The one carry-over rule: what running intent survives a desired-state change (pure), and the
+`config_applied` diff of a reload equals what is then served, tier actions included."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from control_plane.app.envoy_process import free_port
+from control_plane.app.service import BallastService, ServiceConfig
+from control_plane.decide.controller import ControllerState
+from control_plane.decide.ramp import RampState
+from control_plane.decide.tiers import TierState, actions_in_force
+from control_plane.decisions.read import iter_records
+from control_plane.desired.model import Desired, Origin, TierActions
+from control_plane.intent.carry_over import carry_over
+from control_plane.intent.owner import PairStep
+from control_plane.intent.running import RunningIntent
+from control_plane.translate import render_json
+from control_plane.translate.diff import diff_renderings, format_changes
+from control_plane.translate.resources import Capabilities
+from tests.support.models import example_desired, shop_group
+
+EWR, SJC = ("ewr", "shop"), ("sjc", "shop")
+STREAK = ControllerState(unhealthy_windows={"primary": 1}, healthy_windows={"secondary": 3})
+ACTIVE = TierState(active=True, trigger_since_ms=1, active_since_ms=2)
+RAMP = RampState(ramps={"secondary": 1})
+BY_HAND = TierActions(demote_share=10)  # set without a tier state
+
+
+def running(desired: Desired) -> RunningIntent:
+    return RunningIntent(
+        desired,
+        weights={EWR: {"primary": 60, "secondary": 40}, SJC: {"primary": 80, "secondary": 20}},
+        tier_actions={EWR: TierActions(demote_share=10), SJC: BY_HAND},
+        controllers={EWR: STREAK, SJC: STREAK},
+        tier_states={EWR: ACTIVE},
+        ramps={EWR: RAMP},
+    )
+
+
+def with_group(**changes: object) -> Desired:
+    return example_desired(dataclasses.replace(shop_group(), **changes))
+
+
+def test_the_same_desired_state_keeps_everything_and_the_policy_sets_the_actions() -> None:
+    desired = example_desired()
+    carried = carry_over(running(desired), desired)
+    assert carried.intent.weights == running(desired).weights
+    assert carried.intent.controllers == {EWR: STREAK, SJC: STREAK}
+    assert carried.intent.tier_states == {EWR: ACTIVE}
+    assert carried.intent.ramps == {EWR: RAMP}
+    # what the policy makes of the tier state, as the next tick would set it; by hand: kept
+    in_force = actions_in_force(desired.group("shop"), ACTIVE)
+    assert in_force is not None
+    assert carried.intent.tier_actions == {EWR: in_force, SJC: BY_HAND}
+    assert carried.notes == {}
+
+
+def test_a_pop_that_is_gone_loses_everything() -> None:
+    desired = example_desired()
+    only_sjc = dataclasses.replace(desired, pops=desired.pops[1:])
+    carried = carry_over(running(desired), only_sjc)
+    assert set(carried.intent.weights) == {SJC}
+    assert set(carried.intent.controllers) == {SJC}
+    assert carried.intent.tier_actions == {SJC: BY_HAND} and carried.intent.tier_states == {}
+    assert carried.intent.ramps == {}
+    assert carried.dropped(running(desired)) == [EWR]
+
+
+def test_weights_that_no_longer_fit_start_over_and_say_why() -> None:
+    group = shop_group()
+    third = Origin(name="third", address="127.0.0.1", port=8083)
+    grown = with_group(
+        origins=(*group.origins, third),
+        preference={pop: (*names, "third") for pop, names in group.preference.items()},
+    )
+    carried = carry_over(running(example_desired()), grown)
+    assert carried.intent.weights == {}
+    assert carried.notes[EWR] == "origin group shop: no weight for third"
+    assert carried.intent.weights_of("ewr", "shop") == grown.group("shop").home_weights("ewr")
+    # streaks and tier state go with the pair, not with its weights
+    assert set(carried.intent.controllers) == {EWR, SJC}
+    assert carried.intent.tier_states == {EWR: ACTIVE} and carried.intent.ramps == {EWR: RAMP}
+
+
+def test_a_disabled_policy_lifts_the_actions_of_its_controller() -> None:
+    policy = dataclasses.replace(shop_group().tier_actions, enabled=False)
+    carried = carry_over(running(example_desired()), with_group(tier_actions=policy))
+    assert carried.intent.tier_actions == {SJC: BY_HAND}
+    assert carried.intent.tier_states == {EWR: ACTIVE}
+
+
+def test_actions_set_by_hand_go_when_their_tier_does() -> None:
+    group = shop_group()
+    fewer = with_group(tiers=tuple(t for t in group.tiers if t.name != "background"))
+    assert "background" not in {t.name for t in fewer.group("shop").tiers}
+    carried = carry_over(running(example_desired()), fewer)
+    assert SJC not in carried.intent.tier_actions
+
+
+@given(
+    primary=st.integers(min_value=-5, max_value=105),
+    enabled=st.booleans(),
+    keep_ewr=st.booleans(),
+)
+def test_carry_over_is_idempotent_and_keeps_only_what_fits(
+    primary: int, enabled: bool, keep_ewr: bool
+) -> None:
+    base = example_desired()
+    intent = dataclasses.replace(
+        running(base), weights={EWR: {"primary": primary, "secondary": 100 - primary}}
+    )
+    policy = dataclasses.replace(shop_group().tier_actions, enabled=enabled)
+    new = with_group(tier_actions=policy)
+    if not keep_ewr:
+        new = dataclasses.replace(new, pops=new.pops[1:])
+    once = carry_over(intent, new).intent
+    assert carry_over(once, new).intent == once
+    fits = keep_ewr and 0 <= primary <= 100
+    assert (EWR in once.weights) == fits
+    assert (EWR in once.tier_actions) == (keep_ewr and enabled)
+    assert (EWR in once.ramps) == keep_ewr
+    assert all(pop in new.pop_names for pop, _ in [*once.weights, *once.controllers])
+
+
+async def test_config_applied_diff_equals_what_is_served_tier_actions_included(
+    tmp_path: Path,
+) -> None:
+    text = Path("examples/desired.yaml").read_text()
+    path = tmp_path / "desired.yaml"
+    path.write_text(text)
+    service = BallastService(ServiceConfig(
+        desired_path=path, state_dir=tmp_path / "state",
+        xds_address=f"127.0.0.1:{free_port()}", admin_address=None, probes=False,
+    ))
+    await service.start()
+    try:
+        intent, cache, fifo = service.server.intent, service.server.cache, Capabilities()
+        # as after ticks that shifted weights and switched the tier actions on in ewr
+        moved = {"primary": 70, "secondary": 30}
+        await intent.save_steps([PairStep(EWR, moved, STREAK, ACTIVE)], intent.desired)
+        intent.update_weights("ewr", "shop", moved)
+        on = actions_in_force(intent.desired.group("shop"), ACTIVE)
+        assert on is not None and on.demote_share == 50
+        intent.set_tier_actions("ewr", "shop", on)
+        before = {pop: render_json(cache.resources(pop, fifo)) for pop in ("ewr", "sjc")}
+        # the policy's demote share changes: the active actions are pushed with the new one
+        edited = text.replace("demote_share: 50%", "demote_share: 30%")
+        assert edited != text
+        assert await service.apply_desired_bytes(edited.encode())
+        applied = [r for r in iter_records(tmp_path / "state") if r["kind"] == "config_applied"][-1]
+        served = {pop: render_json(cache.resources(pop, fifo)) for pop in ("ewr", "sjc")}
+        expected = [
+            line
+            for pop in ("ewr", "sjc")
+            for line in [f"pop {pop}:", *format_changes(diff_renderings(before[pop],
+                                                                       served[pop]))]
+        ]
+        assert applied["detail"]["diff"] == expected
+        assert applied["detail"]["pushed_pops"] == ["ewr"]
+        assert intent.tier_actions("ewr", "shop") == dataclasses.replace(on, demote_share=30)
+        assert any("30" in line for line in applied["detail"]["diff"]), applied["detail"]
+        assert intent.weights("ewr", "shop") == moved
+    finally:
+        await service.stop()
