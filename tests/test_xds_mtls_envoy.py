@@ -41,10 +41,12 @@ class Stack:
     def nodes(self) -> list[dict[str, Any]]:
         return [s.as_dict() for s in self.bg.call(self.ballast.nodes.snapshot)]
 
-    def bootstrap(self, pop: str, node_id: str, tls: XdsClientTls) -> dict[str, Any]:
+    def bootstrap(
+        self, pop: str, node_id: str, tls: XdsClientTls, *, delta: bool = False
+    ) -> dict[str, Any]:
         return ads_bootstrap(node_id=node_id, pop=pop, xds_port=self.ballast.port,
                              admin_port=free_port(), tls=tls, metrics_sink=True,
-                             stats_flush_interval_ms=200)
+                             stats_flush_interval_ms=200, delta=delta)
 
     def node_tls(self, pop: str, node_id: str) -> XdsClientTls:
         authority, _ = self.certs.load_or_make_ca(1)
@@ -111,22 +113,25 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         bg.close()
 
 
-def test_envoy_with_its_own_certificate_acks_everything(stack: Stack) -> None:
-    with envoy(stack.bootstrap("ewr", "ewr-1", stack.node_tls("ewr", "ewr-1"))) as proxy:
+@pytest.mark.parametrize("mode", ["sotw", "delta"])
+def test_envoy_with_its_own_certificate_acks_everything(stack: Stack, mode: str) -> None:
+    node = f"ewr-1-{mode}"
+    bootstrap = stack.bootstrap("ewr", node, stack.node_tls("ewr", node), delta=mode == "delta")
+    with envoy(bootstrap) as proxy:
         proxy.wait_ready()
 
         def synced() -> bool:
-            mine = [n for n in stack.nodes() if n["node_id"] == "ewr-1"]
+            mine = [n for n in stack.nodes() if n["node_id"] == node]
             return (len(mine) == 1 and mine[0]["status"] == "SYNCED"
-                    and set(mine[0]["types"]) == TYPES)
+                    and mine[0]["mode"] == mode and set(mine[0]["types"]) == TYPES)
 
-        wait_until(synced, 5, "ewr-1 SYNCED on CDS, EDS, LDS, RDS over mTLS")
+        wait_until(synced, 5, f"{node} SYNCED on CDS, EDS, LDS, RDS over mTLS")
         assert stat(proxy, "control_plane.connected_state") == 1
         assert "shop.critical" in dynamic_clusters(proxy)
         assert stat(proxy, "cluster.ballast_xds.ssl.handshake") >= 1
         # its stats arrive over the same mTLS port, as its own node and PoP
-        wait_until(lambda: stack.bg.call(stack.sink.nodes).get("ewr-1") == "ewr", 5,
-                   "ewr-1's metrics_service stream")
+        wait_until(lambda: stack.bg.call(stack.sink.nodes).get(node) == "ewr", 5,
+                   f"{node}'s metrics_service stream")
 
 
 def test_envoy_with_a_certificate_of_another_pop_is_refused_and_gets_nothing(
@@ -144,8 +149,9 @@ def test_envoy_with_a_certificate_of_another_pop_is_refused_and_gets_nothing(
         record = refused()[0]
         assert record["pop"] == "ewr"
         assert "PoP 'sjc'" in record["reason"] and "'ewr'" in record["reason"]
+        # nothing applied (Envoy's connected_state is not a witness: it turns 1 for a moment
+        # when the stream opens, before the refusal arrives)
         assert dynamic_clusters(proxy) == []
-        assert stat(proxy, "control_plane.connected_state") == 0
         assert stat(proxy, "cluster_manager.cds.update_success") == 0
         assert "ewr-2" not in {n["node_id"] for n in stack.nodes()}
         assert "ewr-2" not in stack.bg.call(stack.sink.nodes)  # its stats are refused too
@@ -160,7 +166,8 @@ def test_envoy_without_a_client_certificate_is_refused_at_the_handshake(stack: S
         wait_until(lambda: stat(proxy, "cluster.ballast_xds.upstream_cx_connect_fail")
                    + stat(proxy, "cluster.ballast_xds.upstream_cx_destroy") >= 2,
                    10, "two failed connections to Ballast")
-        assert stat(proxy, "cluster.ballast_xds.ssl.handshake") == 0
         assert dynamic_clusters(proxy) == []
-        assert stat(proxy, "control_plane.connected_state") == 0
+        assert stat(proxy, "cluster_manager.cds.update_success") == 0
         assert "ewr-3" not in {n["node_id"] for n in stack.nodes()}
+        # refused by the TLS layer: the server never read a request of it
+        assert not [f for _, f in list(stack.records) if f.get("node") == "ewr-3"]
