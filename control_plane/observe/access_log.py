@@ -45,6 +45,9 @@ log = logging.getLogger(__name__)
 
 SERVICE = "envoy.service.accesslog.v3.AccessLogService"
 MAX_SAMPLES = 50_000  # per (PoP, tier cluster): a busy sampled tier over the retention
+# (PoP, cluster) pairs held: the cluster names come from the senders, so they are capped
+MAX_CLUSTERS = 4_096
+MAX_NAME_CHARS = 512
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,7 @@ class AccessLogStore:
         self.max_samples = max_samples
         self._samples: dict[tuple[str, str], deque[WaitSample]] = {}
         self.received = 0  # entries seen, samples or not
+        self.dropped = 0  # samples of (PoP, cluster) pairs over the bounds
 
     def ingest(self, pop: str, entries: Iterable[HTTPAccessLogEntry], received_ms: int) -> int:
         """Record one message's entries; returns how many were pool-wait samples."""
@@ -109,6 +113,10 @@ class AccessLogStore:
             cluster, sample = found
             queue = self._samples.get((pop, cluster))
             if queue is None:
+                if len(self._samples) >= MAX_CLUSTERS or len(cluster) > MAX_NAME_CHARS \
+                        or len(pop) > MAX_NAME_CHARS:
+                    self.dropped += 1
+                    continue
                 queue = self._samples[pop, cluster] = deque(maxlen=self.max_samples)
             queue.append(sample)
             kept += 1

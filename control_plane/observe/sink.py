@@ -94,7 +94,12 @@ SERVICE = "envoy.service.metrics.v3.MetricsService"
 METHOD = f"/{SERVICE}/StreamMetrics"
 OTLP_SERVICE = "opentelemetry.proto.collector.metrics.v1.MetricsService"
 OTLP_METHOD = f"/{OTLP_SERVICE}/Export"
-MAX_HOST_WARNINGS = 100
+MAX_HOST_WARNINGS = 100  # distinct warnings kept (and logged) per stream, and for host stats
+# Names and label values are client-supplied: what one sender can make the store hold is capped
+# (an Envoy of a large PoP sends a few thousand series; these are far above that).
+MAX_SERIES_PER_STREAM = 20_000
+MAX_HOST_SERIES = 100_000
+MAX_NAME_CHARS = 512  # of a cluster, origin or endpoint address
 
 SeriesKey = tuple[str, str, str]  # (stat, cluster, origin); origin "" for cluster-wide stats
 
@@ -147,9 +152,17 @@ class SinkStore:
             if isinstance(point, BadMetric):
                 self._warn_host(str(point))
                 continue
+            if max(len(point.pop), len(point.cluster), len(point.address)) > MAX_NAME_CHARS:
+                self._warn_host(f"a name over {MAX_NAME_CHARS} characters: dropped")
+                continue
             flush[connection, point.pop, point.cluster, point.address, point.stat] += point.value
         for key, value in flush.items():
-            samples = self._hosts.setdefault(key, [])
+            samples = self._hosts.get(key)
+            if samples is None:
+                if len(self._hosts) >= MAX_HOST_SERIES:
+                    self._warn_host(f"over {MAX_HOST_SERIES:,} host series held: new ones dropped")
+                    continue
+                samples = self._hosts[key] = []
             if samples and samples[-1][0] >= received_ms:
                 continue  # one sample per arrival time; out-of-order exports are dropped
             samples.append((received_ms, value))
@@ -196,11 +209,13 @@ class SinkStore:
                     self._warn(stream, str(point))
                     continue
                 if point.local_zone and stream.pop and point.local_zone != stream.pop:
-                    self._warn(stream, f"zone stat of PoP {point.local_zone!r} on a node of "
-                               f"{stream.pop!r}")
+                    self._warn(stream, f"zone stat of PoP {point.local_zone[:64]!r} on a node "
+                               f"of {stream.pop!r}")
+                    continue
+                key = (point.stat, point.cluster, point.origin)
+                if not self._room_for(stream, key, histograms):
                     continue
                 kept += 1
-                key = (point.stat, point.cluster, point.origin)
                 if point.stat == "latency":
                     count, buckets = histograms.get(key, (0.0, ()))
                     histograms[key] = (count + point.value, add_buckets(buckets, point.buckets))
@@ -229,8 +244,25 @@ class SinkStore:
         else:
             samples.append((received_ms, point.value))
 
+    def _room_for(
+        self, stream: _Stream, key: SeriesKey, pending: dict[SeriesKey, tuple[float, Buckets]]
+    ) -> bool:
+        """Whether `stream` may hold series `key` (names within bounds, series under the cap)."""
+        _, cluster, origin = key
+        if len(cluster) > MAX_NAME_CHARS or len(origin) > MAX_NAME_CHARS:
+            self._warn(stream, f"a cluster or origin name over {MAX_NAME_CHARS} characters")
+            return False
+        if key in stream.counters or key in stream.gauges or key in stream.histograms \
+                or key in pending:
+            return True
+        held = len(stream.counters) + len(stream.gauges) + len(stream.histograms) + len(pending)
+        if held >= MAX_SERIES_PER_STREAM:
+            self._warn(stream, f"over {MAX_SERIES_PER_STREAM:,} series: new ones dropped")
+            return False
+        return True
+
     def _warn(self, stream: _Stream, message: str) -> None:
-        if message not in stream.warned:
+        if message not in stream.warned and len(stream.warned) < MAX_HOST_WARNINGS:
             stream.warned.add(message)
             log.warning("metrics from node %r ignored: %s", stream.node_id, message)
 
