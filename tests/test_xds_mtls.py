@@ -239,11 +239,9 @@ async def test_rotated_files_are_used_from_the_next_connection(
         # 1. a new server certificate (same CA): the next connection shows it
         certs.make_server(authority, ["127.0.0.1"], 1)
         new_serial = Issued(certs.server.cert.read_bytes(), b"").cert.serial_number
-        started = time.monotonic()
+        # the very next connection shows it: no polling interval to wait out
         seen = await asyncio.to_thread(server_serial, server.port, node, ca_pem)
-        took = time.monotonic() - started
         assert seen == new_serial != old_serial
-        assert took < 1.0  # the very next handshake, no polling interval
         assert server.tls is not None and server.tls.reloads == 1
 
         # 2. a half-done rotation (a key that is not the certificate's) keeps the last good set
