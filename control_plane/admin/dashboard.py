@@ -115,7 +115,7 @@ class Dashboard:
         self._clock = clock
         self._assets = {name: _asset(name) for name in STATIC}
         self._page = _asset("dashboard.html")
-        self._config_searched = False
+        self._config_search: asyncio.Task[None] | None = None
 
     def register(self, app: web.Application) -> None:
         add = app.router.add_get
@@ -155,15 +155,19 @@ class Dashboard:
     # -- data ------------------------------------------------------------------------------
 
     async def _config_records(self) -> dict[str, Any]:
-        """The last config_applied / config_rejected: from the feed, searched in the log once."""
-        if not self._config_searched:
-            self._config_searched = True
-            for kind in REMEMBERED_KINDS:
-                query = Query(kinds=frozenset({kind}), limit=1)
-                window = await asyncio.to_thread(newest, self.state_dir, query, CONFIG_SCAN_BYTES)
-                for record in window.records:
-                    self.feed.remember(record)
+        """The last config_applied / config_rejected: from the feed, searched in the log once
+        (concurrent first requests wait for the same search)."""
+        if self._config_search is None:
+            self._config_search = asyncio.create_task(self._search_config())
+        await asyncio.shield(self._config_search)
         return {kind: self.feed.latest(kind) for kind in REMEMBERED_KINDS}
+
+    async def _search_config(self) -> None:
+        for kind in REMEMBERED_KINDS:
+            query = Query(kinds=frozenset({kind}), limit=1)
+            window = await asyncio.to_thread(newest, self.state_dir, query, CONFIG_SCAN_BYTES)
+            for record in window.records:
+                self.feed.remember(record)
 
     async def overview(self, request: web.Request) -> web.Response:
         config = await self._config_records()

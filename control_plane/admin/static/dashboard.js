@@ -328,7 +328,10 @@ function weightsChart(data, picked, onPick) {
     rowEnds[row] = cx;
     const chosen = String(p.seq) === String(picked) ? " picked" : "";
     const mark = s("g", { class: `mark ${kindClass(p.kind)}${chosen}`, "data-seq": p.seq,
-                          transform: `translate(${cx.toFixed(1)},${-8 - 13 * row})`, onclick: () => onPick(p.seq) },
+                          transform: `translate(${cx.toFixed(1)},${-8 - 13 * row})`, tabindex: 0,
+                          role: "button", "aria-label": `decision ${p.seq}: ${p.kind}`,
+                          onclick: () => onPick(p.seq),
+                          onkeydown: (e) => { if (e.key === "Enter" || e.key === " ") onPick(p.seq); } },
       s("title", {}, `#${p.seq} ${p.kind} ${hhmmss(p.time)}Z\n${p.rule || ""}\nnext: ${p.next || "–"}`),
       s("path", { d: "M-6,-7 L6,-7 L0,4 Z", class: "mark-head" }),
       s("line", { x1: 0, x2: 0, y1: 4, y2: height + 8 + 13 * row, class: "mark-line" }));
