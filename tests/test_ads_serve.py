@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -17,7 +18,8 @@ import pytest
 
 from control_plane.app.demo_origin import DemoOrigin
 from control_plane.app.envoy_process import EnvoyProcess, free_port
-from control_plane.translate.bootstrap import ads_bootstrap
+from control_plane.cli.main import main
+from control_plane.translate.bootstrap import XdsClientTls, ads_bootstrap
 from tests.support.ads_desired import write_desired
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,4 +115,50 @@ def test_serve_reports_bad_desired_state(tmp_path: Path) -> None:
         assert str(path) in stderr
         assert "Traceback" not in stderr
     finally:
+        stop(proc)
+
+
+@pytest.mark.envoy
+async def test_serve_with_mtls_and_an_admin_token_from_the_command_line(
+    tmp_path: Path, origin: DemoOrigin
+) -> None:
+    """`ballast serve --tls-cert --tls-key --client-ca --admin-token-file`, wired end to end:
+    an Envoy with `ballast certs`' files and `ballast bootstrap --tls-*` gets its config, the
+    admin API wants the token."""
+    certs = tmp_path / "certs"
+    assert main(["certs", str(certs), "--node", "ewr/ewr-1", "--admin-token"]) == 0
+    listener, xds, admin, envoy_admin = free_port(), free_port(), free_port(), free_port()
+    path = write_desired(tmp_path / "desired.yaml", listener_port=listener,
+                         primary_port=origin.port, secondary_port=free_port())
+    proc = ballast(
+        str(path), "--xds-address", f"127.0.0.1:{xds}", "--state-dir", str(tmp_path / "state"),
+        "--admin-address", f"127.0.0.1:{admin}", "--no-probes",
+        "--tls-cert", str(certs / "server.pem"), "--tls-key", str(certs / "server.key"),
+        "--client-ca", str(certs / "ca.pem"), "--admin-token-file", str(certs / "admin.token"),
+    )
+    bootstrap = ads_bootstrap(
+        node_id="ewr-1", pop="ewr", xds_port=xds, admin_port=envoy_admin,
+        tls=XdsClientTls(cert=str(certs / "nodes/ewr/ewr-1.pem"),
+                         key=str(certs / "nodes/ewr/ewr-1.key"), ca=str(certs / "ca.pem")),
+    )
+    envoy = EnvoyProcess(bootstrap, envoy_admin)
+    try:
+        envoy.start()
+        await asyncio.to_thread(envoy.wait_ready, 15)
+        assert await asyncio.to_thread(fetch, listener) == "primary"
+        status = f"http://127.0.0.1:{admin}/status"
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            await asyncio.to_thread(urllib.request.urlopen, status, None, 5)
+        assert refused.value.code == 401
+        token = (certs / "admin.token").read_text().strip()
+        request = urllib.request.Request(status, headers={"Authorization": f"Bearer {token}"})
+        with await asyncio.to_thread(urllib.request.urlopen, request, None, 5) as response:
+            summary = json.loads(response.read())
+        assert summary["xds_tls"]["last_error"] is None and summary["admin_auth"] == "token"
+        os.killpg(proc.pid, signal.SIGTERM)
+        _, stderr = await asyncio.to_thread(proc.communicate, None, 10)
+        assert proc.returncode == 0, stderr
+        assert "serving xDS (mTLS)" in stderr
+    finally:
+        envoy.stop()
         stop(proc)
