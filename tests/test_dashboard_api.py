@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -16,6 +17,7 @@ import pytest
 
 from control_plane.admin.decision_feed import DecisionFeed
 from control_plane.decisions.log import DecisionLog
+from control_plane.decisions.read import Query
 from control_plane.translate.resources import CLUSTER_TYPE
 from tests.support.admin_stack import AdminStack, connect_node, start_stack
 from tests.support.ads_desired import desired
@@ -278,3 +280,23 @@ async def test_timeline_follows_every_record_that_sets_weights_and_marks_the_oth
     assert [p["kind"] for p in body["points"]][-1] == "ramp_capped"
     assert body["points"][-1]["weights"] == {"primary": 90, "secondary": 10}
     assert [m["kind"] for m in body["markers"]] == ["tier_action"]
+
+
+async def test_records_written_on_another_thread_reach_the_stream_on_the_loop() -> None:
+    feed = DecisionFeed()
+    feed.bind(asyncio.get_running_loop())
+    subscription = feed.subscribe(Query(pop="ewr"))
+    delivered_on: list[int] = []
+    offer = subscription.offer
+
+    def noting_offer(record: dict[str, Any]) -> None:
+        delivered_on.append(threading.get_ident())
+        offer(record)
+
+    subscription.offer = noting_offer  # type: ignore[method-assign]
+    record = {"seq": 1, "time": "2026-11-30T12:00:00.000Z", "kind": "hold", "pop": "ewr"}
+    await asyncio.to_thread(feed.publish, record)  # as a reconcile worker thread would
+    assert await asyncio.wait_for(subscription.queue.get(), 2) == record
+    assert delivered_on == [threading.get_ident()], "delivered off the event loop's thread"
+    feed.close_all()
+    assert await subscription.queue.get() is None and feed.subscribers == 0
