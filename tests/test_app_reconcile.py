@@ -356,3 +356,62 @@ async def test_cold_standby_ramps_step_by_step_and_the_ramp_survives_a_restart(
     text = explain(list(iter_records(state)), "ewr", "shop")
     assert "standby ramp: secondary at step" in text, text
     assert "ramp_step: primary" in text, text
+
+
+class Corrupt:
+    """A reading every field of which raises when read: a source handing over garbage."""
+
+    def __getattr__(self, name: str) -> object:
+        raise RuntimeError(f"corrupt reading ({name})")
+
+
+async def test_an_exception_in_one_pair_is_recorded_and_the_others_step_in_the_same_tick(
+    tmp_path: Path, loop_parts: tuple[Reconciler, ScriptedSource, SnapshotCache, StateStore]
+) -> None:
+    reconciler, _, _, store = loop_parts
+
+    class SjcCorrupt(ScriptedSource):
+        async def window(self, now_ms: int, window_ms: int) -> Signals:
+            signals = await super().window(now_ms, window_ms)
+            return {**signals, ("sjc", "shop"): {"primary": Corrupt(), "secondary": Corrupt()}}
+
+    source = SjcCorrupt()
+    source.error_rate = 0.3  # ewr's primary breaches
+    reconciler.source = source
+    outcomes = [await reconciler.tick(T0 + tick * 20_000) for tick in range(2)]
+    assert [[(o.pop, o.group) for o in tick] for tick in outcomes] == [[("ewr", "shop")]] * 2
+    records = list(iter_records(tmp_path))
+    assert [r["kind"] for r in records if r["pop"] == "ewr"][:2] == [
+        "threshold_breach", "weight_shift"]
+    errors = [r for r in records if r["kind"] == "reconcile_error"]
+    assert [(r["pop"], r["group"], r["detail"]["phase"]) for r in errors] == [
+        ("sjc", "shop", "decide")] * 2
+    assert "failed while deciding" in errors[0]["rule"]
+    assert "the other pairs went on" in errors[0]["rule"]
+    assert reconciler.intent.weights("ewr", "shop")["primary"] < 95  # ewr stepped
+    sjc_home = reconciler.intent.desired.group("shop").home_weights("sjc")
+    assert reconciler.intent.weights("sjc", "shop") == sjc_home  # held
+    saved = store.load().groups
+    assert ("ewr", "shop") in saved and ("sjc", "shop") not in saved
+
+
+async def test_a_push_that_raises_for_one_pair_leaves_the_others_pushed(
+    tmp_path: Path, loop_parts: tuple[Reconciler, ScriptedSource, SnapshotCache, StateStore],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    reconciler, _, _, _ = loop_parts
+    real = reconciler.intent.set_tier_actions
+    pushed: list[str] = []
+
+    def set_tier_actions(pop: str, group: str, actions: TierActions | None) -> bool:
+        if pop == "ewr":
+            raise RuntimeError("translation broke")
+        pushed.append(pop)
+        return real(pop, group, actions)
+
+    monkeypatch.setattr(reconciler.intent, "set_tier_actions", set_tier_actions)
+    await reconciler.tick(T0)
+    (error,) = [r for r in iter_records(tmp_path) if r["kind"] == "reconcile_error"]
+    assert (error["pop"], error["detail"]["phase"]) == ("ewr", "push")
+    assert "RuntimeError: translation broke" in error["rule"]
+    assert pushed == ["sjc"]  # after ewr's failure, in the same tick

@@ -12,6 +12,10 @@ maxima of the same window from `tier_source`: its state is saved under "<pop>/<g
 changes, a `tier_action` record is written when the actions go on or off, and then the actions
 of the current policy (or none) are set on the intent owner, which pushes RDS when the routes
 change. Without a tier source, or when it fails, the tier actions hold.
+
+Each (PoP, group) is reconciled on its own (controller-runtime's per-key reconcile): an
+exception while deciding, logging or pushing one pair is written as a `reconcile_error` record
+for that pair, whose weights and actions hold, and every other pair steps in the same tick.
 """
 
 from __future__ import annotations
@@ -43,6 +47,17 @@ from control_plane.own_metrics.registry import BallastMetrics
 log = logging.getLogger(__name__)
 
 GroupKey = tuple[str, str]  # (PoP, origin group)
+PHASES = {"decide": "deciding", "log": "logging", "push": "pushing"}
+
+
+@dataclass(frozen=True)
+class PairFailure:
+    """Reconciling one (PoP, group) raised: in which phase, and what."""
+
+    pop: str
+    group: str
+    phase: str  # decide, log or push
+    error: str
 
 
 @dataclass(frozen=True)
@@ -119,17 +134,18 @@ class Reconciler:
         # keeps serving, from the running intent as it is now; only this reconciler changes
         # weights and states, and a reload that lands meanwhile voids the tick
         running = self.intent.intent
-        outcomes = await asyncio.to_thread(lambda: [
-            self._decide(running, pop, group, signals_by_window[group.failover.window_ms],
-                         tiers_by_window[group.failover.window_ms], now)
+        decided = await asyncio.to_thread(lambda: [
+            self._decide_one(running, pop, group, signals_by_window[group.failover.window_ms],
+                             tiers_by_window[group.failover.window_ms], now)
             for pop, group in due
         ])
         if self.intent.desired is not desired:
             return []
-        await self._persist_and_push(desired, outcomes)
-        for outcome in outcomes:
-            group = desired.group(outcome.group)
-            self._due[(outcome.pop, outcome.group)] = now + self.interval_ms(group)
+        outcomes = [d for d in decided if isinstance(d, TickOutcome)]
+        failed = [d for d in decided if isinstance(d, PairFailure)]
+        await self._persist_and_push(desired, outcomes, failed)
+        for pop, group in due:  # a failing pair too: it is retried at its next interval
+            self._due[(pop, group.name)] = now + self.interval_ms(group)
         if self.metrics is not None:
             self.metrics.reconcile_tick.observe(time.perf_counter() - started)
         return outcomes
@@ -143,6 +159,17 @@ class Reconciler:
         except Exception as err:  # a broken source must hold tier actions, not kill the loop
             log.warning("tier pending source failed, holding tier actions: %s", err)
             return None
+
+    def _decide_one(
+        self, running: RunningIntent, pop: str, group: OriginGroup, signals: Signals,
+        tier_signals: TierSignals | None, now: int,
+    ) -> TickOutcome | PairFailure:
+        """`_decide` for one pair; what it raises is that pair's failure only."""
+        try:
+            return self._decide(running, pop, group, signals, tier_signals, now)
+        except Exception as err:
+            log.exception("deciding %s/%s failed", pop, group.name)
+            return PairFailure(pop, group.name, "decide", f"{type(err).__name__}: {err}")
 
     def _decide(
         self, running: RunningIntent, pop: str, group: OriginGroup, signals: Signals,
@@ -180,8 +207,11 @@ class Reconciler:
         )
         return TickOutcome(pop, group.name, result, tiers, ramp)
 
-    async def _persist_and_push(self, desired: Desired, outcomes: list[TickOutcome]) -> None:
-        """State saved, then every record of the tick written and fsync'd once, then pushed."""
+    async def _persist_and_push(
+        self, desired: Desired, outcomes: list[TickOutcome], failed: list[PairFailure]
+    ) -> None:
+        """State saved, then every record of the tick written and fsync'd once, then pushed;
+        a pair whose logging or push raises is recorded as failed and the others go on."""
         await self.intent.save_steps(
             [
                 PairStep((o.pop, o.group), o.weights, o.result.state,
@@ -191,18 +221,55 @@ class Reconciler:
             ],
             desired,
         )
+        for failure in failed:
+            self._record_failure(failure, desired)
         for outcome in outcomes:
-            self._log(outcome, desired)
+            try:
+                self._log(outcome, desired)
+            except Exception as err:
+                log.exception("logging %s/%s failed", outcome.pop, outcome.group)
+                self._record_failure(PairFailure(outcome.pop, outcome.group, "log",
+                                                 f"{type(err).__name__}: {err}"), desired)
         self.decisions.sync()  # one fsync for the tick's records, before anything is pushed
+        pushed_failed = False
         for outcome in outcomes:
-            result = outcome.result
-            if outcome.weights != result.weights_before:
-                self.intent.update_weights(outcome.pop, outcome.group, outcome.weights)
-            if outcome.tiers is not None:
-                self.intent.set_tier_actions(outcome.pop, outcome.group, outcome.tiers.actions)
-            if self.metrics is not None:
-                for origin, weight in outcome.weights.items():
-                    self.metrics.weight.labels(outcome.pop, outcome.group, origin).set(weight)
+            try:
+                self._push(outcome)
+            except Exception as err:
+                log.exception("pushing %s/%s failed", outcome.pop, outcome.group)
+                self._record_failure(PairFailure(outcome.pop, outcome.group, "push",
+                                                 f"{type(err).__name__}: {err}"), desired)
+                pushed_failed = True
+        if pushed_failed:
+            self.decisions.sync()
+
+    def _push(self, outcome: TickOutcome) -> None:
+        result = outcome.result
+        if outcome.weights != result.weights_before:
+            self.intent.update_weights(outcome.pop, outcome.group, outcome.weights)
+        if outcome.tiers is not None:
+            self.intent.set_tier_actions(outcome.pop, outcome.group, outcome.tiers.actions)
+        if self.metrics is not None:
+            for origin, weight in outcome.weights.items():
+                self.metrics.weight.labels(outcome.pop, outcome.group, origin).set(weight)
+
+    def _record_failure(self, failure: PairFailure, desired: Desired) -> None:
+        held = {"decide": "its weights and tier actions hold",
+                "log": "what it decided is saved and pushed, not logged",
+                "push": "what it decided is saved, not pushed; its next tick decides again"}[
+                    failure.phase]
+        self.decisions.record(
+            "reconcile_error",
+            durable=False,  # made durable by the tick's sync
+            pop=failure.pop,
+            group=failure.group,
+            config_version=desired.digest[:16],
+            rule=f"reconciling {failure.pop}/{failure.group} failed while "
+            f"{PHASES[failure.phase]}: {failure.error}; {held}; the other pairs went on",
+            detail={"phase": failure.phase, "error": failure.error},
+        )
+        if self.metrics is not None:
+            self.metrics.decisions.labels("reconcile_error").inc()
 
     def _log(self, outcome: TickOutcome, desired: Desired) -> None:
         """The tick's records: a run of quiet ticks is written when it starts and when it ends

@@ -27,4 +27,5 @@ KINDS: tuple[str, ...] = (
     "startup",
     "shutdown",
     "records_suppressed",
+    "reconcile_error",
 )
