@@ -15,7 +15,8 @@ shared with the client process):
 thread, as `BallastService` does), no debounce. `floor`: the cheapest grpc.aio fan-out (NOTES.md):
 a generic handler with a bytes serializer, every response body serialized once per (PoP, type,
 version) and only `version_info` and `nonce` appended per stream; SotW only, it answers a
-request without a matching nonce and counts the others as ACKs. Both serve the same resources
+type's first request (no nonce), counts a request with the latest nonce as an ACK and ignores
+one with an older nonce. Both serve the same resources
 (Ballast's translation of the same desired state).
 """
 
@@ -51,6 +52,7 @@ class Tracker:
     def __init__(self) -> None:
         self.types: dict[object, set[str]] = {}
         self.synced = 0
+        self.synced_by_pop: dict[str, int] = {}
         self.last_sync = 0.0
         self.targets: dict[str, str] = {}  # pop -> the EDS version being pushed
         self.expected = 0
@@ -66,6 +68,7 @@ class Tracker:
             types.add(type_url)
             if len(types) == len(PUSH_ORDER):
                 self.synced += 1
+                self.synced_by_pop[pop] = self.synced_by_pop.get(pop, 0) + 1
                 self.last_sync = now
         if type_url == ENDPOINT_TYPE and self.targets.get(pop) == version:
             self.acks += 1
@@ -122,9 +125,9 @@ class BallastSide:
         return int(self.server.port)
 
     def push(self, pops: list[str], step: int) -> dict[str, str]:
-        cache = self.server.cache
+        intent, cache = self.server.intent, self.server.cache
         for pop in pops:
-            self.server.intent.update_weights(pop, PUSHED_GROUP, shifted(self.desired, pop, step))
+            intent.update_weights(pop, PUSHED_GROUP, shifted(self.desired, pop, step))
         return {pop: cache.resources(pop, Capabilities()).type_version(ENDPOINT_TYPE)
                 for pop in pops}
 
@@ -207,8 +210,9 @@ class FloorSide:
                     stream.pop = request.node.locality.zone
                     self.streams.setdefault(stream.pop, set()).add(stream)
                 type_url = request.type_url
-                if request.response_nonce and request.response_nonce == stream.nonces.get(type_url):
-                    if not request.HasField("error_detail"):
+                if request.response_nonce:  # an ACK or NACK; of an older response: ignored
+                    if request.response_nonce == stream.nonces.get(type_url) and \
+                            not request.HasField("error_detail"):
                         self.tracker.on_ack(stream, stream.pop, type_url, request.version_info)
                     continue
                 await stream.send(type_url)
@@ -261,7 +265,8 @@ async def main(kind: str, pops: int, groups: int) -> None:
         if name == "stop":
             break
         if name == "synced":
-            reply({"synced": tracker.synced, "last_sync": tracker.last_sync})
+            reply({"synced": tracker.synced, "last_sync": tracker.last_sync,
+                   "by_pop": tracker.synced_by_pop})
         elif name == "lag":
             reply({"worst": probe.take()})
         elif name == "push":
@@ -276,7 +281,10 @@ async def push(side: BallastSide | FloorSide, tracker: Tracker, pops: list[str],
                command: dict[str, Any]) -> dict[str, Any]:
     tracker.acks, tracker.expected = 0, command["expect"]
     tracker.done = asyncio.get_running_loop().create_future()
-    bodies = side.prepare(pops, step) if isinstance(side, FloorSide) else None
+    # the floor's bodies are serialized before the push starts, off the loop (its premise)
+    bodies = await asyncio.to_thread(side.prepare, pops, step) if isinstance(
+        side, FloorSide) else None
+    await asyncio.sleep(0.05)
     cpu0 = time.process_time()
     start = time.monotonic()
     tick0 = time.perf_counter()
