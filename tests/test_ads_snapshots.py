@@ -19,6 +19,7 @@ from control_plane.intent.running import RunningIntent
 from control_plane.translate import UnknownPop, WeightsError, translate_pop
 from control_plane.translate.resources import ENDPOINT_TYPE, Capabilities, PopResources
 from tests.support.ads_desired import desired
+from tests.support.fake_clock import FakeClock
 from tests.support.models import fleet_desired
 
 FIFO, LIFO = Capabilities(), Capabilities(adaptive_lifo=True)
@@ -132,29 +133,37 @@ def test_update_desired_announces_only_changed_pops_and_keeps_weights() -> None:
 
 
 async def test_hub_coalesces_bursts_with_a_max_delay() -> None:
-    hub = PushHub(quiet=0.05, max_delay=0.2)
+    clock = FakeClock()
+    hub = PushHub(quiet=0.05, max_delay=0.21, timer=clock)
     woken: list[str] = []
     hub.subscribe("ewr", lambda: woken.append("ewr"))
     hub.subscribe("sjc", lambda: woken.append("sjc"))
-    for _ in range(5):
+    for _ in range(5):  # a change every 10 ms: one push, 50 ms after the last
         hub.changed({"ewr"})
-        await asyncio.sleep(0.01)
-    await asyncio.sleep(0.1)
+        await clock.advance(0.01)
+    assert woken == []
+    await clock.advance(0.1)
     assert woken == ["ewr"] and hub.flushes == 1
     for _ in range(20):  # a change every 20 ms never goes quiet: max_delay forces a push
         hub.changed({"sjc"})
-        await asyncio.sleep(0.02)
-    assert "sjc" in woken and hub.flushes >= 2
+        await clock.advance(0.02)
+    assert woken == ["ewr", "sjc"] and hub.flushes == 2  # at 0.21 s; the next burst is open
+    await clock.advance(0.05)
+    assert woken == ["ewr", "sjc", "sjc"] and hub.flushes == 3
 
 
 async def test_hub_accepts_changes_from_another_thread() -> None:
-    hub = PushHub(quiet=0.01)
+    clock = FakeClock()
+    hub = PushHub(quiet=0.01, timer=clock)
     woke = asyncio.Event()
     hub.subscribe("ewr", woke.set)
     thread = threading.Thread(target=hub.changed, args=({"ewr"},))
     thread.start()
     thread.join()
-    await asyncio.wait_for(woke.wait(), 1)
+    await clock.idle()  # the change reached the loop and scheduled the flush
+    assert not woke.is_set()
+    await clock.advance(0.01)
+    assert woke.is_set() and hub.flushes == 1
 
 
 def test_a_desired_state_prepared_off_the_cache_keeps_changes_made_meanwhile() -> None:

@@ -1,4 +1,8 @@
-"""The desired-state watcher hands over complete contents once, whatever way editors save."""
+"""The desired-state watcher hands over complete contents once, whatever way editors save.
+
+On a fake clock: time moves only when a test advances it, so every step is exact and no test
+sleeps.
+"""
 
 from __future__ import annotations
 
@@ -9,23 +13,17 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from control_plane.app.reload import DesiredFileWatcher
+from tests.support.fake_clock import FakeClock
 
-SETTLE = 0.5  # well above the editor's pause below, even on a loaded machine
-
-
-async def _handed_over(seen: list[bytes], count: int, timeout: float = 5.0) -> None:
-    """Wait until `count` contents were handed over, then long enough for a wrong extra one."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while len(seen) < count and asyncio.get_running_loop().time() < deadline:
-        await asyncio.sleep(0.05)
-    await asyncio.sleep(SETTLE * 3)
+POLL, SETTLE = 0.05, 0.5
 
 
 @asynccontextmanager
 async def _watching(
     tmp_path: Path,
-) -> AsyncIterator[tuple[Path, list[bytes], DesiredFileWatcher]]:
-    """A watcher on `desired.yaml` (starting as `a: 1`): the path, what it handed over, itself."""
+) -> AsyncIterator[tuple[Path, list[bytes], DesiredFileWatcher, FakeClock]]:
+    """A watcher on `desired.yaml` (starting as `a: 1`), waiting for its next poll: the path,
+    what it handed over, itself and its clock."""
     path = tmp_path / "desired.yaml"
     path.write_bytes(b"a: 1\n")
     seen: list[bytes] = []
@@ -33,47 +31,59 @@ async def _watching(
     async def on_change(data: bytes) -> None:
         seen.append(data)
 
+    clock = FakeClock()
     watcher = DesiredFileWatcher(
-        path, on_change, poll=0.05, settle=SETTLE, current=path.read_bytes()
+        path, on_change, poll=POLL, settle=SETTLE, current=path.read_bytes(), sleep=clock.sleep
     )
     task = asyncio.create_task(watcher.run())
+    await clock.idle()
     try:
-        yield path, seen, watcher
+        yield path, seen, watcher, clock
     finally:
         task.cancel()
 
 
+async def _next_pass(clock: FakeClock, *seconds: float) -> None:
+    """Advance by each of `seconds`, then let the watcher finish and wait again."""
+    for step in seconds:
+        await clock.advance(step)
+    await clock.idle()
+
+
 async def test_in_place_rewrite_hands_over_only_the_settled_file(tmp_path: Path) -> None:
-    async with _watching(tmp_path) as (path, seen, _):
+    async with _watching(tmp_path) as (path, seen, _, clock):
         with open(path, "wb") as f:  # an editor writing in two chunks
             f.write(b"a: 2\nb:")
             f.flush()
-            os.fsync(f.fileno())
-            await asyncio.sleep(0.1)
+            await clock.advance(POLL)  # seen changing: it waits for the file to settle
             f.write(b" 3\n")
-        await _handed_over(seen, 1)
+        await clock.advance(SETTLE)  # changed again meanwhile: it waits once more
+        assert seen == []
+        await _next_pass(clock, SETTLE)
         assert seen == [b"a: 2\nb: 3\n"]
 
 
 async def test_rename_over_and_unchanged_touch(tmp_path: Path) -> None:
-    async with _watching(tmp_path) as (path, seen, watcher):
+    async with _watching(tmp_path) as (path, seen, watcher, clock):
         tmp = tmp_path / ".desired.yaml.swp"
         tmp.write_bytes(b"a: 9\n")
         os.replace(tmp, path)
-        await _handed_over(seen, 1)
+        await _next_pass(clock, POLL, SETTLE)
         assert seen == [b"a: 9\n"]
-        os.utime(path)  # same bytes, new mtime: nothing to hand over
-        await _handed_over(seen, 2, timeout=0)
+        os.utime(path, ns=(1, 1))  # same bytes, new mtime: nothing to hand over
+        await _next_pass(clock, POLL, SETTLE)
+        await _next_pass(clock, POLL, SETTLE)
         assert seen == [b"a: 9\n"]
-        watcher.trigger()  # SIGHUP forces a re-read
-        await _handed_over(seen, 2)
+        watcher.trigger()  # SIGHUP forces a re-read, before the next poll
+        await _next_pass(clock, SETTLE)
         assert seen == [b"a: 9\n", b"a: 9\n"]
 
 
 async def test_missing_file_is_waited_out(tmp_path: Path) -> None:
-    async with _watching(tmp_path) as (path, seen, _):
+    async with _watching(tmp_path) as (path, seen, _, clock):
         path.unlink()
-        await asyncio.sleep(SETTLE)
-        path.write_bytes(b"a: 2\n")
-        await _handed_over(seen, 1)
-        assert seen == [b"a: 2\n"]
+        await _next_pass(clock, POLL, SETTLE)
+        assert seen == []
+        path.write_bytes(b"a: 22\n")
+        await _next_pass(clock, POLL, SETTLE)
+        assert seen == [b"a: 22\n"]

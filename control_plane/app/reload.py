@@ -5,7 +5,8 @@ temp file and rename it over the original. Both are covered by polling the file'
 (inode, size, mtime) and only reading it once that identity has stayed the same for `settle`
 seconds; the bytes are then handed over only if their hash differs from the last ones handed
 over. Whatever is handed over still goes through full validation before anything applies.
-SIGHUP (via `trigger`) forces a re-read even if nothing seems to have changed.
+SIGHUP (via `trigger`) forces a re-read even if nothing seems to have changed. Time passes
+through the injected `sleep` (asyncio's by default; tests give a fake clock's).
 
 The watcher survives anything: a file that cannot be read as a desired state (not a regular
 file, too large) goes to `on_unreadable` with the reason, and any exception while handing over
@@ -48,6 +49,7 @@ class DesiredFileWatcher:
         current: bytes | None = None,
         on_unreadable: Callable[[DesiredStateError], None] | None = None,
         on_error: Callable[[Exception], None] | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.path = path
         self.on_change = on_change
@@ -55,6 +57,7 @@ class DesiredFileWatcher:
         self.on_error = on_error
         self.poll = poll
         self.settle = settle
+        self._sleep = sleep
         self._seen = identity(path)
         self._handed_hash = hashlib.sha256(current).hexdigest() if current is not None else None
         self._forced = asyncio.Event()
@@ -65,8 +68,7 @@ class DesiredFileWatcher:
 
     async def run(self) -> None:
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._forced.wait(), self.poll)
+            await self._poll_or_trigger()
             forced = self._forced.is_set()
             self._forced.clear()
             try:
@@ -76,6 +78,18 @@ class DesiredFileWatcher:
                 if self.on_error is not None:
                     with contextlib.suppress(Exception):
                         self.on_error(err)
+
+    async def _poll_or_trigger(self) -> None:
+        """Back after `poll` seconds, or as soon as `trigger` is called."""
+        if self._forced.is_set():
+            return
+        waits = [asyncio.ensure_future(self._sleep(self.poll)),
+                 asyncio.ensure_future(self._forced.wait())]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
 
     async def _check(self, forced: bool) -> None:
         now = identity(self.path)
@@ -90,7 +104,7 @@ class DesiredFileWatcher:
     async def _wait_stable(self, first: FileIdentity) -> FileIdentity | None:
         previous = first
         while True:
-            await asyncio.sleep(self.settle)
+            await self._sleep(self.settle)
             now = identity(self.path)
             if now is None:
                 return None

@@ -3,6 +3,7 @@
 
 `await clock.advance(seconds)` fires every timer and wakes every sleeper that falls due, in
 time order, letting the woken tasks run after each, and then leaves the clock at the target.
+`await clock.idle()` lets woken tasks finish what they do (threads too) until they wait again.
 """
 
 from __future__ import annotations
@@ -44,8 +45,24 @@ class FakeClock:
             if not woken.done():
                 woken.set_result(None)
 
-        self.call_at(self._now + seconds, wake)
-        await woken
+        handle = self.call_at(self._now + seconds, wake)
+        try:
+            await woken
+        finally:
+            handle.cancel()  # a sleeper cancelled (or woken) is no longer waited for
+
+    def waiting(self) -> int:
+        """How many timers and sleepers are due some time."""
+        return sum(1 for _, _, handle, _ in self._timers if not handle.cancelled)
+
+    async def idle(self, waiting: int = 1, timeout_s: float = 10.0) -> None:
+        """Let the loop run (no fake time passes) until `waiting` timers or sleepers are due:
+        a task that was woken has done its work (threads included) and waits again."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.waiting() < waiting:
+            assert loop.time() < deadline, "nothing went back to waiting"
+            await asyncio.sleep(0)
 
     async def advance(self, seconds: float) -> None:
         target = self._now + seconds
