@@ -317,3 +317,19 @@ def _snapshot() -> Any:
 
     served = desired(listener_port=10000, primary_port=8081, secondary_port=8082)
     return translate_pop(served, "ewr", {}, Capabilities())
+
+
+def test_a_delta_client_that_never_answers_holds_few_responses() -> None:
+    snapshot = _snapshot()
+    stream = DeltaStream(SMALL)
+    sent = 0
+    for i in range(500):  # each request asks for other endpoints: a response each, never ACKed
+        new, old = ("shop.critical", "shop.normal")[:: 1 if i % 2 else -1]
+        step = stream.on_request(
+            DeltaDiscoveryRequest(type_url=EDS, resource_names_subscribe=[new],
+                                  resource_names_unsubscribe=[old]),
+            snapshot,
+        )
+        sent += len(step.responses)
+    assert sent > 2 * protocol.MAX_UNANSWERED
+    assert len(stream._pending) == protocol.MAX_UNANSWERED

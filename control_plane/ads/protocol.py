@@ -45,6 +45,9 @@ __all__ = [
 ]
 
 WILDCARD = "*"
+# delta responses remembered until (N)ACKed, per stream; Envoy answers each in order at once,
+# a client that never answers cannot make a stream hold more
+MAX_UNANSWERED = 64
 WILDCARD_TYPES = frozenset({CLUSTER_TYPE, LISTENER_TYPE})  # an empty first request = everything
 SHORT_NAMES = {
     CLUSTER_TYPE: "CDS",
@@ -459,6 +462,8 @@ class DeltaStream:
         version = after.version if after is not None else items_version(state.has)
         response = DeltaResponse(type_url, version, nonce, send, removed)
         self._pending[nonce] = response
+        if len(self._pending) > MAX_UNANSWERED:  # a client that never answers: forget the oldest
+            del self._pending[next(iter(self._pending))]
         step.responses.append(response)
 
     @staticmethod
