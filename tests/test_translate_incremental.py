@@ -33,7 +33,8 @@ def wire(resources: PopResources) -> dict[str, dict[str, tuple[str, bytes]]]:
 def test_a_weight_change_in_a_50_group_pop_translates_only_that_groups_load_assignments() -> None:
     desired = fleet_desired(pops=3, groups=50)
     first = translate_pop(desired, "p001", {}, FIFO)
-    assert len(built_resources(first)) == 50 * 3 * 2 + 2  # clusters, CLAs, listener, routes
+    assert len(built_resources(first)) == 50 * 3 * 2 + 3  # clusters, CLAs, listener, routes,
+    # the runtime layer
     shifted = {"g017": {"o0": 20, "o1": 80}}
     second = translate_pop(desired, "p001", shifted, FIFO, previous=first)
     assert sorted(built_resources(second)) == [

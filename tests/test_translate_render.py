@@ -19,6 +19,7 @@ def test_render_groups_resources_by_kind_and_shows_field_62() -> None:
         "endpoints": ["shop.critical", "shop.normal", "shop.background"],
         "listeners": ["edge"],
         "routes": ["edge"],
+        "runtime": ["ballast_tiers"],
     }
     critical = rendered["clusters"]["shop.critical"]
     assert critical["queuing_policies"] == {

@@ -10,7 +10,13 @@ from envoy.config.route.v3.route_components_pb2 import Route
 from control_plane.app.server import intent_and_cache
 from control_plane.desired.model import TierActions
 from control_plane.translate import translate_pop
-from control_plane.translate.resources import CLUSTER_TYPE, ENDPOINT_TYPE, ROUTE_TYPE, Capabilities
+from control_plane.translate.resources import (
+    CLUSTER_TYPE,
+    ENDPOINT_TYPE,
+    ROUTE_TYPE,
+    RUNTIME_TYPE,
+    Capabilities,
+)
 from tests.support.models import example_desired, shop_group
 
 
@@ -135,15 +141,19 @@ def test_each_shed_action_of_a_tier_shed_for_utilization(
     assert {r.name: r for r in vhost.routes}["prefetch"].WhichOneof("action") == "route"
 
 
-def test_lent_limits_raise_only_the_borrowers_breakers() -> None:
+def test_lent_limits_travel_as_runtime_overrides_and_never_touch_the_clusters() -> None:
     actions = TierActions(demote_tier=None, demote_to=None, demote_share=0, shed_tier=None,
                           limits=(("background", 57),))
-    plain = translate_pop(example_desired(), "ewr", {}, Capabilities()).of_type(CLUSTER_TYPE)
-    lent = translate_pop(example_desired(), "ewr", {}, Capabilities(),
-                         {"shop": actions}).of_type(CLUSTER_TYPE)
-    (limits,) = lent["shop.background"].message.circuit_breakers.thresholds
-    assert (limits.max_requests.value, limits.max_connections.value) == (57, 57)
-    (static,) = plain["shop.background"].message.circuit_breakers.thresholds
-    assert static.max_requests.value == 6
-    for name in ("shop.critical", "shop.normal"):
-        assert lent[name].payload == plain[name].payload
+    plain = translate_pop(example_desired(), "ewr", {}, Capabilities())
+    lent = translate_pop(example_desired(), "ewr", {}, Capabilities(), {"shop": actions},
+                         previous=plain)
+    assert dict(plain.of_type(RUNTIME_TYPE)["ballast_tiers"].message.layer) == {}
+    assert dict(lent.of_type(RUNTIME_TYPE)["ballast_tiers"].message.layer) == {
+        "circuit_breakers.shop.background.default.max_connections": 57,
+        "circuit_breakers.shop.background.default.max_requests": 57,
+    }
+    for name, cluster in plain.of_type(CLUSTER_TYPE).items():  # no cluster rebuilt
+        assert lent.of_type(CLUSTER_TYPE)[name] is cluster
+    full = translate_pop(example_desired(), "ewr", {}, Capabilities(), {"shop": actions})
+    assert full.of_type(RUNTIME_TYPE)["ballast_tiers"].payload == lent.of_type(
+        RUNTIME_TYPE)["ballast_tiers"].payload

@@ -54,6 +54,7 @@ SHORT_NAMES = {
     ENDPOINT_TYPE: "EDS",
     LISTENER_TYPE: "LDS",
     "type.googleapis.com/envoy.config.route.v3.RouteConfiguration": "RDS",
+    "type.googleapis.com/envoy.service.runtime.v3.Runtime": "RTDS",
 }
 
 

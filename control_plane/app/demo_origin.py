@@ -89,14 +89,22 @@ class DemoOrigin:
             return await self._handle_fault(request)
         self.connections.add(request.transport)
         if self._slots is None:
-            return await self._answer(request)
+            return await self._counted(request)
         async with self._slots:
-            self.in_flight += 1
-            self.in_flight_peak = max(self.in_flight_peak, self.in_flight)
-            try:
-                return await self._answer(request)
-            finally:
-                self.in_flight -= 1
+            return await self._counted(request)
+
+    async def _counted(self, request: web.Request) -> web.Response:
+        self.in_flight += 1
+        self.in_flight_peak = max(self.in_flight_peak, self.in_flight)
+        try:
+            return await self._answer(request)
+        finally:
+            self.in_flight -= 1
+
+    def in_flight_peak_reset(self) -> int:
+        """The peak of requests in work at once since the last reset (then reset)."""
+        peak, self.in_flight_peak = self.in_flight_peak, self.in_flight
+        return peak
 
     async def _answer(self, request: web.Request) -> web.Response:
         faulty = self._faulty(request)

@@ -50,11 +50,9 @@ def tier_concurrency(group: OriginGroup, tier: Tier) -> int:
     return group.guarantee(tier)
 
 
-def tier_cluster(
-    group: OriginGroup, tier: Tier, queue_policy: QueuePolicyChoice, limit: int | None = None
-) -> Cluster:
-    """The EDS cluster of one tier, field 62 (queue policy) merged in. `limit`: the tier's
-    concurrency while it borrows unused shares of other tiers (lending, `decide/tiers.py`)."""
+def tier_cluster(group: OriginGroup, tier: Tier, queue_policy: QueuePolicyChoice) -> Cluster:
+    """The EDS cluster of one tier, field 62 (queue policy) merged in. Lending raises the
+    breakers by runtime overrides (`runtime.py`), never here."""
     cluster = Cluster(
         name=cluster_name(group.name, tier.name),
         type=Cluster.EDS,
@@ -68,7 +66,7 @@ def tier_cluster(
         common_lb_config=Cluster.CommonLbConfig(
             locality_weighted_lb_config=Cluster.CommonLbConfig.LocalityWeightedLbConfig()
         ),
-        circuit_breakers=_circuit_breakers(group, tier, limit),
+        circuit_breakers=_circuit_breakers(group, tier),
         # Per-host counters (`cluster.<name>.endpoint.<addr>_<port>.rq_error`, ...) count every
         # attempt, retried ones included; the zone `upstream_rq_*` stats do not (observe/).
         track_cluster_stats=TrackClusterStats(per_endpoint_stats=True),
@@ -87,8 +85,8 @@ def tier_cluster(
     return cluster
 
 
-def _circuit_breakers(group: OriginGroup, tier: Tier, limit: int | None) -> CircuitBreakers:
-    concurrency = max(tier_concurrency(group, tier), limit or 0)
+def _circuit_breakers(group: OriginGroup, tier: Tier) -> CircuitBreakers:
+    concurrency = tier_concurrency(group, tier)
     max_retries = math.ceil(tier.retry_budget_percent * concurrency / 100)
     return CircuitBreakers(
         thresholds=[

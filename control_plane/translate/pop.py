@@ -4,8 +4,7 @@ Incremental: given the PoP's `previous` snapshot, a resource whose inputs are eq
 it was built from is taken over as it is (same object, same bytes, same version); only the others
 are translated and serialized. The inputs of each resource are exactly what its builder reads:
 
-- Cluster `<group>.<tier>`: the origin group, the tier, the node capabilities, the tier's lent
-  concurrency limit (lending, from the group's active tier actions);
+- Cluster `<group>.<tier>`: the origin group, the tier, the node capabilities;
 - ClusterLoadAssignment `<group>.<tier>`: the origin group, its weights in this PoP;
 - Listener: the desired listener, the PoP, the trusted priority sources, the access-log sample
   rate (nodes that asked for access logs);
@@ -13,8 +12,10 @@ are translated and serialized. The inputs of each resource are exactly what its 
   desired listener, the PoP, which of the two, the classification rules, the default tier, and
   per virtual host its origin group and that group's active tier actions.
 
+- Runtime `ballast_tiers` (RTDS): every group's lent limits (`runtime.py`).
+
 So a weight change re-builds the ClusterLoadAssignments of that group, a tier action the routes
-(and, when a lent limit changed, that tier's cluster),
+and the runtime layer,
 a desired-state edit the resources whose inputs it touched. Without `previous` every resource is
 built: that full translation is the reference the incremental one is tested against (byte for
 byte, `tests/test_translate_incremental.py`). What was built is kept with the snapshot
@@ -45,11 +46,13 @@ from control_plane.translate.resources import (
     ENDPOINT_TYPE,
     LISTENER_TYPE,
     ROUTE_TYPE,
+    RUNTIME_TYPE,
     Capabilities,
     PopResources,
     Resource,
 )
 from control_plane.translate.routes import route_configuration
+from control_plane.translate.runtime import RUNTIME_LAYER, tier_runtime
 from control_plane.translate.weights import resolve_weights
 
 ResourceKey = tuple[str, str]  # (type URL, name)
@@ -125,7 +128,7 @@ def translate_pop(
     `weights`: origin group -> origin -> weight (sum 100); a group missing from it starts from
     its home weights. `caps` decides adaptive LIFO vs FIFO; every fallback is in `notes`.
     `tier_actions`: origin group -> the tier actions active in this PoP (demotion, shedding;
-    see `routes.py`) change the routes; lent limits change the borrowing tiers' breakers.
+    see `routes.py`) change the routes; lent limits the runtime layer (`runtime.py`).
     `previous`: this PoP's last snapshot, whose
     resources are reused where their inputs did not change (see the module docstring).
     The Cluster message carries field 62 (queue policy) among its unknown fields, so its
@@ -168,7 +171,11 @@ def _translate(pop: str, inputs: _PopInputs, make: _Builder) -> PopResources:
             # the previous snapshot's equal group object, so the comparisons below are cheap
             same = make.canonical(make.previous_input(CLUSTER_TYPE, name, 0), group)
             groups.setdefault(group.name, same)
-            cluster = _tier_cluster(make, name, same, group, tier, inputs)
+            cluster = make.resource(
+                CLUSTER_TYPE, name, (same, tier, inputs.caps),
+                lambda name=name, group=group, tier=tier: _cluster(name, group, tier,
+                                                                   inputs.caps),
+            )
             clusters[name] = cluster.resource
             if cluster.note is not None:
                 notes.append(cluster.note)
@@ -188,6 +195,7 @@ def _translate(pop: str, inputs: _PopInputs, make: _Builder) -> PopResources:
         ENDPOINT_TYPE: endpoints,
         LISTENER_TYPE: listeners,
         ROUTE_TYPE: routes,
+        RUNTIME_TYPE: _runtime(make, inputs),
     })
 
 
@@ -209,13 +217,7 @@ def _changed_weights_or_actions(
                 endpoints[name] = _endpoints(make, name, same, group, inputs.weights[group.name])
         by_type[ENDPOINT_TYPE] = endpoints
     if inputs.actions != last.actions:
-        clusters = dict(previous.of_type(CLUSTER_TYPE))
-        for group in desired.origin_groups:
-            for tier in group.tiers:
-                name = cluster_name(group.name, tier.name)
-                same = make.previous_input(CLUSTER_TYPE, name, 0) or group
-                clusters[name] = _tier_cluster(make, name, same, group, tier, inputs).resource
-        by_type[CLUSTER_TYPE] = clusters
+        by_type[RUNTIME_TYPE] = _runtime(make, inputs)
         groups = {
             g.name: make.previous_input(CLUSTER_TYPE, cluster_name(g.name, g.tiers[0].name), 0)
             or g
@@ -267,22 +269,19 @@ def _finish(
     return resources
 
 
-def _tier_cluster(
-    make: _Builder, name: str, same: object, group: OriginGroup, tier: Tier, inputs: _PopInputs
-) -> _Built:
-    actions = inputs.actions.get(group.name)
-    limit = None if actions is None else actions.limit(tier.name)
-    return make.resource(
-        CLUSTER_TYPE, name, (same, tier, inputs.caps, limit),
-        lambda: _cluster(name, group, tier, inputs.caps, limit),
-    )
+def _runtime(make: _Builder, inputs: _PopInputs) -> dict[str, Resource]:
+    limits = tuple(sorted((g, a.limits) for g, a in inputs.actions.items() if a.limits))
+    return {RUNTIME_LAYER: make.resource(
+        RUNTIME_TYPE, RUNTIME_LAYER, (limits,),
+        lambda: (tier_runtime(inputs.actions), None),
+    ).resource}
 
 
 def _cluster(
-    name: str, group: OriginGroup, tier: Tier, caps: Capabilities, limit: int | None
+    name: str, group: OriginGroup, tier: Tier, caps: Capabilities
 ) -> tuple[Message, str | None]:
     choice = choose_queue_policy(name, tier, caps)
-    return tier_cluster(group, tier, choice, limit), choice.fallback_note
+    return tier_cluster(group, tier, choice), choice.fallback_note
 
 
 def built_resources(resources: PopResources) -> tuple[ResourceKey, ...]:

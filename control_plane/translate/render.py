@@ -17,6 +17,7 @@ from control_plane.translate.resources import (
     ENDPOINT_TYPE,
     LISTENER_TYPE,
     ROUTE_TYPE,
+    RUNTIME_TYPE,
     PopResources,
     Resource,
 )
@@ -26,6 +27,7 @@ KINDS: dict[str, str] = {
     ENDPOINT_TYPE: "endpoints",
     LISTENER_TYPE: "listeners",
     ROUTE_TYPE: "routes",
+    RUNTIME_TYPE: "runtime",
 }
 
 

@@ -19,9 +19,12 @@ CLUSTER_TYPE = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 ENDPOINT_TYPE = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
 LISTENER_TYPE = "type.googleapis.com/envoy.config.listener.v3.Listener"
 ROUTE_TYPE = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
+RUNTIME_TYPE = "type.googleapis.com/envoy.service.runtime.v3.Runtime"
 
 # Make-before-break: the order a change is pushed in (removals go last, in reverse).
-PUSH_ORDER: tuple[str, ...] = (CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE)
+PUSH_ORDER: tuple[str, ...] = (
+    CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE, RUNTIME_TYPE
+)
 
 T = TypeVar("T")
 

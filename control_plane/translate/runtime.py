@@ -1,0 +1,38 @@
+"""The tier controller's lending in Envoy: one RTDS runtime layer per PoP, over the same ADS stream.
+
+A borrowing tier's per-Envoy concurrency (`TierActions.limits`) becomes runtime overrides of its
+cluster's circuit breakers, `circuit_breakers.<group>.<tier>.default.max_requests` and
+`.max_connections`; the Cluster (CDS) keeps the tier's guaranteed share, so lending and reclaim
+never rebuild a cluster or drain its connection pool (measured against CDS: README, facts). The
+layer `ballast_tiers` is always served, empty when nothing is lent: Envoys whose bootstrap names
+it (`envoy/edge.yaml`) wait for it at start-up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from envoy.service.runtime.v3.rtds_pb2 import Runtime
+from google.protobuf.struct_pb2 import Struct
+
+from control_plane.desired.model import TierActions
+from control_plane.translate.clusters import cluster_name
+
+RUNTIME_LAYER = "ballast_tiers"
+
+
+def breaker_keys(cluster: str) -> tuple[str, str]:
+    prefix = f"circuit_breakers.{cluster}.default"
+    return f"{prefix}.max_requests", f"{prefix}.max_connections"
+
+
+def tier_runtime(actions: Mapping[str, TierActions]) -> Runtime:
+    """The layer for one PoP (origin group -> its actions): every lent limit, keys sorted."""
+    values: dict[str, float] = {}
+    for group, found in actions.items():
+        for tier, limit in found.limits:
+            for key in breaker_keys(cluster_name(group, tier)):
+                values[key] = limit
+    layer = Struct()
+    layer.update(dict(sorted(values.items())))
+    return Runtime(name=RUNTIME_LAYER, layer=layer)

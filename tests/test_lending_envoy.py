@@ -1,0 +1,137 @@
+"""Lending end to end: Ballast (sink metrics, reconcile every second) and a real Envoy 1.40.
+
+With critical and normal idle, the busy background tier borrows their unused shares (an RTDS
+runtime override of its breakers) and completes far more requests per second than its static
+share allows; when critical and normal traffic comes back, the borrowed slots are taken back
+and Envoy's runtime no longer overrides the breakers within a tick, a stats flush and 1 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from control_plane.app.demo_origin import DemoOrigin, Fault
+from control_plane.app.envoy_process import EnvoyProcess, free_port
+from control_plane.app.service import BallastService, ServiceConfig
+from control_plane.decisions.read import iter_records
+from control_plane.translate.bootstrap import ads_bootstrap
+
+pytestmark = pytest.mark.envoy
+
+ORIGIN_MS = 100
+TICK_S, FLUSH_S = 1.0, 1.0
+BACKGROUND_KEY = "circuit_breakers.shop.background.default.max_requests"
+DESIRED = """\
+pops:
+  ewr: {{listen_address: 127.0.0.1}}
+failover: {{interval: 1s, window: 3s, stale_after: 10s}}
+origin_groups:
+  shop:
+    max_origin_concurrency: 20   # guarantees: critical 14, normal 5, background 1
+    origins:
+      primary: {{address: 127.0.0.1, port: {origin}}}
+    health_check: {{interval: 1s, connect_timeout: 500ms, read_timeout: 1s}}
+classification:
+  default_tier: critical
+  rules:
+    - {{name: checkout, path_prefix: /api/checkout, tier: critical}}
+    - {{name: page, path_prefix: /page, tier: normal}}
+    - {{name: image, path_prefix: /_next/image, tier: background}}
+listeners:
+  - name: edge
+    port: {listener}
+    virtual_hosts:
+      - {{name: shop, domains: ["*"], origin_group: shop}}
+"""
+
+
+async def closed_loop(url: str, clients: int, stop: asyncio.Event, done: list[float]) -> None:
+    """`clients` loops GETting `url` until `stop`; each 200's arrival time goes to `done`."""
+    connector = aiohttp.TCPConnector(limit=clients)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        async def one() -> None:
+            while not stop.is_set():
+                with contextlib.suppress(aiohttp.ClientError):
+                    async with session.get(url) as response:
+                        await response.read()
+                        if response.status == 200:
+                            done.append(time.monotonic())
+        await asyncio.gather(*(one() for _ in range(clients)))
+
+
+@contextlib.asynccontextmanager
+async def fleet(tmp_path: Path) -> AsyncIterator[tuple[EnvoyProcess, int]]:
+    origin = await DemoOrigin("primary", free_port()).start()
+    origin.set_fault(Fault(latency_ms=ORIGIN_MS))
+    listener, xds, admin = free_port(), free_port(), free_port()
+    desired = tmp_path / "desired.yaml"
+    desired.write_text(DESIRED.format(origin=origin.port, listener=listener))
+    envoy = EnvoyProcess(ads_bootstrap(
+        node_id="ewr-1", pop="ewr", xds_port=xds, admin_port=admin, metrics_sink=True,
+        needed_stats_only=True, stats_flush_interval_ms=int(FLUSH_S * 1000)), admin).start()
+    service = BallastService(ServiceConfig(
+        desired_path=desired, state_dir=tmp_path / "state", xds_address=f"127.0.0.1:{xds}",
+        admin_address=None, probes=False, reload_poll_s=0.2))
+    try:
+        await service.start()
+        await asyncio.to_thread(envoy.wait_ready, 20)
+        yield envoy, listener
+    finally:
+        envoy.stop()
+        if service.ready:
+            await service.stop(0.5)
+        await origin.stop()
+
+
+def runtime_limit(envoy: EnvoyProcess) -> int | None:
+    entry = envoy.admin_json("/runtime").get("entries", {}).get(BACKGROUND_KEY)
+    return None if entry is None else int(float(entry["final_value"]))
+
+
+async def wait_for(check, timeout: float, what: str) -> float:  # type: ignore[no-untyped-def]
+    started = time.monotonic()
+    while not await asyncio.to_thread(check):
+        if time.monotonic() - started > timeout:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(0.05)
+    return time.monotonic() - started
+
+
+async def test_idle_shares_are_lent_to_background_and_taken_back(tmp_path: Path) -> None:
+    async with fleet(tmp_path) as (envoy, port):
+        base = f"http://127.0.0.1:{port}"
+        stop, background = asyncio.Event(), []
+        tasks = [asyncio.create_task(closed_loop(f"{base}/_next/image?u=a", 10, stop, background))]
+        try:
+            await wait_for(lambda: (runtime_limit(envoy) or 0) > 1, 15, "background lent slots")
+            await asyncio.sleep(1.0)  # in force a moment; then count a steady 2 s
+            before = len(background)
+            await asyncio.sleep(2.0)
+            lent_rps = (len(background) - before) / 2.0
+            static_rps = 1 * 1000 / ORIGIN_MS  # its static share: 1 request at a time
+            assert lent_rps > 3 * static_rps, (lent_rps, static_rps)
+
+            critical_started = time.monotonic()
+            critical, normal = [], []
+            tasks.append(asyncio.create_task(
+                closed_loop(f"{base}/api/checkout", 16, stop, critical)))
+            tasks.append(asyncio.create_task(closed_loop(f"{base}/page", 6, stop, normal)))
+            await wait_for(lambda: runtime_limit(envoy) is None, 10, "borrowed slots reclaimed")
+            took = time.monotonic() - critical_started
+        finally:
+            stop.set()
+            await asyncio.gather(*tasks)
+    # the lenders' demand reaches Envoy's stats at the next flush; the next tick takes the
+    # slots back and Envoy applies the runtime push
+    assert took <= FLUSH_S + TICK_S + 1.0, took
+    lends = [r for r in iter_records(tmp_path / "state") if r["kind"] == "tier_lend"]
+    assert [r["detail"]["change"] for r in lends][:1] == ["lend"]
+    assert lends[-1]["detail"]["change"] == "reclaim" and lends[-1]["detail"]["lent"] == {}
+    assert lends[-1]["inputs"]["readings"]["critical"]["active_by_node"] == [["ewr-1", 14.0]]
