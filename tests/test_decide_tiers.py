@@ -285,15 +285,18 @@ DEMAND = st.floats(min_value=0, max_value=400, allow_nan=False)
     lent=st.dictionaries(st.sampled_from(["critical", "normal", "background"]),
                          st.integers(1, 120), max_size=3),
     excluded=st.frozensets(st.sampled_from(["normal", "background"])),
-    headroom=st.integers(0, 50), step=st.integers(0, 30),
+    headroom=st.integers(0, 50), step=st.integers(0, 30), stressed=st.booleans(),
 )
 def test_lending_properties(
     critical: float, normal: float, background: float, lent: dict[str, int],
-    excluded: frozenset[str], headroom: int, step: int,
+    excluded: frozenset[str], headroom: int, step: int, stressed: bool,
 ) -> None:
     group = with_policy(GROUP, lend_headroom_percent=headroom, lend_step_percent=step)
     demand = {"critical": critical, "normal": normal, "background": background}
-    plan = plan_lending(group, lent, demand, excluded)
+    keeps = frozenset({"critical"}) if stressed else frozenset()
+    plan = plan_lending(group, lent, demand, excluded, keeps)
+    if stressed:  # re-prioritization on: critical's share is not lent at all
+        assert plan.spare["critical"] == 0
     # never more lent than the lenders have spare: critical with demand at its guarantee (less
     # headroom) lends nothing, and what others borrow never eats into its demand
     assert sum(plan.lent.values()) <= plan.pool

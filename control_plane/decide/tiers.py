@@ -386,18 +386,22 @@ def plan_lending(
     current: Mapping[str, int],
     demand: Mapping[str, float],
     excluded: frozenset[str] = frozenset(),
+    keeps: frozenset[str] = frozenset(),
 ) -> LendingPlan:
     """Pure arithmetic of work-conserving lending (see the module docstring, part 3).
 
     ``demand``: tier -> active + pending peak of the worst Envoy; ``excluded``: tiers that may
-    not borrow (shed). Invariants (property-tested): Σ lent ≤ Σ spare; nothing is lent out of a
-    tier whose demand reaches its guarantee minus headroom; no limit below its guarantee.
+    not borrow (shed); ``keeps``: tiers that lend nothing (the trigger tier while
+    re-prioritization is on: under stress its whole share stays free for it). Invariants
+    (property-tested): Σ lent ≤ Σ spare; nothing is lent out of a tier whose demand reaches
+    its guarantee minus headroom, nor out of a tier that keeps; no limit below its guarantee.
     """
     policy = group.tier_actions
     guarantee = {t.name: group.guarantee(t) for t in group.tiers}
     headroom = {name: math.ceil(policy.lend_headroom_percent * g / 100)
                 for name, g in guarantee.items()}
-    spare = {name: max(0, math.floor(guarantee[name] - demand[name] - headroom[name]))
+    spare = {name: 0 if name in keeps else
+             max(0, math.floor(guarantee[name] - demand[name] - headroom[name]))
              for name in guarantee}
     want = {name: 0 if name in excluded else
             max(0, math.ceil(demand[name] + headroom[name] - guarantee[name]))
@@ -453,7 +457,8 @@ def _lending(
         return _Part(state, f"lending: fail static ({'; '.join(problems)}); lent stays "
                      f"{current or 'nothing'}")
     demand = {t.name: readings[t.name].demand for t in group.tiers}
-    plan = plan_lending(group, current, demand, excluded)
+    keeps = frozenset({policy.trigger_tier}) if state.active else frozenset()
+    plan = plan_lending(group, current, demand, excluded, keeps)
     summary = ", ".join(f"{t} D {demand[t]:g}/G {plan.guarantee[t]}" for t in plan.guarantee)
     if plan.lent == current:
         return _Part(state, f"lending: {summary}; lent {current or 'nothing'} (pool "
