@@ -43,6 +43,7 @@ def edge_bootstrap(desired: Desired, admin_port: int, sink_port: int) -> dict:
     bootstrap = ads_bootstrap(node_id="ewr-1", pop="ewr", xds_port=sink_port,
                               admin_port=admin_port, metrics_sink=True)
     del bootstrap["dynamic_resources"]
+    del bootstrap["layered_runtime"]  # its RTDS layer needs the ADS config
     bootstrap.pop("stats_sinks")
     assert bootstrap["node"]["metadata"] == {"ballast_access_log": True}
     static = static_bootstrap(translate_pop(desired, "ewr", {"shop": {"primary": 100,

@@ -24,7 +24,7 @@ from tests.support.background_loop import BackgroundLoop
 
 pytestmark = pytest.mark.envoy
 
-TYPES = {"CDS", "EDS", "LDS", "RDS"}
+TYPES = {"CDS", "EDS", "LDS", "RDS", "RTDS"}  # RTDS: the tier-lending runtime layer
 LIFO_NACK = "Didn't find a registered queue policy implementation"
 
 

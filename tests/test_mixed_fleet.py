@@ -110,7 +110,8 @@ async def test_mixed_versions_all_ack_and_status_says_why(
     out = capsys.readouterr().out
     assert code == 0
     rows = {line.split()[0]: line.split() for line in out.splitlines()[1:] if line.strip()}
-    for release, key in (("1.36", "none"), ("1.38", "none"), ("1.40", "fifo")):
+    # +als: their bootstraps (--metrics-sink) ask for the sampled access logs
+    for release, key in (("1.36", "none+als"), ("1.38", "none+als"), ("1.40", "fifo+als")):
         row = rows[f"ewr-{release}"]
         assert row[2].startswith(release + ".") and row[3] == key, row
         assert row[-1] == "SYNCED"
@@ -122,7 +123,7 @@ async def test_mixed_versions_all_ack_and_status_says_why(
         detail[release] = capsys.readouterr().out
     for release in ("1.36", "1.38"):
         assert "queue policy:  no queue policy sent (Cluster field 62 left out; Envoy queues " \
-            "FIFO) — capability key none, because its node.extensions do not list " \
+            "FIFO) — capability key none+als, because its node.extensions do not list " \
             "envoy.queue_policy.fifo: Cluster field 62 not sent" in detail[release]
-    assert "capability key fifo, because its node.extensions list envoy.queue_policy.fifo" \
+    assert "capability key fifo+als, because its node.extensions list envoy.queue_policy.fifo" \
         in detail["1.40"]

@@ -111,7 +111,7 @@ def nack_lines(node: Node, now: float) -> list[str]:
 
 def queue_policy(node: Node) -> str:
     key, reason = node["capability_key"], node["capability_reason"]
-    policy = QUEUE_POLICIES.get(key, key)
+    policy = QUEUE_POLICIES.get(key.removesuffix("+als"), key)  # +als: access logs asked for
     return f"{policy} — capability key {key}, because {reason}"
 
 

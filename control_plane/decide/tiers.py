@@ -9,7 +9,9 @@ Envoy) with the defaults of ``TierActionPolicy``:
    ``trigger_wait_quantile`` of the trigger tier's pool wait (access logs) above
    ``trigger_wait_ms``; a fresh window without a sampled request counts as no wait when the
    tier's pool had nobody pending. Trigger ``pending``: the worst Envoy's pending peak above
-   ``trigger_pending``. Off → on once the trigger held at every tick for ``for_ms``; on → off
+   ``trigger_pending``, or a pool queue of the tier reported overloaded
+   (``upstream_queue_overloaded`` > 0: past its adaptive LIFO high watermark) where a node
+   reports it. Off → on once the trigger held at every tick for ``for_ms``; on → off
    once ``recover_after_ms`` passed without it. Kind ``tier_action``.
 2. **Utilization shedding** (seed 000 ``shed_threshold: 0.85``). The origin concurrency in use is
    each Envoy's active requests of the group's tier pools, each tier counted up to its
@@ -227,8 +229,12 @@ def _trigger_reading(
         return None, f"fail static: {why} for tier {tier}"
     if policy.trigger == "pending":
         pending, limit = reading.pending_max, policy.trigger_pending
-        hit = pending > limit
-        return hit, f"{tier} pending max {pending:g} {'>' if hit else '≤'} {limit}"
+        overloaded = reading.overloaded_max or 0
+        hit = pending > limit or overloaded > 0
+        seen = f"{tier} pending max {pending:g} {'>' if pending > limit else '≤'} {limit}"
+        if overloaded > 0:  # a pool queue past its adaptive LIFO high watermark
+            seen += f", {overloaded:g} pool queue(s) overloaded"
+        return hit, seen
     q, limit_ms = policy.trigger_wait_quantile, policy.trigger_wait_ms
     if reading.wait is None:
         if reading.pending_max > 0:

@@ -36,6 +36,7 @@ def _sink_only_bootstrap(pop: str, node_id: str, admin_port: int, sink_port: int
         metrics_sink=True,
     )
     del bootstrap["dynamic_resources"]
+    del bootstrap["layered_runtime"]  # its RTDS layer needs the ADS config
     return bootstrap
 
 
