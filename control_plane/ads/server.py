@@ -54,7 +54,7 @@ from control_plane.ads.protocol import (
 )
 from control_plane.ads.snapshots import SnapshotCache
 from control_plane.translate.capabilities import NodeCapabilities, read_node_capabilities
-from control_plane.translate.resources import CLUSTER_TYPE, PUSH_ORDER, PopResources
+from control_plane.translate.resources import CLUSTER_TYPE, STARTUP_TYPES, PopResources
 
 __all__ = [
     "AdsServicer", "NodeRejected", "encode_delta", "encode_sotw", "envoy_version", "pop_of",
@@ -126,7 +126,7 @@ def _initial_sync_done(entry: NodeEntry) -> bool:
     """Every type of a node's start-up (CDS, EDS, LDS, RDS) answered and ACKed or NACKed."""
     return all(
         (record := entry.types.get(type_url)) is not None and record.outcome != "STALE"
-        for type_url in PUSH_ORDER
+        for type_url in STARTUP_TYPES
     )
 
 

@@ -25,6 +25,8 @@ RUNTIME_TYPE = "type.googleapis.com/envoy.service.runtime.v3.Runtime"
 PUSH_ORDER: tuple[str, ...] = (
     CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE, RUNTIME_TYPE
 )
+# What every node's start-up asks for; the runtime layer (RTDS) only bootstraps that name it.
+STARTUP_TYPES: tuple[str, ...] = (CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE)
 
 T = TypeVar("T")
 
