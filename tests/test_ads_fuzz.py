@@ -259,7 +259,7 @@ def test_fuzzed_clients_cannot_crash_bloat_or_slow_the_server(server: Server) ->
     waves = [0]
     streams: list[int] = []
 
-    @settings(max_examples=WAVES, deadline=None, database=None,
+    @settings(max_examples=WAVES, deadline=None, database=None, derandomize=True,
               suppress_health_check=list(HealthCheck))
     @given(st.lists(_script(), min_size=3, max_size=8))
     def wave(scripts: list[Script]) -> None:
