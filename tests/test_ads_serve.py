@@ -118,6 +118,18 @@ def test_serve_reports_bad_desired_state(tmp_path: Path) -> None:
         stop(proc)
 
 
+def wait_healthy(admin: int, proc: subprocess.Popen[str], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[1]
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{admin}/healthz", timeout=2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise AssertionError(f"ballast serve not answering /healthz within {timeout}s")
+
+
 @pytest.mark.envoy
 async def test_serve_with_mtls_and_an_admin_token_from_the_command_line(
     tmp_path: Path, origin: DemoOrigin
@@ -143,6 +155,9 @@ async def test_serve_with_mtls_and_an_admin_token_from_the_command_line(
     )
     envoy = EnvoyProcess(bootstrap, envoy_admin)
     try:
+        # the admin API binds after xDS: once it answers, the Envoy's first connect finds the
+        # port (else its retry back-off can outlast the wait on a loaded machine)
+        await asyncio.to_thread(wait_healthy, admin, proc)
         envoy.start()
         await asyncio.to_thread(envoy.wait_ready, 15)
         assert await asyncio.to_thread(fetch, listener) == "primary"
