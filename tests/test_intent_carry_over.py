@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import json
 from pathlib import Path
 
 from hypothesis import given
@@ -11,14 +13,18 @@ from hypothesis import strategies as st
 
 from control_plane.app.envoy_process import free_port
 from control_plane.app.service import BallastService, ServiceConfig
+from control_plane.cli.admin_client import AdminClient
+from control_plane.cli.plan import plan_against_server
 from control_plane.decide.controller import ControllerState
 from control_plane.decide.ramp import RampState
 from control_plane.decide.tiers import TierState, actions_in_force
 from control_plane.decisions.read import iter_records
+from control_plane.desired import parse_desired
 from control_plane.desired.model import Desired, Origin, TierActions
 from control_plane.intent.carry_over import carry_over
 from control_plane.intent.owner import PairStep
 from control_plane.intent.running import RunningIntent
+from control_plane.intent.shown import intent_from_json, intent_json
 from control_plane.translate import render_json
 from control_plane.translate.diff import diff_renderings, format_changes
 from control_plane.translate.resources import Capabilities
@@ -167,3 +173,46 @@ async def test_config_applied_diff_equals_what_is_served_tier_actions_included(
         assert intent.weights("ewr", "shop") == moved
     finally:
         await service.stop()
+
+
+async def test_plan_against_the_server_predicts_exactly_what_the_reload_records(
+    tmp_path: Path,
+) -> None:
+    """`ballast plan --server` carries the server's running intent over with the same rule:
+    per PoP, its changes are the lines the reload's config_applied record then shows."""
+    text = Path("examples/desired.yaml").read_text()
+    path = tmp_path / "desired.yaml"
+    path.write_text(text)
+    admin = free_port()
+    service = BallastService(ServiceConfig(
+        desired_path=path, state_dir=tmp_path / "state", xds_address=f"127.0.0.1:{free_port()}",
+        admin_address=f"127.0.0.1:{admin}", probes=False,
+    ))
+    await service.start()
+    try:
+        intent = service.server.intent
+        moved = {"primary": 70, "secondary": 30}
+        await intent.save_steps([PairStep(EWR, moved, STREAK, ACTIVE)], intent.desired)
+        intent.update_weights("ewr", "shop", moved)
+        on = actions_in_force(intent.desired.group("shop"), ACTIVE)
+        intent.set_tier_actions("ewr", "shop", on)
+        edited = text.replace("demote_share: 50%", "demote_share: 30%")
+        new = parse_desired(edited.encode(), str(path))
+        client = AdminClient(f"http://127.0.0.1:{admin}")
+        plans = await asyncio.to_thread(plan_against_server, client, new, None)
+        predicted = [line for plan in plans
+                     for line in [f"pop {plan.pop}:", *format_changes(plan.changes)]]
+        assert any("30" in line for line in predicted), predicted
+        assert await service.apply_desired_bytes(edited.encode())
+        applied = [r for r in iter_records(tmp_path / "state") if r["kind"] == "config_applied"][-1]
+        assert applied["detail"]["diff"] == predicted
+    finally:
+        await service.stop()
+
+
+def test_the_running_intent_reads_back_from_its_json() -> None:
+    desired = example_desired()
+    intent = running(desired)
+    shown = json.loads(json.dumps(intent_json(intent)))
+    assert shown["pops"] == ["ewr", "sjc"] and shown["digest"] == desired.digest
+    assert intent_from_json(shown, desired) == intent

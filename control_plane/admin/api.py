@@ -7,7 +7,8 @@ Every handler only reads; a bad query parameter gets HTTP 400 and an unknown nam
 `{"error": "..."}`.
 
 Endpoints: `/healthz`, `/readyz`, `/status`, `/nodes`, `/nodes/{id}`, `/decisions`, `/weights`,
-`/tier-actions[?pop=P][&group=G]`, `/resources?pop=P[&caps=fifo|lifo]`, `/metrics`, and when
+`/tier-actions[?pop=P][&group=G]`, `/intent` (the running intent as `intent/shown.py` writes it,
+what `ballast plan` carries over), `/resources?pop=P[&caps=fifo|lifo]`, `/metrics`, and when
 given a `Dashboard`, the on-call page under `/dashboard/` (see `admin/dashboard.py`).
 
 Authentication (`admin/auth.py`): one middleware in front of every route — a bearer token, its
@@ -42,6 +43,7 @@ from control_plane.decisions.kinds import KINDS
 from control_plane.decisions.read import Query, Record, RecordSource, parse_since, since_cutoff
 from control_plane.desired.model import TierActions
 from control_plane.intent.owner import IntentOwner
+from control_plane.intent.shown import intent_json
 from control_plane.own_metrics.registry import BallastMetrics
 from control_plane.translate import render_json
 from control_plane.translate.resources import Capabilities
@@ -229,6 +231,7 @@ class AdminApi:
         self.app.router.add_get("/decisions", self.list_decisions)
         self.app.router.add_get("/weights", self.weights)
         self.app.router.add_get("/tier-actions", self.tier_actions)
+        self.app.router.add_get("/intent", self.running_intent)
         self.app.router.add_get("/resources", self.resources)
         self.app.router.add_get("/metrics", self.scrape)
         if dashboard is not None:
@@ -316,6 +319,10 @@ class AdminApi:
 
     async def weights(self, request: web.Request) -> web.Response:
         return web.json_response({"weights": self.intent.all_weights()})
+
+    async def running_intent(self, request: web.Request) -> web.Response:
+        check_params(request.query, frozenset())
+        return web.json_response(intent_json(self.intent.intent))
 
     async def tier_actions(self, request: web.Request) -> web.Response:
         params = request.query

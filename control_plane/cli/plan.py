@@ -1,7 +1,8 @@
 """`ballast plan FILE`: what applying FILE would change, per PoP, before it is applied.
 
-Against a running server (`--server`), each PoP of FILE is rendered with the server's current
-weights and the capability key its nodes get, and compared field by field with what the server
+Against a running server (`--server`), the server's running intent (`/intent`) is carried over
+to FILE with the rule a reload applies (`intent/carry_over.py`); each PoP of FILE is rendered
+with it and the capability key its nodes get, and compared field by field with what the server
 serves now (`/resources`). With `--against OLD_FILE` two files are compared offline, both at
 their starting weights and Envoy 1.40's capabilities. Like `terraform plan -detailed-exitcode`:
 exit 0 = no changes, 2 = changes, 1 = an error (bad file or argument, server unreachable).
@@ -31,7 +32,7 @@ from control_plane.cli.translate_options import (
 from control_plane.desired import Desired
 from control_plane.desired.model import GroupWeights, TierActions
 from control_plane.intent.carry_over import carry_over
-from control_plane.intent.running import PairKey, RunningIntent
+from control_plane.intent.shown import intent_from_json
 from control_plane.translate import render_json, translate_pop
 from control_plane.translate.diff import (
     Rendering,
@@ -143,12 +144,16 @@ def plan_files(old: Desired, new: Desired, pop: str | None) -> list[PopPlan]:
 def plan_against_server(client: AdminClient, new: Desired, pop: str | None) -> list[PopPlan]:
     """`new` rendered with the server's running intent carried over (the rule a reload
     applies) and its capability key, against what it serves."""
-    running: dict[str, dict[str, GroupWeights]] = client.get("/weights")["weights"]
-    active: dict[str, dict[str, Any]] = client.get("/tier-actions")["tier_actions"]
-    carried = carry_over(running_intent(new, running, active), new)
+    shown = client.get("/intent")
+    try:
+        running = intent_from_json(shown, new)
+        serving = [str(name) for name in shown["pops"]]
+    except (KeyError, TypeError, ValueError) as err:
+        raise PlanError(f"{client}: cannot read its running intent (/intent): {err}") from err
+    carried = carry_over(running, new)
     plans = []
-    for name in _pops(pop, list(running), new.pop_names):
-        if name in running:
+    for name in _pops(pop, serving, new.pop_names):
+        if name in serving:
             answer = client.get("/resources", {"pop": name})
             before: Rendering = answer["resources"]
             caps = capabilities_for_key(answer["capabilities"])
@@ -166,36 +171,6 @@ def plan_against_server(client: AdminClient, new: Desired, pop: str | None) -> l
         after = _render(new, name, intent.pop_weights(name), caps, intent.pop_tier_actions(name))
         plans.append(PopPlan(name, basis, diff_renderings(before, after), notes))
     return plans
-
-
-def running_intent(
-    new: Desired,
-    weights: Mapping[str, Mapping[str, GroupWeights]],
-    active: Mapping[str, Mapping[str, Any]],
-) -> RunningIntent:
-    """What the admin API shows of a server's running intent (`/weights`, `/tier-actions`).
-    `carry_over` reads only what an intent holds, not the desired state it ran under, so
-    `new` stands in for that."""
-    held: dict[PairKey, GroupWeights] = {
-        (pop, group): dict(w) for pop, groups in weights.items() for group, w in groups.items()
-    }
-    actions = {(pop, group): tier_actions_from_json(shown)
-               for pop, groups in active.items() for group, shown in groups.items()}
-    return RunningIntent(new, weights=held, tier_actions=actions)
-
-
-def tier_actions_from_json(shown: Mapping[str, Any]) -> TierActions:
-    """`TierActions.to_dict()` as `/tier-actions` shows it, back to the value."""
-    return TierActions(
-        demote_tier=shown["demote_tier"],
-        demote_to=shown["demote_to"],
-        demote_share=shown["demote_share"],
-        shed_tier=shown["shed_tier"],
-        retry_after_s=shown["retry_after_s"],
-        shed_tiers=tuple(shown.get("shed_tiers", ())),
-        limits=tuple(shown.get("limits", {}).items()),
-        shed_status=tuple(shown.get("shed_status", {}).items()),
-    )
 
 
 def _render(
