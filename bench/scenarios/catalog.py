@@ -1,0 +1,90 @@
+"""The scenarios: what the origins do over the run, the load, and what the report looks at.
+
+Time is compressed about 20x against seed 002 (a failover tick each second instead of 20 s,
+3 s windows instead of 30 s), so a slow bleed of minutes plays out in about a minute.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import partial
+
+from bench.scenarios.origin import Behaviour
+from bench.scenarios.runner import OriginSpec, Scenario
+
+HEALTHY = Behaviour(p50_ms=30.0)
+# the secondary: cold cache (a first request for a path pays 250 ms) and a worker cap of 16 with
+# 16 more waiting; beyond that it answers 503 at once (seed 002: it "fell over fifteen seconds
+# later ... a thundering herd with cold caches and empty connection pools")
+SECONDARY = OriginSpec(max_concurrency=16, max_waiting=16, cold_ms=250.0, warm=False)
+BLEED_START, BLEED_FULL = 0.15, 0.6
+
+
+def _bleed(share: float, start: float = BLEED_START, full: float = BLEED_FULL,
+           worst: float = 0.6, pops: tuple[str, ...] = ()) -> dict[str, Behaviour]:
+    """Seed 002's slow bleed: from `start` the primary's 5xx rate climbs to `worst` and its
+    TTFB by up to 600 ms, reaching both at `full` and staying there."""
+    if share < start:
+        return {"primary": HEALTHY, "secondary": HEALTHY}
+    x = min(1.0, (share - start) / (full - start))
+    primary = Behaviour(p50_ms=30.0 + 600.0 * x, error_rate=worst * x, pops=pops)
+    return {"primary": primary, "secondary": HEALTHY}
+
+
+FAILOVER = Scenario(
+    name="failover",
+    seed_ref="002",
+    summary=(
+        "The primary origin slow-bleeds: from 15 % of the run its 5xx rate climbs to 60 % and "
+        "its time to first byte by up to 600 ms (both reached at 60 % of the run, then held). "
+        "The secondary is healthy but cold (a path's first request costs 250 ms more) and "
+        "capped: 16 requests at once, 16 more waiting, then it answers 503 at once."
+    ),
+    pops=("ewr", "sjc"),
+    origins={"primary": OriginSpec(), "secondary": SECONDARY},
+    duration_s=100.0,
+    rps_per_pop=40.0,
+    incident=(BLEED_START, 1.0),
+    script=_bleed,
+)
+
+REGIONAL = Scenario(
+    name="regional",
+    seed_ref="002",
+    summary=(
+        "Only PoP ewr's path to the primary fails (the same slow bleed as `failover`, but only "
+        "requests through ewr see it); through sjc the primary stays healthy. The secondary is "
+        "cold and capped as in `failover`."
+    ),
+    pops=("ewr", "sjc"),
+    origins={"primary": OriginSpec(), "secondary": SECONDARY},
+    duration_s=80.0,
+    rps_per_pop=40.0,
+    incident=(BLEED_START, 1.0),
+    script=partial(_bleed, pops=("ewr",)),
+)
+
+SCENARIOS = {s.name: s for s in (FAILOVER, REGIONAL)}
+
+
+def _smoke_bleed(share: float, pops: tuple[str, ...] = ()) -> dict[str, Behaviour]:
+    """A bleed in seconds: 0 → 30 % 5xx (TTFB +300 ms) from 20 % to 60 % of the run, then the
+    primary fails hard (95 %) so that the baseline's health check surely flips it."""
+    if share < 0.2:
+        return {"primary": HEALTHY, "secondary": HEALTHY}
+    x = min(1.0, (share - 0.2) / 0.4)
+    primary = Behaviour(p50_ms=30.0 + 300.0 * x, error_rate=0.3 * x, pops=pops)
+    if share >= 0.6:
+        primary = Behaviour(p50_ms=330.0, error_rate=0.95, pops=pops)
+    return {"primary": primary, "secondary": HEALTHY}
+
+
+def smoke(scenario: Scenario) -> Scenario:
+    """The test suite's variant: 16 s, 20 requests/s per PoP, `_smoke_bleed`, so both Ballast
+    and the baseline act within seconds. The secondary starts warm: in seconds its warm pool
+    cannot warm it, and Ballast rightly holds the weights while the standby breaches too (its
+    p95 over 800 ms), which is the full run's business."""
+    pops = scenario.script(1.0)["primary"].pops
+    origins = {**scenario.origins, "secondary": replace(scenario.origins["secondary"], warm=True)}
+    return replace(scenario.scaled(16.0, 20.0, partial(_smoke_bleed, pops=pops), (0.2, 1.0)),
+                   origins=origins)

@@ -1,0 +1,161 @@
+"""One variant of one scenario, start to finish: origins, the edge (Ballast or the baseline),
+the time script, the load, the samplers; then everything it started is stopped."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from bench.scenarios.analysis import RunResult
+from bench.scenarios.load import MIX, run_load, schedule
+from bench.scenarios.origin import Behaviour, ScriptedOrigin
+from bench.scenarios.stack import BallastEdge, BaselineEdge, Edge
+from control_plane.app.envoy_process import free_port
+from control_plane.decisions.read import iter_records, record_time
+
+# decision records drawn on the time axis (weights, ramps, tier actions); routine ones are not
+LOAD_PERIOD_S = 0.1  # origin load sampling; its lateness is the bench process's own lag
+MARKED = ("weight_shift", "return", "ramp_", "tier_action", "tier_shed")
+
+
+@dataclass(frozen=True)
+class OriginSpec:
+    max_concurrency: int = 0
+    max_waiting: int = 0
+    cold_ms: float = 0.0  # a path's first request pays this (cold cache)
+    warm: bool = True  # every path is in its cache at the start
+    healthy_p50_ms: float = 30.0
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    seed_ref: str  # which seed it reproduces
+    summary: str  # one paragraph: what happens
+    pops: tuple[str, ...]
+    origins: dict[str, OriginSpec]
+    duration_s: float
+    rps_per_pop: float
+    incident: tuple[float, float]  # share of the run the incident spans (the report's window)
+    script: Callable[[float], dict[str, Behaviour]]  # run share 0..1 → behaviour per origin
+    extra_desired: str = ""
+    kill_at: float | None = None  # restart: kill -9 Ballast at this share of the run ...
+    restart_after_s: float = 0.0  # ... and start it again this much later
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def scaled(self, duration_s: float, rps_per_pop: float,
+               script: Callable[[float], dict[str, Behaviour]], incident: tuple[float, float]
+               ) -> Scenario:
+        return replace(self, duration_s=duration_s, rps_per_pop=rps_per_pop, script=script,
+                       incident=incident)
+
+
+def all_paths() -> list[str]:
+    return [k.path.format(n=n) for k in MIX for n in range(1, k.items + 1)]
+
+
+async def _every(period: float, stop: asyncio.Event, fn: Callable[[], object]) -> None:
+    while not stop.is_set():
+        fn()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), period)
+
+
+async def run_variant(scenario: Scenario, variant: str, workdir: Path, seed: int) -> RunResult:
+    """`variant` is "ballast" or "baseline"; same seed → same requests and origin draws."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    origins = {
+        name: ScriptedOrigin(name, free_port(), seed=seed + i, max_concurrency=spec.max_concurrency,
+                             max_waiting=spec.max_waiting, cold_ms=spec.cold_ms,
+                             healthy_p50_ms=spec.healthy_p50_ms)
+        for i, (name, spec) in enumerate(scenario.origins.items())
+    }
+    for name, spec in scenario.origins.items():
+        if spec.warm:
+            origins[name].warm(all_paths())
+    ports = {name: o.port for name, o in origins.items()}
+    pops = list(scenario.pops)
+    edge: Edge
+    if variant == "ballast":
+        edge = BallastEdge(workdir, pops, ports, seed, scenario.extra_desired)
+    else:
+        edge = BaselineEdge(workdir, pops, ports)
+    result = RunResult(variant, [])
+    stop = asyncio.Event()
+    tasks: list[asyncio.Task[None]] = []
+    started = time.monotonic()
+    try:
+        for origin in origins.values():
+            await origin.start()
+        await asyncio.to_thread(edge.start)
+        requests = schedule(seed, scenario.duration_s,
+                            {pop: scenario.rps_per_pop for pop in pops})
+        started = time.monotonic()
+
+        def now() -> float:
+            return time.monotonic() - started
+
+        def apply_script() -> None:
+            share = min(1.0, now() / scenario.duration_s)
+            for name, behaviour in scenario.script(share).items():
+                origins[name].behaviour = behaviour
+
+        last_tick = [now()]
+
+        def sample_load() -> None:
+            t = now()
+            result.loop_lag.append((t, max(0.0, t - last_tick[0] - LOAD_PERIOD_S)))
+            last_tick[0] = t
+            for name, origin in origins.items():
+                result.origin_load.append((t, name, origin.load))
+
+        async def sample_weights() -> None:
+            while not stop.is_set():
+                for pop in pops:
+                    t = now()
+                    with contextlib.suppress(OSError, ValueError, KeyError):
+                        result.weights.append((t, pop, await asyncio.to_thread(edge.weights,
+                                                                                pop)))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 0.5)
+
+        async def restart() -> None:
+            assert isinstance(edge, BallastEdge) and scenario.kill_at is not None
+            await asyncio.sleep(scenario.kill_at * scenario.duration_s)
+            edge.kill_ballast()
+            result.events.append((now(), "Ballast killed (-9)"))
+            await asyncio.sleep(scenario.restart_after_s)
+            edge.start_ballast()
+            result.events.append((now(), "Ballast restarted"))
+
+        apply_script()
+        tasks = [
+            asyncio.create_task(_every(0.25, stop, apply_script)),
+            asyncio.create_task(_every(LOAD_PERIOD_S, stop, sample_load)),
+            asyncio.create_task(sample_weights()),
+        ]
+        if scenario.kill_at is not None and isinstance(edge, BallastEdge):
+            tasks.append(asyncio.create_task(restart()))
+        urls = {pop: f"http://127.0.0.1:{port}" for pop, port in edge.listener_ports.items()}
+        wall_start = time.time()
+        result.samples, wall_start = await run_load(requests, urls)
+        if isinstance(edge, BallastEdge):
+            result.records = [
+                (record_time(r).timestamp() - wall_start, str(r["kind"]), str(r.get("pop", "")))
+                for r in iter_records(edge.state_dir)
+                if str(r["kind"]).startswith(MARKED)
+            ]
+        return result
+    finally:
+        stop.set()
+        for task in tasks:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+        edge.stop()
+        for origin in origins.values():
+            await origin.stop()

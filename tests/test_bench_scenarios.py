@@ -1,0 +1,61 @@
+"""The incident bench's smoke variants: each scenario runs end to end in seconds (real Envoys,
+Ballast as a subprocess, the baseline's static Envoys, scripted origins), writes its report and
+plots, and the direction of the result holds. No absolute times are asserted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.scenarios.__main__ import run_scenario
+from bench.scenarios.analysis import RunResult, weight_changes
+from bench.scenarios.catalog import SCENARIOS, smoke
+from bench.scenarios.report import PLOTS
+
+pytestmark = pytest.mark.envoy
+
+
+async def _run(name: str, tmp_path: Path) -> tuple[Path, dict[str, RunResult]]:
+    out = tmp_path / "report"
+    _, runs = await run_scenario(smoke(SCENARIOS[name]), out, seed=7,
+                                 command=f"python -m bench.scenarios {name} --smoke",
+                                 workdir=tmp_path / "work")
+    report = (out / f"{name}.md").read_text()
+    assert "baseline ÷ Ballast" in report
+    for plot in PLOTS:
+        png = out / f"{name}-{plot}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"]({name}-{plot}.png)" in report
+    # both variants saw exactly the same requests (same seed, same schedule)
+    sent = {k: [(s.pop, s.kind) for s in run.samples] for k, run in runs.items()}
+    assert sent["ballast"] == sent["baseline"] and len(sent["ballast"]) > 100
+    return out, runs
+
+
+def _primary(run: RunResult, pop: str) -> list[int]:
+    return [w["primary"] for _, p, w in run.weights if p == pop and "primary" in w]
+
+
+async def test_failover_smoke_ballast_shifts_gradually_where_the_baseline_flips(
+    tmp_path: Path,
+) -> None:
+    _, runs = await _run("failover", tmp_path)
+    for pop in ("ewr", "sjc"):
+        ballast, baseline = _primary(runs["ballast"], pop), _primary(runs["baseline"], pop)
+        # binary: the baseline's primary only ever has all or nothing, and it flipped
+        assert set(baseline) == {0, 100}, baseline
+        # gradual: Ballast moved weight off the primary, never all of it at once
+        assert min(ballast) < 95 and all(w > 0 for w in ballast), ballast
+    ballast_to_secondary = sum(s.origin == "secondary" for s in runs["ballast"].samples)
+    baseline_to_secondary = sum(s.origin == "secondary" for s in runs["baseline"].samples)
+    assert ballast_to_secondary < baseline_to_secondary  # no thundering herd on the cold one
+    assert runs["ballast"].records  # decision records are marked on the time axis
+
+
+async def test_regional_smoke_only_the_failing_pop_moves(tmp_path: Path) -> None:
+    _, runs = await _run("regional", tmp_path)
+    ballast = runs["ballast"]
+    assert min(_primary(ballast, "ewr")) < 95
+    assert weight_changes(ballast, "sjc", "primary") == 0, _primary(ballast, "sjc")
+    assert {pop for _, _, pop in ballast.records} == {"ewr"}
