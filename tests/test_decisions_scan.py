@@ -15,11 +15,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from control_plane.cli.admin_client import AdminClient, ServerSource
 from control_plane.cli.main import main
 from control_plane.decisions import scan
 from control_plane.decisions.log import parse_line
 from control_plane.decisions.read import FileSource, Query, parse_since, select, stream_records
-from tests.support.admin_stack import AdminStack, start_stack
+from tests.support.admin_stack import AdminStack, serving, start_stack
 from tests.support.ads_desired import desired
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -199,3 +200,24 @@ def test_cli_decisions_bad_since_and_bad_lines_give_no_traceback(
     assert [json.loads(line)["seq"] for line in out.out.splitlines()] == [1, 3]
     assert "Traceback" not in out.err
     assert FileSource(tmp_path).query(Query(limit=1))[0]["seq"] == 3
+
+
+def test_cli_reads_a_long_answer_from_the_server_as_it_streams(tmp_path: Path) -> None:
+    """`ballast decisions --server`: records decoded as they arrive, never the whole answer at
+    once (20,000 records, ~6 MB of JSON, each split across read blocks somewhere)."""
+    lines = [_line(seq, "hold", "a", T0 + timedelta(seconds=seq), pad=200)
+             for seq in range(1, 20_001)]
+    lines[7] = _line(8, "hold", "a", T0 + timedelta(seconds=8)).replace(b'"rule":""',
+                                                                        '"rule":"é→✓"'.encode())
+    _write_log(tmp_path, [lines])
+    with serving(desired(listener_port=10000, primary_port=8081, secondary_port=8082),
+                 tmp_path) as (_, stack):
+        source = ServerSource(AdminClient(stack.url))
+        tracemalloc.start()
+        seqs = [record["seq"] for record in source.records(Query())]
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert seqs == list(range(1, 20_001))
+        assert peak < 4_000_000, peak  # server and client together; the answer is ~6 MB
+        assert source.query(Query(limit=1), after_seq=7)[0]["seq"] == 20_000
+        assert next(iter(source.records(Query(), after_seq=7)))["rule"] == "é→✓"

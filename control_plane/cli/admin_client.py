@@ -14,6 +14,9 @@ to do; commands print it and exit 1.
 from __future__ import annotations
 
 import argparse
+import codecs
+import contextlib
+import http.client
 import json
 import os
 import ssl
@@ -156,14 +159,36 @@ class AdminClient:
 
     def get(self, path: str, params: Mapping[str, str] | None = None) -> Any:
         """The JSON body of `GET path?params`; AdminError on any failure."""
+        with self._open(path, params) as (url, response):
+            try:
+                body = response.read()
+            except OSError as err:
+                raise AdminError(f"{url}: the answer broke off: {err}") from None
+        try:
+            return json.loads(body)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise AdminError(
+                f"{url}: the answer is not JSON (is this a Ballast admin API?)"
+            ) from None
+
+    def items(
+        self, path: str, params: Mapping[str, str] | None, key: str
+    ) -> Iterator[dict[str, Any]]:
+        """The objects of a `{"<key>": [...]}` answer, decoded as they arrive: memory stays at
+        one read block and one object, however long the answer."""
+        with self._open(path, params) as (url, response):
+            yield from _array_items(response, url, key)
+
+    @contextlib.contextmanager
+    def _open(
+        self, path: str, params: Mapping[str, str] | None
+    ) -> Iterator[tuple[str, http.client.HTTPResponse]]:
         url = self.base_url + path
         if params:
             url += "?" + urllib.parse.urlencode(params)
         request = urllib.request.Request(url, headers=self._headers)
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout,
-                                        context=self._tls) as response:
-                body = response.read()
+            response = urllib.request.urlopen(request, timeout=self.timeout, context=self._tls)
         except urllib.error.HTTPError as err:
             if err.code == 401:
                 given = "the token given was refused" if self._headers else "no token was given"
@@ -178,12 +203,61 @@ class AdminClient:
                 f"cannot reach the Ballast admin API at {self.base_url}: {reason} "
                 f"(is `ballast serve` running? point --server or ${SERVER_ENV} at it)"
             ) from None
+        with response:
+            yield url, response
+
+
+READ_BLOCK = 64 * 1024
+MAX_ITEM_CHARS = 1024 * 1024
+
+
+def _array_items(response: Any, url: str, key: str) -> Iterator[dict[str, Any]]:
+    """Incrementally decode `{"<key>": [obj, obj, ...]}` from `response`."""
+    decoder = json.JSONDecoder()
+    text = codecs.getincrementaldecoder("utf-8")()
+    buf, pos, started, done = "", 0, False, False
+
+    def more() -> bool:
+        nonlocal buf, pos
         try:
-            return json.loads(body)
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            raise AdminError(
-                f"{url}: the answer is not JSON (is this a Ballast admin API?)"
-            ) from None
+            block = response.read(READ_BLOCK)
+        except OSError as err:
+            raise AdminError(f"{url}: the answer broke off: {err}") from None
+        buf = buf[pos:] + text.decode(block, final=not block)
+        pos = 0
+        return bool(block)
+
+    def not_ours() -> AdminError:
+        return AdminError(f"{url}: the answer is not the JSON expected (is this a Ballast admin "
+                          "API?)")
+
+    while not done:
+        if not started:
+            opening = buf.find("[")
+            if opening < 0:
+                if len(buf) > 64 or not more():
+                    raise not_ours()
+                continue
+            if json.loads(buf[:opening] + "0}") != {key: 0}:
+                raise not_ours()
+            pos, started = opening + 1, True
+        while pos < len(buf) and buf[pos] in " \t\r\n,":
+            pos += 1
+        if pos < len(buf) and buf[pos] == "]":
+            done = True
+            continue
+        try:
+            item, end = decoder.raw_decode(buf, pos)
+        except json.JSONDecodeError:
+            if len(buf) - pos > MAX_ITEM_CHARS:
+                raise AdminError(f"{url}: a record over {MAX_ITEM_CHARS:,} characters") from None
+            if not more():
+                raise not_ours() from None
+            continue
+        if not isinstance(item, dict):
+            raise not_ours()
+        pos = end
+        yield item
 
 
 def _error_message(err: urllib.error.HTTPError) -> str:
@@ -205,14 +279,14 @@ class ServerSource:
         return f"{self.client}/decisions"
 
     def query(self, query: Query, after_seq: int = 0) -> list[Record]:
+        return list(self.records(query, after_seq))
+
+    def records(self, query: Query, after_seq: int = 0) -> Iterator[Record]:
+        """The records, decoded as the server streams them (bounded memory)."""
         params = query.to_params()
         if after_seq:
             params["after"] = str(after_seq)
-        records: list[Record] = self.client.get("/decisions", params)["records"]
-        return records
-
-    def records(self, query: Query, after_seq: int = 0) -> Iterator[Record]:
-        return iter(self.query(query, after_seq))
+        return self.client.items("/decisions", params, "records")
 
     def follow(
         self, query: Query, after_seq: int, poll_s: float, stop: Callable[[], bool]
@@ -220,7 +294,7 @@ class ServerSource:
         """New matching records with seq > after_seq, polled every `poll_s`, until `stop()`."""
         last = after_seq
         while not stop():
-            for record in self.query(query, last):
+            for record in self.records(query, last):
                 last = max(last, int(record["seq"]))
                 yield record
             time.sleep(poll_s)
