@@ -8,6 +8,7 @@ measurements taken in the same run.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import platform
@@ -16,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from bench import dashboard, fanout, fleet, protocol_core, translation
+from bench import dashboard, fanout, fleet, protocol_core, standby_ramp, translation
 from bench.common import ROOT
 
 
@@ -70,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="simulated nodes (streams) per TCP connection (default 10)")
     parser.add_argument("--pushes", type=int, help="weight updates per fan-out run (default 5)")
     parser.add_argument("--only",
-                        choices=("fanout", "translation", "protocol", "dashboard", "fleet"),
+                        choices=("fanout", "translation", "protocol", "dashboard", "fleet",
+                                 "standby"),
                         help="one benchmark")
     parser.add_argument("--fleet", default="10000x100x20", metavar="NODESxPOPSxGROUPS",
                         help="the fleet benchmark's size (default 10000x100x20; --quick: "
@@ -107,6 +109,13 @@ def main(argv: list[str] | None = None) -> int:
         print("== dashboard server time (100 PoPs x 50 groups, full decision log)", flush=True)
         results["dashboard"] = dashboard.run(quick=args.quick)
         out += ["== Dashboard server time", dashboard.report(results["dashboard"])]
+        print(out[-1] + "\n", flush=True)
+    if args.only in (None, "standby"):
+        print("== cold-standby ramp (real Envoy, seed 002's incident, ramp on vs off)", flush=True)
+        ramp_runs = asyncio.run(standby_ramp.both(standby_ramp.Scenario()))
+        results["standby_ramp"] = standby_ramp.as_json(ramp_runs)
+        out += ["== Cold-standby ramp: the standby during the shift, ramp on vs off",
+                standby_ramp.report(ramp_runs)]
         print(out[-1] + "\n", flush=True)
     if args.only in (None, "fanout"):
         print("== push fan-out", flush=True)

@@ -32,6 +32,7 @@ from tests.support.ads_desired import desired
 from tests.support.xds_client import XdsClient, local_channel, make_node
 
 Records = list[tuple[str, dict[str, Any]]]
+CLUSTERS = 4  # the example's 3 tier clusters and its standby's mirror cluster
 SMALL = AdsLimits(names_per_subscription=100, streams_per_connection=4)
 
 
@@ -63,7 +64,7 @@ async def refused(ballast: BallastServer, node_id: str, request: Any, *, delta: 
         client = await XdsClient(channel, make_node(node_id, "ewr"), delta=delta).start()
         if request is not None:
             await client.subscribe(CDS)
-            await client.wait_for(lambda c: len(c.names(CDS)) == 3)
+            await client.wait_for(lambda c: len(c.names(CDS)) == CLUSTERS)
             await client.send_raw(request)
         else:
             await client.subscribe(CDS)
@@ -211,7 +212,7 @@ async def test_per_stream_bookkeeping_is_freed_when_streams_end(server: Any) -> 
         for i in range(30):  # sjc wants adaptive LIFO; these nodes lack it: a fallback each
             client = await XdsClient(channel, make_node(f"node-{i}", "sjc")).start()
             await client.subscribe(CDS)
-            await client.wait_for(lambda c: len(c.names(CDS)) == 3)
+            await client.wait_for(lambda c: len(c.names(CDS)) == CLUSTERS)
             await client.close()
         for _ in range(100):
             if len(ballast.nodes) == 0 and not ballast.ads._queues:
@@ -246,10 +247,12 @@ async def test_streams_per_connection_are_bounded(server: Any) -> None:
         assert len(ballast.nodes) == SMALL.streams_per_connection
         await clients[0].close()  # a slot frees: the next waiting stream gets it
         for _ in range(100):
-            if sum(len(c.names(CDS)) == 3 for c in clients[1:]) == SMALL.streams_per_connection:
+            served = sum(len(c.names(CDS)) == CLUSTERS for c in clients[1:])
+            if served == SMALL.streams_per_connection:
                 break
             await asyncio.sleep(0.05)
-        assert sum(len(c.names(CDS)) == 3 for c in clients[1:]) == SMALL.streams_per_connection
+        served = sum(len(c.names(CDS)) == CLUSTERS for c in clients[1:])
+        assert served == SMALL.streams_per_connection
     finally:
         for client in clients:
             await client.close()
@@ -302,7 +305,7 @@ async def test_a_client_that_does_not_read_stops_being_read(server: Any) -> None
         other = local_channel(f"127.0.0.1:{ballast.port}")
         client = await XdsClient(other, make_node("polite", "ewr")).start()
         await client.subscribe(CDS)
-        await client.wait_for(lambda c: len(c.names(CDS)) == 3, timeout=2)
+        await client.wait_for(lambda c: len(c.names(CDS)) == CLUSTERS, timeout=2)
         await client.close()
         await other.close()
         grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024

@@ -61,7 +61,7 @@ async def connect(
     channel = local_channel(f"127.0.0.1:{ballast.port}")
     client = await XdsClient(channel, make_node(node_id, pop), delta=delta).start()
     await client.subscribe(CDS)
-    await client.wait_for(lambda c: len(c.names(CDS)) == 6)
+    await client.wait_for(lambda c: len(c.names(CDS)) == 7)  # 3 tiers each, shop's mirror
     await client.subscribe(EDS, eds)
     await client.subscribe(LDS)
     await client.wait_for(lambda c: c.names(LDS) == {"edge"})
@@ -222,7 +222,7 @@ async def test_nack_recorded_once_and_not_resent(server: Any) -> None:
     try:
         client = await XdsClient(channel, make_node("picky", "ewr"), reject=reject).start()
         await client.subscribe(CDS)
-        await client.wait_for(lambda c: len(c.names(CDS)) == 6)
+        await client.wait_for(lambda c: len(c.names(CDS)) == 7)  # 3 tiers each, shop's mirror
         rejecting = True
         ballast.cache.override_capabilities("ewr", Capabilities(adaptive_lifo=True))
         await client.wait_for(lambda c: len(c.responses(CDS)) == 2)
@@ -251,7 +251,7 @@ async def test_shutdown_ends_streams_with_unavailable() -> None:
     try:
         client = await XdsClient(channel, make_node("bye", "ewr"), delta=True).start()
         await client.subscribe(CDS)
-        await client.wait_for(lambda c: len(c.names(CDS)) == 3)
+        await client.wait_for(lambda c: len(c.names(CDS)) == 4)  # 3 tiers, 1 mirror cluster
         started = time.monotonic()
         await ballast.stop(2.0)
         assert time.monotonic() - started < 1.0  # streams end at once, not after the grace

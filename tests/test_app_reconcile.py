@@ -22,7 +22,7 @@ from control_plane.decide.signals import OriginSignals, TierPending
 from control_plane.decisions.explain import explain
 from control_plane.decisions.log import DecisionLog
 from control_plane.decisions.read import iter_records
-from control_plane.desired.model import TierActionPolicy, TierActions
+from control_plane.desired.model import Mirror, TierActionPolicy, TierActions
 from control_plane.intent.sqlite_store import StateStore
 from control_plane.observe.source import Signals, TierSignals
 from control_plane.translate.resources import Capabilities
@@ -328,10 +328,11 @@ async def test_cold_standby_ramps_step_by_step_and_the_ramp_survives_a_restart(
     with StateStore(state) as store:
         intent, _ = intent_and_cache(example_desired(), store=store)
         reconciler = Reconciler(intent, source, DecisionLog(state), seed=7)
-        seen = []
+        seen, mirrors = [], []
         for tick in range(4):
             await reconciler.tick(T0 + tick * 20_000)
             seen.append(reconciler.intent.weights("ewr", "shop")["secondary"])
+            mirrors.append(reconciler.intent.intent.mirror("ewr", "shop"))
         saved = store.load().ramps
     # breach, then 5 -> 10 -> 20 (one schedule step per interval), although the controller
     # would move 10-15 points a tick
@@ -340,6 +341,10 @@ async def test_cold_standby_ramps_step_by_step_and_the_ramp_survives_a_restart(
     assert [r["kind"] for r in ramps] == ["ramp_start", "ramp_step", "ramp_step"], ramps
     assert "secondary is cold" in ramps[0]["rule"] and "allows 10 %" in ramps[0]["rule"]
     assert saved["ewr/shop"]["ramps"] == {"secondary": 3}  # the last step: 40 %
+    # the cache-warming mirror starts with the ramp, in ewr only
+    assert mirrors == [None] + [Mirror(("secondary",), 5.0)] * 3
+    assert reconciler.intent.intent.mirror("sjc", "shop") is None
+    assert "mirroring 5 % of cacheable GET/HEAD requests" in ramps[0]["rule"]
 
     service = BallastService(ServiceConfig(
         desired_path=desired, state_dir=state, xds_address=f"127.0.0.1:{free_port()}",
@@ -349,6 +354,7 @@ async def test_cold_standby_ramps_step_by_step_and_the_ramp_survives_a_restart(
     try:
         ramp = service.server.intent.ramp_state(("ewr", "shop"))
         assert ramp.ramps == saved["ewr/shop"]["ramps"]
+        assert service.server.intent.intent.mirror("ewr", "shop") == Mirror(("secondary",), 5.0)
         (restored,) = [r for r in iter_records(state) if r["kind"] == "state_restored"]
         assert "standby ramps ewr/shop (secondary)" in restored["rule"]
     finally:
@@ -415,3 +421,37 @@ async def test_a_push_that_raises_for_one_pair_leaves_the_others_pushed(
     assert (error["pop"], error["detail"]["phase"]) == ("ewr", "push")
     assert "RuntimeError: translation broke" in error["rule"]
     assert pushed == ["sjc"]  # after ewr's failure, in the same tick
+
+
+async def test_the_mirror_stops_when_the_ramp_completes(tmp_path: Path) -> None:
+    intent, _ = intent_and_cache(example_desired(), store=StateStore(tmp_path))
+    source = ScriptedSource()
+    source.error_rate = 0.5
+    reconciler = Reconciler(intent, source, DecisionLog(tmp_path), seed=7)
+    tick = 0
+    while intent.intent.mirror("ewr", "shop") is not None or tick < 2:
+        await reconciler.tick(T0 + tick * 20_000)
+        tick += 1
+        assert tick < 12, "the ramp never completed"
+    kinds = [r["kind"] for r in iter_records(tmp_path) if r["kind"].startswith("ramp_")]
+    assert kinds[0] == "ramp_start" and kinds[-1] == "ramp_complete", kinds
+    assert intent.weights("ewr", "shop")["secondary"] >= 40
+
+
+async def test_the_mirror_stops_when_the_shift_reverses(tmp_path: Path) -> None:
+    intent, _ = intent_and_cache(example_desired(), store=StateStore(tmp_path))
+    source = ScriptedSource()
+    source.error_rate = 0.5
+    reconciler = Reconciler(intent, source, DecisionLog(tmp_path), seed=7)
+    for tick in range(2):  # two bad windows: the shift and the ramp start
+        await reconciler.tick(T0 + tick * 20_000)
+    assert intent.intent.mirror("ewr", "shop") == Mirror(("secondary",), 5.0)
+    source.error_rate = 0.0  # the primary recovers: after 3 healthy windows weight returns
+    tick = 2
+    while intent.intent.mirror("ewr", "shop") is not None:
+        await reconciler.tick(T0 + tick * 20_000)
+        tick += 1
+        assert tick < 10, "the mirror never stopped"
+    (end,) = [r for r in iter_records(tmp_path) if r["kind"] == "ramp_end"]
+    assert "the shift reverses" in end["rule"] and "mirror stops" in end["rule"], end["rule"]
+    assert intent.weights("ewr", "shop")["secondary"] < 10

@@ -62,15 +62,16 @@ def test_changed_breaker_shows_field_old_and_new(
     code, out, _ = plan(capsys, str(bigger), "--server", stack.url)
     assert code == 2, out
     lines = out.splitlines()
-    assert "pop ewr: 0 to add, 3 to change, 0 to remove (running: capabilities fifo" in out
+    # three tier clusters and the standby's mirror cluster (sized like the background tier)
+    assert "pop ewr: 0 to add, 4 to change, 0 to remove (running: capabilities fifo" in out
     at = lines.index("  ~ clusters shop.critical")  # 70% of 120 -> 70% of 200
     assert "      circuit_breakers.thresholds[0].max_requests: 84 -> 140" in lines[at + 1 : at + 8]
     assert "      circuit_breakers.thresholds[0].max_connections: 84 -> 140" in out
     assert "~ endpoints" not in out and "listeners" not in out
-    assert lines[-1] == "Plan: 0 to add, 6 to change, 0 to remove in 2 of 2 PoP(s) (ewr, sjc)."
+    assert lines[-1] == "Plan: 0 to add, 8 to change, 0 to remove in 2 of 2 PoP(s) (ewr, sjc)."
 
     code, out, _ = plan(capsys, str(bigger), "--server", stack.url, "--pop", "sjc")
-    assert code == 2 and "pop ewr" not in out and "pop sjc: 0 to add, 3 to change" in out
+    assert code == 2 and "pop ewr" not in out and "pop sjc: 0 to add, 4 to change" in out
 
 
 def test_added_and_removed_origin_group(

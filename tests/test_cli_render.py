@@ -27,7 +27,8 @@ def test_render_prints_the_pops_resources_as_json(capsys) -> None:
     code, out, err = render(capsys, "--pop", "sjc")
     assert code == 0, err
     rendered = json.loads(out)
-    assert list(rendered["clusters"]) == ["shop.critical", "shop.normal", "shop.background"]
+    assert list(rendered["clusters"]) == [
+        "shop.critical", "shop.normal", "shop.background", "shop.mirror-secondary"]
     port = rendered["listeners"]["edge"]["address"]["socket_address"]["port_value"]
     assert port == 10001
     assert pending_policy(rendered, "shop.critical") == "envoy.queue_policy.fifo"

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import aiohttp
 
-from control_plane.app.demo_origin import DemoOrigin, Fault
+from control_plane.app.demo_origin import ColdCache, DemoOrigin, Fault
 from control_plane.app.envoy_process import free_port
 
 
@@ -59,5 +61,28 @@ async def test_fault_limited_to_one_pop() -> None:
                 assert r.status == 503
             async with session.get(url, headers={"x-ballast-pop": "sjc"}) as r:
                 assert r.status == 200
+    finally:
+        await origin.stop()
+
+
+async def test_cold_cache_first_fetch_slow_repeat_fast_and_a_capacity_cap() -> None:
+    origin = await DemoOrigin("standby", free_port(),
+                              cache=ColdCache(miss_latency_ms=200, capacity=3)).start()
+    url = f"http://127.0.0.1:{origin.port}"
+    try:
+        async with aiohttp.ClientSession() as session:
+            async def get(path: str) -> tuple[int, str]:
+                async with session.get(url + path) as r:
+                    await r.read()
+                    return r.status, r.headers.get("x-cache", "")
+
+            assert await get("/obj/1") == (200, "miss")
+            assert await get("/obj/1") == (200, "hit")
+            assert origin.answers[0].ms >= 200 > origin.answers[1].ms
+            # five cold objects at once: three fetch, two are refused at once
+            answers = await asyncio.gather(*(get(f"/obj/{i}") for i in range(2, 7)))
+            assert sorted(answers) == [(200, "miss")] * 3 + [(503, "")] * 2
+            assert origin.refused == 2 and origin.errors == 2
+            assert len(origin.cached) == 4  # /obj/1 and the three fetched; refused: not cached
     finally:
         await origin.stop()

@@ -63,9 +63,10 @@ async def test_a_full_retranslation_does_not_delay_a_small_pops_push(tmp_path: P
     client = await XdsClient(channel, make_node("edge-1", "p000"), delta=True).start()
     try:
         await client.subscribe(CLUSTER_TYPE)
-        await client.wait_for(lambda c: len(c.names(CLUSTER_TYPE)) == GROUPS * 3, 30)
+        # per group: 3 tier clusters and its standby's mirror cluster
+        await client.wait_for(lambda c: len(c.names(CLUSTER_TYPE)) == GROUPS * 4, 30)
         await client.subscribe(ENDPOINT_TYPE, sorted(client.names(CLUSTER_TYPE)))
-        await client.wait_for(lambda c: len(c.names(ENDPOINT_TYPE)) == GROUPS * 3, 30)
+        await client.wait_for(lambda c: len(c.names(ENDPOINT_TYPE)) == GROUPS * 4, 30)  # + mirror
         # the first reconcile tick (every pair) is done before anything is measured
         await _until(lambda: len(service.server.intent.intent.controllers) == POPS * GROUPS)
 

@@ -8,13 +8,16 @@ from envoy.extensions.upstreams.http.v3.http_protocol_options_pb2 import HttpPro
 
 from control_plane.desired.model import Desired, Origin
 from control_plane.translate import translate_pop
+from control_plane.translate.mirror import is_mirror_cluster
 from control_plane.translate.resources import CLUSTER_TYPE, ENDPOINT_TYPE, Capabilities
 from tests.support.models import example_desired, shop_group
 
 
 def clusters(desired: Desired | None = None) -> dict[str, Cluster]:
+    """The tier clusters (mirror clusters: tests/test_translate_mirror.py)."""
     resources = translate_pop(desired or example_desired(), "ewr", {}, Capabilities())
-    return {name: r.message for name, r in resources.of_type(CLUSTER_TYPE).items()}
+    return {name: r.message for name, r in resources.of_type(CLUSTER_TYPE).items()
+            if not is_mirror_cluster(name)}
 
 
 def test_one_cluster_per_group_and_tier_with_readable_names() -> None:

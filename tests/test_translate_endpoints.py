@@ -7,6 +7,7 @@ import re
 import pytest
 
 from control_plane.translate import WeightsError, translate_pop
+from control_plane.translate.mirror import is_mirror_cluster
 from control_plane.translate.resources import ENDPOINT_TYPE, Capabilities
 from tests.support.models import example_desired
 
@@ -25,6 +26,7 @@ def localities(pop: str, weights: dict) -> dict[str, list[tuple[str, int | None,
             for locality in resource.message.endpoints
         ]
         for name, resource in resources.of_type(ENDPOINT_TYPE).items()
+        if not is_mirror_cluster(name)  # mirror clusters: tests/test_translate_mirror.py
     }
 
 

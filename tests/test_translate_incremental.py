@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from control_plane.app.server import intent_and_cache
-from control_plane.desired.model import Desired, GroupWeights, TierActions
+from control_plane.desired.model import Desired, GroupWeights, Mirror, TierActions
 from control_plane.translate.pop import built_resources, translate_pop
 from control_plane.translate.resources import (
     CLUSTER_TYPE,
@@ -33,8 +33,9 @@ def wire(resources: PopResources) -> dict[str, dict[str, tuple[str, bytes]]]:
 def test_a_weight_change_in_a_50_group_pop_translates_only_that_groups_load_assignments() -> None:
     desired = fleet_desired(pops=3, groups=50)
     first = translate_pop(desired, "p001", {}, FIFO)
-    assert len(built_resources(first)) == 50 * 3 * 2 + 3  # clusters, CLAs, listener, routes,
-    # the runtime layer
+    # tier clusters and their CLAs, per group one standby's mirror cluster and its CLA, listener,
+    # routes, the runtime layer
+    assert len(built_resources(first)) == 50 * 3 * 2 + 50 * 2 + 3
     shifted = {"g017": {"o0": 20, "o1": 80}}
     second = translate_pop(desired, "p001", shifted, FIFO, previous=first)
     assert sorted(built_resources(second)) == [
@@ -59,14 +60,16 @@ def test_a_desired_edit_translates_only_the_resources_it_touched() -> None:
     desired = fleet_desired(pops=2, groups=50)
     first = translate_pop(desired, "p000", {}, FIFO)
     groups = list(desired.origin_groups)
-    groups[7] = replace(groups[7], max_origin_concurrency=60)  # its 3 clusters' breakers
+    # the breakers of its 3 tier clusters and its mirror cluster (sized like the least tier)
+    groups[7] = replace(groups[7], max_origin_concurrency=60)
     # a freshly read file: every model object new, only group 7 different
     edited = replace(fleet_desired(pops=2, groups=50), origin_groups=tuple(
         replace(g) if i != 7 else groups[7] for i, g in enumerate(groups)))
     second = translate_pop(edited, "p000", {}, FIFO, previous=first)
     assert sorted(built_resources(second)) == sorted(
-        [(CLUSTER_TYPE, f"g007.{t}") for t in ("critical", "normal", "background")]
-        + [(ENDPOINT_TYPE, f"g007.{t}") for t in ("critical", "normal", "background")]
+        [(CLUSTER_TYPE, f"g007.{t}") for t in ("critical", "normal", "background", "mirror-o1")]
+        + [(ENDPOINT_TYPE, f"g007.{t}") for t in ("critical", "normal", "background",
+                                                   "mirror-o1")]
         + [(ROUTE_TYPE, "edge")]
     )
     assert wire(second) == wire(translate_pop(edited, "p000", {}, FIFO))
@@ -122,6 +125,7 @@ change = st.one_of(
     st.tuples(st.just("weights"), st.integers(0, GROUPS - 1), st.integers(0, 100)),
     st.tuples(st.just("actions"), st.integers(0, GROUPS - 1), st.integers(0, 2)),
     st.tuples(st.just("caps"), st.booleans(), st.just(0)),
+    st.tuples(st.just("mirror"), st.integers(0, GROUPS - 1), st.integers(0, 2)),
     st.tuples(st.just("edit"), st.integers(0, 7), st.tuples(st.integers(0, GROUPS - 1),
                                                              st.integers(0, 50))),
     st.tuples(st.just("reread"), st.just(0), st.just(0)),
@@ -136,6 +140,7 @@ def test_incremental_translation_is_byte_identical_to_the_full_one(
     desired, caps = BASE, FIFO
     weights: dict[str, GroupWeights] = {}
     actions: dict[str, TierActions] = {}
+    mirrors: dict[str, Mirror] = {}
     previous = translate_pop(desired, pop, weights, caps, actions)
     for kind, a, b in changes:
         if kind == "weights":
@@ -150,14 +155,24 @@ def test_incremental_translation_is_byte_identical_to_the_full_one(
                 actions[name] = TierActions(demote_share=25 * int(str(b)))
         elif kind == "caps":
             caps = LIFO if a else FIFO
+        elif kind == "mirror":  # a standby's mirror starts (two percents) or stops
+            name = f"g{a:03d}"
+            standby = desired.group(name).preference[pop][1:]
+            if b == 0 or not standby:
+                mirrors.pop(name, None)
+            else:
+                mirrors[name] = Mirror(standby, 5.0 * int(str(b)))
         elif kind == "edit":
             assert isinstance(a, int) and isinstance(b, tuple)
             desired = _edit(desired, a, *b)
         else:  # the same file read again: equal, but every object new
             desired = replace(desired, origin_groups=tuple(replace(g) for g in
                                                            desired.origin_groups))
-        incremental = translate_pop(desired, pop, weights, caps, actions, previous=previous)
-        full = translate_pop(desired, pop, weights, caps, actions)
+        mirrors = {name: m for name, m in mirrors.items()
+                   if set(m.origins) <= set(desired.group(name).preference[pop][1:])}
+        incremental = translate_pop(desired, pop, weights, caps, actions, previous=previous,
+                                    mirrors=mirrors)
+        full = translate_pop(desired, pop, weights, caps, actions, mirrors=mirrors)
         assert wire(incremental) == wire(full)
         assert incremental.notes == full.notes
         assert [list(items) for items in incremental.by_type.values()] == [

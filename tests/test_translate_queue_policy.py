@@ -16,6 +16,7 @@ from control_plane.gen.ballast.v1.queue_policy_pb2 import (
     ClusterQueuingPoliciesCarrier,
 )
 from control_plane.translate import capabilities_from_node, translate_pop
+from control_plane.translate.mirror import is_mirror_cluster
 from control_plane.translate.queue_policy import (
     ADAPTIVE_LIFO_TYPE,
     FIFO_TYPE,
@@ -33,9 +34,11 @@ def envoy_1_40_node() -> Node:
 
 
 def policies(resources: PopResources) -> dict[str, ClusterQueuingPoliciesCarrier]:
+    """Field 62 of each tier cluster (mirror clusters carry no queue policy)."""
     return {
         name: read_back(resource.payload)
         for name, resource in resources.of_type(CLUSTER_TYPE).items()
+        if not is_mirror_cluster(name)
     }
 
 

@@ -15,8 +15,8 @@ from tests.support.models import example_desired
 def test_render_groups_resources_by_kind_and_shows_field_62() -> None:
     rendered = render_json(translate_pop(example_desired(), "ewr", {}, Capabilities(True)))
     assert {k: list(v) for k, v in rendered.items()} == {
-        "clusters": ["shop.critical", "shop.normal", "shop.background"],
-        "endpoints": ["shop.critical", "shop.normal", "shop.background"],
+        "clusters": ["shop.critical", "shop.normal", "shop.background", "shop.mirror-secondary"],
+        "endpoints": ["shop.critical", "shop.normal", "shop.background", "shop.mirror-secondary"],
         "listeners": ["edge"],
         "routes": ["edge"],
         "runtime": ["ballast_tiers"],

@@ -93,12 +93,12 @@ def get_with_headers(
 
 
 def upstream_requests(envoy: EnvoyProcess) -> dict[str, int]:
-    """upstream_rq_total per tier cluster, from the Envoy's own stats."""
+    """upstream_rq_total per tier cluster, from the Envoy's own stats (mirror clusters: none)."""
     stats = envoy.admin_json("/stats?format=json&filter=^cluster[.]shop[.].*[.]upstream_rq_total$")
     return {
         item["name"].split(".")[2]: int(item["value"])
         for item in stats["stats"]
-        if "value" in item
+        if "value" in item and not item["name"].split(".")[2].startswith("mirror-")
     }
 
 

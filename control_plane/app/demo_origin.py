@@ -4,7 +4,10 @@ Every path answers 200 with `x-origin: <name>` and echoes the tier Envoy classif
 into (`x-ballast-tier` in, `x-seen-tier` out). Faults are deterministic: with an error rate of
 0.25 exactly every fourth request fails, so tests can assert on counts, not luck. A fault can
 be limited to requests that came through some PoPs (Envoy adds `x-ballast-pop`), which is how a
-regional problem between one PoP and an origin is simulated.
+regional problem between one PoP and an origin is simulated. Mirrored copies (Envoy's request
+mirroring appends `-shadow` to the Host) are counted apart in `shadowed`. With a `ColdCache`, the
+origin stands for a standby whose cache is cold (the secondary of seed 002's incident): first
+fetches are slow, repeats fast, and a capacity cap refuses what it cannot take.
 `POST /_ballast/fault` (JSON body with the fields of `Fault`) changes them over HTTP, which is how
 `make run` lets an operator break an origin by hand.
 `max_concurrency` caps the requests it works on at once (the rest wait inside the origin, as a
@@ -16,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import time
 from collections import Counter
 from dataclasses import asdict, dataclass, fields
 
@@ -23,6 +27,7 @@ from aiohttp import web
 
 FAULT_PATH = "/_ballast/fault"
 HEALTH_PATHS = frozenset({"/healthz", "/healthz/cacheable"})
+SHADOW_SUFFIX = "-shadow"  # Envoy's mark on the Host of a mirrored request (before the port)
 
 
 @dataclass(frozen=True)
@@ -49,11 +54,43 @@ class Fault:
         return fault
 
 
+def is_shadow_host(host: str) -> bool:
+    """Envoy marks the Host of a mirrored copy before its port: `127.0.0.1-shadow:10000`."""
+    name, colon, port = host.rpartition(":")
+    if not colon or not port.isdigit():
+        name = host
+    return name.endswith(SHADOW_SUFFIX)
+
+
+@dataclass(frozen=True)
+class ColdCache:
+    """An origin behind a cache that starts cold: the first fetch of each path costs
+    `miss_latency_ms`, repeats are answered at once; more than `capacity` requests in flight
+    are refused at once with 503 (0: no cap). Health paths are neither cached nor capped."""
+
+    miss_latency_ms: int = 0
+    capacity: int = 0
+
+
+@dataclass(frozen=True)
+class CacheAnswer:
+    at: float  # time.monotonic() when answered
+    shadow: bool  # a mirrored copy
+    status: int
+    ms: float  # time to answer
+
+
 class DemoOrigin:
     def __init__(
-        self, name: str, port: int, host: str = "127.0.0.1", max_concurrency: int = 0
+        self, name: str, port: int, host: str = "127.0.0.1", max_concurrency: int = 0,
+        cache: ColdCache | None = None,
     ) -> None:
         self.name = name
+        self.cache = cache
+        self.cached: set[str] = set()  # paths fetched once (with `cache`)
+        self.fetching = 0  # requests in flight through `cache`
+        self.refused = 0  # requests over `cache.capacity`, answered 503
+        self.answers: list[CacheAnswer] = []  # each request answered through `cache`
         self._slots = asyncio.Semaphore(max_concurrency) if max_concurrency > 0 else None
         self.in_flight = 0
         self.in_flight_peak = 0
@@ -62,6 +99,7 @@ class DemoOrigin:
         self.port = port
         self.fault = Fault()
         self.requests: Counter[str] = Counter()  # per tier seen
+        self.shadowed = 0  # of those, mirrored copies (Envoy appends `-shadow` to their Host)
         self.errors = 0
         self._served = 0
         self._runner: web.AppRunner | None = None
@@ -119,11 +157,38 @@ class DemoOrigin:
         tier = request.headers.get("x-ballast-tier", "")
         headers["x-seen-tier"] = tier
         self.requests[tier] += 1
+        if is_shadow_host(request.host):
+            self.shadowed += 1
+        if self.cache is not None:
+            return await self._through_cache(request.path, is_shadow_host(request.host), headers)
         if faulty and self._should_fail():
             self.errors += 1
             return web.Response(status=self.fault.status, text="injected\n", headers=headers)
         body = json.dumps({"origin": self.name, "path": request.path, "tier": tier})
         return web.Response(text=body + "\n", content_type="application/json", headers=headers)
+
+    async def _through_cache(
+        self, path: str, shadow: bool, headers: dict[str, str]
+    ) -> web.Response:
+        cache = self.cache
+        assert cache is not None
+        started = time.monotonic()
+        if cache.capacity and self.fetching >= cache.capacity:
+            self.refused += 1
+            self.errors += 1
+            self.answers.append(CacheAnswer(started, shadow, 503, 0.0))
+            return web.Response(status=503, text="over capacity\n", headers=headers)
+        self.fetching += 1
+        try:
+            headers["x-cache"] = "hit" if path in self.cached else "miss"
+            if path not in self.cached:
+                await asyncio.sleep(cache.miss_latency_ms / 1000)
+                self.cached.add(path)
+        finally:
+            self.fetching -= 1
+        now = time.monotonic()
+        self.answers.append(CacheAnswer(now, shadow, 200, (now - started) * 1000))
+        return web.Response(text=f"{self.name} {path}\n", headers=headers)
 
     async def _handle_fault(self, request: web.Request) -> web.Response:
         if request.method == "GET":

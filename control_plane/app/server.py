@@ -36,11 +36,12 @@ log = logging.getLogger(__name__)
 def translate_intent(
     intent: RunningIntent, pop: str, caps: Capabilities, previous: PopResources | None = None
 ) -> PopResources:
-    """What nodes of `pop` with `caps` get under `intent`: its desired state, the weights and
-    tier actions it holds for `pop`, translated (incrementally from `previous`, when given:
-    byte-identical to the full translation)."""
+    """What nodes of `pop` with `caps` get under `intent`: its desired state, the weights, tier
+    actions and cache-warming mirrors it holds for `pop`, translated (incrementally from
+    `previous`, when given: byte-identical to the full translation)."""
     return translate_pop(intent.desired, pop, intent.pop_weights(pop), caps,
-                         intent.pop_tier_actions(pop), previous=previous)
+                         intent.pop_tier_actions(pop), previous=previous,
+                         mirrors=intent.pop_mirrors(pop))
 
 
 def intent_pops(intent: RunningIntent) -> tuple[str, ...]:

@@ -35,7 +35,13 @@ from typing import Any
 from control_plane.decide.controller import signals_from_dict, signals_to_dict
 from control_plane.decide.health import breach_reasons
 from control_plane.decide.signals import GroupSignals
-from control_plane.desired.model import FailoverPolicy, GroupWeights, StandbyRampPolicy
+from control_plane.desired.model import (
+    FailoverPolicy,
+    GroupWeights,
+    Mirror,
+    OriginGroup,
+    StandbyRampPolicy,
+)
 
 RAMP_KINDS: tuple[str, ...] = (
     "ramp_start", "ramp_step", "ramp_hold", "ramp_back_off", "ramp_complete", "ramp_end",
@@ -162,7 +168,8 @@ def ramp_step(
         if not policy.enabled:
             if index is not None:
                 del ramps[name]
-                events.append((name, "ramp_end", f"{name}: ramp switched off in the desired state"))
+                events.append((name, "ramp_end",
+                               f"{name}: ramp switched off in the desired state"))
             continue
         if index is None:
             if proposed[name] > before[name] and _cold(policy, since.get(name), now_ms):
@@ -176,12 +183,13 @@ def ramp_step(
                 events.append((name, "ramp_start", (
                     f"{name} is cold (at its warm pool {warm} % for {how_long}, cold after "
                     f"{policy.cold_after_ms / 1000:g} s): ramp starts, step {start + 1} of "
-                    f"{len(schedule)} allows {schedule[start]} %")))
+                    f"{len(schedule)} allows {schedule[start]} %{_mirror_words(policy, name)}")))
             continue
         if proposed[name] < before[name]:
             del ramps[name]
             events.append((name, "ramp_end", f"{name}: the shift reverses (controller moves it "
-                                       f"{before[name]}→{proposed[name]}): ramp ends"))
+                                             f"{before[name]}→{proposed[name]}): ramp ends"
+                                             f"{_mirror_words(policy, name, stop=True)}"))
             continue
         ceiling = schedule[index]
         if (signals is None or name not in signals
@@ -211,7 +219,7 @@ def ramp_step(
             del ramps[name]
             events.append((name, "ramp_complete", (
                 f"{name} healthy at {before[name]} %, the last step: ramp complete, the "
-                "controller moves it from now on")))
+                f"controller moves it from now on{_mirror_words(policy, name, stop=True)}")))
             continue
         ramps[name] = index + 1
         ceilings[name] = schedule[index + 1]
@@ -246,6 +254,17 @@ def ramp_step(
         rule += f"; controller proposed {_weights(proposed)}, ramp made it {moves}"
     return RampResult(after, new_state, kind, rule, _next(policy, ramps, after), inputs,
                       ceilings)
+
+
+def _mirror_words(policy: StandbyRampPolicy, name: str, *, stop: bool = False) -> str:
+    if policy.mirror_percent <= 0:
+        return ""
+    if stop:
+        return "; its cache-warming mirror stops"
+    routes = ("every route" if policy.cacheable_routes is None
+              else "routes " + ", ".join(policy.cacheable_routes))
+    return (f"; mirroring {policy.mirror_percent:g} % of cacheable GET/HEAD requests "
+            f"({routes}) to {name} to warm its cache")
 
 
 def _weights(weights: Mapping[str, int]) -> str:
@@ -284,3 +303,12 @@ def replay_ramp_record(
         else {name: signals_from_dict(data) for name, data in signals.items()},
         inputs["now_ms"],
     )
+
+
+def active_mirror(group: OriginGroup, state: RampState) -> Mirror | None:
+    """The cache-warming mirror while standbys ramp: ``mirror_percent`` of the cacheable
+    requests to each ramping standby; None when none ramps or the mirror is off."""
+    policy = group.standby_ramp
+    if not state.ramps or not policy.enabled or policy.mirror_percent <= 0:
+        return None
+    return Mirror(state.ramping, policy.mirror_percent, policy.cacheable_routes)

@@ -100,12 +100,25 @@ RampDegrade = Literal["hold", "back_off"]
 @dataclass(frozen=True)
 class StandbyRampPolicy:
     """Seed 002's cold-standby ramp: how weight flows into a standby that has sat at its warm
-    pool (the "cold" secondary of the seed's binary-failover incident)."""
+    pool (the "cold" secondary of the seed's binary-failover incident), and the cache-warming
+    mirror that runs while it ramps."""
 
     enabled: bool = True
     schedule: tuple[int, ...] = (5, 10, 20, 40)  # the standby's share ceilings, one per interval
     cold_after_ms: int = 90_000  # at the warm pool this long = cold (seed: ~90 s hit-ratio window)
     on_degrade: RampDegrade = "back_off"  # a standby breaching while it ramps: back off or hold
+    mirror_percent: float = 5.0  # cacheable requests mirrored to a ramping standby (0: off)
+    cacheable_routes: tuple[str, ...] | None = None  # route names mirrored; None: every route
+
+
+@dataclass(frozen=True)
+class Mirror:
+    """A cache-warming mirror active for one origin group in one PoP: `percent` of the GET/HEAD
+    requests of `routes` (None: every route) are copied to each origin of `origins`."""
+
+    origins: tuple[str, ...]
+    percent: float
+    routes: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -110,11 +110,27 @@ def ramp_schedule(node: yaml.Node) -> tuple[int, ...]:
     return steps
 
 
+MAX_CACHEABLE_ROUTES = 1000
+
+
+def route_names(node: yaml.Node) -> tuple[str, ...]:
+    """Route names: classification rule names or `default` (the catch-all); checked later."""
+    if not isinstance(node, yaml.SequenceNode) or len(node.value) > MAX_CACHEABLE_ROUTES:
+        raise Bad(f"must be a list of at most {MAX_CACHEABLE_ROUTES} route names "
+                  "(classification rule names or default)")
+    names = tuple(text(item) for item in node.value)
+    for value in names:
+        check_name(value, "route")
+    return names
+
+
 STANDBY_RAMP_FIELDS: FieldTable = {
     "enabled": ("enabled", boolean),
     "schedule": ("schedule", ramp_schedule),
     "cold_after": ("cold_after_ms", duration(0, 86_400_000)),
     "on_degrade": ("on_degrade", choice("back_off", "hold")),
+    "mirror_percent": ("mirror_percent", number(0, 100)),
+    "cacheable_routes": ("cacheable_routes", route_names),
 }
 
 HEALTH_CHECK_FIELDS: FieldTable = {

@@ -84,6 +84,7 @@ from control_plane.desired.schema import (
 from control_plane.desired.yaml_nodes import is_null, join
 
 HEADER_KINDS = ("exact", "prefix", "contains", "present")
+CATCH_ALL_ROUTE_NAME = "default"  # the route of unmatched requests (translate/routes.py)
 VERIFY_KEYS = ("verify_name", "ca_file", "pin_spki_sha256", "pin_cert_sha256")
 TLS_ONLY_KEYS = ("sni", "insecure_skip_verify", *VERIFY_KEYS)
 MAX_PINS = 16
@@ -112,6 +113,7 @@ class _Document:
         self.failover: Layer = dict(FAILOVER_DEFAULTS)
         self.tier_actions: Layer = dict(TIER_ACTION_DEFAULTS)
         self.standby_ramp: Layer = dict(STANDBY_RAMP_DEFAULTS)
+        self.cacheable_routes: list[Located] = []  # every `cacheable_routes` written
         self.groups: dict[str, OriginGroup | None] = {}
         self.unsure_pops: set[str] = set()  # a bad address or offset: skip their port checks
         self.broken: set[str] = set()  # sections that are not mappings: skip references to them
@@ -128,13 +130,14 @@ class _Document:
         self._check_failover(self.failover, failover.at())
         self.tier_actions |= self._tier_actions_layer(doc, "tier_actions", GLOBAL)
         ramp = Fields(doc.node_of("standby_ramp"), "standby_ramp", self.sink)
-        self.standby_ramp |= read_layer(ramp, STANDBY_RAMP_FIELDS, GLOBAL)
+        self.standby_ramp |= self._ramp_layer(ramp, GLOBAL)
         ramp.finish()
         access = Fields(doc.node_of("access_log"), "access_log", self.sink)
         access_log = read_layer(access, ACCESS_LOG_FIELDS, GLOBAL)
         access.finish()
         groups = self._origin_groups(doc)
         default_tier, rules, trusted = self._classification(doc)
+        self._check_cacheable_routes({rule.name for rule in rules} | {CATCH_ALL_ROUTE_NAME})
         listeners = self._listeners(doc)
         doc.finish()
         if self.sink.problems:
@@ -150,6 +153,21 @@ class _Document:
             source=self.sink.source,
             digest=digest,
         )
+
+    # --- standby ramp ------------------------------------------------------------------------
+
+    def _ramp_layer(self, fields: Fields, layer: int) -> Layer:
+        result = read_layer(fields, STANDBY_RAMP_FIELDS, layer)
+        if "cacheable_routes" in result:
+            self.cacheable_routes.append(result["cacheable_routes"])
+        return result
+
+    def _check_cacheable_routes(self, routes: set[str]) -> None:
+        for written in self.cacheable_routes:
+            for route in written.value or ():
+                if route not in routes and written.at is not None:
+                    self.sink.add(written.at, f"unknown route '{route}' (classification rule "
+                                  f"names or {CATCH_ALL_ROUTE_NAME})" + did_you_mean(route, routes))
 
     # --- helpers -----------------------------------------------------------------------------
 
@@ -360,7 +378,7 @@ class _Document:
         tier_actions = self._resolve_tier_actions(actions, tier_layers, group.at())
         ramp_fields = Fields(group.node_of("standby_ramp"), join(group.path, "standby_ramp"),
                              self.sink)
-        ramp = self.standby_ramp | read_layer(ramp_fields, STANDBY_RAMP_FIELDS, GROUP)
+        ramp = self.standby_ramp | self._ramp_layer(ramp_fields, GROUP)
         ramp_fields.finish()
         group.finish()
         if self.sink.problems or not group.ok or tier_actions is None:

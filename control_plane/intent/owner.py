@@ -9,7 +9,8 @@ After each change of what Envoys get, the owner calls `publish(intent, pops)` â€
 app to the ADS output cache â€” which rebuilds the output of `pops` (None: every PoP built so
 far) from the new intent and returns the PoPs whose output really changed. If publishing
 raises (a translation failed), the owner keeps the intent it had and re-raises: a change is
-never half-applied. Streaks, tier and ramp states change no output and publish nothing.
+never half-applied. Streaks and tier states change no output and publish nothing; a ramp state
+publishes its PoP when the cache-warming mirror it implies starts or stops (routes only).
 """
 
 from __future__ import annotations
@@ -210,7 +211,8 @@ class IntentOwner:
         """Save a tick's decisions in one store write (weights and streaks of the pairs where
         they changed, the tier and ramp states that changed, the desired digest), then hold the
         streaks, tier and ramp states. Weights and tier actions reach Envoys only through
-        `update_weights` / `set_tier_actions`.
+        `update_weights` / `set_tier_actions`; a mirror starting or stopping with a ramp state
+        is published here, after the write.
         """
         changed = [s for s in steps if s.weights != self._intent.weights_of(*s.key)
                    or s.controller != self.controller(s.key)]
@@ -234,12 +236,18 @@ class IntentOwner:
                 ),
                 desired_digest=desired.digest,
             ))
-        self._intent = replace(
-            self._intent,
-            controllers={**self._intent.controllers, **{s.key: s.controller for s in steps}},
-            tier_states=_merged(self._intent.tier_states, tiers),
-            ramps=_merged(self._intent.ramps, ramps),
+        before = self._intent
+        after = replace(
+            before,
+            controllers={**before.controllers, **{s.key: s.controller for s in steps}},
+            tier_states=_merged(before.tier_states, tiers),
+            ramps=_merged(before.ramps, ramps),
         )
+        mirrored = {key[0] for key in ramps if before.mirror(*key) != after.mirror(*key)}
+        if mirrored:  # a mirror starts or stops with its ramp: those PoPs' routes change
+            self._swap(after, mirrored)
+        else:
+            self._intent = after
 
     async def save_desired(self, before: RunningIntent, after: RunningIntent) -> None:
         """A desired-state change from `before` to `after` (its carry-over) saved: the new

@@ -3,7 +3,7 @@
 A `RunningIntent` is immutable and plain: the desired state it runs under, and per (PoP, origin
 group) the weights the controller set (pairs without are at their home weights), the tier
 actions active, the controller's streaks, the tier controller's state and the standby ramp's
-state. The owner
+state (which also says whether a cache-warming mirror runs: `mirror`). The owner
 (`owner.py`) swaps whole values; the pure carry-over rule (`carry_over.py`) maps one to the next
 across a desired-state change.
 
@@ -18,9 +18,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from control_plane.decide.controller import ControllerState
-from control_plane.decide.ramp import RampState
+from control_plane.decide.ramp import RampState, active_mirror
 from control_plane.decide.tiers import TierState
-from control_plane.desired.model import Desired, GroupWeights, TierActions
+from control_plane.desired.model import Desired, GroupWeights, Mirror, TierActions
 from control_plane.intent.store import PairKey
 
 
@@ -51,6 +51,19 @@ class RunningIntent:
     def pop_tier_actions(self, pop: str) -> dict[str, TierActions]:
         """group -> the tier actions active in `pop`."""
         return {g: a for (p, g), a in self.tier_actions.items() if p == pop}
+
+    def mirror(self, pop: str, group: str) -> Mirror | None:
+        """The cache-warming mirror of (PoP, group): on while a standby ramps there (it follows
+        from the ramp state and the group's policy, so it is persisted and restored with it)."""
+        state = self.ramps.get((pop, group))
+        if state is None:
+            return None
+        return active_mirror(self.desired.group(group), state)
+
+    def pop_mirrors(self, pop: str) -> dict[str, Mirror]:
+        """group -> the cache-warming mirror active in `pop`."""
+        return {g: m for (p, g) in self.ramps if p == pop
+                for m in (self.mirror(p, g),) if m is not None}
 
 
 def tier_key(pop: str, group: str) -> str:

@@ -80,7 +80,7 @@ def tier_cluster(group: OriginGroup, tier: Tier, queue_policy: QueuePolicyChoice
             )
         )
     )
-    cluster.transport_socket_matches.extend(_tls_matches(group))
+    cluster.transport_socket_matches.extend(tls_matches(group))
     attach(cluster, queue_policy.carrier)
     return cluster
 
@@ -105,7 +105,7 @@ def _circuit_breakers(group: OriginGroup, tier: Tier) -> CircuitBreakers:
     )
 
 
-def _tls_matches(group: OriginGroup) -> list[Cluster.TransportSocketMatch]:
+def tls_matches(group: OriginGroup) -> list[Cluster.TransportSocketMatch]:
     """TLS (with SNI: the origin's `sni`, else its address) for the endpoints of TLS origins.
 
     Origins of one group share each tier cluster, so TLS is chosen per endpoint: endpoints carry

@@ -36,11 +36,11 @@ def load_assignment(
     """The endpoints of one tier cluster of `group`, weighted by `weights` (origin -> percent)."""
     return ClusterLoadAssignment(
         cluster_name=cluster,
-        endpoints=[_locality(origin, weights[origin.name]) for origin in group.origins],
+        endpoints=[origin_locality(origin, weights[origin.name]) for origin in group.origins],
     )
 
 
-def _locality(origin: Origin, weight: int) -> LocalityLbEndpoints:
+def origin_locality(origin: Origin, weight: int) -> LocalityLbEndpoints:
     lb_endpoint = LbEndpoint(endpoint=_endpoint(origin))
     if origin.tls:
         lb_endpoint.metadata.CopyFrom(_tls_match_metadata(origin))

@@ -32,6 +32,7 @@ from google.protobuf.message import Message
 from control_plane.desired.model import (
     Desired,
     GroupWeights,
+    Mirror,
     OriginGroup,
     PopWeights,
     Tier,
@@ -40,6 +41,12 @@ from control_plane.desired.model import (
 from control_plane.translate.clusters import cluster_name, tier_cluster
 from control_plane.translate.endpoints import load_assignment
 from control_plane.translate.listeners import listener, trusted_route_name
+from control_plane.translate.mirror import (
+    has_mirror,
+    mirror_cluster,
+    mirror_cluster_name,
+    mirror_load_assignment,
+)
 from control_plane.translate.queue_policy import choose_queue_policy
 from control_plane.translate.resources import (
     CLUSTER_TYPE,
@@ -122,6 +129,7 @@ def translate_pop(
     tier_actions: Mapping[str, TierActions] | None = None,
     *,
     previous: PopResources | None = None,
+    mirrors: Mapping[str, Mirror] | None = None,
 ) -> PopResources:
     """Clusters and endpoints per (origin group, tier), listeners and routes, for one PoP.
 
@@ -129,7 +137,9 @@ def translate_pop(
     its home weights. `caps` decides adaptive LIFO vs FIFO; every fallback is in `notes`.
     `tier_actions`: origin group -> the tier actions active in this PoP (demotion, shedding;
     see `routes.py`) change the routes; lent limits the runtime layer (`runtime.py`).
-    `previous`: this PoP's last snapshot, whose
+    `mirrors`: origin group -> its active cache-warming mirror (`mirror.py`); only the routes
+    change (the mirror clusters of every standby are always there). `previous`: this PoP's last
+    snapshot, whose
     resources are reused where their inputs did not change (see the module docstring).
     The Cluster message carries field 62 (queue policy) among its unknown fields, so its
     payload, version and re-serializations include it. Raises `UnknownPop` for a PoP not in
@@ -138,7 +148,7 @@ def translate_pop(
     if pop not in desired.pop_names:
         raise UnknownPop(f"unknown PoP {pop!r}; known: {', '.join(desired.pop_names)}")
     inputs = _PopInputs(desired, caps, resolve_weights(desired, pop, weights),
-                        dict(tier_actions or {}))
+                        dict(tier_actions or {}), dict(mirrors or {}))
     last = None if previous is None or previous.pop != pop else previous.derived(
         _POP_INPUTS, lambda _: None)
     if previous is not None and last is not None and last.desired is desired \
@@ -155,6 +165,7 @@ class _PopInputs:
     caps: Capabilities
     weights: PopWeights  # resolved: every group
     actions: Mapping[str, TierActions]
+    mirrors: Mapping[str, Mirror]
 
 
 def _translate(pop: str, inputs: _PopInputs, make: _Builder) -> PopResources:
@@ -180,6 +191,16 @@ def _translate(pop: str, inputs: _PopInputs, make: _Builder) -> PopResources:
             if cluster.note is not None:
                 notes.append(cluster.note)
             endpoints[name] = _endpoints(make, name, same, group, inputs.weights[group.name])
+        for origin in group.preference[pop][1:] if has_mirror(group) else ():
+            name = mirror_cluster_name(group.name, origin)
+            clusters[name] = make.resource(
+                CLUSTER_TYPE, name, (groups[group.name], origin),
+                lambda group=group, origin=origin: (mirror_cluster(group, origin), None),
+            ).resource
+            endpoints[name] = make.resource(
+                ENDPOINT_TYPE, name, (groups[group.name], origin),
+                lambda group=group, origin=origin: (mirror_load_assignment(group, origin), None),
+            ).resource
     trusted = desired.trusted_priority_sources
     sample = desired.access_log.sample_rate if inputs.caps.access_log else None
     listeners = {
@@ -218,6 +239,7 @@ def _changed_weights_or_actions(
         by_type[ENDPOINT_TYPE] = endpoints
     if inputs.actions != last.actions:
         by_type[RUNTIME_TYPE] = _runtime(make, inputs)
+    if inputs.actions != last.actions or inputs.mirrors != last.mirrors:
         groups = {
             g.name: make.previous_input(CLUSTER_TYPE, cluster_name(g.name, g.tiers[0].name), 0)
             or g
@@ -241,7 +263,7 @@ def _routes(
 ) -> dict[str, Resource]:
     """Each listener's route configuration, then (with trusted priority sources) each one's
     `<listener>.trusted` configuration."""
-    desired, actions = inputs.desired, inputs.actions
+    desired, actions, mirrors = inputs.desired, inputs.actions, inputs.mirrors
     routes: dict[str, Resource] = {}
     for trusted in (False, True) if desired.trusted_priority_sources else (False,):
         for item in desired.listeners:
@@ -249,10 +271,12 @@ def _routes(
             routes[name] = make.resource(
                 ROUTE_TYPE, name,
                 (item, pop, trusted, desired.classification, desired.default_tier,
-                 tuple((groups.get(v.origin_group), actions.get(v.origin_group))
+                 tuple((groups.get(v.origin_group), actions.get(v.origin_group),
+                        mirrors.get(v.origin_group))
                        for v in item.virtual_hosts)),
                 lambda item=item, trusted=trusted: (
-                    route_configuration(desired, item, pop, actions, trusted=trusted), None),
+                    route_configuration(desired, item, pop, actions, trusted=trusted,
+                                        mirrors=mirrors), None),
             ).resource
     return routes
 

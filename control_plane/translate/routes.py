@@ -47,6 +47,9 @@ Tier actions (adaptive re-prioritization, seed 000), when active for the group i
   with `x-ballast-serve-stale: 1` and `cache-control: no-store`, which tells a cache in front
   to answer with its stale copy (e.g. nginx `proxy_cache_use_stale http_503`) and never to
   store the 503 itself.
+
+A cache-warming mirror, when active for the group in this PoP, puts a GET/HEAD copy with
+`request_mirror_policies` before each cacheable route (`mirror.py`).
 """
 
 from __future__ import annotations
@@ -77,6 +80,7 @@ from control_plane.desired.model import (
     Desired,
     HeaderMatch,
     Listener,
+    Mirror,
     OriginGroup,
     Tier,
     TierActions,
@@ -84,6 +88,7 @@ from control_plane.desired.model import (
 from control_plane.desired.model import VirtualHost as DesiredVirtualHost
 from control_plane.translate.clusters import cluster_name
 from control_plane.translate.listeners import trusted_route_name
+from control_plane.translate.mirror import mirrored_routes
 from control_plane.translate.proto_values import duration_ms, packed
 
 TIER_HEADER = "x-ballast-tier"
@@ -113,14 +118,18 @@ def route_configuration(
     tier_actions: Mapping[str, TierActions] | None = None,
     *,
     trusted: bool = False,
+    mirrors: Mapping[str, Mirror] | None = None,
 ) -> RouteConfiguration:
     """`tier_actions`: origin group -> the tier actions active for it in this PoP. `trusted`:
-    the configuration for connections from trusted sources (named `<listener>.trusted`)."""
+    the configuration for connections from trusted sources (named `<listener>.trusted`).
+    `mirrors`: origin group -> its active cache-warming mirror (`mirror.py`)."""
     actions = tier_actions or {}
+    active = mirrors or {}
     return RouteConfiguration(
         name=trusted_route_name(listener.name) if trusted else listener.name,
         virtual_hosts=[
-            _virtual_host(desired, vhost, actions.get(vhost.origin_group), trusted)
+            _virtual_host(desired, vhost, actions.get(vhost.origin_group), trusted,
+                          active.get(vhost.origin_group))
             for vhost in listener.virtual_hosts
         ],
         request_headers_to_add=[_overwrite(POP_HEADER, pop)],
@@ -128,7 +137,8 @@ def route_configuration(
 
 
 def _virtual_host(
-    desired: Desired, vhost: DesiredVirtualHost, actions: TierActions | None, trusted: bool
+    desired: Desired, vhost: DesiredVirtualHost, actions: TierActions | None, trusted: bool,
+    mirror: Mirror | None = None,
 ) -> VirtualHost:
     group = desired.group(vhost.origin_group)
     if actions is not None:
@@ -147,6 +157,8 @@ def _virtual_host(
             actions,
         )
     )
+    if mirror is not None:
+        routes = [each for route in routes for each in mirrored_routes(group.name, route, mirror)]
     return VirtualHost(name=vhost.name, domains=list(vhost.domains), routes=routes,
                        include_request_attempt_count=True)
 

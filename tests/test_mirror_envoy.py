@@ -1,0 +1,158 @@
+"""The cache-warming mirror through a real Envoy 1.40: while it is set, about `mirror_percent` of
+the cacheable GET/HEAD requests reach the standby as `-shadow` copies; none before or after, none
+of other methods; clients only ever see the primary's answers; starting and stopping it pushes
+routes only (RDS).
+
+The primary takes all the traffic here (`min_warm_pool: 0`), so every request the standby sees
+is a mirrored copy. The reconcile loop ticks once at start-up and then not for an hour; the ramp
+state that starts (and then stops) the mirror is saved through the intent owner as the loop's
+tick would save it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import aiohttp
+import pytest
+import pytest_asyncio
+
+from control_plane.admin.capability_keys import capabilities_for_key
+from control_plane.app.demo_origin import DemoOrigin
+from control_plane.app.envoy_process import EnvoyProcess, free_port
+from control_plane.app.service import BallastService, ServiceConfig
+from control_plane.decide.ramp import RampState
+from control_plane.desired.model import Mirror
+from control_plane.intent.owner import PairStep
+from control_plane.translate.bootstrap import ads_bootstrap
+from control_plane.translate.resources import CLUSTER_TYPE, ROUTE_TYPE, Capabilities
+from tests.support.fleet import write_fast_desired
+
+pytestmark = pytest.mark.envoy
+
+REQUESTS = 1200
+PERCENT = 5.0
+
+
+@pytest_asyncio.fixture
+async def edge(tmp_path: Path) -> AsyncIterator[tuple[BallastService, EnvoyProcess,
+                                                      dict[str, DemoOrigin], int]]:
+    origins = {
+        "primary": await DemoOrigin("primary", free_port()).start(),
+        "secondary": await DemoOrigin("secondary", free_port()).start(),
+    }
+    listener, sjc_listener = sorted((free_port(), free_port()))
+    desired = write_fast_desired(tmp_path / "desired.yaml", origins, listener, sjc_listener)
+    desired.write_text(desired.read_text().replace(
+        "  stale_after: 10s\n", "  stale_after: 10s\n  min_warm_pool: 0\n"))
+    xds_port, admin = free_port(), free_port()
+    service = BallastService(ServiceConfig(
+        desired_path=desired, state_dir=tmp_path / "state", xds_address=f"127.0.0.1:{xds_port}",
+        admin_address=None, probes=False, reconcile_interval_ms=3_600_000,
+    ))
+    envoy = EnvoyProcess(ads_bootstrap(node_id="ewr-1", pop="ewr", xds_port=xds_port,
+                                       admin_port=admin), admin)
+    try:
+        await service.start()
+        envoy.start()
+        await asyncio.to_thread(envoy.wait_ready, 20)
+        yield service, envoy, origins, listener
+    finally:
+        envoy.stop()
+        if service.ready:
+            await service.stop(0.5)
+        for origin in origins.values():
+            await origin.stop()
+
+
+async def send(port: int, count: int, method: str = "GET") -> Counter[str]:
+    """`count` requests over a few paths; the `x-origin` of every answer."""
+    answered: Counter[str] = Counter()
+    paths = ("/img/a.png", "/", "/api/checkout/cart")
+    async with aiohttp.ClientSession() as session:
+        async def one(i: int) -> None:
+            url = f"http://127.0.0.1:{port}{paths[i % len(paths)]}"
+            async with session.request(method, url) as response:
+                await response.read()
+                answered[f"{response.status} {response.headers.get('x-origin')}"] += 1
+
+        for start in range(0, count, 20):
+            await asyncio.gather(*(one(i) for i in range(start, min(count, start + 20))))
+    return answered
+
+
+def route_names(envoy: EnvoyProcess) -> list[str]:
+    dump = envoy.admin_json("/config_dump?resource=dynamic_route_configs")
+    return [route["name"] for config in dump["configs"]
+            for vhost in config["route_config"]["virtual_hosts"] for route in vhost["routes"]]
+
+
+async def wait_until(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    for _ in range(int(timeout / 0.05)):
+        if condition():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def test_mirror_copies_about_its_percent_of_cacheable_requests_only_while_set(
+    edge: tuple[BallastService, EnvoyProcess, dict[str, DemoOrigin], int],
+) -> None:
+    service, envoy, origins, port = edge
+    cache = service.server.cache
+    primary, secondary = origins["primary"], origins["secondary"]
+    caps = node_capabilities(service)
+
+    def version(type_url: str) -> str:
+        return cache.resources("ewr", caps).type_version(type_url)
+
+    cds, rds = version(CLUSTER_TYPE), version(ROUTE_TYPE)
+
+    before = await send(port, 300)
+    assert before == Counter({"200 primary": 300})
+    assert secondary.total == 0, "no mirror, nothing reaches the standby"
+
+    await set_ramp(service, RampState({"secondary": 1}, {}))
+    assert service.server.intent.intent.mirror("ewr", "shop") == Mirror(("secondary",), PERCENT)
+    await wait_until(lambda: "default-mirror" in route_names(envoy), "Envoy has the mirror route")
+    during = await send(port, REQUESTS)
+    assert during == Counter({"200 primary": REQUESTS}), "clients see only primary answers"
+    await wait_until(lambda: secondary.shadowed >= 1, "the first shadow copy")
+    await asyncio.sleep(0.5)  # mirrored copies are fire-and-forget: let the last ones land
+    mirrored = secondary.shadowed
+    expected = REQUESTS * PERCENT / 100  # 60; binomial sd ~7.5
+    assert expected * 0.5 <= mirrored <= expected * 1.6, (mirrored, expected)
+    assert secondary.total == secondary.shadowed, "every standby request is a mirrored copy"
+    assert primary.total == 300 + REQUESTS
+
+    posts = await send(port, 200, "POST")
+    assert posts == Counter({"200 primary": 200})
+    await asyncio.sleep(0.3)
+    assert secondary.shadowed == mirrored, "POST is not cacheable: never mirrored"
+
+    assert version(CLUSTER_TYPE) == cds and version(ROUTE_TYPE) != rds, "started: RDS only"
+
+    await set_ramp(service, RampState())
+    assert service.server.intent.intent.mirror("ewr", "shop") is None
+    await wait_until(lambda: "default-mirror" not in route_names(envoy), "mirror route gone")
+    after = await send(port, 300)
+    await asyncio.sleep(0.3)
+    assert after == Counter({"200 primary": 300})
+    assert secondary.shadowed == mirrored, "no mirror after it stopped"
+    assert (version(CLUSTER_TYPE), version(ROUTE_TYPE)) == (cds, rds), "stopped: RDS only, back"
+
+
+async def set_ramp(service: BallastService, ramp: RampState) -> None:
+    """Save a ramp state for (ewr, shop), as the reconcile loop's tick does."""
+    owner = service.server.intent
+    key = ("ewr", "shop")
+    await owner.save_steps(
+        [PairStep(key, owner.weights(*key), owner.controller(key), ramp=ramp)], owner.desired)
+
+
+def node_capabilities(service: BallastService) -> Capabilities:
+    (node,) = service.server.nodes.snapshot()
+    return capabilities_for_key(node.capability_key)
