@@ -76,8 +76,7 @@ async def test_commit_is_fenced_by_term(etcd: EtcdServer, store: EtcdStore) -> N
         new = await other.campaign("b", await other.grant_lease(5))
         assert new is not None
         with pytest.raises(Deposed):
-            await store.commit(old, IntentWrite(put={"groups/ewr/shop": {"w": 2}},
-                                                records=[{"kind": "stale"}]))
+            await store.commit(old, IntentWrite(put={"groups/ewr/shop": {"w": 2}}))
         _, values = await other.load()
         assert values == {"groups/ewr/shop": {"w": 1}}
         await other.commit(new, IntentWrite(put={"groups/ewr/shop": {"w": 3}},
@@ -102,11 +101,11 @@ async def test_watch_sees_intent_and_records_in_order(store: EtcdStore) -> None:
 
     task = asyncio.create_task(follow())
     await asyncio.sleep(0.2)
-    await store.commit(lead, IntentWrite(put={"groups/sjc/shop": {"w": 5}},
-                                         records=[{"kind": "shift"}]))
+    await store.commit(lead, IntentWrite(put={"groups/sjc/shop": {"w": 5}}))
+    await store.publish_records("a", [{"kind": "shift"}])
     await store.commit(lead, IntentWrite(delete=["groups/sjc/shop"]))
     await asyncio.wait_for(task, 5)
-    assert seen == [("intent", {"w": 5}), ("records", {"kind": "shift"}), ("intent", None)]
+    assert seen == [("intent", {"w": 5}), ("decisions", {"kind": "shift"}), ("intent", None)]
 
 
 async def test_unreachable_endpoint_is_reported_and_the_next_one_used(

@@ -128,6 +128,8 @@ class DecisionLog:
         self._dirty = False  # written but not yet fsync'd
         self._listeners: list[Listener] = []
         self._fd = self._open()
+        # With replicas: {"replica": id, "term": n} stamped on every record written here.
+        self.origin: dict[str, Any] = {}
 
     def add_listener(self, listener: Listener) -> None:
         """Call ``listener(record)`` after each record is written (e.g. a live stream's feed)."""
@@ -173,7 +175,30 @@ class DecisionLog:
             "seq": self.seq + 1,
             "kind": kind,
             **{name: fields.get(name) for name in FIELDS},
+            **self.origin,
         }
+        self._append(record, durable)
+        self._tell(record)
+        return record
+
+    def append_replicated(self, record: dict[str, Any], *, durable: bool = True) -> dict[str, Any]:
+        """Append a record another replica wrote (its time, kind, fields, replica and term kept;
+        ``seq`` is this log's own). Records of unknown kinds or without a replica are refused."""
+        if record.get("kind") not in KINDS or not isinstance(record.get("replica"), str):
+            raise ValueError(f"not a replicated decision record: {str(record)[:200]}")
+        copy = {
+            "time": str(record.get("time", "")),
+            "seq": self.seq + 1,
+            "kind": record["kind"],
+            **{name: record.get(name) for name in FIELDS},
+            "replica": record["replica"],
+            **({"term": record["term"]} if type(record.get("term")) is int else {}),
+        }
+        self._append(copy, durable)
+        self._tell(copy)
+        return copy
+
+    def _append(self, record: dict[str, Any], durable: bool) -> None:
         line = (json.dumps(record, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
         size = os.fstat(self._fd).st_size
         if size and size + len(line) > self.max_bytes:
@@ -196,9 +221,10 @@ class DecisionLog:
             self._dirty = False
         else:
             self._dirty = True
+
+    def _tell(self, record: dict[str, Any]) -> None:
         for listener in self._listeners:
             listener(record)
-        return record
 
     def sync(self) -> None:
         """Make the records written with `durable=False` durable."""

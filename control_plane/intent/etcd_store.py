@@ -9,10 +9,10 @@ Keys, all under one prefix (default ``/ballast/``):
 - ``intent/groups/<pop>/<group>`` — weights and controller streaks of a (PoP, origin group).
 - ``intent/tiers/<pop>/<group>`` — an active tier state.
 - ``intent/digest`` — the digest of the desired state the intent was decided for.
-- ``records/<term:016x>/<n:08x>`` — decision records written in the same transaction as the intent
-  change they explain; every replica appends them to its own log, so ``ballast decisions`` reads
-  the same history from any replica. They carry the records lease (an hour): etcd is the
-  hand-off, not the archive.
+- ``decisions/<replica>/<n>`` — the decision records each replica writes, handed to the others:
+  every replica appends the others' records to its own log, so ``ballast decisions`` reads the
+  same history from any replica. They carry a lease of an hour: etcd is the hand-off, not the
+  archive.
 - ``replicas/<id>`` — each replica's registration (admin URL, xDS address), on its own lease.
 
 This module is the thin I/O adapter (aetcd over grpc.aio); what the keys hold is decided elsewhere.
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 MAX_ENDPOINTS = 16
 RECORDS_TTL_S = 3600
+MAX_TXN_OPS = 100  # etcd refuses a transaction of more than 128 operations
 
 
 class StoreUnavailable(Exception):
@@ -78,14 +79,10 @@ class IntentEvent:
 
 @dataclass
 class IntentWrite:
-    """What one reconcile decision changes, committed atomically with its records."""
+    """What one intent batch changes under ``intent/``, committed atomically."""
 
     put: dict[str, Any] = field(default_factory=dict)  # relative key -> JSON value
     delete: list[str] = field(default_factory=list)
-    records: list[dict[str, Any]] = field(default_factory=list)
-
-    def __bool__(self) -> bool:
-        return bool(self.put or self.delete or self.records)
 
 
 class EtcdStore:
@@ -105,7 +102,7 @@ class EtcdStore:
         self.timeout_s = timeout_s
         self._client: aetcd.Client | None = None
         self._endpoint = 0
-        self._records_lease: tuple[int, int] | None = None  # (term, lease id)
+        self._records_lease: int | None = None
         self._record_counter = 0
 
     # -- connection ------------------------------------------------------------------------
@@ -210,41 +207,48 @@ class EtcdStore:
         values = {self._relative(kv.key, "intent/"): json.loads(kv.value) for kv in result}
         return int(result.header.revision), values
 
-    async def commit(self, leadership: Leadership, write: IntentWrite) -> int:
-        """Apply ``write`` in one transaction fenced by the leader's term; the revision.
+    async def commit(self, leadership: Leadership, write: IntentWrite) -> None:
+        """Apply ``write`` in one transaction fenced by the leader's term.
 
         Raises Deposed when the leader key is not this term's any more (nothing written)."""
         client = await self._connected()
         tx = client.transactions
-        leader = self._key("leader")
+        ops: list[Any] = [
+            tx.put(self._key("intent/" + key), _dump(value)) for key, value in write.put.items()
+        ]
+        ops += [tx.delete(self._key("intent/" + key)) for key in write.delete]
         try:
-            records_lease = await self._records_lease_for(leadership.term)
-            ops: list[Any] = [
-                tx.put(self._key("intent/" + key), _dump(value)) for key, value in write.put.items()
-            ]
-            ops += [tx.delete(self._key("intent/" + key)) for key in write.delete]
-            for record in write.records:
-                self._record_counter += 1
-                name = f"records/{leadership.term:016x}/{self._record_counter:08x}"
-                ops.append(tx.put(self._key(name), _dump(record), lease=records_lease))
-            ok, responses = await client.transaction(
-                compare=[tx.create(leader) == leadership.term], success=ops, failure=[]
+            ok, _ = await client.transaction(
+                compare=[tx.create(self._key("leader")) == leadership.term],
+                success=ops,
+                failure=[],
             )
         except (aetcd.exceptions.ClientError, OSError, TimeoutError) as err:
             raise await self._failed(err) from err
         if not ok:
             raise Deposed(f"leader key is no longer term {leadership.term}")
-        return _revision_of(responses)
 
-    async def _records_lease_for(self, term: int) -> int:
-        if self._records_lease is None or self._records_lease[0] != term:
-            lease = await (await self._connected()).lease(RECORDS_TTL_S)
-            self._records_lease = (term, int(lease.id))
-            self._record_counter = 0
-        return self._records_lease[1]
+    async def publish_records(self, source: str, records: Sequence[Mapping[str, Any]]) -> None:
+        """Hand decision records to the other replicas (``decisions/<source>/<n>``, on a lease of
+        an hour: etcd is the hand-off, each replica's own log is the archive)."""
+        client = await self._connected()
+        tx = client.transactions
+        try:
+            if self._records_lease is None:
+                self._records_lease = int((await client.lease(RECORDS_TTL_S)).id)
+            for start in range(0, len(records), MAX_TXN_OPS):
+                ops = []
+                for record in records[start:start + MAX_TXN_OPS]:
+                    self._record_counter += 1
+                    name = f"decisions/{source}/{self._record_counter:012x}"
+                    ops.append(tx.put(self._key(name), _dump(record), lease=self._records_lease))
+                await client.transaction(compare=[], success=ops, failure=[])
+        except (aetcd.exceptions.ClientError, OSError, TimeoutError) as err:
+            self._records_lease = None
+            raise await self._failed(err) from err
 
     async def watch_intent(self, start_revision: int) -> AsyncIterator[IntentEvent]:
-        """Every change under ``intent/`` and ``records/`` from ``start_revision`` on."""
+        """Every change under ``intent/`` and ``decisions/`` from ``start_revision`` on."""
         client = await self._connected()
         try:
             watch = await client.watch_prefix(self.prefix.encode(), start_revision=start_revision)
@@ -253,7 +257,7 @@ class EtcdStore:
         try:
             async for event in watch:
                 key = event.kv.key.decode(errors="replace")[len(self.prefix):]
-                if not key.startswith(("intent/", "records/")):
+                if not key.startswith(("intent/", "decisions/")):
                     continue
                 deleted = event.kind == aetcd.rtypes.EventKind.DELETE
                 value = None if deleted else json.loads(event.kv.value)
@@ -276,11 +280,3 @@ class EtcdStore:
 def _dump(value: Any) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
 
-
-def _revision_of(responses: Iterable[Any]) -> int:
-    """The store revision a transaction's writes landed at (0 when it wrote nothing)."""
-    revision = 0
-    for response in responses or ():
-        kind = response.WhichOneof("response")
-        revision = max(revision, int(getattr(response, kind).header.revision))
-    return revision

@@ -1,0 +1,112 @@
+"""The running intent kept in etcd for several replicas: the `IntentStore` of `--store etcd://`.
+
+Only the leader writes, and each write is one etcd transaction fenced by its term (see
+`etcd_store.py`); a replica that is not (or no longer) the leader gets `Deposed` and nothing is
+written. Every replica reads the same keys back — at start-up (`read`) and continuously from a
+watch (`IntentMirror`), so all replicas hold the same intent and every Envoy of a PoP gets the
+same versions whichever replica it talks to.
+
+Layout under ``<prefix>intent/`` (values are JSON):
+``groups/<pop>/<group>`` ``{"weights": ..., "controller": ...}``; ``kinds/<kind>/<key>`` any
+record of another kind of intent (the tier controller's states are kind ``tier``, keys
+``<pop>/<group>``); ``digest`` the desired-state digest decided under. The mapping both ways is
+pure (`batch_to_write`, `snapshot_of`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from control_plane.decide.controller import ControllerState
+from control_plane.intent.etcd_store import Deposed, EtcdStore, IntentWrite, Leadership
+from control_plane.intent.store import (
+    TIER_KIND,
+    GroupState,
+    IntentBatch,
+    Snapshot,
+    StateCorrupted,
+    check_weights,
+)
+
+GROUPS = "groups/"
+KINDS = "kinds/"
+DIGEST = "digest"
+
+
+def batch_to_write(batch: IntentBatch) -> IntentWrite:
+    """The etcd puts and deletes of one intent batch."""
+    write = IntentWrite()
+    for pop, group, weights, controller in batch.groups:
+        write.put[f"{GROUPS}{pop}/{group}"] = {
+            "weights": check_weights(weights),
+            "controller": controller.to_dict(),
+        }
+    for pop, group in batch.forget_groups:
+        write.delete.append(f"{GROUPS}{pop}/{group}")
+    for kind, key, value in batch.records:
+        name = f"{KINDS}{kind}/{key}"
+        if value is None:
+            write.delete.append(name)
+        else:
+            write.put[name] = value
+    if batch.desired_digest is not None:
+        write.put[DIGEST] = batch.desired_digest
+    return write
+
+
+def snapshot_of(values: Mapping[str, Any], *, where: str) -> Snapshot:
+    """What the intent keys hold, checked; StateCorrupted (naming `where` and the key) otherwise."""
+    groups: dict[tuple[str, str], GroupState] = {}
+    records: dict[str, dict[str, Any]] = {}
+    digest: str | None = None
+    for key, value in sorted(values.items()):
+        try:
+            if key.startswith(GROUPS):
+                pop, _, group = key[len(GROUPS):].partition("/")
+                if not pop or not group or not isinstance(value, dict):
+                    raise ValueError("not a (PoP, group) entry")
+                groups[(pop, group)] = GroupState(
+                    check_weights(value.get("weights", {})),
+                    ControllerState.from_dict(value.get("controller")),
+                )
+            elif key.startswith(KINDS):
+                kind, _, name = key[len(KINDS):].partition("/")
+                if not kind or not name:
+                    raise ValueError("not a <kind>/<key> record")
+                records.setdefault(kind, {})[name] = value
+            elif key == DIGEST:
+                if not isinstance(value, str):
+                    raise ValueError("digest is not a string")
+                digest = value
+            else:
+                raise ValueError("unknown intent key")
+        except (TypeError, ValueError) as exc:
+            raise StateCorrupted(f"{where}: intent/{key}: {exc}") from exc
+    tiers = records.pop(TIER_KIND, {})
+    return Snapshot(groups, tiers, digest, records)
+
+
+class ReplicatedStore:
+    """`IntentStore` on etcd: reads for everyone, fenced writes for the leader only."""
+
+    def __init__(self, etcd: EtcdStore, leadership: Callable[[], Leadership | None]) -> None:
+        self.etcd = etcd
+        self._leadership = leadership
+        self.revision = 0  # the store revision the last `read` saw
+        self.where = f"etcd://{','.join(f'{h}:{p}' for h, p in etcd.endpoints)}{etcd.prefix}"
+
+    async def read(self) -> Snapshot:
+        self.revision, values = await self.etcd.load()
+        return snapshot_of(values, where=self.where)
+
+    async def write(self, batch: IntentBatch) -> None:
+        if not batch:
+            return
+        lead = self._leadership()
+        if lead is None:
+            raise Deposed("this replica is not the leader: intent is written by the leader only")
+        await self.etcd.commit(lead, batch_to_write(batch))
+
+    def close(self) -> None:
+        """The etcd connection belongs to the service, which closes it."""
