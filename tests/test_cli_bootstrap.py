@@ -95,3 +95,33 @@ def test_unknown_template_is_refused_by_argparse(capsys) -> None:
         main(["bootstrap", "--pop", "ewr", "--node-id", "n", "--template", "nope"])
     assert exit_info.value.code == 2
     assert "invalid choice: 'nope'" in capsys.readouterr().err
+
+
+def test_several_replicas_preferred_first_with_health_checked_failover(capsys) -> None:
+    code, out, _ = bootstrap(
+        capsys, "--pop", "ewr", "--node-id", "ewr-1", "--admin-port", "0",
+        "--xds", "127.0.0.1:18000", "--xds", "127.0.0.1:18010", "--xds", "127.0.0.1:18020",
+    )
+    assert code == 0
+    config = yaml.safe_load(out)
+    (cluster,) = config["static_resources"]["clusters"]
+    by_priority = {
+        entry.get("priority", 0): [e["endpoint"]["address"]["socket_address"]["port_value"]
+                                   for e in entry["lb_endpoints"]]
+        for entry in cluster["load_assignment"]["endpoints"]
+    }
+    assert by_priority == {0: [18000], 1: [18010, 18020]}
+    (check,) = cluster["health_checks"]
+    assert "tcp_health_check" in check and check["no_traffic_interval"] == "1s"
+    find_envoy()
+    ok, message = validate_bootstrap(config)
+    assert ok, message
+
+
+def test_one_replica_has_no_health_check_and_too_many_are_refused(capsys) -> None:
+    code, out, _ = bootstrap(capsys, "--pop", "ewr", "--node-id", "n")
+    assert code == 0
+    assert "health_checks" not in yaml.safe_load(out)["static_resources"]["clusters"][0]
+    many = [arg for i in range(17) for arg in ("--xds", f"127.0.0.1:{18000 + i}")]
+    code, _, err = bootstrap(capsys, "--pop", "ewr", "--node-id", "n", *many)
+    assert code == 2 and "at most 16 replicas" in err

@@ -22,6 +22,9 @@ HELP = "print an Envoy bootstrap that streams its config from Ballast (ADS)"
 NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
+MAX_XDS_ADDRESSES = 16
+
+
 class BootstrapArgumentError(ValueError):
     pass
 
@@ -30,7 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pop", required=True, metavar="NAME", help="the Envoy's PoP")
     parser.add_argument("--node-id", required=True, metavar="ID", help="Envoy node id")
     parser.add_argument(
-        "--xds", default="127.0.0.1:18000", metavar="HOST:PORT", help="Ballast's ADS address"
+        "--xds", action="append", metavar="HOST:PORT",
+        help="Ballast's ADS address (default 127.0.0.1:18000); repeat it for replicas: the "
+        "first is preferred, the others take over while it is down (TCP health check)",
     )
     parser.add_argument(
         "--admin-port", default="9901", metavar="N", help="Envoy admin port on 127.0.0.1"
@@ -71,7 +76,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        host, port = parse_host_port(args.xds)
+        addresses = args.xds or ["127.0.0.1:18000"]
+        if len(addresses) > MAX_XDS_ADDRESSES:
+            raise BootstrapArgumentError(f"--xds: at most {MAX_XDS_ADDRESSES} replicas")
+        host, port = parse_host_port(addresses[0])
+        replicas = [parse_host_port(text) for text in addresses[1:]]
         admin_port = parse_port("--admin-port", args.admin_port, allow_zero=True)
         if not NAME.match(args.pop):
             raise BootstrapArgumentError(
@@ -95,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
         template=args.template,
         envoy_release=args.envoy_version,
         tls=tls,
+        xds_replicas=replicas,
     )
     if args.format == "json":
         print(json.dumps(bootstrap, indent=2))

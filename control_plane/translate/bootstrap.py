@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import string
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,27 @@ class XdsClientTls:
     ca: str
 
 
+def add_failover_replicas(cluster: dict[str, Any], replicas: Sequence[tuple[str, int]]) -> None:
+    """Replicas at priority 1 of the xDS cluster, and the health check that lets Envoy leave a
+    dead preferred replica (without one, Envoy would keep choosing it). `no_traffic_interval`
+    too: an xDS cluster's only traffic is its long-lived stream."""
+    cluster["load_assignment"]["endpoints"].append({
+        "priority": 1,
+        "lb_endpoints": [
+            {"endpoint": {"address": {"socket_address": {"address": host, "port_value": port}}}}
+            for host, port in replicas
+        ],
+    })
+    cluster["health_checks"] = [{
+        "timeout": "1s",
+        "interval": "1s",
+        "no_traffic_interval": "1s",
+        "unhealthy_threshold": 1,
+        "healthy_threshold": 2,
+        "tcp_health_check": {},
+    }]
+
+
 def ads_bootstrap(
     *,
     node_id: str,
@@ -46,9 +68,14 @@ def ads_bootstrap(
     template: str = "edge",
     envoy_release: str = NEWEST_RELEASE,
     tls: XdsClientTls | None = None,
+    xds_replicas: Sequence[tuple[str, int]] = (),
 ) -> dict[str, Any]:
     """A bootstrap for one Envoy of `pop`, streaming config (and, if asked, stats and sampled
     access logs: node metadata `ballast_access_log`) to Ballast.
+
+    `xds_replicas` are further Ballast replicas (host, port): the first address is preferred
+    (priority 0), the replicas take over (priority 1) while a TCP health check finds it down, so
+    an Envoy whose replica dies reconnects to another within a few seconds.
 
     `envoy_release` (a key of `ENVOY_RELEASES`, `KeyError` otherwise) is the Envoy that loads it:
     releases without the OTel sink's DropAction get a sink without the drop matcher.
@@ -72,6 +99,10 @@ def ads_bootstrap(
         for cluster in bootstrap["static_resources"]["clusters"]:
             if cluster["name"] == XDS_CLUSTER:
                 cluster["transport_socket"] = xds_transport_socket(tls, xds_host)
+    if xds_replicas:
+        for cluster in bootstrap["static_resources"]["clusters"]:
+            if cluster["name"] == XDS_CLUSTER:
+                add_failover_replicas(cluster, xds_replicas)
     if metrics_sink:
         bootstrap["stats_sinks"] = [
             {

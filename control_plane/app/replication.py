@@ -1,0 +1,249 @@
+"""One replica among several on etcd: who reconciles, how every replica holds the same intent, and
+how decision records reach every replica's log.
+
+- **Leadership** (`leadership.py`): exactly one replica runs the reconcile loop. When a replica is
+  elected it first reads the whole intent back from etcd (streaks, tier states: the shift goes on
+  from where the last leader left it) and waits one reconcile interval before its first step (the
+  last leader may have stepped just before it died: no step is repeated early). When it loses the
+  lease (or etcd), the loop stops; its writes would be refused anyway (fenced by term).
+- **Mirror**: every replica watches ``intent/`` and adopts each change into its own intent owner,
+  which publishes to its own output cache, so an Envoy of a PoP gets the same versions whichever
+  replica it is connected to. The leader adopts too (its own writes come back equal: nothing to
+  do), which also covers a write whose answer was lost.
+- **Decision hand-off**: records this replica writes are stamped with its id (and term, while
+  leading) and published under ``decisions/<replica>/``; the others append them to their logs.
+- **Fail static**: while etcd is unreachable nobody reconciles, every replica keeps serving the
+  intent it holds, and `/readyz` says degraded (still 200: Envoys are better served by a replica
+  with the last intent than by none).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from control_plane.app.leadership import LeaderElection
+from control_plane.app.reconcile import Reconciler
+from control_plane.decisions.log import DecisionLog
+from control_plane.intent.etcd_store import EtcdStore, Leadership, StoreUnavailable
+from control_plane.intent.owner import IntentOwner
+from control_plane.intent.replicated_store import ReplicatedStore, snapshot_of
+
+log = logging.getLogger(__name__)
+
+FORWARD_EVERY_S = 0.2
+MAX_FORWARD_QUEUE = 10_000
+
+
+class Replication:
+    def __init__(
+        self,
+        etcd: EtcdStore,
+        replica_id: str,
+        *,
+        ttl_s: int,
+        owner: IntentOwner,
+        decisions: DecisionLog,
+        reconciler: Callable[[], Reconciler],
+        info: dict[str, Any],
+        record: Callable[..., None],
+    ) -> None:
+        self.etcd = etcd
+        self.replica_id = replica_id
+        self.owner = owner
+        self.decisions = decisions
+        self._reconciler = reconciler
+        self._record = record
+        self.election = LeaderElection(
+            etcd, replica_id, ttl_s, info=info, on_change=self._leadership_changed
+        )
+        self.store = ReplicatedStore(etcd, self.election.leading)
+        self.term: int | None = None
+        self._loop_task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._outbox: list[dict[str, Any]] = []
+        self._dropped = 0
+        self._values: dict[str, Any] = {}
+        decisions.origin = {"replica": replica_id}
+        decisions.add_listener(self._queue_record)
+
+    # -- the faces -------------------------------------------------------------------------
+
+    def degraded(self) -> str | None:
+        """Why this replica is degraded (etcd unreachable), or None."""
+        since = self.election.unreachable_since
+        if since is None:
+            return None
+        return f"intent store unreachable for {time.monotonic() - since:.0f} s: reconcile paused"
+
+    async def status(self) -> dict[str, Any]:
+        leader: tuple[str, int] | None = None
+        replicas: list[dict[str, Any]] = []
+        with contextlib.suppress(StoreUnavailable):
+            leader = await self.etcd.leader()
+            replicas = await self.etcd.replicas()
+        return {
+            "replica": self.replica_id,
+            "leading": self.election.leading() is not None,
+            "term": self.term,
+            "leader": None if leader is None else {"replica": leader[0], "term": leader[1]},
+            "replicas": sorted(replicas, key=lambda r: str(r.get("id"))),
+            "store_reachable": self.election.reachable,
+            "degraded": self.degraded(),
+        }
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._spawn(self.election.run())
+        self._spawn(self._mirror())
+        self._spawn(self._forward())
+
+    async def stop(self) -> None:
+        await self._stop_reconciling()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        await self._flush()
+        await self.election.resign()
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        self._tasks.append(asyncio.create_task(coroutine))
+
+    # -- leadership ------------------------------------------------------------------------
+
+    async def _leadership_changed(self, lead: Leadership | None, why: str) -> None:
+        if lead is None:
+            await self._stop_reconciling()
+            self.decisions.origin = {"replica": self.replica_id}
+            self._record("leader_lost", rule=f"replica {self.replica_id} stopped reconciling: "
+                         f"{why}", detail={"replica": self.replica_id, "term": self.term})
+            self.term = None
+            return
+        self.term = lead.term
+        self.decisions.origin = {"replica": self.replica_id, "term": lead.term}
+        try:
+            snapshot = await self.store.read()
+            self._values = {}
+            self.owner.adopt(snapshot, where=self.store.where)
+        except StoreUnavailable as err:
+            log.warning("elected but cannot read the intent: %s", err)
+            return
+        reconciler = self._reconciler()
+        reconciler.defer_all(reconciler.clock())
+        self._record("leader_elected", rule=f"replica {self.replica_id} leads term {lead.term}: "
+                     f"reconciling from the intent in etcd", detail={
+                         "replica": self.replica_id, "term": lead.term,
+                         "pairs_restored": len(snapshot.groups)})
+        self._loop_task = asyncio.create_task(reconciler.run())
+
+    async def _stop_reconciling(self) -> None:
+        task, self._loop_task = self._loop_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    # -- mirror ----------------------------------------------------------------------------
+
+    async def _mirror(self) -> None:
+        while True:
+            try:
+                revision, values = await self.etcd.load()
+                self._values = values
+                self._adopt()
+                await self._follow(revision + 1)
+            except StoreUnavailable as err:
+                log.debug("intent watch: %s", err)
+            await asyncio.sleep(0.5)
+
+    async def _follow(self, start_revision: int) -> None:
+        """Adopt the watched changes, once per burst (one leader commit is several events)."""
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+
+        async def read() -> None:
+            try:
+                async for event in self.etcd.watch_intent(start_revision):
+                    queue.put_nowait(event)
+                queue.put_nowait(StoreUnavailable("intent watch ended"))
+            except StoreUnavailable as err:
+                queue.put_nowait(err)
+
+        reader = asyncio.create_task(read())
+        try:
+            while True:
+                burst = [await queue.get()]
+                while not queue.empty():
+                    burst.append(queue.get_nowait())
+                changed = False
+                for item in burst:
+                    if isinstance(item, StoreUnavailable):
+                        raise item
+                    changed = self._take(item) or changed
+                if changed:
+                    self._adopt()
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+
+    def _take(self, event: Any) -> bool:
+        """Apply one watch event to the mirrored values; True if the intent changed."""
+        if event.key.startswith("decisions/"):
+            source = event.key.split("/")[1]
+            if event.value is not None and source != self.replica_id:
+                try:
+                    self.decisions.append_replicated(event.value, durable=False)
+                except ValueError as err:
+                    log.warning("ignored a replicated record: %s", err)
+            return False
+        key = event.key.removeprefix("intent/")
+        if event.value is None:
+            return self._values.pop(key, None) is not None
+        if self._values.get(key) == event.value:
+            return False
+        self._values[key] = event.value
+        return True
+
+    def _adopt(self) -> None:
+        try:
+            self.owner.adopt(snapshot_of(self._values, where=self.store.where),
+                             where=self.store.where)
+        except Exception:  # a bad key in etcd must not stop the mirror: keep the last intent
+            log.exception("could not adopt the intent from etcd; keeping the last one")
+
+    # -- decision hand-off -----------------------------------------------------------------
+
+    def _queue_record(self, record: dict[str, Any]) -> None:
+        """Records this replica wrote go to the others (replicated ones came from them)."""
+        if record.get("replica") != self.replica_id:
+            return
+        if len(self._outbox) >= MAX_FORWARD_QUEUE:
+            self._dropped += 1
+            return
+        self._outbox.append(record)
+
+    async def _forward(self) -> None:
+        while True:
+            await asyncio.sleep(FORWARD_EVERY_S)
+            self.decisions.sync()
+            with contextlib.suppress(StoreUnavailable):
+                await self._flush()
+
+    async def _flush(self) -> None:
+        if not self._outbox:
+            return
+        batch, self._outbox = self._outbox, []
+        try:
+            await self.etcd.publish_records(self.replica_id, batch)
+        except StoreUnavailable:
+            self._outbox = batch + self._outbox  # kept (bounded) until etcd is back
+            del self._outbox[MAX_FORWARD_QUEUE:]
+            raise
