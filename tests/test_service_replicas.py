@@ -36,7 +36,7 @@ pytestmark = [
 ]
 
 STEP_CAP = 12  # shift_step + jitter
-SHIFT_KINDS = ("shift", "leave", "return")
+SHIFT_KINDS = ("weight_shift", "return")
 
 
 def _decisions(fleet: ReplicaFleet, replica_index: int) -> list[dict[str, Any]]:

@@ -65,6 +65,10 @@ class LeaderElection:
             except (StoreUnavailable, Deposed) as err:
                 self._unreachable(str(err))
                 await self._set(None, f"etcd: {err}")
+            except Exception as err:  # never let the election die: it is retried
+                log.exception("replica %s: leader election failed", self.replica_id)
+                self._unreachable(f"{type(err).__name__}: {err}")
+                await self._set(None, f"election failed: {type(err).__name__}: {err}")
             await asyncio.sleep(self.retry_s)
 
     async def resign(self) -> None:
@@ -108,13 +112,13 @@ class LeaderElection:
                 if remaining <= 0:
                     return
                 self._refreshed_at = self.clock()
-        finally:
+        finally:  # bounded: with etcd gone, a watch's own clean-up must not hold us here
             if waiter is not None:
                 waiter.cancel()
-                with contextlib.suppress(BaseException):
-                    await waiter
+                await asyncio.wait({waiter}, timeout=self.ttl_s)
             if changes is not None:
-                await changes.aclose()
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(changes.aclose(), self.ttl_s)
 
     async def _set(self, lead: Leadership | None, why: str) -> None:
         if lead == self.leadership:

@@ -308,6 +308,14 @@ class Reconciler:
         if self.metrics is not None:
             self.metrics.decisions.labels(kind).inc()
 
+    def defer_all(self, now_ms: int) -> None:
+        """Every pair's next step one interval from `now_ms` (a new leader: the last one may
+        have stepped just before it went, so no step comes early)."""
+        desired = self.intent.desired
+        for pop in desired.pop_names:
+            for group in desired.origin_groups:
+                self._due[(pop, group.name)] = now_ms + self.interval_ms(group)
+
     def forget_missing(self, desired: Desired) -> None:
         """Drop the schedule and quiet runs of (PoP, group) pairs the new desired state no
         longer has (their intent is dropped by the intent owner's carry-over)."""

@@ -46,7 +46,7 @@ class Replication:
         replica_id: str,
         *,
         ttl_s: int,
-        owner: IntentOwner,
+        owner: Callable[[], IntentOwner],
         decisions: DecisionLog,
         reconciler: Callable[[], Reconciler],
         info: dict[str, Any],
@@ -54,7 +54,7 @@ class Replication:
     ) -> None:
         self.etcd = etcd
         self.replica_id = replica_id
-        self.owner = owner
+        self._owner = owner
         self.decisions = decisions
         self._reconciler = reconciler
         self._record = record
@@ -63,6 +63,8 @@ class Replication:
         )
         self.store = ReplicatedStore(etcd, self.election.leading)
         self.term: int | None = None
+        self.leader: tuple[str, int] | None = None  # (replica, term) as etcd said last
+        self.replicas: list[dict[str, Any]] = []
         self._loop_task: asyncio.Task[None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._outbox: list[dict[str, Any]] = []
@@ -80,18 +82,16 @@ class Replication:
             return None
         return f"intent store unreachable for {time.monotonic() - since:.0f} s: reconcile paused"
 
-    async def status(self) -> dict[str, Any]:
-        leader: tuple[str, int] | None = None
-        replicas: list[dict[str, Any]] = []
-        with contextlib.suppress(StoreUnavailable):
-            leader = await self.etcd.leader()
-            replicas = await self.etcd.replicas()
+    def status(self) -> dict[str, Any]:
+        """This replica, the leader and every registered replica (as last read from etcd)."""
+        leader = self.leader
         return {
             "replica": self.replica_id,
             "leading": self.election.leading() is not None,
             "term": self.term,
             "leader": None if leader is None else {"replica": leader[0], "term": leader[1]},
-            "replicas": sorted(replicas, key=lambda r: str(r.get("id"))),
+            "replicas": self.replicas,
+            "store": self.store.where,
             "store_reachable": self.election.reachable,
             "degraded": self.degraded(),
         }
@@ -102,6 +102,16 @@ class Replication:
         self._spawn(self.election.run())
         self._spawn(self._mirror())
         self._spawn(self._forward())
+        self._spawn(self._survey())
+
+    async def _survey(self, every_s: float = 1.0) -> None:
+        """Who leads and which replicas are registered, for status (never awaited by it)."""
+        while True:
+            with contextlib.suppress(StoreUnavailable):
+                self.leader = await self.etcd.leader()
+                self.replicas = sorted(await self.etcd.replicas(),
+                                       key=lambda r: str(r.get("id")))
+            await asyncio.sleep(every_s)
 
     async def stop(self) -> None:
         await self._stop_reconciling()
@@ -122,20 +132,18 @@ class Replication:
     async def _leadership_changed(self, lead: Leadership | None, why: str) -> None:
         if lead is None:
             await self._stop_reconciling()
+            if self.term is not None:
+                self._record("leader_lost", rule=f"replica {self.replica_id} stopped "
+                             f"reconciling term {self.term}: {why}",
+                             detail={"replica": self.replica_id, "term": self.term})
             self.decisions.origin = {"replica": self.replica_id}
-            self._record("leader_lost", rule=f"replica {self.replica_id} stopped reconciling: "
-                         f"{why}", detail={"replica": self.replica_id, "term": self.term})
-            self.term = None
+            self._adopt_after_leading()
             return
         self.term = lead.term
         self.decisions.origin = {"replica": self.replica_id, "term": lead.term}
-        try:
-            snapshot = await self.store.read()
-            self._values = {}
-            self.owner.adopt(snapshot, where=self.store.where)
-        except StoreUnavailable as err:
-            log.warning("elected but cannot read the intent: %s", err)
-            return
+        # the whole intent read back (a StoreUnavailable here drops the leadership again)
+        snapshot = await self.store.read()
+        self._owner().adopt(snapshot, where=self.store.where)
         reconciler = self._reconciler()
         reconciler.defer_all(reconciler.clock())
         self._record("leader_elected", rule=f"replica {self.replica_id} leads term {lead.term}: "
@@ -143,6 +151,11 @@ class Replication:
                          "replica": self.replica_id, "term": lead.term,
                          "pairs_restored": len(snapshot.groups)})
         self._loop_task = asyncio.create_task(reconciler.run())
+
+    def _adopt_after_leading(self) -> None:
+        """A former leader takes what etcd holds (its own last writes, or a new leader's)."""
+        self.term = None
+        self._adopt()
 
     async def _stop_reconciling(self) -> None:
         task, self._loop_task = self._loop_task, None
@@ -162,6 +175,8 @@ class Replication:
                 await self._follow(revision + 1)
             except StoreUnavailable as err:
                 log.debug("intent watch: %s", err)
+            except Exception:  # the mirror must go on: it is how this replica follows
+                log.exception("intent watch failed")
             await asyncio.sleep(0.5)
 
     async def _follow(self, start_revision: int) -> None:
@@ -189,10 +204,9 @@ class Replication:
                     changed = self._take(item) or changed
                 if changed:
                     self._adopt()
-        finally:
+        finally:  # bounded: the watch's clean-up talks to etcd, which may be gone
             reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
+            await asyncio.wait({reader}, timeout=5)
 
     def _take(self, event: Any) -> bool:
         """Apply one watch event to the mirrored values; True if the intent changed."""
@@ -213,9 +227,12 @@ class Replication:
         return True
 
     def _adopt(self) -> None:
+        """Followers only: the leader's own intent is ahead of what its watch has delivered."""
+        if self.term is not None:
+            return
         try:
-            self.owner.adopt(snapshot_of(self._values, where=self.store.where),
-                             where=self.store.where)
+            self._owner().adopt(snapshot_of(self._values, where=self.store.where),
+                                where=self.store.where)
         except Exception:  # a bad key in etcd must not stop the mirror: keep the last intent
             log.exception("could not adopt the intent from etcd; keeping the last one")
 

@@ -37,6 +37,7 @@ from control_plane.admin.decision_feed import DecisionFeed
 from control_plane.ads.snapshots import SnapshotCache
 from control_plane.app.reconcile import Reconciler
 from control_plane.app.reload import DesiredFileWatcher
+from control_plane.app.replication import Replication
 from control_plane.app.server import BallastServer, translate_intent
 from control_plane.decisions.budget import DEFAULT_BUDGET, BudgetConfig, RecordBudget
 from control_plane.decisions.log import DecisionLog, format_time, log_files
@@ -45,6 +46,8 @@ from control_plane.desired import DesiredStateError, parse_desired, read_desired
 from control_plane.desired.model import Desired
 from control_plane.desired.warnings import desired_warnings
 from control_plane.intent.carry_over import carry_over
+from control_plane.intent.etcd_store import Deposed, EtcdStore, StoreUnavailable, parse_store_url
+from control_plane.intent.replicated_store import ReplicatedStore
 from control_plane.intent.running import RunningIntent, ramp_key, tier_key
 from control_plane.intent.sqlite_store import StateStore
 from control_plane.intent.state_dir_lock import StateDirLock
@@ -92,6 +95,9 @@ class ServiceConfig:
     tls: TlsFiles | None = None  # mTLS on the xDS/sink port when set
     admin_token_file: Path | None = None  # bearer token the admin API requires when set
     admin_tls: bool = False  # admin API on HTTPS with `tls`'s files; admin client certs accepted
+    store_url: str | None = None  # etcd://HOST:PORT[,...]: replicas share the intent there
+    replica_id: str | None = None  # this replica's name among them (default: the xDS address)
+    leader_ttl_s: int = 5  # the leader's lease; a follower takes over within it
 
 
 class BallastService:
@@ -115,7 +121,8 @@ class BallastService:
         self._watcher_task: asyncio.Task[None] | None = None
         self.server: BallastServer
         self.decisions: DecisionLog
-        self.store: StateStore
+        self.store: StateStore | ReplicatedStore
+        self.replication: Replication | None = None
         self.reconciler: Reconciler
         self.admin: AdminApi | None = None
         self.prober: Prober | None = None
@@ -137,13 +144,25 @@ class BallastService:
         admin_auth = self._admin_auth()
         self._lock = StateDirLock(config.state_dir).acquire()
         try:
-            history = None if config.accept_empty_state else _log_history(config.state_dir)
-            self.store = StateStore(config.state_dir, history=history)
-            snapshot = self.store.load()
+            self.decisions = DecisionLog(config.state_dir)
         except BaseException:
             self._lock.release()
             raise
-        self.decisions = DecisionLog(config.state_dir)
+        try:
+            if config.store_url is not None:
+                self.replication = self._replication(config.store_url)
+                self.store = self.replication.store
+                snapshot = await self.store.read()
+            else:
+                history = None if config.accept_empty_state else _log_history(config.state_dir)
+                self.store = StateStore(config.state_dir, history=history)
+                snapshot = self.store.load()
+        except BaseException:
+            self.decisions.close()
+            if self.replication is not None:
+                await self.replication.etcd.close()
+            self._lock.release()
+            raise
         self.server = BallastServer(
             desired,
             xds_address=config.xds_address,
@@ -162,7 +181,8 @@ class BallastService:
                 detail={"source": str(config.desired_path), "digest": desired.digest,
                         "warnings": desired_warnings(desired)},
             )
-            await self.server.intent.save_digest()
+            if self.replication is None:  # replicas: the leader saves it with its next step
+                await self.server.intent.save_digest()
         source = self._metric_source(desired)
         self.reconciler = Reconciler(
             self.server.intent,
@@ -195,9 +215,14 @@ class BallastService:
             await self.server.stop(0)
             self.decisions.close()
             self.store.close()
+            if self.replication is not None:
+                await self.replication.etcd.close()
             self._lock.release()
             raise
-        self._spawn(self.reconciler.run())
+        if self.replication is None:
+            self._spawn(self.reconciler.run())
+        else:  # the reconcile loop runs while this replica leads
+            self.replication.start()
         self._spawn(self._sync_decisions())
         self._watcher_task = self._spawn(self.watcher.run())
         if self.prober is not None:
@@ -209,8 +234,8 @@ class BallastService:
             detail={"restored_groups": self.restored_groups,
                     "restored_tier_actions": self.restored_tier_actions,
                     "xds_port": self.server.port,
-                    **({"empty_state_accepted": str(self.store.path)} if self.store.blank
-                       else {})},
+                    **({"empty_state_accepted": str(self.store.path)}
+                       if isinstance(self.store, StateStore) and self.store.blank else {})},
         )
         self.ready = True
 
@@ -219,7 +244,7 @@ class BallastService:
         was restored and what was dropped (pairs the desired state no longer has, or whose
         weights no longer fit). Ramp states of pairs that are gone leave the store."""
         owner = self.server.intent
-        carried = owner.restore(snapshot, where=str(self.store.path))
+        carried = owner.restore(snapshot, where=self._store_where())
         intent = carried.intent
         restored = sorted(intent.weights)
         active = sorted(tier_key(*key) for key in intent.tier_actions)
@@ -227,8 +252,9 @@ class BallastService:
         kept_tiers = {tier_key(*key) for key in intent.tier_states}
         skipped += sorted(set(snapshot.tier_decisions) - kept_tiers - set(skipped))
         ramps = sorted(intent.ramps.items())
-        await owner.forget_records(
-            RAMP_KIND, sorted(set(snapshot.ramps) - {ramp_key(*key) for key, _ in ramps}))
+        if self.replication is None:  # replicas: only the leader writes
+            await owner.forget_records(
+                RAMP_KIND, sorted(set(snapshot.ramps) - {ramp_key(*key) for key, _ in ramps}))
         ramping = [f"{ramp_key(*key)} ({', '.join(s.ramping)})" for key, s in ramps if s.ramping]
         self.restored_groups = len(restored)
         self.restored_tier_actions = len(active)
@@ -250,6 +276,24 @@ class BallastService:
                     "dropped": skipped,
                 },
             )
+
+    def _replication(self, url: str) -> Replication:
+        config = self.config
+        replica = config.replica_id or config.xds_address
+        return Replication(
+            EtcdStore(parse_store_url(url)),
+            replica,
+            ttl_s=config.leader_ttl_s,
+            owner=lambda: self.server.intent,
+            decisions=self.decisions,
+            reconciler=lambda: self.reconciler,
+            info={"id": replica, "xds": config.xds_address, "admin": config.admin_address},
+            record=self._record,
+        )
+
+    def _store_where(self) -> str:
+        return self.store.where if isinstance(self.store, ReplicatedStore) else str(
+            self.store.path)
 
     def _metric_source(self, desired: Desired) -> MetricSource:
         config = self.config
@@ -378,6 +422,7 @@ class BallastService:
             "metrics_source": self.config.metrics_source,
             "ready": self.is_ready(),
             "certificates": self.prober.certificates_json() if self.prober else [],
+            **({"replication": self.replication.status()} if self.replication else {}),
         }
 
     def _admin_auth_summary(self) -> str:
@@ -547,9 +592,10 @@ class BallastService:
             return False
         # weights may have moved meanwhile: the same rule, over the intent running now
         current = carried if owner.intent is before else carry_over(owner.intent, new)
-        try:  # saved before it applies
-            await owner.save_desired(before, current.intent)
-        except (OSError, sqlite3.Error) as err:
+        try:  # saved before it applies (replicas: by the leader, the others follow etcd)
+            if self.replication is None or self.replication.term is not None:
+                await owner.save_desired(before, current.intent)
+        except (OSError, sqlite3.Error, StoreUnavailable, Deposed) as err:
             log.error("cannot save the desired-state digest: %s", err)
             self._reject(digest, [f"{source}: cannot save the state ({err}); not applied"])
             return False
@@ -600,6 +646,8 @@ class BallastService:
 
     async def stop(self, grace: float = 1.0) -> None:
         self.ready = False
+        if self.replication is not None:  # the term handed over at once, records handed on
+            await self.replication.stop()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -613,6 +661,8 @@ class BallastService:
         self._record("shutdown", rule="stopped: streams closed, state and log flushed")
         self.decisions.close()
         self.store.close()
+        if self.replication is not None:
+            await self.replication.etcd.close()
         self._lock.release()
 
 

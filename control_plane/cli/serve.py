@@ -5,17 +5,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import re
 import sys
 from pathlib import Path
 
 from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.decisions.budget import DEFAULT_BURST_BYTES, DEFAULT_BYTES_PER_S, BudgetConfig
 from control_plane.desired import DesiredStateError
+from control_plane.intent.etcd_store import StoreUnavailable, parse_store_url
 from control_plane.intent.sqlite_store import StateCorrupted
 from control_plane.intent.state_dir import state_dir
 from control_plane.intent.state_dir_lock import StateDirBusy
 from control_plane.security.tls import TlsFiles
 
+REPLICA_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 HELP = "serve the desired state to Envoys over ADS and reconcile origin weights"
 SHUTDOWN_GRACE = 1.0
 
@@ -88,8 +91,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="serve the admin API over HTTPS with the --tls-* files; client "
                         "certificates naming an admin identity (ballast certs --admin NAME) are "
                         "accepted like the token")
+    replicas = parser.add_argument_group(
+        "replicas: several `ballast serve` on one etcd; one leader reconciles, every replica "
+        "serves the same intent (needs --metrics-source prometheus: the leader must see every "
+        "Envoy's signals, whichever replica it streams to)")
+    replicas.add_argument("--store", metavar="etcd://HOST:PORT[,HOST:PORT]",
+                          help="keep the running intent in etcd instead of state.db")
+    replicas.add_argument("--replica-id", metavar="NAME",
+                          help="this replica's name (default: its --xds-address)")
+    replicas.add_argument("--leader-ttl", type=_milliseconds, default=5000, metavar="DURATION",
+                          help="the leader's lease: a follower takes over within it "
+                          "(default 5s, at least 2s)")
     parser.add_argument("--log-level", default="info",
                         choices=["debug", "info", "warning", "error"], help="default info")
+
+
+def _replica_problem(args: argparse.Namespace) -> str:
+    """Why the replica options cannot work together ("" when they can)."""
+    try:
+        parse_store_url(args.store)
+    except ValueError as err:
+        return f"--store: {err}"
+    if args.metrics_source != "prometheus":
+        return ("--store etcd:// needs --metrics-source prometheus: each Envoy streams its "
+                "sink to one replica, and the leader must decide on every Envoy's signals")
+    if args.leader_ttl < 2000:
+        return "--leader-ttl must be at least 2s"
+    if args.replica_id is not None and not REPLICA_ID.match(args.replica_id):
+        return f"--replica-id {args.replica_id[:80]!r}: 1-64 of letters, digits, '.', '_', '-'"
+    return ""
 
 
 def run(args: argparse.Namespace) -> int:
@@ -102,6 +132,11 @@ def run(args: argparse.Namespace) -> int:
         print("ballast serve: --metrics-source prometheus needs --prometheus-url",
               file=sys.stderr)
         return 2
+    if args.store is not None:
+        problem = _replica_problem(args)
+        if problem:
+            print(f"ballast serve: {problem}", file=sys.stderr)
+            return 2
     tls_given = [args.tls_cert, args.tls_key, args.client_ca]
     if any(tls_given) and not all(tls_given):
         print("ballast serve: mTLS needs --tls-cert, --tls-key and --client-ca together",
@@ -123,6 +158,9 @@ def run(args: argparse.Namespace) -> int:
         tls=TlsFiles(args.tls_cert, args.tls_key, args.client_ca) if all(tls_given) else None,
         admin_token_file=args.admin_token_file,
         admin_tls=args.admin_tls,
+        store_url=args.store,
+        replica_id=args.replica_id,
+        leader_ttl_s=max(2, round(args.leader_ttl / 1000)),
     )
     return asyncio.run(_serve(BallastService(config)))
 
@@ -133,7 +171,7 @@ async def _serve(service: BallastService) -> int:
     except DesiredStateError as err:
         print(err, file=sys.stderr)
         return 1
-    except (StateCorrupted, StateDirBusy) as err:
+    except (StateCorrupted, StateDirBusy, StoreUnavailable) as err:
         print(f"ballast serve: {err}", file=sys.stderr)
         return 1
     except (OSError, RuntimeError, ValueError) as err:

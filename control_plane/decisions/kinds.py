@@ -28,4 +28,6 @@ KINDS: tuple[str, ...] = (
     "shutdown",
     "records_suppressed",
     "reconcile_error",
+    "leader_elected",
+    "leader_lost",
 )

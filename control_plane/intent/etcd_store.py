@@ -20,14 +20,14 @@ This module is the thin I/O adapter (aetcd over grpc.aio); what the keys hold is
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import aetcd
-import aetcd.exceptions
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +104,7 @@ class EtcdStore:
         self._endpoint = 0
         self._records_lease: int | None = None
         self._record_counter = 0
+        self._closing: set[asyncio.Task[None]] = set()
 
     # -- connection ------------------------------------------------------------------------
 
@@ -121,26 +122,42 @@ class EtcdStore:
         return self._client
 
     async def _failed(self, err: BaseException) -> StoreUnavailable:
-        """Drop the connection and move to the next endpoint; the error to raise."""
+        """Drop the connection and move to the next endpoint; the error to raise. The dropped
+        client is closed a little later: other calls still on it (a watch, a lease refresh)
+        end by their own timeouts first instead of being cut mid-call."""
         client, self._client = self._client, None
         self._endpoint = (self._endpoint + 1) % len(self.endpoints)
         if client is not None:
-            try:
-                await client.close()
-            except Exception as close_err:  # a broken channel may fail to close: nothing to keep
-                log.debug("closing etcd client: %s", close_err)
+            task = asyncio.create_task(self._close_later(client))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
         return StoreUnavailable(f"etcd unavailable: {type(err).__name__}: {err}")
 
+    async def _close_later(self, client: aetcd.Client) -> None:
+        await asyncio.sleep(2 * self.timeout_s)
+        await self._tidy(client.close())
+
     async def close(self) -> None:
+        for task in list(self._closing):
+            task.cancel()
         if self._client is not None:
             client, self._client = self._client, None
-            await client.close()
+            await self._tidy(client.close())
+
+    async def _tidy(self, cleanup: Awaitable[Any]) -> None:
+        """Closing a channel or cancelling a watch talks to etcd too: with etcd gone (stopped,
+        partitioned) it would wait forever, so it gets the call timeout and its errors are
+        dropped (there is nothing left to keep)."""
+        try:
+            await asyncio.wait_for(cleanup, self.timeout_s)
+        except (TimeoutError, Exception) as err:
+            log.debug("etcd clean-up: %s", err)
 
     async def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         try:
             client = await self._connected()
             return await getattr(client, name)(*args, **kwargs)
-        except (aetcd.exceptions.ClientError, OSError, TimeoutError) as err:
+        except Exception as err:  # any failure to talk to etcd (gRPC, socket, timeout)
             raise await self._failed(err) from err
 
     # -- leadership ------------------------------------------------------------------------
@@ -168,7 +185,7 @@ class EtcdStore:
                 success=[tx.put(leader, replica_id.encode(), lease=lease_id)],
                 failure=[],
             )
-        except (aetcd.exceptions.ClientError, OSError, TimeoutError) as err:
+        except Exception as err:  # any failure to talk to etcd (gRPC, socket, timeout)
             raise await self._failed(err) from err
         if not ok:
             return None
@@ -190,10 +207,10 @@ class EtcdStore:
         try:
             async for _ in watch:
                 yield None
-        except (aetcd.exceptions.ClientError, OSError) as err:
+        except Exception as err:  # any failure to talk to etcd (gRPC, socket, timeout)
             raise await self._failed(err) from err
         finally:
-            await watch.cancel()
+            await self._tidy(watch.cancel())
 
     # -- intent ----------------------------------------------------------------------------
 
@@ -202,7 +219,7 @@ class EtcdStore:
         client = await self._connected()
         try:
             result = await client.get_prefix(self._key("intent/"))
-        except (aetcd.exceptions.ClientError, OSError, TimeoutError) as err:
+        except Exception as err:  # any failure to talk to etcd (gRPC, socket, timeout)
             raise await self._failed(err) from err
         values = {self._relative(kv.key, "intent/"): json.loads(kv.value) for kv in result}
         return int(result.header.revision), values
@@ -223,7 +240,7 @@ class EtcdStore:
                 success=ops,
                 failure=[],
             )
-        except (aetcd.exceptions.ClientError, OSError, TimeoutError) as err:
+        except Exception as err:  # any failure to talk to etcd (gRPC, socket, timeout)
             raise await self._failed(err) from err
         if not ok:
             raise Deposed(f"leader key is no longer term {leadership.term}")
@@ -243,7 +260,7 @@ class EtcdStore:
                     name = f"decisions/{source}/{self._record_counter:012x}"
                     ops.append(tx.put(self._key(name), _dump(record), lease=self._records_lease))
                 await client.transaction(compare=[], success=ops, failure=[])
-        except (aetcd.exceptions.ClientError, OSError, TimeoutError) as err:
+        except Exception as err:  # any failure to talk to etcd (gRPC, socket, timeout)
             self._records_lease = None
             raise await self._failed(err) from err
 
@@ -252,7 +269,7 @@ class EtcdStore:
         client = await self._connected()
         try:
             watch = await client.watch_prefix(self.prefix.encode(), start_revision=start_revision)
-        except (aetcd.exceptions.ClientError, OSError, TimeoutError) as err:
+        except Exception as err:  # any failure to talk to etcd (gRPC, socket, timeout)
             raise await self._failed(err) from err
         try:
             async for event in watch:
@@ -262,10 +279,10 @@ class EtcdStore:
                 deleted = event.kind == aetcd.rtypes.EventKind.DELETE
                 value = None if deleted else json.loads(event.kv.value)
                 yield IntentEvent(int(event.kv.mod_revision), key, value)
-        except (aetcd.exceptions.ClientError, OSError) as err:
+        except Exception as err:  # any failure to talk to etcd (gRPC, socket, timeout)
             raise await self._failed(err) from err
         finally:
-            await watch.cancel()
+            await self._tidy(watch.cancel())
 
     # -- replicas --------------------------------------------------------------------------
 

@@ -177,6 +177,24 @@ class IntentOwner:
         """What the store held, carried over to the current desired state, made the running
         intent. A tier or ramp state that does not parse raises StateCorrupted (naming
         `where`)."""
+        carried = carry_over(self._stored(snapshot, where), self._intent.desired)
+        self.apply(carried)
+        return carried
+
+    def adopt(self, snapshot: Snapshot, *, where: str) -> frozenset[str]:
+        """What a shared store holds now (another replica decided it), made the running intent
+        under the same rule as `restore`; only the PoPs whose weights or tier actions differ are
+        re-built. The PoPs whose output changed."""
+        new = carry_over(self._stored(snapshot, where), self._intent.desired).intent
+        old = self._intent
+        pops = {pop for pop, group in old.pairs()
+                if new.weights_of(pop, group) != old.weights_of(pop, group)
+                or new.tier_actions.get((pop, group)) != old.tier_actions.get((pop, group))}
+        return self._swap(new, pops)
+
+    def _stored(self, snapshot: Snapshot, where: str) -> RunningIntent:
+        """A store's snapshot as a running intent under the current desired state (before the
+        carry-over rule); StateCorrupted for a tier or ramp state that does not parse."""
         keys = {tier_key(*k): k for k in self._intent.pairs()}
         tier_states: dict[PairKey, TierState] = {}
         for key, value in sorted(snapshot.tier_decisions.items()):
@@ -194,16 +212,13 @@ class IntentOwner:
                 raise StateCorrupted(f"{where}: ramp {key!r}: {exc}") from exc
             if key in keys:
                 ramps[keys[key]] = ramp
-        stored = RunningIntent(
+        return RunningIntent(
             desired=self._intent.desired,
             weights={k: dict(s.weights) for k, s in sorted(snapshot.groups.items())},
             controllers={k: s.controller for k, s in sorted(snapshot.groups.items())},
             tier_states=tier_states,
             ramps=ramps,
         )
-        carried = carry_over(stored, self._intent.desired)
-        self.apply(carried)
-        return carried
 
     # -- streaks and persistence -----------------------------------------------------------
 

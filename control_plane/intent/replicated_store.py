@@ -8,9 +8,9 @@ same versions whichever replica it talks to.
 
 Layout under ``<prefix>intent/`` (values are JSON):
 ``groups/<pop>/<group>`` ``{"weights": ..., "controller": ...}``; ``kinds/<kind>/<key>`` any
-record of another kind of intent (the tier controller's states are kind ``tier``, keys
-``<pop>/<group>``); ``digest`` the desired-state digest decided under. The mapping both ways is
-pure (`batch_to_write`, `snapshot_of`).
+record of another kind of intent (the tier controller's and the standby ramp's states are kinds
+``tier`` and ``ramp``, keys ``<pop>/<group>``); ``digest`` the desired-state digest decided
+under. The mapping both ways is pure (`batch_to_write`, `snapshot_of`).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any
 from control_plane.decide.controller import ControllerState
 from control_plane.intent.etcd_store import Deposed, EtcdStore, IntentWrite, Leadership
 from control_plane.intent.store import (
+    RAMP_KIND,
     TIER_KIND,
     GroupState,
     IntentBatch,
@@ -84,7 +85,8 @@ def snapshot_of(values: Mapping[str, Any], *, where: str) -> Snapshot:
         except (TypeError, ValueError) as exc:
             raise StateCorrupted(f"{where}: intent/{key}: {exc}") from exc
     tiers = records.pop(TIER_KIND, {})
-    return Snapshot(groups, tiers, digest, records)
+    ramps = records.pop(RAMP_KIND, {})
+    return Snapshot(groups, tiers, digest, ramps, records)
 
 
 class ReplicatedStore:

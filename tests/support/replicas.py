@@ -98,7 +98,8 @@ class ReplicaFleet:
                     return body["weights"][pop]["shop"]
         return {}
 
-    def failed(self, since: float = 0.0, until: float = float("inf")) -> list[tuple[float, str, int]]:
+    def failed(self, since: float = 0.0, until: float = float("inf")
+               ) -> list[tuple[float, str, int]]:
         return [r for r in self.results if since <= r[0] <= until and r[2] != 200]
 
 
