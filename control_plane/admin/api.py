@@ -205,6 +205,7 @@ class AdminApi:
         ready: Callable[[], bool],
         status: Callable[[], dict[str, Any]],
         not_ready_reason: Callable[[], str] = lambda: NOT_READY,
+        degraded: Callable[[], str | None] = lambda: None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         dashboard: Dashboard | None = None,
         auth: AdminAuth | None = None,
@@ -218,6 +219,7 @@ class AdminApi:
         self._ready = ready
         self._status = status
         self._not_ready_reason = not_ready_reason
+        self._degraded = degraded
         self._clock = clock
         # authentication first: every route below (and any added later) goes through it
         self.app = web.Application(middlewares=[auth_middleware(self.auth), json_errors])
@@ -279,7 +281,10 @@ class AdminApi:
 
     async def readyz(self, request: web.Request) -> web.Response:
         if self._ready():
-            return web.json_response({"ready": True})
+            # degraded (replicas without etcd): still serving the last intent, so still ready
+            degraded = self._degraded()
+            return web.json_response({"ready": True, **({"degraded": degraded} if degraded
+                                                        else {})})
         return web.json_response({"ready": False, "reason": self._not_ready_reason()}, status=503)
 
     async def status(self, request: web.Request) -> web.Response:

@@ -32,10 +32,10 @@ from control_plane.decisions.log import DecisionLog
 from control_plane.intent.etcd_store import EtcdStore, Leadership, StoreUnavailable
 from control_plane.intent.owner import IntentOwner
 from control_plane.intent.replicated_store import ReplicatedStore, snapshot_of
+from control_plane.own_metrics.registry import BallastMetrics
 
 log = logging.getLogger(__name__)
 
-FORWARD_EVERY_S = 0.2
 MAX_FORWARD_QUEUE = 10_000
 
 
@@ -51,6 +51,7 @@ class Replication:
         reconciler: Callable[[], Reconciler],
         info: dict[str, Any],
         record: Callable[..., None],
+        metrics: BallastMetrics | None = None,
     ) -> None:
         self.etcd = etcd
         self.replica_id = replica_id
@@ -58,6 +59,7 @@ class Replication:
         self.decisions = decisions
         self._reconciler = reconciler
         self._record = record
+        self._metrics = metrics
         self.election = LeaderElection(
             etcd, replica_id, ttl_s, info=info, on_change=self._leadership_changed
         )
@@ -68,6 +70,7 @@ class Replication:
         self._loop_task: asyncio.Task[None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._outbox: list[dict[str, Any]] = []
+        self._queued = asyncio.Event()
         self._dropped = 0
         self._values: dict[str, Any] = {}
         decisions.origin = {"replica": replica_id}
@@ -94,6 +97,8 @@ class Replication:
             "store": self.store.where,
             "store_reachable": self.election.reachable,
             "degraded": self.degraded(),
+            "records_waiting": len(self._outbox),
+            "records_dropped": self._dropped,  # the outbox was full while etcd was away
         }
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -105,12 +110,18 @@ class Replication:
         self._spawn(self._survey())
 
     async def _survey(self, every_s: float = 1.0) -> None:
-        """Who leads and which replicas are registered, for status (never awaited by it)."""
+        """Who leads and which replicas are registered, for status (never awaited by it), and
+        this replica's role in /metrics."""
         while True:
             with contextlib.suppress(StoreUnavailable):
                 self.leader = await self.etcd.leader()
                 self.replicas = sorted(await self.etcd.replicas(),
                                        key=lambda r: str(r.get("id")))
+            if self._metrics is not None:
+                me = self.replica_id
+                self._metrics.replica_leading.labels(me).set(self.term is not None)
+                self._metrics.leader_term.labels(me).set(self.term or 0)
+                self._metrics.intent_store_reachable.labels(me).set(self.election.reachable)
             await asyncio.sleep(every_s)
 
     async def stop(self) -> None:
@@ -246,13 +257,19 @@ class Replication:
             self._dropped += 1
             return
         self._outbox.append(record)
+        self._queued.set()
 
     async def _forward(self) -> None:
+        """Records go out as soon as they are written: one transaction at a time, so what
+        arrives while one is in flight goes in the next (a tick's records travel together)."""
         while True:
-            await asyncio.sleep(FORWARD_EVERY_S)
-            self.decisions.sync()
-            with contextlib.suppress(StoreUnavailable):
+            await self._queued.wait()
+            self._queued.clear()
+            try:
                 await self._flush()
+            except StoreUnavailable:
+                await asyncio.sleep(1)  # kept in the outbox until etcd answers again
+                self._queued.set()
 
     async def _flush(self) -> None:
         if not self._outbox:

@@ -289,6 +289,7 @@ class BallastService:
             reconciler=lambda: self.reconciler,
             info={"id": replica, "xds": config.xds_address, "admin": config.admin_address},
             record=self._record,
+            metrics=self.metrics,
         )
 
     def _store_where(self) -> str:
@@ -348,6 +349,7 @@ class BallastService:
             metrics=self.metrics,
             ready=self.is_ready,
             not_ready_reason=self.not_ready_reason,
+            degraded=self.replication.degraded if self.replication else lambda: None,
             status=self.status,
             dashboard=dashboard,
             auth=auth,

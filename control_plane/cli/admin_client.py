@@ -157,6 +157,12 @@ class AdminClient:
     def __str__(self) -> str:
         return self.base_url
 
+    def sibling(self, base_url: str) -> AdminClient:
+        """A client of another server (a replica) with the same token and certificates."""
+        sibling = AdminClient(base_url, self.timeout, tls=self._tls)
+        sibling._headers = dict(self._headers)
+        return sibling
+
     def get(self, path: str, params: Mapping[str, str] | None = None) -> Any:
         """The JSON body of `GET path?params`; AdminError on any failure."""
         with self._open(path, params) as (url, response):

@@ -87,8 +87,12 @@ def row(node: Node, now: float) -> tuple[str, ...]:
 
 
 def table(nodes: list[Node], now: float) -> str:
-    rows = [HEADER, *(row(node, now) for node in nodes)]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(HEADER))]
+    """One row per node; with replicas, a REPLICA column says which one serves it."""
+    replicated = any("replica" in node for node in nodes)
+    header = (*HEADER, "REPLICA") if replicated else HEADER
+    rows = [header, *((*row(node, now), node.get("replica", "?")) if replicated
+                      else row(node, now) for node in nodes)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
                      for r in rows)
 
@@ -203,6 +207,11 @@ def run(args: argparse.Namespace) -> int:
         print("\n\n".join(detail(node, now, tier_actions) for node in answer["streams"]))
         return 0
     nodes: list[Node] = answer["nodes"]
+    replication = _replication(client)
+    if replication is not None:
+        nodes, unreachable = nodes_of_replicas(client, replication, nodes)
+        print("\n".join(replica_lines(replication, unreachable)))
+        print()
     if not nodes:
         print(f"no nodes connected to {client}")
     else:
@@ -220,6 +229,57 @@ def run(args: argparse.Namespace) -> int:
         print()
         print("\n".join(certificate_lines(certificates)))
     return 0
+
+
+def _replication(client: AdminClient) -> dict[str, Any] | None:
+    try:
+        status = client.get("/status")
+    except AdminError:
+        return None
+    return status.get("replication") if isinstance(status, dict) else None
+
+
+def nodes_of_replicas(
+    client: AdminClient, replication: dict[str, Any], own: list[Node]
+) -> tuple[list[Node], list[str]]:
+    """Every replica's nodes, each tagged with the replica that serves it, and the replicas
+    whose admin API did not answer. Replicas are reached on the admin address they registered,
+    with this command's scheme, token and certificates."""
+    here = replication["replica"]
+    nodes = [{**node, "replica": here} for node in own]
+    unreachable = []
+    scheme = client.base_url.split("://", 1)[0]
+    for replica in replication.get("replicas", []):
+        name, admin = str(replica.get("id")), replica.get("admin")
+        if name == here:
+            continue
+        if not admin:
+            unreachable.append(name)
+            continue
+        try:
+            answer = client.sibling(f"{scheme}://{admin}").get("/nodes")
+        except AdminError:
+            unreachable.append(name)
+            continue
+        nodes += [{**node, "replica": name} for node in answer.get("nodes", [])]
+    return sorted(nodes, key=lambda n: (n["pop"], n["node_id"], n["replica"])), unreachable
+
+
+def replica_lines(replication: dict[str, Any], unreachable: list[str]) -> list[str]:
+    """The replicas, which one leads (and its term), and whether this one reaches etcd."""
+    leader = replication.get("leader") or {}
+    lines = [f"replicas (intent in {replication.get('store')}):"]
+    for replica in replication.get("replicas", []):
+        name = str(replica.get("id"))
+        role = f"LEADER term {leader.get('term')}" if name == leader.get("replica") else "follower"
+        note = "  admin API unreachable" if name in unreachable else ""
+        lines.append(f"  {name}  xds {replica.get('xds')}  admin {replica.get('admin')}  "
+                     f"{role}{note}")
+    if not leader:
+        lines.append("  no leader: reconcile paused")
+    if replication.get("degraded"):
+        lines.append(f"  {replication['replica']}: {replication['degraded']}")
+    return lines
 
 
 def fetch_certificates(client: AdminClient) -> list[dict[str, Any]]:

@@ -36,24 +36,25 @@ DIGEST = "digest"
 
 
 def batch_to_write(batch: IntentBatch) -> IntentWrite:
-    """The etcd puts and deletes of one intent batch."""
-    write = IntentWrite()
+    """The etcd puts and deletes of one intent batch, each key once (etcd refuses a transaction
+    naming a key twice). Within a batch, as in the SQLite store: pairs are saved, then forgotten,
+    then records put or deleted in their order; the last word on a key wins."""
+    final: dict[str, Any] = {}  # key -> value, None: delete
     for pop, group, weights, controller in batch.groups:
-        write.put[f"{GROUPS}{pop}/{group}"] = {
+        final[f"{GROUPS}{pop}/{group}"] = {
             "weights": check_weights(weights),
             "controller": controller.to_dict(),
         }
     for pop, group in batch.forget_groups:
-        write.delete.append(f"{GROUPS}{pop}/{group}")
+        final[f"{GROUPS}{pop}/{group}"] = None
     for kind, key, value in batch.records:
-        name = f"{KINDS}{kind}/{key}"
-        if value is None:
-            write.delete.append(name)
-        else:
-            write.put[name] = value
+        final[f"{KINDS}{kind}/{key}"] = value
     if batch.desired_digest is not None:
-        write.put[DIGEST] = batch.desired_digest
-    return write
+        final[DIGEST] = batch.desired_digest
+    return IntentWrite(
+        put={key: value for key, value in final.items() if value is not None},
+        delete=[key for key, value in final.items() if value is None],
+    )
 
 
 def snapshot_of(values: Mapping[str, Any], *, where: str) -> Snapshot:

@@ -52,6 +52,20 @@ class BallastMetrics:
             ["pop", "group", "origin"],
             registry=r,
         )
+        self.replica_leading = Gauge(
+            "ballast_replica_leading",
+            "1 while this replica leads (reconciles) among replicas on etcd; its term",
+            ["replica"], registry=r,
+        )
+        self.leader_term = Gauge(
+            "ballast_leader_term", "The term this replica leads (0: it follows)", ["replica"],
+            registry=r,
+        )
+        self.intent_store_reachable = Gauge(
+            "ballast_intent_store_reachable",
+            "1 while this replica reaches the shared intent store (etcd); 0: reconcile paused",
+            ["replica"], registry=r,
+        )
         self.source_staleness = Gauge(
             "ballast_metric_source_staleness_seconds",
             "Age of the newest metric sample per PoP and origin group",
