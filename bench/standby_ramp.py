@@ -10,10 +10,11 @@ what it cannot take). The same run twice, in compressed time (1 s intervals, 2 s
   tick towards the standby.
 
 Reported per run, from the standby's own answers to real (not mirrored) requests during the
-shift: error rate (503 over capacity) and p95 latency against the failover thresholds (2 %,
-800 ms), the peak error rate of any 2 s window, whether and when the shift completed (the
-standby at >= 90 %), and what clients saw. `python -m bench.standby_ramp` prints both side by
-side; `tests/test_standby_ramp_e2e.py` asserts the direction only.
+shift: error rate over the whole shift (503 over capacity) and p95 latency against the failover
+thresholds (2 %, 800 ms), the peak error rate of any 2 s window (the compressed failover
+window), whether and when the shift completed (the standby at >= 90 %), and what clients saw.
+`python -m bench.standby_ramp` prints both side by side; `tests/test_standby_ramp_e2e.py`
+asserts the direction only.
 """
 
 from __future__ import annotations
@@ -47,14 +48,17 @@ DONE_SHARE = 90  # the shift is complete when the standby carries this much
 @dataclass(frozen=True)
 class Scenario:
     rps: float = 100.0  # client requests a second, open loop
-    # distinct cacheable objects, picked uniformly: few, because time is compressed (1 s
-    # intervals instead of seed 002's 20 s) and a cache must warm within a step as it would
-    objects: int = 60
-    miss_latency_ms: int = 500  # the standby's first fetch of an object
-    capacity: int = 9  # requests the standby can have in flight; more are refused
+    # distinct cacheable objects, picked uniformly: cold, the standby sustains ~20 rps of misses
+    # (capacity / miss latency), warm it takes everything
+    objects: int = 300
+    miss_latency_ms: int = 400  # the standby's first fetch of an object
+    capacity: int = 8  # requests the standby can have in flight; more are refused
     primary_error_rate: float = 0.5
     warmup_s: float = 2.0  # before the primary fails
-    max_shift_s: float = 40.0  # give up after this long
+    # one reconcile tick per interval, over a window as long: a ramp step's load is what the
+    # next tick judges (seed 002: 20 s and 30 s; compressed)
+    interval_s: int = 2
+    max_shift_s: float = 60.0  # give up after this long
     seed: int = 1
 
 
@@ -78,8 +82,9 @@ class RunResult:
                 and self.standby_p95_ms <= P95_THRESHOLD_MS)
 
 
-def _desired_text(text: str, ramp: bool) -> str:
-    text = text.replace("  window: 3s\n", "  window: 2s\n")
+def _desired_text(text: str, ramp: bool, interval_s: int) -> str:
+    text = text.replace("  interval: 1s\n", f"  interval: {interval_s}s\n").replace(
+        "  window: 3s\n", f"  window: {interval_s}s\n")
     return text + f"standby_ramp:\n  enabled: {'true' if ramp else 'false'}\n"
 
 
@@ -139,7 +144,7 @@ async def _run(ramp: bool, scenario: Scenario, base: Path) -> RunResult:
     }
     listener, sjc_listener = sorted((free_port(), free_port()))
     desired = write_fast_desired(base / "desired.yaml", origins, listener, sjc_listener)
-    desired.write_text(_desired_text(desired.read_text(), ramp))
+    desired.write_text(_desired_text(desired.read_text(), ramp, scenario.interval_s))
     xds_port, admin = free_port(), free_port()
     state = base / "state"
     service = BallastService(ServiceConfig(
@@ -166,7 +171,7 @@ async def _run(ramp: bool, scenario: Scenario, base: Path) -> RunResult:
         failed_at = time.monotonic()
         done_at = None
         while time.monotonic() - failed_at < scenario.max_shift_s:
-            if service.server.cache.weights("ewr", "shop")["secondary"] >= DONE_SHARE:
+            if service.server.intent.weights("ewr", "shop")["secondary"] >= DONE_SHARE:
                 done_at = time.monotonic()
                 break
             await asyncio.sleep(0.1)
@@ -206,10 +211,11 @@ async def _run(ramp: bool, scenario: Scenario, base: Path) -> RunResult:
 def report(results: list[RunResult]) -> str:
     rows = [
         ("", *("ramp on" if r.ramp else "ramp off" for r in results)),
-        ("standby 5xx (threshold 2 %)", *(f"{r.standby_error_rate:.1%}" for r in results)),
+        ("standby 5xx, whole shift (threshold 2 %)",
+         *(f"{r.standby_error_rate:.1%}" for r in results)),
         ("worst 2 s window 5xx", *(f"{r.worst_window_error_rate:.1%}" for r in results)),
         ("standby p95 (threshold 800 ms)", *(f"{r.standby_p95_ms:.0f} ms" for r in results)),
-        ("within thresholds", *(str(r.within_thresholds) for r in results)),
+        ("whole shift within thresholds", *(str(r.within_thresholds) for r in results)),
         ("shift completed (standby >= 90 %)",
          *(f"yes, {r.shift_seconds} s" if r.shift_completed else "no" for r in results)),
         ("standby requests (not mirrored)", *(str(r.standby_requests) for r in results)),
