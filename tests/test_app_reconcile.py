@@ -213,17 +213,19 @@ async def test_lending_and_reclaim_reach_the_cache_the_log_and_the_store(tmp_pat
     tiers = LendingTiers()
     reconciler = Reconciler(intent, ScriptedSource(), DecisionLog(tmp_path),
                             tier_source=tiers, seed=7)
-    await reconciler.tick(T0)
+    await reconciler.tick(T0)  # spare to lend: the growth waits `for` (30 s)
+    assert reconciler.intent.tier_actions("ewr", "shop") is None
+    await reconciler.tick(T0 + 30_000)
     actions = reconciler.intent.tier_actions("ewr", "shop")
     assert actions is not None and actions.limits == (("background", 47),)  # 6 + 40 + 1
     assert store.load().tier_decisions["ewr/shop"]["lent"] == {"background": 41}
     tiers.critical, tiers.normal = 80, 30  # the lenders' demand is back: reclaimed at once
-    await reconciler.tick(T0 + 20_000)
+    await reconciler.tick(T0 + 50_000)
     assert reconciler.intent.tier_actions("ewr", "shop") is None
     assert [r["detail"]["change"] for r in iter_records(tmp_path)
             if r["kind"] == "tier_lend"] == ["lend", "reclaim"]
     saved = store.load().tier_decisions["ewr/shop"]  # utilization 116/120: its hold started
-    assert saved["lent"] == {} and saved["shed_since_ms"] == T0 + 20_000
+    assert saved["lent"] == {} and saved["shed_since_ms"] == T0 + 50_000
 
 
 async def test_service_restores_active_tier_actions_before_serving(tmp_path: Path) -> None:

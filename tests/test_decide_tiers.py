@@ -251,16 +251,41 @@ def test_a_shed_tier_borrows_nothing() -> None:
 def test_lending_in_the_step_records_lend_and_reclaim_and_sets_breaker_limits() -> None:
     busy_background = quiet(background=6)
     busy_background["background"] = replace(busy_background["background"], pending_max=50)
-    lend = tier_step(GROUP, TierState(), busy_background, T0)
+    first = tier_step(GROUP, TierState(), busy_background, T0)  # growth waits `for` (30 s)
+    assert not first.decisions and first.state.lend_since_ms == T0
+    assert "more to lend for 0 s of 30 s" in first.rule
+    busy_background = {t: replace(r, observed_at_ms=T0 + 30_000)
+                       for t, r in busy_background.items()}
+    lend = tier_step(GROUP, first.state, busy_background, T0 + 30_000)
     assert [d.kind for d in lend.decisions] == ["tier_lend"]
     assert lend.decisions[0].detail["change"] == "lend"
     # background wants 6 + 50 + 1 (headroom) - 6 = 51 more: its breaker limit becomes 57
     assert lend.actions is not None and lend.actions.limits == (("background", 57),)
     assert lend.state.lent == (("background", 51),)
-    back = quiet(critical=80, normal=30, background=57)
-    reclaim = tier_step(GROUP, lend.state, back, T0 + 20_000)
+    back = quiet(T0 + 40_000, critical=80, normal=30, background=57)
+    reclaim = tier_step(GROUP, lend.state, back, T0 + 40_000)  # giving back never waits
     assert reclaim.decisions[0].detail["change"] == "reclaim"
     assert reclaim.actions is None and reclaim.state.lent == ()
+    assert lend.state.lend_since_ms is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(spares=st.lists(st.floats(0, 84, allow_nan=False), min_size=1, max_size=30))
+def test_lending_grows_only_after_the_hold(spares: list[float]) -> None:
+    """Property: the borrowed total grows only once more could be lent for `for` (critical's
+    demand varies, background always wants more)."""
+    policy = GROUP.tier_actions
+    state = TierState()
+    for tick, critical in enumerate(spares):
+        now = T0 + tick * 10_000
+        readings = quiet(now, critical=critical, normal=30, background=6)
+        readings["background"] = replace(readings["background"], pending_max=200)
+        result = tier_step(GROUP, state, readings, now)
+        before, after = sum(dict(state.lent).values()), sum(dict(result.state.lent).values())
+        if after > before:
+            assert state.lend_since_ms is not None or policy.for_ms == 0
+            assert now - (state.lend_since_ms or now) >= policy.for_ms
+        state = result.state
 
 
 def test_lending_holds_when_any_tier_reading_is_missing_or_stale() -> None:

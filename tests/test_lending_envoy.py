@@ -32,6 +32,7 @@ DESIRED = """\
 pops:
   ewr: {{listen_address: 127.0.0.1}}
 failover: {{interval: 1s, window: 3s, stale_after: 10s}}
+tier_actions: {{for: 1s}}   # lending grows after 1 s of spare
 origin_groups:
   shop:
     max_origin_concurrency: 20   # guarantees: critical 14, normal 5, background 1

@@ -13,7 +13,7 @@ from tests.support.tier_scenario import Phases, run
 
 pytestmark = pytest.mark.envoy
 
-PHASES = Phases(before=2, slow=6.5, settle=2.5, after=4)
+PHASES = Phases(before=2, slow=6.5, settle=2.5, after=10)  # after: drain, window 3 s, lift
 
 
 async def test_controller_beats_static_beats_fifo_and_its_decisions_reverse(

@@ -26,9 +26,10 @@ Envoy) with the defaults of ``TierActionPolicy``:
    free for its own arrivals until the next tick); the pooled spare goes to tiers with
    D + headroom > G in priority order (never to a shed tier). A borrower's per-Envoy limit is
    G + lent; no tier's limit is ever below its G (the floor). Growth and voluntary shrinkage
-   smaller than ``lend_step_percent`` of ``max_origin_concurrency`` wait (hysteresis); when a
-   lender's demand returns, the borrowers give back at this tick whatever exceeds the new spare
-   (least critical first). Kind ``tier_lend``.
+   smaller than ``lend_step_percent`` of ``max_origin_concurrency`` wait (hysteresis), and any
+   growth waits until there was more to lend at every tick for ``for_ms`` (so a lender whose
+   demand comes and goes does not flap); when a lender's demand returns, the borrowers give
+   back at this tick whatever exceeds the new spare (least critical first). Kind ``tier_lend``.
 
 **Fail static.** A missing reading, or one older than ``stale_after_ms``, holds that part's
 state and timers, and the rule says why. ``enabled: false`` lifts everything at once.
@@ -48,7 +49,7 @@ TierKind = Literal["tier_action", "tier_shed", "tier_lend"]
 TIER_KINDS: tuple[TierKind, ...] = ("tier_action", "tier_shed", "tier_lend")
 
 _REQUIRED_KEYS = frozenset({"active", "trigger_since_ms", "clear_since_ms", "active_since_ms"})
-_SHED_KEYS = frozenset({"shedding", "shed_since_ms", "shed_clear_since_ms"})
+_SHED_KEYS = frozenset({"shedding", "shed_since_ms", "shed_clear_since_ms", "lend_since_ms"})
 
 
 def _optional_ms(data: Mapping[str, Any], key: str) -> int | None:
@@ -78,6 +79,7 @@ class TierState:
     shed_since_ms: int | None = None  # off: first tick above the threshold; on: when it went on
     shed_clear_since_ms: int | None = None  # on: first tick of the current run below the lift
     lent: tuple[tuple[str, int], ...] = ()  # tier -> slots borrowed beyond its guarantee
+    lend_since_ms: int | None = None  # first tick of the current run with more to lend
 
     @property
     def idle(self) -> bool:
@@ -107,6 +109,7 @@ class TierState:
             shedding=data.get("shedding", False),
             shed_since_ms=_optional_ms(data, "shed_since_ms"),
             shed_clear_since_ms=_optional_ms(data, "shed_clear_since_ms"),
+            lend_since_ms=_optional_ms(data, "lend_since_ms"),
             lent=_lent_from(data.get("lent", {})),
         )
 
@@ -466,14 +469,27 @@ def _lending(
     keeps = frozenset({policy.trigger_tier}) if state.active else frozenset()
     plan = plan_lending(group, current, demand, excluded, keeps)
     summary = ", ".join(f"{t} D {demand[t]:g}/G {plan.guarantee[t]}" for t in plan.guarantee)
-    if plan.lent == current:
-        return _Part(state, f"lending: {summary}; lent {current or 'nothing'} (pool "
+    lent = plan.lent
+    since = None
+    if any(n > current.get(t, 0) for t, n in lent.items()):
+        # growth waits until the spare has been there at every tick for `for`; giving back
+        # (a lender's demand returned) never waits
+        since = now_ms if state.lend_since_ms is None else state.lend_since_ms
+        held = now_ms - since
+        if held < policy.for_ms:
+            lent = {t: m for t, n in lent.items() if (m := min(n, current.get(t, 0))) > 0}
+            summary += f"; more to lend for {_s(held)} of {_s(policy.for_ms)}"
+        else:
+            since = None
+    base = replace(state, lend_since_ms=since)
+    if lent == current:
+        return _Part(base, f"lending: {summary}; lent {current or 'nothing'} (pool "
                      f"{plan.pool})")
-    moves = ", ".join(f"{t} {current.get(t, 0)}→{plan.lent.get(t, 0)}"
-                      for t in plan.guarantee if current.get(t, 0) != plan.lent.get(t, 0))
+    moves = ", ".join(f"{t} {current.get(t, 0)}→{lent.get(t, 0)}"
+                      for t in plan.guarantee if current.get(t, 0) != lent.get(t, 0))
     rule = f"lending: {summary}; spare pool {plan.pool}: borrowed slots {moves}"
-    new = replace(state, lent=tuple(sorted(plan.lent.items())))
-    return _Part(new, rule, decision(plan.lent, rule, plan))
+    new = replace(base, lent=tuple(sorted(lent.items())))
+    return _Part(new, rule, decision(lent, rule, plan))
 
 
 # --- the tick --------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from control_plane.app.envoy_process import EnvoyProcess, free_port
 from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.decisions.read import iter_records
 from control_plane.translate.bootstrap import ads_bootstrap
+from tests.support.background_loop import BackgroundLoop
 
 CAP = 20  # the origin's hard concurrency cap = max_origin_concurrency
 FAST, SLOW = 110, 480  # origin latency, ms (seed 000)
@@ -95,6 +96,7 @@ class Phases:
 class RunResult:
     setup: str
     checkout_ms: list[float] = field(default_factory=list)  # slow phase, after `settle`
+    checkout_sent: int = 0  # sent in that span (the offered load the harness achieved)
     checkout_failed: int = 0
     background_ok: int = 0  # background 200s in the slow phase
     background_shed: int = 0  # background answered at the edge in the slow phase
@@ -112,6 +114,7 @@ class RunResult:
             "checkout_p50_ms": round(quantile(self.checkout_ms, 0.5), 1),
             "checkout_p95_ms": round(self.checkout_p95, 1),
             "checkout_requests": len(self.checkout_ms),
+            "checkout_sent": self.checkout_sent,
             "checkout_failed": self.checkout_failed,
             "background_ok": self.background_ok,
             "background_shed": self.background_shed,
@@ -146,20 +149,24 @@ async def run(setup: str, phases: Phases, tmp: Path) -> RunResult:
     origin.set_fault(Fault(latency_ms=FAST))
     listener, xds, admin = free_port(), free_port(), free_port()
     desired = tmp / f"{setup}.yaml"
-    desired.write_text(desired_text(setup, origin.port, listener, f"{max(2, phases.after / 3):g}s"))
+    recover = f"{max(2000, round(phases.after * 1000 / 3))}ms"
+    desired.write_text(desired_text(setup, origin.port, listener, recover))
     envoy = EnvoyProcess(ads_bootstrap(
         node_id="ewr-1", pop="ewr", xds_port=xds, admin_port=admin, metrics_sink=True,
         needed_stats_only=True, stats_flush_interval_ms=1000), admin).start()
     state = tmp / f"{setup}-state"
-    service = BallastService(ServiceConfig(
+    # Ballast on its own loop and thread: its fsyncs and pushes never delay the origin or the
+    # clients (which share this loop), so the clients measure Envoy and the origin only
+    ballast = BackgroundLoop()
+    service = ballast.call(lambda: BallastService(ServiceConfig(
         desired_path=desired, state_dir=state, xds_address=f"127.0.0.1:{xds}",
-        admin_address=None, probes=False, reload_poll_s=1.0))
+        admin_address=None, probes=False, reload_poll_s=1.0)))
     result = RunResult(setup)
     stop = asyncio.Event()
     base = f"http://127.0.0.1:{listener}"
     marks: dict[str, float] = {}
     try:
-        await service.start()
+        await asyncio.to_thread(ballast.run, service.start(), 30)
         await asyncio.to_thread(envoy.wait_ready, 20)
         async with aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0),
@@ -187,7 +194,8 @@ async def run(setup: str, phases: Phases, tmp: Path) -> RunResult:
     finally:
         envoy.stop()
         if service.ready:
-            await service.stop(0.5)
+            await asyncio.to_thread(ballast.run, service.stop(0.5), 30)
+        ballast.close()
         await origin.stop()
     result.records = [r for r in iter_records(state)
                       if r["kind"] in ("tier_action", "tier_shed", "tier_lend")]
@@ -211,6 +219,7 @@ async def _checkout(session: aiohttp.ClientSession, base: str, rps: float,
 
     async def one() -> None:
         sent = time.monotonic()
+        result.checkout_sent += _measured(marks, sent)
         try:
             async with session.get(f"{base}/api/checkout/cart") as response:
                 await response.read()
@@ -223,12 +232,18 @@ async def _checkout(session: aiohttp.ClientSession, base: str, rps: float,
             else:
                 result.checkout_failed += 1
 
+    started, sent = time.monotonic(), 0
     while not stop.is_set():
+        # on an absolute schedule: a late loop catches up, so every set-up offers the same load
+        delay = started + sent / rps - time.monotonic()
+        if delay > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), delay)
+            continue
         task = asyncio.create_task(one())
         pending.add(task)
         task.add_done_callback(pending.discard)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), 1 / rps)
+        sent += 1
     await asyncio.gather(*pending)
 
 
