@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench.scenarios.__main__ import run_scenario
-from bench.scenarios.analysis import RunResult, weight_changes
+from bench.scenarios.analysis import RunResult, weight_changes, weight_travel
 from bench.scenarios.catalog import SCENARIOS, smoke
 from bench.scenarios.report import PLOTS
 
@@ -59,3 +59,25 @@ async def test_regional_smoke_only_the_failing_pop_moves(tmp_path: Path) -> None
     assert min(_primary(ballast, "ewr")) < 95
     assert weight_changes(ballast, "sjc", "primary") == 0, _primary(ballast, "sjc")
     assert {pop for _, _, pop in ballast.records} == {"ewr"}
+
+
+async def test_flap_smoke_ballast_oscillates_less_than_binary_failover(tmp_path: Path) -> None:
+    _, runs = await _run("flap", tmp_path)
+    travel = {k: sum(weight_travel(run, pop, "primary") for pop in ("ewr", "sjc"))
+              for k, run in runs.items()}
+    assert travel["baseline"] >= 200, travel  # flipped away and back at least once
+    assert travel["ballast"] < travel["baseline"], travel
+
+
+async def test_restart_smoke_envoys_keep_weights_and_ballast_resumes(tmp_path: Path) -> None:
+    _, runs = await _run("restart", tmp_path)
+    ballast = runs["ballast"]
+    (killed, what), (restarted, _) = ballast.events
+    assert what.startswith("Ballast killed")
+    for pop in ("ewr", "sjc"):
+        at_kill = [w for t, p, w in ballast.weights if p == pop and t <= killed][-1]
+        down = [w for t, p, w in ballast.weights if p == pop and killed < t < restarted]
+        assert down and all(w == at_kill for w in down), (at_kill, down)  # Envoys kept them
+    assert ballast.after_restart  # the restarted Ballast decided for the PoPs again
+    answered = [s for s in ballast.samples if killed < s.at < restarted and s.status]
+    assert answered  # the edge kept serving while its control plane was gone

@@ -45,6 +45,9 @@ def _extra(scenario: Scenario, runs: dict[str, RunResult]) -> list[str]:
         lines.append(f"{label:<9} p50 {percentile(lags, 50):.0f} ms, p99 "
                      f"{percentile(lags, 99):.0f} ms, max {max(lags, default=0):.0f} ms")
     lines += ["```", ""]
+    if runs["ballast"].after_restart:
+        lines += ["What the restarted Ballast recorded first (seconds into the run):", "", "```",
+                  *runs["ballast"].after_restart, "```", ""]
     return lines
 
 

@@ -26,6 +26,7 @@ class RunResult:
     # (t, s): how late the bench's own event loop ran a 0.1 s timer; large values mean the
     # machine starved the load generator and origins, and latencies then include that wait
     loop_lag: list[tuple[float, float]] = field(default_factory=list)
+    after_restart: list[str] = field(default_factory=list)  # the first records after a restart
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -87,6 +88,12 @@ def peak_rps(samples: Iterable[Sample], origin: str, width: float = 1.0) -> floa
 
 def peak_load(run: RunResult, origin: str, start: float, end: float) -> int:
     return max((n for t, o, n in run.origin_load if o == origin and start <= t < end), default=0)
+
+
+def first_shift_after(run: RunResult, t: float) -> float:
+    """When the first weight shift after `t` was recorded; the run's end when none was."""
+    shifts = [at for at, kind, _ in run.records if at > t and kind == "weight_shift"]
+    return min(shifts, default=max((s.at for s in run.samples), default=t))
 
 
 def weight_range(run: RunResult, pop: str, origin: str) -> tuple[int, int]:

@@ -144,11 +144,16 @@ async def run_variant(scenario: Scenario, variant: str, workdir: Path, seed: int
         wall_start = time.time()
         result.samples, wall_start = await run_load(requests, urls)
         if isinstance(edge, BallastEdge):
-            result.records = [
-                (record_time(r).timestamp() - wall_start, str(r["kind"]), str(r.get("pop", "")))
-                for r in iter_records(edge.state_dir)
-                if str(r["kind"]).startswith(MARKED)
-            ]
+            everything = [(record_time(r).timestamp() - wall_start, r)
+                          for r in iter_records(edge.state_dir)]
+            result.records = [(t, str(r["kind"]), str(r.get("pop", ""))) for t, r in everything
+                              if str(r["kind"]).startswith(MARKED)]
+            if len(result.events) >= 2:  # what the restarted Ballast said first, per PoP
+                restarted = result.events[1][0]
+                result.after_restart = [
+                    f"{t:6.1f} s {r['kind']} {r.get('pop', '')}: {str(r.get('rule', ''))[:160]}"
+                    for t, r in everything if t > restarted and r.get("pop")
+                ][:12]
         return result
     finally:
         stop.set()
