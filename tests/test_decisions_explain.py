@@ -272,3 +272,35 @@ def test_tier_record_without_numbers_falls_back_to_its_rule() -> None:
 )
 def test_describe_active(actions: TierActions, words: str) -> None:
     assert describe_active(actions.to_dict()) == words
+
+
+def test_shedding_and_lending_in_force_are_told_with_their_record(tmp_path: Path) -> None:
+    """A utilization shed and a lend switched on by the tier step are explained with their
+    numbers (the wait trigger quiet); once shedding is lifted it says so."""
+    group = group_with(TierActionPolicy(trigger="wait", for_ms=0, recover_after_ms=0))
+    busy = {
+        "critical": TierPending(0, 0, (("ewr-1", 84.0),)),
+        "normal": TierPending(0, 0, (("ewr-1", 20.0),)),
+        "background": TierPending(40, 0, (("ewr-1", 6.0),)),
+    }  # in use: (84 + 20 + 6) / 120 = 0.92; normal lends 30 - 20 - 3 = 7 to critical
+    clock = [T0]
+    with DecisionLog(tmp_path, clock=lambda: clock[0]) as log:
+        result = tier_step(group, TierState(), busy, 0)
+        for decision in result.decisions:
+            log.record(decision.kind, pop="ewr", group="api", **result.record_fields(decision))
+    assert [d.kind for d in result.decisions] == ["tier_shed", "tier_lend"]
+    lines = explain_tiers(list(iter_records(tmp_path)), "ewr", "api")
+    assert lines[0] == "tier actions: no tier actions active (none switched on in the log)"
+    assert lines[1].startswith("utilization shedding: in force since 16:00:00 (tier_shed, seq ")
+    assert "utilization 0.92 (worst Envoy ewr-1) > 0.85" in lines[1]
+    assert "shed background (background reject)" in lines[1]
+    assert lines[2].startswith("lending: in force since 16:00:00 (tier_lend, seq ")
+    assert "critical 0→7" in lines[2]  # background is shed: it borrows nothing
+    clock[0] = T0 + timedelta(seconds=20)
+    quiet = {name: TierPending(0, 20_000, (("ewr-1", 0.0),)) for name in busy}
+    with DecisionLog(tmp_path, clock=lambda: clock[0]) as log:
+        after = tier_step(group, result.state, quiet, 20_000)
+        for decision in after.decisions:
+            log.record(decision.kind, pop="ewr", group="api", **after.record_fields(decision))
+    lines = explain_tiers(list(iter_records(tmp_path)), "ewr", "api")
+    assert lines[1].startswith("utilization shedding: off since 16:00:20")
