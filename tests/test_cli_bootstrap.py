@@ -113,6 +113,8 @@ def test_several_replicas_preferred_first_with_health_checked_failover(capsys) -
     assert by_priority == {0: [18000], 1: [18010, 18020]}
     (check,) = cluster["health_checks"]
     assert "tcp_health_check" in check and check["no_traffic_interval"] == "1s"
+    (service,) = config["dynamic_resources"]["ads_config"]["grpc_services"]
+    assert service["envoy_grpc"]["retry_policy"]["retry_back_off"]["max_interval"] == "2s"
     find_envoy()
     ok, message = validate_bootstrap(config)
     assert ok, message

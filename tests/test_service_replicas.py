@@ -65,11 +65,13 @@ def _weight_decisions(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _disagreements(samples: list[tuple[float, str, dict[str, int]]], nodes: list[str]
-                   ) -> list[tuple[float, float]]:
-    """Intervals (start, length) during which the ewr Envoys applied different weights."""
+                   ) -> list[tuple[float, float, str]]:
+    """Intervals (start, length, who had what) during which the ewr Envoys applied different
+    weights."""
     latest: dict[str, dict[str, int]] = {}
-    spans: list[tuple[float, float]] = []
+    spans: list[tuple[float, float, str]] = []
     start: float | None = None
+    seen = ""
     for at, node, weights in samples:
         if node not in nodes:
             continue
@@ -78,8 +80,9 @@ def _disagreements(samples: list[tuple[float, str, dict[str, int]]], nodes: list
                                                     for w in latest.values()}) == 1
         if not agree and start is None and len(latest) == len(nodes):
             start = at
+            seen = str(latest)
         elif agree and start is not None:
-            spans.append((start, at - start))
+            spans.append((start, at - start, seen))
             start = None
     return spans
 
@@ -109,8 +112,13 @@ async def test_leader_killed_mid_shift_follower_continues_envoys_agree(tmp_path:
         old.signal(signal.SIGKILL)
         old.proc.wait()  # type: ignore[union-attr]
         killed_at = time.monotonic()
+        orphan = nodes[fleet.replicas.index(old)]  # its Envoy lost its replica with the kill
         took = await until(lambda: fleet.leader() not in (None, old), LEADER_TTL_S + 8,
                            "a new leader")
+        await until(lambda: any(orphan in str(get_json(f"{r.url}/nodes")[1])
+                                for r in fleet.replicas if r is not old), 10,
+                    f"{orphan} reconnected to another replica")
+        reconnected_at = time.monotonic()
         new = fleet.leader()
         assert new is not None and new is not old
         assert new.status()["replication"]["term"] > old_term
@@ -137,9 +145,15 @@ async def test_leader_killed_mid_shift_follower_continues_envoys_agree(tmp_path:
         if record.get("term") is not None:
             leaders_by_term[record["term"]].add(record["replica"])
     assert all(len(ids) == 1 for ids in leaders_by_term.values()), leaders_by_term
-    # every Envoy of ewr applied the same weights within a second of each change
-    spans = _disagreements(fleet.samples, nodes)
-    assert all(length <= 1.0 + 0.3 for _, length in spans), spans  # + sampling period
+    # every Envoy of ewr applied the same weights within a second of each change (+ the sampling
+    # period); the Envoy whose replica was killed only once it is connected again (its health
+    # check leaves the dead replica within a second or two: bounded above)
+    connected = [n for n in nodes if n != orphan]
+    spans = _disagreements(fleet.samples, connected)
+    assert all(length <= 1.0 + 0.3 for _, length, _ in spans), (killed_at, spans)
+    spans = [span for span in _disagreements(fleet.samples, nodes)
+             if not killed_at - 1.0 <= span[0] <= reconnected_at]
+    assert all(length <= 1.0 + 0.3 for _, length, _ in spans), (killed_at, spans)
     # no client request failed because of the kill
     assert fleet.failed(killed_at - 1, killed_at + took + 5) == []
 

@@ -242,8 +242,10 @@ class Replication:
         if self.term is not None:
             return
         try:
-            self._owner().adopt(snapshot_of(self._values, where=self.store.where),
-                                where=self.store.where)
+            pops = self._owner().adopt(snapshot_of(self._values, where=self.store.where),
+                                       where=self.store.where)
+            log.debug("adopted the intent from etcd; output changed in %s",
+                      ", ".join(sorted(pops)) or "no PoP")
         except Exception:  # a bad key in etcd must not stop the mirror: keep the last intent
             log.exception("could not adopt the intent from etcd; keeping the last one")
 

@@ -103,6 +103,11 @@ def ads_bootstrap(
         for cluster in bootstrap["static_resources"]["clusters"]:
             if cluster["name"] == XDS_CLUSTER:
                 add_failover_replicas(cluster, xds_replicas)
+        # a lost replica is left for another quickly: Envoy's own stream back-off would grow
+        # while it still tries the dead one
+        for service in bootstrap["dynamic_resources"]["ads_config"]["grpc_services"]:
+            service["envoy_grpc"]["retry_policy"] = {
+                "retry_back_off": {"base_interval": "0.25s", "max_interval": "2s"}}
     if metrics_sink:
         bootstrap["stats_sinks"] = [
             {

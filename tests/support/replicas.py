@@ -173,13 +173,15 @@ async def replica_fleet(
             for pop, port in fleet.listeners.items()
         ]
 
-        async def sample() -> None:
+        async def sample_one(node: str, envoy: EnvoyProcess) -> None:
+            with contextlib.suppress(OSError, KeyError, ValueError):
+                weights = await asyncio.to_thread(envoy_locality_weights, envoy)
+                if weights:
+                    fleet.samples.append((time.monotonic(), node, weights))
+
+        async def sample() -> None:  # every Envoy at once: a round is one config_dump long
             while not stop.is_set():
-                for node, envoy in envoys.items():
-                    with contextlib.suppress(OSError, KeyError, ValueError):
-                        weights = await asyncio.to_thread(envoy_locality_weights, envoy)
-                        if weights:
-                            fleet.samples.append((time.monotonic(), node, weights))
+                await asyncio.gather(*(sample_one(n, e) for n, e in envoys.items()))
                 await asyncio.sleep(0.1)
 
         tasks.append(asyncio.create_task(sample()))
