@@ -28,6 +28,7 @@ from typing import Any
 
 from control_plane.app.leadership import LeaderElection
 from control_plane.app.reconcile import Reconciler
+from control_plane.app.tasks import cancel_all
 from control_plane.decisions.log import DecisionLog
 from control_plane.intent.etcd_store import EtcdStore, Leadership, StoreUnavailable
 from control_plane.intent.owner import IntentOwner
@@ -126,12 +127,7 @@ class Replication:
 
     async def stop(self) -> None:
         await self._stop_reconciling()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks.clear()
+        await cancel_all(self._tasks)
         await self._flush()
         await self.election.resign()
 

@@ -16,7 +16,6 @@ Shutdown runs the other way and ends with the decision log and the state store c
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import logging
@@ -39,6 +38,7 @@ from control_plane.app.reconcile import Reconciler
 from control_plane.app.reload import DesiredFileWatcher
 from control_plane.app.replication import Replication
 from control_plane.app.server import BallastServer, translate_intent
+from control_plane.app.tasks import cancel_all
 from control_plane.decisions.budget import DEFAULT_BUDGET, BudgetConfig, RecordBudget
 from control_plane.decisions.log import DecisionLog, format_time, log_files
 from control_plane.decisions.read import FileSource
@@ -650,12 +650,7 @@ class BallastService:
         self.ready = False
         if self.replication is not None:  # the term handed over at once, records handed on
             await self.replication.stop()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks.clear()
+        await cancel_all(self._tasks)
         await self.server.stop(grace)
         if self.admin is not None:
             await self.admin.stop()

@@ -11,12 +11,10 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from control_plane.app.envoy_process import free_port
+from tests.support.local_server import log_tail, start_server
 
 
 def etcd_binary() -> str | None:
@@ -39,8 +37,8 @@ class EtcdServer:
     def start(self, timeout: float = 20.0) -> EtcdServer:
         client = f"http://{self.endpoint}"
         peer = f"http://127.0.0.1:{self.peer_port}"
-        log = open(self._dir / "etcd.log", "ab")  # noqa: SIM115 - owned by the child
-        self.proc = subprocess.Popen(
+        self.proc = start_server(
+            "etcd",
             [
                 self.binary,
                 "--name", "test",
@@ -51,24 +49,12 @@ class EtcdServer:
                 "--initial-advertise-peer-urls", peer,
                 "--initial-cluster", f"test={peer}",
             ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+            self._dir / "etcd.log",
+            f"{client}/health",
+            ready=lambda body: b'"true"' in body,
+            timeout=timeout,
         )
-        log.close()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"etcd exited: {self.log_tail()}")
-            try:
-                with urllib.request.urlopen(f"{client}/health", timeout=1) as response:
-                    if response.status == 200 and b'"true"' in response.read():
-                        return self
-            except (OSError, urllib.error.URLError):
-                pass
-            time.sleep(0.1)
-        self.stop()
-        raise TimeoutError(f"etcd not healthy: {self.log_tail()}")
+        return self
 
     def pause(self) -> None:
         assert self.proc is not None
@@ -79,9 +65,7 @@ class EtcdServer:
         self.proc.send_signal(signal.SIGCONT)
 
     def log_tail(self, lines: int = 20) -> str:
-        path = self._dir / "etcd.log"
-        text = path.read_text(errors="replace") if path.exists() else ""
-        return "\n".join(text.splitlines()[-lines:])
+        return log_tail(self._dir / "etcd.log", lines)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -11,14 +11,12 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import yaml
 
 from control_plane.app.envoy_process import free_port
+from tests.support.local_server import log_tail, start_server
 
 
 def prometheus_binary() -> str | None:
@@ -47,8 +45,8 @@ class PrometheusServer:
     def start(self, timeout: float = 15.0) -> PrometheusServer:
         config = self._dir / "prometheus.yml"
         config.write_text(yaml.safe_dump(self._config))
-        log = open(self._dir / "prometheus.log", "ab")  # noqa: SIM115 - owned by the child
-        self.proc = subprocess.Popen(
+        self.proc = start_server(
+            "prometheus",
             [
                 self.binary,
                 f"--config.file={config}",
@@ -56,29 +54,14 @@ class PrometheusServer:
                 f"--web.listen-address=127.0.0.1:{self.port}",
                 "--storage.tsdb.retention.time=1h",
             ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+            self._dir / "prometheus.log",
+            f"{self.url}/-/ready",
+            timeout=timeout,
         )
-        log.close()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"prometheus exited: {self.log_tail()}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as response:
-                    if response.status == 200:
-                        return self
-            except (OSError, urllib.error.URLError):
-                pass
-            time.sleep(0.1)
-        self.stop()
-        raise TimeoutError(f"prometheus not ready: {self.log_tail()}")
+        return self
 
     def log_tail(self, lines: int = 20) -> str:
-        path = self._dir / "prometheus.log"
-        text = path.read_text(errors="replace") if path.exists() else ""
-        return "\n".join(text.splitlines()[-lines:])
+        return log_tail(self._dir / "prometheus.log", lines)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
