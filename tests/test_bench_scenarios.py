@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 
 from bench.scenarios.__main__ import run_scenario
-from bench.scenarios.analysis import RunResult, weight_changes, weight_travel
+from bench.scenarios.analysis import (
+    RunResult,
+    between,
+    latencies,
+    percentile,
+    weight_changes,
+    weight_travel,
+)
 from bench.scenarios.catalog import SCENARIOS, smoke
 from bench.scenarios.report import PLOTS
 
@@ -81,3 +88,13 @@ async def test_restart_smoke_envoys_keep_weights_and_ballast_resumes(tmp_path: P
     assert ballast.after_restart  # the restarted Ballast decided for the PoPs again
     answered = [s for s in ballast.samples if killed < s.at < restarted and s.status]
     assert answered  # the edge kept serving while its control plane was gone
+
+
+async def test_priority_smoke_checkout_beats_one_fifo_queue(tmp_path: Path) -> None:
+    _, runs = await _run("priority", tmp_path)
+    scenario = smoke(SCENARIOS["priority"])
+    start, end = (share * scenario.duration_s for share in scenario.incident)
+    p95 = {k: percentile(latencies(s for s in between(run.samples, start, end)
+                                   if s.kind == "checkout"), 95)
+           for k, run in runs.items()}
+    assert p95["ballast"] < p95["baseline"], p95  # seed 000: tiers keep checkout fast

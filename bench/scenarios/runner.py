@@ -46,6 +46,8 @@ class Scenario:
     kill_at: float | None = None  # restart: kill -9 Ballast at this share of the run ...
     restart_after_s: float = 0.0  # ... and start it again this much later
     notes: tuple[str, ...] = field(default_factory=tuple)
+    origin_concurrency: int = 120  # the group's max_origin_concurrency; the baseline's breakers
+    baseline: str = ""  # how the report describes the baseline; "" = binary failover
 
     def scaled(self, duration_s: float, rps_per_pop: float,
                script: Callable[[float], dict[str, Behaviour]], incident: tuple[float, float]
@@ -81,9 +83,10 @@ async def run_variant(scenario: Scenario, variant: str, workdir: Path, seed: int
     pops = list(scenario.pops)
     edge: Edge
     if variant == "ballast":
-        edge = BallastEdge(workdir, pops, ports, seed, scenario.extra_desired)
+        edge = BallastEdge(workdir, pops, ports, seed, scenario.extra_desired,
+                           scenario.origin_concurrency)
     else:
-        edge = BaselineEdge(workdir, pops, ports)
+        edge = BaselineEdge(workdir, pops, ports, scenario.origin_concurrency)
     result = RunResult(variant, [])
     stop = asyncio.Event()
     tasks: list[asyncio.Task[None]] = []

@@ -29,7 +29,8 @@ class Edge(Protocol):
 
 
 def ballast_desired(
-    pops: list[str], listener: dict[str, int], origins: dict[str, int], extra: str = ""
+    pops: list[str], listener: dict[str, int], origins: dict[str, int], extra: str = "",
+    concurrency: int = 120,
 ) -> str:
     """The desired state of a run: the example's shape in compressed time (a failover tick each
     second over 3 s windows; seed 002 says 20 s over 30 s)."""
@@ -47,7 +48,7 @@ def ballast_desired(
         "standby_ramp: {cold_after: 10s}\n"
         "tier_actions: {for: 3s, recover_after: 6s, stale_after: 10s}\n"
         f"{extra}"
-        "origin_groups:\n  shop:\n    origins:\n"
+        f"origin_groups:\n  shop:\n    max_origin_concurrency: {concurrency}\n    origins:\n"
         f"{origin_lines}    preference:\n{preference}"
         "    health_check: {interval: 1s, connect_timeout: 500ms, read_timeout: 1s}\n"
         "classification:\n  default_tier: critical\n  rules:\n"
@@ -64,14 +65,14 @@ class BallastEdge:
     """`ballast serve` as a subprocess (so it can be killed -9 and restarted) and its Envoys."""
 
     def __init__(self, workdir: Path, pops: list[str], origins: dict[str, int], seed: int,
-                 extra_desired: str = "") -> None:
+                 extra_desired: str = "", concurrency: int = 120) -> None:
         self.workdir = workdir
         self.state_dir = workdir / "state"
         ports = sorted(free_port() for _ in pops)
         self.listener_ports = dict(zip(pops, ports, strict=True))
         self.desired = workdir / "desired.yaml"
         self.desired.write_text(ballast_desired(pops, self.listener_ports, origins,
-                                                extra_desired))
+                                                extra_desired, concurrency))
         self.xds_port = free_port()
         self.seed = seed
         self.proc: subprocess.Popen[bytes] | None = None
@@ -160,8 +161,8 @@ UNHEALTHY_THRESHOLD = 3
 HEALTHY_THRESHOLD = 3
 
 
-def baseline_bootstrap(pop: str, listener: int, admin: int, origins: dict[str, int]
-                       ) -> dict[str, Any]:
+def baseline_bootstrap(pop: str, listener: int, admin: int, origins: dict[str, int],
+                       concurrency: int = 120) -> dict[str, Any]:
     """Binary active-passive: one cluster, the primary at priority 0, the standby at priority 1,
     an active health check every second that takes the primary out after UNHEALTHY_THRESHOLD
     failed checks (100/0 → 0/100) and back after HEALTHY_THRESHOLD good ones. One FIFO pool for
@@ -184,7 +185,8 @@ def baseline_bootstrap(pop: str, listener: int, admin: int, origins: dict[str, i
         "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}],
     }
-    limits = {"max_connections": 120, "max_pending_requests": 10000, "max_requests": 120}
+    limits = {"max_connections": concurrency, "max_pending_requests": 10000,
+              "max_requests": concurrency}
     return {
         "node": {"id": f"{pop}-baseline", "cluster": "baseline"},
         "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin}}},
@@ -214,14 +216,16 @@ def baseline_bootstrap(pop: str, listener: int, admin: int, origins: dict[str, i
 
 
 class BaselineEdge:
-    def __init__(self, workdir: Path, pops: list[str], origins: dict[str, int]) -> None:
+    def __init__(self, workdir: Path, pops: list[str], origins: dict[str, int],
+                 concurrency: int = 120) -> None:
         self.origin_names = list(origins)
         self.listener_ports = {pop: free_port() for pop in pops}
         self.envoys = {}
         for pop in pops:
             admin = free_port()
             self.envoys[pop] = EnvoyProcess(
-                baseline_bootstrap(pop, self.listener_ports[pop], admin, origins), admin,
+                baseline_bootstrap(pop, self.listener_ports[pop], admin, origins, concurrency),
+                admin,
                 log_path=workdir / f"baseline-envoy-{pop}.log")
 
     def start(self, timeout: float = 30.0) -> None:
