@@ -138,6 +138,10 @@ async def test_leader_killed_mid_shift_follower_continues_envoys_agree(tmp_path:
     new_term = [r for r in _weight_decisions(records) if r.get("term", 0) > old_term]
     assert new_term, "the new leader decided"
     assert new_term[0]["weights_before"] == old_last["weights_after"], (old_last, new_term[0])
+    # ... and from the saved streaks: it goes on leaving at once, no new run of breach windows
+    first = next(r for r in records if r.get("term", 0) > old_term and r.get("pop") == "ewr"
+                 and r["kind"] in ("weight_shift", "threshold_breach"))
+    assert first["kind"] == "weight_shift", first
     assert _seconds(new_term[0]["time"]) - _seconds(old_last["time"]) >= INTERVAL_S
     # one leader per term, and every record carries who decided it
     leaders_by_term: dict[int, set[str]] = defaultdict(set)
