@@ -20,7 +20,7 @@ run: $(STAMP)
 test: $(STAMP)
 	deploy/ensure-test-services.sh
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=20
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
