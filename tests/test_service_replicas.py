@@ -174,12 +174,17 @@ async def test_fencing_and_an_etcd_outage(tmp_path: Path) -> None:
         await asyncio.sleep(LEADER_TTL_S + 2)
         await until(lambda: fleet.leader() not in (None, paused), 10, "a leader of a new term")
         paused.signal(signal.SIGCONT)
+        index = fleet.replicas.index(paused)
+
+        def stepped_down() -> list[dict[str, Any]]:
+            return [r for r in _decisions(fleet, index) if r["kind"] == "leader_lost"
+                    and r.get("replica") == paused.name and r.get("term") == old_term]
+
+        # it stops acting as leader at once (its lease is certainly gone) and says so in its log
         await until(lambda: not paused.status().get("replication", {}).get("leading", True), 10,
                     "the paused leader stepped down")
-        index = fleet.replicas.index(paused)
-        steps_down = [r for r in _decisions(fleet, index)
-                      if r["kind"] == "leader_lost" and r.get("replica") == paused.name]
-        assert steps_down, "the deposed leader recorded that it stopped"
+        await until(lambda: bool(stepped_down()), 10, "the deposed leader's leader_lost record")
+        steps_down = stepped_down()
         mine_after = [r for r in _decisions(fleet, index) if r.get("term") == old_term
                       and r["kind"] in SHIFT_KINDS and r["seq"] > steps_down[-1]["seq"]]
         assert mine_after == [], "the deposed leader decided nothing after stepping down"
