@@ -95,10 +95,15 @@ async def test_leader_killed_mid_shift_follower_continues_envoys_agree(tmp_path:
         status = await asyncio.to_thread(_status_output, fleet.replicas[0].url)
         leader_name = fleet.leader().name  # type: ignore[union-attr]
         assert f"{leader_name}  xds" in status and "LEADER term" in status, status
-        with urllib.request.urlopen(f"{fleet.leader().url}/metrics", timeout=5) as answer:  # type: ignore[union-attr]
-            scraped = answer.read().decode()
-        assert f'ballast_replica_leading{{replica="{leader_name}"}} 1.0' in scraped
-        assert f'ballast_intent_store_reachable{{replica="{leader_name}"}} 1.0' in scraped
+        leader_url = fleet.leader().url  # type: ignore[union-attr]
+
+        def scraped() -> str:  # the role gauges are refreshed every second
+            with urllib.request.urlopen(f"{leader_url}/metrics", timeout=5) as answer:
+                return answer.read().decode()
+
+        await until(lambda: f'ballast_replica_leading{{replica="{leader_name}"}} 1.0' in scraped()
+                    and f'ballast_intent_store_reachable{{replica="{leader_name}"}} 1.0'
+                    in scraped(), 5, "the leader's role in /metrics")
         for i, node in enumerate(nodes):  # ewr-i prefers replica ri: each row says so
             assert re.search(rf"^{node}\s.*\sr{i}$", status, re.MULTILINE), status
         await asyncio.sleep(3)
