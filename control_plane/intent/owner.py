@@ -196,22 +196,9 @@ class IntentOwner:
         """A store's snapshot as a running intent under the current desired state (before the
         carry-over rule); StateCorrupted for a tier or ramp state that does not parse."""
         keys = {tier_key(*k): k for k in self._intent.pairs()}
-        tier_states: dict[PairKey, TierState] = {}
-        for key, value in sorted(snapshot.tier_decisions.items()):
-            try:
-                state = TierState.from_dict(value)
-            except ValueError as exc:
-                raise StateCorrupted(f"{where}: tier decision {key!r}: {exc}") from exc
-            if key in keys:
-                tier_states[keys[key]] = state
-        ramps: dict[PairKey, RampState] = {}
-        for key, value in sorted(snapshot.ramps.items()):
-            try:
-                ramp = RampState.from_dict(value)
-            except ValueError as exc:
-                raise StateCorrupted(f"{where}: ramp {key!r}: {exc}") from exc
-            if key in keys:
-                ramps[keys[key]] = ramp
+        tier_states = _parsed(snapshot.tier_decisions, TierState.from_dict, keys,
+                              f"{where}: tier decision")
+        ramps = _parsed(snapshot.ramps, RampState.from_dict, keys, f"{where}: ramp")
         return RunningIntent(
             desired=self._intent.desired,
             weights={k: dict(s.weights) for k, s in sorted(snapshot.groups.items())},
@@ -309,6 +296,23 @@ class IntentOwner:
                 return group
         known = ", ".join(g.name for g in self._intent.desired.origin_groups)
         raise WeightsError(f"unknown origin group {name!r}; known: {known}")
+
+
+def _parsed(
+    stored: Mapping[str, Any], parse: Callable[[Any], Any], keys: Mapping[str, PairKey],
+    what: str,
+) -> dict[PairKey, Any]:
+    """Stored records ("<pop>/<group>" -> JSON) parsed, keyed by the pairs the desired state
+    still has; StateCorrupted (naming `what` and the key) for one that does not parse."""
+    parsed: dict[PairKey, Any] = {}
+    for key, value in sorted(stored.items()):
+        try:
+            state = parse(value)
+        except ValueError as exc:
+            raise StateCorrupted(f"{what} {key!r}: {exc}") from exc
+        if key in keys:
+            parsed[keys[key]] = state
+    return parsed
 
 
 def _merged(
