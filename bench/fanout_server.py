@@ -29,7 +29,11 @@ from bench.common import desired_by_name
 from control_plane.ads import nodes as nodes_module
 from control_plane.app.server import BallastServer
 from control_plane.own_metrics.registry import BallastMetrics
-from control_plane.translate.resources import ENDPOINT_TYPE, PUSH_ORDER, Capabilities
+from control_plane.translate.resources import (
+    ENDPOINT_TYPE,
+    STARTUP_TYPES,
+    Capabilities,
+)
 
 
 class AckTracker:
@@ -47,9 +51,9 @@ class AckTracker:
     def on_ack(self, entry: Any, type_url: str, version: str) -> None:
         now = time.monotonic()
         types = self.synced_types.setdefault(entry.stream, set())
-        if len(types) < len(PUSH_ORDER):
+        if len(types) < len(STARTUP_TYPES) and type_url in STARTUP_TYPES:
             types.add(type_url)
-            if len(types) == len(PUSH_ORDER):
+            if len(types) == len(STARTUP_TYPES):
                 self.synced += 1
                 self.last_sync = now
         if self.target == (entry.pop, type_url, version):

@@ -38,7 +38,12 @@ from control_plane.ads import nodes as nodes_module
 from control_plane.app.server import BallastServer
 from control_plane.desired.model import Desired, GroupWeights
 from control_plane.translate.pop import translate_pop
-from control_plane.translate.resources import ENDPOINT_TYPE, PUSH_ORDER, Capabilities
+from control_plane.translate.resources import (
+    ENDPOINT_TYPE,
+    PUSH_ORDER,
+    STARTUP_TYPES,
+    Capabilities,
+)
 from tests.support.models import fleet_desired
 
 ADS_METHOD = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"
@@ -64,9 +69,9 @@ class Tracker:
     def on_ack(self, stream: object, pop: str, type_url: str, version: str) -> None:
         now = time.monotonic()
         types = self.types.setdefault(stream, set())
-        if len(types) < len(PUSH_ORDER):
+        if len(types) < len(STARTUP_TYPES) and type_url in STARTUP_TYPES:
             types.add(type_url)
-            if len(types) == len(PUSH_ORDER):
+            if len(types) == len(STARTUP_TYPES):
                 self.synced += 1
                 self.synced_by_pop[pop] = self.synced_by_pop.get(pop, 0) + 1
                 self.last_sync = now
