@@ -215,7 +215,7 @@ async def test_per_stream_bookkeeping_is_freed_when_streams_end(server: Any) -> 
             await client.wait_for(lambda c: len(c.names(CDS)) == CLUSTERS)
             await client.close()
         for _ in range(100):
-            if len(ballast.nodes) == 0 and not ballast.ads._queues:
+            if len(ballast.nodes) == 0 and not ballast.ads._streams:
                 break
             await asyncio.sleep(0.05)
         gc.collect()

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections import deque
+import sys
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal
 
@@ -84,10 +84,21 @@ def server_options(limits: AdsLimits = DEFAULT_LIMITS) -> tuple[tuple[str, int],
 # not claim them, or None
 VerifyPeer = Callable[[grpc.aio.ServicerContext[Any, Any], str, str], str | None]
 
-_PUSH = object()
-_CLOSE = object()
-_EOF = object()
-_SUPERSEDED = object()
+
+
+class _Signal:
+    """What a stream's inbox holds besides requests."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+_PUSH = _Signal("push")  # the PoP's resources changed
+_CLOSE = _Signal("close")  # the server shuts down
+_EOF = _Signal("end of stream")  # the client ended the stream (or it broke)
+_SUPERSEDED = _Signal("superseded")  # a newer stream with the same node id
 
 
 class NodeRejected(Exception):
@@ -122,6 +133,23 @@ def envoy_version(node: Node, limit: int = DEFAULT_LIMITS.text_chars) -> str:
     return clip(node.user_agent_version, limit) or "unknown"
 
 
+# capabilities read from nodes -> one shared instance of each (a handful of distinct values:
+# the reasons are phrased from constants); bounded all the same
+_CANONICAL_CAPABILITIES: dict[NodeCapabilities, NodeCapabilities] = {}
+MAX_CANONICAL_CAPABILITIES = 64
+
+
+def _canonical(advertised: NodeCapabilities) -> NodeCapabilities:
+    """One object per distinct value, shared by the streams that advertise it."""
+    found = _CANONICAL_CAPABILITIES.get(advertised)
+    if found is not None:
+        return found
+    if len(_CANONICAL_CAPABILITIES) >= MAX_CANONICAL_CAPABILITIES:
+        _CANONICAL_CAPABILITIES.clear()
+    _CANONICAL_CAPABILITIES[advertised] = advertised
+    return advertised
+
+
 def _initial_sync_done(entry: NodeEntry) -> bool:
     """Every type of a node's start-up (CDS, EDS, LDS, RDS) answered and ACKed or NACKed."""
     return all(
@@ -130,35 +158,85 @@ def _initial_sync_done(entry: NodeEntry) -> bool:
     )
 
 
-class _Backlog:
-    """Requests of one stream read but not yet handled: at most `count` of them and `size`
-    bytes (one request always fits). The reader waits for room before reading the next one,
-    so a stream whose writes are blocked (a client not reading) stops being read."""
+class _Stream:
+    """The servicer's side of one open stream: its inbox and its initial-sync slot.
+
+    The inbox holds, in order, requests read but not yet handled and signals (a push is due,
+    the stream must end). At most `count` requests and `size` bytes wait (one request always
+    fits); the reader waits for room before reading the next one, so a stream whose writes are
+    blocked (a client not reading) stops being read. A plain list and at most one waiting
+    future per side: an `asyncio.Queue` and two `Event`s held six deques per stream (~4 KB, a
+    tenth of a connected node's memory in a large fleet)."""
+
+    __slots__ = (
+        "_bytes",
+        "_getter",
+        "_items",
+        "_max_bytes",
+        "_max_count",
+        "_room",
+        "_sizes",
+        "admission_cap",
+        "admitted",
+        "push_due",
+    )
 
     def __init__(self, count: int, size: int) -> None:
-        self._max_count, self._max_bytes = count, size
-        self._sizes: deque[int] = deque()
+        self._items: list[object] = []
+        self._sizes: list[int] = []  # of the requests among `_items`, oldest first
         self._bytes = 0
-        self._has_room = asyncio.Event()
-        self._has_room.set()
+        self._max_count, self._max_bytes = count, size
+        self._getter: asyncio.Future[None] | None = None  # the handler waits for an item
+        self._room: asyncio.Future[None] | None = None  # the reader waits for room
+        self.push_due = False  # a _PUSH is in `_items`
+        self.admitted = False  # holds an initial-sync slot
+        self.admission_cap: asyncio.TimerHandle | None = None
+
+    def put(self, item: object) -> None:
+        self._items.append(item)
+        getter, self._getter = self._getter, None
+        if getter is not None and not getter.done():
+            getter.set_result(None)
+
+    def wake(self) -> None:
+        """The stream's PoP changed: one push is due, however many wake-ups came."""
+        if not self.push_due:
+            self.push_due = True
+            self.put(_PUSH)
+
+    async def get(self) -> object:
+        while not self._items:
+            self._getter = asyncio.get_running_loop().create_future()
+            await self._getter
+        item = self._items.pop(0)
+        if item is _PUSH:
+            self.push_due = False
+        return item
 
     async def room(self) -> None:
-        await self._has_room.wait()
+        while self._full():
+            self._room = asyncio.get_running_loop().create_future()
+            await self._room
 
-    def read(self, size: int) -> None:
+    def read(self, request: object, size: int) -> None:
         self._sizes.append(size)
         self._bytes += size
-        self._update()
+        self.put(request)
 
     def handled(self) -> None:
-        self._bytes -= self._sizes.popleft()
-        self._update()
+        """A request taken from the inbox was handled: its room is free again."""
+        self._bytes -= self._sizes.pop(0)
+        room, self._room = self._room, None
+        if room is not None and not room.done():
+            if self._full():
+                self._room = room
+            else:
+                room.set_result(None)
 
-    def _update(self) -> None:
-        if len(self._sizes) >= self._max_count or (self._sizes and self._bytes >= self._max_bytes):
-            self._has_room.clear()
-        else:
-            self._has_room.set()
+    def _full(self) -> bool:
+        return len(self._sizes) >= self._max_count or (
+            bool(self._sizes) and self._bytes >= self._max_bytes
+        )
 
 
 class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
@@ -178,9 +256,9 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         self.nodes = nodes
         self.callbacks = callbacks if callbacks is not None else Callbacks()
         self.limits = limits
-        self._queues: set[asyncio.Queue[object]] = set()
-        # node id -> its one live stream (registry entry, wake-up queue)
-        self._live: dict[str, tuple[NodeEntry, asyncio.Queue[object]]] = {}
+        self._streams: set[_Stream] = set()
+        # node id -> its one live stream (registry entry, servicer side)
+        self._live: dict[str, tuple[NodeEntry, _Stream]] = {}
         self._closing = False
         self._admission = asyncio.Semaphore(limits.initial_syncs)
         self.syncing = 0  # streams holding an initial-sync slot now (tests, benchmarks)
@@ -213,8 +291,8 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
     def close_streams(self) -> None:
         """Shutdown: every open stream ends with UNAVAILABLE; new streams are refused."""
         self._closing = True
-        for queue in self._queues:
-            queue.put_nowait(_CLOSE)
+        for open_stream in self._streams:
+            open_stream.put(_CLOSE)
 
     async def StreamAggregatedResources(
         self,
@@ -263,48 +341,37 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         except NodeRejected as err:
             log.warning("rejecting ADS stream: %s", err)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-        advertised = read_node_capabilities(node)
+        advertised = _canonical(read_node_capabilities(node))
+        pop = sys.intern(pop)
+        node_id = node.id
         caps = self.cache.effective_capabilities(pop, advertised.capabilities, advertised.reason)
         entry = self.nodes.connect(
-            node_id=node.id,
+            node_id=node_id,
             pop=pop,
             mode=mode,
-            envoy_version=envoy_version(node, self.limits.text_chars),
+            envoy_version=sys.intern(envoy_version(node, self.limits.text_chars)),
             capability_key=caps.capabilities.key,
             capability_reason=caps.reason,
         )
+        del node  # a real Envoy's first request lists ~500 extensions: not kept per stream
         await self._admission.acquire()  # released once its initial exchange is done
         self.syncing += 1
-        admitted = True
-        loop = asyncio.get_running_loop()
-
-        def admitted_done() -> None:
-            nonlocal admitted
-            if admitted:
-                admitted = False
-                self.syncing -= 1
-                self._admission.release()
-
-        cap = loop.call_later(self.limits.initial_sync_s, admitted_done)
-        queue: asyncio.Queue[object] = asyncio.Queue()
-        self._queues.add(queue)
-        backlog = _Backlog(self.limits.queued_requests, self.limits.request_bytes)
-        self._supersede(entry, queue)
-        pending_push = False
-
-        def wake() -> None:
-            nonlocal pending_push
-            if not pending_push:
-                pending_push = True
-                queue.put_nowait(_PUSH)
-
-        unsubscribe = self.hub.subscribe(pop, wake)
-        reader = asyncio.create_task(self._read(context, queue, backlog))
+        state = _Stream(self.limits.queued_requests, self.limits.request_bytes)
+        state.admitted = True
+        state.admission_cap = asyncio.get_running_loop().call_later(
+            self.limits.initial_sync_s, self._end_admission, state
+        )
+        self._streams.add(state)
+        self._supersede(entry, state)
+        unsubscribe = self.hub.subscribe(pop, state.wake)
+        reader = asyncio.create_task(self._read(context, state))
         self._notify(self.callbacks.on_stream_open, entry)
-        log.info("node %r connected (%s, PoP %s, %s)", node.id, mode, pop, entry.capability_key)
+        log.info("node %r connected (%s, PoP %s, %s)", node_id, mode, pop, entry.capability_key)
         status, details = grpc.StatusCode.OK, ""
         try:
             item: object = first
+            del first
+            counted = False  # `item` is a request the reader counted in the inbox
             while True:
                 if item is _EOF:
                     break
@@ -321,66 +388,71 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                     break
                 snapshot = self._snapshot(entry, advertised)
                 if item is _PUSH:
-                    pending_push = False
                     step = stream.on_snapshot(snapshot)
                 else:
                     self._notify(self.callbacks.on_request, entry, item)
                     step = stream.on_request(item, snapshot)  # type: ignore[arg-type]
                 await self._apply(context, entry, step)
-                if admitted and _initial_sync_done(entry):
-                    admitted_done()
-                if item is not _PUSH and item is not first:
-                    backlog.handled()
-                item = await queue.get()
+                del step  # an idle stream keeps no responses alive
+                if state.admitted and _initial_sync_done(entry):
+                    self._end_admission(state)
+                if counted:
+                    state.handled()
+                item = await state.get()
+                counted = type(item) is not _Signal
         except ProtocolError as err:
-            log.warning("node %r: bad request: %s", node.id, err)
+            log.warning("node %r: bad request: %s", node_id, err)
             status, details = grpc.StatusCode.INVALID_ARGUMENT, str(err)
         finally:
-            cap.cancel()
-            admitted_done()
+            self._end_admission(state)
             reader.cancel()
             unsubscribe()
-            self._queues.discard(queue)
+            self._streams.discard(state)
             self.nodes.disconnect(entry)
             live = self._live.get(entry.node_id)
             if live is not None and live[0] is entry:
                 del self._live[entry.node_id]
             self._notify(self.callbacks.on_stream_closed, entry, status.name, details)
-            log.info("node %r disconnected (%s)", node.id, details or status.name)
+            log.info("node %r disconnected (%s)", node_id, details or status.name)
         if status is not grpc.StatusCode.OK:
             await context.abort(status, details)
 
-    def _supersede(self, entry: NodeEntry, queue: asyncio.Queue[object]) -> None:
+    def _end_admission(self, state: _Stream) -> None:
+        """The stream's initial exchange is done (or took too long, or the stream ended): its
+        initial-sync slot goes to the next stream waiting."""
+        if state.admission_cap is not None:
+            state.admission_cap.cancel()
+            state.admission_cap = None
+        if state.admitted:
+            state.admitted = False
+            self.syncing -= 1
+            self._admission.release()
+
+    def _supersede(self, entry: NodeEntry, state: _Stream) -> None:
         """`entry` is now the node id's live stream; an older one is closed and leaves the
         registry at once, so status never lists the id twice."""
         older = self._live.get(entry.node_id)
-        self._live[entry.node_id] = (entry, queue)
+        self._live[entry.node_id] = (entry, state)
         if older is None:
             return
-        old_entry, old_queue = older
+        old_entry, old_state = older
         self.nodes.disconnect(old_entry)
-        old_queue.put_nowait(_SUPERSEDED)
+        old_state.put(_SUPERSEDED)
         log.warning("node %r: stream %d replaced by newer stream %d", entry.node_id,
                     old_entry.stream, entry.stream)
         self._notify(self.callbacks.on_stream_superseded, old_entry, entry)
 
-    async def _read(
-        self,
-        context: grpc.aio.ServicerContext[Any, Any],
-        queue: asyncio.Queue[object],
-        backlog: _Backlog,
-    ) -> None:
+    async def _read(self, context: grpc.aio.ServicerContext[Any, Any], state: _Stream) -> None:
         try:
             while True:
-                await backlog.room()
+                await state.room()
                 request = await context.read()
                 if request is grpc.aio.EOF:
                     break
-                backlog.read(request.ByteSize())
-                queue.put_nowait(request)
+                state.read(request, request.ByteSize())
         except (grpc.aio.AioRpcError, grpc.aio.UsageError, ConnectionError):
             pass
-        queue.put_nowait(_EOF)
+        state.put(_EOF)
 
     def _snapshot(self, entry: NodeEntry, advertised: NodeCapabilities) -> PopResources:
         caps = self.cache.effective_capabilities(
