@@ -52,19 +52,18 @@ class PushHub:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.flushes = 0  # bursts delivered (tests, metrics)
 
-    def subscribe(self, pop: str, waker: Waker) -> Callable[[], None]:
-        """Call `waker()` when `pop` changed; returns the unsubscribe function (on the loop)."""
+    def subscribe(self, pop: str, waker: Waker) -> None:
+        """Call `waker()` when `pop` changed, until `unsubscribe(pop, waker)` (on the loop)."""
         self._loop = asyncio.get_running_loop()
         self._wakers.setdefault(pop, set()).add(waker)
 
-        def unsubscribe() -> None:
-            wakers = self._wakers.get(pop)
-            if wakers is not None:
-                wakers.discard(waker)
-                if not wakers:
-                    del self._wakers[pop]
-
-        return unsubscribe
+    def unsubscribe(self, pop: str, waker: Waker) -> None:
+        """`waker` (or one equal to it, e.g. the same bound method) is no longer called."""
+        wakers = self._wakers.get(pop)
+        if wakers is not None:
+            wakers.discard(waker)
+            if not wakers:
+                del self._wakers[pop]
 
     def streams(self, pop: str) -> int:
         return len(self._wakers.get(pop, ()))

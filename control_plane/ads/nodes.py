@@ -18,7 +18,7 @@ from control_plane.ads.protocol import short_name
 Status = Literal["SYNCED", "STALE", "NACKED"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Rejection:
     version: str
     message: str
@@ -80,7 +80,7 @@ class NodeStatus:
         }
 
 
-@dataclass
+@dataclass(slots=True)
 class _TypeRecord:
     last_sent: str | None = None
     last_acked: str | None = None
@@ -89,7 +89,7 @@ class _TypeRecord:
     sends: int = 0
 
 
-@dataclass
+@dataclass(slots=True)
 class NodeEntry:
     stream: int
     node_id: str
@@ -103,21 +103,27 @@ class NodeEntry:
     fallback_version: str | None = None  # CDS version whose capability fallback was reported
     repeated_nacks: dict[str, int] = field(default_factory=dict)  # type -> NACKs after the first
 
+    def _record(self, type_url: str) -> _TypeRecord:
+        record = self.types.get(type_url)
+        if record is None:
+            record = self.types[type_url] = _TypeRecord()
+        return record
+
     def sent(self, type_url: str, version: str) -> None:
-        record = self.types.setdefault(type_url, _TypeRecord())
+        record = self._record(type_url)
         record.last_sent = version
         record.sends += 1
         record.outcome = "STALE"
 
     def acked(self, type_url: str, version: str) -> None:
-        record = self.types.setdefault(type_url, _TypeRecord())
+        record = self._record(type_url)
         record.last_acked = version
         if version == record.last_sent:
             record.outcome = "SYNCED"
 
     def nacked(self, type_url: str, version: str, message: str) -> int:
         """Note a NACK; how many NACKs of this version came in a row (1: a new one)."""
-        record = self.types.setdefault(type_url, _TypeRecord())
+        record = self._record(type_url)
         previous = record.last_nack
         count = previous.count + 1 if previous is not None and previous.version == version else 1
         record.last_nack = Rejection(version, message, time.time(), count)

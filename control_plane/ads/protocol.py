@@ -62,7 +62,7 @@ class ProtocolError(ValueError):
     """A request the server cannot accept (the stream's state is left untouched)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SotwResponse:
     type_url: str
     version: str
@@ -70,7 +70,7 @@ class SotwResponse:
     resources: tuple[Resource, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DeltaResponse:
     type_url: str
     version: str  # system_version_info: the hash of what the node holds of this type afterwards
@@ -79,14 +79,14 @@ class DeltaResponse:
     removed: tuple[str, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Ack:
     type_url: str
     version: str
     nonce: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Nack:
     type_url: str
     version: str
@@ -94,7 +94,7 @@ class Nack:
     message: str
 
 
-@dataclass
+@dataclass(slots=True)
 class Step:
     responses: list[SotwResponse | DeltaResponse] = field(default_factory=list)
     events: list[Ack | Nack] = field(default_factory=list)
@@ -104,13 +104,20 @@ def short_name(type_url: str) -> str:
     return SHORT_NAMES.get(type_url, type_url)
 
 
-def _check_type(type_url: str, limits: AdsLimits) -> None:
+# each served type URL -> its one string object: a request's type_url is a new string each
+# time it is read, and every stream keeps its types' URLs (here and in its NodeEntry)
+_SERVED_TYPES = {type_url: type_url for type_url in PUSH_ORDER}
+
+
+def _check_type(type_url: str, limits: AdsLimits) -> str:
+    """The served type URL `type_url` names (the shared string)."""
+    served = _SERVED_TYPES.get(type_url)
+    if served is not None:
+        return served
     if not type_url:
         raise ProtocolError("request without type_url")
-    if type_url not in PUSH_ORDER:
-        served = ", ".join(PUSH_ORDER)
-        shown = clip(type_url, limits.name_chars)
-        raise ProtocolError(f"unsupported type_url {shown!r}; Ballast serves {served}")
+    shown = clip(type_url, limits.name_chars)
+    raise ProtocolError(f"unsupported type_url {shown!r}; Ballast serves {', '.join(PUSH_ORDER)}")
 
 
 def _check_nonce(nonce: str, limits: AdsLimits) -> None:
@@ -135,15 +142,17 @@ def _check_names(names: Iterable[str], count: int, what: str, limits: AdsLimits)
         )
 
 
-@dataclass(frozen=True)
-class _Subscription:
-    wildcard: bool = False
-    names: frozenset[str] = frozenset()
+_NO_NAMES: frozenset[str] = frozenset()
 
 
-def _view(snapshot: PopResources, type_url: str, sub: _Subscription) -> ResourceSet:
-    """What `sub` gets of `snapshot`: one shared object per (snapshot, type, subscription)."""
-    return index(snapshot, type_url).view(sub.wildcard, sub.names)
+def _wanted(snapshot: PopResources, type_url: str, state: _SotwType | _DeltaType) -> ResourceSet:
+    """What a type's subscription gets of `snapshot`: one shared object per (snapshot, type,
+    subscription). The state then holds the view's own name set, so later lookups match by
+    identity."""
+    view = index(snapshot, type_url).view(state.wildcard, state.names)
+    if not state.wildcard and view.scope is not None:
+        state.names = view.scope
+    return view
 
 
 # serialized resource_names -> frozenset of them, shared by every stream naming the same list;
@@ -161,6 +170,8 @@ def _requested_names(request: DiscoveryRequest, limits: AdsLimits) -> frozenset[
     """`frozenset(request.resource_names)`, the same object for the same list; names checked
     against `limits` once per distinct list."""
     listed = request.resource_names
+    if not listed:
+        return _NO_NAMES  # CDS and LDS of most nodes: one shared empty set, not one each
     if len(listed) < 8:
         _check_names(listed, len(listed), "resource_names", limits)
         return frozenset(listed)
@@ -183,20 +194,15 @@ def _requested_names(request: DiscoveryRequest, limits: AdsLimits) -> frozenset[
     return names
 
 
-def _interned(sub: _Subscription, view: ResourceSet) -> _Subscription:
-    """`sub` holding the view's own name set, so later lookups match by identity."""
-    if sub.wildcard or view.scope is None or view.scope is sub.names:
-        return sub
-    return _Subscription(False, view.scope)
-
-
 # --------------------------------------------------------------------------------------------
 # State of the world
 
 
-@dataclass
+@dataclass(slots=True)
 class _SotwType:
-    sub: _Subscription = field(default_factory=_Subscription)
+    # the subscription: everything of the type, and/or these names
+    wildcard: bool = False
+    names: frozenset[str] = _NO_NAMES
     nonce: str | None = None  # latest nonce sent for this type
     sent: ResourceSet = EMPTY  # what the last response held
     # a NACKed version stays the sent version: it is not sent again until the content changes
@@ -205,6 +211,8 @@ class _SotwType:
 
 class SotwStream:
     """One StreamAggregatedResources stream."""
+
+    __slots__ = ("_counter", "_types", "limits")
 
     def __init__(self, limits: AdsLimits = DEFAULT_LIMITS) -> None:
         self._types: dict[str, _SotwType] = {}
@@ -215,9 +223,8 @@ class SotwStream:
         return type_url in self._types
 
     def on_request(self, request: DiscoveryRequest, snapshot: PopResources) -> Step:
-        _check_type(request.type_url, self.limits)
+        type_url = _check_type(request.type_url, self.limits)
         _check_nonce(request.response_nonce, self.limits)
-        type_url = request.type_url
         step = Step()
         state = self._types.get(type_url)
         nonce = request.response_nonce
@@ -228,23 +235,20 @@ class SotwStream:
             state = self._types[type_url] = _SotwType()
         names = _requested_names(request, self.limits)
         wildcard = WILDCARD in names or (
-            type_url in WILDCARD_TYPES and not names and (first or state.sub.wildcard)
+            type_url in WILDCARD_TYPES and not names and (first or state.wildcard)
         )
         if WILDCARD in names:
             names = names - {WILDCARD}
-        if wildcard != state.sub.wildcard or (
-            names is not state.sub.names and names != state.sub.names
-        ):
-            state.sub = _Subscription(wildcard, names)
+        if wildcard != state.wildcard or (names is not state.names and names != state.names):
+            state.wildcard, state.names = wildcard, names
         if nonce and nonce == state.nonce and state.sent_version is not None:
             version = state.sent_version
             if request.HasField("error_detail"):
                 step.events.append(Nack(type_url, version, nonce, request.error_detail.message))
             else:
                 step.events.append(Ack(type_url, version, nonce))
-        wanted = _view(snapshot, type_url, state.sub)
-        state.sub = _interned(state.sub, wanted)
-        must_answer = first and (state.sub.wildcard or bool(wanted.items))
+        wanted = _wanted(snapshot, type_url, state)
+        must_answer = first and (state.wildcard or bool(wanted.items))
         changed = self._send_if_needed(step, type_url, wanted, force=must_answer)
         if type_url == CLUSTER_TYPE:
             self._resend_endpoints(step, changed, snapshot)
@@ -257,8 +261,7 @@ class SotwStream:
             state = self._types.get(type_url)
             if state is None:
                 continue
-            wanted = _view(snapshot, type_url, state.sub)
-            state.sub = _interned(state.sub, wanted)
+            wanted = _wanted(snapshot, type_url, state)
             sent = state.sent
             gone = sent is not wanted and bool(wanted.diff_from(sent).gone)
             if type_url in WILDCARD_TYPES and gone:
@@ -284,8 +287,7 @@ class SotwStream:
         state = self._types.get(ENDPOINT_TYPE)
         if state is None:
             return
-        wanted = _view(snapshot, ENDPOINT_TYPE, state.sub)
-        state.sub = _interned(state.sub, wanted)
+        wanted = _wanted(snapshot, ENDPOINT_TYPE, state)
         force = bool(clusters) and any(name in wanted.items for name in clusters)
         self._send_if_needed(step, ENDPOINT_TYPE, wanted, force=force)
 
@@ -296,7 +298,7 @@ class SotwStream:
         state = self._types[type_url]
         version = wanted.version
         unchanged = version == state.sent_version
-        nothing_yet = state.sent_version is None and not wanted.items and not state.sub.wildcard
+        nothing_yet = state.sent_version is None and not wanted.items and not state.wildcard
         if (unchanged or nothing_yet) and not force:
             return frozenset()
         self._counter += 1
@@ -315,9 +317,11 @@ class SotwStream:
 # Delta (incremental)
 
 
-@dataclass
+@dataclass(slots=True)
 class _DeltaType:
-    sub: _Subscription = field(default_factory=_Subscription)
+    # the subscription: everything of the type, and/or these names
+    wildcard: bool = False
+    names: frozenset[str] = _NO_NAMES
     # name -> version the node holds, as far as we know: what it said it had, then what we sent
     # (a NACKed version stays here, so it is not sent again until it changes)
     has: dict[str, str] = field(default_factory=dict)
@@ -328,6 +332,8 @@ class _DeltaType:
 
 class DeltaStream:
     """One DeltaAggregatedResources stream."""
+
+    __slots__ = ("_counter", "_pending", "_types", "limits")
 
     def __init__(self, limits: AdsLimits = DEFAULT_LIMITS) -> None:
         self._types: dict[str, _DeltaType] = {}
@@ -340,7 +346,7 @@ class DeltaStream:
 
     def on_request(self, request: DeltaDiscoveryRequest, snapshot: PopResources) -> Step:
         limits = self.limits
-        _check_type(request.type_url, limits)
+        type_url = _check_type(request.type_url, limits)
         _check_nonce(request.response_nonce, limits)
         subscribing, unsubscribing = (
             request.resource_names_subscribe, request.resource_names_unsubscribe
@@ -350,8 +356,7 @@ class DeltaStream:
         _check_names(unsubscribing, len(unsubscribing), "resource_names_unsubscribe", limits)
         _check_names(initial, len(initial), "initial_resource_versions", limits)
         _check_names(initial.values(), 0, "initial_resource_versions (versions)", limits)
-        type_url = request.type_url
-        held = self._types[type_url].sub.names if type_url in self._types else frozenset()
+        held = self._types[type_url].names if type_url in self._types else frozenset()
         if len(held) + len(subscribing) > limits.names_per_subscription:
             after = (held | set(subscribing)) - {WILDCARD} - set(unsubscribing)
             if len(after) > limits.names_per_subscription:
@@ -369,7 +374,9 @@ class DeltaStream:
                 f"not {short_name(type_url)}"
             )
         first = type_url not in self._types
-        state = self._types.setdefault(type_url, _DeltaType())
+        state = self._types.get(type_url)
+        if state is None:
+            state = self._types[type_url] = _DeltaType()
         if answered is not None:
             if request.HasField("error_detail"):
                 step.events.append(
@@ -379,7 +386,7 @@ class DeltaStream:
                 step.events.append(Ack(type_url, answered.version, nonce))
         subscribe = set(request.resource_names_subscribe)
         unsubscribe = set(request.resource_names_unsubscribe)
-        wildcard = state.sub.wildcard
+        wildcard = state.wildcard
         if first:
             state.has = dict(request.initial_resource_versions)
             state.holds = None if state.has else EMPTY
@@ -389,13 +396,13 @@ class DeltaStream:
         if WILDCARD in unsubscribe:
             wildcard = False
         if first or subscribe or unsubscribe:
-            names = (state.sub.names | (subscribe - {WILDCARD})) - unsubscribe
-            if wildcard != state.sub.wildcard or names != state.sub.names:
-                state.sub = _Subscription(wildcard, frozenset(names))
+            names = (state.names | (subscribe - {WILDCARD})) - unsubscribe
+            if wildcard != state.wildcard or names != state.names:
+                state.wildcard, state.names = wildcard, frozenset(names)
         for name in unsubscribe:
             if state.has.pop(name, None) is not None:
                 state.holds = None
-        self._push_type(step, type_url, snapshot, force=first and state.sub.wildcard)
+        self._push_type(step, type_url, snapshot, force=first and state.wildcard)
         if type_url == CLUSTER_TYPE and ENDPOINT_TYPE in self._types:
             self._push_type(step, ENDPOINT_TYPE, snapshot, removals=False)
         return step
@@ -421,8 +428,7 @@ class DeltaStream:
         force: bool = False,
     ) -> None:
         state = self._types[type_url]
-        wanted = _view(snapshot, type_url, state.sub)
-        state.sub = _interned(state.sub, wanted)
+        wanted = _wanted(snapshot, type_url, state)
         resend = self._warming_names(step) if type_url == ENDPOINT_TYPE else set()
         holds = state.holds
         if holds is not None:
@@ -490,7 +496,7 @@ class DeltaStream:
         removed: tuple[str, ...] = ()
         if removals:
             available = index(snapshot, type_url).items
-            scope = set(has) if state.sub.wildcard else state.sub.names & set(has)
+            scope = set(has) if state.wildcard else state.names & set(has)
             removed = tuple(sorted(name for name in scope if name not in available))
         return send, removed
 

@@ -353,7 +353,7 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             capability_key=caps.capabilities.key,
             capability_reason=caps.reason,
         )
-        del node  # a real Envoy's first request lists ~500 extensions: not kept per stream
+        del node, caps  # a real Envoy's first request lists ~500 extensions: not kept
         await self._admission.acquire()  # released once its initial exchange is done
         self.syncing += 1
         state = _Stream(self.limits.queued_requests, self.limits.request_bytes)
@@ -363,7 +363,7 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         )
         self._streams.add(state)
         self._supersede(entry, state)
-        unsubscribe = self.hub.subscribe(pop, state.wake)
+        self.hub.subscribe(pop, state.wake)
         reader = asyncio.create_task(self._read(context, state))
         self._notify(self.callbacks.on_stream_open, entry)
         log.info("node %r connected (%s, PoP %s, %s)", node_id, mode, pop, entry.capability_key)
@@ -406,7 +406,7 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         finally:
             self._end_admission(state)
             reader.cancel()
-            unsubscribe()
+            self.hub.unsubscribe(pop, state.wake)
             self._streams.discard(state)
             self.nodes.disconnect(entry)
             live = self._live.get(entry.node_id)
