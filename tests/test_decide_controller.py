@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from control_plane.decide.controller import (
     ControllerState,
     StepResult,
     home_weights,
+    signals_from_dict,
+    signals_to_dict,
     step,
 )
 from control_plane.decide.signals import OriginSignals
@@ -237,3 +241,12 @@ def test_controller_state_round_trip_and_validation() -> None:
     ]:
         with pytest.raises(ValueError):
             ControllerState.from_dict(bad_data)
+
+
+@given(st.builds(OriginSignals, st.integers(0, 10**6), st.integers(0, 10**6),
+                 st.integers(0, 10**6), st.none() | st.floats(0, 1e4),
+                 st.none() | st.floats(0, 1e4), st.floats(0, 1e4), st.integers(0, 10**6),
+                 st.none() | st.floats(0, 1), st.integers(0, 2**42)))
+def test_signals_recorded_are_the_signals_fields(signals: OriginSignals) -> None:
+    assert signals_to_dict(signals) == asdict(signals)
+    assert signals_from_dict(signals_to_dict(signals)) == signals

@@ -221,3 +221,32 @@ def test_small_score_noise_inside_hysteresis_does_not_move_weights(noise: list[i
         if weights["primary"] - target < policy.hysteresis:
             assert result.weights_after == weights
         weights, state = result.weights_after, result.state
+
+
+@settings(max_examples=200, deadline=None)
+@given(scenario(), st.integers(1, 50))
+def test_streaks_stop_at_their_thresholds_without_changing_a_decision(
+    case: tuple, extra: int
+) -> None:
+    """Streaks count to breach_windows + 1 and return_healthy_windows, then stay (a steady or a
+    sick pair changes no state). Any longer count at a tick — what an uncapped counter would
+    hold — decides the same weights, kind and reason."""
+    policy, names, windows, jitters = case
+    weights = home_weights(names, policy.min_warm_pool)
+    state = ControllerState()
+    for tick, (w, jitter) in enumerate(zip(windows, jitters, strict=True), start=1):
+        signals = signals_of(w, tick * TICK)
+        result = step(policy, names, weights, state, signals, tick * TICK, jitter)
+        assert all(c <= policy.breach_windows + 1 for c in result.state.unhealthy_windows.values())
+        assert all(c <= policy.return_healthy_windows
+                   for c in result.state.healthy_windows.values())
+        longer = ControllerState(
+            unhealthy_windows={n: c + extra if c > policy.breach_windows else c
+                               for n, c in state.unhealthy_windows.items()},
+            healthy_windows={n: c + extra if c >= policy.return_healthy_windows else c
+                             for n, c in state.healthy_windows.items()},
+        )
+        uncapped = step(policy, names, weights, longer, signals, tick * TICK, jitter)
+        assert (uncapped.weights_after, uncapped.kind, uncapped.reason) == (
+            result.weights_after, result.kind, result.reason)
+        weights, state = result.weights_after, result.state

@@ -4,7 +4,7 @@ hysteresis, work-conserving lending with floors, fail static; tables and propert
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import pytest
 from hypothesis import given, settings
@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from control_plane.decide.signals import TierPending, WaitQuantiles
 from control_plane.decide.tiers import (
     TierState,
+    _readings_json,
     actions_in_force,
     plan_lending,
     tier_step,
@@ -436,3 +437,15 @@ def test_actions_of_a_policy_without_demotion_or_shedding() -> None:
     actions = replace(PENDING.tier_actions, demote_share=0, shed_tier=None).actions()
     assert actions == TierActions(demote_tier=None, demote_to=None, demote_share=0,
                                   shed_tier=None, retry_after_s=60)
+
+
+@given(st.builds(
+    TierPending, st.floats(0, 1e4), st.integers(0, 2**40),
+    st.lists(st.tuples(st.text(max_size=6), st.floats(0, 1e4)), max_size=3).map(tuple),
+    st.none() | st.floats(0, 10),
+    st.none() | st.builds(WaitQuantiles, st.floats(0, 1e4), st.floats(0, 1e4),
+                          st.floats(0, 1e4), st.integers(0, 1000))))
+def test_readings_recorded_are_the_readings_fields(reading: TierPending) -> None:
+    """The tier step's inputs hold each reading as `asdict` would (done by hand: it is on
+    every pair's every tick); a field added to the reading shows up in the record."""
+    assert _readings_json({"critical": reading}) == {"critical": asdict(reading)}

@@ -7,10 +7,13 @@ import os
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from control_plane.decisions.log import DecisionLog, format_time, log_files
+from control_plane.decisions.log import DecisionLog, draft, format_time, log_files
 from control_plane.decisions.read import iter_records
 
 T0 = datetime(2024, 5, 1, 16, 2, 10, 123456, tzinfo=UTC)
@@ -139,3 +142,36 @@ def test_routine_records_share_fsyncs_and_are_readable_at_once(
     log.record("node_disconnected", durable=False)
     log.close()
     assert synced == [50, 52, 53], "close() makes the rest durable"
+
+
+@settings(max_examples=60)
+@given(
+    fields=st.fixed_dictionaries({}, optional={
+        "pop": st.text(max_size=8), "group": st.text(max_size=8),
+        "weights_before": st.dictionaries(st.text(max_size=5), st.integers(0, 100), max_size=3),
+        "rule": st.text(max_size=30),
+        "detail": st.dictionaries(st.text(max_size=5), st.none() | st.floats(allow_nan=False)
+                                  | st.text(max_size=5), max_size=3)}),
+    origin=st.sampled_from([{}, {"replica": "r-1", "term": 7}]),
+    count=st.integers(1, 4),
+)
+def test_drafts_written_in_one_go_are_the_records_record_would_write(
+    tmp_path_factory: pytest.TempPathFactory, fields: dict[str, Any], origin: dict[str, Any],
+    count: int,
+) -> None:
+    """A tick's records are made on a worker thread (`draft`) and written together; each line
+    is exactly the JSON of the record returned and told to listeners."""
+    folder = tmp_path_factory.mktemp("drafts")
+    log = DecisionLog(folder, clock=lambda: datetime(2026, 11, 30, 16, 0, tzinfo=UTC))
+    log.origin = origin
+    told: list[dict[str, Any]] = []
+    log.add_listener(told.append)
+    written = log.write_drafts([draft("hold", **fields) for _ in range(count)], durable=False)
+    log.sync()
+    lines = (folder / "decisions.jsonl").read_bytes().splitlines()
+    assert [json.loads(line) for line in lines] == written == told
+    assert lines == [json.dumps(r, separators=(",", ":"), ensure_ascii=False).encode()
+                     for r in written]
+    assert [r["seq"] for r in written] == list(range(1, count + 1)) and log.seq == count
+    log.close()
+

@@ -22,9 +22,9 @@ from control_plane.decisions.read import iter_records
 from control_plane.desired import parse_desired
 from control_plane.desired.model import Desired, Origin, TierActions
 from control_plane.intent.carry_over import carry_over
-from control_plane.intent.owner import PairStep
 from control_plane.intent.running import RunningIntent
 from control_plane.intent.shown import intent_from_json, intent_json
+from control_plane.intent.steps import PairStep
 from control_plane.translate import render_json
 from control_plane.translate.diff import diff_renderings, format_changes
 from control_plane.translate.resources import Capabilities
@@ -148,7 +148,7 @@ async def test_config_applied_diff_equals_what_is_served_tier_actions_included(
         intent, cache, fifo = service.server.intent, service.server.cache, Capabilities()
         # as after ticks that shifted weights and switched the tier actions on in ewr
         moved = {"primary": 70, "secondary": 30}
-        await intent.save_steps([PairStep(EWR, moved, STREAK, ACTIVE)], intent.desired)
+        await intent.apply_steps([PairStep(EWR, moved, STREAK, ACTIVE)], intent.desired)
         intent.update_weights("ewr", "shop", moved)
         on = actions_in_force(intent.desired.group("shop"), ACTIVE)
         assert on is not None and on.demote_share == 50
@@ -192,7 +192,7 @@ async def test_plan_against_the_server_predicts_exactly_what_the_reload_records(
     try:
         intent = service.server.intent
         moved = {"primary": 70, "secondary": 30}
-        await intent.save_steps([PairStep(EWR, moved, STREAK, ACTIVE)], intent.desired)
+        await intent.apply_steps([PairStep(EWR, moved, STREAK, ACTIVE)], intent.desired)
         intent.update_weights("ewr", "shop", moved)
         on = actions_in_force(intent.desired.group("shop"), ACTIVE)
         intent.set_tier_actions("ewr", "shop", on)

@@ -26,7 +26,7 @@ from control_plane.app.envoy_process import EnvoyProcess, free_port
 from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.decide.ramp import RampState
 from control_plane.desired.model import Mirror
-from control_plane.intent.owner import PairStep
+from control_plane.intent.steps import PairStep
 from control_plane.translate.bootstrap import ads_bootstrap
 from control_plane.translate.resources import CLUSTER_TYPE, ROUTE_TYPE, Capabilities
 from tests.support.fleet import write_fast_desired
@@ -149,7 +149,7 @@ async def set_ramp(service: BallastService, ramp: RampState) -> None:
     """Save a ramp state for (ewr, shop), as the reconcile loop's tick does."""
     owner = service.server.intent
     key = ("ewr", "shop")
-    await owner.save_steps(
+    await owner.apply_steps(
         [PairStep(key, owner.weights(*key), owner.controller(key), ramp=ramp)], owner.desired)
 
 

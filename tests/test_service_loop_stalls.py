@@ -17,6 +17,7 @@ from pathlib import Path
 
 from control_plane.app.envoy_process import free_port
 from control_plane.app.service import BallastService, ServiceConfig
+from control_plane.decisions.read import iter_records
 from control_plane.translate.resources import CLUSTER_TYPE, ENDPOINT_TYPE, Capabilities
 from tests.support.ads_desired import fleet_yaml
 from tests.support.xds_client import XdsClient, local_channel, make_node
@@ -67,8 +68,10 @@ async def test_a_full_retranslation_does_not_delay_a_small_pops_push(tmp_path: P
         await client.wait_for(lambda c: len(c.names(CLUSTER_TYPE)) == GROUPS * 4, 30)
         await client.subscribe(ENDPOINT_TYPE, sorted(client.names(CLUSTER_TYPE)))
         await client.wait_for(lambda c: len(c.names(ENDPOINT_TYPE)) == GROUPS * 4, 30)  # + mirror
-        # the first reconcile tick (every pair) is done before anything is measured
-        await _until(lambda: len(service.server.intent.intent.controllers) == POPS * GROUPS)
+        # the first reconcile tick (every pair: a hold, no metrics) is done before anything
+        # is measured
+        await _until(lambda: sum(r["kind"] == "hold" for r in iter_records(tmp_path / "state"))
+                     == POPS * GROUPS)
 
         async def push(step: int) -> float:
             """Shift g000 in p000; seconds until the node holds the new assignment."""

@@ -9,10 +9,11 @@ re-builds only the named PoPs, compares the new resources with the old ones and 
 listeners which PoPs really changed; an entry that did not change stays the same object, and if
 any build raises the cache keeps its source and every entry.
 
-Work that grows with the whole fleet runs off the event loop: `prepare(source)` returns a call
-that builds every cached entry for a new source touching nothing of the cache (a worker thread
-may run it while the loop keeps serving and updating); `commit` swaps it in and re-builds, from
-the source it is given, the PoPs that changed meanwhile. `prepare_entries`/`commit_entries` do
+Work that grows with the whole fleet runs off the event loop: `prepare(source, pops)` returns a
+call that builds the cached entries of `pops` (default: every PoP) for a new source touching
+nothing of the cache (a worker thread may run it while the loop keeps serving and updating);
+`commit` swaps it in and re-builds, from the source it is given, the PoPs that changed
+meanwhile. `prepare_entries`/`commit_entries` do
 the same for building PoPs ahead of their first node.
 """
 
@@ -78,6 +79,7 @@ class Prepared(Generic[S]):
     changed: frozenset[str]
     base: int  # the cache's change count when its state was read
     built: int  # entries built
+    pops: frozenset[str] | None  # the PoPs built (None: every PoP)
 
 
 @dataclass(frozen=True)
@@ -163,29 +165,37 @@ class SnapshotCache(Generic[S]):
             self._touch(*self._pops_of(saved), *self._pops_of(source))
         return changed
 
-    def prepare(self, source: S) -> Callable[[], Prepared[S]]:
-        """Read the cache's entries now; the returned call builds every one of them for
-        `source` and touches nothing of the cache, so it may run on a worker thread while the
-        event loop keeps serving (and updating). `commit` applies it."""
+    def prepare(
+        self, source: S, pops: Collection[str] | None = None
+    ) -> Callable[[], Prepared[S]]:
+        """Read the cache's entries now; the returned call builds those of `pops` (None: all)
+        for `source` and touches nothing of the cache, so it may run on a worker thread while
+        the event loop keeps serving (and updating). `commit` applies it."""
         entries = dict(self._entries)
         base = self._changes
         build = self._build_fn
-        pops = set(self._pops_of(source))
+        known = set(self._pops_of(source))
+        wanted = None if pops is None else frozenset(pops)
 
         def prepare() -> Prepared[S]:
             fresh: dict[tuple[str, str], PopResources] = {}
             changed: set[str] = set()
+            built = 0
             for (pop, cap_key), old in entries.items():
-                if pop not in pops:
+                if pop not in known:
                     changed.add(pop)
                     continue
+                if wanted is not None and pop not in wanted:
+                    fresh[(pop, cap_key)] = old
+                    continue
                 new = build(source, pop, old.capabilities, old)
+                built += 1
                 if same_content(new, old):
                     fresh[(pop, cap_key)] = old
                 else:
                     fresh[(pop, cap_key)] = new
                     changed.add(pop)
-            return Prepared(source, fresh, frozenset(changed), base, len(entries))
+            return Prepared(source, fresh, frozenset(changed), base, built, wanted)
 
         return prepare
 
@@ -207,7 +217,7 @@ class SnapshotCache(Generic[S]):
         except BaseException:
             self._source, self._entries = saved
             raise
-        self._touch(*pops)
+        self._touch(*(pops if prepared.pops is None else prepared.pops & pops))
         self.translations += prepared.built
         changed = prepared.changed | late_changed
         if changed:

@@ -16,6 +16,13 @@ change. Without a tier source, or when it fails, the tier actions hold.
 Each (PoP, group) is reconciled on its own (controller-runtime's per-key reconcile): an
 exception while deciding, logging or pushing one pair is written as a `reconcile_error` record
 for that pair, whose weights and actions hold, and every other pair steps in the same tick.
+
+The event loop does only what costs what changed. On a worker thread: every pair's steps, the
+quiet-run bookkeeping and the records to write (`PairDecision`), what changes in the running
+intent (`intent/steps.changes_of`: in a steady fleet, nothing), then the output of the PoPs
+that changed (an incremental translation). On the loop: one store write of the changed pairs,
+the records (only decisions and the ends of quiet runs), the fsync (on a thread, awaited) and
+the swap that pushes.
 """
 
 from __future__ import annotations
@@ -24,17 +31,20 @@ import asyncio
 import logging
 import random
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from control_plane.decide.controller import ControllerState, StepResult, step
 from control_plane.decide.ramp import RampResult, RampState, ramp_step
 from control_plane.decide.runs import END_KINDS, QuietRun, follow_run
 from control_plane.decide.tiers import TierState, TierStepResult, tier_step
-from control_plane.decisions.log import DecisionLog
+from control_plane.decisions.log import DecisionLog, Draft, draft
 from control_plane.desired.model import Desired, OriginGroup
-from control_plane.intent.owner import IntentOwner, PairStep
+from control_plane.intent.owner import IntentOwner
 from control_plane.intent.running import RunningIntent
+from control_plane.intent.steps import PairStep, TickChanges, changes_of
 from control_plane.observe.source import (
     MetricSource,
     Signals,
@@ -43,6 +53,8 @@ from control_plane.observe.source import (
     wall_ms,
 )
 from control_plane.own_metrics.registry import BallastMetrics
+from control_plane.translate.routes import check_tier_actions
+from control_plane.translate.weights import check_group_weights
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +84,26 @@ class TickOutcome:
     def weights(self) -> dict[str, int]:
         """The weights in force after the tick: the ramp's when it ran, else the controller's."""
         return dict(self.ramp.weights_after if self.ramp else self.result.weights_after)
+
+
+@dataclass(frozen=True)
+class PairDecision:
+    """Everything a tick decided for one (PoP, group), made off the event loop."""
+
+    outcome: TickOutcome
+    step: PairStep  # what the intent owner is given
+    records: tuple[Draft, ...]  # what the decision log gets, in order
+    run: QuietRun | None  # the pair's quiet run after this tick
+
+
+@dataclass(frozen=True)
+class TickPlan:
+    """A tick's decisions and what they change in the running intent."""
+
+    decided: list[PairDecision]
+    failed: list[PairFailure]
+    changes: TickChanges
+    runs: dict[GroupKey, QuietRun | None]  # every pair's quiet run after the tick
 
 
 class Reconciler:
@@ -130,25 +162,63 @@ class Reconciler:
         tiers_by_window = {window: await self._tier_signals(now, window) for window in windows}
         if self.intent.desired is not desired:  # a reload landed while we were reading metrics
             return []
-        # pure steps over every due pair: O(PoPs x groups), so on a worker thread while the loop
-        # keeps serving, from the running intent as it is now; only this reconciler changes
-        # weights and states, and a reload that lands meanwhile voids the tick
+        # every due pair's steps, its records and what changes: O(PoPs x groups), so on a
+        # worker thread while the loop keeps serving, from the running intent as it is now;
+        # only this reconciler changes streaks and states, and a reload voids the tick
         running = self.intent.intent
-        decided = await asyncio.to_thread(lambda: [
+        plan = await asyncio.to_thread(lambda: self._plan([
             self._decide_one(running, pop, group, signals_by_window[group.failover.window_ms],
-                             tiers_by_window[group.failover.window_ms], now)
+                             tiers_by_window[group.failover.window_ms], now, desired)
             for pop, group in due
-        ])
+        ], running))
         if self.intent.desired is not desired:
             return []
-        outcomes = [d for d in decided if isinstance(d, TickOutcome)]
-        failed = [d for d in decided if isinstance(d, PairFailure)]
-        await self._persist_and_push(desired, outcomes, failed)
+        plan, prepared = await self._prepare_output(running, plan)
+        if self.intent.desired is not desired:
+            return []
+        await self._persist_and_push(desired, plan, prepared)
         for pop, group in due:  # a failing pair too: it is retried at its next interval
             self._due[(pop, group.name)] = now + self.interval_ms(group)
         if self.metrics is not None:
             self.metrics.reconcile_tick.observe(time.perf_counter() - started)
-        return outcomes
+        return [decision.outcome for decision in plan.decided]
+
+    def _plan(self, results: list[PairDecision | PairFailure], running: RunningIntent,
+              ) -> TickPlan:
+        decided = [r for r in results if isinstance(r, PairDecision)]
+        failed = [r for r in results if isinstance(r, PairFailure)]
+        runs = {**self._runs, **{(d.outcome.pop, d.outcome.group): d.run for d in decided}}
+        return TickPlan(decided, failed, changes_of(running, [d.step for d in decided]), runs)
+
+    async def _prepare_output(self, running: RunningIntent, plan: TickPlan,
+                              ) -> tuple[TickPlan, Any]:
+        """The output of the PoPs the tick changes, built on a worker thread. A PoP whose
+        translation raises fails its pairs (phase push: nothing of them saved or pushed) and
+        the others go on."""
+        build = self.intent.prepare_changes(running, plan.changes)
+        if build is None:
+            return plan, None
+        try:
+            return plan, await asyncio.to_thread(build)
+        except Exception:
+            log.exception("building the output of the tick's PoPs failed; trying each PoP")
+        broken: dict[str, str] = {}
+        for pop in sorted(plan.changes.pops):
+            alone = [d for d in plan.decided if d.outcome.pop == pop]
+            one = self.intent.prepare_changes(running, changes_of(running, [d.step for d in alone]))
+            if one is None:
+                continue
+            try:
+                await asyncio.to_thread(one)
+            except Exception as err:
+                broken[pop] = f"{type(err).__name__}: {err}"
+        kept = [d for d in plan.decided if d.outcome.pop not in broken]
+        failed = [*plan.failed, *(PairFailure(d.outcome.pop, d.outcome.group, "push",
+                                              broken[d.outcome.pop])
+                                  for d in plan.decided if d.outcome.pop in broken)]
+        plan = await asyncio.to_thread(lambda: self._plan([*kept, *failed], running))
+        build = self.intent.prepare_changes(running, plan.changes)
+        return plan, None if build is None else await asyncio.to_thread(build)
 
     async def _tier_signals(self, now: int, window: int) -> TierSignals | None:
         """None (tier actions hold) without a tier source or when it fails."""
@@ -162,11 +232,27 @@ class Reconciler:
 
     def _decide_one(
         self, running: RunningIntent, pop: str, group: OriginGroup, signals: Signals,
-        tier_signals: TierSignals | None, now: int,
-    ) -> TickOutcome | PairFailure:
-        """`_decide` for one pair; what it raises is that pair's failure only."""
+        tier_signals: TierSignals | None, now: int, desired: Desired,
+    ) -> PairDecision | PairFailure:
+        """One pair's steps, checked, with its records; what it raises is that pair's failure
+        only (its weights, streaks and actions hold)."""
         try:
-            return self._decide(running, pop, group, signals, tier_signals, now)
+            outcome = self._decide(running, pop, group, signals, tier_signals, now)
+            weights = outcome.weights
+            if weights != outcome.result.weights_before:
+                check_group_weights(group, weights)
+            actions = None if outcome.tiers is None else outcome.tiers.actions
+            if actions is not None:
+                check_tier_actions(group, actions)
+            key = (pop, group.name)
+            if self.metrics is not None and key not in self._runs:  # first tick: gauges set
+                for origin, weight in running.weights_of(pop, group.name).items():
+                    self.metrics.weight.labels(pop, group.name, origin).set(weight)
+            decided = PairStep(key, weights, outcome.result.state,
+                             None if outcome.tiers is None else outcome.tiers.state,
+                             None if outcome.ramp is None else outcome.ramp.state, actions)
+            records, run = self._records(outcome, desired)
+            return PairDecision(outcome, decided, records, run)
         except Exception as err:
             log.exception("deciding %s/%s failed", pop, group.name)
             return PairFailure(pop, group.name, "decide", f"{type(err).__name__}: {err}")
@@ -207,56 +293,36 @@ class Reconciler:
         )
         return TickOutcome(pop, group.name, result, tiers, ramp)
 
-    async def _persist_and_push(
-        self, desired: Desired, outcomes: list[TickOutcome], failed: list[PairFailure]
-    ) -> None:
-        """State saved, then every record of the tick written and fsync'd once, then pushed;
-        a pair whose logging or push raises is recorded as failed and the others go on."""
-        await self.intent.save_steps(
-            [
-                PairStep((o.pop, o.group), o.weights, o.result.state,
-                         None if o.tiers is None else o.tiers.state,
-                         None if o.ramp is None else o.ramp.state)
-                for o in outcomes
-            ],
-            desired,
-        )
-        for failure in failed:
+    async def _persist_and_push(self, desired: Desired, plan: TickPlan, prepared: Any) -> None:
+        """State saved, then every record of the tick written and made durable at once, then
+        the changes applied and pushed; a pair whose logging raises is recorded as failed and
+        the others go on."""
+        changes = plan.changes
+        await self.intent.save_changes(changes, desired)
+        for failure in plan.failed:
             self._record_failure(failure, desired)
-        for outcome in outcomes:
-            try:
-                self._log(outcome, desired)
-            except Exception as err:
-                log.exception("logging %s/%s failed", outcome.pop, outcome.group)
-                self._record_failure(PairFailure(outcome.pop, outcome.group, "log",
+        self._write_records(plan.decided, desired)
+        # durable before anything is pushed; the fsync waits on a thread, not on the loop
+        await self.decisions.sync_in_thread()
+        self._runs = plan.runs
+        try:
+            self.intent.apply_changes(changes, prepared)
+        except Exception as err:
+            log.exception("pushing the tick's changes failed")
+            for pop, group in sorted({*changes.weights, *changes.tier_actions}):
+                self._record_failure(PairFailure(pop, group, "push",
                                                  f"{type(err).__name__}: {err}"), desired)
-        self.decisions.sync()  # one fsync for the tick's records, before anything is pushed
-        pushed_failed = False
-        for outcome in outcomes:
-            try:
-                self._push(outcome)
-            except Exception as err:
-                log.exception("pushing %s/%s failed", outcome.pop, outcome.group)
-                self._record_failure(PairFailure(outcome.pop, outcome.group, "push",
-                                                 f"{type(err).__name__}: {err}"), desired)
-                pushed_failed = True
-        if pushed_failed:
-            self.decisions.sync()
-
-    def _push(self, outcome: TickOutcome) -> None:
-        result = outcome.result
-        if outcome.weights != result.weights_before:
-            self.intent.update_weights(outcome.pop, outcome.group, outcome.weights)
-        if outcome.tiers is not None:
-            self.intent.set_tier_actions(outcome.pop, outcome.group, outcome.tiers.actions)
+            await self.decisions.sync_in_thread()
+            return
         if self.metrics is not None:
-            for origin, weight in outcome.weights.items():
-                self.metrics.weight.labels(outcome.pop, outcome.group, origin).set(weight)
+            for (pop, group), weights in changes.weights.items():
+                for origin, weight in weights.items():
+                    self.metrics.weight.labels(pop, group, origin).set(weight)
 
     def _record_failure(self, failure: PairFailure, desired: Desired) -> None:
         held = {"decide": "its weights and tier actions hold",
                 "log": "what it decided is saved and pushed, not logged",
-                "push": "what it decided is saved, not pushed; its next tick decides again"}[
+                "push": "what it decided is not pushed; its next tick decides again"}[
                     failure.phase]
         self.decisions.record(
             "reconcile_error",
@@ -271,42 +337,60 @@ class Reconciler:
         if self.metrics is not None:
             self.metrics.decisions.labels("reconcile_error").inc()
 
-    def _log(self, outcome: TickOutcome, desired: Desired) -> None:
-        """The tick's records: a run of quiet ticks is written when it starts and when it ends
+    def _records(self, outcome: TickOutcome, desired: Desired,
+                 ) -> tuple[tuple[Draft, ...], QuietRun | None]:
+        """The tick's records of one pair, made ready to write, and its quiet run after the
+        tick: a run of quiet ticks is written when it starts and when it ends
         (`decide/runs.py`), every other decision each time."""
         result = outcome.result
         key = (outcome.pop, outcome.group)
         run = follow_run(self._runs.get(key), result, result.inputs["now_ms"],
                          first_tick=key not in self._runs)
-        self._runs[key] = run.run
+        records: list[tuple[str, dict[str, Any]]] = []
         if run.ended is not None:
-            fields = {"weights_before": dict(result.weights_before),
-                      "weights_after": dict(result.weights_before), **run.ended.end_fields(
-                          result.kind)}
-            self._record(outcome, END_KINDS[run.ended.kind], fields, desired)
+            records.append((END_KINDS[run.ended.kind], {
+                "weights_before": dict(result.weights_before),
+                "weights_after": dict(result.weights_before),
+                **run.ended.end_fields(result.kind)}))
         if run.write_tick:
-            self._record(outcome, result.kind, result.record_fields(), desired)
+            records.append((result.kind, result.record_fields()))
         if outcome.ramp is not None and outcome.ramp.kind is not None:
-            self._record(outcome, outcome.ramp.kind,
-                         outcome.ramp.record_fields(result.weights_before), desired)
+            records.append((outcome.ramp.kind,
+                            outcome.ramp.record_fields(result.weights_before)))
         if outcome.tiers is not None:
-            for decision in outcome.tiers.decisions:
-                self._record(outcome, decision.kind, outcome.tiers.record_fields(decision),
-                             desired)
+            records.extend((decision.kind, outcome.tiers.record_fields(decision))
+                           for decision in outcome.tiers.decisions)
+        version = desired.digest[:16]
+        return tuple(draft(kind, pop=outcome.pop, group=outcome.group, config_version=version,
+                           **fields) for kind, fields in records), run.run
 
-    def _record(
-        self, outcome: TickOutcome, kind: str, fields: dict[str, object], desired: Desired
-    ) -> None:
-        self.decisions.record(
-            kind,
-            durable=False,  # made durable by the tick's one sync, before the push
-            pop=outcome.pop,
-            group=outcome.group,
-            config_version=desired.digest[:16],
-            **fields,
-        )
+    def _write_records(self, decided: list[PairDecision], desired: Desired) -> None:
+        """Every record of the tick in one write, made durable by the tick's one sync (before
+        the push). If that write fails, each pair's records are written on their own, and a
+        pair whose records cannot be is recorded as failed while the others go on."""
+        drafts = [made for decision in decided for made in decision.records]
+        try:
+            self.decisions.write_drafts(drafts, durable=False)
+        except Exception:
+            log.exception("writing the tick's records failed; writing each pair's on its own")
+        else:
+            self._count(drafts)
+            return
+        for decision in decided:
+            try:
+                self.decisions.write_drafts(decision.records, durable=False)
+            except Exception as err:
+                outcome = decision.outcome
+                log.exception("logging %s/%s failed", outcome.pop, outcome.group)
+                self._record_failure(PairFailure(outcome.pop, outcome.group, "log",
+                                                 f"{type(err).__name__}: {err}"), desired)
+            else:
+                self._count(decision.records)
+
+    def _count(self, drafts: list[Draft] | tuple[Draft, ...]) -> None:
         if self.metrics is not None:
-            self.metrics.decisions.labels(kind).inc()
+            for kind, count in Counter(made.kind for made in drafts).items():
+                self.metrics.decisions.labels(kind).inc(count)
 
     def defer_all(self, now_ms: int) -> None:
         """Every pair's next step one interval from `now_ms` (a new leader: the last one may

@@ -55,7 +55,7 @@ def intent_and_cache(
     intent translated (`translate_intent`)."""
     owner = IntentOwner(desired, store=store)
     cache = SnapshotCache(translate_intent, intent_pops, owner.intent)
-    owner.connect(cache.update)
+    owner.connect(cache)
     return owner, cache
 
 

@@ -8,7 +8,10 @@ to replay it (``replay_record``). The rules, with seed 002's numbers as defaults
    ``stale_after_ms``: the weights and the streaks are held and the reason is given.
 2. **Streaks.** A window *breaches* when 5xx + connect failures > ``error_rate_threshold`` or
    p95 > ``p95_threshold_ms``; it is *healthy* when it does not breach and p50 < ``return_p50_ms``.
-   Each origin counts consecutive breached and consecutive healthy windows.
+   Each origin counts consecutive breached and consecutive healthy windows, up to the thresholds
+   that read them (``breach_windows`` + 1, so a rule can say "more than N";
+   ``return_healthy_windows``): a pair that stays healthy, or stays sick, changes no state and
+   costs the store nothing. (A threshold raised by a reload is met by counting on from there.)
 3. **Leave.** An origin breaching for ``breach_windows`` consecutive windows is *sick*. Its target
    comes from the mode: ``health_proportional`` (the composite score x 100), ``linear`` (minus
    ``shift_step``) or ``exponential`` (half its weight; each receiving standby at most doubles:
@@ -29,7 +32,7 @@ to replay it (``replay_record``). The rules, with seed 002's numbers as defaults
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from control_plane.decide.health import (
@@ -118,8 +121,13 @@ class StepResult:
         }
 
 
+_SIGNAL_FIELDS = tuple(f.name for f in fields(OriginSignals))
+
+
 def signals_to_dict(signals: OriginSignals) -> dict[str, Any]:
-    return asdict(signals)
+    """The fields as a dict (all plain values: `asdict`'s deep copy is 10x the cost, per origin
+    per pair per tick)."""
+    return {name: getattr(signals, name) for name in _SIGNAL_FIELDS}
 
 
 def signals_from_dict(data: Mapping[str, Any]) -> OriginSignals:
@@ -189,7 +197,8 @@ class _Tick:
 
     def why(self, name: str) -> str:
         count, need = self.state.unhealthy(name), self.policy.breach_windows
-        windows = f"window {count} of {need}" if count <= need else f"{count} windows in a row"
+        windows = (f"window {count} of {need}" if count <= need
+                   else f"more than {need} windows in a row")
         return (
             f"{name} {', '.join(self.breaches[name])} ({windows}); "
             f"score {self.scores[name].describe()}"
@@ -288,7 +297,7 @@ def _return(tick: _Tick) -> tuple[dict[str, int], str, str] | None:
     weights = dict(tick.current)
     _transfer(weights, donors, [(to, amount)], amount)
     rule = (
-        f"{to} healthy {tick.state.healthy(to)} windows in a row (need {need}, p50 < "
+        f"{to} healthy {need} or more windows in a row (need {need}, p50 < "
         f"{policy.return_p50_ms} ms); return step {base} (return speed {policy.return_speed:g}), "
         f"jitter {tick.jitter:+d} → moved {amount}; score {tick.scores[to].describe()}"
     )
@@ -397,12 +406,18 @@ def step(
         )
     scores = {name: score_origin(signals[name], policy) for name in preference}
     breaches = {name: breach_reasons(signals[name], policy) for name in preference}
+    # streaks count up to the thresholds that read them (one past, for the breach, so a rule
+    # can say "more than N"), then stay: a pair that stays healthy or sick changes no state
+    unhealthy_cap = policy.breach_windows + 1
+    healthy_cap = policy.return_healthy_windows
     new_state = ControllerState(
         unhealthy_windows={
-            name: state.unhealthy(name) + 1 if breaches[name] else 0 for name in preference
+            name: min(state.unhealthy(name) + 1, unhealthy_cap) if breaches[name] else 0
+            for name in preference
         },
         healthy_windows={
-            name: state.healthy(name) + 1 if is_healthy_window(signals[name], policy) else 0
+            name: min(state.healthy(name) + 1, healthy_cap)
+            if is_healthy_window(signals[name], policy) else 0
             for name in preference
         },
     )

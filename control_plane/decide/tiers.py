@@ -39,10 +39,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
-from control_plane.decide.signals import TierPending
+from control_plane.decide.signals import TierPending, WaitQuantiles
 from control_plane.desired.model import SHED_STATUS, OriginGroup, TierActionPolicy, TierActions
 
 TierKind = Literal["tier_action", "tier_shed", "tier_lend"]
@@ -496,7 +496,20 @@ def _lending(
 
 
 def _readings_json(readings: Mapping[str, TierPending]) -> dict[str, Any]:
-    return {name: asdict(r) for name, r in sorted(readings.items())}
+    return {name: _reading_json(r) for name, r in sorted(readings.items())}
+
+
+def _reading_json(reading: TierPending) -> dict[str, Any]:
+    """`asdict(reading)` without its deep copies (a reading per tier per pair per tick; every
+    field but `wait` is a plain value or a tuple of them)."""
+    data = {name: getattr(reading, name) for name in _READING_FIELDS}
+    if reading.wait is not None:
+        data["wait"] = {name: getattr(reading.wait, name) for name in _WAIT_FIELDS}
+    return data
+
+
+_READING_FIELDS = tuple(f.name for f in fields(TierPending))
+_WAIT_FIELDS = tuple(f.name for f in fields(WaitQuantiles))
 
 
 def tier_step(

@@ -12,11 +12,13 @@ restarts: the writer reads the last one on open.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -39,6 +41,33 @@ FIELDS: tuple[str, ...] = (
 
 Clock = Callable[[], datetime]
 Listener = Callable[[dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class Draft:
+    """A decision record checked and serialized ahead of its writing — everything but its time
+    and seq — so the work can happen off the event loop (`draft`, then `write_drafts`)."""
+
+    kind: str
+    fields: dict[str, Any]  # every name of FIELDS, None where not given
+    body: str  # the fields as JSON members, without the braces
+
+
+def draft(kind: str, **fields: Any) -> Draft:
+    """A record of `kind` made ready to write. Unknown kinds (ValueError) or fields (TypeError)
+    raise."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown decision kind {kind!r}; known: {', '.join(KINDS)}")
+    unknown = set(fields) - set(FIELDS)
+    if unknown:
+        raise TypeError(f"unknown decision record fields: {', '.join(sorted(unknown))}")
+    full = {name: fields.get(name) for name in FIELDS}
+    return Draft(kind, full, _members(full))
+
+
+def _members(values: dict[str, Any]) -> str:
+    """`values` as the members of a JSON object (the log's compact encoding)."""
+    return json.dumps(values, separators=(",", ":"), ensure_ascii=False)[1:-1]
 
 
 def rotated_name(index: int) -> str:
@@ -165,21 +194,30 @@ class DecisionLog:
 
         `durable=False`: written now, fsync'd with the next durable record or `sync()`.
         """
-        if kind not in KINDS:
-            raise ValueError(f"unknown decision kind {kind!r}; known: {', '.join(KINDS)}")
-        unknown = set(fields) - set(FIELDS)
-        if unknown:
-            raise TypeError(f"unknown decision record fields: {', '.join(sorted(unknown))}")
-        record: dict[str, Any] = {
-            "time": format_time(self._clock()),
-            "seq": self.seq + 1,
-            "kind": kind,
-            **{name: fields.get(name) for name in FIELDS},
-            **self.origin,
-        }
-        self._append(record, durable)
-        self._tell(record)
-        return record
+        return self.write_drafts([draft(kind, **fields)], durable=durable)[0]
+
+    def write_drafts(self, drafts: Sequence[Draft], *, durable: bool = True
+                     ) -> list[dict[str, Any]]:
+        """Append records made ahead (`draft`), with one time, in one write (all or none of them
+        are in the log after it: a failed write is taken back); returns them as written."""
+        if not drafts:
+            return []
+        stamp = format_time(self._clock())
+        time = json.dumps(stamp)
+        origin = self.origin
+        tail = f",{_members(origin)}" if origin else ""
+        lines: list[str] = []
+        records: list[dict[str, Any]] = []
+        seq = self.seq
+        for made in drafts:
+            seq += 1
+            lines.append(f'{{"time":{time},"seq":{seq},"kind":"{made.kind}",{made.body}{tail}}}\n')
+            records.append({"time": stamp, "seq": seq, "kind": made.kind,
+                            **made.fields, **origin})
+        self._write("".join(lines).encode(), len(drafts), durable)
+        for record in records:
+            self._tell(record)
+        return records
 
     def append_replicated(self, record: dict[str, Any], *, durable: bool = True) -> dict[str, Any]:
         """Append a record another replica wrote (its time, kind, fields, replica and term kept;
@@ -200,22 +238,26 @@ class DecisionLog:
 
     def _append(self, record: dict[str, Any], durable: bool) -> None:
         line = (json.dumps(record, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
-        size = os.fstat(self._fd).st_size
-        if size and size + len(line) > self.max_bytes:
-            self._rotate()
+        self._write(line, 1, durable)
+
+    def _write(self, data: bytes, count: int, durable: bool) -> None:
+        """Append `count` whole lines in one write (rotating first when they would not fit)."""
         before = os.fstat(self._fd).st_size
+        if before and before + len(data) > self.max_bytes:
+            self._rotate()
+            before = os.fstat(self._fd).st_size
         try:
-            written = os.write(self._fd, line)
-            if written != len(line):
+            written = os.write(self._fd, data)
+            if written != len(data):
                 raise OSError(errno.ENOSPC, f"short write to {self.path}: {written} of "
-                              f"{len(line)} bytes")
+                              f"{len(data)} bytes")
         except OSError:
-            # a full disk: take back what part of the line got in, so the next record (once
+            # a full disk: take back what part of the lines got in, so the next record (once
             # there is space) starts a line of its own; nothing is counted as written
             with contextlib.suppress(OSError):
                 os.ftruncate(self._fd, before)
             raise
-        self.seq += 1
+        self.seq += count
         if durable:
             os.fsync(self._fd)  # also covers every earlier non-durable line
             self._dirty = False
@@ -231,6 +273,21 @@ class DecisionLog:
         if self._dirty and self._fd >= 0:
             os.fsync(self._fd)
             self._dirty = False
+
+    async def sync_in_thread(self) -> None:
+        """`sync()` with the fsync on a worker thread, so the event loop keeps serving while the
+        disk works; records written meanwhile are left to the next sync."""
+        if not self._dirty or self._fd < 0:
+            return
+        fd = os.dup(self._fd)  # a rotation meanwhile closes the log's descriptor, not this one
+        self._dirty = False
+        try:
+            await asyncio.to_thread(os.fsync, fd)
+        except BaseException:
+            self._dirty = True
+            raise
+        finally:
+            os.close(fd)
 
     def close(self) -> None:
         if self._fd >= 0:

@@ -5,26 +5,32 @@ tier states, ramp states and tier actions, a hot reload (`update_desired`, the `
 rule), the start-up restore (`restore`, the same rule applied to what the store held). The
 owner keeps one immutable `RunningIntent` and swaps it whole.
 
-After each change of what Envoys get, the owner calls `publish(intent, pops)` — wired by the
-app to the ADS output cache — which rebuilds the output of `pops` (None: every PoP built so
-far) from the new intent and returns the PoPs whose output really changed. If publishing
-raises (a translation failed), the owner keeps the intent it had and re-raises: a change is
-never half-applied. Streaks and tier states change no output and publish nothing; a ramp state
-publishes its PoP when the cache-warming mirror it implies starts or stops (routes only).
+After each change of what Envoys get, the owner tells its `Output` — wired by the app to the
+ADS output cache — which rebuilds the output of the PoPs concerned from the new intent and
+returns the PoPs whose output really changed. If that raises (a translation failed), the owner
+keeps the intent it had and re-raises: a change is never half-applied. Streaks and tier states
+change no output and publish nothing; a ramp state publishes its PoP when the cache-warming
+mirror it implies starts or stops (routes only).
+
+A reconcile tick's changes (`steps.TickChanges`) go through in three parts, so that the event
+loop only does what costs what changed: `prepare_changes` (the output of the PoPs concerned,
+built by a call that may run on a worker thread), `save_changes` (one store write) and
+`apply_changes` (the swap, and the prepared output committed).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import replace
+from typing import Any, Protocol
 
 from control_plane.decide.controller import ControllerState
 from control_plane.decide.ramp import RampState
 from control_plane.decide.tiers import TierState
 from control_plane.desired.model import Desired, GroupWeights, OriginGroup, TierActions
 from control_plane.intent.carry_over import CarryOver, carry_over
-from control_plane.intent.running import RunningIntent, ramp_key, tier_key
+from control_plane.intent.running import RunningIntent, tier_key
+from control_plane.intent.steps import PairStep, TickChanges, applied, changes_of
 from control_plane.intent.store import (
     RAMP_KIND,
     TIER_KIND,
@@ -38,18 +44,23 @@ from control_plane.translate import UnknownPop
 from control_plane.translate.routes import check_tier_actions
 from control_plane.translate.weights import WeightsError, check_group_weights
 
-Publish = Callable[[RunningIntent, Collection[str] | None], frozenset[str]]
 
+class Output(Protocol):
+    """Where the running intent becomes what Envoys get (the app's ADS output cache)."""
 
-@dataclass(frozen=True)
-class PairStep:
-    """What one reconcile tick decided for a (PoP, group), to be saved."""
+    def update(self, source: RunningIntent, pops: Collection[str] | None) -> frozenset[str]:
+        """Rebuild the output of `pops` (None: all) from `source`; the PoPs that changed."""
+        ...
 
-    key: PairKey
-    weights: GroupWeights
-    controller: ControllerState
-    tier_state: TierState | None = None  # None: the tier step did not run
-    ramp: RampState | None = None  # None: the ramp step did not run
+    def prepare(self, source: RunningIntent, pops: Collection[str] | None = None
+                ) -> Callable[[], Any]:
+        """A call that builds the output of `pops` for `source` touching nothing (a worker
+        thread may run it); `commit` applies what it returns."""
+        ...
+
+    def commit(self, prepared: Any, source: RunningIntent) -> frozenset[str]:
+        """Swap in what a prepared call built, with `source` (which may be newer)."""
+        ...
 
 
 class IntentOwner:
@@ -58,15 +69,15 @@ class IntentOwner:
         desired: Desired,
         *,
         store: IntentStore | None = None,
-        publish: Publish | None = None,
+        output: Output | None = None,
     ) -> None:
         self._intent = RunningIntent(desired)
         self.store = store
-        self._publish = publish
+        self._output = output
 
-    def connect(self, publish: Publish) -> None:
+    def connect(self, output: Output) -> None:
         """Where changes of what Envoys get are published (the app's output cache)."""
-        self._publish = publish
+        self._output = output
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -209,47 +220,45 @@ class IntentOwner:
 
     # -- streaks and persistence -----------------------------------------------------------
 
-    async def save_steps(self, steps: Sequence[PairStep], desired: Desired) -> None:
-        """Save a tick's decisions in one store write (weights and streaks of the pairs where
-        they changed, the tier and ramp states that changed, the desired digest), then hold the
-        streaks, tier and ramp states. Weights and tier actions reach Envoys only through
-        `update_weights` / `set_tier_actions`; a mirror starting or stopping with a ramp state
-        is published here, after the write.
-        """
-        changed = [s for s in steps if s.weights != self._intent.weights_of(*s.key)
-                   or s.controller != self.controller(s.key)]
-        tiers: dict[PairKey, TierState | None] = {}
-        ramps: dict[PairKey, RampState | None] = {}
-        for step in steps:
-            new = step.tier_state
-            if new is not None and new != self.tier_state(step.key):
-                tiers[step.key] = None if new.idle else new
-            ramp = step.ramp
-            if ramp is not None and ramp != self.ramp_state(step.key):
-                ramps[step.key] = None if ramp == RampState() else ramp
-        if self.store is not None and (changed or tiers or ramps):
-            await self.store.write(IntentBatch(
-                groups=tuple((*s.key, s.weights, s.controller) for s in changed),
-                records=(
-                    *((TIER_KIND, tier_key(*key), None if state is None else state.to_dict())
-                      for key, state in tiers.items()),
-                    *((RAMP_KIND, ramp_key(*key), None if ramp is None else ramp.to_dict())
-                      for key, ramp in ramps.items()),
-                ),
-                desired_digest=desired.digest,
-            ))
-        before = self._intent
-        after = replace(
-            before,
-            controllers={**before.controllers, **{s.key: s.controller for s in steps}},
-            tier_states=_merged(before.tier_states, tiers),
-            ramps=_merged(before.ramps, ramps),
-        )
-        mirrored = {key[0] for key in ramps if before.mirror(*key) != after.mirror(*key)}
-        if mirrored:  # a mirror starts or stops with its ramp: those PoPs' routes change
-            self._swap(after, mirrored)
-        else:
-            self._intent = after
+    def prepare_changes(
+        self, base: RunningIntent, changes: TickChanges
+    ) -> Callable[[], Any] | None:
+        """A call that builds, for `changes` laid over `base`, the output of the PoPs they
+        concern, touching nothing (a worker thread may run it); None when there is nothing to
+        build. `apply_changes` commits what it returns."""
+        if self._output is None or not changes.pops:
+            return None
+        return self._output.prepare(applied(base, changes), changes.pops)
+
+    async def save_changes(self, changes: TickChanges, desired: Desired) -> None:
+        """A tick's changes saved in one store write (nothing when nothing is stored)."""
+        batch = changes.batch(desired.digest)
+        if self.store is not None and batch:
+            await self.store.write(batch)
+
+    def apply_changes(self, changes: TickChanges, prepared: Any = None) -> frozenset[str]:
+        """`changes` laid over the running intent (pair by pair: changes made meanwhile to other
+        pairs stay) and published: by committing `prepared` (from `prepare_changes`), else by
+        rebuilding the PoPs concerned now. The PoPs whose output changed."""
+        new = applied(self._intent, changes)
+        if prepared is None:
+            return self._swap(new, changes.pops) if changes.pops else self._set(new)
+        output = self._output
+        if output is None:
+            raise RuntimeError("prepared output without an output to commit it to")
+        old, self._intent = self._intent, new
+        try:
+            return output.commit(prepared, new)
+        except BaseException:
+            self._intent = old
+            raise
+
+    async def apply_steps(self, steps: Sequence[PairStep], desired: Desired) -> frozenset[str]:
+        """What `steps` change, saved, then applied and published on the spot (a few pairs;
+        the reconcile loop prepares the output off the event loop instead)."""
+        changes = changes_of(self._intent, steps)
+        await self.save_changes(changes, desired)
+        return self.apply_changes(changes)
 
     async def save_desired(self, before: RunningIntent, after: RunningIntent) -> None:
         """A desired-state change from `before` to `after` (its carry-over) saved: the new
@@ -277,13 +286,18 @@ class IntentOwner:
 
     def _swap(self, new: RunningIntent, pops: Iterable[str] | None) -> frozenset[str]:
         old, self._intent = self._intent, new
-        if self._publish is None:
+        if self._output is None:
             return frozenset()
         try:
-            return self._publish(new, None if pops is None else frozenset(pops))
+            return self._output.update(new, None if pops is None else frozenset(pops))
         except BaseException:
             self._intent = old
             raise
+
+    def _set(self, new: RunningIntent) -> frozenset[str]:
+        """A change that alters no output."""
+        self._intent = new
+        return frozenset()
 
     def _check_pop(self, pop: str) -> None:
         if not self.has_pop(pop):
@@ -314,15 +328,3 @@ def _parsed(
             parsed[keys[key]] = state
     return parsed
 
-
-def _merged(
-    held: Mapping[PairKey, Any], changes: Mapping[PairKey, Any | None]
-) -> dict[PairKey, Any]:
-    """`held` with `changes` applied (None: removed)."""
-    merged = dict(held)
-    for key, value in changes.items():
-        if value is None:
-            merged.pop(key, None)
-        else:
-            merged[key] = value
-    return merged

@@ -8,15 +8,19 @@ last completed save. Anything unreadable raises ``StateCorrupted`` naming the fi
 never reset silently (move the file aside to start from defaults on purpose). A file that is
 there but empty (0 bytes, or no tables) while the state directory shows earlier use
 (``history``, e.g. a decision log) raises ``StateSuspicious``: a failed copy or a full disk looks
-exactly like that. ``read``/``write`` are the ``IntentStore`` interface (``store.py``); they run
-the local transaction inline.
+exactly like that. ``read``/``write`` are the ``IntentStore`` interface (``store.py``);
+``write`` runs its transaction on a worker thread (a reconcile tick's rows are serialized and
+synced to disk there, not on the event loop); one lock keeps the connection to one thread at a
+time.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sqlite3
+import threading
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -71,8 +75,9 @@ class StateStore:
         self._size_before = self.path.stat().st_size if self._existed else 0
         self._history = history
         self.blank = False
+        self._lock = threading.Lock()
         try:
-            self._db = sqlite3.connect(self.path, isolation_level=None)
+            self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as exc:
             raise StateCorrupted(f"{self.path}: cannot open: {exc}") from exc
         try:
@@ -122,13 +127,14 @@ class StateStore:
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            yield self._db
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
 
     def save_groups(
         self,
@@ -238,8 +244,10 @@ class StateStore:
 
     async def write(self, batch: IntentBatch) -> None:
         """One transaction: pairs saved and forgotten, records put and deleted, the digest."""
-        if not batch:
-            return
+        if batch:
+            await asyncio.to_thread(self._write, batch)
+
+    def _write(self, batch: IntentBatch) -> None:
         rows = [
             (pop, group, json.dumps(check_weights(weights), sort_keys=True),
              json.dumps(state.to_dict(), sort_keys=True))
@@ -271,7 +279,8 @@ class StateStore:
                 )
 
     def close(self) -> None:
-        self._db.close()
+        with self._lock:
+            self._db.close()
 
     def __enter__(self) -> StateStore:
         return self
