@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from control_plane.app.envoy_process import free_port
+from control_plane.app.server import translate_intent
 from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.cli.admin_client import AdminClient
 from control_plane.cli.plan import plan_against_server
@@ -216,3 +217,34 @@ def test_the_running_intent_reads_back_from_its_json() -> None:
     shown = json.loads(json.dumps(intent_json(intent)))
     assert shown["pops"] == ["ewr", "sjc"] and shown["digest"] == desired.digest
     assert intent_from_json(shown, desired) == intent
+
+
+async def test_a_weight_change_landing_while_a_reload_saves_is_kept(tmp_path: Path) -> None:
+    """The reload's store write is awaited (on a thread); a reconcile step that lands meanwhile
+    is carried over too, not reverted by the swap."""
+    text = Path("examples/desired.yaml").read_text()
+    path = tmp_path / "desired.yaml"
+    path.write_text(text)
+    service = BallastService(ServiceConfig(
+        desired_path=path, state_dir=tmp_path / "state",
+        xds_address=f"127.0.0.1:{free_port()}", admin_address=None, probes=False,
+    ))
+    await service.start()
+    try:
+        intent = service.server.intent
+        save = intent.save_desired
+        moved = {"primary": 70, "secondary": 30}
+
+        async def save_while_a_step_lands(before: RunningIntent, after: RunningIntent) -> None:
+            await save(before, after)
+            intent.update_weights("ewr", "shop", moved)  # as a tick would, meanwhile
+
+        intent.save_desired = save_while_a_step_lands  # type: ignore[method-assign]
+        edited = text.replace("demote_share: 50%", "demote_share: 30%")
+        assert await service.apply_desired_bytes(edited.encode())
+        assert intent.weights("ewr", "shop") == moved
+        served = service.server.cache.resources("ewr", Capabilities())  # what Envoys get
+        assert render_json(served) == render_json(
+            translate_intent(intent.intent, "ewr", Capabilities()))
+    finally:
+        await service.stop()
