@@ -261,7 +261,7 @@ async def test_streams_per_connection_are_bounded(server: Any) -> None:
 
 async def test_a_client_that_does_not_read_stops_being_read(server: Any) -> None:
     """Requests whose responses the client never reads: the server's writes block, it stops
-    reading that stream (at most `queued_requests` waiting), and the client's own writes stall
+    reading that stream (one request read at a time), and the client's own writes stall
     on gRPC flow control instead of piling up in the server's memory (before: 40 MB/s)."""
     ballast, _ = server
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -28,7 +28,6 @@ class AdsLimits:
     message_chars: int = 2048  # NACK error messages, as kept and recorded
     text_chars: int = 256  # other reported node text: versions, PoP names in messages
     names_per_subscription: int = 10_000
-    queued_requests: int = 8  # read but not yet handled, per stream: then reading stops
     streams_per_connection: int = 100
     # streams doing their initial exchange at once (all types answered and ACKed, or
     # `initial_sync_s`); the others wait unread, so a reconnect storm cannot queue the pushes

@@ -1,18 +1,19 @@
 """The thin grpc.aio adapter: AggregatedDiscoveryService streams around the sans-I/O core.
 
 Each stream: read the first request, find the node's PoP (`node.locality.zone`, else
-`node.metadata["pop"]`) and capabilities (`node.extensions`), then loop over two inputs — the
-node's requests and wake-ups from the push hub — feeding them to `SotwStream`/`DeltaStream`
-and writing what comes out. Unknown PoPs and malformed requests end the stream with
-INVALID_ARGUMENT and a message saying why; nothing is sent to such a node. What happens on a
-stream is told to the embedder through `Callbacks` (`callbacks.py`).
+`node.metadata["pop"]`) and capabilities (`node.extensions`), then serve two inputs — the
+node's requests (read and handled one at a time by a reader task) and wake-ups from the push
+hub (handled by the stream's own task) — feeding them to `SotwStream`/`DeltaStream` and writing
+what comes out. Unknown PoPs and malformed requests end the stream with INVALID_ARGUMENT and a
+message saying why; nothing is sent to such a node. What happens on a stream is told to the
+embedder through `Callbacks` (`callbacks.py`).
 
-Bounds (`limits.py`): requests over a size bound end the stream; a stream holds at most
-`queued_requests` requests read but not handled — a client that does not read its responses
-blocks our writes, so we stop reading it and gRPC flow control pushes back on its sends; NACK
-messages are truncated before anyone sees them, and a repeated NACK of the same (type,
-version) is logged once and counted (`NodeEntry.nacked`); what is kept per stream (fallback
-bookkeeping, NACK counts) lives in its `NodeEntry` and goes with it.
+Bounds (`limits.py`): requests over a size bound end the stream; a stream holds at most one
+request read but not handled — a client that does not read its responses blocks our writes,
+so we stop reading it and gRPC flow control pushes back on its sends; NACK messages are
+truncated before anyone sees them, and a repeated NACK of the same (type, version) is logged
+once and counted (`NodeEntry.nacked`); what is kept per stream (fallback bookkeeping, NACK
+counts) lives in its `NodeEntry` and goes with it.
 
 With `verify_peer` (mTLS on), the client certificate's identity must name the PoP and node id
 the first request claims, else the stream ends with PERMISSION_DENIED (`on_stream_refused`).
@@ -85,20 +86,24 @@ def server_options(limits: AdsLimits = DEFAULT_LIMITS) -> tuple[tuple[str, int],
 VerifyPeer = Callable[[grpc.aio.ServicerContext[Any, Any], str, str], str | None]
 
 
-
 class _Signal:
-    """What a stream's inbox holds besides requests."""
+    """What a stream's handler is told: a push is due, or how the stream ends (gRPC status
+    and details; or the exception the reader's request raised, raised again by the handler)."""
 
-    __slots__ = ("name",)
+    __slots__ = ("details", "error", "status")
 
-    def __init__(self, name: str) -> None:
-        self.name = name
+    def __init__(
+        self, status: grpc.StatusCode, details: str = "", error: Exception | None = None
+    ) -> None:
+        self.status, self.details, self.error = status, details, error
 
 
-_PUSH = _Signal("push")  # the PoP's resources changed
-_CLOSE = _Signal("close")  # the server shuts down
-_EOF = _Signal("end of stream")  # the client ended the stream (or it broke)
-_SUPERSEDED = _Signal("superseded")  # a newer stream with the same node id
+_PUSH = _Signal(grpc.StatusCode.OK, "push")  # the PoP's resources changed
+_CLOSE = _Signal(grpc.StatusCode.UNAVAILABLE, "ballast is shutting down")
+_EOF = _Signal(grpc.StatusCode.OK)  # the client ended the stream (or it broke)
+_SUPERSEDED = _Signal(
+    grpc.StatusCode.ABORTED, "a newer stream with the same node id replaced this one"
+)
 
 
 class NodeRejected(Exception):
@@ -159,41 +164,37 @@ def _initial_sync_done(entry: NodeEntry) -> bool:
 
 
 class _Stream:
-    """The servicer's side of one open stream: its inbox and its initial-sync slot.
+    """The servicer's side of one open stream: what its handler is told, whose turn it is to
+    write, and its initial-sync slot.
 
-    The inbox holds, in order, requests read but not yet handled and signals (a push is due,
-    the stream must end). At most `count` requests and `size` bytes wait (one request always
-    fits); the reader waits for room before reading the next one, so a stream whose writes are
-    blocked (a client not reading) stops being read. A plain list and at most one waiting
-    future per side: an `asyncio.Queue` and two `Event`s held six deques per stream (~4 KB, a
-    tenth of a connected node's memory in a large fleet)."""
+    Two tasks serve a stream: the reader reads a request and handles it (computes the step,
+    writes its responses) before it reads the next, so a stream whose writes are blocked (a
+    client not reading) stops being read; the handler waits for pushes and the stream's end.
+    They take turns (FIFO) to compute and write steps, so responses go out in the order their
+    nonces were given. Slots and at most one waiting future per purpose: a queue, two events,
+    a lock and closures per stream held ~5 KB (a seventh of a connected node's memory), and
+    handing each request from the reader to the handler cost a task switch."""
 
     __slots__ = (
-        "_bytes",
         "_getter",
-        "_items",
-        "_max_bytes",
-        "_max_count",
-        "_room",
-        "_sizes",
+        "_next_turn",
         "admission_cap",
         "admitted",
+        "busy",
+        "ending",
         "push_due",
     )
 
-    def __init__(self, count: int, size: int) -> None:
-        self._items: list[object] = []
-        self._sizes: list[int] = []  # of the requests among `_items`, oldest first
-        self._bytes = 0
-        self._max_count, self._max_bytes = count, size
-        self._getter: asyncio.Future[None] | None = None  # the handler waits for an item
-        self._room: asyncio.Future[None] | None = None  # the reader waits for room
-        self.push_due = False  # a _PUSH is in `_items`
+    def __init__(self) -> None:
+        self._getter: asyncio.Future[None] | None = None  # the handler waits for a signal
+        self._next_turn: asyncio.Future[None] | None = None  # the other task waits its turn
+        self.busy = False  # a task is computing or writing a step
+        self.push_due = False  # the PoP changed since the last push step began
+        self.ending: _Signal | None = None  # how the stream ends, once known
         self.admitted = False  # holds an initial-sync slot
         self.admission_cap: asyncio.TimerHandle | None = None
 
-    def put(self, item: object) -> None:
-        self._items.append(item)
+    def _signal(self) -> None:
         getter, self._getter = self._getter, None
         if getter is not None and not getter.done():
             getter.set_result(None)
@@ -202,41 +203,56 @@ class _Stream:
         """The stream's PoP changed: one push is due, however many wake-ups came."""
         if not self.push_due:
             self.push_due = True
-            self.put(_PUSH)
+            self._signal()
 
-    async def get(self) -> object:
-        while not self._items:
+    def end(self, signal: _Signal) -> None:
+        """The stream ends (the first reason given wins); comes before any push due."""
+        if self.ending is None:
+            self.ending = signal
+            self._signal()
+
+    async def next_signal(self) -> _Signal:
+        while self.ending is None and not self.push_due:
             self._getter = asyncio.get_running_loop().create_future()
             await self._getter
-        item = self._items.pop(0)
-        if item is _PUSH:
-            self.push_due = False
-        return item
+        if self.ending is not None:
+            return self.ending
+        self.push_due = False
+        return _PUSH
 
-    async def room(self) -> None:
-        while self._full():
-            self._room = asyncio.get_running_loop().create_future()
-            await self._room
+    async def turn(self) -> None:
+        """Wait until no other step is being computed or written (two tasks take turns)."""
+        if not self.busy:
+            self.busy = True
+            return
+        waiter = self._next_turn = asyncio.get_running_loop().create_future()
+        try:
+            await waiter  # `done()` hands the turn over: `busy` stays set
+        except asyncio.CancelledError:
+            if self._next_turn is waiter:
+                self._next_turn = None
+            elif not waiter.cancelled():
+                self.done()  # handed the turn, cancelled before taking it: pass it on
+            raise
 
-    def read(self, request: object, size: int) -> None:
-        self._sizes.append(size)
-        self._bytes += size
-        self.put(request)
+    def done(self) -> None:
+        """The step is written: the waiting task (if any) takes its turn."""
+        waiter, self._next_turn = self._next_turn, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+        else:
+            self.busy = False
 
-    def handled(self) -> None:
-        """A request taken from the inbox was handled: its room is free again."""
-        self._bytes -= self._sizes.pop(0)
-        room, self._room = self._room, None
-        if room is not None and not room.done():
-            if self._full():
-                self._room = room
-            else:
-                room.set_result(None)
 
-    def _full(self) -> bool:
-        return len(self._sizes) >= self._max_count or (
-            bool(self._sizes) and self._bytes >= self._max_bytes
-        )
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Served:
+    """One stream, as its reader and handler both see it."""
+
+    context: grpc.aio.ServicerContext[Any, Any]
+    stream: SotwStream | DeltaStream
+    state: _Stream
+    entry: NodeEntry
+    advertised: NodeCapabilities
 
 
 class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
@@ -292,7 +308,7 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         """Shutdown: every open stream ends with UNAVAILABLE; new streams are refused."""
         self._closing = True
         for open_stream in self._streams:
-            open_stream.put(_CLOSE)
+            open_stream.end(_CLOSE)
 
     async def StreamAggregatedResources(
         self,
@@ -356,7 +372,7 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         del node, caps  # a real Envoy's first request lists ~500 extensions: not kept
         await self._admission.acquire()  # released once its initial exchange is done
         self.syncing += 1
-        state = _Stream(self.limits.queued_requests, self.limits.request_bytes)
+        state = _Stream()
         state.admitted = True
         state.admission_cap = asyncio.get_running_loop().call_later(
             self.limits.initial_sync_s, self._end_admission, state
@@ -364,58 +380,94 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         self._streams.add(state)
         self._supersede(entry, state)
         self.hub.subscribe(pop, state.wake)
-        reader = asyncio.create_task(self._read(context, state))
         self._notify(self.callbacks.on_stream_open, entry)
         log.info("node %r connected (%s, PoP %s, %s)", node_id, mode, pop, entry.capability_key)
-        status, details = grpc.StatusCode.OK, ""
+        served = _Served(context, stream, state, entry, advertised)
+        reader: asyncio.Task[None] | None = None
+        signal = _EOF  # how the stream ended (unless told otherwise: the client went away)
         try:
-            item: object = first
+            await state.turn()
+            ending = await self._step(served, first)
+            state.done()
             del first
-            counted = False  # `item` is a request the reader counted in the inbox
+            if ending is not None:
+                state.end(ending)
+            else:
+                reader = asyncio.create_task(self._read(served))
             while True:
-                if item is _EOF:
+                signal = await state.next_signal()
+                await state.turn()  # an ending waits for the step being written, too
+                if signal is not _PUSH:
                     break
-                if item is _CLOSE:
-                    status, details = grpc.StatusCode.UNAVAILABLE, "ballast is shutting down"
-                    break
-                if item is _SUPERSEDED:
-                    status = grpc.StatusCode.ABORTED
-                    details = "a newer stream with the same node id replaced this one"
-                    break
-                if not self.cache.has_pop(pop):
-                    status = grpc.StatusCode.FAILED_PRECONDITION
-                    details = f"PoP {pop!r} is no longer in the desired state"
-                    break
-                snapshot = self._snapshot(entry, advertised)
-                if item is _PUSH:
-                    step = stream.on_snapshot(snapshot)
-                else:
-                    self._notify(self.callbacks.on_request, entry, item)
-                    step = stream.on_request(item, snapshot)  # type: ignore[arg-type]
-                await self._apply(context, entry, step)
-                del step  # an idle stream keeps no responses alive
-                if state.admitted and _initial_sync_done(entry):
-                    self._end_admission(state)
-                if counted:
-                    state.handled()
-                item = await state.get()
-                counted = type(item) is not _Signal
-        except ProtocolError as err:
-            log.warning("node %r: bad request: %s", node_id, err)
-            status, details = grpc.StatusCode.INVALID_ARGUMENT, str(err)
+                ending = await self._step(served, None)
+                state.done()
+                if ending is not None:
+                    state.end(ending)
         finally:
             self._end_admission(state)
-            reader.cancel()
+            if reader is not None:
+                reader.cancel()
             self.hub.unsubscribe(pop, state.wake)
             self._streams.discard(state)
             self.nodes.disconnect(entry)
             live = self._live.get(entry.node_id)
             if live is not None and live[0] is entry:
                 del self._live[entry.node_id]
-            self._notify(self.callbacks.on_stream_closed, entry, status.name, details)
-            log.info("node %r disconnected (%s)", node_id, details or status.name)
-        if status is not grpc.StatusCode.OK:
-            await context.abort(status, details)
+            self._notify(self.callbacks.on_stream_closed, entry, signal.status.name,
+                         signal.details)
+            log.info("node %r disconnected (%s)", node_id, signal.details or signal.status.name)
+        if signal.error is not None:
+            raise signal.error  # in gRPC's task, as if the handler had handled the request
+        if signal.status is not grpc.StatusCode.OK:
+            await context.abort(signal.status, signal.details)
+
+    async def _step(self, served: _Served, request: Any) -> _Signal | None:
+        """Handle one request (or, with None, a push) and write the responses; how the stream
+        must end, if it must."""
+        entry = served.entry
+        if not self.cache.has_pop(entry.pop):
+            return _Signal(grpc.StatusCode.FAILED_PRECONDITION,
+                           f"PoP {entry.pop!r} is no longer in the desired state")
+        snapshot = self._snapshot(entry, served.advertised)
+        if request is None:
+            step = served.stream.on_snapshot(snapshot)
+        else:
+            self._notify(self.callbacks.on_request, entry, request)
+            try:
+                step = served.stream.on_request(request, snapshot)
+            except ProtocolError as err:
+                log.warning("node %r: bad request: %s", entry.node_id, err)
+                return _Signal(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        await self._apply(served.context, entry, step)
+        state = served.state
+        if state.admitted and step.events and _initial_sync_done(entry):
+            self._end_admission(state)
+        return None
+
+    async def _read(self, served: _Served) -> None:
+        """Read the stream's requests and handle each before reading the next: a client that
+        does not read its responses blocks the writes, then is not read either (gRPC flow
+        control pushes back on its sends)."""
+        state, ending = served.state, _EOF
+        try:
+            while True:
+                try:
+                    request = await served.context.read()
+                except (grpc.aio.AioRpcError, grpc.aio.UsageError, ConnectionError):
+                    break
+                if request is grpc.aio.EOF:
+                    break
+                await state.turn()
+                try:
+                    found = await self._step(served, request)
+                finally:
+                    state.done()
+                if found is not None:
+                    ending = found
+                    break
+        except Exception as err:  # e.g. a write to a call the client ended
+            ending = _Signal(grpc.StatusCode.OK, error=err)
+        state.end(ending)
 
     def _end_admission(self, state: _Stream) -> None:
         """The stream's initial exchange is done (or took too long, or the stream ended): its
@@ -437,22 +489,10 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             return
         old_entry, old_state = older
         self.nodes.disconnect(old_entry)
-        old_state.put(_SUPERSEDED)
+        old_state.end(_SUPERSEDED)
         log.warning("node %r: stream %d replaced by newer stream %d", entry.node_id,
                     old_entry.stream, entry.stream)
         self._notify(self.callbacks.on_stream_superseded, old_entry, entry)
-
-    async def _read(self, context: grpc.aio.ServicerContext[Any, Any], state: _Stream) -> None:
-        try:
-            while True:
-                await state.room()
-                request = await context.read()
-                if request is grpc.aio.EOF:
-                    break
-                state.read(request, request.ByteSize())
-        except (grpc.aio.AioRpcError, grpc.aio.UsageError, ConnectionError):
-            pass
-        state.put(_EOF)
 
     def _snapshot(self, entry: NodeEntry, advertised: NodeCapabilities) -> PopResources:
         caps = self.cache.effective_capabilities(
@@ -465,8 +505,9 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             version = snapshot.type_version(CLUSTER_TYPE)
             if version != entry.fallback_version:  # once per stream and CDS version
                 entry.fallback_version = version
-                for note in snapshot.notes:
-                    log.info("node %r: capability fallback: %s", entry.node_id, note)
+                if log.isEnabledFor(logging.INFO):  # a line per stream, not one per cluster
+                    log.info("node %r: capability fallback: %s", entry.node_id,
+                             "; ".join(snapshot.notes))
                 self._notify(self.callbacks.on_capability_fallback, entry,
                              caps.capabilities.key, version, snapshot.notes)
         return snapshot
