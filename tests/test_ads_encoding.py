@@ -91,6 +91,20 @@ def test_a_small_cache_stays_correct_and_bounded(sequence):
         assert len(encoder._by_identity) <= 2 and len(encoder._by_content) <= 2
 
 
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(resource_sets, strings), max_size=30), st.integers(0, 300))
+def test_the_caches_keep_at_most_max_bytes_of_bodies(sequence, max_bytes):
+    encoder = ResponseEncoder(max_bytes=max_bytes)
+    for resources, version in sequence:
+        response = SotwResponse(EDS, version, "1", resources)
+        assert DiscoveryResponse.FromString(encoder.encode(response)) == encode_sotw(response)
+        for cache, kept in ((encoder._by_content, encoder._content_bytes),
+                            (encoder._by_identity, encoder._identity_bytes)):
+            bodies = [v if isinstance(v, bytes) else v[1] for v in cache.values()]
+            assert kept == sum(map(len, bodies))
+            assert kept <= max_bytes or len(bodies) == 1  # the newest always fits
+
+
 def snapshot(variant: int) -> PopResources:
     clusters = {f"c{i}": make(CDS, f"c{i}", 0) for i in range(20)}
     endpoints = {f"c{i}": make(EDS, f"c{i}", variant if i < 3 else 0) for i in range(20)}

@@ -85,16 +85,24 @@ _DELTA_NONCE = _tag(DeltaDiscoveryResponse, "nonce")
 
 
 class ResponseEncoder:
-    """Response wire bytes with the shared body serialized once (bounded LRU caches)."""
+    """Response wire bytes with the shared body serialized once (bounded LRU caches).
 
-    def __init__(self, max_entries: int = 256) -> None:
+    Each cache keeps at most `max_entries` bodies and `max_bytes` of them (the newest always
+    fits). The live set is a few bodies per (PoP, type): a fleet of 100 PoPs needs ~400 at
+    once, so the entry bound is well above that (at 256, a reconnect storm over 100 PoPs
+    missed the identity cache on ~40 % of its responses and built their content keys)."""
+
+    def __init__(self, max_entries: int = 4096, max_bytes: int = 64 * 1024 * 1024) -> None:
         self.max_entries = max_entries
+        self.max_bytes = max_bytes
         # (mode, type_url, id(resources), removed) -> (resources, body)
         self._by_identity: OrderedDict[tuple[Any, ...], tuple[tuple[Resource, ...], bytes]] = (
             OrderedDict()
         )
+        self._identity_bytes = 0
         # (mode, type_url, ((type_url, name, version), ...), removed) -> body
         self._by_content: OrderedDict[tuple[Any, ...], bytes] = OrderedDict()
+        self._content_bytes = 0
         self.builds = 0  # bodies serialized (tests: once per shared body, not per stream)
 
     def encode(self, response: SotwResponse | DeltaResponse) -> bytes:
@@ -125,14 +133,22 @@ class ResponseEncoder:
         if body is None:
             body = self._build(mode, type_url, resources, removed)
             self._by_content[content] = body
-            if len(self._by_content) > self.max_entries:
-                self._by_content.popitem(last=False)
+            self._content_bytes += len(body)
+            while len(self._by_content) > 1 and (
+                len(self._by_content) > self.max_entries or self._content_bytes > self.max_bytes
+            ):
+                self._content_bytes -= len(self._by_content.popitem(last=False)[1])
         else:
             self._by_content.move_to_end(content)
+        if found is not None:  # the same key, another tuple (its id was reused)
+            self._identity_bytes -= len(found[1])
         self._by_identity[key] = (resources, body)
         self._by_identity.move_to_end(key)
-        if len(self._by_identity) > self.max_entries:
-            self._by_identity.popitem(last=False)
+        self._identity_bytes += len(body)
+        while len(self._by_identity) > 1 and (
+            len(self._by_identity) > self.max_entries or self._identity_bytes > self.max_bytes
+        ):
+            self._identity_bytes -= len(self._by_identity.popitem(last=False)[1][1])
         return body
 
     def _build(
