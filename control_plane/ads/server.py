@@ -2,11 +2,11 @@
 
 Each stream: read the first request, find the node's PoP (`node.locality.zone`, else
 `node.metadata["pop"]`) and capabilities (`node.extensions`), then serve two inputs — the
-node's requests (read and handled one at a time by a reader task) and wake-ups from the push
-hub (handled by the stream's own task) — feeding them to `SotwStream`/`DeltaStream` and writing
-what comes out. Unknown PoPs and malformed requests end the stream with INVALID_ARGUMENT and a
-message saying why; nothing is sent to such a node. What happens on a stream is told to the
-embedder through `Callbacks` (`callbacks.py`).
+node's requests (read and handled one at a time by the stream's task) and wake-ups from the
+push hub (each push a short task of its own) — feeding them to `SotwStream`/`DeltaStream` and
+writing what comes out. Unknown PoPs and malformed requests end the stream with
+INVALID_ARGUMENT and a message saying why; nothing is sent to such a node. What happens on a
+stream is told to the embedder through `Callbacks` (`callbacks.py`).
 
 Bounds (`limits.py`): requests over a size bound end the stream; a stream holds at most one
 request read but not handled — a client that does not read its responses blocks our writes,
@@ -87,8 +87,8 @@ VerifyPeer = Callable[[grpc.aio.ServicerContext[Any, Any], str, str], str | None
 
 
 class _Signal:
-    """What a stream's handler is told: a push is due, or how the stream ends (gRPC status
-    and details; or the exception the reader's request raised, raised again by the handler)."""
+    """How a stream ends: gRPC status and details, or the exception a push raised (raised
+    again in the stream's own task, where gRPC handles it)."""
 
     __slots__ = ("details", "error", "status")
 
@@ -98,7 +98,6 @@ class _Signal:
         self.status, self.details, self.error = status, details, error
 
 
-_PUSH = _Signal(grpc.StatusCode.OK, "push")  # the PoP's resources changed
 _CLOSE = _Signal(grpc.StatusCode.UNAVAILABLE, "ballast is shutting down")
 _EOF = _Signal(grpc.StatusCode.OK)  # the client ended the stream (or it broke)
 _SUPERSEDED = _Signal(
@@ -164,95 +163,100 @@ def _initial_sync_done(entry: NodeEntry) -> bool:
 
 
 class _Stream:
-    """The servicer's side of one open stream: what its handler is told, whose turn it is to
-    write, and its initial-sync slot.
+    """One open stream, as the servicer serves it: what it answers (the protocol core and the
+    node's registry entry), whose turn it is to write, and its initial-sync slot.
 
-    Two tasks serve a stream: the reader reads a request and handles it (computes the step,
-    writes its responses) before it reads the next, so a stream whose writes are blocked (a
-    client not reading) stops being read; the handler waits for pushes and the stream's end.
-    They take turns (FIFO) to compute and write steps, so responses go out in the order their
-    nonces were given. Slots and at most one waiting future per purpose: a queue, two events,
-    a lock and closures per stream held ~5 KB (a seventh of a connected node's memory), and
-    handing each request from the reader to the handler cost a task switch."""
+    The stream's own task reads a request and handles it (computes the step, writes its
+    responses) before it reads the next, so a stream whose writes are blocked (a client not
+    reading) stops being read. A push runs in a short task of its own, started when the PoP
+    changes. The two take turns (FIFO) to compute and write steps, so responses go out in the
+    order their nonces were given. An ending from outside (shutdown, a newer stream of the
+    same id, the PoP gone) interrupts the stream's task if it is waiting for a request.
+    Nothing else lives per stream: a reader task, a queue, events, a lock and closures per
+    stream held ~6 KB (a sixth of a connected node's memory) and cost a task switch per
+    request."""
 
     __slots__ = (
-        "_getter",
-        "_next_turn",
+        "_waiting",
         "admission_cap",
         "admitted",
+        "advertised",
         "busy",
+        "context",
+        "core",
         "ending",
+        "entry",
+        "push",
         "push_due",
+        "reading",
+        "servicer",
+        "task",
     )
 
-    def __init__(self) -> None:
-        self._getter: asyncio.Future[None] | None = None  # the handler waits for a signal
-        self._next_turn: asyncio.Future[None] | None = None  # the other task waits its turn
+    def __init__(
+        self,
+        servicer: AdsServicer,
+        context: grpc.aio.ServicerContext[Any, Any],
+        core: SotwStream | DeltaStream,
+        entry: NodeEntry,
+        advertised: NodeCapabilities,
+    ) -> None:
+        self.servicer, self.context, self.core = servicer, context, core
+        self.entry, self.advertised = entry, advertised
+        task = asyncio.current_task()
+        assert task is not None, "a stream is served by a task"
+        self.task: asyncio.Task[Any] = task
+        self._waiting: list[asyncio.Future[None]] | None = None  # tasks waiting for a turn
         self.busy = False  # a task is computing or writing a step
-        self.push_due = False  # the PoP changed since the last push step began
+        self.reading = False  # the stream's task waits for the next request
+        self.push_due = False  # a push task was started and has not begun its step yet
+        self.push: asyncio.Task[None] | None = None  # the latest push task
         self.ending: _Signal | None = None  # how the stream ends, once known
         self.admitted = False  # holds an initial-sync slot
         self.admission_cap: asyncio.TimerHandle | None = None
 
-    def _signal(self) -> None:
-        getter, self._getter = self._getter, None
-        if getter is not None and not getter.done():
-            getter.set_result(None)
-
     def wake(self) -> None:
         """The stream's PoP changed: one push is due, however many wake-ups came."""
-        if not self.push_due:
+        if not self.push_due and self.ending is None:
             self.push_due = True
-            self._signal()
+            self.push = self.servicer.start_push(self)
 
     def end(self, signal: _Signal) -> None:
-        """The stream ends (the first reason given wins); comes before any push due."""
+        """The stream ends (the first reason given wins): a stream waiting for a request
+        stops waiting."""
         if self.ending is None:
             self.ending = signal
-            self._signal()
-
-    async def next_signal(self) -> _Signal:
-        while self.ending is None and not self.push_due:
-            self._getter = asyncio.get_running_loop().create_future()
-            await self._getter
-        if self.ending is not None:
-            return self.ending
-        self.push_due = False
-        return _PUSH
+            if self.reading:
+                self.task.cancel()
 
     async def turn(self) -> None:
-        """Wait until no other step is being computed or written (two tasks take turns)."""
+        """Wait until no other step is being computed or written (tasks take turns, FIFO)."""
         if not self.busy:
             self.busy = True
             return
-        waiter = self._next_turn = asyncio.get_running_loop().create_future()
+        waiter = asyncio.get_running_loop().create_future()
+        if self._waiting is None:
+            self._waiting = []
+        self._waiting.append(waiter)
         try:
             await waiter  # `done()` hands the turn over: `busy` stays set
         except asyncio.CancelledError:
-            if self._next_turn is waiter:
-                self._next_turn = None
+            if waiter in self._waiting:
+                self._waiting.remove(waiter)
             elif not waiter.cancelled():
                 self.done()  # handed the turn, cancelled before taking it: pass it on
             raise
 
     def done(self) -> None:
-        """The step is written: the waiting task (if any) takes its turn."""
-        waiter, self._next_turn = self._next_turn, None
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-        else:
-            self.busy = False
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Served:
-    """One stream, as its reader and handler both see it."""
-
-    context: grpc.aio.ServicerContext[Any, Any]
-    stream: SotwStream | DeltaStream
-    state: _Stream
-    entry: NodeEntry
-    advertised: NodeCapabilities
+        """The step is written: the next waiting task (if any) takes its turn."""
+        waiting = self._waiting
+        while waiting:
+            waiter = waiting.pop(0)
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self._waiting = None
+        self.busy = False
 
 
 class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
@@ -273,6 +277,7 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         self.callbacks = callbacks if callbacks is not None else Callbacks()
         self.limits = limits
         self._streams: set[_Stream] = set()
+        self._pushing: set[asyncio.Task[None]] = set()  # push tasks not done yet
         # node id -> its one live stream (registry entry, servicer side)
         self._live: dict[str, tuple[NodeEntry, _Stream]] = {}
         self._closing = False
@@ -372,7 +377,7 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         del node, caps  # a real Envoy's first request lists ~500 extensions: not kept
         await self._admission.acquire()  # released once its initial exchange is done
         self.syncing += 1
-        state = _Stream()
+        state = _Stream(self, context, stream, entry, advertised)
         state.admitted = True
         state.admission_cap = asyncio.get_running_loop().call_later(
             self.limits.initial_sync_s, self._end_admission, state
@@ -382,31 +387,41 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         self.hub.subscribe(pop, state.wake)
         self._notify(self.callbacks.on_stream_open, entry)
         log.info("node %r connected (%s, PoP %s, %s)", node_id, mode, pop, entry.capability_key)
-        served = _Served(context, stream, state, entry, advertised)
-        reader: asyncio.Task[None] | None = None
         signal = _EOF  # how the stream ended (unless told otherwise: the client went away)
         try:
             await state.turn()
-            ending = await self._step(served, first)
+            ending = await self._step(state, first)
             state.done()
             del first
             if ending is not None:
                 state.end(ending)
-            else:
-                reader = asyncio.create_task(self._read(served))
-            while True:
-                signal = await state.next_signal()
-                await state.turn()  # an ending waits for the step being written, too
-                if signal is not _PUSH:
+            while state.ending is None:
+                state.reading = True
+                try:
+                    request = await context.read()
+                except asyncio.CancelledError:
+                    if state.ending is None:
+                        raise  # gRPC ends the call (the client went away)
+                    state.task.uncancel()  # end() interrupted the wait
                     break
-                ending = await self._step(served, None)
+                except (grpc.aio.AioRpcError, grpc.aio.UsageError, ConnectionError):
+                    break
+                finally:
+                    state.reading = False
+                if request is grpc.aio.EOF:
+                    break
+                await state.turn()
+                ending = await self._step(state, request)
                 state.done()
                 if ending is not None:
                     state.end(ending)
+            if state.ending is not None:
+                signal = state.ending
+                await state.turn()  # an ending waits for the step being written (a push)
         finally:
             self._end_admission(state)
-            if reader is not None:
-                reader.cancel()
+            if state.push is not None:
+                state.push.cancel()
             self.hub.unsubscribe(pop, state.wake)
             self._streams.discard(state)
             self.nodes.disconnect(entry)
@@ -417,57 +432,51 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                          signal.details)
             log.info("node %r disconnected (%s)", node_id, signal.details or signal.status.name)
         if signal.error is not None:
-            raise signal.error  # in gRPC's task, as if the handler had handled the request
+            raise signal.error  # in gRPC's task, as if the stream's task had pushed
         if signal.status is not grpc.StatusCode.OK:
             await context.abort(signal.status, signal.details)
 
-    async def _step(self, served: _Served, request: Any) -> _Signal | None:
+    def start_push(self, state: _Stream) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(self._push(state))
+        self._pushing.add(task)  # kept referenced until done
+        task.add_done_callback(self._pushing.discard)
+        return task
+
+    async def _push(self, state: _Stream) -> None:
+        """One push: the newest snapshot of the stream's PoP, once it is this task's turn."""
+        await state.turn()
+        try:
+            state.push_due = False  # a change from now on needs another push
+            if state.ending is None:
+                ending = await self._step(state, None)
+                if ending is not None:
+                    state.end(ending)
+        except Exception as err:  # e.g. a write to a call the client ended
+            state.end(_Signal(grpc.StatusCode.OK, error=err))
+        finally:
+            state.done()
+
+    async def _step(self, state: _Stream, request: Any) -> _Signal | None:
         """Handle one request (or, with None, a push) and write the responses; how the stream
         must end, if it must."""
-        entry = served.entry
+        entry = state.entry
         if not self.cache.has_pop(entry.pop):
             return _Signal(grpc.StatusCode.FAILED_PRECONDITION,
                            f"PoP {entry.pop!r} is no longer in the desired state")
-        snapshot = self._snapshot(entry, served.advertised)
+        snapshot = self._snapshot(entry, state.advertised)
         if request is None:
-            step = served.stream.on_snapshot(snapshot)
+            step = state.core.on_snapshot(snapshot)
         else:
             self._notify(self.callbacks.on_request, entry, request)
             try:
-                step = served.stream.on_request(request, snapshot)
+                step = state.core.on_request(request, snapshot)
             except ProtocolError as err:
                 log.warning("node %r: bad request: %s", entry.node_id, err)
                 return _Signal(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-        await self._apply(served.context, entry, step)
-        state = served.state
+        await self._apply(state.context, entry, step)
         if state.admitted and step.events and _initial_sync_done(entry):
             self._end_admission(state)
         return None
-
-    async def _read(self, served: _Served) -> None:
-        """Read the stream's requests and handle each before reading the next: a client that
-        does not read its responses blocks the writes, then is not read either (gRPC flow
-        control pushes back on its sends)."""
-        state, ending = served.state, _EOF
-        try:
-            while True:
-                try:
-                    request = await served.context.read()
-                except (grpc.aio.AioRpcError, grpc.aio.UsageError, ConnectionError):
-                    break
-                if request is grpc.aio.EOF:
-                    break
-                await state.turn()
-                try:
-                    found = await self._step(served, request)
-                finally:
-                    state.done()
-                if found is not None:
-                    ending = found
-                    break
-        except Exception as err:  # e.g. a write to a call the client ended
-            ending = _Signal(grpc.StatusCode.OK, error=err)
-        state.end(ending)
 
     def _end_admission(self, state: _Stream) -> None:
         """The stream's initial exchange is done (or took too long, or the stream ended): its
