@@ -85,6 +85,12 @@ class Server:
                 self.proc.wait()
 
 
+def _lag(out: dict[str, Any], phase: str, lag: dict[str, float]) -> None:
+    out[f"stall_{phase}_s"] = lag["worst"]
+    out[f"gc_longest_{phase}_s"] = lag["gc_longest"]
+    out[f"gc_total_{phase}_s"] = lag["gc_total"]
+
+
 def pop_of(index: int, pops: int) -> str:
     return f"p{index % pops:03d}"
 
@@ -134,13 +140,16 @@ async def run_side(kind: str, pops: int, groups: int, nodes: int, per_connection
             await asyncio.sleep(0.05)
             synced = await server.call(cmd="synced")
         if synced["synced"] != nodes:
-            out["errors"].append(f"only {synced['synced']} of {nodes} nodes synced")
+            out["errors"].append(
+                f"only {synced['synced']} of {nodes} nodes synced (streams seen ACKing: "
+                f"{synced['streams']}, by number of start-up types ACKed: "
+                f"{synced['types_acked']})")
         # the pushes below wait for the nodes that synced
         by_pop: dict[str, int] = synced["by_pop"]
         everyone_synced = int(synced["synced"])
         out["storm_s"] = synced["last_sync"] - start
         out["storm_cpu_per_node_us"] = (server.cpu() - cpu0) * 1e6 / nodes
-        out["stall_storm_s"] = (await server.call(cmd="lag"))["worst"]
+        _lag(out, "storm", await server.call(cmd="lag"))
         await asyncio.sleep(1.0)  # let the server settle before reading RSS
         out["rss_per_node"] = (server.rss() - rss0) / nodes
         await server.call(cmd="lag")
@@ -156,7 +165,7 @@ async def run_side(kind: str, pops: int, groups: int, nodes: int, per_connection
             one.append(reply["last_ack"] - reply["start"])
             await asyncio.sleep(0.05)
         out["one_pop_s"] = one
-        out["stall_one_pop_s"] = (await server.call(cmd="lag"))["worst"]
+        _lag(out, "one_pop", await server.call(cmd="lag"))
         everyone: list[float] = []
         ticks: list[float] = []
         cpu0 = server.cpu()
@@ -173,7 +182,7 @@ async def run_side(kind: str, pops: int, groups: int, nodes: int, per_connection
         out["global_s"] = everyone
         out["global_tick_s"] = ticks
         out["global_cpu_per_node_us"] = (server.cpu() - cpu0) * 1e6 / max(1, 2 * nodes)
-        out["stall_global_s"] = (await server.call(cmd="lag"))["worst"]
+        _lag(out, "global", await server.call(cmd="lag"))
         broken = [c for c in clients if c.error is not None]
         if broken:
             out["errors"].append(f"{len(broken)} streams failed, e.g. {broken[0].error}")
@@ -363,6 +372,12 @@ def report(results: dict[str, Any]) -> str:
         row("largest loop stall: storm", "stall_storm_s", 1e3, "ms", one, ""),
         row("largest loop stall: one-PoP pushes", "stall_one_pop_s", 1e3, "ms", one, ""),
         row("largest loop stall: global change", "stall_global_s", 1e3, "ms", one, ""),
+        row("longest garbage collection: storm", "gc_longest_storm_s", 1e3, "ms", one, ""),
+        row("time in garbage collection: storm", "gc_total_storm_s", 1e3, "ms", one, ""),
+        row("longest garbage collection: one-PoP pushes", "gc_longest_one_pop_s", 1e3, "ms",
+            one, ""),
+        row("longest garbage collection: global change", "gc_longest_global_s", 1e3, "ms", one,
+            ""),
     ]
     text = [table(["", "Ballast", "floor", "Ballast ÷ floor", "goal"], rows)]
     tick = results["tick"]

@@ -26,15 +26,18 @@ import asyncio
 import gc
 import json
 import logging
+import os
 import sys
 import threading
 import time
+from collections import Counter
 from typing import Any
 
 import grpc
 from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest
 
 from control_plane.ads import nodes as nodes_module
+from control_plane.app.heap import HeapKeeper
 from control_plane.app.server import BallastServer
 from control_plane.desired.model import Desired, GroupWeights
 from control_plane.translate.pop import translate_pop
@@ -49,6 +52,7 @@ from tests.support.models import fleet_desired
 ADS_METHOD = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"
 PROBE_S = 0.005
 PUSHED_GROUP = "g000"
+FREEZE_HEAP = os.environ.get("BALLAST_BENCH_FREEZE_HEAP", "1") != "0"
 
 
 class Tracker:
@@ -85,8 +89,23 @@ class Tracker:
 
 
 class LagProbe:
+    """The loop's largest stall (a 5 ms sleep, measured), and the longest garbage collection
+    and the time spent in them (`gc.callbacks`) since the last `take`."""
+
     def __init__(self) -> None:
         self.worst = 0.0
+        self.gc_longest = 0.0
+        self.gc_total = 0.0
+        self._gc_started = 0.0
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+            return
+        spent = time.perf_counter() - self._gc_started
+        self.gc_total += spent
+        self.gc_longest = max(self.gc_longest, spent)
 
     async def run(self) -> None:
         while True:
@@ -94,9 +113,10 @@ class LagProbe:
             await asyncio.sleep(PROBE_S)
             self.worst = max(self.worst, time.perf_counter() - started - PROBE_S)
 
-    def take(self) -> float:
-        worst, self.worst = self.worst, 0.0
-        return worst
+    def take(self) -> dict[str, float]:
+        taken = {"worst": self.worst, "gc_longest": self.gc_longest, "gc_total": self.gc_total}
+        self.worst = self.gc_longest = self.gc_total = 0.0
+        return taken
 
 
 def shifted(desired: Desired, pop: str, step: int) -> GroupWeights:
@@ -122,11 +142,14 @@ class BallastSide:
         nodes_module.NodeEntry.acked = acked  # type: ignore[method-assign]
         self.server = BallastServer(desired, xds_address="127.0.0.1:0", debounce=0.0,
                                     max_delay=0.0)
+        self.heap: asyncio.Task[None] | None = None
 
     async def start(self) -> int:
         cache = self.server.cache
         cache.commit_entries(await asyncio.to_thread(cache.prepare_entries(Capabilities())))
         await self.server.start()
+        if FREEZE_HEAP:  # as `ballast serve` does
+            self.heap = asyncio.create_task(HeapKeeper().run())
         return int(self.server.port)
 
     def push(self, pops: list[str], step: int) -> dict[str, str]:
@@ -137,6 +160,8 @@ class BallastSide:
                 for pop in pops}
 
     async def stop(self) -> None:
+        if self.heap is not None:
+            self.heap.cancel()
         await self.server.stop(0.5)
 
 
@@ -271,9 +296,10 @@ async def main(kind: str, pops: int, groups: int) -> None:
             break
         if name == "synced":
             reply({"synced": tracker.synced, "last_sync": tracker.last_sync,
-                   "by_pop": tracker.synced_by_pop})
+                   "by_pop": tracker.synced_by_pop, "streams": len(tracker.types),
+                   "types_acked": dict(Counter(len(t) for t in tracker.types.values()))})
         elif name == "lag":
-            reply({"worst": probe.take()})
+            reply(probe.take())
         elif name == "push":
             step += 1
             targets = list(desired.pop_names) if command["pops"] == "*" else command["pops"]

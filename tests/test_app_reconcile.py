@@ -26,6 +26,7 @@ from control_plane.decisions.log import DecisionLog
 from control_plane.decisions.read import iter_records
 from control_plane.desired.model import Desired, Mirror, TierActionPolicy, TierActions
 from control_plane.intent.sqlite_store import StateStore
+from control_plane.intent.store import IntentBatch
 from control_plane.observe.source import Signals, TierSignals
 from control_plane.translate.resources import Capabilities, PopResources
 from tests.support.models import example_desired, fleet_desired, shop_group
@@ -304,6 +305,51 @@ async def test_a_fleet_without_metrics_logs_each_pair_once_with_one_fsync_per_ti
     records = list(iter_records(tmp_path))
     assert {r["kind"] for r in records} == {"hold"}
     assert len({(r["pop"], r["group"]) for r in records}) == pairs
+
+
+class Healthy:
+    """Every origin of every pair healthy."""
+
+    def __init__(self, desired: Desired) -> None:
+        self.pairs = [(pop, group.name, group.preference[pop]) for pop in desired.pop_names
+                      for group in desired.origin_groups]
+
+    async def window(self, now_ms: int, window_ms: int) -> Signals:
+        origin = OriginSignals(1000, 0, 0, 20.0, 60.0, 0.0, 0, 1.0, now_ms)
+        return {(pop, group): dict.fromkeys(names, origin) for pop, group, names in self.pairs}
+
+
+async def test_a_steady_fleet_with_metrics_saves_and_logs_nothing_once_its_streaks_are_full(
+    tmp_path: Path,
+) -> None:
+    """Healthy windows count up to `return_healthy_windows` and stop: from then on a steady
+    fleet's ticks write no store row, no record and push nothing (the tick costs what changed,
+    nothing)."""
+    desired = fleet_desired(pops=20, groups=10)
+    rows: list[int] = []
+
+    class CountingStore(StateStore):
+        async def write(self, batch: IntentBatch) -> None:
+            rows.append(len(batch.groups) + len(batch.records))
+            await super().write(batch)
+
+    intent, cache = intent_and_cache(desired, store=CountingStore(tmp_path))
+    for pop in desired.pop_names:
+        cache.resources(pop, Capabilities())
+    pushed: list[frozenset[str]] = []
+    cache.add_listener(pushed.append)
+    reconciler = Reconciler(intent, Healthy(desired), DecisionLog(tmp_path))
+    need = desired.origin_groups[0].failover.return_healthy_windows
+    written, records = [], []
+    for tick in range(need + 3):
+        rows.clear()
+        await reconciler.tick(T0 + tick * 20_000)
+        written.append(sum(rows))
+        records.append(sum(1 for _ in iter_records(tmp_path)))
+    pairs = 20 * 10
+    assert written == [pairs] * need + [0] * 3, written  # streaks counting, then nothing
+    assert records == [0] * (need + 3), records  # steady from the first tick: nothing to log
+    assert pushed == []
 
 
 async def test_a_hold_run_is_closed_with_its_tick_count_when_it_changes_reason(

@@ -34,6 +34,7 @@ from control_plane.admin.auth import AdminAuth, AdminAuthError, TokenFile, check
 from control_plane.admin.dashboard import Dashboard
 from control_plane.admin.decision_feed import DecisionFeed
 from control_plane.ads.snapshots import SnapshotCache
+from control_plane.app.heap import HeapKeeper
 from control_plane.app.reconcile import Reconciler
 from control_plane.app.reload import DesiredFileWatcher
 from control_plane.app.replication import Replication
@@ -98,6 +99,9 @@ class ServiceConfig:
     store_url: str | None = None  # etcd://HOST:PORT[,...]: replicas share the intent there
     replica_id: str | None = None  # this replica's name among them (default: the xDS address)
     leader_ttl_s: int = 5  # the leader's lease; a follower takes over within it
+    # long-lived objects kept out of full garbage collections (`app/heap.py`); the process's
+    # own choice (`ballast serve` makes it), since it freezes the whole process's heap
+    freeze_heap: bool = False
 
 
 class BallastService:
@@ -227,6 +231,8 @@ class BallastService:
         self._watcher_task = self._spawn(self.watcher.run())
         if self.prober is not None:
             self._spawn(self.prober.run())
+        if config.freeze_heap:
+            self._spawn(HeapKeeper().run())
         self._record(
             "startup",
             config_version=desired.digest[:16],

@@ -161,6 +161,7 @@ def run(args: argparse.Namespace) -> int:
         store_url=args.store,
         replica_id=args.replica_id,
         leader_ttl_s=max(2, round(args.leader_ttl / 1000)),
+        freeze_heap=True,  # this process is the server: long-lived objects out of full GCs
     )
     return asyncio.run(_serve(BallastService(config)))
 
