@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import multiprocessing
 import subprocess
@@ -238,6 +239,7 @@ class OnLoop:
 
 
 async def tick_cost(pops: int, groups: int) -> dict[str, Any]:
+    from control_plane.app.heap import HeapKeeper
     from control_plane.app.reconcile import Reconciler
     from control_plane.app.server import intent_and_cache
     from control_plane.decide.signals import OriginSignals
@@ -290,8 +292,19 @@ async def tick_cost(pops: int, groups: int) -> dict[str, Any]:
         now = 1_800_000_000_000
         pushed: list[frozenset[str]] = []
         cache.add_listener(pushed.append)
+        heap = asyncio.create_task(HeapKeeper(freeze_every_s=1.0).run())  # as `ballast serve` runs
+        gc_longest = [0.0]
+        gc_started = [0.0]
+
+        def on_gc(phase: str, info: dict[str, Any]) -> None:
+            if phase == "start":
+                gc_started[0] = time.perf_counter()
+            else:
+                gc_longest[0] = max(gc_longest[0], time.perf_counter() - gc_started[0])
+
+        gc.callbacks.append(on_gc)
         for tick in range(6):  # breach, breach, shift x 4 (streaks at their caps from the 3rd)
-            probe_worst[0] = 0.0
+            probe_worst[0] = gc_longest[0] = 0.0
             task = asyncio.create_task(probe())
             await asyncio.sleep(0.02)
             pushed.clear()
@@ -305,10 +318,13 @@ async def tick_cost(pops: int, groups: int) -> dict[str, Any]:
             await asyncio.gather(task, return_exceptions=True)
             shifted = sum(1 for o in outcomes if o.weights != o.result.weights_before)
             rows.append({"tick": tick, "wall_s": wall, "loop_s": timed.spent,
-                         "longest_step_s": timed.longest,
+                         "longest_step_s": timed.longest, "gc_longest_s": gc_longest[0],
                          "stall_s": probe_worst[0], "shifted": shifted,
                          "pushed_pops": len(set().union(*pushed)),
                          "rows_written": store_writes[0] - before})
+        gc.callbacks.remove(on_gc)
+        heap.cancel()
+        await asyncio.gather(heap, return_exceptions=True)
         log.close()
         store.close()
     return {"pops": pops, "groups": groups, "ticks": rows}
@@ -385,9 +401,11 @@ def report(results: dict[str, Any]) -> str:
                 "(one group breaching in every PoP; in the benchmark process, no nodes):")
     text.append(table(
         ["tick", "wall ms", "on the event loop ms (goal ≤ 20)", "its longest step ms",
-         "largest loop stall ms", "pairs shifted", "PoPs re-translated", "store rows written"],
+         "largest loop stall ms", "longest GC ms", "pairs shifted", "PoPs re-translated",
+         "store rows written"],
         [[r["tick"], r["wall_s"] * 1e3, r["loop_s"] * 1e3, r["longest_step_s"] * 1e3,
-          r["stall_s"] * 1e3, r["shifted"], r["pushed_pops"], r["rows_written"]]
+          r["stall_s"] * 1e3, r["gc_longest_s"] * 1e3, r["shifted"], r["pushed_pops"],
+          r["rows_written"]]
          for r in tick["ticks"]]))
     errors = [f"{side}: {e}" for side in SIDES for e in results[side]["errors"]]
     if errors:
