@@ -239,7 +239,7 @@ class OnLoop:
 
 
 async def tick_cost(pops: int, groups: int) -> dict[str, Any]:
-    from control_plane.app.heap import HeapKeeper
+    from control_plane.app.heap import release_heap, settle_heap
     from control_plane.app.reconcile import Reconciler
     from control_plane.app.server import intent_and_cache
     from control_plane.decide.signals import OriginSignals
@@ -292,7 +292,7 @@ async def tick_cost(pops: int, groups: int) -> dict[str, Any]:
         now = 1_800_000_000_000
         pushed: list[frozenset[str]] = []
         cache.add_listener(pushed.append)
-        heap = asyncio.create_task(HeapKeeper(freeze_every_s=1.0).run())  # as `ballast serve` runs
+        settle_heap()  # as `ballast serve` does once it is ready
         gc_longest = [0.0]
         gc_started = [0.0]
 
@@ -323,8 +323,7 @@ async def tick_cost(pops: int, groups: int) -> dict[str, Any]:
                          "pushed_pops": len(set().union(*pushed)),
                          "rows_written": store_writes[0] - before})
         gc.callbacks.remove(on_gc)
-        heap.cancel()
-        await asyncio.gather(heap, return_exceptions=True)
+        release_heap()
         log.close()
         store.close()
     return {"pops": pops, "groups": groups, "ticks": rows}

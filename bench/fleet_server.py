@@ -37,7 +37,7 @@ import grpc
 from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest
 
 from control_plane.ads import nodes as nodes_module
-from control_plane.app.heap import HeapKeeper
+from control_plane.app.heap import settle_heap
 from control_plane.app.server import BallastServer
 from control_plane.desired.model import Desired, GroupWeights
 from control_plane.translate.pop import translate_pop
@@ -142,14 +142,13 @@ class BallastSide:
         nodes_module.NodeEntry.acked = acked  # type: ignore[method-assign]
         self.server = BallastServer(desired, xds_address="127.0.0.1:0", debounce=0.0,
                                     max_delay=0.0)
-        self.heap: asyncio.Task[None] | None = None
 
     async def start(self) -> int:
         cache = self.server.cache
         cache.commit_entries(await asyncio.to_thread(cache.prepare_entries(Capabilities())))
         await self.server.start()
         if FREEZE_HEAP:  # as `ballast serve` does
-            self.heap = asyncio.create_task(HeapKeeper().run())
+            settle_heap()
         return int(self.server.port)
 
     def push(self, pops: list[str], step: int) -> dict[str, str]:
@@ -160,8 +159,6 @@ class BallastSide:
                 for pop in pops}
 
     async def stop(self) -> None:
-        if self.heap is not None:
-            self.heap.cancel()
         await self.server.stop(0.5)
 
 

@@ -1,15 +1,12 @@
-"""The heap keeper: what survives is frozen out of full collections, cycles frozen meanwhile are
-freed by its periodic full collection, and a cancelled keeper leaves nothing frozen. On a fake
-clock."""
+"""Settling the heap: what start-up built is frozen out of full collections, garbage made
+afterwards (cycles included) is still collected, and releasing undoes it."""
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import weakref
 
-from control_plane.app.heap import HeapKeeper
-from tests.support.fake_clock import FakeClock
+from control_plane.app.heap import release_heap, settle_heap
 
 
 class Node:
@@ -19,24 +16,22 @@ class Node:
         self.me = self
 
 
-async def test_survivors_are_frozen_and_frozen_cycles_are_freed_by_the_full_collection() -> None:
-    clock = FakeClock()
-    keeper = HeapKeeper(freeze_every_s=5, full_every_s=60, clock=clock.time, sleep=clock.sleep)
-    task = asyncio.create_task(keeper.run())
+def test_start_up_objects_are_frozen_and_later_cycles_are_still_collected() -> None:
+    early = Node()
+    kept = weakref.ref(early)
+    settle_heap()
     try:
-        await clock.idle()
         assert gc.get_freeze_count() > 0
-        cycle = Node()
-        gone = weakref.ref(cycle)
-        await clock.advance(5)  # frozen with the next freeze
-        del cycle
-        gc.collect()  # a collection does not walk the frozen generation
-        assert gone() is not None and keeper.full_collections == 0
-        await clock.advance(55)  # the keeper's full collection
-        assert keeper.full_collections == 1
-        assert gone() is None
-        assert gc.get_freeze_count() > 0  # and frozen again
+        del early
+        gc.collect()
+        assert kept() is not None  # frozen: the collector does not walk it
+        later = Node()
+        gone = weakref.ref(later)
+        del later
+        gc.collect()
+        assert gone() is None  # made after start-up: collected as ever
     finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        release_heap()
     assert gc.get_freeze_count() == 0
+    gc.collect()
+    assert kept() is None

@@ -34,7 +34,7 @@ from control_plane.admin.auth import AdminAuth, AdminAuthError, TokenFile, check
 from control_plane.admin.dashboard import Dashboard
 from control_plane.admin.decision_feed import DecisionFeed
 from control_plane.ads.snapshots import SnapshotCache
-from control_plane.app.heap import HeapKeeper
+from control_plane.app.heap import release_heap, settle_heap
 from control_plane.app.reconcile import Reconciler
 from control_plane.app.reload import DesiredFileWatcher
 from control_plane.app.replication import Replication
@@ -99,7 +99,7 @@ class ServiceConfig:
     store_url: str | None = None  # etcd://HOST:PORT[,...]: replicas share the intent there
     replica_id: str | None = None  # this replica's name among them (default: the xDS address)
     leader_ttl_s: int = 5  # the leader's lease; a follower takes over within it
-    # long-lived objects kept out of full garbage collections (`app/heap.py`); the process's
+    # what start-up built kept out of full garbage collections (`app/heap.py`); the process's
     # own choice (`ballast serve` makes it), since it freezes the whole process's heap
     freeze_heap: bool = False
 
@@ -112,6 +112,7 @@ class BallastService:
         self.restored_groups = 0
         self.restored_tier_actions = 0
         self.started_at_ms = 0
+        self._heap_settled = False
         self._tasks: list[asyncio.Task[None]] = []
         self._desired_bytes = b""
         self._reload_lock = asyncio.Lock()  # one reload at a time (file watcher, SIGHUP)
@@ -231,8 +232,6 @@ class BallastService:
         self._watcher_task = self._spawn(self.watcher.run())
         if self.prober is not None:
             self._spawn(self.prober.run())
-        if config.freeze_heap:
-            self._spawn(HeapKeeper().run())
         self._record(
             "startup",
             config_version=desired.digest[:16],
@@ -243,6 +242,9 @@ class BallastService:
                     **({"empty_state_accepted": str(self.store.path)}
                        if isinstance(self.store, StateStore) and self.store.blank else {})},
         )
+        if config.freeze_heap:  # what start-up built lives as long as the server
+            settle_heap()
+            self._heap_settled = True
         self.ready = True
 
     async def _restore(self, snapshot: Snapshot) -> None:
@@ -665,6 +667,9 @@ class BallastService:
         self._record("shutdown", rule="stopped: streams closed, state and log flushed")
         self.decisions.close()
         self.store.close()
+        if self._heap_settled:
+            release_heap()
+            self._heap_settled = False
         if self.replication is not None:
             await self.replication.etcd.close()
         self._lock.release()
