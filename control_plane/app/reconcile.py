@@ -104,6 +104,8 @@ class TickPlan:
     failed: list[PairFailure]
     changes: TickChanges
     runs: dict[GroupKey, QuietRun | None]  # every pair's quiet run after the tick
+    drafts: list[Draft]  # the tick's records, in order
+    schedule: dict[GroupKey, int]  # every pair's next step (a failed pair's too: retried then)
 
 
 class Reconciler:
@@ -130,6 +132,7 @@ class Reconciler:
         self._rngs: dict[str, random.Random] = {}
         self._runs: dict[GroupKey, QuietRun | None] = {}  # absent: not ticked yet
         self._due: dict[GroupKey, int] = {}
+        self._next_due = 0  # no pair is due before this (a tick before it has nothing to do)
 
     def interval_ms(self, group: OriginGroup) -> int:
         return self.interval_override_ms or group.failover.interval_ms
@@ -141,6 +144,8 @@ class Reconciler:
     async def tick(self, now_ms: int | None = None, *, only_due: bool = False) -> list[TickOutcome]:
         """One pass over every (PoP, group) that is due (or all of them)."""
         now = self.clock() if now_ms is None else now_ms
+        if only_due and now < self._next_due:
+            return []
         started = time.perf_counter()
         desired = self.intent.desired
         due = [
@@ -170,25 +175,32 @@ class Reconciler:
             self._decide_one(running, pop, group, signals_by_window[group.failover.window_ms],
                              tiers_by_window[group.failover.window_ms], now, desired)
             for pop, group in due
-        ], running))
+        ], running, self._schedule(due, now)))
         if self.intent.desired is not desired:
             return []
         plan, prepared = await self._prepare_output(running, plan)
         if self.intent.desired is not desired:
             return []
         await self._persist_and_push(desired, plan, prepared)
-        for pop, group in due:  # a failing pair too: it is retried at its next interval
-            self._due[(pop, group.name)] = now + self.interval_ms(group)
+        self._due = plan.schedule
+        self._next_due = min(plan.schedule.values(), default=0)
         if self.metrics is not None:
             self.metrics.reconcile_tick.observe(time.perf_counter() - started)
         return [decision.outcome for decision in plan.decided]
 
+    def _schedule(self, due: list[tuple[str, OriginGroup]], now: int) -> dict[GroupKey, int]:
+        """Every pair's next step after this tick's (a failing pair's too: retried then)."""
+        return {**self._due, **{(pop, group.name): now + self.interval_ms(group)
+                                for pop, group in due}}
+
     def _plan(self, results: list[PairDecision | PairFailure], running: RunningIntent,
-              ) -> TickPlan:
+              schedule: dict[GroupKey, int]) -> TickPlan:
         decided = [r for r in results if isinstance(r, PairDecision)]
         failed = [r for r in results if isinstance(r, PairFailure)]
         runs = {**self._runs, **{(d.outcome.pop, d.outcome.group): d.run for d in decided}}
-        return TickPlan(decided, failed, changes_of(running, [d.step for d in decided]), runs)
+        drafts = [made for decision in decided for made in decision.records]
+        return TickPlan(decided, failed, changes_of(running, [d.step for d in decided]), runs,
+                        drafts, schedule)
 
     async def _prepare_output(self, running: RunningIntent, plan: TickPlan,
                               ) -> tuple[TickPlan, Any]:
@@ -216,7 +228,8 @@ class Reconciler:
         failed = [*plan.failed, *(PairFailure(d.outcome.pop, d.outcome.group, "push",
                                               broken[d.outcome.pop])
                                   for d in plan.decided if d.outcome.pop in broken)]
-        plan = await asyncio.to_thread(lambda: self._plan([*kept, *failed], running))
+        plan = await asyncio.to_thread(lambda: self._plan([*kept, *failed], running,
+                                                          plan.schedule))
         build = self.intent.prepare_changes(running, plan.changes)
         return plan, None if build is None else await asyncio.to_thread(build)
 
@@ -301,7 +314,7 @@ class Reconciler:
         await self.intent.save_changes(changes, desired)
         for failure in plan.failed:
             self._record_failure(failure, desired)
-        self._write_records(plan.decided, desired)
+        self._write_records(plan, desired)
         # durable before anything is pushed; the fsync waits on a thread, not on the loop
         await self.decisions.sync_in_thread()
         self._runs = plan.runs
@@ -364,19 +377,18 @@ class Reconciler:
         return tuple(draft(kind, pop=outcome.pop, group=outcome.group, config_version=version,
                            **fields) for kind, fields in records), run.run
 
-    def _write_records(self, decided: list[PairDecision], desired: Desired) -> None:
+    def _write_records(self, plan: TickPlan, desired: Desired) -> None:
         """Every record of the tick in one write, made durable by the tick's one sync (before
         the push). If that write fails, each pair's records are written on their own, and a
         pair whose records cannot be is recorded as failed while the others go on."""
-        drafts = [made for decision in decided for made in decision.records]
         try:
-            self.decisions.write_drafts(drafts, durable=False)
+            self.decisions.write_drafts(plan.drafts, durable=False)
         except Exception:
             log.exception("writing the tick's records failed; writing each pair's on its own")
         else:
-            self._count(drafts)
+            self._count(plan.drafts)
             return
-        for decision in decided:
+        for decision in plan.decided:
             try:
                 self.decisions.write_drafts(decision.records, durable=False)
             except Exception as err:
@@ -399,11 +411,13 @@ class Reconciler:
         for pop in desired.pop_names:
             for group in desired.origin_groups:
                 self._due[(pop, group.name)] = now_ms + self.interval_ms(group)
+        self._next_due = min(self._due.values(), default=0)
 
     def forget_missing(self, desired: Desired) -> None:
         """Drop the schedule and quiet runs of (PoP, group) pairs the new desired state no
         longer has (their intent is dropped by the intent owner's carry-over)."""
         keep = {(p.name, g.name) for p in desired.pops for g in desired.origin_groups}
+        self._next_due = 0  # pairs it adds are due at once
         for key in [*self._due, *self._runs]:
             if key not in keep:
                 self._due.pop(key, None)
