@@ -5,14 +5,18 @@ then answers one JSON command per stdin line with one JSON line (times are `time
 shared with the client process):
 
 - `synced`: nodes that ACKed all four types, when the last one did;
-- `push {"pops": [...] | "*", "expect": N}`: shift one origin group's weights in those PoPs (in
-  one loop callback, like a reconcile tick) and wait for N ACKs of the new versions; returns
-  the callback's own time (`tick_s`), first/last ACK, CPU;
-- `lag`: the largest event-loop stall since the last `lag` (a 5 ms sleep, measured), then reset;
+- `push {"pops": [...] | "*", "expect": N}`: shift one origin group's weights in those PoPs and
+  wait for N ACKs of the new versions. Each side makes what it pushes first, off the loop (the
+  floor serializes its bodies; Ballast translates the changed PoPs as a reconcile tick does,
+  `IntentOwner.prepare_changes`), then swaps it in in one loop callback (Ballast:
+  `apply_changes`, the tick's last step); returns that callback's own time (`tick_s`),
+  first/last ACK, CPU;
+- `lag`: the largest event-loop stall since the last `lag` (a 5 ms sleep, measured), and the
+  longest garbage collection and the time in them, then reset;
 - `stop`.
 
 `ballast`: a real `BallastServer` (every PoP translated before the port is bound, on a worker
-thread, as `BallastService` does), no debounce. `floor`: the cheapest grpc.aio fan-out (NOTES.md):
+thread, and the heap settled, as `BallastService` does under `ballast serve`), no debounce. `floor`: the cheapest grpc.aio fan-out (NOTES.md):
 a generic handler with a bytes serializer, every response body serialized once per (PoP, type,
 version) and only `version_info` and `nonce` appended per stream; SotW only, it answers a
 type's first request (no nonce), counts a request with the latest nonce as an ACK and ignores
@@ -31,6 +35,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -40,6 +45,7 @@ from control_plane.ads import nodes as nodes_module
 from control_plane.app.heap import settle_heap
 from control_plane.app.server import BallastServer
 from control_plane.desired.model import Desired, GroupWeights
+from control_plane.intent.steps import PairStep, TickChanges, changes_of
 from control_plane.translate.pop import translate_pop
 from control_plane.translate.resources import (
     ENDPOINT_TYPE,
@@ -129,6 +135,12 @@ def shifted(desired: Desired, pop: str, step: int) -> GroupWeights:
 
 # -- Ballast ---------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class Staged:
+    changes: TickChanges
+    prepared: Any
+
+
 class BallastSide:
     def __init__(self, desired: Desired, tracker: Tracker) -> None:
         self.desired = desired
@@ -151,10 +163,20 @@ class BallastSide:
             settle_heap()
         return int(self.server.port)
 
-    def push(self, pops: list[str], step: int) -> dict[str, str]:
-        intent, cache = self.server.intent, self.server.cache
-        for pop in pops:
-            intent.update_weights(pop, PUSHED_GROUP, shifted(self.desired, pop, step))
+    async def prepare(self, pops: list[str], step: int) -> Staged:
+        """The change translated before the push, off the loop, as a reconcile tick does."""
+        intent = self.server.intent
+        running = intent.intent
+        changes = changes_of(running, [
+            PairStep((pop, PUSHED_GROUP), shifted(self.desired, pop, step),
+                     intent.controller((pop, PUSHED_GROUP))) for pop in pops])
+        build = intent.prepare_changes(running, changes)
+        return Staged(changes, None if build is None else await asyncio.to_thread(build))
+
+    def push(self, pops: list[str], staged: Staged) -> dict[str, str]:
+        """What the tick does on the loop: the swap that commits the prepared output."""
+        self.server.intent.apply_changes(staged.changes, staged.prepared)
+        cache = self.server.cache
         return {pop: cache.resources(pop, Capabilities()).type_version(ENDPOINT_TYPE)
                 for pop in pops}
 
@@ -309,18 +331,20 @@ async def push(side: BallastSide | FloorSide, tracker: Tracker, pops: list[str],
                command: dict[str, Any]) -> dict[str, Any]:
     tracker.acks, tracker.expected = 0, command["expect"]
     tracker.done = asyncio.get_running_loop().create_future()
-    # the floor's bodies are serialized before the push starts, off the loop (its premise)
-    bodies = await asyncio.to_thread(side.prepare, pops, step) if isinstance(
-        side, FloorSide) else None
+    # both sides make what they push before the push starts, off the loop: the floor
+    # serializes its bodies (its premise), Ballast translates as a reconcile tick does
+    if isinstance(side, FloorSide):
+        bodies = await asyncio.to_thread(side.prepare, pops, step)
+    else:
+        staged = await side.prepare(pops, step)
     await asyncio.sleep(0.05)
     cpu0 = time.process_time()
     start = time.monotonic()
     tick0 = time.perf_counter()
     if isinstance(side, FloorSide):
-        assert bodies is not None
         tracker.targets = side.push(bodies)
     else:
-        tracker.targets = side.push(pops, step)
+        tracker.targets = side.push(pops, staged)
     tick = time.perf_counter() - tick0
     try:
         await asyncio.wait_for(tracker.done, command.get("timeout", 120.0))
