@@ -7,6 +7,7 @@ source is a scripted one (the sources themselves are tested against real Envoys 
 
 from __future__ import annotations
 
+import asyncio
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -18,7 +19,7 @@ from control_plane.ads.snapshots import SnapshotCache
 from control_plane.app import server as server_module
 from control_plane.app.envoy_process import free_port
 from control_plane.app.reconcile import Reconciler
-from control_plane.app.server import intent_and_cache
+from control_plane.app.server import intent_and_cache, translate_intent
 from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.decide.signals import OriginSignals, TierPending
 from control_plane.decisions.explain import explain
@@ -28,6 +29,7 @@ from control_plane.desired.model import Desired, Mirror, TierActionPolicy, TierA
 from control_plane.intent.sqlite_store import StateStore
 from control_plane.intent.store import IntentBatch
 from control_plane.observe.source import Signals, TierSignals
+from control_plane.translate import render_json
 from control_plane.translate.resources import Capabilities, PopResources
 from tests.support.models import example_desired, fleet_desired, shop_group
 
@@ -524,3 +526,63 @@ async def test_the_mirror_stops_when_the_shift_reverses(tmp_path: Path) -> None:
     (end,) = [r for r in iter_records(tmp_path) if r["kind"] == "ramp_end"]
     assert "the shift reverses" in end["rule"] and "mirror stops" in end["rule"], end["rule"]
     assert intent.weights("ewr", "shop")["secondary"] < 10
+
+
+@pytest.mark.parametrize("edit", ["tier policy", "PoP removed"])
+async def test_a_reload_waits_for_a_tick_between_its_save_and_its_swap(
+    tmp_path: Path, edit: str
+) -> None:
+    """A tick awaits its store write and its fsync; a reload arriving then waits until the tick
+    has swapped in what it prepared, and then carries the tick's shift over (or drops it with
+    its PoP): what runs only ever holds pairs of the desired state, and what is served is the
+    running intent translated."""
+    text = Path("examples/desired.yaml").read_text()
+    path = tmp_path / "desired.yaml"
+    path.write_text(text)
+    service = BallastService(ServiceConfig(
+        desired_path=path, state_dir=tmp_path / "state", xds_address=f"127.0.0.1:{free_port()}",
+        admin_address=None, probes=False, reconcile_interval_ms=3_600_000,
+    ))
+    await service.start()
+    try:
+        reconciler, intent = service.reconciler, service.server.intent
+        source = ScriptedSource()
+        source.error_rate = 0.3
+        reconciler.source = source
+        await reconciler.tick(T0)  # the breach starts
+        held, release = asyncio.Event(), asyncio.Event()
+        sync = service.decisions.sync_in_thread
+
+        async def slow_sync() -> None:
+            held.set()
+            await release.wait()
+            await sync()
+
+        service.decisions.sync_in_thread = slow_sync  # type: ignore[method-assign]
+        tick = asyncio.create_task(reconciler.tick(T0 + 20_000))  # shifts ewr
+        await held.wait()
+        edited = (text.replace("demote_share: 50%", "demote_share: 30%") if edit == "tier policy"
+                  else text.replace("  ewr: {listen_address: 127.0.0.1, port_offset: 0}\n", "")
+                  .replace("      ewr: [primary, secondary]\n", ""))
+        assert edited != text
+        reload = asyncio.create_task(service.apply_desired_bytes(edited.encode()))
+        # everything a reload does before its swap takes well under a second here; then it
+        # waits for the tick
+        done, _ = await asyncio.wait({reload}, timeout=1.0)
+        assert not done, "the reload swapped while the tick was between its save and swap"
+        release.set()
+        (shifted,) = [o for o in await tick if o.pop == "ewr"]
+        assert await reload
+        assert set(intent.intent.weights) <= set(intent.intent.pairs())
+        if edit == "tier policy":
+            moved = shifted.weights
+            assert moved["primary"] < 95 and intent.weights("ewr", "shop") == moved
+            assert intent.desired.group("shop").tier_actions.demote_share == 30
+        else:
+            assert intent.desired.pop_names == ("sjc",)
+        for pop in intent.desired.pop_names:
+            served = service.server.cache.resources(pop, Capabilities())
+            assert render_json(served) == render_json(
+                translate_intent(intent.intent, pop, Capabilities()))
+    finally:
+        await service.stop()

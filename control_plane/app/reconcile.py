@@ -179,9 +179,10 @@ class Reconciler:
         if self.intent.desired is not desired:
             return []
         plan, prepared = await self._prepare_output(running, plan)
-        if self.intent.desired is not desired:
-            return []
-        await self._persist_and_push(desired, plan, prepared)
+        async with self.intent.changing:  # a reload does not land between save and swap
+            if self.intent.desired is not desired:
+                return []
+            await self._persist_and_push(desired, plan, prepared)
         self._due = plan.schedule
         self._next_due = min(plan.schedule.values(), default=0)
         if self.metrics is not None:

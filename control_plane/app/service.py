@@ -600,17 +600,18 @@ class BallastService:
             self._reject(digest, [f"{source}: only {free:,} bytes free where the state is saved "
                                   f"({self.config.state_dir}); not applied"])
             return False
-        try:  # saved before it applies (replicas: by the leader, the others follow etcd)
-            if self.replication is None or self.replication.term is not None:
-                await owner.save_desired(before, carried.intent)  # the digest, pairs gone
-        except (OSError, sqlite3.Error, StoreUnavailable, Deposed) as err:
-            log.error("cannot save the desired-state digest: %s", err)
-            self._reject(digest, [f"{source}: cannot save the state ({err}); not applied"])
-            return False
-        # weights may have moved meanwhile (the save is awaited too): the same rule, over the
-        # intent running now, with nothing awaited between it and the swap
-        current = carried if owner.intent is before else carry_over(owner.intent, new)
-        changed_pops = owner.apply(current, lambda intent: cache.commit(prepared, intent))
+        async with owner.changing:  # a reconcile tick does not land between save and swap
+            try:  # saved before it applies (replicas: by the leader, the others follow etcd)
+                if self.replication is None or self.replication.term is not None:
+                    await owner.save_desired(before, carried.intent)  # the digest, pairs gone
+            except (OSError, sqlite3.Error, StoreUnavailable, Deposed) as err:
+                log.error("cannot save the desired-state digest: %s", err)
+                self._reject(digest, [f"{source}: cannot save the state ({err}); not applied"])
+                return False
+            # weights may have moved meanwhile (the save is awaited too): the same rule, over
+            # the intent running now, with nothing awaited between it and the swap
+            current = carried if owner.intent is before else carry_over(owner.intent, new)
+            changed_pops = owner.apply(current, lambda intent: cache.commit(prepared, intent))
         self._desired_bytes = data
         self.reconciler.forget_missing(new)
         if self._passive is not None:

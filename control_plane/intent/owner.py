@@ -20,6 +20,7 @@ built by a call that may run on a worker thread), `save_changes` (one store writ
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
@@ -74,6 +75,9 @@ class IntentOwner:
         self._intent = RunningIntent(desired)
         self.store = store
         self._output = output
+        # held by a change that awaits between its parts (a tick's save, log and swap; a
+        # reload's save and swap), so two such changes never interleave
+        self.changing = asyncio.Lock()
 
     def connect(self, output: Output) -> None:
         """Where changes of what Envoys get are published (the app's output cache)."""
