@@ -5,13 +5,14 @@ from __future__ import annotations
 import pytest
 
 from control_plane.decide.controller import ControllerState, StepResult
+from control_plane.decide.inputs import LazyInputs
 from control_plane.decide.runs import QuietRun, follow_run
 
 
 def result(kind: str, reason: str = "", rule: str = "r") -> StepResult:
     weights = {"a": 95, "b": 5}
     return StepResult(kind, rule, "next", weights, dict(weights), {}, ControllerState(),  # type: ignore[arg-type]
-                      {}, reason or kind)
+                      LazyInputs(dict), reason or kind)
 
 
 def walk(steps: list[StepResult]) -> list[str]:

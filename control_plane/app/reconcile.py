@@ -265,7 +265,7 @@ class Reconciler:
             decided = PairStep(key, weights, outcome.result.state,
                              None if outcome.tiers is None else outcome.tiers.state,
                              None if outcome.ramp is None else outcome.ramp.state, actions)
-            records, run = self._records(outcome, desired)
+            records, run = self._records(outcome, desired, now)
             return PairDecision(outcome, decided, records, run)
         except Exception as err:
             log.exception("deciding %s/%s failed", pop, group.name)
@@ -351,15 +351,14 @@ class Reconciler:
         if self.metrics is not None:
             self.metrics.decisions.labels("reconcile_error").inc()
 
-    def _records(self, outcome: TickOutcome, desired: Desired,
+    def _records(self, outcome: TickOutcome, desired: Desired, now: int,
                  ) -> tuple[tuple[Draft, ...], QuietRun | None]:
         """The tick's records of one pair, made ready to write, and its quiet run after the
         tick: a run of quiet ticks is written when it starts and when it ends
         (`decide/runs.py`), every other decision each time."""
         result = outcome.result
         key = (outcome.pop, outcome.group)
-        run = follow_run(self._runs.get(key), result, result.inputs["now_ms"],
-                         first_tick=key not in self._runs)
+        run = follow_run(self._runs.get(key), result, now, first_tick=key not in self._runs)
         records: list[tuple[str, dict[str, Any]]] = []
         if run.ended is not None:
             records.append((END_KINDS[run.ended.kind], {

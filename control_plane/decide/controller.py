@@ -41,6 +41,7 @@ from control_plane.decide.health import (
     is_healthy_window,
     score_origin,
 )
+from control_plane.decide.inputs import LazyInputs
 from control_plane.decide.signals import GroupSignals, OriginSignals
 from control_plane.desired.model import FailoverPolicy, GroupWeights, home_weights
 
@@ -101,7 +102,7 @@ class StepResult:
     weights_after: GroupWeights
     scores: dict[str, HealthScore]  # empty when the signals were missing or stale
     state: ControllerState  # the new state
-    inputs: dict[str, Any]  # JSON-ready: signals, scores, jitter, time, preference, state before
+    inputs: LazyInputs  # signals, scores, jitter, time, preference, state before (JSON-ready)
     # why the weights did not move, for runs of quiet ticks (`decide/runs.py`): "fail_static",
     # "sick_held", "return_wait" or "steady"; the kind itself when they moved
     reason: str = ""
@@ -115,7 +116,7 @@ class StepResult:
         return {
             "weights_before": dict(self.weights_before),
             "weights_after": dict(self.weights_after),
-            "inputs": self.inputs,
+            "inputs": self.inputs.json(),
             "rule": self.rule,
             "detail": {"next": self.next, "state": self.state.to_dict()},
         }
@@ -379,17 +380,6 @@ def step(
     _check(policy, preference, current, jitter)
     before = {name: current[name] for name in preference}
     home = home_weights(preference, policy.min_warm_pool)
-    inputs: dict[str, Any] = {
-        "now_ms": now_ms,
-        "jitter": jitter,
-        "preference": list(preference),
-        "home": home,
-        "state_before": state.to_dict(),
-        "signals": (
-            None if signals is None
-            else {name: signals_to_dict(sig) for name, sig in sorted(signals.items())}
-        ),
-    }
     static = _fail_static_reason(policy, preference, signals, now_ms)
     if static is not None or signals is None:
         return StepResult(
@@ -401,7 +391,8 @@ def step(
             weights_after=dict(before),
             scores={},
             state=state,
-            inputs={**inputs, "scores": {}},
+            inputs=LazyInputs(_inputs_json, now_ms, jitter, preference, home, state, signals,
+                              {}),
             reason="fail_static",
         )
     scores = {name: score_origin(signals[name], policy) for name in preference}
@@ -421,7 +412,6 @@ def step(
             for name in preference
         },
     )
-    inputs["scores"] = {name: score.to_dict() for name, score in scores.items()}
     tick = _Tick(policy, preference, before, home, scores, breaches, new_state, jitter)
     kind: StepKind
     reason: str
@@ -437,7 +427,27 @@ def step(
     else:
         after = dict(before)
         kind, reason, rule, nxt = _no_move(tick)
+    inputs = LazyInputs(_inputs_json, now_ms, jitter, preference, home, state, signals, scores)
     return StepResult(kind, rule, nxt, before, after, scores, new_state, inputs, reason)
+
+
+def _inputs_json(
+    now_ms: int, jitter: int, preference: tuple[str, ...], home: GroupWeights,
+    state: ControllerState, signals: GroupSignals | None, scores: Mapping[str, HealthScore],
+) -> dict[str, Any]:
+    """A step's inputs as its record holds them (what `replay_record` reads)."""
+    return {
+        "now_ms": now_ms,
+        "jitter": jitter,
+        "preference": list(preference),
+        "home": dict(home),
+        "state_before": state.to_dict(),
+        "signals": (
+            None if signals is None
+            else {name: signals_to_dict(sig) for name, sig in sorted(signals.items())}
+        ),
+        "scores": {name: score.to_dict() for name, score in scores.items()},
+    }
 
 
 def replay_record(policy: FailoverPolicy, record: Mapping[str, Any]) -> StepResult:

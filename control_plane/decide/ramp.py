@@ -34,6 +34,7 @@ from typing import Any
 
 from control_plane.decide.controller import signals_from_dict, signals_to_dict
 from control_plane.decide.health import breach_reasons
+from control_plane.decide.inputs import LazyInputs
 from control_plane.decide.signals import GroupSignals
 from control_plane.desired.model import (
     FailoverPolicy,
@@ -94,7 +95,7 @@ class RampResult:
     kind: str | None  # None: nothing about a ramp to record this tick
     rule: str
     next: str
-    inputs: dict[str, Any]
+    inputs: LazyInputs
     ceilings: dict[str, int]  # the cap of each ramping origin this tick
 
     def record_fields(self, weights_before: GroupWeights) -> dict[str, Any]:
@@ -102,11 +103,24 @@ class RampResult:
         return {
             "weights_before": dict(weights_before),
             "weights_after": dict(self.weights_after),
-            "inputs": self.inputs,
+            "inputs": self.inputs.json(),
             "rule": self.rule,
             "detail": {"next": self.next, "state": self.state.to_dict(),
                        "ceilings": dict(self.ceilings)},
         }
+
+
+def _inputs_json(now_ms: int, preference: tuple[str, ...], proposed: Mapping[str, int],
+                 state: RampState, signals: GroupSignals | None) -> dict[str, Any]:
+    """A ramp step's inputs as its record holds them (what `replay_ramp_record` reads)."""
+    return {
+        "now_ms": now_ms,
+        "preference": list(preference),
+        "proposed": dict(proposed),
+        "state_before": state.to_dict(),
+        "signals": (None if signals is None
+                    else {name: signals_to_dict(sig) for name, sig in sorted(signals.items())}),
+    }
 
 
 def _cold(policy: StandbyRampPolicy, since: int | None, now_ms: int) -> bool:
@@ -149,14 +163,7 @@ def ramp_step(
     warm = failover.min_warm_pool
     schedule = policy.schedule
     standbys = preference[1:]
-    inputs: dict[str, Any] = {
-        "now_ms": now_ms,
-        "preference": list(preference),
-        "proposed": dict(proposed),
-        "state_before": state.to_dict(),
-        "signals": (None if signals is None
-                    else {name: signals_to_dict(sig) for name, sig in sorted(signals.items())}),
-    }
+    inputs = LazyInputs(_inputs_json, now_ms, preference, proposed, state, signals)
     since = {name: state.warm_pool_since_ms.get(name, 0)
              for name in standbys if before[name] <= warm}
     ramps = {name: index for name, index in state.ramps.items()

@@ -42,6 +42,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
+from control_plane.decide.inputs import LazyInputs
 from control_plane.decide.signals import TierPending, WaitQuantiles
 from control_plane.desired.model import SHED_STATUS, OriginGroup, TierActionPolicy, TierActions
 
@@ -131,7 +132,7 @@ class TierStepResult:
     rule: str  # every part's reasoning on this tick, in words
     state: TierState  # the new state
     actions: TierActions | None  # what is in force after this tick (None: nothing)
-    inputs: dict[str, Any]  # JSON-ready: readings, time, state before
+    inputs: LazyInputs  # readings, time, state before (JSON-ready)
 
     @property
     def kind(self) -> TierKind | None:
@@ -141,7 +142,7 @@ class TierStepResult:
     def record_fields(self, decision: TierDecision) -> dict[str, Any]:
         """Fields for ``DecisionLog.record(decision.kind, pop=..., group=..., **these)``."""
         return {
-            "inputs": self.inputs,
+            "inputs": self.inputs.json(),
             "rule": decision.rule,
             "detail": {
                 **decision.detail,
@@ -495,6 +496,24 @@ def _lending(
 # --- the tick --------------------------------------------------------------------------------
 
 
+def _inputs_json(group: OriginGroup, policy: TierActionPolicy, readings: Mapping[str, TierPending],
+                 state: TierState, now_ms: int) -> dict[str, Any]:
+    """A tier step's inputs as its records hold them."""
+    return {
+        "now_ms": now_ms,
+        "trigger": policy.trigger,
+        "trigger_tier": policy.trigger_tier,
+        "trigger_wait_ms": policy.trigger_wait_ms,
+        "trigger_wait_quantile": policy.trigger_wait_quantile,
+        "trigger_pending": policy.trigger_pending,
+        "shed_threshold": policy.shed_threshold,
+        "shed_lift_threshold": policy.shed_lift_threshold,
+        "max_origin_concurrency": group.max_origin_concurrency,
+        "readings": _readings_json(readings),
+        "state_before": state.to_dict(),
+    }
+
+
 def _readings_json(readings: Mapping[str, TierPending]) -> dict[str, Any]:
     return {name: _reading_json(r) for name, r in sorted(readings.items())}
 
@@ -524,19 +543,7 @@ def tier_step(
     """
     policy = group.tier_actions
     readings = readings or {}
-    inputs: dict[str, Any] = {
-        "now_ms": now_ms,
-        "trigger": policy.trigger,
-        "trigger_tier": policy.trigger_tier,
-        "trigger_wait_ms": policy.trigger_wait_ms,
-        "trigger_wait_quantile": policy.trigger_wait_quantile,
-        "trigger_pending": policy.trigger_pending,
-        "shed_threshold": policy.shed_threshold,
-        "shed_lift_threshold": policy.shed_lift_threshold,
-        "max_origin_concurrency": group.max_origin_concurrency,
-        "readings": _readings_json(readings),
-        "state_before": state.to_dict(),
-    }
+    inputs = LazyInputs(_inputs_json, group, policy, readings, state, now_ms)
     if not policy.enabled:
         decisions = []
         if state.active:
