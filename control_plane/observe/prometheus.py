@@ -258,7 +258,10 @@ class PrometheusSource:
         vectors = await asyncio.gather(
             *(asyncio.to_thread(self._query, promql, at_s) for promql in named.values())
         )
-        return assemble(dict(zip(named, vectors, strict=True)), self._endpoints)
+        # one series per (PoP, origin) and stat: a fleet's worth of parsing, off the loop too
+        endpoints = self._endpoints
+        return await asyncio.to_thread(
+            assemble, dict(zip(named, vectors, strict=True)), endpoints)
 
     async def tier_pending(self, now_ms: int, window_ms: int) -> TierSignals:
         at_s = now_ms / 1000
@@ -266,4 +269,4 @@ class PrometheusSource:
         vectors = await asyncio.gather(
             *(asyncio.to_thread(self._query, promql, at_s) for promql in named.values())
         )
-        return assemble_tiers(dict(zip(named, vectors, strict=True)))
+        return await asyncio.to_thread(assemble_tiers, dict(zip(named, vectors, strict=True)))
