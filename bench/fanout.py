@@ -9,10 +9,7 @@ nodes (both timestamps taken in the server). Server CPU and RSS come from /proc/
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import multiprocessing
-import subprocess
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -21,7 +18,8 @@ from typing import Any
 
 import grpc
 
-from bench.common import ROOT, median, proc_cpu_seconds, proc_rss_bytes, table
+from bench.command_pipe import ServerProcess
+from bench.common import median, table
 from control_plane.translate.resources import CLUSTER_TYPE as CDS
 from control_plane.translate.resources import ENDPOINT_TYPE as EDS
 from control_plane.translate.resources import LISTENER_TYPE as LDS
@@ -41,54 +39,15 @@ FLOOR_RSS_PER_NODE = 41_000
 CONNECTING = 500
 
 
-class ServerProcess:
+def server_process(desired: str, *, gc_freeze: bool = False, protocol: str = "current"
+                   ) -> ServerProcess:
     """`python -m bench.fanout_server`, driven by JSON lines over stdin/stdout."""
-
-    def __init__(
-        self, desired: str, *, gc_freeze: bool = False, protocol: str = "current"
-    ) -> None:
-        args = [sys.executable, "-m", "bench.fanout_server", desired]
-        if gc_freeze:
-            args.append("--gc-freeze")
-        if protocol != "current":
-            args += ["--protocol", protocol]
-        self.proc = subprocess.Popen(
-            args, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-            start_new_session=True,
-        )
-        self.pid = self.proc.pid
-        self.port = int(self._read()["port"])
-
-    def _read(self) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"benchmark server exited ({self.proc.poll()})")
-        return dict(json.loads(line))
-
-    async def call(self, **command: Any) -> dict[str, Any]:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(command) + "\n")
-        self.proc.stdin.flush()
-        return await asyncio.to_thread(self._read)
-
-    def cpu(self) -> float:
-        return proc_cpu_seconds(self.pid)
-
-    def rss(self) -> int:
-        return proc_rss_bytes(self.pid)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(BrokenPipeError, OSError):
-                assert self.proc.stdin is not None
-                self.proc.stdin.write('{"cmd": "stop"}\n')
-                self.proc.stdin.flush()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+    args = [sys.executable, "-m", "bench.fanout_server", desired]
+    if gc_freeze:
+        args.append("--gc-freeze")
+    if protocol != "current":
+        args += ["--protocol", protocol]
+    return ServerProcess(args)
 
 
 @dataclass
@@ -172,7 +131,7 @@ async def run_one(
 ) -> FanoutResult:
     connections = -(-nodes // per_connection)
     result = FanoutResult(mode, desired, nodes, connections, protocol)
-    server = ServerProcess(desired, gc_freeze=gc_freeze, protocol=protocol)
+    server = server_process(desired, gc_freeze=gc_freeze, protocol=protocol)
     channels: list[grpc.aio.Channel] = []
     clients: list[XdsClient] = []
     try:

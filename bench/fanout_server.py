@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import json
 import logging
 import sys
-import threading
 import time
 from typing import Any
 
+from bench.command_pipe import commands, reply
 from bench.common import desired_by_name
 from control_plane.ads import nodes as nodes_module
 from control_plane.app.server import BallastServer
@@ -120,20 +119,8 @@ async def main(desired_name: str, freeze: bool) -> None:
         max_delay=0.0, metrics=metrics,
     )
     await ballast.start()
-    loop = asyncio.get_running_loop()
-    commands: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
-
-    def read_stdin() -> None:
-        for line in sys.stdin:
-            loop.call_soon_threadsafe(commands.put_nowait, json.loads(line))
-        loop.call_soon_threadsafe(commands.put_nowait, None)
-
-    threading.Thread(target=read_stdin, daemon=True).start()
-    reply({"port": ballast.port})
-    while (command := await commands.get()) is not None:
+    async for command in commands(ballast.port):
         kind = command["cmd"]
-        if kind == "stop":
-            break
         if kind == "synced":
             reply({"synced": tracker.synced, "last_sync": tracker.last_sync,
                    "nodes": len(ballast.nodes), "bytes": pushed_bytes(metrics),
@@ -170,11 +157,6 @@ async def push(
         "last_ack": tracker.last_ack, "acks": tracker.acks, "cpu": cpu,
         "bytes": pushed_bytes(metrics) - bytes_before, "sends": ballast.ads.sends - sends_before,
     }
-
-
-def reply(data: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(data) + "\n")
-    sys.stdout.flush()
 
 
 if __name__ == "__main__":

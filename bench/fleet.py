@@ -22,11 +22,8 @@ thread are not in it) and the loop's largest stall.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
-import json
 import multiprocessing
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,53 +34,13 @@ from typing import Any
 
 import grpc
 
-from bench.common import ROOT, proc_cpu_seconds, proc_rss_bytes, table
+from bench.command_pipe import ServerProcess
+from bench.common import table
 from bench.fanout import BenchClient, connect
 from tests.support.xds_client import XdsClient, local_channel, make_node
 
 CONNECTING = 500
 SIDES = ("floor", "ballast")
-
-
-class Server:
-    def __init__(self, kind: str, pops: int, groups: int) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.fleet_server", kind, str(pops), str(groups)],
-            cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-            start_new_session=True,
-        )
-        self.port = int(self._read()["port"])
-
-    def _read(self) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"benchmark server exited ({self.proc.poll()})")
-        return dict(json.loads(line))
-
-    async def call(self, **command: Any) -> dict[str, Any]:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(command) + "\n")
-        self.proc.stdin.flush()
-        return await asyncio.to_thread(self._read)
-
-    def cpu(self) -> float:
-        return proc_cpu_seconds(self.proc.pid)
-
-    def rss(self) -> int:
-        return proc_rss_bytes(self.proc.pid)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(BrokenPipeError, OSError):
-                assert self.proc.stdin is not None
-                self.proc.stdin.write('{"cmd": "stop"}\n')
-                self.proc.stdin.flush()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 def _lag(out: dict[str, Any], phase: str, lag: dict[str, float]) -> None:
@@ -101,7 +58,9 @@ async def run_side(kind: str, pops: int, groups: int, nodes: int, per_connection
                    ) -> dict[str, Any]:
     out: dict[str, Any] = {"side": kind, "nodes": nodes, "pops": pops, "groups": groups,
                            "errors": []}
-    server = Server(kind, pops, groups)
+    server = ServerProcess(
+        [sys.executable, "-m", "bench.fleet_server", kind, str(pops), str(groups)],
+        stop_wait_s=20)
     connections = -(-nodes // per_connection)
     channels: list[grpc.aio.Channel] = []
     clients: list[XdsClient] = []

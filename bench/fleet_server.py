@@ -28,11 +28,9 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import json
 import logging
 import os
 import sys
-import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -41,6 +39,7 @@ from typing import Any
 import grpc
 from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest
 
+from bench.command_pipe import commands, reply
 from control_plane.ads import nodes as nodes_module
 from control_plane.app.heap import settle_heap
 from control_plane.app.server import BallastServer
@@ -298,21 +297,9 @@ async def main(kind: str, pops: int, groups: int) -> None:
     gc.collect()
     probe = LagProbe()
     probe_task = asyncio.create_task(probe.run())
-    loop = asyncio.get_running_loop()
-    commands: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
-
-    def read_stdin() -> None:
-        for line in sys.stdin:
-            loop.call_soon_threadsafe(commands.put_nowait, json.loads(line))
-        loop.call_soon_threadsafe(commands.put_nowait, None)
-
-    threading.Thread(target=read_stdin, daemon=True).start()
-    reply({"port": port})
     step = 0
-    while (command := await commands.get()) is not None:
+    async for command in commands(port):
         name = command["cmd"]
-        if name == "stop":
-            break
         if name == "synced":
             reply({"synced": tracker.synced, "last_sync": tracker.last_sync,
                    "by_pop": tracker.synced_by_pop, "streams": len(tracker.types),
@@ -355,11 +342,6 @@ async def push(side: BallastSide | FloorSide, tracker: Tracker, pops: list[str],
     return {"ok": ok, "start": start, "tick_s": tick, "first_ack": tracker.first_ack,
             "last_ack": tracker.last_ack, "acks": tracker.acks,
             "cpu": time.process_time() - cpu0}
-
-
-def reply(data: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(data) + "\n")
-    sys.stdout.flush()
 
 
 if __name__ == "__main__":
