@@ -31,6 +31,7 @@ from control_plane.intent.store import IntentBatch
 from control_plane.observe.source import Signals, TierSignals
 from control_plane.translate import render_json
 from control_plane.translate.resources import Capabilities, PopResources
+from tests.support.example_service import example_service
 from tests.support.models import example_desired, fleet_desired, shop_group
 
 T0 = 1_800_000_000_000
@@ -536,15 +537,7 @@ async def test_a_reload_waits_for_a_tick_between_its_save_and_its_swap(
     has swapped in what it prepared, and then carries the tick's shift over (or drops it with
     its PoP): what runs only ever holds pairs of the desired state, and what is served is the
     running intent translated."""
-    text = Path("examples/desired.yaml").read_text()
-    path = tmp_path / "desired.yaml"
-    path.write_text(text)
-    service = BallastService(ServiceConfig(
-        desired_path=path, state_dir=tmp_path / "state", xds_address=f"127.0.0.1:{free_port()}",
-        admin_address=None, probes=False, reconcile_interval_ms=3_600_000,
-    ))
-    await service.start()
-    try:
+    async with example_service(tmp_path, reconcile_interval_ms=3_600_000) as (service, text):
         reconciler, intent = service.reconciler, service.server.intent
         source = ScriptedSource()
         source.error_rate = 0.3
@@ -584,5 +577,3 @@ async def test_a_reload_waits_for_a_tick_between_its_save_and_its_swap(
             served = service.server.cache.resources(pop, Capabilities())
             assert render_json(served) == render_json(
                 translate_intent(intent.intent, pop, Capabilities()))
-    finally:
-        await service.stop()

@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 
 from control_plane.app.envoy_process import free_port
 from control_plane.app.server import translate_intent
-from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.cli.admin_client import AdminClient
 from control_plane.cli.plan import plan_against_server
 from control_plane.decide.controller import ControllerState
@@ -29,6 +28,7 @@ from control_plane.intent.steps import PairStep
 from control_plane.translate import render_json
 from control_plane.translate.diff import diff_renderings, format_changes
 from control_plane.translate.resources import Capabilities
+from tests.support.example_service import example_service
 from tests.support.models import example_desired, shop_group
 
 EWR, SJC = ("ewr", "shop"), ("sjc", "shop")
@@ -137,15 +137,7 @@ def test_carry_over_is_idempotent_and_keeps_only_what_fits(
 async def test_config_applied_diff_equals_what_is_served_tier_actions_included(
     tmp_path: Path,
 ) -> None:
-    text = Path("examples/desired.yaml").read_text()
-    path = tmp_path / "desired.yaml"
-    path.write_text(text)
-    service = BallastService(ServiceConfig(
-        desired_path=path, state_dir=tmp_path / "state",
-        xds_address=f"127.0.0.1:{free_port()}", admin_address=None, probes=False,
-    ))
-    await service.start()
-    try:
+    async with example_service(tmp_path) as (service, text):
         intent, cache, fifo = service.server.intent, service.server.cache, Capabilities()
         # as after ticks that shifted weights and switched the tier actions on in ewr
         moved = {"primary": 70, "secondary": 30}
@@ -172,8 +164,6 @@ async def test_config_applied_diff_equals_what_is_served_tier_actions_included(
         assert intent.tier_actions("ewr", "shop") == dataclasses.replace(on, demote_share=30)
         assert any("30" in line for line in applied["detail"]["diff"]), applied["detail"]
         assert intent.weights("ewr", "shop") == moved
-    finally:
-        await service.stop()
 
 
 async def test_plan_against_the_server_predicts_exactly_what_the_reload_records(
@@ -181,16 +171,8 @@ async def test_plan_against_the_server_predicts_exactly_what_the_reload_records(
 ) -> None:
     """`ballast plan --server` carries the server's running intent over with the same rule:
     per PoP, its changes are the lines the reload's config_applied record then shows."""
-    text = Path("examples/desired.yaml").read_text()
-    path = tmp_path / "desired.yaml"
-    path.write_text(text)
     admin = free_port()
-    service = BallastService(ServiceConfig(
-        desired_path=path, state_dir=tmp_path / "state", xds_address=f"127.0.0.1:{free_port()}",
-        admin_address=f"127.0.0.1:{admin}", probes=False,
-    ))
-    await service.start()
-    try:
+    async with example_service(tmp_path, admin_address=f"127.0.0.1:{admin}") as (service, text):
         intent = service.server.intent
         moved = {"primary": 70, "secondary": 30}
         await intent.apply_steps([PairStep(EWR, moved, STREAK, ACTIVE)], intent.desired)
@@ -198,7 +180,7 @@ async def test_plan_against_the_server_predicts_exactly_what_the_reload_records(
         on = actions_in_force(intent.desired.group("shop"), ACTIVE)
         intent.set_tier_actions("ewr", "shop", on)
         edited = text.replace("demote_share: 50%", "demote_share: 30%")
-        new = parse_desired(edited.encode(), str(path))
+        new = parse_desired(edited.encode(), str(service.config.desired_path))
         client = AdminClient(f"http://127.0.0.1:{admin}")
         plans = await asyncio.to_thread(plan_against_server, client, new, None)
         predicted = [line for plan in plans
@@ -207,8 +189,6 @@ async def test_plan_against_the_server_predicts_exactly_what_the_reload_records(
         assert await service.apply_desired_bytes(edited.encode())
         applied = [r for r in iter_records(tmp_path / "state") if r["kind"] == "config_applied"][-1]
         assert applied["detail"]["diff"] == predicted
-    finally:
-        await service.stop()
 
 
 def test_the_running_intent_reads_back_from_its_json() -> None:
@@ -222,15 +202,7 @@ def test_the_running_intent_reads_back_from_its_json() -> None:
 async def test_a_weight_change_landing_while_a_reload_saves_is_kept(tmp_path: Path) -> None:
     """The reload's store write is awaited (on a thread); a reconcile step that lands meanwhile
     is carried over too, not reverted by the swap."""
-    text = Path("examples/desired.yaml").read_text()
-    path = tmp_path / "desired.yaml"
-    path.write_text(text)
-    service = BallastService(ServiceConfig(
-        desired_path=path, state_dir=tmp_path / "state",
-        xds_address=f"127.0.0.1:{free_port()}", admin_address=None, probes=False,
-    ))
-    await service.start()
-    try:
+    async with example_service(tmp_path) as (service, text):
         intent = service.server.intent
         save = intent.save_desired
         moved = {"primary": 70, "secondary": 30}
@@ -246,5 +218,3 @@ async def test_a_weight_change_landing_while_a_reload_saves_is_kept(tmp_path: Pa
         served = service.server.cache.resources("ewr", Capabilities())  # what Envoys get
         assert render_json(served) == render_json(
             translate_intent(intent.intent, "ewr", Capabilities()))
-    finally:
-        await service.stop()
