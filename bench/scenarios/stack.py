@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-from control_plane.app.envoy_process import EnvoyProcess, free_port
+from control_plane.app.envoy_process import EnvoyProcess, free_port, stop_group
 from control_plane.translate.bootstrap import ads_bootstrap
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -148,13 +148,8 @@ class BallastEdge:
     def stop(self) -> None:
         for envoy in self.envoys.values():
             envoy.stop()
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        if self.proc is not None:
+            stop_group(self.proc, 10)
 
 
 UNHEALTHY_THRESHOLD = 3

@@ -163,20 +163,27 @@ class EnvoyProcess:
             return ""
 
     def stop(self, timeout: float = 5.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        if self.proc is not None:
+            stop_group(self.proc, timeout)
 
     def __enter__(self) -> EnvoyProcess:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def stop_group(proc: subprocess.Popen[Any], timeout: float) -> None:
+    """A process started in its own session stopped with its group: SIGTERM, then SIGKILL
+    after `timeout` s. Nothing if it has exited already."""
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def validate_bootstrap(bootstrap: dict[str, Any], binary: str | None = None) -> tuple[bool, str]:

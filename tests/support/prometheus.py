@@ -6,16 +6,14 @@ by PID, storage in a temporary folder. NOTES.md: ready in ~0.2 s, first sample q
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import subprocess
 import tempfile
 from pathlib import Path
 
 import yaml
 
-from control_plane.app.envoy_process import free_port
+from control_plane.app.envoy_process import free_port, stop_group
 from tests.support.local_server import log_tail, start_server
 
 
@@ -64,11 +62,6 @@ class PrometheusServer:
         return log_tail(self._dir / "prometheus.log", lines)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        if self.proc is not None:
+            stop_group(self.proc, 10)
         shutil.rmtree(self._dir, ignore_errors=True)
