@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import os
 import sys
 import time
 from collections import Counter
@@ -57,7 +56,6 @@ from tests.support.models import fleet_desired
 ADS_METHOD = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"
 PROBE_S = 0.005
 PUSHED_GROUP = "g000"
-FREEZE_HEAP = os.environ.get("BALLAST_BENCH_FREEZE_HEAP", "1") != "0"
 
 
 class Tracker:
@@ -158,8 +156,7 @@ class BallastSide:
         cache = self.server.cache
         cache.commit_entries(await asyncio.to_thread(cache.prepare_entries(Capabilities())))
         await self.server.start()
-        if FREEZE_HEAP:  # as `ballast serve` does
-            settle_heap()
+        settle_heap()  # as `ballast serve` does
         return int(self.server.port)
 
     async def prepare(self, pops: list[str], step: int) -> Staged:

@@ -30,6 +30,7 @@ from control_plane.translate.diff import diff_renderings, format_changes
 from control_plane.translate.resources import Capabilities
 from tests.support.example_service import example_service
 from tests.support.models import example_desired, shop_group
+from tests.support.ticks import apply_steps
 
 EWR, SJC = ("ewr", "shop"), ("sjc", "shop")
 STREAK = ControllerState(unhealthy_windows={"primary": 1}, healthy_windows={"secondary": 3})
@@ -141,7 +142,7 @@ async def test_config_applied_diff_equals_what_is_served_tier_actions_included(
         intent, cache, fifo = service.server.intent, service.server.cache, Capabilities()
         # as after ticks that shifted weights and switched the tier actions on in ewr
         moved = {"primary": 70, "secondary": 30}
-        await intent.apply_steps([PairStep(EWR, moved, STREAK, ACTIVE)], intent.desired)
+        await apply_steps(intent, [PairStep(EWR, moved, STREAK, ACTIVE)])
         intent.update_weights("ewr", "shop", moved)
         on = actions_in_force(intent.desired.group("shop"), ACTIVE)
         assert on is not None and on.demote_share == 50
@@ -175,7 +176,7 @@ async def test_plan_against_the_server_predicts_exactly_what_the_reload_records(
     async with example_service(tmp_path, admin_address=f"127.0.0.1:{admin}") as (service, text):
         intent = service.server.intent
         moved = {"primary": 70, "secondary": 30}
-        await intent.apply_steps([PairStep(EWR, moved, STREAK, ACTIVE)], intent.desired)
+        await apply_steps(intent, [PairStep(EWR, moved, STREAK, ACTIVE)])
         intent.update_weights("ewr", "shop", moved)
         on = actions_in_force(intent.desired.group("shop"), ACTIVE)
         intent.set_tier_actions("ewr", "shop", on)

@@ -30,6 +30,7 @@ from control_plane.intent.steps import PairStep
 from control_plane.translate.bootstrap import ads_bootstrap
 from control_plane.translate.resources import CLUSTER_TYPE, ROUTE_TYPE, Capabilities
 from tests.support.fleet import write_fast_desired
+from tests.support.ticks import apply_steps
 
 pytestmark = pytest.mark.envoy
 
@@ -149,8 +150,7 @@ async def set_ramp(service: BallastService, ramp: RampState) -> None:
     """Save a ramp state for (ewr, shop), as the reconcile loop's tick does."""
     owner = service.server.intent
     key = ("ewr", "shop")
-    await owner.apply_steps(
-        [PairStep(key, owner.weights(*key), owner.controller(key), ramp=ramp)], owner.desired)
+    await apply_steps(owner, [PairStep(key, owner.weights(*key), owner.controller(key), ramp=ramp)])
 
 
 def node_capabilities(service: BallastService) -> Capabilities:

@@ -21,7 +21,7 @@ built by a call that may run on a worker thread), `save_changes` (one store writ
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -31,7 +31,7 @@ from control_plane.decide.tiers import TierState
 from control_plane.desired.model import Desired, GroupWeights, OriginGroup, TierActions
 from control_plane.intent.carry_over import CarryOver, carry_over
 from control_plane.intent.running import RunningIntent, tier_key
-from control_plane.intent.steps import PairStep, TickChanges, applied, changes_of
+from control_plane.intent.steps import TickChanges, applied
 from control_plane.intent.store import (
     RAMP_KIND,
     TIER_KIND,
@@ -256,13 +256,6 @@ class IntentOwner:
         except BaseException:
             self._intent = old
             raise
-
-    async def apply_steps(self, steps: Sequence[PairStep], desired: Desired) -> frozenset[str]:
-        """What `steps` change, saved, then applied and published on the spot (a few pairs;
-        the reconcile loop prepares the output off the event loop instead)."""
-        changes = changes_of(self._intent, steps)
-        await self.save_changes(changes, desired)
-        return self.apply_changes(changes)
 
     async def save_desired(self, before: RunningIntent, after: RunningIntent) -> None:
         """A desired-state change from `before` to `after` (its carry-over) saved: the new
