@@ -108,6 +108,7 @@ class EnvoyProcess:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> EnvoyProcess:
+        self._dir.mkdir(exist_ok=True)  # again after a stop
         config = self._dir / "bootstrap.json"
         config.write_text(json.dumps(self.bootstrap))
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child process
@@ -163,8 +164,11 @@ class EnvoyProcess:
             return ""
 
     def stop(self, timeout: float = 5.0) -> None:
+        """Stop Envoy and remove its private folder (the bootstrap, and the log unless
+        `log_path` put it elsewhere)."""
         if self.proc is not None:
             stop_group(self.proc, timeout)
+        shutil.rmtree(self._dir, ignore_errors=True)
 
     def __enter__(self) -> EnvoyProcess:
         return self.start()
