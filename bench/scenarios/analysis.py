@@ -113,6 +113,13 @@ def weight_travel(run: RunResult, pop: str, origin: str) -> int:
     return sum(abs(a - b) for a, b in pairwise(values))
 
 
+def largest_rise(run: RunResult, pop: str, origin: str) -> int:
+    """The most points the origin's weight gained between two samples: a binary failover
+    hands a standby everything at once (100), a gradual one a step at a time."""
+    values = [w.get(origin, 0) for _, p, w in run.weights if p == pop and w]
+    return max((b - a for a, b in pairwise(values)), default=0)
+
+
 def ratio(baseline: float, ballast: float) -> float:
     """baseline / Ballast: above 1 means Ballast's number is smaller."""
     if math.isnan(baseline) or math.isnan(ballast):
