@@ -47,7 +47,13 @@ from control_plane.desired import DesiredStateError, parse_desired, read_desired
 from control_plane.desired.model import Desired
 from control_plane.desired.warnings import desired_warnings
 from control_plane.intent.carry_over import carry_over
-from control_plane.intent.etcd_store import Deposed, EtcdStore, StoreUnavailable, parse_store_url
+from control_plane.intent.etcd_store import (
+    Deposed,
+    EtcdStore,
+    StoreCredentials,
+    StoreUnavailable,
+    parse_store_url,
+)
 from control_plane.intent.replicated_store import ReplicatedStore
 from control_plane.intent.running import RunningIntent, ramp_key, tier_key
 from control_plane.intent.sqlite_store import StateStore
@@ -97,6 +103,7 @@ class ServiceConfig:
     admin_token_file: Path | None = None  # bearer token the admin API requires when set
     admin_tls: bool = False  # admin API on HTTPS with `tls`'s files; admin client certs accepted
     store_url: str | None = None  # etcd://HOST:PORT[,...]: replicas share the intent there
+    store_credentials: StoreCredentials | None = None  # etcd client TLS and/or user, password
     replica_id: str | None = None  # this replica's name among them (default: the xDS address)
     leader_ttl_s: int = 5  # the leader's lease; a follower takes over within it
     # what start-up built kept out of full garbage collections (`app/heap.py`); the process's
@@ -289,7 +296,7 @@ class BallastService:
         config = self.config
         replica = config.replica_id or config.xds_address
         return Replication(
-            EtcdStore(parse_store_url(url)),
+            EtcdStore(parse_store_url(url), credentials=config.store_credentials),
             replica,
             ttl_s=config.leader_ttl_s,
             owner=lambda: self.server.intent,

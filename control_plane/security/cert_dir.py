@@ -5,6 +5,12 @@
     DIR/nodes/<pop>/<node id>.pem, .key     one per Envoy node (URI SAN naming PoP and id)
     DIR/admin/<name>.pem, .key              admin API clients
     DIR/admin.token                         a bearer token for the admin API
+    DIR/etcd/ca.pem, DIR/etcd/ca.key        etcd's own CA (members and clients trust only it)
+    DIR/etcd/member.pem, .key               every etcd member's certificate (server and peer)
+    DIR/etcd/clients/<user>.pem, .key       etcd client certificates, CN = the etcd user
+
+etcd has a CA of its own: with --client-cert-auth etcd takes any certificate of its CA as the
+user its CN names, so a node or admin certificate of Ballast's CA must not be one.
 
 Each file is written to a temporary name and renamed, keys with mode 0600: a server reloading
 the files never reads half a file.
@@ -19,7 +25,14 @@ import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
-from control_plane.security.certs import Issued, issue_client, issue_server, make_ca
+from control_plane.security.certs import (
+    Issued,
+    issue_client,
+    issue_etcd_client,
+    issue_etcd_member,
+    issue_server,
+    make_ca,
+)
 from control_plane.security.identity import admin_uri, node_uri
 
 
@@ -54,6 +67,18 @@ class CertDir:
         return Pair(base.with_name(base.name + ".pem"), base.with_name(base.name + ".key"))
 
     @property
+    def etcd_ca(self) -> Pair:
+        return Pair(self.root / "etcd" / "ca.pem", self.root / "etcd" / "ca.key")
+
+    @property
+    def etcd_member(self) -> Pair:
+        return Pair(self.root / "etcd" / "member.pem", self.root / "etcd" / "member.key")
+
+    def etcd_client(self, user: str) -> Pair:
+        base = self.root / "etcd" / "clients" / _file_part(user)
+        return Pair(base.with_name(base.name + ".pem"), base.with_name(base.name + ".key"))
+
+    @property
     def admin_token(self) -> Path:
         return self.root / "admin.token"
 
@@ -62,15 +87,15 @@ class CertDir:
         _write(self.admin_token, (secrets.token_urlsafe(32) + "\n").encode(), 0o600)
         return self.admin_token
 
-    def load_or_make_ca(self, days: int) -> tuple[Issued, bool]:
-        """The CA in the directory (while it is valid), else a new one written there; True
-        when it was made."""
-        pair = self.ca
+    def load_or_make_ca(self, days: int, *, etcd: bool = False) -> tuple[Issued, bool]:
+        """The CA in the directory (Ballast's, or etcd's with `etcd`) while it is valid, else a
+        new one written there; True when it was made."""
+        pair = self.etcd_ca if etcd else self.ca
         if pair.cert.exists() and pair.key.exists():
             ca = Issued(pair.cert.read_bytes(), pair.key.read_bytes())
             if ca.cert.not_valid_after_utc > datetime.datetime.now(datetime.UTC):
                 return ca, False
-        ca = make_ca(days=days)
+        ca = make_ca("ballast etcd CA" if etcd else "ballast CA", days=days)
         write_pair(pair, ca)
         return ca, True
 
@@ -81,6 +106,15 @@ class CertDir:
     def make_node(self, ca: Issued, pop: str, node_id: str, days: int) -> Pair:
         pair = self.node(pop, node_id)
         write_pair(pair, issue_client(ca, node_uri(pop, node_id), node_id, days=days))
+        return pair
+
+    def make_etcd_member(self, ca: Issued, hosts: list[str], days: int) -> Pair:
+        write_pair(self.etcd_member, issue_etcd_member(ca, hosts, days=days))
+        return self.etcd_member
+
+    def make_etcd_client(self, ca: Issued, user: str, days: int) -> Pair:
+        pair = self.etcd_client(user)
+        write_pair(pair, issue_etcd_client(ca, user, days=days))
         return pair
 
     def make_admin(self, ca: Issued, name: str, days: int) -> Pair:
