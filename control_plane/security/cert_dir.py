@@ -84,7 +84,7 @@ class CertDir:
 
     def make_admin_token(self) -> Path:
         """A new random admin token (256 bits, URL-safe), mode 0600."""
-        _write(self.admin_token, (secrets.token_urlsafe(32) + "\n").encode(), 0o600)
+        write_atomic(self.admin_token, (secrets.token_urlsafe(32) + "\n").encode(), 0o600)
         return self.admin_token
 
     def load_or_make_ca(self, days: int, *, etcd: bool = False) -> tuple[Issued, bool]:
@@ -125,11 +125,11 @@ class CertDir:
 
 def write_pair(pair: Pair, issued: Issued) -> None:
     """Key first, then certificate: a reader that sees the new certificate sees its key."""
-    _write(pair.key, issued.key_pem, 0o600)
-    _write(pair.cert, issued.cert_pem, 0o644)
+    write_atomic(pair.key, issued.key_pem, 0o600)
+    write_atomic(pair.cert, issued.cert_pem, 0o644)
 
 
-def _write(path: Path, data: bytes, mode: int) -> None:
+def write_atomic(path: Path, data: bytes, mode: int) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
