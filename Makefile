@@ -46,3 +46,10 @@ protos: $(STAMP)
 
 clean:
 	rm -rf $(VENV) var
+
+# deploy/README.md's runbook on six hosts (network namespaces; root, ~3 min): see
+# tests/test_deploy_hosts.py
+e2e-hosts: $(STAMP)
+	deploy/ensure-test-services.sh
+	BALLAST_E2E_HOSTS=1 GRPC_ENABLE_FORK_SUPPORT=false $(BIN)/python -m pytest -q \
+		-p no:cacheprovider -s tests/test_deploy_hosts.py
