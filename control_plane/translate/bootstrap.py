@@ -1,4 +1,5 @@
-"""Envoy bootstraps: the ADS bootstrap edge proxies start from (template in `envoy/`)."""
+"""Envoy bootstraps: the ADS bootstrap edge proxies start from (templates in
+`bootstrap_templates.py`)."""
 
 from __future__ import annotations
 
@@ -7,20 +8,17 @@ import json
 import string
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import yaml
 
+from control_plane.translate.bootstrap_templates import TEMPLATES
 from control_plane.translate.capabilities import (
     ACCESS_LOG_METADATA,
     ENVOY_RELEASES,
     NEWEST_RELEASE,
 )
 from control_plane.translate.listeners import XDS_CLUSTER
-
-TEMPLATES = Path(__file__).resolve().parents[2] / "envoy"
-
 
 # Downstream connections an Envoy accepts at once (overload manager), per template: an edge
 # proxy serves the Internet, a sidecar one host's applications.
@@ -97,7 +95,7 @@ def ads_bootstrap(
     `stats_listener` (host, port) adds a listener serving only `/stats/prometheus` from the
     admin (which stays on loopback), for a central Prometheus: see `stats_listener`.
     """
-    text = (TEMPLATES / f"{template}.yaml").read_text()
+    text = TEMPLATES[template]
     filled = string.Template(text).substitute(
         node_id=_yaml_str(node_id),
         node_cluster=_yaml_str(node_cluster),
