@@ -30,7 +30,7 @@ SERVICE_USERS = {"ballast": ("nobody", "nogroup"), "envoy": ("nobody", "nogroup"
                  "etcd": ("etcd", "etcd"), "prometheus": ("prometheus", "prometheus")}
 _FENCE = re.compile(r"^```sh runbook=(?P<step>[\w-]+)(?: hosts=(?P<hosts>[\w,-]+))?\n"
                     r"(?P<text>.*?)^```$", re.MULTILINE | re.DOTALL)
-_PATHS = re.compile(r"(?<![\w./-])(" + "|".join(re.escape(p) for p in
+_PATHS = re.compile(r"(?<![\w./])(" + "|".join(re.escape(p) for p in
                                                   (SHARED_VENV, *HOST_PATHS)) +
                     r")(?=[/\s'\";:)]|$)")
 
