@@ -408,6 +408,9 @@ async def _deployed_fleet(d: Deployment, runbook: list[Block], traffic: Path) ->
                    for edge, (pop, _) in EDGES.items())
 
     await until(envoys_agree, 30, "every Envoy on the new leader's weights")
+    (third,) = (n for n in others if n != new)
+    await until(lambda: d.weights(third, "ewr") == d.weights(new, "ewr"), 10,
+                "the other follower serving the leader's weights")
     assert d.weights(new, "sjc") == initial["sjc"]
     during = _statuses(traffic, since)
     assert during["sjc"].count(200) == len(during["sjc"]), "sjc lost requests"
