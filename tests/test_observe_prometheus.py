@@ -74,7 +74,7 @@ async def test_prometheus_source_matches_the_origins_and_the_sink():
 
 
 async def wait_for_series(source: PrometheusSource, timeout: float = 20.0) -> None:
-    """Prometheus answers its first sample only after ~5 s (NOTES.md)."""
+    """Prometheus answers its first sample only after ~5 s (measured)."""
     deadline = asyncio.get_running_loop().time() + timeout
     while asyncio.get_running_loop().time() < deadline:
         now = wall_ms()

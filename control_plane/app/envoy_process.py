@@ -1,6 +1,6 @@
 """Run a real Envoy: find the binary, start it from a bootstrap, wait for /ready, stop it.
 
-Used by `make run` (the demo fleet), `ballast validate` and the tests. NOTES.md: start with
+Used by `make run` (the demo fleet), `ballast validate` and the tests. Measured: start with
 --disable-hot-restart --concurrency 1, admin on loopback, own session so it can be stopped by PID.
 """
 

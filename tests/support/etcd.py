@@ -1,5 +1,5 @@
 """A real etcd on loopback for tests: Debian's `etcd` binary (deploy/ensure-test-services.sh
-installs `etcd-server`). Own session, stopped by PID, data in a temporary folder. NOTES.md: healthy
+installs `etcd-server`). Own session, stopped by PID, data in a temporary folder. Measured: healthy
 in ~1 s. `pause()`/`resume()` stop and continue the process (SIGSTOP/SIGCONT) to make it
 unreachable without losing its data; `stop()` ends it; `start()` may be called again on the same
 data directory. With `tls` (files from `ballast certs --etcd-member 127.0.0.1 --etcd-client ...`)
