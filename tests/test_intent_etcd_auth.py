@@ -164,3 +164,22 @@ async def test_the_role_stops_at_the_prefix(
     with pytest.raises(StoreUnavailable, match="permission denied"):
         await store.campaign("intruder", lease)
     assert etcdctl(etcd, certs, "get", "--prefix", "/elsewhere/") == ""
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--store-cert", "c.pem"], "--store-cert and --store-key go together"),
+    (["--store-cert", "c.pem", "--store-key", "c.key"],
+     "--store-cert needs --store-ca (a client certificate is only sent over TLS)"),
+    (["--store-user", "ballast"], "--store-user and --store-password-file go together"),
+])
+def test_store_credentials_that_cannot_work_are_refused_before_anything_starts(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], message: str
+) -> None:
+    argv = ["serve", "examples/desired.yaml", "--state-dir", str(tmp_path / "state"),
+            "--store", "etcd://127.0.0.1:2379", "--metrics-source", "prometheus",
+            "--prometheus-url", "http://127.0.0.1:9090", *extra]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == f"ballast serve: {message}\n"
+    assert main(["serve", "examples/desired.yaml", "--store-ca", "ca.pem"]) == 2
+    assert "the --store-* credentials need --store" in capsys.readouterr().err
+    assert not (tmp_path / "state").exists()
