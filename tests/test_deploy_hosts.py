@@ -46,7 +46,7 @@ import pytest
 from tests.support.host_shims import alive, stop_pid
 from tests.support.netns import Host, HostNetwork
 from tests.support.replicas import until
-from tests.support.runbook import ROOT, Block, blocks, relocate
+from tests.support.runbook import ROOT, RUNBOOK, Block, blocks, relocate
 
 pytestmark = [
     pytest.mark.envoy, pytest.mark.etcd, pytest.mark.prometheus,
@@ -319,6 +319,10 @@ async def test_the_runbook_on_six_hosts(deployment: Deployment) -> None:
     runbook = blocks()
     steps = [b.step for b in runbook]
     assert steps[0] == "site" and "install" in steps
+    # every command block of deploy/README.md is a runbook block: none escapes this walk
+    fences = [line for line in RUNBOOK.read_text().splitlines()
+              if line.startswith("```") and line != "```"]
+    assert len(fences) == len(runbook), [f for f in fences if "runbook=" not in f]
     started = time.monotonic()
     _prepare(d)
     reuse = os.environ.get("BALLAST_E2E_REUSE_VENV")  # debugging the later steps only
