@@ -47,7 +47,7 @@ protos: $(STAMP)
 clean:
 	rm -rf $(VENV) var
 
-# deploy/README.md's runbook on six hosts (network namespaces; root, ~3 min): see
+# deploy/README.md's runbook on six hosts (network namespaces; root, 3-7 min): see
 # tests/test_deploy_hosts.py
 e2e-hosts: $(STAMP)
 	deploy/ensure-test-services.sh

@@ -24,7 +24,7 @@ shift goes on and every Envoy applies the leader's weights; the link back → th
 follows. And: the admin API refuses a non-loopback address without TLS, and etcd refuses
 Ballast without credentials.
 
-Root and `ip netns` needed; ~3 minutes, so it runs as `make e2e-hosts` (BALLAST_E2E_HOSTS=1),
+Root and `ip netns` needed; 3–7 minutes here, so it runs as `make e2e-hosts` (BALLAST_E2E_HOSTS=1),
 not in `make test`.
 """
 
