@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 
 run: $(STAMP)
 	@# Envoys start by fork+exec; gRPC's fork handlers would only log noise about it.
-	GRPC_ENABLE_FORK_SUPPORT=false $(BIN)/python -m control_plane.app.demo examples/desired.yaml
+	GRPC_ENABLE_FORK_SUPPORT=false $(BIN)/python -m harness.demo examples/desired.yaml
 
 test: $(STAMP)
 	deploy/ensure-test-services.sh

@@ -51,7 +51,7 @@ from control_plane.translate.resources import (
     STARTUP_TYPES,
     Capabilities,
 )
-from tests.support.models import fleet_desired
+from harness.models import fleet_desired
 
 ADS_METHOD = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"
 PROBE_S = 0.005

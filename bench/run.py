@@ -19,6 +19,7 @@ from typing import Any
 
 from bench import dashboard, fanout, fleet, protocol_core, standby_ramp, translation
 from bench.common import ROOT
+from harness.standby_ramp import report as report_standby_ramp
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
                         "400x20x20)")
     parser.add_argument("--compare-protocol", action="store_true",
                         help="fan-out runs twice per (size, mode): with the protocol core of "
-                        "bench/protocol_baseline.py, then with the current one")
+                        "harness/protocol_baseline.py, then with the current one")
     parser.add_argument("--compare-encoder", action="store_true",
                         help="fan-out runs twice per (size, mode): with a response message "
                         "built per stream (the old encoder), then with the current one")
@@ -115,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         ramp_runs = asyncio.run(standby_ramp.both(standby_ramp.Scenario()))
         results["standby_ramp"] = standby_ramp.as_json(ramp_runs)
         out += ["== Cold-standby ramp: the standby during the shift, ramp on vs off",
-                standby_ramp.report(ramp_runs)]
+                report_standby_ramp(ramp_runs)]
         print(out[-1] + "\n", flush=True)
     if args.only in (None, "fanout"):
         print("== push fan-out", flush=True)

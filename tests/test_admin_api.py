@@ -17,6 +17,7 @@ from control_plane.desired.model import TierActions
 from control_plane.own_metrics.registry import BallastMetrics
 from control_plane.translate import render_json
 from control_plane.translate.resources import CLUSTER_TYPE, Capabilities
+from harness.ads_desired import desired
 from tests.support.admin_stack import (
     AdminStack,
     Samples,
@@ -25,7 +26,6 @@ from tests.support.admin_stack import (
     samples,
     start_stack,
 )
-from tests.support.ads_desired import desired
 
 NOW = datetime.now(UTC)
 

@@ -13,14 +13,13 @@ from collections.abc import Callable
 
 import grpc
 
-from bench.fanout import connect
 from control_plane.ads.limits import AdsLimits
 from control_plane.app.server import BallastServer
 from control_plane.translate.resources import CLUSTER_TYPE as CDS
 from control_plane.translate.resources import ENDPOINT_TYPE as EDS
 from control_plane.translate.resources import Capabilities
-from tests.support.ads_desired import desired
-from tests.support.xds_client import XdsClient, local_channel, make_node
+from harness.ads_desired import desired
+from harness.xds_client import XdsClient, connect, local_channel, make_node
 
 
 async def _until(check: Callable[[], bool], timeout: float = 10) -> None:

@@ -28,8 +28,8 @@ from control_plane.app.server import BallastServer
 from control_plane.translate.resources import CLUSTER_TYPE as CDS
 from control_plane.translate.resources import ENDPOINT_TYPE as EDS
 from control_plane.translate.resources import Capabilities
-from tests.support.ads_desired import desired
-from tests.support.xds_client import XdsClient, local_channel, make_node
+from harness.ads_desired import desired
+from harness.xds_client import XdsClient, local_channel, make_node
 
 Records = list[tuple[str, dict[str, Any]]]
 CLUSTERS = 4  # the example's 3 tier clusters and its standby's mirror cluster

@@ -18,8 +18,8 @@ from control_plane.ads.snapshots import SnapshotCache
 from control_plane.translate import translate_pop
 from control_plane.translate.resources import CLUSTER_TYPE as CDS
 from control_plane.translate.resources import LISTENER_TYPE as LDS
-from tests.support.ads_desired import desired
-from tests.support.xds_client import XdsClient, local_channel, make_node
+from harness.ads_desired import desired
+from harness.xds_client import XdsClient, local_channel, make_node
 
 
 class Recorder(Callbacks):

@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
-from control_plane.app.demo_origin import DemoOrigin
-from control_plane.app.envoy_process import EnvoyProcess, free_port
 from control_plane.app.server import BallastServer
 from control_plane.translate.bootstrap import ads_bootstrap
 from control_plane.translate.resources import CLUSTER_TYPE, Capabilities
-from tests.support.ads_desired import desired
-from tests.support.background_loop import BackgroundLoop
+from harness.ads_desired import desired
+from harness.background_loop import BackgroundLoop
+from harness.demo_origin import DemoOrigin
+from harness.envoy_process import EnvoyProcess, free_port
 
 pytestmark = pytest.mark.envoy
 

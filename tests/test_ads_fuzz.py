@@ -37,12 +37,12 @@ from envoy.service.discovery.v3.discovery_pb2 import DeltaDiscoveryRequest, Disc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from control_plane.app.envoy_process import free_port
 from control_plane.decisions.log import log_files
 from control_plane.decisions.read import iter_records
 from control_plane.translate.resources import CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE
-from tests.support.background_loop import BackgroundLoop
-from tests.support.xds_client import XdsClient, local_channel, make_node
+from harness.background_loop import BackgroundLoop
+from harness.envoy_process import free_port
+from harness.xds_client import XdsClient, local_channel, make_node
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "desired.yaml"

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from control_plane.app.demo_origin import DemoOrigin
-from control_plane.app.envoy_process import EnvoyProcess, free_port
 from control_plane.cli.main import main
 from control_plane.translate.bootstrap import XdsClientTls, ads_bootstrap
-from tests.support.ads_desired import write_desired
+from harness.ads_desired import write_desired
+from harness.demo_origin import DemoOrigin
+from harness.envoy_process import EnvoyProcess, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -28,8 +28,8 @@ from control_plane.translate.resources import (
 from control_plane.translate.resources import (
     Capabilities,
 )
-from tests.support.ads_desired import desired
-from tests.support.xds_client import XdsClient, local_channel, make_node
+from harness.ads_desired import desired
+from harness.xds_client import XdsClient, local_channel, make_node
 
 SHOP = ["shop.background", "shop.critical", "shop.normal"]
 MEDIA = ["media.background", "media.critical", "media.normal"]

@@ -17,13 +17,16 @@ from typing import Any
 import grpc
 import pytest
 
-from control_plane.app.envoy_process import EnvoyProcess, free_port
 from control_plane.cli import status
 from control_plane.cli.admin_client import AdminClient, AdminError
 from control_plane.cli.main import main
 from control_plane.desired.model import TierActions
 from control_plane.translate.bootstrap import ads_bootstrap
 from control_plane.translate.resources import Capabilities
+from harness.ads_desired import desired
+from harness.background_loop import BackgroundLoop
+from harness.envoy_process import EnvoyProcess, free_port
+from harness.xds_client import XdsClient
 from tests.support.admin_stack import (
     AdminStack,
     connect_node,
@@ -32,9 +35,6 @@ from tests.support.admin_stack import (
     start_stack,
     wait_until,
 )
-from tests.support.ads_desired import desired
-from tests.support.background_loop import BackgroundLoop
-from tests.support.xds_client import XdsClient
 
 pytestmark = pytest.mark.envoy
 

@@ -19,8 +19,8 @@ from control_plane.admin.decision_feed import DecisionFeed
 from control_plane.decisions.log import DecisionLog
 from control_plane.decisions.read import Query
 from control_plane.translate.resources import CLUSTER_TYPE
+from harness.ads_desired import desired
 from tests.support.admin_stack import AdminStack, connect_node, start_stack
-from tests.support.ads_desired import desired
 
 NOW = datetime.now(UTC)
 HOME = {"primary": 95, "secondary": 5}

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 from playwright.async_api import Page, expect
 
-from control_plane.app.demo_origin import Fault
+from harness.demo_origin import Fault
+from harness.fleet import Fleet, running_fleet
 from tests.support.browser import chromium, require_chromium
-from tests.support.fleet import Fleet, running_fleet
 
 pytestmark = [pytest.mark.envoy, pytest.mark.chromium]
 

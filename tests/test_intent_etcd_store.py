@@ -111,7 +111,7 @@ async def test_watch_sees_intent_and_records_in_order(store: EtcdStore) -> None:
 async def test_unreachable_endpoint_is_reported_and_the_next_one_used(
     etcd: EtcdServer, store: EtcdStore
 ) -> None:
-    from control_plane.app.envoy_process import free_port
+    from harness.envoy_process import free_port
 
     host, port = etcd.endpoint.split(":")
     s = EtcdStore([("127.0.0.1", free_port()), (host, int(port))], prefix=store.prefix,

@@ -17,11 +17,11 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from control_plane.app.demo_origin import DemoOrigin, Fault
-from control_plane.app.envoy_process import EnvoyProcess, free_port
 from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.decisions.read import iter_records
 from control_plane.translate.bootstrap import ads_bootstrap
+from harness.demo_origin import DemoOrigin, Fault
+from harness.envoy_process import EnvoyProcess, free_port
 
 pytestmark = pytest.mark.envoy
 

@@ -21,15 +21,15 @@ import pytest
 import pytest_asyncio
 
 from control_plane.admin.capability_keys import capabilities_for_key
-from control_plane.app.demo_origin import DemoOrigin
-from control_plane.app.envoy_process import EnvoyProcess, free_port
 from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.decide.ramp import RampState
 from control_plane.desired.model import Mirror
 from control_plane.intent.steps import PairStep
 from control_plane.translate.bootstrap import ads_bootstrap
 from control_plane.translate.resources import CLUSTER_TYPE, ROUTE_TYPE, Capabilities
-from tests.support.fleet import write_fast_desired
+from harness.demo_origin import DemoOrigin
+from harness.envoy_process import EnvoyProcess, free_port
+from harness.fleet import write_fast_desired
 from tests.support.ticks import apply_steps
 
 pytestmark = pytest.mark.envoy

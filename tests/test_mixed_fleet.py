@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from control_plane.app.demo_origin import DemoOrigin
-from control_plane.app.envoy_process import EnvoyProcess, find_envoy, free_port
 from control_plane.app.service import BallastService, ServiceConfig
+from control_plane.cli.envoy_validate import find_envoy
 from control_plane.cli.main import main
+from harness.demo_origin import DemoOrigin
+from harness.envoy_process import EnvoyProcess, free_port
+from harness.fleet import write_fast_desired
 from tests.support.envoy_releases import envoy_binary
-from tests.support.fleet import write_fast_desired
 
 pytestmark = pytest.mark.envoy
 

@@ -11,9 +11,9 @@ import asyncio
 
 import pytest
 
-from control_plane.app.demo_origin import Fault
 from control_plane.observe.prometheus import PrometheusSource
 from control_plane.observe.source import Signals, wall_ms
+from harness.demo_origin import Fault
 from tests.support.metrics_sink import running_sink
 from tests.support.observe_fleet import translated_fleet
 from tests.support.prometheus import PrometheusServer, prometheus_binary
@@ -96,7 +96,7 @@ async def test_retried_errors_reach_the_sink_and_prometheus_per_origin():
 
 def test_endpoint_origins_maps_every_tier_cluster_address() -> None:
     from control_plane.observe.endpoints import endpoint_address, endpoint_origins
-    from tests.support.models import example_desired
+    from harness.models import example_desired
 
     mapping = endpoint_origins(example_desired())
     assert mapping[("shop.critical", "127.0.0.1:8081")] == ("shop", "primary")
@@ -109,7 +109,7 @@ def test_endpoint_origins_maps_every_tier_cluster_address() -> None:
 def test_host_rows_replace_zone_counters_and_unmapped_hosts_fall_back() -> None:
     from control_plane.observe.endpoints import endpoint_origins
     from control_plane.observe.prometheus import assemble
-    from tests.support.models import example_desired
+    from harness.models import example_desired
 
     def row(labels: dict[str, str], value: float) -> dict:
         return {"metric": labels, "value": [0, str(value)]}

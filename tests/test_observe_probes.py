@@ -7,13 +7,13 @@ import contextlib
 
 import pytest
 
-from control_plane.app.demo_origin import DemoOrigin, Fault
-from control_plane.app.envoy_process import free_port
 from control_plane.decide.signals import OriginSignals
 from control_plane.desired.model import HealthCheck
 from control_plane.observe.combine import CombinedSource
 from control_plane.observe.probes import Prober, ProbeTarget, success_share
 from control_plane.observe.source import Signals, wall_ms
+from harness.demo_origin import DemoOrigin, Fault
+from harness.envoy_process import free_port
 
 pytestmark = pytest.mark.timeout(30)
 

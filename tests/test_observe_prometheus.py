@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from control_plane.app.demo_origin import Fault
 from control_plane.observe.prometheus import PrometheusSource
 from control_plane.observe.source import wall_ms
+from harness.demo_origin import Fault
 from tests.support.metrics_sink import running_sink
 from tests.support.observe_fleet import edge_fleet
 from tests.support.prometheus import PrometheusServer, prometheus_binary

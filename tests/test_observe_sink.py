@@ -8,11 +8,11 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 import pytest
 
-from control_plane.app.demo_origin import Fault
 from control_plane.gen.ballast.v1 import metrics_service_pb2 as ms
 from control_plane.gen.ballast.v1 import prometheus_metrics_pb2 as prom
 from control_plane.observe.sink import METHOD, SinkStore
 from control_plane.observe.source import Signals, wall_ms
+from harness.demo_origin import Fault
 from tests.support.metrics_sink import running_sink
 from tests.support.observe_fleet import edge_fleet
 

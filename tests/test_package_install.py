@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from control_plane.app.envoy_process import free_port, stop_group
+from harness.envoy_process import free_port, stop_group
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "desired.yaml"

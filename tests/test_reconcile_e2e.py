@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from control_plane.app.demo_origin import Fault
-from control_plane.app.envoy_process import EnvoyProcess
 from control_plane.decisions.read import record_time
-from tests.support.fleet import Fleet, dump_records, running_fleet
+from harness.demo_origin import Fault
+from harness.envoy_process import EnvoyProcess
+from harness.fleet import Fleet, dump_records, running_fleet
 from tests.support.prometheus import PrometheusServer, prometheus_binary
 
 pytestmark = pytest.mark.envoy

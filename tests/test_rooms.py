@@ -107,3 +107,39 @@ def test_forbidden_edges_are_caught_at_any_depth(tmp_path: Path) -> None:
         "control_plane/ads/stream.py imports control_plane.app (ads/ must not)",
         "control_plane/desired/model.py imports control_plane.gen (desired/ must not)",
     ]
+
+
+# Outside the package: who may import whom among the top-level folders (README, "Architecture").
+TOP_LEVEL_FORBIDDEN = {
+    "control_plane": {"harness", "tests", "bench"},
+    "harness": {"tests", "bench"},
+    "tests": {"bench"},
+    "bench": {"tests"},
+}
+
+
+def top_level_imports(folder: Path) -> set[tuple[str, str]]:
+    """(module file, top-level package it imports) for every absolute import under `folder`."""
+    found: set[tuple[str, str]] = set()
+    for path in sorted(folder.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                found.add((str(path.relative_to(folder.parent)), name.split(".")[0]))
+    return found
+
+
+def test_the_harness_stays_out_of_the_package_and_tests_and_bench_stay_apart() -> None:
+    crossings = sorted(
+        f"{module} imports {target}"
+        for folder, forbidden in TOP_LEVEL_FORBIDDEN.items()
+        for module, target in top_level_imports(ROOT / folder)
+        if target in forbidden
+    )
+    assert crossings == []
+    assert ("harness/fleet.py", "control_plane") in top_level_imports(ROOT / "harness")

@@ -15,9 +15,9 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from control_plane.app.envoy_process import free_port
 from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.decisions.read import iter_records
+from harness.envoy_process import free_port
 from tests.support.certs import make_ca, make_leaf
 from tests.support.tls_origins import TlsOrigins
 

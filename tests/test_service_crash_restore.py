@@ -25,13 +25,13 @@ from pathlib import Path
 
 import pytest
 
-from control_plane.app.demo_origin import DemoOrigin, Fault
-from control_plane.app.envoy_process import EnvoyProcess, free_port
-from control_plane.app.traffic import steady_traffic, stop_tasks
 from control_plane.decisions.read import iter_records
 from control_plane.intent.sqlite_store import StateStore
 from control_plane.translate.bootstrap import ads_bootstrap
-from tests.support.fleet import envoy_locality_weights, write_fast_desired
+from harness.demo_origin import DemoOrigin, Fault
+from harness.envoy_process import EnvoyProcess, free_port
+from harness.fleet import envoy_locality_weights, write_fast_desired
+from harness.traffic import steady_traffic, stop_tasks
 
 pytestmark = pytest.mark.envoy
 

@@ -15,12 +15,12 @@ import asyncio
 import time
 from pathlib import Path
 
-from control_plane.app.envoy_process import free_port
 from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.decisions.read import iter_records
 from control_plane.translate.resources import CLUSTER_TYPE, ENDPOINT_TYPE, Capabilities
-from tests.support.ads_desired import fleet_yaml
-from tests.support.xds_client import XdsClient, local_channel, make_node
+from harness.ads_desired import fleet_yaml
+from harness.envoy_process import free_port
+from harness.xds_client import XdsClient, local_channel, make_node
 
 POPS, GROUPS = 8, 40
 PROBE_S = 0.005

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.fleet import Fleet, running_fleet
+from harness.fleet import Fleet, running_fleet
 
 pytestmark = pytest.mark.envoy
 

@@ -16,17 +16,17 @@ import pytest
 from cryptography import x509
 
 from control_plane.ads.limits import AdsLimits
-from control_plane.app.envoy_process import free_port
 from control_plane.app.server import BallastServer
 from control_plane.cli.main import main
 from control_plane.security.cert_dir import CertDir, Pair, write_pair
 from control_plane.security.certs import Issued, issue_server, make_ca
 from control_plane.security.tls import ReloadingCredentials, TlsFiles
 from control_plane.translate.resources import CLUSTER_TYPE
+from harness.ads_desired import desired
+from harness.envoy_process import free_port
+from harness.models import example_desired
+from harness.xds_client import XdsClient, make_node
 from tests.support.admin_stack import connect_node, start_stack
-from tests.support.ads_desired import desired
-from tests.support.models import example_desired
-from tests.support.xds_client import XdsClient, make_node
 
 Records = list[tuple[str, dict[str, Any]]]
 

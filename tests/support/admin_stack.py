@@ -24,8 +24,8 @@ from control_plane.decisions.read import FileSource
 from control_plane.desired import Desired
 from control_plane.own_metrics.registry import BallastMetrics
 from control_plane.translate.resources import CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE
-from tests.support.background_loop import BackgroundLoop
-from tests.support.xds_client import Reject, XdsClient, local_channel, make_node
+from harness.background_loop import BackgroundLoop
+from harness.xds_client import Reject, XdsClient, local_channel, make_node
 
 
 @dataclass

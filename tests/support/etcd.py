@@ -13,7 +13,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from control_plane.app.envoy_process import free_port
+from harness.envoy_process import free_port
 from tests.support.local_server import log_tail, start_server
 
 

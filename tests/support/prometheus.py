@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from control_plane.app.envoy_process import free_port, stop_group
+from harness.envoy_process import free_port, stop_group
 from tests.support.local_server import log_tail, start_server
 
 

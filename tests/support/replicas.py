@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from control_plane.app.demo_origin import DemoOrigin
-from control_plane.app.envoy_process import EnvoyProcess, free_port
-from control_plane.app.traffic import steady_traffic, stop_tasks
 from control_plane.translate.bootstrap import ads_bootstrap
+from harness.demo_origin import DemoOrigin
+from harness.envoy_process import EnvoyProcess, free_port
+from harness.fleet import envoy_locality_weights, write_fast_desired
+from harness.traffic import steady_traffic, stop_tasks
 from tests.support.etcd import EtcdServer
-from tests.support.fleet import envoy_locality_weights, write_fast_desired
 from tests.support.prometheus import PrometheusServer
 
 ROOT = Path(__file__).resolve().parents[2]

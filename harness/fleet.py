@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from control_plane.app.demo_origin import DemoOrigin
-from control_plane.app.envoy_process import EnvoyProcess, free_port
 from control_plane.app.service import BallastService, ServiceConfig
-from control_plane.app.traffic import steady_traffic, stop_tasks
 from control_plane.decisions.read import iter_records
 from control_plane.translate.bootstrap import ads_bootstrap
+from harness.demo_origin import DemoOrigin
+from harness.envoy_process import EnvoyProcess, free_port
+from harness.traffic import steady_traffic, stop_tasks
 
 FAST_FAILOVER = """\
 pops:
