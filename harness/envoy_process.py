@@ -17,13 +17,13 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 from control_plane.cli.envoy_validate import find_envoy
+from harness.eventually import eventually_blocking
 
 PR_SET_PDEATHSIG = 1
 
@@ -117,17 +117,19 @@ class EnvoyProcess:
         return self
 
     def wait_ready(self, timeout: float = 15.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        """Until admin's /ready says LIVE; RuntimeError if Envoy exits first, TimeoutError
+        after `timeout` s (both with the log's tail)."""
+
+        def live() -> bool:
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"envoy exited with {self.proc.returncode}: {self.log_tail()}")
-            try:
-                if self.admin("/ready").strip() == "LIVE":
-                    return
-            except (OSError, urllib.error.URLError):
-                pass
-            time.sleep(0.05)
-        raise TimeoutError(f"envoy not ready after {timeout}s: {self.log_tail()}")
+            return self.admin("/ready").strip() == "LIVE"
+
+        try:
+            eventually_blocking(live, timeout, "envoy ready",
+                                ignore=(OSError, urllib.error.URLError))
+        except AssertionError:
+            raise TimeoutError(f"envoy not ready after {timeout}s: {self.log_tail()}") from None
 
     def admin(self, path: str, method: str = "GET") -> str:
         request = urllib.request.Request(

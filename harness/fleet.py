@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -90,16 +89,6 @@ class Fleet:
 
     def envoy_weights(self, pop: str, cluster: str = "shop.critical") -> dict[str, int]:
         return envoy_locality_weights(self.envoys[pop], cluster)
-
-    async def wait_for(
-        self, condition: Callable[[], bool], timeout: float, what: str, poll: float = 0.2
-    ) -> float:
-        started = time.monotonic()
-        while not condition():
-            if time.monotonic() - started > timeout:
-                raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-            await asyncio.sleep(poll)
-        return time.monotonic() - started
 
 
 def envoy_locality_weights(envoy: EnvoyProcess, cluster: str = "shop.critical") -> dict[str, int]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -29,6 +29,7 @@ from control_plane.translate.bootstrap import ads_bootstrap
 from control_plane.translate.resources import CLUSTER_TYPE, ROUTE_TYPE, Capabilities
 from harness.demo_origin import DemoOrigin
 from harness.envoy_process import EnvoyProcess, free_port
+from harness.eventually import eventually
 from harness.fleet import write_fast_desired
 from tests.support.ticks import apply_steps
 
@@ -91,14 +92,6 @@ def route_names(envoy: EnvoyProcess) -> list[str]:
             for vhost in config["route_config"]["virtual_hosts"] for route in vhost["routes"]]
 
 
-async def wait_until(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    for _ in range(int(timeout / 0.05)):
-        if condition():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 async def test_mirror_copies_about_its_percent_of_cacheable_requests_only_while_set(
     edge: tuple[BallastService, EnvoyProcess, dict[str, DemoOrigin], int],
 ) -> None:
@@ -118,10 +111,11 @@ async def test_mirror_copies_about_its_percent_of_cacheable_requests_only_while_
 
     await set_ramp(service, RampState({"secondary": 1}, {}))
     assert service.server.intent.intent.mirror("ewr", "shop") == Mirror(("secondary",), PERCENT)
-    await wait_until(lambda: "default-mirror" in route_names(envoy), "Envoy has the mirror route")
+    await eventually(lambda: "default-mirror" in route_names(envoy), 10,
+                     "Envoy has the mirror route")
     during = await send(port, REQUESTS)
     assert during == Counter({"200 primary": REQUESTS}), "clients see only primary answers"
-    await wait_until(lambda: secondary.shadowed >= 1, "the first shadow copy")
+    await eventually(lambda: secondary.shadowed >= 1, 10, "the first shadow copy")
     await asyncio.sleep(0.5)  # mirrored copies are fire-and-forget: let the last ones land
     mirrored = secondary.shadowed
     expected = REQUESTS * PERCENT / 100  # 60; binomial sd ~7.5
@@ -138,7 +132,7 @@ async def test_mirror_copies_about_its_percent_of_cacheable_requests_only_while_
 
     await set_ramp(service, RampState())
     assert service.server.intent.intent.mirror("ewr", "shop") is None
-    await wait_until(lambda: "default-mirror" not in route_names(envoy), "mirror route gone")
+    await eventually(lambda: "default-mirror" not in route_names(envoy), 10, "mirror route gone")
     after = await send(port, 300)
     await asyncio.sleep(0.3)
     assert after == Counter({"200 primary": 300})

@@ -18,6 +18,7 @@ from control_plane.cli.envoy_validate import find_envoy
 from control_plane.cli.main import main
 from harness.demo_origin import DemoOrigin
 from harness.envoy_process import EnvoyProcess, free_port
+from harness.eventually import eventually
 from harness.fleet import write_fast_desired
 from tests.support.envoy_releases import envoy_binary
 
@@ -85,13 +86,13 @@ async def test_mixed_versions_all_ack_and_status_says_why(
     def synced() -> dict[str, dict]:
         return {s.node_id: s.as_dict() for s in service.server.nodes.snapshot()}
 
-    for _ in range(200):
+    def all_synced() -> bool:
         nodes = synced()
-        if len(nodes) == 3 and all(
+        return len(nodes) == 3 and all(
             n["types"].get(t, {}).get("status") == "SYNCED" for n in nodes.values() for t in TYPES
-        ):
-            break
-        await asyncio.sleep(0.1)
+        )
+
+    await eventually(all_synced, 20, "the three Envoys SYNCED on every type", interval=0.1)
     nodes = synced()
     for release in RELEASES:
         node = nodes[f"ewr-{release}"]

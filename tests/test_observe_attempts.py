@@ -14,6 +14,7 @@ import pytest
 from control_plane.observe.prometheus import PrometheusSource
 from control_plane.observe.source import Signals, wall_ms
 from harness.demo_origin import Fault
+from harness.eventually import eventually
 from tests.support.metrics_sink import running_sink
 from tests.support.observe_fleet import translated_fleet
 from tests.support.prometheus import PrometheusServer, prometheus_binary
@@ -25,15 +26,6 @@ WEIGHTS = {"primary": 45, "secondary": 45, "dead": 10}
 
 def shop(signals: Signals) -> dict:
     return signals.get(("ewr", "shop"), {})
-
-
-async def until(check, timeout: float = 20.0, step: float = 0.3):
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        value = await check()
-        if value or asyncio.get_running_loop().time() > deadline:
-            return value
-        await asyncio.sleep(step)
 
 
 @pytest.mark.prometheus
@@ -53,7 +45,7 @@ async def test_retried_errors_reach_the_sink_and_prometheus_per_origin():
                 origins = shop(await source.window(now, 5000))
                 return {"primary", "secondary", "dead"} <= set(origins)
 
-            assert await until(host_series), "Prometheus never showed the host series"
+            await eventually(host_series, 20, "Prometheus shows the host series", interval=0.3)
             before = (fleet.primary.total, fleet.primary.errors, fleet.secondary.total)
             start = wall_ms()
             statuses: list[int] = []
