@@ -24,9 +24,9 @@ from control_plane.translate.resources import ENDPOINT_TYPE as EDS
 from harness.xds_client import XdsClient, connect, local_channel, make_node
 
 POPS = ("ewr", "sjc")
-# NOTES.md, "Pushing to many nodes from Python (measured floor)": 10,000 nodes, one connection
-# each, response bytes built once per (PoP, version), last ACK at 4.8 s (7.4 s when building a
-# message per stream), ~410 µs server CPU and ~41 KB RSS per node.
+# The measured floor (docs/architecture.md, "gRPC and the fan-out floor"): 10,000 nodes, one
+# connection each, response bytes built once per (PoP, version), last ACK at 4.8 s (7.4 s when
+# building a message per stream), ~410 µs server CPU and ~41 KB RSS per node.
 FLOOR_PUSH_US_PER_NODE = 4.8e6 / 10_000
 FLOOR_MESSAGE_PER_STREAM_US_PER_NODE = 7.4e6 / 10_000
 FLOOR_CPU_US_PER_NODE = 410.0

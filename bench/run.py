@@ -45,9 +45,9 @@ def plans(quick: bool, nodes: int | None, per_connection: int) -> list[FanoutPla
                    per_connection),
     ]
     if one_conn:
-        # NOTES.md's floor used one TCP connection per node; fds: one per node in each process
+        # the measured floor used one TCP connection per node; fds: one per node in each process
         per = max(1, -(-one_conn // 15_000))
-        result.append(FanoutPlan("one connection per node, as NOTES.md's floor", "example",
+        result.append(FanoutPlan("one connection per node, as the measured floor", "example",
                                  [one_conn], per))
     return result
 
@@ -135,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         }
         out += ["== Push fan-out (weight update on ewr -> last ACK of ewr's nodes)",
                 fanout.report(fan),
-                f"floor (NOTES.md, 10k nodes, 1 conn each): push {fanout.FLOOR_PUSH_US_PER_NODE:g}"
+                f"floor (docs/architecture.md, 10k nodes, 1 conn each): push "
+                f"{fanout.FLOOR_PUSH_US_PER_NODE:g}"
                 f" µs/node wall ({fanout.FLOOR_MESSAGE_PER_STREAM_US_PER_NODE:g} with a message "
                 f"per stream), {fanout.FLOOR_CPU_US_PER_NODE:g} µs CPU/node, "
                 f"{fanout.FLOOR_RSS_PER_NODE / 1e3:g} KB RSS/node"]

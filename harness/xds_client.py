@@ -72,7 +72,8 @@ def make_node(
 
 
 def local_channel(target: str) -> grpc.aio.Channel:
-    """One TCP connection per simulated node (NOTES.md: else channels share one)."""
+    """One TCP connection per simulated node (docs/architecture.md, "gRPC and the fan-out
+    floor": else channels share one)."""
     return grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
 
 

@@ -178,7 +178,7 @@ async def test_nack_storm_is_recorded_once_clipped_and_counted(server: Any) -> N
             await client.send_raw(bad)
 
         def counted() -> int:
-            (status,) = ballast.nodes.snapshot()
+            (status,) = ballast.nodes.statuses()
             nack = {t.type: t for t in status.types}["CDS"].last_nack
             return 0 if nack is None else nack.count
 
@@ -187,7 +187,7 @@ async def test_nack_storm_is_recorded_once_clipped_and_counted(server: Any) -> N
         assert len(nacks) == 1
         assert len(nacks[0]["message"]) < SMALL.message_chars + 100
         assert f"{len(huge):,} characters" in nacks[0]["message"]
-        (status,) = ballast.nodes.snapshot()
+        (status,) = ballast.nodes.statuses()
         kept = {t.type: t for t in status.types}["CDS"].last_nack
         assert kept is not None and len(kept.message) < SMALL.message_chars + 100
         rejecting = False

@@ -148,5 +148,5 @@ async def set_ramp(service: BallastService, ramp: RampState) -> None:
 
 
 def node_capabilities(service: BallastService) -> Capabilities:
-    (node,) = service.server.nodes.snapshot()
+    (node,) = service.server.nodes.statuses()
     return capabilities_for_key(node.capability_key)

@@ -84,7 +84,7 @@ async def test_mixed_versions_all_ack_and_status_says_why(
     service, envoys = mixed_pop
 
     def synced() -> dict[str, dict]:
-        return {s.node_id: s.as_dict() for s in service.server.nodes.snapshot()}
+        return {s.node_id: s.as_dict() for s in service.server.nodes.statuses()}
 
     def all_synced() -> bool:
         nodes = synced()

@@ -1,7 +1,8 @@
 """A real Prometheus on loopback for tests: scrapes Envoy admin /stats/prometheus every 0.5 s.
 
 Debian's `prometheus` binary (deploy/ensure-test-services.sh installs it). Own session, stopped
-by PID, storage in a temporary folder. NOTES.md: ready in ~0.2 s, first sample queryable ~5 s.
+by PID, storage in a temporary folder. Ready in ~0.2 s, first sample queryable ~5 s
+(docs/architecture.md, "Test peers").
 """
 
 from __future__ import annotations
