@@ -147,6 +147,10 @@ def test_serve_answers_healthz_and_stops_by_its_pid(installed: Installed) -> Non
             lambda: proc.poll() is not None or _healthz(f"http://127.0.0.1:{admin}") == 200,
             60, "ballast serve answers /healthz", interval=0.1)
         assert proc.poll() is None, log.read_text(errors="replace")
+        # the dashboard's static files are package data: served from site-packages
+        script = f"http://127.0.0.1:{admin}/dashboard/static/dashboard.js"
+        with urllib.request.urlopen(script, timeout=5) as response:
+            assert response.status == 200 and b"function" in response.read()
     finally:
         stop_group(proc, timeout=10)
     assert proc.returncode in (0, -15), log.read_text(errors="replace")
