@@ -40,7 +40,7 @@ class Stack:
     records: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
     def node(self, pop: str) -> dict[str, Any]:
-        statuses = self.bg.call(self.ballast.nodes.snapshot)
+        statuses = self.bg.call(self.ballast.nodes.statuses)
         (status,) = [s.as_dict() for s in statuses if s.pop == pop]
         return status
 

@@ -39,7 +39,7 @@ class Stack:
     sink: SinkStore
 
     def nodes(self) -> list[dict[str, Any]]:
-        return [s.as_dict() for s in self.bg.call(self.ballast.nodes.snapshot)]
+        return [s.as_dict() for s in self.bg.call(self.ballast.nodes.statuses)]
 
     def bootstrap(
         self, pop: str, node_id: str, tls: XdsClientTls, *, delta: bool = False
