@@ -8,6 +8,7 @@ zone `upstream_rq_<code>` stats, so a half-broken origin looks healthy there. Th
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -52,7 +53,11 @@ async def test_retried_errors_reach_the_sink_and_prometheus_per_origin():
             for _ in range(10):  # a steady trickle, so each scrape sees growth
                 statuses += await fleet.traffic(10, concurrency=2)
                 await asyncio.sleep(0.3)
-            await asyncio.sleep(2.5)  # one more Envoy flush and scrape
+            # one more Envoy stats flush (every 1 s: histograms), then a scrape of it
+            flushed = time.time() + 1.0
+            await eventually(lambda: prometheus.scraped_since(flushed), 10,
+                             "a scrape after Envoy's next stats flush", in_thread=True,
+                             interval=0.2)
             now = wall_ms()
             sink = shop(await store.window(now, now - start + 500))
             prom = shop(await source.window(now, now - start + 2000))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -41,7 +42,11 @@ async def test_prometheus_source_matches_the_origins_and_the_sink():
             for _ in range(12):  # a steady trickle, so Prometheus sees each series early
                 await fleet.traffic(10, concurrency=5)
                 await asyncio.sleep(0.3)
-            await asyncio.sleep(2.5)  # one more Envoy flush and scrape
+            # one more Envoy stats flush (every 1 s: histograms), then a scrape of it
+            flushed = time.time() + 1.0
+            await eventually(lambda: prometheus.scraped_since(flushed), 10,
+                             "a scrape after Envoy's next stats flush", in_thread=True,
+                             interval=0.2)
             now = wall_ms()
             signals = await source.window(now, now - start + 2000)
             sink = await store.window(now, now - start + 2000)
