@@ -37,6 +37,7 @@ pytestmark = pytest.mark.envoy
 
 REQUESTS = 1200
 PERCENT = 5.0
+MIRROR = "shop.mirror-secondary"  # the mirror cluster of the standby (translate/mirror.py)
 
 
 @pytest_asyncio.fixture
@@ -86,6 +87,16 @@ async def send(port: int, count: int, method: str = "GET") -> Counter[str]:
     return answered
 
 
+def mirror_settled(envoy: EnvoyProcess, standby: DemoOrigin) -> bool:
+    """No mirrored request in flight at Envoy, and the standby saw every one Envoy sent."""
+    stats = {}
+    for line in envoy.admin(f"/stats?filter=^cluster\\.{MIRROR}\\.upstream_rq_").splitlines():
+        name, _, value = line.partition(": ")
+        stats[name.rsplit(".", 1)[-1]] = int(value) if value.strip().isdigit() else 0
+    return stats.get("upstream_rq_active", 0) == 0 and standby.shadowed == stats.get(
+        "upstream_rq_total", 0)
+
+
 def route_names(envoy: EnvoyProcess) -> list[str]:
     dump = envoy.admin_json("/config_dump?resource=dynamic_route_configs")
     return [route["name"] for config in dump["configs"]
@@ -116,7 +127,8 @@ async def test_mirror_copies_about_its_percent_of_cacheable_requests_only_while_
     during = await send(port, REQUESTS)
     assert during == Counter({"200 primary": REQUESTS}), "clients see only primary answers"
     await eventually(lambda: secondary.shadowed >= 1, 10, "the first shadow copy")
-    await asyncio.sleep(0.5)  # mirrored copies are fire-and-forget: let the last ones land
+    # mirrored copies are fire-and-forget: until the last ones have landed
+    await eventually(lambda: mirror_settled(envoy, secondary), 10, "the mirrored copies land")
     mirrored = secondary.shadowed
     expected = REQUESTS * PERCENT / 100  # 60; binomial sd ~7.5
     assert expected * 0.5 <= mirrored <= expected * 1.6, (mirrored, expected)
@@ -125,7 +137,7 @@ async def test_mirror_copies_about_its_percent_of_cacheable_requests_only_while_
 
     posts = await send(port, 200, "POST")
     assert posts == Counter({"200 primary": 200})
-    await asyncio.sleep(0.3)
+    await eventually(lambda: mirror_settled(envoy, secondary), 10, "no copy in flight")
     assert secondary.shadowed == mirrored, "POST is not cacheable: never mirrored"
 
     assert version(CLUSTER_TYPE) == cds and version(ROUTE_TYPE) != rds, "started: RDS only"
@@ -134,7 +146,7 @@ async def test_mirror_copies_about_its_percent_of_cacheable_requests_only_while_
     assert service.server.intent.intent.mirror("ewr", "shop") is None
     await eventually(lambda: "default-mirror" not in route_names(envoy), 10, "mirror route gone")
     after = await send(port, 300)
-    await asyncio.sleep(0.3)
+    await eventually(lambda: mirror_settled(envoy, secondary), 10, "no copy in flight")
     assert after == Counter({"200 primary": 300})
     assert secondary.shadowed == mirrored, "no mirror after it stopped"
     assert (version(CLUSTER_TYPE), version(ROUTE_TYPE)) == (cds, rds), "stopped: RDS only, back"
