@@ -29,6 +29,7 @@ from control_plane.translate.resources import (
     Capabilities,
 )
 from harness.ads_desired import desired
+from harness.eventually import eventually
 from harness.xds_client import XdsClient, local_channel, make_node
 
 SHOP = ["shop.background", "shop.critical", "shop.normal"]
@@ -236,8 +237,8 @@ async def test_nack_recorded_once_and_not_resent(server: Any) -> None:
         rejecting = False
         ballast.cache.override_capabilities("ewr", None)
         await client.wait_for(lambda c: len(c.responses(CDS)) == 3)
-        await asyncio.sleep(0.1)
-        assert ballast.nodes.statuses()[0].status == "SYNCED"
+        await eventually(lambda: ballast.nodes.statuses()[0].status == "SYNCED", 2,
+                         "the server reads the ACK")
         await client.close()
     finally:
         await channel.close()
