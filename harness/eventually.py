@@ -8,9 +8,9 @@ one returning an awaitable (an async check), or a blocking one run in a worker t
 yet". `eventually_blocking` is the same for code without an event loop (sync tests, worker
 threads).
 
-No test sleeps to wait for something: it waits for the thing. A sleep stays only where the time
-itself is the subject (a rate, a window's length, "nothing happens for N seconds" when no event
-can show it).
+A test waits for the thing, not for a while. A sleep stays only where the time itself is the
+subject (a rate, a window's length, "nothing happens for N seconds" when no event can show it);
+docs/architecture.md lists the few waits not yet turned into conditions.
 """
 
 from __future__ import annotations
