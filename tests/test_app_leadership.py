@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Iterator
 
 import pytest
 
 from control_plane.app.leadership import LeaderElection
 from control_plane.intent.etcd_store import EtcdStore, Leadership
+from harness.eventually import eventually
 from tests.support.etcd import EtcdServer, etcd_binary
 
 pytestmark = pytest.mark.skipif(etcd_binary() is None, reason="etcd not installed")
@@ -50,18 +50,11 @@ class Replica:
         await self.store.close()
 
 
-async def until(condition, timeout: float = 10.0) -> float:  # type: ignore[no-untyped-def]
-    started = time.monotonic()
-    while not condition():
-        assert time.monotonic() - started < timeout, "condition not met in time"
-        await asyncio.sleep(0.05)
-    return time.monotonic() - started
-
-
 async def test_exactly_one_leader_and_a_resignation_hands_over_at_once(etcd: EtcdServer) -> None:
     replicas = [Replica(etcd, name).start() for name in ("a", "b", "c")]
     try:
-        await until(lambda: sum(r.election.leading() is not None for r in replicas) == 1)
+        await eventually(lambda: sum(r.election.leading() is not None for r in replicas) == 1, 10,
+                         "one leader")
         await asyncio.sleep(1.0)  # followers refresh and watch; still one leader
         leaders = [r for r in replicas if r.election.leading() is not None]
         assert len(leaders) == 1
@@ -69,8 +62,9 @@ async def test_exactly_one_leader_and_a_resignation_hands_over_at_once(etcd: Etc
         term = first.election.leading().term  # type: ignore[union-attr]
         others = [r for r in replicas if r is not first]
         await first.stop()
-        took = await until(lambda: any(r.election.leading() is not None for r in others))
-        assert took < 1.5  # the key went with the revoked lease: no TTL to wait for
+        # the key went with the revoked lease: no TTL to wait for
+        await eventually(lambda: any(r.election.leading() is not None for r in others), 1.5,
+                         "another replica leads")
         new = next(r for r in others if r.election.leading() is not None)
         assert new.election.leading().term > term  # type: ignore[union-attr]
         replicas = others
@@ -81,14 +75,14 @@ async def test_exactly_one_leader_and_a_resignation_hands_over_at_once(etcd: Etc
 
 async def test_a_killed_leader_is_replaced_within_the_ttl(etcd: EtcdServer) -> None:
     a = Replica(etcd, "a").start()
-    await until(lambda: a.election.leading() is not None)
+    await eventually(lambda: a.election.leading() is not None, 10, "a leads")
     b = Replica(etcd, "b").start()
     try:
         await asyncio.sleep(0.5)
         assert b.election.leading() is None
         await a.stop(resign=False)  # as kill -9: the lease simply stops being refreshed
-        took = await until(lambda: b.election.leading() is not None, timeout=6)
-        assert took <= 2 + 1.5  # TTL + watch delivery + etcd's lease expiry granularity
+        # TTL + watch delivery + etcd's lease expiry granularity
+        await eventually(lambda: b.election.leading() is not None, 2 + 1.5, "b leads")
     finally:
         await b.stop()
 
@@ -96,13 +90,13 @@ async def test_a_killed_leader_is_replaced_within_the_ttl(etcd: EtcdServer) -> N
 async def test_etcd_unreachable_drops_leadership_and_it_comes_back(etcd: EtcdServer) -> None:
     a = Replica(etcd, "a").start()
     try:
-        await until(lambda: a.election.leading() is not None)
+        await eventually(lambda: a.election.leading() is not None, 10, "a leads")
         etcd.pause()
-        await until(lambda: a.election.leading() is None, timeout=2 + 1)
-        await until(lambda: not a.election.reachable, timeout=5)
+        await eventually(lambda: a.election.leading() is None, 2 + 1, "a steps down")
+        await eventually(lambda: not a.election.reachable, 5, "a finds etcd unreachable")
         assert a.changes[-1][0] is None
         etcd.resume()
-        await until(lambda: a.election.leading() is not None, timeout=15)
+        await eventually(lambda: a.election.leading() is not None, 15, "a leads again")
         assert a.election.reachable
     finally:
         etcd.resume()

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from control_plane.translate import render_json, translate_pop
 from control_plane.translate.resources import PUSH_ORDER, Capabilities
-from tests.support.models import example_desired
+from harness.models import example_desired
 
 
 def test_render_groups_resources_by_kind_and_shows_field_62() -> None:
