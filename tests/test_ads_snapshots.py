@@ -184,10 +184,9 @@ def test_a_desired_state_prepared_off_the_cache_keeps_changes_made_meanwhile() -
     heard: list[frozenset[str]] = []
     cache.add_listener(heard.append)
     current = carry_over(intent.intent, new)  # the rule again, over what runs now
-    assert intent.apply(current, lambda it: cache.commit(prepared, it)) == frozenset(
-        desired.pop_names)
+    assert cache.commit(prepared, current.intent) == frozenset(desired.pop_names)
     assert heard == [frozenset(desired.pop_names)]
-    assert intent.desired is new and intent.weights("p001", "g002") == moved
+    assert cache.source.desired is new and cache.source.weights_of("p001", "g002") == moved
     for pop, weights in (("p000", {}), ("p001", {"g002": moved}), ("p002", {})):
         assert cache.resources(pop, caps) == translate_pop(new, pop, weights, caps)
     after = cache.resources("p002", Capabilities(adaptive_lifo=True))

@@ -25,6 +25,7 @@ from control_plane.intent.carry_over import carry_over
 from control_plane.intent.running import RunningIntent
 from control_plane.intent.shown import intent_from_json, intent_json
 from control_plane.intent.steps import PairStep
+from control_plane.intent.store import IntentBatch
 from control_plane.translate import render_json
 from control_plane.translate.diff import diff_renderings, format_changes
 from control_plane.translate.resources import Capabilities
@@ -200,22 +201,34 @@ def test_the_running_intent_reads_back_from_its_json() -> None:
     assert intent_from_json(shown, desired) == intent
 
 
-async def test_a_weight_change_landing_while_a_reload_saves_is_kept(tmp_path: Path) -> None:
-    """The reload's store write is awaited (on a thread); a reconcile step that lands meanwhile
-    is carried over too, not reverted by the swap."""
+async def test_a_step_arriving_while_a_reload_saves_waits_and_lands_on_top(
+    tmp_path: Path,
+) -> None:
+    """The reload's store write is awaited (on a thread); a reconcile step that arrives then
+    waits for the reload's swap (one change at a time) and is laid over the reloaded intent,
+    not lost and not reverted."""
     async with example_service(tmp_path) as (service, text):
         intent = service.server.intent
-        save = intent.save_desired
+        store = service.store
+        write = store.write
         moved = {"primary": 70, "secondary": 30}
+        steps: list[asyncio.Task[frozenset[str]]] = []
 
-        async def save_while_a_step_lands(before: RunningIntent, after: RunningIntent) -> None:
-            await save(before, after)
-            intent.update_weights("ewr", "shop", moved)  # as a tick would, meanwhile
+        async def write_while_a_step_arrives(batch: IntentBatch) -> None:
+            if batch.desired_digest is not None and not steps:  # the reload's save
+                steps.append(asyncio.create_task(apply_steps(
+                    intent, [PairStep(EWR, moved, STREAK)])))
+                await asyncio.sleep(0)  # the step starts, and waits for the lock
+                assert not steps[0].done()
+            await write(batch)
 
-        intent.save_desired = save_while_a_step_lands  # type: ignore[method-assign]
+        store.write = write_while_a_step_arrives  # type: ignore[method-assign]
         edited = text.replace("demote_share: 50%", "demote_share: 30%")
         assert await service.apply_desired_bytes(edited.encode())
+        await steps[0]
+        assert intent.desired.group("shop").tier_actions.demote_share == 30
         assert intent.weights("ewr", "shop") == moved
+        assert store.load().groups[EWR].weights == moved
         served = service.server.cache.resources("ewr", Capabilities())  # what Envoys get
         assert render_json(served) == render_json(
             translate_intent(intent.intent, "ewr", Capabilities()))

@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import logging
 import os
 import signal
 import sqlite3
-from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -41,12 +39,13 @@ from control_plane.app.replication import Replication
 from control_plane.app.server import BallastServer, translate_intent
 from control_plane.app.tasks import cancel_all
 from control_plane.decisions.budget import DEFAULT_BUDGET, BudgetConfig, RecordBudget
-from control_plane.decisions.log import DecisionLog, format_time, log_files
+from control_plane.decisions.log import DecisionLog, Draft, draft, log_files
 from control_plane.decisions.read import FileSource
+from control_plane.decisions.recorder import DecisionRecorder
 from control_plane.desired import DesiredStateError, parse_desired, read_desired_bytes
 from control_plane.desired.model import Desired
 from control_plane.desired.warnings import desired_warnings
-from control_plane.intent.carry_over import carry_over
+from control_plane.intent.change import SwapFailed
 from control_plane.intent.etcd_store import Deposed, EtcdStore, StoreUnavailable, parse_store_url
 from control_plane.intent.replicated_store import ReplicatedStore
 from control_plane.intent.running import RunningIntent, ramp_key, tier_key
@@ -71,8 +70,6 @@ log = logging.getLogger(__name__)
 
 MetricSourceKind = Literal["sink", "prometheus"]
 DIFF_LINES_IN_RECORD = 60
-RECORD_OVERHEAD_BYTES = 256  # time, seq, kind and the empty fields of a record
-UNWRITTEN_RECORDS = 1000  # records kept in memory while the log cannot be written (disk full)
 PROBLEMS_IN_RECORD = 50
 MIN_FREE_BYTES = 1024 * 1024  # a reload must be able to save the state and record it
 
@@ -116,16 +113,11 @@ class BallastService:
         self._tasks: list[asyncio.Task[None]] = []
         self._desired_bytes = b""
         self._reload_lock = asyncio.Lock()  # one reload at a time (file watcher, SIGHUP)
-        self.routine_budget = RecordBudget(config.routine_records)
-        # records the log could not take (disk full), oldest first, written once it can again
-        self._unwritten: deque[tuple[str, bool, dict[str, Any], datetime]] = deque(
-            maxlen=UNWRITTEN_RECORDS)
-        self.unwritten_dropped = 0
-        self.log_error: str | None = None  # why the log cannot be written now
         self.reload_error: str | None = None  # an internal error of the last reload attempt
         self._watcher_task: asyncio.Task[None] | None = None
         self.server: BallastServer
         self.decisions: DecisionLog
+        self.recorder: DecisionRecorder
         self.store: StateStore | ReplicatedStore
         self.replication: Replication | None = None
         self.reconciler: Reconciler
@@ -150,6 +142,8 @@ class BallastService:
         self._lock = StateDirLock(config.state_dir).acquire()
         try:
             self.decisions = DecisionLog(config.state_dir)
+            self.recorder = DecisionRecorder(
+                self.decisions, budget=RecordBudget(config.routine_records), metrics=self.metrics)
         except BaseException:
             self._lock.release()
             raise
@@ -176,10 +170,11 @@ class BallastService:
             metrics=self.metrics,
             tls=tls,
             store=self.store,
+            recorder=self.recorder,
         )
         await self._restore(snapshot)
         if snapshot.desired_digest != desired.digest:
-            self._record(
+            self.recorder.record(
                 "config_applied",
                 config_version=desired.digest[:16],
                 rule="desired state loaded at start-up",
@@ -192,7 +187,6 @@ class BallastService:
         self.reconciler = Reconciler(
             self.server.intent,
             source,
-            self.decisions,
             tier_source=WithWaits(self._passive, self.access_logs),
             metrics=self.metrics,
             interval_ms=config.reconcile_interval_ms,
@@ -232,7 +226,7 @@ class BallastService:
         self._watcher_task = self._spawn(self.watcher.run())
         if self.prober is not None:
             self._spawn(self.prober.run())
-        self._record(
+        self.recorder.record(
             "startup",
             config_version=desired.digest[:16],
             rule=f"serving xDS on port {self.server.port}",
@@ -267,7 +261,7 @@ class BallastService:
         self.restored_groups = len(restored)
         self.restored_tier_actions = len(active)
         if snapshot.groups or snapshot.tier_decisions:
-            self._record(
+            self.recorder.record(
                 "state_restored",
                 rule=f"restored weights and streaks of {len(restored)} (PoP, group) pairs; tier "
                 f"actions active for {', '.join(active) or 'none'}; standby ramps "
@@ -296,7 +290,7 @@ class BallastService:
             decisions=self.decisions,
             reconciler=lambda: self.reconciler,
             info={"id": replica, "xds": config.xds_address, "admin": config.admin_address},
-            record=self._record,
+            record=self.recorder.record,
             metrics=self.metrics,
         )
 
@@ -370,27 +364,7 @@ class BallastService:
     async def _sync_decisions(self, every_s: float = 1.0) -> None:
         while True:
             await asyncio.sleep(every_s)
-            self._flush_unwritten()
-            self._note_suppressed()
-            try:
-                self.decisions.sync()
-            except OSError as err:
-                log.error("cannot sync the decision log: %s", err)
-
-    def _note_suppressed(self) -> None:
-        """One record of the routine records the budget kept out since the last such note."""
-        counts = self.routine_budget.pending_note()
-        if counts is None:
-            return
-        budget = self.routine_budget.config
-        self._record(
-            "records_suppressed",
-            rule=f"{sum(counts.values())} routine records not written: clients caused more "
-            f"than the budget ({budget.burst_bytes:,} bytes at once, {budget.bytes_per_s:,} "
-            "bytes/s); decisions are never suppressed",
-            detail={"suppressed": counts,
-                    "total_since_start": self.routine_budget.suppressed_total},
-        )
+            self.recorder.flush()
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.create_task(coroutine)
@@ -408,9 +382,9 @@ class BallastService:
         if task is not None and task.done():
             error = None if task.cancelled() else task.exception()
             return f"desired-state watcher stopped ({error!r}): hot reload and SIGHUP are off"
-        if self.log_error is not None:
-            return (f"decision log cannot be written ({self.log_error}); "
-                    f"{len(self._unwritten)} records waiting")
+        if self.recorder.error is not None:
+            return (f"decision log cannot be written ({self.recorder.error}); "
+                    f"{self.recorder.waiting} records waiting")
         if self.reload_error is not None:
             return (f"the last desired-state reload failed with an internal error "
                     f"({self.reload_error}); the running state is kept")
@@ -451,50 +425,6 @@ class BallastService:
 
     # -- events ----------------------------------------------------------------------------
 
-    def _record(self, kind: str, *, durable: bool = True, **fields: Any) -> None:
-        """Write a record; when the log cannot take it (a full disk), keep it (and those after
-        it, in order) until `_flush_unwritten` can write them, every second."""
-        if self._unwritten:
-            self._flush_unwritten()
-        if self._unwritten:
-            self._keep_unwritten(kind, durable, fields)
-            return
-        try:
-            self.decisions.record(kind, durable=durable, **fields)
-        except OSError as err:
-            self.log_error = f"{type(err).__name__}: {err}"
-            log.error("cannot write a %s record to the decision log (%s); kept until it can",
-                      kind, err)
-            self._keep_unwritten(kind, durable, fields)
-            return
-        self.metrics.decisions.labels(kind).inc()
-
-    def _keep_unwritten(self, kind: str, durable: bool, fields: dict[str, Any]) -> None:
-        if len(self._unwritten) == self._unwritten.maxlen:
-            self.unwritten_dropped += 1
-        self._unwritten.append((kind, durable, fields, datetime.now(UTC)))
-
-    def _flush_unwritten(self) -> None:
-        while self._unwritten:
-            kind, durable, fields, at = self._unwritten[0]
-            detail = fields.get("detail")
-            late = {**(detail if isinstance(detail, dict) else {"detail": detail}),
-                    "recorded_late": {"happened_at": format_time(at),
-                                      "reason": self.log_error}}
-            try:
-                self.decisions.record(kind, durable=durable, **{**fields, "detail": late})
-            except OSError as err:
-                self.log_error = f"{type(err).__name__}: {err}"
-                return
-            self._unwritten.popleft()
-            self.metrics.decisions.labels(kind).inc()
-        if self.log_error is not None:
-            log.warning("decision log writable again (%s); records kept meanwhile written%s",
-                        self.log_error,
-                        f", {self.unwritten_dropped} dropped" if self.unwritten_dropped else "")
-            self.log_error = None
-            self.unwritten_dropped = 0
-
     def _on_certificate(
         self, status: CertificateStatus, previous: CertificateStatus | None
     ) -> None:
@@ -514,7 +444,7 @@ class BallastService:
         else:
             rule = (f"certificate of {where} {status.problem}; its active probes fail until "
                     "it is fixed")
-        self._record("certificate", group=status.group, rule=rule, detail=status.as_dict())
+        self.recorder.record("certificate", group=status.group, rule=rule, detail=status.as_dict())
 
     def _on_ads_event(self, kind: str, fields: dict[str, Any]) -> None:
         detail = dict(fields)
@@ -535,17 +465,10 @@ class BallastService:
                     f"{detail.get('closed_stream')}, which was closed")
         else:
             rule = f"node {node} {kind.removeprefix('node_')}"
-        size = RECORD_OVERHEAD_BYTES + len(rule) + len(
-            json.dumps(detail, separators=(",", ":"), ensure_ascii=False, default=str)
-        )
-        if not self.routine_budget.take(kind, size):
-            if self.routine_budget.suppressed_total == 1:
-                log.warning("routine records over budget: counting them instead of writing")
-            return
         # Connects, disconnects and fallbacks are routine and come in storms (a fleet
         # reconnecting): no fsync each; the periodic sync makes them durable within a second.
-        self._record(kind, durable=kind == "nack", pop=pop, config_version=version, rule=rule,
-                     detail=detail)
+        self.recorder.routine(kind, durable=kind == "nack", pop=pop, config_version=version,
+                              rule=rule, detail=detail)
 
     # -- hot reload ------------------------------------------------------------------------
 
@@ -583,63 +506,49 @@ class BallastService:
             self._reject(digest, [str(p) for p in err.problems])
             return False
         owner, cache = self.server.intent, self.server.cache
-        before = owner.intent
-        if new.digest == before.desired.digest:
-            return False
-        carried = carry_over(before, new)
-        diffs = pop_diffs_from(cache, before, carried.intent)
-        prepare = cache.prepare(carried.intent)
-        try:
-            changes, prepared = await asyncio.to_thread(lambda: (diffs(), prepare()))
-        except Exception as err:  # translation of a valid file failed: never half-apply
-            log.exception("applying %s failed", source)
-            self._reject(digest, [f"{source}: cannot translate: {err}"])
+        if new.digest == owner.desired.digest:
             return False
         free = _free_bytes(self.config.state_dir)
         if free < MIN_FREE_BYTES:  # a full disk rejects the apply: nothing half-done
             self._reject(digest, [f"{source}: only {free:,} bytes free where the state is saved "
                                   f"({self.config.state_dir}); not applied"])
             return False
-        async with owner.changing:  # a reconcile tick does not land between save and swap
-            try:  # saved before it applies (replicas: by the leader, the others follow etcd)
-                if self.replication is None or self.replication.term is not None:
-                    await owner.save_desired(before, carried.intent)  # the digest, pairs gone
-            except (OSError, sqlite3.Error, StoreUnavailable, Deposed) as err:
-                log.error("cannot save the desired-state digest: %s", err)
-                self._reject(digest, [f"{source}: cannot save the state ({err}); not applied"])
-                return False
-            # weights may have moved meanwhile (the save is awaited too): the same rule, over
-            # the intent running now, with nothing awaited between it and the swap
-            current = carried if owner.intent is before else carry_over(owner.intent, new)
-            changed_pops = owner.apply(current, lambda intent: cache.commit(prepared, intent))
+        # saved before it applies (replicas: by the leader; the others follow etcd)
+        leading = self.replication is None or self.replication.term is not None
+        try:
+            async with owner.change(save=leading) as change:
+                before = change.base
+                after = change.desired(new).intent
+                diffs = pop_diffs_from(cache, before, after)
+                changes = await asyncio.to_thread(diffs)
+                await change.prepare()
+                change.record(lambda pushed: [_applied_record(new, changes, pushed)])
+        except (OSError, sqlite3.Error, StoreUnavailable, Deposed) as err:
+            log.error("cannot save the desired state's digest: %s", err)
+            self._reject(digest, [f"{source}: cannot save the state ({err}); not applied"])
+            return False
+        except SwapFailed as err:
+            log.error("cannot publish %s: %s", source, err)
+            self._reject(digest, [f"{source}: cannot publish ({err}); not applied"])
+            return False
+        except Exception as err:  # translation of a valid file failed: never half-apply
+            log.exception("applying %s failed", source)
+            self._reject(digest, [f"{source}: cannot translate: {err}"])
+            return False
         self._desired_bytes = data
         self.reconciler.forget_missing(new)
         if self._passive is not None:
             self._passive.update_desired(new)
         if self.prober is not None:
             self.prober.retarget(probe_targets(new))
-        lines = [f"pop {pop}: {summarize(c)}" for pop, c in sorted(changes.items())]
-        diff = [
-            line
-            for pop, c in sorted(changes.items())
-            for line in [f"pop {pop}:", *format_changes(c)]
-        ]
-        self._record(
-            "config_applied",
-            config_version=new.digest[:16],
-            rule=f"desired state applied ({'; '.join(lines)}); pushed to "
-            f"{', '.join(sorted(changed_pops)) or 'no PoP'}",
-            detail={"digest": new.digest, "pushed_pops": sorted(changed_pops),
-                    "diff": diff[:DIFF_LINES_IN_RECORD], "diff_lines": len(diff),
-                    "warnings": desired_warnings(new)},
-        )
         _log_warnings(new)
         self.metrics.config_reloads.labels("applied").inc()
-        log.info("applied %s: %s", source, "; ".join(lines))
+        log.info("applied %s: %s", source, "; ".join(
+            f"pop {pop}: {summarize(c)}" for pop, c in sorted(changes.items())))
         return True
 
     def _reject(self, digest: str, problems: list[str]) -> None:
-        self._record(
+        self.recorder.record(
             "config_rejected",
             config_version=digest[:16],
             rule=f"desired state rejected ({len(problems)} problems); running state kept",
@@ -664,8 +573,8 @@ class BallastService:
         await self.server.stop(grace)
         if self.admin is not None:
             await self.admin.stop()
-        self._note_suppressed()
-        self._record("shutdown", rule="stopped: streams closed, state and log flushed")
+        self.recorder.note_suppressed()
+        self.recorder.record("shutdown", rule="stopped: streams closed, state and log flushed")
         self.decisions.close()
         self.store.close()
         if self._heap_settled:
@@ -674,6 +583,23 @@ class BallastService:
         if self.replication is not None:
             await self.replication.etcd.close()
         self._lock.release()
+
+
+def _applied_record(new: Desired, changes: dict[str, list[ResourceChange]],
+                    pushed: frozenset[str]) -> Draft:
+    """The `config_applied` record of a reload: per PoP what changes, the PoPs pushed to."""
+    lines = [f"pop {pop}: {summarize(c)}" for pop, c in sorted(changes.items())]
+    diff = [line for pop, c in sorted(changes.items())
+            for line in [f"pop {pop}:", *format_changes(c)]]
+    return draft(
+        "config_applied",
+        config_version=new.digest[:16],
+        rule=f"desired state applied ({'; '.join(lines)}); pushed to "
+        f"{', '.join(sorted(pushed)) or 'no PoP'}",
+        detail={"digest": new.digest, "pushed_pops": sorted(pushed),
+                "diff": diff[:DIFF_LINES_IN_RECORD], "diff_lines": len(diff),
+                "warnings": desired_warnings(new)},
+    )
 
 
 def _free_bytes(directory: Path) -> int:
