@@ -44,7 +44,7 @@ from control_plane.app.heap import settle_heap
 from control_plane.app.server import BallastServer
 from control_plane.desired.model import Desired, GroupWeights
 from control_plane.intent.steps import PairStep, changes_of
-from control_plane.translate.pop import translate_pop
+from control_plane.translate.pop import PopIntent, translate_pop
 from control_plane.translate.resources import (
     ENDPOINT_TYPE,
     PUSH_ORDER,
@@ -215,7 +215,7 @@ class FloorSide:
         self.server = grpc.aio.server(options=[("grpc.max_concurrent_streams", 1000)])
 
     def _bodies(self, pop: str, weights: dict[str, GroupWeights]) -> dict[str, tuple[str, bytes]]:
-        resources = translate_pop(self.desired, pop, weights, Capabilities())
+        resources = translate_pop(self.desired, pop, Capabilities(), PopIntent(weights=weights))
         out = {}
         for type_url in PUSH_ORDER:
             items = resources.of_type(type_url)

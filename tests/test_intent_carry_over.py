@@ -193,6 +193,39 @@ async def test_plan_against_the_server_predicts_exactly_what_the_reload_records(
         assert applied["detail"]["diff"] == predicted
 
 
+async def test_plan_against_the_server_during_a_ramp_predicts_exactly_what_the_reload_pushes(
+    tmp_path: Path,
+) -> None:
+    """While a standby ramps in ewr (its cache-warming mirror on), `ballast plan --server`
+    translates the same input the server does: its changes are exactly what the reload then
+    pushes to ewr's Envoys (and records), not the mirror routes reported as removed."""
+    admin = free_port()
+    async with example_service(tmp_path, admin_address=f"127.0.0.1:{admin}",
+                               reconcile_interval_ms=3_600_000) as (service, text):
+        intent, cache = service.server.intent, service.server.cache
+        await apply_steps(intent, [PairStep(EWR, {"primary": 70, "secondary": 30}, STREAK,
+                                            ramp=RAMP)])
+        assert intent.intent.mirror(*EWR) is not None  # the ramp's mirror is on
+        caps = Capabilities()
+        served_before = {pop: render_json(cache.resources(pop, caps)) for pop in ("ewr", "sjc")}
+        edited = text.replace("read_timeout: 4s", "read_timeout: 5s")  # routes of every PoP
+        assert edited != text
+        new = parse_desired(edited.encode(), str(service.config.desired_path))
+        client = AdminClient(f"http://127.0.0.1:{admin}")
+        plans = {plan.pop: plan for plan in
+                 await asyncio.to_thread(plan_against_server, client, new, None)}
+        assert await service.apply_desired_bytes(edited.encode())
+        assert intent.intent.mirror(*EWR) is not None  # still ramping after the reload
+        for pop, before in served_before.items():
+            pushed = diff_renderings(before, render_json(cache.resources(pop, caps)))
+            assert format_changes(plans[pop].changes) == format_changes(pushed), pop
+        assert plans["ewr"].changes, "the edit changes ewr's routes"
+        applied = [r for r in iter_records(tmp_path / "state") if r["kind"] == "config_applied"][-1]
+        assert applied["detail"]["diff"] == [
+            line for plan in plans.values()
+            for line in [f"pop {plan.pop}:", *format_changes(plan.changes)]]
+
+
 def test_the_running_intent_reads_back_from_its_json() -> None:
     desired = example_desired()
     intent = running(desired)

@@ -40,9 +40,7 @@ def translate_intent(
     """What nodes of `pop` with `caps` get under `intent`: its desired state, the weights, tier
     actions and cache-warming mirrors it holds for `pop`, translated (incrementally from
     `previous`, when given: byte-identical to the full translation)."""
-    return translate_pop(intent.desired, pop, intent.pop_weights(pop), caps,
-                         intent.pop_tier_actions(pop), previous=previous,
-                         mirrors=intent.pop_mirrors(pop))
+    return translate_pop(intent.desired, pop, caps, intent.for_pop(pop), previous=previous)
 
 
 def intent_pops(intent: RunningIntent) -> tuple[str, ...]:
