@@ -568,7 +568,7 @@ async def test_a_reload_waits_for_a_tick_between_its_save_and_its_swap(
                   else text.replace("  ewr: {listen_address: 127.0.0.1, port_offset: 0}\n", "")
                   .replace("      ewr: [primary, secondary]\n", ""))
         assert edited != text
-        reload = asyncio.create_task(service.apply_desired_bytes(edited.encode()))
+        reload = asyncio.create_task(service.reload.apply(edited.encode()))
         # everything a reload does before its swap takes well under a second here; then it
         # waits for the tick
         done, _ = await asyncio.wait({reload}, timeout=1.0)

@@ -152,7 +152,7 @@ async def test_config_applied_diff_equals_what_is_served_tier_actions_included(
         # the policy's demote share changes: the active actions are pushed with the new one
         edited = text.replace("demote_share: 50%", "demote_share: 30%")
         assert edited != text
-        assert await service.apply_desired_bytes(edited.encode())
+        assert await service.reload.apply(edited.encode())
         applied = [r for r in iter_records(tmp_path / "state") if r["kind"] == "config_applied"][-1]
         served = {pop: render_json(cache.resources(pop, fifo)) for pop in ("ewr", "sjc")}
         expected = [
@@ -188,7 +188,7 @@ async def test_plan_against_the_server_predicts_exactly_what_the_reload_records(
         predicted = [line for plan in plans
                      for line in [f"pop {plan.pop}:", *format_changes(plan.changes)]]
         assert any("30" in line for line in predicted), predicted
-        assert await service.apply_desired_bytes(edited.encode())
+        assert await service.reload.apply(edited.encode())
         applied = [r for r in iter_records(tmp_path / "state") if r["kind"] == "config_applied"][-1]
         assert applied["detail"]["diff"] == predicted
 
@@ -214,7 +214,7 @@ async def test_plan_against_the_server_during_a_ramp_predicts_exactly_what_the_r
         client = AdminClient(f"http://127.0.0.1:{admin}")
         plans = {plan.pop: plan for plan in
                  await asyncio.to_thread(plan_against_server, client, new, None)}
-        assert await service.apply_desired_bytes(edited.encode())
+        assert await service.reload.apply(edited.encode())
         assert intent.intent.mirror(*EWR) is not None  # still ramping after the reload
         for pop, before in served_before.items():
             pushed = diff_renderings(before, render_json(cache.resources(pop, caps)))
@@ -257,7 +257,7 @@ async def test_a_step_arriving_while_a_reload_saves_waits_and_lands_on_top(
 
         store.write = write_while_a_step_arrives  # type: ignore[method-assign]
         edited = text.replace("demote_share: 50%", "demote_share: 30%")
-        assert await service.apply_desired_bytes(edited.encode())
+        assert await service.reload.apply(edited.encode())
         await steps[0]
         assert intent.desired.group("shop").tier_actions.demote_share == 30
         assert intent.weights("ewr", "shop") == moved

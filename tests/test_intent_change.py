@@ -132,7 +132,7 @@ async def test_a_reload_with_a_fault_leaves_served_and_stored_agreeing(
         edited = text.replace("port_offset: 1}", "port_offset: 2}")
         with monkeypatch.context() as patched:
             inject(fault, patched, store, service.decisions, cache)
-            applied = await service.apply_desired_bytes(edited.encode())
+            applied = await service.reload.apply(edited.encode())
             assert applied == (fault == "record")
             assert_served_is_stored(cache, owner, store, owner.desired)
             assert store.load().desired_digest == owner.desired.digest

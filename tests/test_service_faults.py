@@ -81,12 +81,12 @@ async def test_watcher_survives_bad_files_and_failing_code(service: BallastServi
     assert (await readyz(service))[0] == 200  # rejected files are no internal errors
     path.unlink()
     # failing code while applying: rejected with an internal error, /readyz says so
-    real_apply = service._apply_desired_bytes
+    real_apply = service.reload._apply
 
     async def failing(data: bytes) -> bool:
         raise RecursionError("maximum recursion depth exceeded")
 
-    service._apply_desired_bytes = failing  # type: ignore[method-assign]
+    service.reload._apply = failing  # type: ignore[method-assign]
     path.write_text(EDITED)
     rejected = await until(lambda: records(service, "config_rejected")[2:])
     assert "internal error while reloading: RecursionError" in rejected[-1]["detail"]["problems"][0]
@@ -94,7 +94,7 @@ async def test_watcher_survives_bad_files_and_failing_code(service: BallastServi
     assert status == 503 and "internal error (RecursionError" in body["reason"]
     assert service.server.intent.desired.digest == digest  # running state kept
     # the watcher is alive: SIGHUP's re-read applies once the code works again
-    service._apply_desired_bytes = real_apply  # type: ignore[method-assign]
+    service.reload._apply = real_apply  # type: ignore[method-assign]
     service.watcher.trigger()
     await until(lambda: service.server.intent.desired.digest != digest)
     assert (await readyz(service))[0] == 200
@@ -126,7 +126,7 @@ async def test_records_the_log_cannot_take_are_written_once_it_can(
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(service.decisions, "write_drafts", full)
-    assert await service.apply_desired_bytes(EDITED.encode())
+    assert await service.reload.apply(EDITED.encode())
     status, body = await readyz(service)
     assert status == 503 and "decision log cannot be written" in body["reason"]
     assert service.recorder.waiting >= 1  # the reload's (and any tick's meanwhile)
@@ -193,7 +193,7 @@ async def test_a_full_disk_during_a_reload_is_a_rejected_apply_recorded_later(
             except OSError as err:
                 assert err.errno == errno.ENOSPC
         desired.write_text(EDITED)
-        await until(lambda: running.reload_error is None and (
+        await until(lambda: running.reload.error is None and (
             running.recorder.error is not None or records(running, "config_rejected")), 10)
         assert running.server.intent.desired.digest == digest  # not applied
         assert running.store.load().desired_digest == digest
