@@ -14,14 +14,17 @@ of the current policy (or none) are set on the intent owner, which pushes RDS wh
 change. Without a tier source, or when it fails, the tier actions hold.
 
 Each (PoP, group) is reconciled on its own (controller-runtime's per-key reconcile): an
-exception while deciding, logging or pushing one pair is written as a `reconcile_error` record
-for that pair, whose weights and actions hold, and every other pair steps in the same tick.
+exception while deciding or pushing one pair (its translation raises) is written as a
+`reconcile_error` record for that pair, whose weights and actions hold, and every other pair
+steps in the same tick. A log that cannot be written (a full disk) stops nothing: the decision
+recorder keeps the records until it can.
 
 The event loop does only what costs what changed. On a worker thread: every pair's steps, the
 quiet-run bookkeeping and the records to write (`PairDecision`), what changes in the running
-intent (`intent/steps.changes_of`: in a steady fleet, nothing), then the output of the PoPs
-that changed (an incremental translation). On the loop: one store write of the changed pairs,
-the records (only decisions and the ends of quiet runs), the fsync (on a thread, awaited) and
+intent (`intent/steps.changes_of`: in a steady fleet, nothing). Then the change transaction
+(`IntentOwner.change`, `intent/change.py`) publishes it: the output of the PoPs that changed
+(an incremental translation, on a worker thread), one store write of the changed pairs, the
+records (only decisions and the ends of quiet runs) with one fsync (on a thread, awaited), and
 the swap that pushes.
 """
 
