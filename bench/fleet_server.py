@@ -161,7 +161,8 @@ class BallastSide:
         async with intent.change() as change:
             change.steps(changes_of(change.base, [
                 PairStep((pop, PUSHED_GROUP), shifted(self.desired, pop, step),
-                         intent.controller((pop, PUSHED_GROUP))) for pop in pops]))
+                         intent.controller((pop, PUSHED_GROUP))) for pop in pops]),
+                planned_for=change.base.desired)
             await change.prepare()
             await asyncio.sleep(0.05)
             started()

@@ -8,6 +8,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -22,8 +23,10 @@ from control_plane.decisions.read import iter_records
 from control_plane.desired import parse_desired
 from control_plane.desired.model import Desired, Origin, TierActions
 from control_plane.intent.carry_over import carry_over
+from control_plane.intent.change import StaleChange
 from control_plane.intent.running import RunningIntent
 from control_plane.intent.shown import intent_from_json, intent_json
+from control_plane.intent.sqlite_store import StateStore
 from control_plane.intent.steps import PairStep
 from control_plane.intent.store import IntentBatch
 from control_plane.translate import render_json
@@ -234,15 +237,18 @@ def test_the_running_intent_reads_back_from_its_json() -> None:
     assert intent_from_json(shown, desired) == intent
 
 
-async def test_a_step_arriving_while_a_reload_saves_waits_and_lands_on_top(
+async def test_a_step_arriving_while_a_reload_saves_waits_and_is_dropped_as_stale(
     tmp_path: Path,
 ) -> None:
-    """The reload's store write is awaited (on a thread); a reconcile step that arrives then
-    waits for the reload's swap (one change at a time) and is laid over the reloaded intent,
-    not lost and not reverted."""
-    async with example_service(tmp_path) as (service, text):
+    """The reload's store write is awaited (on a thread); a reconcile step planned for the old
+    desired state that arrives then waits for the reload's swap (one change between save and
+    swap at a time) and is dropped (`StaleChange`: its plan was made for what no longer runs);
+    a step planned afterwards lands. What is served is the running intent translated, and what
+    is stored agrees."""
+    async with example_service(tmp_path, reconcile_interval_ms=3_600_000) as (service, text):
         intent = service.server.intent
         store = service.store
+        assert isinstance(store, StateStore)
         write = store.write
         moved = {"primary": 70, "secondary": 30}
         steps: list[asyncio.Task[frozenset[str]]] = []
@@ -251,15 +257,18 @@ async def test_a_step_arriving_while_a_reload_saves_waits_and_lands_on_top(
             if batch.desired_digest is not None and not steps:  # the reload's save
                 steps.append(asyncio.create_task(apply_steps(
                     intent, [PairStep(EWR, moved, STREAK)])))
-                await asyncio.sleep(0)  # the step starts, and waits for the lock
+                await asyncio.sleep(0.05)  # the step prepares, and waits for the lock
                 assert not steps[0].done()
             await write(batch)
 
         store.write = write_while_a_step_arrives  # type: ignore[method-assign]
         edited = text.replace("demote_share: 50%", "demote_share: 30%")
         assert await service.reload.apply(edited.encode())
-        await steps[0]
+        with pytest.raises(StaleChange):
+            await steps[0]
         assert intent.desired.group("shop").tier_actions.demote_share == 30
+        assert intent.weights("ewr", "shop") != moved
+        await apply_steps(intent, [PairStep(EWR, moved, STREAK)])  # planned for what runs
         assert intent.weights("ewr", "shop") == moved
         assert store.load().groups[EWR].weights == moved
         served = service.server.cache.resources("ewr", Capabilities())  # what Envoys get

@@ -9,7 +9,9 @@ or the translation would fail.
 
 from __future__ import annotations
 
+import asyncio
 import errno
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ import pytest
 from control_plane.ads.snapshots import SnapshotCache
 from control_plane.app.reconcile import Reconciler
 from control_plane.app.server import intent_and_cache, translate_intent
+from control_plane.decide.controller import ControllerState
 from control_plane.decide.signals import OriginSignals
 from control_plane.decisions.log import DecisionLog
 from control_plane.decisions.read import iter_records
@@ -26,11 +29,13 @@ from control_plane.desired.model import Desired
 from control_plane.intent.owner import IntentOwner
 from control_plane.intent.running import RunningIntent
 from control_plane.intent.sqlite_store import StateStore
+from control_plane.intent.steps import PairStep
 from control_plane.observe.source import Signals
 from control_plane.translate import render_json
 from control_plane.translate.resources import Capabilities
 from tests.support.example_service import example_service
 from tests.support.models import example_desired
+from tests.support.ticks import apply_steps
 
 T0 = 1_800_000_000_000
 FAULTS = ["save", "record", "swap"]
@@ -151,3 +156,42 @@ async def test_a_reload_with_a_fault_leaves_served_and_stored_agreeing(
             assert reason in rejected["detail"]["problems"][0]
         assert service.is_ready()  # the log took the kept records: nothing left to say
 
+
+
+async def test_a_step_during_a_reloads_translation_is_not_held_up_nor_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reload's output is built before the lock: a reconcile step landing meanwhile does
+    not wait for it, and the reload, stated again over the intent running at its turn, keeps
+    the step (its PoP re-built at the swap). Served and stored agree."""
+    async with example_service(tmp_path, reconcile_interval_ms=3_600_000) as (service, text):
+        assert isinstance(service.store, StateStore)
+        owner, cache, store = service.server.intent, service.server.cache, service.store
+        for pop in owner.desired.pop_names:
+            cache.resources(pop, CAPS)
+        building, release = threading.Event(), threading.Event()
+        prepare = cache.prepare
+
+        def slow_prepare(source: RunningIntent, pops: Any = None) -> Any:
+            build = prepare(source, pops)
+            if pops is not None:  # a step's own build goes through at once
+                return build
+
+            def held() -> Any:
+                building.set()
+                release.wait(30)
+                return build()
+
+            return held
+
+        monkeypatch.setattr(cache, "prepare", slow_prepare)
+        edited = text.replace("read_timeout: 4s", "read_timeout: 5s")
+        reload = asyncio.create_task(service.reload.apply(edited.encode()))
+        assert await asyncio.to_thread(building.wait, 30)
+        moved = {"primary": 70, "secondary": 30}
+        assert await apply_steps(owner, [PairStep(("ewr", "shop"), moved, ControllerState())])
+        assert not reload.done() and owner.weights("ewr", "shop") == moved
+        release.set()
+        assert await reload
+        assert owner.weights("ewr", "shop") == moved  # the step survived the reload's swap
+        assert_served_is_stored(cache, owner, store, owner.desired)

@@ -44,7 +44,7 @@ from control_plane.decide.runs import END_KINDS, QuietRun, follow_run
 from control_plane.decide.tiers import TierState, TierStepResult, tier_step
 from control_plane.decisions.log import Draft, draft
 from control_plane.desired.model import Desired, OriginGroup
-from control_plane.intent.change import Change, SwapFailed
+from control_plane.intent.change import Change, StaleChange, SwapFailed
 from control_plane.intent.owner import IntentOwner
 from control_plane.intent.running import RunningIntent
 from control_plane.intent.steps import PairStep, TickChanges, changes_of
@@ -170,11 +170,10 @@ class Reconciler:
                 log.warning("metric source failed, holding weights: %s", err)
                 signals_by_window[window] = {}
         tiers_by_window = {window: await self._tier_signals(now, window) for window in windows}
-        if self.intent.desired is not desired:  # a reload landed while we were reading metrics
-            return []
         # every due pair's steps, its records and what changes: O(PoPs x groups), so on a
         # worker thread while the loop keeps serving, from the running intent as it is now;
-        # only this reconciler changes streaks and states, and a reload voids the tick
+        # only this reconciler changes streaks and states, and a reload (a new desired state
+        # since `desired` was read) makes the tick's change stale: it is dropped
         running = self.intent.intent
         plan = await asyncio.to_thread(lambda: self._plan([
             self._decide_one(running, pop, group, signals_by_window[group.failover.window_ms],
@@ -183,11 +182,11 @@ class Reconciler:
         ], running, self._schedule(due, now)))
         try:
             async with self.intent.change() as change:
-                if change.base.desired is not desired:  # a reload landed: the tick is void
-                    return []
-                plan = await self._prepared(change, running, plan)
+                plan = await self._prepared(change, running, plan, desired)
                 change.record([*(self._failure(f, desired) for f in plan.failed),
                                *plan.drafts])
+        except StaleChange:  # a reload landed since `desired` was read: the tick is void
+            return []
         except SwapFailed as err:  # saved, logged, not pushed: the store was put back
             log.exception("pushing the tick's changes failed")
             changes = plan.changes
@@ -221,12 +220,12 @@ class Reconciler:
         return TickPlan(decided, failed, changes_of(running, [d.step for d in decided]), runs,
                         drafts, schedule)
 
-    async def _prepared(self, change: Change, running: RunningIntent, plan: TickPlan
-                        ) -> TickPlan:
+    async def _prepared(self, change: Change, running: RunningIntent, plan: TickPlan,
+                        desired: Desired) -> TickPlan:
         """The tick's changes stated on `change` and their output built (on a worker thread).
         A PoP whose translation raises fails its pairs (phase push: nothing of them saved or
         pushed) and the others go on."""
-        change.steps(plan.changes)
+        change.steps(plan.changes, planned_for=desired)
         try:
             await change.prepare()
             return plan
@@ -235,7 +234,7 @@ class Reconciler:
         broken: dict[str, str] = {}
         for pop in sorted(plan.changes.pops):
             alone = [d for d in plan.decided if d.outcome.pop == pop]
-            change.steps(changes_of(running, [d.step for d in alone]))
+            change.steps(changes_of(running, [d.step for d in alone]), planned_for=desired)
             try:
                 await change.prepare()
             except Exception as err:
@@ -246,7 +245,7 @@ class Reconciler:
                                   for d in plan.decided if d.outcome.pop in broken)]
         plan = await asyncio.to_thread(lambda: self._plan([*kept, *failed], running,
                                                           plan.schedule))
-        change.steps(plan.changes)
+        change.steps(plan.changes, planned_for=desired)
         return plan
 
     async def _tier_signals(self, now: int, window: int) -> TierSignals | None:

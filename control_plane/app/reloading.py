@@ -110,8 +110,8 @@ class DesiredReload:
         try:
             # saved before it applies (replicas: by the leader; the others follow etcd)
             async with owner.change(save=self._leading()) as change:
-                before = change.base
                 after = change.desired(new).intent
+                before = change.over
                 changes = await asyncio.to_thread(pop_diffs_from(cache, before, after))
                 await change.prepare()
                 change.record(lambda pushed: [_applied_record(new, changes, pushed)])

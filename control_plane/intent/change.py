@@ -5,18 +5,22 @@ reload's new desired state, a replica adopting what another one decided, and any
 (staged rollouts) — is stated in a `Change` and published by `IntentOwner.change`:
 
     async with owner.change() as change:
-        change.steps(tick_changes)          # or change.desired(new) / change.replace(...)
+        change.steps(tick_changes, planned_for=desired)   # or .desired(new) / .replace(build)
         change.record(drafts)               # or a function of the PoPs whose output changes
 
 The caller says *what* changes; the transaction does the *how*, always in this order:
 
-1. **lock**: `owner.changing` is held from the `async with` to the swap, so two changes never
-   interleave (`change.base` is the intent running when the lock was taken);
-2. **prepare**: the output of the PoPs concerned is built for the new intent on a worker thread
-   (`Publisher.prepare`), touching nothing served (`await change.prepare()` does it early, to
-   learn the PoPs that will change or to handle a translation that raises);
+1. **prepare**: the output of the PoPs concerned is built for the new intent on a worker thread
+   (`Publisher.prepare`), touching nothing served (`await change.prepare()` in the body does it
+   early: to learn the PoPs that will change, or to handle a translation that raises);
+2. **lock**: `owner.changing`, held until the swap, so two changes never interleave between
+   their save and their swap. A change that landed while this one was prepared is not lost:
+   what is stated is laid again over the intent running now (`restate`; the output cache
+   re-builds, at the swap, the PoPs that change touched). A tick planned for a desired state
+   that a reload replaced meanwhile is stale (`StaleChange`) and dropped whole. The long work
+   (the build) is done before the lock, so a tick never waits for a reload's translation;
 3. **save**: one store write (`IntentBatch`), unless the change is not this process's to save
-   (`owner.change(save=False)`: a follower adopting, a start-up restore);
+   (`owner.change(save=False)`: a follower adopting what its leader saved);
 4. **record**: the records handed to the decision recorder in one write and made durable with
    one fsync (on a thread). A log that cannot be written (a full disk) does not stop the change:
    the recorder keeps the records until it can (`decisions/recorder.py`);
@@ -77,6 +81,11 @@ class SwapFailed(Exception):
     """Publishing a change raised; the intent and the store were kept as they were."""
 
 
+class StaleChange(Exception):
+    """The change was stated for a desired state that is no longer the running one (a reload
+    landed meanwhile); nothing of it was saved, recorded or swapped."""
+
+
 @dataclass
 class _Stated:
     target: RunningIntent
@@ -85,47 +94,77 @@ class _Stated:
     undo: IntentBatch
 
 
-class Change:
-    """One change being made under `IntentOwner.change` (see the module's docstring)."""
+Statement = Callable[[RunningIntent], _Stated]
 
-    def __init__(self, base: RunningIntent, publisher: Publisher[Any] | None) -> None:
-        self.base = base
+
+class Change:
+    """One change being made under `IntentOwner.change` (see the module's docstring).
+
+    What is stated is kept as a function of the intent it lays over, so that when another
+    change landed between this one's start (`base`) and its turn under the lock, it is stated
+    again over the intent running then (`restate`): nothing that landed meanwhile is lost."""
+
+    def __init__(self, current: Callable[[], RunningIntent], publisher: Publisher[Any] | None
+                 ) -> None:
+        self._current = current
+        self.base = current()
         self._publisher = publisher
+        self._statement: Statement | None = None
         self._stated: _Stated | None = None
+        self.over = self.base  # the intent what is stated now is laid over
         self._records: list[Records] = []
         self._prepared: tuple[_Stated, Any] | None = None
         self.pushed: frozenset[str] = frozenset()  # after the swap: the PoPs whose output changed
 
     # -- what changes ----------------------------------------------------------------------
 
-    def steps(self, changes: TickChanges) -> None:
-        """A reconcile tick's changes, laid pair by pair over the running intent."""
+    def steps(self, changes: TickChanges, *, planned_for: Desired) -> None:
+        """A reconcile tick's changes, laid pair by pair over the running intent; decided under
+        `planned_for` (the change is stale, `StaleChange`, once another desired state runs)."""
         pairs = sorted({*changes.weights, *changes.controllers, *changes.tier_states,
                         *changes.ramps, *changes.tier_actions})
-        self._state(_Stated(applied(self.base, changes), changes.pops,
-                            changes.batch(self.base.desired.digest),
-                            saved_as(self.base, pairs) if changes else IntentBatch()))
+
+        def state(base: RunningIntent) -> _Stated:
+            if base.desired is not planned_for:
+                raise StaleChange("a new desired state was applied since the tick planned")
+            return _Stated(applied(base, changes), changes.pops,
+                           changes.batch(base.desired.digest),
+                           saved_as(base, pairs) if changes else IntentBatch())
+
+        self._state(state)
 
     def desired(self, desired: Desired) -> CarryOver:
         """A new desired state, under the carry-over rule (`carry_over.py`): saved as its
-        digest, the pairs it no longer has forgotten."""
-        carried = carry_over(self.base, desired)
-        gone = sorted(set(self.base.pairs()) - set(carried.intent.pairs()))
-        save = IntentBatch(
-            forget_groups=tuple(gone),
-            records=tuple((kind, tier_key(*key), None)
-                          for key in gone for kind in (TIER_KIND, RAMP_KIND)),
-            desired_digest=desired.digest,
-        )
-        self._state(_Stated(carried.intent, None, save,
-                            saved_as(self.base, gone, self.base.desired.digest)))
-        return carried
+        digest, the pairs it no longer has forgotten. The carry-over of `base` (stated again
+        over a newer intent if one lands before the swap)."""
 
-    def replace(self, intent: RunningIntent, pops: Iterable[str] | None) -> None:
-        """A whole new intent (a replica adopting what the store holds, a restore); `pops`:
-        the PoPs whose output may change (None: every PoP). Saves nothing."""
-        self._state(_Stated(intent, None if pops is None else frozenset(pops), IntentBatch(),
-                            IntentBatch()))
+        def state(base: RunningIntent) -> _Stated:
+            carried = carry_over(base, desired)
+            gone = sorted(set(base.pairs()) - set(carried.intent.pairs()))
+            save = IntentBatch(
+                forget_groups=tuple(gone),
+                records=tuple((kind, tier_key(*key), None)
+                              for key in gone for kind in (TIER_KIND, RAMP_KIND)),
+                desired_digest=desired.digest,
+            )
+            return _Stated(carried.intent, None, save,
+                           saved_as(base, gone, base.desired.digest))
+
+        self._state(state)
+        return carry_over(self.over, desired)
+
+    def replace(self, build: Callable[[RunningIntent], tuple[RunningIntent, Iterable[str] | None]]
+                ) -> None:
+        """A whole new intent made from the running one by `build` (a replica adopting what
+        the store holds): it returns the intent and the PoPs whose output may change (None:
+        every PoP). Saves nothing."""
+
+        def state(base: RunningIntent) -> _Stated:
+            intent, pops = build(base)
+            return _Stated(intent, None if pops is None else frozenset(pops), IntentBatch(),
+                           IntentBatch())
+
+        self._state(state)
 
     def record(self, records: Records) -> None:
         """Records to write with the change (before its swap); a function is given the PoPs
@@ -140,14 +179,17 @@ class Change:
     # -- how it is published ---------------------------------------------------------------
 
     async def prepare(self) -> frozenset[str]:
-        """Build the output of what is stated now, on a worker thread (what it raises — a
-        translation that fails — changes nothing); the PoPs whose output changes."""
+        """Build the output of what is stated, over the intent running now, on a worker thread
+        (what it raises — a translation that fails — changes nothing); the PoPs whose output
+        changes."""
+        if self._prepared is not None and self._prepared[0] is self._stated:
+            return self._changed()  # built already: what lands later is re-stated at the swap
+        if self._statement is not None and self._current() is not self.over:
+            self._restate(self._current())  # the build reads the cache as it is now
         stated = self._stated
         if stated is None or self._publisher is None or stated.pops == frozenset():
             self._prepared = None if stated is None else (stated, None)
             return frozenset()
-        if self._prepared is not None and self._prepared[0] is stated:
-            return self._changed()
         build = self._publisher.prepare(stated.target, stated.pops)
         self._prepared = (stated, await asyncio.to_thread(build))
         return self._changed()
@@ -160,6 +202,17 @@ class Change:
             return None, None, frozenset()
         return self._prepared[0], self._prepared[1], changed
 
+    def restate(self, base: RunningIntent) -> _Stated:
+        """What is stated, laid over `base` instead (another change landed after the output
+        was prepared): the prepared output still holds for every PoP the other change did not
+        touch, and the output cache re-builds the others at the swap (`Publisher.commit`)."""
+        return self._restate(base)
+
+    def _restate(self, base: RunningIntent) -> _Stated:
+        assert self._statement is not None
+        self._stated, self.over = self._statement(base), base
+        return self._stated
+
     def _changed(self) -> frozenset[str]:
         assert self._prepared is not None
         prepared = self._prepared[1]
@@ -167,8 +220,9 @@ class Change:
             return frozenset()
         return self._publisher.changed(prepared)
 
-    def _state(self, stated: _Stated) -> None:
-        self._stated = stated
+    def _state(self, statement: Statement) -> None:
+        self._statement = statement
+        self._restate(self._current())
 
     def drafts(self, changed: frozenset[str]) -> list[Draft]:
         return [made for records in self._records

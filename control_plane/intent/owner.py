@@ -66,39 +66,44 @@ class IntentOwner:
 
     @contextlib.asynccontextmanager
     async def change(self, *, save: bool = True) -> AsyncIterator[Change]:
-        """The one transaction for everything that changes what is served (`change.py`): the
-        lock, then what the body states prepared off the loop, saved (unless `save` is False:
-        what a follower adopts is saved by its leader), recorded and swapped. What raises in
-        the body, the prepare or the save changes nothing; a swap that raises puts the store
-        back and raises `SwapFailed`."""
-        async with self.changing:
-            change = Change(self._intent, self._output)
-            yield change
-            await self._publish(change, save=save)
+        """The one transaction for everything that changes what is served (`change.py`): what
+        the body states is prepared off the loop; then, under the lock, saved (unless `save`
+        is False: what a follower adopts is saved by its leader), recorded and swapped. What
+        raises in the body, the prepare or the save changes nothing; a swap that raises puts
+        the store back and raises `SwapFailed`; a change planned for a desired state replaced
+        meanwhile raises `StaleChange`."""
+        change = Change(lambda: self._intent, self._output)
+        yield change
+        await self._publish(change, save=save)
 
     async def _publish(self, change: Change, *, save: bool) -> None:
         stated, prepared, changed = await change.outcome()
-        saved = False
-        if stated is not None and save and self.store is not None and stated.save:
-            await self.store.write(stated.save)
-            saved = True
-        drafts = change.drafts(changed)
-        if drafts:
-            if self.recorder is None:
-                raise RuntimeError("records without a recorder to write them")
-            self.recorder.write(drafts, durable=False)
-            await self.recorder.sync()  # durable before anything is pushed
-        if stated is None:
-            return
-        old, self._intent = self._intent, stated.target
-        try:
-            if prepared is not None and self._output is not None:
-                change.pushed = self._output.commit(prepared, stated.target)
-        except Exception as err:
-            self._intent = old
-            if saved and self.store is not None:
-                await self.store.write(stated.undo)  # the store follows what is served
-            raise SwapFailed(f"{type(err).__name__}: {err}") from err
+        async with self.changing:
+            if stated is not None and self._intent is not change.over:
+                stated = change.restate(self._intent)  # over what landed since the prepare
+            saved = False
+            if stated is not None and save and self.store is not None and stated.save:
+                await self.store.write(stated.save)
+                saved = True
+            drafts = change.drafts(changed)
+            if drafts:
+                if self.recorder is None:
+                    raise RuntimeError("records without a recorder to write them")
+                self.recorder.write(drafts, durable=False)
+                await self.recorder.sync()  # durable before anything is pushed
+            if stated is None:
+                return
+            if self._intent is not change.over:  # a setter ran during the save (tests only)
+                stated = change.restate(self._intent)
+            old, self._intent = self._intent, stated.target
+            try:
+                if prepared is not None and self._output is not None:
+                    change.pushed = self._output.commit(prepared, stated.target)
+            except Exception as err:
+                self._intent = old
+                if saved and self.store is not None:
+                    await self.store.write(stated.undo)  # the store follows what is served
+                raise SwapFailed(f"{type(err).__name__}: {err}") from err
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -203,14 +208,16 @@ class IntentOwner:
         under the same rule as `restore`, through the change transaction (saved by the
         replica that decided it, not here); only the PoPs whose weights, tier actions or
         mirrors differ are re-built. The PoPs whose output changed."""
-        async with self.change(save=False) as change:
-            old = change.base
+        def adopted(old: RunningIntent) -> tuple[RunningIntent, set[str]]:
             new = carry_over(self._stored(snapshot, where), old.desired).intent
-            change.replace(new, {
+            return new, {
                 pop for pop, group in old.pairs()
                 if new.weights_of(pop, group) != old.weights_of(pop, group)
                 or new.tier_actions.get((pop, group)) != old.tier_actions.get((pop, group))
-                or new.mirror(pop, group) != old.mirror(pop, group)})
+                or new.mirror(pop, group) != old.mirror(pop, group)}
+
+        async with self.change(save=False) as change:
+            change.replace(adopted)
         return change.pushed
 
     def _stored(self, snapshot: Snapshot, where: str) -> RunningIntent:

@@ -12,5 +12,5 @@ from control_plane.intent.steps import PairStep, changes_of
 async def apply_steps(owner: IntentOwner, steps: Sequence[PairStep]) -> frozenset[str]:
     """The PoPs whose output changed."""
     async with owner.change() as change:
-        change.steps(changes_of(change.base, steps))
+        change.steps(changes_of(change.base, steps), planned_for=change.base.desired)
     return change.pushed
