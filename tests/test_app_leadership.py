@@ -13,6 +13,7 @@ import pytest
 from control_plane.app.leadership import LeaderElection
 from control_plane.app.replication import Replication
 from control_plane.decisions.log import DecisionLog
+from control_plane.decisions.recorder import DecisionRecorder
 from control_plane.intent.etcd_store import EtcdStore, Leadership
 from control_plane.intent.owner import IntentOwner
 from tests.support.etcd import EtcdServer, etcd_binary
@@ -126,8 +127,9 @@ async def test_a_followers_status_follows_the_membership_at_once(
     decisions = DecisionLog(tmp_path)
     follower = Replication(
         EtcdStore([(host, int(port))], timeout_s=1), "f", ttl_s=2, owner=lambda: owner,
-        decisions=decisions, reconciler=lambda: pytest.fail("a follower does not reconcile"),
-        info={"id": "f"}, record=lambda *args, **kwargs: None, survey_s=60)
+        recorder=DecisionRecorder(decisions),
+        reconciler=lambda: pytest.fail("a follower does not reconcile"), info={"id": "f"},
+        survey_s=60)
     follower.start()
     late: Replica | None = None
     try:

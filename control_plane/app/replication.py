@@ -29,7 +29,7 @@ from typing import Any
 from control_plane.app.leadership import LeaderElection
 from control_plane.app.reconcile import Reconciler
 from control_plane.app.tasks import cancel_all
-from control_plane.decisions.log import DecisionLog
+from control_plane.decisions.recorder import DecisionRecorder
 from control_plane.intent.etcd_store import EtcdStore, Leadership, StoreUnavailable
 from control_plane.intent.owner import IntentOwner
 from control_plane.intent.replicated_store import ReplicatedStore, snapshot_of
@@ -48,10 +48,9 @@ class Replication:
         *,
         ttl_s: int,
         owner: Callable[[], IntentOwner],
-        decisions: DecisionLog,
+        recorder: DecisionRecorder,
         reconciler: Callable[[], Reconciler],
         info: dict[str, Any],
-        record: Callable[..., None],
         metrics: BallastMetrics | None = None,
         survey_s: float = 1.0,
     ) -> None:
@@ -59,9 +58,9 @@ class Replication:
         self.survey_s = survey_s
         self.replica_id = replica_id
         self._owner = owner
-        self.decisions = decisions
+        self.recorder = recorder
+        self.decisions = recorder.log
         self._reconciler = reconciler
-        self._record = record
         self._metrics = metrics
         self.election = LeaderElection(
             etcd, replica_id, ttl_s, info=info, on_change=self._leadership_changed
@@ -77,8 +76,8 @@ class Replication:
         self._dropped = 0
         self._values: dict[str, Any] = {}
         self._membership_changed = asyncio.Event()
-        decisions.origin = {"replica": replica_id}
-        decisions.add_listener(self._queue_record)
+        self.decisions.origin = {"replica": replica_id}
+        self.decisions.add_listener(self._queue_record)
 
     # -- the faces -------------------------------------------------------------------------
 
@@ -147,9 +146,9 @@ class Replication:
         if lead is None:
             await self._stop_reconciling()
             if self.term is not None:
-                self._record("leader_lost", rule=f"replica {self.replica_id} stopped "
-                             f"reconciling term {self.term}: {why}",
-                             detail={"replica": self.replica_id, "term": self.term})
+                self.recorder.record("leader_lost", rule=f"replica {self.replica_id} stopped "
+                                     f"reconciling term {self.term}: {why}",
+                                     detail={"replica": self.replica_id, "term": self.term})
             self.decisions.origin = {"replica": self.replica_id}
             await self._adopt_after_leading()
             return
@@ -160,10 +159,11 @@ class Replication:
         await self._owner().adopt(snapshot, where=self.store.where)
         reconciler = self._reconciler()
         reconciler.defer_all(reconciler.clock())
-        self._record("leader_elected", rule=f"replica {self.replica_id} leads term {lead.term}: "
-                     f"reconciling from the intent in etcd", detail={
-                         "replica": self.replica_id, "term": lead.term,
-                         "pairs_restored": len(snapshot.groups)})
+        self.recorder.record(
+            "leader_elected", rule=f"replica {self.replica_id} leads term {lead.term}: "
+            "reconciling from the intent in etcd", detail={
+                "replica": self.replica_id, "term": lead.term,
+                "pairs_restored": len(snapshot.groups)})
         self._loop_task = asyncio.create_task(reconciler.run())
 
     async def _adopt_after_leading(self) -> None:
@@ -232,7 +232,7 @@ class Replication:
             source = event.key.split("/")[1]
             if event.value is not None and source != self.replica_id:
                 try:
-                    self.decisions.append_replicated(event.value, durable=False)
+                    self.recorder.replicated(event.value)
                 except ValueError as err:
                     log.warning("ignored a replicated record: %s", err)
             return False

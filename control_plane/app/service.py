@@ -288,10 +288,9 @@ class BallastService:
             replica,
             ttl_s=config.leader_ttl_s,
             owner=lambda: self.server.intent,
-            decisions=self.decisions,
+            recorder=self.recorder,
             reconciler=lambda: self.reconciler,
             info={"id": replica, "xds": config.xds_address, "admin": config.admin_address},
-            record=self.recorder.record,
             metrics=self.metrics,
         )
 

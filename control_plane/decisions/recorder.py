@@ -36,7 +36,7 @@ RECORD_OVERHEAD_BYTES = 256  # time, seq, kind and the empty fields of a record 
 
 @dataclass(frozen=True)
 class _Unwritten:
-    made: Draft
+    made: Draft | dict[str, Any]  # a record of this process, or one another replica wrote
     durable: bool
     at: datetime
 
@@ -103,6 +103,21 @@ class DecisionRecorder:
         for made in drafts:
             self._keep(_Unwritten(made, durable, now))
 
+    def replicated(self, record: dict[str, Any]) -> None:
+        """A record another replica wrote, appended with its own time, replica and term (made
+        durable by the next sync); kept in order like any other while the log cannot take it.
+        ValueError (nothing kept) for one that is not a replicated record."""
+        if self._unwritten:
+            self._flush_unwritten()
+        if not self._unwritten:
+            try:
+                self.log.append_replicated(record, durable=False)
+                return
+            except OSError as err:
+                self.error = f"{type(err).__name__}: {err}"
+                log.error("cannot append a replicated record (%s); kept until it can", err)
+        self._keep(_Unwritten(dict(record), False, datetime.now(UTC)))
+
     async def sync(self) -> None:
         """Everything written so far made durable (the fsync on a worker thread). A failing
         fsync is logged and retried by the next sync or `flush`: it never raises."""
@@ -153,24 +168,29 @@ class DecisionRecorder:
     def _flush_unwritten(self) -> None:
         while self._unwritten:
             item = self._unwritten[0]
-            fields = item.made.fields
-            detail = fields.get("detail")
-            late = {**(detail if isinstance(detail, dict) else {"detail": detail}),
-                    "recorded_late": {"happened_at": format_time(item.at),
-                                      "reason": self.error}}
-            made = draft(item.made.kind, **{**fields, "detail": late})
             try:
-                self.log.write_drafts([made], durable=item.durable)
+                if isinstance(item.made, dict):  # another replica's: its own time says when
+                    self.log.append_replicated(item.made, durable=item.durable)
+                else:
+                    made = self._late(item.made, item.at)
+                    self.log.write_drafts([made], durable=item.durable)
+                    self._count([made])
             except OSError as err:
                 self.error = f"{type(err).__name__}: {err}"
                 return
             self._unwritten.popleft()
-            self._count([made])
         if self.error is not None:
             log.warning("decision log writable again (%s); records kept meanwhile written%s",
                         self.error, f", {self.dropped} dropped" if self.dropped else "")
             self.error = None
             self.dropped = 0
+
+    def _late(self, made: Draft, at: datetime) -> Draft:
+        """`made` marked as written late: when it happened, and why it waited."""
+        detail = made.fields.get("detail")
+        late = {**(detail if isinstance(detail, dict) else {"detail": detail}),
+                "recorded_late": {"happened_at": format_time(at), "reason": self.error}}
+        return draft(made.kind, **{**made.fields, "detail": late})
 
     def _count(self, drafts: Sequence[Draft]) -> None:
         if self.metrics is None:
