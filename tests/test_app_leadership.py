@@ -130,7 +130,7 @@ async def test_a_followers_status_follows_the_membership_at_once(
         recorder=DecisionRecorder(decisions),
         reconciler=lambda: pytest.fail("a follower does not reconcile"), info={"id": "f"},
         survey_s=60)
-    follower.start()
+    await follower.start()
     late: Replica | None = None
     try:
         await until(lambda: (follower.status()["leader"] or {}).get("replica") == "a")

@@ -106,7 +106,7 @@ class Replication:
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    def start(self) -> None:
+    async def start(self) -> None:
         self._spawn(self.election.run())
         self._spawn(self._mirror())
         self._spawn(self._forward())
