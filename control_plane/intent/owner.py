@@ -55,7 +55,7 @@ class IntentOwner:
         self.store = store
         self._output = output
         self.recorder = recorder
-        # held by a change from its start to its swap, so two changes never interleave
+        # held by a change from its save to its swap, so two changes never interleave
         self.changing = asyncio.Lock()
 
     def connect(self, output: Publisher[Any]) -> None:
@@ -93,10 +93,11 @@ class IntentOwner:
                 await self.recorder.sync()  # durable before anything is pushed
             if stated is None:
                 return
-            if self._intent is not change.over:  # a setter ran during the save (tests only)
-                stated = change.restate(self._intent)
-            old, self._intent = self._intent, stated.target
+            old = self._intent
             try:
+                if old is not change.over:  # a setter ran during the save (tests, benchmarks)
+                    stated = change.restate(old)
+                self._intent = stated.target
                 if prepared is not None and self._output is not None:
                     change.pushed = self._output.commit(prepared, stated.target)
             except Exception as err:
