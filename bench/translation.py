@@ -36,9 +36,9 @@ def bench_translate(min_time: float) -> list[dict[str, Any]]:
     for name in ("example", "large"):
         desired = desired_by_name(name)
         for caps in (Capabilities(adaptive_lifo=False), Capabilities(adaptive_lifo=True)):
-            seconds = time_per_call(lambda d=desired, c=caps: translate_pop(d, "ewr", {}, c),
+            seconds = time_per_call(lambda d=desired, c=caps: translate_pop(d, "ewr", c),
                                     min_time=min_time)
-            resources = translate_pop(desired, "ewr", {}, caps)
+            resources = translate_pop(desired, "ewr", caps)
             count = sum(len(items) for items in resources.by_type.values())
             size = {
                 SHORT[t]: sum(len(r.payload) for r in items.values())
@@ -63,8 +63,8 @@ def pack_any(response: SotwResponse) -> bytes:
 
 
 def bench_serialize(min_time: float) -> list[dict[str, Any]]:
-    large = translate_pop(desired_by_name("large"), "ewr", {}, Capabilities())
-    example = translate_pop(desired_by_name("example"), "ewr", {}, Capabilities())
+    large = translate_pop(desired_by_name("large"), "ewr", Capabilities())
+    example = translate_pop(desired_by_name("example"), "ewr", Capabilities())
     cases: list[tuple[str, PopResources, str, int]] = [
         ("example", example, CLUSTER_TYPE, 3),
         ("example", example, ENDPOINT_TYPE, 3),

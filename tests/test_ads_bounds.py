@@ -305,7 +305,7 @@ def _snapshot() -> Any:
     from control_plane.translate import translate_pop
 
     served = desired(listener_port=10000, primary_port=8081, secondary_port=8082)
-    return translate_pop(served, "ewr", {}, Capabilities())
+    return translate_pop(served, "ewr", Capabilities())
 
 
 def test_a_delta_client_that_never_answers_holds_few_responses() -> None:

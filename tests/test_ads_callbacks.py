@@ -61,7 +61,7 @@ async def served(request: pytest.FixtureRequest) -> AsyncIterator[tuple[str, Rec
     recorder = Recorder(explode=request.param)
     served = desired(listener_port=10000, primary_port=8081, secondary_port=8082)
     cache = SnapshotCache(
-        lambda the_desired, pop, caps, _: translate_pop(the_desired, pop, {}, caps),
+        lambda the_desired, pop, caps, _: translate_pop(the_desired, pop, caps),
         lambda the_desired: the_desired.pop_names,
         served,
     )

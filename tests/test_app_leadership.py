@@ -5,12 +5,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from control_plane.app.leadership import LeaderElection
+from control_plane.app.replication import Replication
+from control_plane.decisions.log import DecisionLog
+from control_plane.decisions.recorder import DecisionRecorder
 from control_plane.intent.etcd_store import EtcdStore, Leadership
+from control_plane.intent.owner import IntentOwner
 from harness.eventually import eventually
+from harness.models import example_desired
 from tests.support.etcd import EtcdServer, etcd_binary
 
 pytestmark = pytest.mark.skipif(etcd_binary() is None, reason="etcd not installed")
@@ -101,3 +107,35 @@ async def test_etcd_unreachable_drops_leadership_and_it_comes_back(etcd: EtcdSer
     finally:
         etcd.resume()
         await a.stop()
+
+
+async def test_a_followers_status_follows_the_membership_at_once(
+    etcd: EtcdServer, tmp_path: Path
+) -> None:
+    """A follower's status names the leader and every registered replica as soon as etcd has
+    them, not a polling period later (here the period is a minute: only the watch can tell)."""
+    leader = Replica(etcd, "a").start()
+    await eventually(lambda: leader.election.leading() is not None)
+    host, port = etcd.endpoint.split(":")
+    owner = IntentOwner(example_desired())
+    decisions = DecisionLog(tmp_path)
+    follower = Replication(
+        EtcdStore([(host, int(port))], timeout_s=1), "f", ttl_s=2, owner=lambda: owner,
+        recorder=DecisionRecorder(decisions),
+        reconciler=lambda: pytest.fail("a follower does not reconcile"), info={"id": "f"},
+        survey_s=60)
+    await follower.start()
+    late: Replica | None = None
+    try:
+        await eventually(lambda: (follower.status()["leader"] or {}).get("replica") == "a")
+        late = Replica(etcd, "late").start()
+        await eventually(lambda: {r["id"] for r in follower.status()["replicas"]}
+                    == {"a", "f", "late"})
+        assert follower.status()["leading"] is False
+    finally:
+        await follower.stop()
+        await follower.etcd.close()
+        decisions.close()
+        await leader.stop()
+        if late is not None:
+            await late.stop()

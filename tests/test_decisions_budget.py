@@ -63,7 +63,7 @@ async def test_a_connection_storm_cannot_rotate_the_log_and_decisions_are_kept(
             await channel.close()
         await asyncio.sleep(0.2)
         text = EXAMPLE.read_text().replace("port_offset: 1}", "port_offset: 2}")
-        assert await service.apply_desired_bytes(text.encode())  # a decision, mid-storm
+        assert await service.reload.apply(text.encode())  # a decision, mid-storm
     finally:
         await service.stop(0)
     records = list(iter_records(tmp_path))

@@ -93,7 +93,7 @@ def test_envoy_serves_only_through_verified_certificates(
         "skip": (make_leaf(["other.test"], None), {"verify": False}),
     }
     desired = fleet(cases, tls_origins, ca_file)
-    bootstrap = static_bootstrap(translate_pop(desired, "ewr", {}, Capabilities()))
+    bootstrap = static_bootstrap(translate_pop(desired, "ewr", Capabilities()))
     admin_port = free_port()
     bootstrap["admin"]["address"]["socket_address"]["port_value"] = admin_port
     port = desired.listeners[0].port

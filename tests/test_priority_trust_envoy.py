@@ -98,7 +98,7 @@ def test_trusted_sub_requests_keep_the_parent_tier_untrusted_clients_cannot_rais
     find_envoy()
     desired = desired_for(app, (f"{TRUSTED}/32",))
     port = app.edge_port = desired.listeners[0].port
-    bootstrap = static_bootstrap(translate_pop(desired, "ewr", {}, Capabilities()))
+    bootstrap = static_bootstrap(translate_pop(desired, "ewr", Capabilities()))
     admin_port = free_port()
     bootstrap["admin"]["address"]["socket_address"]["port_value"] = admin_port
     with EnvoyProcess(bootstrap, admin_port) as envoy:

@@ -73,12 +73,12 @@ async def test_watcher_survives_bad_files_and_failing_code(service: BallastServi
     assert (await readyz(service))[0] == 200  # rejected files are no internal errors
     path.unlink()
     # failing code while applying: rejected with an internal error, /readyz says so
-    real_apply = service._apply_desired_bytes
+    real_apply = service.reload._apply
 
     async def failing(data: bytes) -> bool:
         raise RecursionError("maximum recursion depth exceeded")
 
-    service._apply_desired_bytes = failing  # type: ignore[method-assign]
+    service.reload._apply = failing  # type: ignore[method-assign]
     path.write_text(EDITED)
     rejected = await eventually(lambda: records(service, "config_rejected")[2:])
     assert "internal error while reloading: RecursionError" in rejected[-1]["detail"]["problems"][0]
@@ -86,7 +86,7 @@ async def test_watcher_survives_bad_files_and_failing_code(service: BallastServi
     assert status == 503 and "internal error (RecursionError" in body["reason"]
     assert service.server.intent.desired.digest == digest  # running state kept
     # the watcher is alive: SIGHUP's re-read applies once the code works again
-    service._apply_desired_bytes = real_apply  # type: ignore[method-assign]
+    service.reload._apply = real_apply  # type: ignore[method-assign]
     service.watcher.trigger()
     await eventually(lambda: service.server.intent.desired.digest != digest)
     assert (await readyz(service))[0] == 200
@@ -109,20 +109,22 @@ async def test_watcher_survives_bad_files_and_failing_code(service: BallastServi
 async def test_records_the_log_cannot_take_are_written_once_it_can(
     service: BallastService, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An injected writer raising ENOSPC: the reload's record waits (in order) and /readyz says
-    why; once writes work again it is written, marked as recorded late."""
-    real_record = service.decisions.record
+    """An injected writer raising ENOSPC: the reload's record (and the records of any tick
+    meanwhile) waits, in order, and /readyz says why; once writes work again it is written,
+    marked as recorded late."""
+    real_write = service.decisions.write_drafts
 
-    def full(kind: str, **fields: Any) -> Any:
+    def full(drafts: Any, **kwargs: Any) -> Any:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(service.decisions, "record", full)
-    assert await service.apply_desired_bytes(EDITED.encode())
+    monkeypatch.setattr(service.decisions, "write_drafts", full)
+    assert await service.reload.apply(EDITED.encode())
     status, body = await readyz(service)
     assert status == 503 and "decision log cannot be written" in body["reason"]
-    assert "1 records waiting" in body["reason"]
+    assert service.recorder.waiting >= 1  # the reload's (and any tick's meanwhile)
+    assert f"{service.recorder.waiting} records waiting" in body["reason"]
     assert not [r for r in records(service, "config_applied") if "recorded_late" in r["detail"]]
-    monkeypatch.setattr(service.decisions, "record", real_record)
+    monkeypatch.setattr(service.decisions, "write_drafts", real_write)
     late = await eventually(lambda: [r for r in records(service, "config_applied")
                                 if "recorded_late" in (r["detail"] or {})])
     assert "No space left" in late[0]["detail"]["recorded_late"]["reason"]
@@ -183,14 +185,14 @@ async def test_a_full_disk_during_a_reload_is_a_rejected_apply_recorded_later(
             except OSError as err:
                 assert err.errno == errno.ENOSPC
         desired.write_text(EDITED)
-        await eventually(lambda: running.reload_error is None and (
-            running.log_error is not None or records(running, "config_rejected")), 10)
+        await eventually(lambda: running.reload.error is None and (
+            running.recorder.error is not None or records(running, "config_rejected")), 10)
         assert running.server.intent.desired.digest == digest  # not applied
         assert running.store.load().desired_digest == digest
         filler.unlink()  # space returns
         rejected = await eventually(lambda: records(running, "config_rejected"))
         assert "bytes free where the state is saved" in rejected[-1]["detail"]["problems"][0]
-        await eventually(lambda: running.log_error is None)
+        await eventually(lambda: running.recorder.error is None)
         assert (await readyz(running))[0] == 200
         running.watcher.trigger()  # the same file, now with room: applied
         await eventually(lambda: running.server.intent.desired.digest != digest)

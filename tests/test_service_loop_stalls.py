@@ -89,7 +89,7 @@ async def test_a_full_retranslation_does_not_delay_a_small_pops_push(tmp_path: P
         probe.start()
         edited = fleet_yaml(pops=POPS, groups=GROUPS, max_origin_concurrency=100).encode()
         started = time.perf_counter()
-        reload = asyncio.create_task(service.apply_desired_bytes(edited))
+        reload = asyncio.create_task(service.reload.apply(edited))
         during: list[float] = []
         while not reload.done():
             during.append(await push(len(during)))
