@@ -11,7 +11,7 @@ ADMIN_PORT ?= 18001
 ENVOY_ADMIN_PORT ?= 9901
 DEMO_STATE ?= var/demo
 
-.PHONY: run reset test e2e-hosts lint bench protos clean
+.PHONY: run reset test unit e2e-hosts lint bench protos clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 
 run: $(STAMP)
 	@# Envoys start by fork+exec; gRPC's fork handlers would only log noise about it.
-	GRPC_ENABLE_FORK_SUPPORT=false $(BIN)/python -m control_plane.app.demo examples/desired.yaml \
+	GRPC_ENABLE_FORK_SUPPORT=false $(BIN)/python -m harness.demo examples/desired.yaml \
 		--state-dir $(DEMO_STATE) --xds-port $(XDS_PORT) --admin-port $(ADMIN_PORT) \
 		--envoy-admin-port $(ENVOY_ADMIN_PORT)
 
@@ -34,6 +34,14 @@ test: $(STAMP)
 	deploy/ensure-test-services.sh
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=20
+
+# The pure rooms' tests (desired/, translate/, decide/: no I/O, no peers) and the import rules,
+# for a quick loop while editing; `make test` stays the whole suite.
+PURE_ROOMS := desired translate decide
+UNIT_TESTS := tests/test_rooms.py $(sort $(wildcard $(PURE_ROOMS:%=tests/test_%_*.py)))
+PEERS := envoy or prometheus or etcd or chromium or package
+unit: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not ($(PEERS))" $(UNIT_TESTS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from control_plane.app.envoy_process import EnvoyProcess, free_port
 from control_plane.cli.main import main
+from harness.envoy_process import EnvoyProcess, free_port
 from tests.support.example_service import example_service
 from tests.support.replicas import until
 

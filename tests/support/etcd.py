@@ -1,10 +1,10 @@
 """A real etcd on loopback for tests: Debian's `etcd` binary (deploy/ensure-test-services.sh
-installs `etcd-server`). Own session, stopped by PID, data in a temporary folder. Measured: healthy
-in ~1 s. `pause()`/`resume()` stop and continue the process (SIGSTOP/SIGCONT) to make it
-unreachable without losing its data; `stop()` ends it; `start()` may be called again on the same
-data directory. With `tls` (files from `ballast certs --etcd-member 127.0.0.1 --etcd-client ...`)
-clients need TLS and a client certificate of etcd's CA (`--client-cert-auth`); readiness is then
-asked on a plaintext metrics URL.
+installs `etcd-server`). Own session, stopped by PID, data in a temporary folder. Healthy in
+~1 s (docs/architecture.md, "Test peers"). `pause()`/`resume()` stop and continue the process
+(SIGSTOP/SIGCONT) to make it unreachable without losing its data; `stop()` ends it;
+`start()` may be called again on the same data directory. With `tls` (files from `ballast certs
+--etcd-member 127.0.0.1 --etcd-client ...`) clients need TLS and a client certificate of etcd's
+CA (`--client-cert-auth`); readiness is then asked on a plaintext metrics URL.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from control_plane.app.envoy_process import free_port
+from harness.envoy_process import free_port
 from tests.support.local_server import log_tail, start_server
 
 

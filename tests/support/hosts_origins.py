@@ -16,8 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
-from control_plane.app.demo_origin import DemoOrigin
-from control_plane.app.traffic import steady_traffic, stop_tasks
+from harness.demo_origin import DemoOrigin
+from harness.traffic import steady_traffic, stop_tasks
 
 ORIGIN_PORTS = {"primary": 8081, "secondary": 8082}
 RPS = 20.0
