@@ -4,7 +4,8 @@ grpc.aio server. The reconcile loop, hot reload and admin API hang off it.
 
 With `tls`, the port speaks only mTLS: client certificates must chain to the client CA, the files
 are re-read when they change (`security/tls.py`), and each ADS stream's node identity must match
-its certificate (`security/identity.py`).
+its certificate (`security/identity.py`). Without `tls`, SDS secrets (private keys) are sent to
+no stream, or with `allow_plaintext_secrets` only to peers on loopback (`ads/server.py`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import grpc
 from control_plane.ads.fanout import PushHub
 from control_plane.ads.limits import DEFAULT_LIMITS, AdsLimits
 from control_plane.ads.nodes import NodeRegistry
-from control_plane.ads.server import AdsServicer, server_options
+from control_plane.ads.server import AdsServicer, plaintext_key_gate, server_options
 from control_plane.ads.snapshots import SnapshotCache
 from control_plane.app.ads_observer import AdsObserver, Record
 from control_plane.desired.model import Desired
@@ -72,6 +73,7 @@ class BallastServer:
         limits: AdsLimits = DEFAULT_LIMITS,
         tls: ReloadingCredentials | None = None,
         store: IntentStore | None = None,
+        allow_plaintext_secrets: bool = False,
     ) -> None:
         self.xds_address = xds_address
         self.limits = limits
@@ -84,6 +86,7 @@ class BallastServer:
             self.cache, self.hub, self.nodes,
             callbacks=AdsObserver(record=record, metrics=metrics), limits=limits,
             verify_peer=check_node_peer if tls is not None else None,
+            key_gate=None if tls is not None else plaintext_key_gate(allow_plaintext_secrets),
         )
         self.grpc: grpc.aio.Server | None = None
         self.port = 0

@@ -44,6 +44,7 @@ from control_plane.decisions.budget import DEFAULT_BUDGET, BudgetConfig, RecordB
 from control_plane.decisions.log import DecisionLog, format_time, log_files
 from control_plane.decisions.read import FileSource
 from control_plane.desired import DesiredStateError, parse_desired, read_desired_bytes
+from control_plane.desired.loader import watched_files
 from control_plane.desired.model import Desired
 from control_plane.desired.warnings import desired_warnings
 from control_plane.intent.carry_over import carry_over
@@ -96,6 +97,8 @@ class ServiceConfig:
     tls: TlsFiles | None = None  # mTLS on the xDS/sink port when set
     admin_token_file: Path | None = None  # bearer token the admin API requires when set
     admin_tls: bool = False  # admin API on HTTPS with `tls`'s files; admin client certs accepted
+    # without `tls`: SDS secrets (private keys) still go to Envoys connecting from loopback
+    allow_plaintext_secrets: bool = False
     store_url: str | None = None  # etcd://HOST:PORT[,...]: replicas share the intent there
     replica_id: str | None = None  # this replica's name among them (default: the xDS address)
     leader_ttl_s: int = 5  # the leader's lease; a follower takes over within it
@@ -176,6 +179,7 @@ class BallastService:
             metrics=self.metrics,
             tls=tls,
             store=self.store,
+            allow_plaintext_secrets=config.allow_plaintext_secrets,
         )
         await self._restore(snapshot)
         if snapshot.desired_digest != desired.digest:
@@ -205,6 +209,7 @@ class BallastService:
             current=self._desired_bytes,
             on_unreadable=self._on_unreadable,
             on_error=self._on_reload_error,
+            also=lambda: watched_files(self.server.intent.intent.desired),
         )
         # every PoP translated for Envoy 1.40 (FIFO queue policies; with and without the access
         # log its --metrics-sink bootstrap asks for), off the loop and before the port is bound:

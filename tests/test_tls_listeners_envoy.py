@@ -1,0 +1,247 @@
+"""Real Envoy 1.40 terminating TLS with certificates Ballast serves over SDS.
+
+A `BallastService` (plaintext xDS on loopback, `allow_plaintext_secrets`) serves an HTTPS
+listener in PoP ewr with two certificates (shop.test, media.test), read from files. A TLS
+client with SNI checks the chain, the SAN and ALPN (h2 and http/1.1, and a real HTTP/2 request).
+Replacing shop's files makes Envoy serve the new certificate within `ROTATION_BOUND_S` (the
+watcher's poll and settle, the reload, the push) with no restart and no failed request from a
+client running meanwhile; a certificate whose key does not match is refused and the old one
+keeps serving.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import ssl
+import statistics
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import h2.connection
+import h2.events
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+
+from control_plane.app.demo_origin import DemoOrigin
+from control_plane.app.envoy_process import EnvoyProcess, free_port
+from control_plane.app.service import BallastService, ServiceConfig
+from control_plane.decisions.log import log_files, parse_line
+from control_plane.translate.bootstrap import ads_bootstrap
+from tests.support.admin_stack import wait_until
+from tests.support.background_loop import BackgroundLoop
+from tests.support.certs import Issued
+from tests.support.tls_listeners import HOSTNAMES, TlsSite, tls_desired_yaml
+
+pytestmark = pytest.mark.envoy
+
+# poll 0.1 s + settle 0.3 s, the reload (parse, translate), the push: well under this
+ROTATION_BOUND_S = 5.0
+
+
+@dataclass
+class Stack:
+    bg: BackgroundLoop
+    service: BallastService
+    site: TlsSite
+    envoy: EnvoyProcess
+    https_port: int
+
+    def records(self, kind: str) -> list[dict[str, Any]]:
+        """The decision log's records of `kind`, as written."""
+        return [record for path in log_files(self.service.config.state_dir)
+                for line in path.read_bytes().splitlines()
+                if (record := parse_line(line)) is not None and record.get("kind") == kind]
+
+
+def handshake(port: int, sni: str, ca: Issued, alpn: list[str]) -> tuple[x509.Certificate, str]:
+    """The leaf certificate a TLS client with SNI `sni` gets (verified against `ca`, hostname
+    checked), and the protocol ALPN chose."""
+    context = ssl.create_default_context(cadata=ca.cert.public_bytes(
+        serialization.Encoding.PEM).decode())
+    context.set_alpn_protocols(alpn)
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw, \
+            context.wrap_socket(raw, server_hostname=sni) as tls:
+        der = tls.getpeercert(binary_form=True)
+        assert der is not None
+        return x509.load_der_x509_certificate(der), tls.selected_alpn_protocol() or ""
+
+
+def fingerprint(cert: x509.Certificate) -> str:
+    return hashlib.sha256(cert.public_bytes(serialization.Encoding.DER)).hexdigest()
+
+
+def h2_get(port: int, sni: str, ca: Issued, path: str = "/catalog") -> tuple[int, str]:
+    """One HTTP/2 GET over TLS (ALPN h2): status and the origin that answered."""
+    context = ssl.create_default_context(cadata=ca.cert.public_bytes(
+        serialization.Encoding.PEM).decode())
+    context.set_alpn_protocols(["h2"])
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw, \
+            context.wrap_socket(raw, server_hostname=sni) as tls:
+        assert tls.selected_alpn_protocol() == "h2"
+        conn = h2.connection.H2Connection()
+        conn.initiate_connection()
+        conn.send_headers(1, [(":method", "GET"), (":path", path), (":scheme", "https"),
+                              (":authority", sni)], end_stream=True)
+        tls.sendall(conn.data_to_send())
+        status, origin = 0, ""
+        while True:
+            data = tls.recv(65536)
+            if not data:
+                raise AssertionError("connection closed before the response ended")
+            for event in conn.receive_data(data):
+                if isinstance(event, h2.events.ResponseReceived):
+                    headers = {k.decode(): v.decode() for k, v in event.headers}
+                    status, origin = int(headers[":status"]), headers.get("x-origin", "")
+                if isinstance(event, h2.events.StreamEnded):
+                    return status, origin
+            tls.sendall(conn.data_to_send())
+
+
+def https_get(port: int, sni: str, ca: Issued) -> tuple[int, str]:
+    """One HTTP/1.1 GET on a new TLS connection: status and the served leaf's fingerprint."""
+    context = ssl.create_default_context(cadata=ca.cert.public_bytes(
+        serialization.Encoding.PEM).decode())
+    context.set_alpn_protocols(["http/1.1"])
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw, \
+            context.wrap_socket(raw, server_hostname=sni) as tls:
+        der = tls.getpeercert(binary_form=True)
+        assert der is not None
+        tls.sendall(f"GET /catalog HTTP/1.1\r\nHost: {sni}\r\nConnection: close\r\n\r\n"
+                    .encode())
+        head = b""
+        while b"\r\n" not in head:
+            chunk = tls.recv(4096)
+            if not chunk:
+                break
+            head += chunk
+        status = int(head.split(b" ", 2)[1]) if head.startswith(b"HTTP/1.1 ") else 0
+        return status, hashlib.sha256(der).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    tmp = tmp_path_factory.mktemp("tls")
+    site = TlsSite(tmp / "certs")
+    for name, hostname in HOSTNAMES.items():
+        site.write(name, hostname)
+    https_port = free_port()
+    ports = {"primary": free_port(), "secondary": free_port()}
+    path = tmp / "desired.yaml"
+    path.write_text(tls_desired_yaml(site, https_port=https_port, listener_port=free_port(),
+                                     primary_port=ports["primary"],
+                                     secondary_port=ports["secondary"]))
+    bg = BackgroundLoop()
+    service = BallastService(ServiceConfig(
+        desired_path=path, state_dir=tmp / "state", xds_address=f"127.0.0.1:{free_port()}",
+        admin_address=None, probes=False, reload_poll_s=0.1, allow_plaintext_secrets=True))
+    origins = [DemoOrigin(name, port) for name, port in ports.items()]
+    envoy: EnvoyProcess | None = None
+    try:
+        bg.run(service.start())
+        for origin in origins:
+            bg.run(origin.start())
+        admin = free_port()
+        envoy = EnvoyProcess(ads_bootstrap(node_id="ewr-1", pop="ewr",
+                                           xds_port=service.server.port, admin_port=admin),
+                             admin).start()
+        envoy.wait_ready()
+        proxy = envoy
+        wait_until(lambda: _serves(https_port, site), 10, "the HTTPS listener answers")
+        yield Stack(bg, service, site, proxy, https_port)
+    finally:
+        if envoy is not None:
+            envoy.stop()
+        for origin in origins:
+            bg.run(origin.stop())
+        bg.run(service.stop())
+        bg.close()
+
+
+def _serves(port: int, site: TlsSite) -> bool:
+    try:
+        return https_get(port, "shop.test", site.ca)[0] == 200
+    except OSError:
+        return False
+
+
+def test_two_hostnames_two_certificates_sni_chain_san_and_alpn(stack: Stack) -> None:
+    for name, hostname in HOSTNAMES.items():
+        for offered, chosen in ((["h2", "http/1.1"], "h2"), (["http/1.1"], "http/1.1")):
+            leaf, protocol = handshake(stack.https_port, hostname, stack.site.ca, offered)
+            assert fingerprint(leaf) == fingerprint(stack.site.issued[name].cert)
+            sans = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName)
+            assert sans.value.get_values_for_type(x509.DNSName) == [hostname]
+            assert protocol == chosen
+        assert h2_get(stack.https_port, hostname, stack.site.ca) == (200, "primary")
+        assert https_get(stack.https_port, hostname, stack.site.ca)[0] == 200
+
+
+def test_renewed_files_are_served_without_restart_or_failed_request(stack: Stack) -> None:
+    pid = stack.envoy.proc.pid if stack.envoy.proc else None
+    failures: list[str] = []
+    served: list[tuple[float, str]] = []
+    stop = threading.Event()
+
+    def client() -> None:
+        while not stop.is_set():
+            try:
+                status, seen = https_get(stack.https_port, "shop.test", stack.site.ca)
+            except (OSError, ValueError) as err:
+                failures.append(repr(err))
+                continue
+            if status != 200:
+                failures.append(f"status {status}")
+            served.append((time.monotonic(), seen))
+
+    runner = threading.Thread(target=client, daemon=True)
+    runner.start()
+    took: list[float] = []
+    try:
+        for _ in range(3):
+            renewed = stack.site.write("shop", HOSTNAMES["shop"])
+            written = time.monotonic()
+            new = fingerprint(renewed.cert)
+            wait_until(lambda new=new: bool(served) and served[-1][1] == new, ROTATION_BOUND_S,
+                       "the renewed certificate served")
+            took.append(next(t for t, seen in served if t >= written and seen == new) - written)
+    finally:
+        stop.set()
+        runner.join(10)
+    assert failures == []
+    assert len(served) > 10
+    assert stack.envoy.proc is not None and stack.envoy.proc.pid == pid
+    assert stack.envoy.proc.poll() is None  # never restarted: the same process serves
+    print(f"rotation: median {statistics.median(took):.2f}s, range {min(took):.2f}-"
+          f"{max(took):.2f}s over {len(took)} renewals")
+    # media's certificate was not touched
+    leaf, _ = handshake(stack.https_port, "media.test", stack.site.ca, ["http/1.1"])
+    assert fingerprint(leaf) == fingerprint(stack.site.issued["media"].cert)
+
+
+def test_a_key_that_does_not_match_is_refused_and_the_old_certificate_serves(
+    stack: Stack, tmp_path: Path,
+) -> None:
+    before = fingerprint(stack.site.issued["media"].cert)
+    rejected = len(stack.records("config_rejected"))
+    other = stack.site.issued["shop"]  # a real key, of another certificate
+    stack.site.key_file("media").write_bytes(other.key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))
+    wait_until(lambda: len(stack.records("config_rejected")) > rejected, ROTATION_BOUND_S,
+               "the half-written renewal rejected")
+    problems = stack.records("config_rejected")[-1]["detail"]["problems"]
+    assert any("does not match the certificate" in p and "media-key.pem" in p
+               for p in problems), problems
+    leaf, _ = handshake(stack.https_port, "media.test", stack.site.ca, ["http/1.1"])
+    assert fingerprint(leaf) == before
+    # the matching key arrives: the pair (the same certificate) is good again
+    stack.site.issued["media"].write(tmp_path, "media")
+    (tmp_path / "media-key.pem").replace(stack.site.key_file("media"))
+    leaf, _ = handshake(stack.https_port, "media.test", stack.site.ca, ["http/1.1"])
+    assert fingerprint(leaf) == before
