@@ -55,7 +55,7 @@ from control_plane.intent.sqlite_store import StateStore
 from control_plane.intent.state_dir_lock import StateDirLock
 from control_plane.intent.store import RAMP_KIND, Snapshot
 from control_plane.observe.access_log import AccessLogStore, WithWaits, add_access_log_service
-from control_plane.observe.certificates import CertificateStatus
+from control_plane.observe.certificates import CertificateStatus, served_certificates
 from control_plane.observe.combine import CombinedSource
 from control_plane.observe.probes import Prober, probe_targets
 from control_plane.observe.prometheus import PrometheusSource
@@ -437,6 +437,7 @@ class BallastService:
             "metrics_source": self.config.metrics_source,
             "ready": self.is_ready(),
             "certificates": self.prober.certificates_json() if self.prober else [],
+            "served_certificates": [s.as_dict() for s in served_certificates(desired, wall_ms())],
             **({"replication": self.replication.status()} if self.replication else {}),
         }
 
