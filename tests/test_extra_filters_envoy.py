@@ -27,7 +27,7 @@ from control_plane.desired import parse_desired
 from control_plane.translate import static_bootstrap, translate_pop
 from control_plane.translate.capabilities import read_node_capabilities
 from control_plane.translate.envoy_http_filters import ENVOY_1_40_HTTP_FILTER_TYPES
-from control_plane.translate.resources import LISTENER_TYPE, Capabilities
+from control_plane.translate.resources import LISTENER_TYPE, ROUTE_TYPE, Capabilities
 from tests.support.background_loop import BackgroundLoop
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "desired-state.md"
@@ -161,3 +161,53 @@ def test_a_node_whose_envoy_lacks_the_filter_does_not_get_it_and_the_notes_say_w
         if not present:
             assert notes == [f"listener edge: filter envoy.filters.http.compressor not sent: the "
                              f"node's Envoy does not list {COMPRESSOR} in node.extensions"]
+
+
+PER_ROUTE = "type.googleapis.com/envoy.extensions.filters.http.compressor.v3.CompressorPerRoute"
+PER_HOST = f"""
+      - name: media
+        domains: [media.test]
+        origin_group: shop
+        typed_per_filter_config:
+          envoy.filters.http.compressor:
+            "@type": {PER_ROUTE}
+            disabled: true
+"""
+
+
+@pytest.mark.envoy
+def test_a_per_host_config_turns_compression_off_for_that_host(origin: int) -> None:
+    port = free_port()
+    listeners = docs_example("compression").replace(
+        '      - {name: shop, domains: ["*"], origin_group: shop}\n',
+        PER_HOST.lstrip("\n") + '      - {name: shop, domains: ["*"], origin_group: shop}\n')
+    desired = parse_desired(desired_text(listeners, origin, port), "<docs>")
+    bootstrap = static_bootstrap(translate_pop(desired, "ewr", {}, Capabilities()))
+    admin = free_port()
+    bootstrap["admin"]["address"]["socket_address"]["port_value"] = admin
+    with EnvoyProcess(bootstrap, admin) as envoy:
+        envoy.wait_ready()
+        headers, _ = get(port, {"accept-encoding": "gzip"})
+        assert headers.get("content-encoding") == "gzip"
+        headers, body = get(port, {"accept-encoding": "gzip", "host": "media.test"})
+        assert "content-encoding" not in headers
+        assert json.loads(body)["origin"] == "primary"
+    # a node lacking the compressor gets neither the filter nor its per-host config
+    lacking = read_node_capabilities(node_without(COMPRESSOR)).capabilities
+    routes = translate_pop(desired, "ewr", {}, lacking).of_type(ROUTE_TYPE)["edge"].message
+    assert all(not host.typed_per_filter_config for host in routes.virtual_hosts)
+
+
+def test_a_per_host_config_must_name_a_filter_of_the_listener(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    listeners = docs_example("compression").replace(
+        '      - {name: shop, domains: ["*"], origin_group: shop}\n',
+        PER_HOST.replace("envoy.filters.http.compressor:", "envoy.filters.http.compresor:")
+        .lstrip("\n"))
+    path = tmp_path / "desired.yaml"
+    path.write_text(desired_text(listeners, 8080, 10000))
+    assert main(["validate", str(path), "--no-envoy"]) == 1
+    assert ("listeners[0].virtual_hosts[0].typed_per_filter_config: no filter named "
+            "'envoy.filters.http.compresor' in this listener's http_filters; did you mean "
+            "'envoy.filters.http.compressor'?") in capsys.readouterr().err

@@ -299,10 +299,28 @@ class ClassificationRule:
 
 
 @dataclass(frozen=True)
+class ExtraFilter:
+    """An operator-added Envoy HTTP filter, inserted before the router (and before Ballast's
+    own filters' router position): its name, the type URL of its typed config and that config
+    as checked protobuf wire bytes (from the typed JSON the operator wrote)."""
+
+    name: str
+    type_url: str  # type.googleapis.com/<message>
+    config: bytes
+
+    @property
+    def type_name(self) -> str:
+        return self.type_url.rsplit("/", 1)[-1]
+
+
+@dataclass(frozen=True)
 class VirtualHost:
     name: str
     domains: tuple[str, ...]
     origin_group: str
+    # per-route configs of the listener's operator-added filters, for this host's routes:
+    # `name` is the filter's name, `type_url`/`config` its per-route message
+    typed_per_filter_config: tuple[ExtraFilter, ...] = ()
 
 
 TlsVersion = Literal["1.2", "1.3"]
@@ -346,21 +364,6 @@ class ListenerTls:
     client_ca_file: str | None = None  # set: clients must present a certificate it signed
     client_ca_pem: bytes | None = field(default=None, repr=False)
     expiry_warning_days: int = EXPIRY_WARNING_DAYS
-
-
-@dataclass(frozen=True)
-class ExtraFilter:
-    """An operator-added Envoy HTTP filter, inserted before the router (and before Ballast's
-    own filters' router position): its name, the type URL of its typed config and that config
-    as checked protobuf wire bytes (from the typed JSON the operator wrote)."""
-
-    name: str
-    type_url: str  # type.googleapis.com/<message>
-    config: bytes
-
-    @property
-    def type_name(self) -> str:
-        return self.type_url.rsplit("/", 1)[-1]
 
 
 @dataclass(frozen=True)

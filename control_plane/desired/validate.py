@@ -729,14 +729,14 @@ class _Document:
         ports: dict[tuple[str, int], tuple[str, str]] = {}
         for named, listener in self._unique_names(items, "listeners", "listener"):
             port = listener.read("port", integer(1, 65535), required=True)
-            hosts = self._virtual_hosts(listener)
+            filters = self._extra_filters(listener)
+            hosts = self._virtual_hosts(listener, tuple(f.name for f in filters))
             pops = self._listener_pops(listener)
             tls = self._listener_tls(listener, named.name if named else "?", hosts)
             redirect = listener.read("redirect_to_https", boolean) or False
             if redirect and listener.has("tls"):
                 self.sink.add(listener.at("redirect_to_https"), "a TLS listener cannot redirect "
                               "to https; set redirect_to_https on the plain listener")
-            filters = self._extra_filters(listener)
             listener.finish()
             if named is None or port is None:
                 continue
@@ -934,17 +934,40 @@ class _Document:
             else:
                 taken[key] = (pop.name, listener)
 
-    def _virtual_hosts(self, listener: Fields) -> tuple[VirtualHost, ...]:
+    def _virtual_hosts(self, listener: Fields,
+                       filter_names: tuple[str, ...]) -> tuple[VirtualHost, ...]:
         path, items = self._list(listener, "virtual_hosts", "virtual host")
         hosts = []
         domains_seen: dict[str, str] = {}
         for named, vhost in self._unique_names(items, path, "virtual host"):
             group = self._reference(vhost, "origin_group", "origin_groups", self.groups)
             domains = self._domains(vhost, named, domains_seen)
+            per_filter = self._per_filter_configs(vhost, filter_names)
             vhost.finish()
             if named is not None and group is not None:
-                hosts.append(VirtualHost(named.name, domains, group))
+                hosts.append(VirtualHost(named.name, domains, group, per_filter))
         return tuple(hosts)
+
+    def _per_filter_configs(self, vhost: Fields,
+                            filter_names: tuple[str, ...]) -> tuple[ExtraFilter, ...]:
+        """`typed_per_filter_config: {<filter name>: typed JSON}`: per-route configs of the
+        listener's operator-added filters, for this host's routes."""
+        fields = Fields(vhost.node_of("typed_per_filter_config"),
+                        join(vhost.path, "typed_per_filter_config"), self.sink)
+        configs: list[ExtraFilter] = []
+        for key, node in fields.items():
+            filter_name = str(key.value)
+            if filter_name not in filter_names:
+                self.sink.add(At.of(key, fields.path), f"no filter named '{filter_name}' in "
+                              "this listener's http_filters"
+                              + did_you_mean(filter_name, filter_names))
+                continue
+            typed = fields.convert(node, join(fields.path, filter_name),
+                                   lambda n: typed_config(plain_value(n)))
+            if typed is not None:
+                configs.append(ExtraFilter(filter_name, typed[0], typed[1]))
+        fields.finish()
+        return tuple(configs)
 
     def _domains(self, vhost: Fields, named: _Named | None,
                  seen: dict[str, str]) -> tuple[str, ...]:

@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from envoy.config.route.v3.route_pb2 import RouteConfiguration
 from google.protobuf.message import Message
 
 from control_plane.desired.model import (
@@ -291,16 +292,32 @@ def _routes(
             if item.redirect_to_https:
                 continue  # its one route is inline (`listeners.py`)
             name = trusted_route_name(item.name) if trusted else item.name
+            left_out = _left_out(item, inputs.caps.missing_filters)
             routes[name] = make.resource(
                 ROUTE_TYPE, name,
                 (item, pop, trusted, desired.classification, desired.default_tier,
                  tuple((groups.get(v.origin_group), actions.get(v.origin_group),
                         mirrors.get(v.origin_group))
-                       for v in item.virtual_hosts)),
-                lambda item=item, trusted=trusted: (
-                    route_configuration(desired, item, pop, actions, trusted=trusted,
-                                        mirrors=mirrors), None),
+                       for v in item.virtual_hosts), left_out),
+                lambda item=item, trusted=trusted, left_out=left_out: (
+                    _without_configs_of(route_configuration(
+                        desired, item, pop, actions, trusted=trusted, mirrors=mirrors), left_out),
+                    None),
             ).resource
+    return routes
+
+
+def _left_out(item: Listener, missing: frozenset[str]) -> frozenset[str]:
+    """The names of the listener's added filters the node's Envoy lacks (`listeners.py` leaves
+    them out, so their per-route configs go too)."""
+    return frozenset(f.name for f in item.http_filters if f.type_name in missing)
+
+
+def _without_configs_of(routes: RouteConfiguration, filters: frozenset[str]) -> Message:
+    for host in routes.virtual_hosts if filters else ():
+        for name in filters:
+            if name in host.typed_per_filter_config:
+                del host.typed_per_filter_config[name]
     return routes
 
 
