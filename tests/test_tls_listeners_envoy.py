@@ -12,6 +12,7 @@ keeps serving.
 from __future__ import annotations
 
 import hashlib
+import re
 import socket
 import ssl
 import statistics
@@ -31,6 +32,7 @@ from cryptography.hazmat.primitives import serialization
 from control_plane.app.demo_origin import DemoOrigin
 from control_plane.app.envoy_process import EnvoyProcess, free_port
 from control_plane.app.service import BallastService, ServiceConfig
+from control_plane.cli.main import main
 from control_plane.decisions.log import log_files, parse_line
 from control_plane.translate.bootstrap import ads_bootstrap
 from tests.support.admin_stack import wait_until
@@ -51,6 +53,8 @@ class Stack:
     site: TlsSite
     envoy: EnvoyProcess
     https_port: int
+    redirect_port: int
+    mtls_port: int
 
     def records(self, kind: str) -> list[dict[str, Any]]:
         """The decision log's records of `kind`, as written."""
@@ -103,6 +107,14 @@ def h2_get(port: int, sni: str, ca: Issued, path: str = "/catalog") -> tuple[int
             tls.sendall(conn.data_to_send())
 
 
+def stat(envoy: EnvoyProcess, name: str) -> int:
+    for line in envoy.admin(f"/stats?filter=^{re.escape(name)}$").splitlines():
+        key, _, value = line.partition(": ")
+        if key == name:
+            return int(value)
+    return 0
+
+
 def https_get(port: int, sni: str, ca: Issued) -> tuple[int, str]:
     """One HTTP/1.1 GET on a new TLS connection: status and the served leaf's fingerprint."""
     context = ssl.create_default_context(cadata=ca.cert.public_bytes(
@@ -124,18 +136,44 @@ def https_get(port: int, sni: str, ca: Issued) -> tuple[int, str]:
         return status, hashlib.sha256(der).hexdigest()
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def more_listeners(site: TlsSite, redirect_port: int, mtls_port: int) -> str:
+    """A plain listener redirecting to https, and one requiring client certificates."""
+    client = site.write("client-ca-leaf", "client.test")  # a certificate the CA issued
+    del client
+    return f"""\
+  - name: redirect
+    port: {redirect_port}
+    pops: [ewr]
+    redirect_to_https: true
+    virtual_hosts:
+      - {{name: all, domains: ["*"], origin_group: shop}}
+  - name: mtls
+    port: {mtls_port}
+    pops: [ewr]
+    tls:
+      certificates:
+        - {{name: shop, hostnames: [shop.test], cert_file: {site.cert_file("shop")},
+            key_file: {site.key_file("shop")}}}
+      client_ca_file: {site.ca_file()}
+    virtual_hosts:
+      - {{name: all, domains: ["*"], origin_group: shop}}
+"""
+
+
+@pytest.fixture(scope="module", params=["sotw", "delta"])
+def stack(tmp_path_factory: pytest.TempPathFactory,
+          request: pytest.FixtureRequest) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("tls")
     site = TlsSite(tmp / "certs")
     for name, hostname in HOSTNAMES.items():
         site.write(name, hostname)
-    https_port = free_port()
+    https_port, redirect_port, mtls_port = free_port(), free_port(), free_port()
     ports = {"primary": free_port(), "secondary": free_port()}
     path = tmp / "desired.yaml"
     path.write_text(tls_desired_yaml(site, https_port=https_port, listener_port=free_port(),
                                      primary_port=ports["primary"],
-                                     secondary_port=ports["secondary"]))
+                                     secondary_port=ports["secondary"])
+                    + more_listeners(site, redirect_port, mtls_port))
     bg = BackgroundLoop()
     service = BallastService(ServiceConfig(
         desired_path=path, state_dir=tmp / "state", xds_address=f"127.0.0.1:{free_port()}",
@@ -148,12 +186,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             bg.run(origin.start())
         admin = free_port()
         envoy = EnvoyProcess(ads_bootstrap(node_id="ewr-1", pop="ewr",
-                                           xds_port=service.server.port, admin_port=admin),
+                                           xds_port=service.server.port, admin_port=admin,
+                                           delta=request.param == "delta"),
                              admin).start()
         envoy.wait_ready()
         proxy = envoy
         wait_until(lambda: _serves(https_port, site), 10, "the HTTPS listener answers")
-        yield Stack(bg, service, site, proxy, https_port)
+        yield Stack(bg, service, site, proxy, https_port, redirect_port, mtls_port)
     finally:
         if envoy is not None:
             envoy.stop()
@@ -245,3 +284,48 @@ def test_a_key_that_does_not_match_is_refused_and_the_old_certificate_serves(
     (tmp_path / "media-key.pem").replace(stack.site.key_file("media"))
     leaf, _ = handshake(stack.https_port, "media.test", stack.site.ca, ["http/1.1"])
     assert fingerprint(leaf) == before
+
+
+def test_a_plain_listener_redirects_to_https(stack: Stack) -> None:
+    with socket.create_connection(("127.0.0.1", stack.redirect_port), timeout=5) as plain:
+        plain.sendall(b"GET /catalog?x=1 HTTP/1.1\r\nHost: shop.test\r\nConnection: close"
+                      b"\r\n\r\n")
+        head = b""
+        while chunk := plain.recv(4096):
+            head += chunk
+    status_line, _, rest = head.partition(b"\r\n")
+    assert status_line.startswith(b"HTTP/1.1 301"), head
+    assert b"location: https://shop.test/catalog?x=1" in rest.lower()
+
+
+def test_client_certificates_are_required_where_a_client_ca_is_set(stack: Stack) -> None:
+    ca = stack.site.ca.cert.public_bytes(serialization.Encoding.PEM).decode()
+
+    def connect(with_certificate: bool) -> bytes:
+        context = ssl.create_default_context(cadata=ca)
+        if with_certificate:
+            context.load_cert_chain(stack.site.cert_file("client-ca-leaf"),
+                                    stack.site.key_file("client-ca-leaf"))
+        with socket.create_connection(("127.0.0.1", stack.mtls_port), timeout=5) as raw, \
+                context.wrap_socket(raw, server_hostname="shop.test") as tls:
+            tls.sendall(b"GET /catalog HTTP/1.1\r\nHost: shop.test\r\nConnection: close"
+                        b"\r\n\r\n")
+            return tls.recv(4096)
+
+    assert connect(True).startswith(b"HTTP/1.1 200")
+    # without one: the handshake fails (TLS 1.3: the alert may arrive after the client's side
+    # of it, as the read fails or finds the connection closed); no HTTP answer either way
+    try:
+        answer = connect(False)
+    except (ssl.SSLError, ConnectionError) as err:
+        answer = repr(err).encode()
+    assert not answer.startswith(b"HTTP/"), answer
+    assert stat(stack.envoy, f"listener.127.0.0.1_{stack.mtls_port}.ssl.fail_verify_no_cert") >= 1
+
+
+def test_ballast_validate_checks_tls_listeners_with_envoy(
+    stack: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["validate", str(stack.service.config.desired_path)]) == 0
+    out = capsys.readouterr().out
+    assert "pop ewr: OK (envoy 1.40" in out and "pop sjc: OK (envoy 1.40" in out

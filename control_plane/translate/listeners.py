@@ -182,9 +182,10 @@ def downstream_tls(tls: ListenerTls, secret_name: str) -> TransportSocket:
                                     resource_api_version=ApiVersion.V3),
         )],
     )
-    context = DownstreamTlsContext(common_tls_context=common)
     if tls.client_ca_pem is not None:
         common.validation_context.trusted_ca.inline_bytes = tls.client_ca_pem
+    context = DownstreamTlsContext(common_tls_context=common)  # (a copy of `common`)
+    if tls.client_ca_pem is not None:
         context.require_client_certificate.value = True
     return TransportSocket(name=TLS_TRANSPORT_SOCKET, typed_config=packed(context))
 
