@@ -30,11 +30,15 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from control_plane.app.demo_origin import DemoOrigin
-from control_plane.app.envoy_process import EnvoyProcess, free_port
+from control_plane.app.envoy_process import EnvoyProcess, free_port, validate_bootstrap
 from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.cli.main import main
+from control_plane.cli.validate import stand_in_pair
 from control_plane.decisions.log import log_files, parse_line
+from control_plane.desired import parse_desired
+from control_plane.translate import static_bootstrap, translate_pop
 from control_plane.translate.bootstrap import ads_bootstrap
+from control_plane.translate.resources import LISTENER_TYPE, Capabilities
 from tests.support.admin_stack import wait_until
 from tests.support.background_loop import BackgroundLoop
 from tests.support.certs import Issued
@@ -138,8 +142,7 @@ def https_get(port: int, sni: str, ca: Issued) -> tuple[int, str]:
 
 def more_listeners(site: TlsSite, redirect_port: int, mtls_port: int) -> str:
     """A plain listener redirecting to https, and one requiring client certificates."""
-    client = site.write("client-ca-leaf", "client.test")  # a certificate the CA issued
-    del client
+    site.write("client-ca-leaf", "client.test")  # a client certificate the CA issued
     return f"""\
   - name: redirect
     port: {redirect_port}
@@ -329,3 +332,20 @@ def test_ballast_validate_checks_tls_listeners_with_envoy(
     assert main(["validate", str(stack.service.config.desired_path)]) == 0
     out = capsys.readouterr().out
     assert "pop ewr: OK (envoy 1.40" in out and "pop sjc: OK (envoy 1.40" in out
+
+
+def test_tls_listener_with_trusted_priority_sources_validates(tmp_path: Path) -> None:
+    """Trusted sources double every certificate's filter chain (and the default one)."""
+    site = TlsSite(tmp_path)
+    for name, hostname in HOSTNAMES.items():
+        site.write(name, hostname)
+    text = tls_desired_yaml(site, https_port=8443, listener_port=8080, primary_port=1,
+                            secondary_port=2).replace(
+        "classification:\n", "classification:\n  trusted_priority_sources: [10.0.0.0/8]\n")
+    desired = parse_desired(text, "<trusted>")
+    resources = translate_pop(desired, "ewr", {}, Capabilities())
+    listener = resources.of_type(LISTENER_TYPE)["https"].message
+    assert [list(c.filter_chain_match.server_names) for c in listener.filter_chains] == [
+        ["shop.test"], [], ["media.test"], ["shop.test"], ["media.test"]]
+    ok, output = validate_bootstrap(static_bootstrap(resources, stand_in_pair()))
+    assert ok, output

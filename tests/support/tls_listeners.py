@@ -2,7 +2,7 @@
 
 `TlsSite` writes, for each hostname, a certificate and key signed by one test CA into a folder;
 `tls_desired_yaml` is the ADS tests' desired state (`ads_desired.py`) with an HTTPS listener
-served only in PoP ewr (certificates `shop` and `media`) and, optionally, extra filters.
+served only in PoP ewr (certificates `shop` and `media`).
 """
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ def key_pem(issued: Issued) -> bytes:
                                     serialization.NoEncryption())
 
 
-def tls_listener_yaml(site: TlsSite, port: int, *, pops: str = "[ewr]", extra: str = "") -> str:
-    """An HTTPS listener `https` (certificates shop and media of `site`) in `pops`."""
+def tls_listener_yaml(site: TlsSite, port: int) -> str:
+    """An HTTPS listener `https` (certificates shop and media of `site`) in PoP ewr."""
     certs = "".join(
         f"""
           - name: {name}
@@ -68,18 +68,17 @@ def tls_listener_yaml(site: TlsSite, port: int, *, pops: str = "[ewr]", extra: s
     return f"""
   - name: https
     port: {port}
-    pops: {pops}
+    pops: [ewr]
     tls:
       certificates:{certs}
     virtual_hosts:
-      - {{name: all, domains: ["*"], origin_group: shop}}{extra}
+      - {{name: all, domains: ["*"], origin_group: shop}}
 """
 
 
 def tls_desired_yaml(site: TlsSite, *, https_port: int, listener_port: int, primary_port: int,
-                     secondary_port: int, extra: str = "") -> str:
+                     secondary_port: int) -> str:
     """`ads_desired`'s state plus the HTTPS listener (ewr only) on `https_port`."""
     base = desired_yaml(listener_port=listener_port, primary_port=primary_port,
                         secondary_port=secondary_port)
-    return base + tls_listener_yaml(site, https_port, extra=extra).lstrip("\n").replace(
-        "\n", "\n", 1)
+    return base + tls_listener_yaml(site, https_port).lstrip("\n")
