@@ -20,6 +20,7 @@ from envoy.extensions.filters.network.http_connection_manager.v3.http_connection
     HttpConnectionManager,
 )
 
+from control_plane.admin.capability_keys import capabilities_for_key
 from control_plane.app.demo_origin import DemoOrigin
 from control_plane.app.envoy_process import EnvoyProcess, free_port
 from control_plane.cli.main import main
@@ -211,3 +212,22 @@ def test_a_per_host_config_must_name_a_filter_of_the_listener(
     assert ("listeners[0].virtual_hosts[0].typed_per_filter_config: no filter named "
             "'envoy.filters.http.compresor' in this listener's http_filters; did you mean "
             "'envoy.filters.http.compressor'?") in capsys.readouterr().err
+
+
+def test_nodes_lacking_only_filters_nobody_added_share_a_translation() -> None:
+    """The server narrows a node's missing filter types to those the desired state adds, so a
+    node lacking other filter types keeps its plain key (`none` here)."""
+    from control_plane.app.server import intent_and_cache
+
+    plain = parse_desired(desired_text(re.sub(
+        r"    http_filters:.*?(?=    virtual_hosts:)", "", docs_example("compression"),
+        flags=re.DOTALL), 8080, 10000), "<plain>")
+    lacking = read_node_capabilities(node_without(COMPRESSOR)).capabilities
+    _, cache = intent_and_cache(plain)
+    assert cache.effective_capabilities("ewr", lacking).capabilities.key == "none"
+    _, cache = intent_and_cache(parse_desired(desired_text(docs_example("compression"), 8080,
+                                                           10000), "<docs>"))
+    narrowed = cache.effective_capabilities("ewr", lacking).capabilities
+    assert narrowed.missing_filters == {COMPRESSOR}
+    assert narrowed.key.startswith("none-f")  # (no queue policy listed either)
+    assert capabilities_for_key(narrowed.key) == Capabilities(queue_policies=False)

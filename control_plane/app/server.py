@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 
 import grpc
 
@@ -49,13 +50,23 @@ def intent_pops(intent: RunningIntent) -> tuple[str, ...]:
     return intent.desired.pop_names
 
 
+def used_capabilities(intent: RunningIntent, caps: Capabilities) -> Capabilities:
+    """A node's capabilities as far as `intent` uses them: of the HTTP filter types its Envoy
+    lacks, only those of the desired state's added filters (nodes that lack only filters
+    nobody added share one translation with those that have them)."""
+    if not caps.missing_filters:
+        return caps
+    used = caps.missing_filters & intent.desired.extra_filter_types
+    return caps if used == caps.missing_filters else replace(caps, missing_filters=used)
+
+
 def intent_and_cache(
     desired: Desired, *, store: IntentStore | None = None
 ) -> tuple[IntentOwner, SnapshotCache[RunningIntent]]:
     """The intent owner and the output cache it publishes to, whose entries are the running
     intent translated (`translate_intent`)."""
     owner = IntentOwner(desired, store=store)
-    cache = SnapshotCache(translate_intent, intent_pops, owner.intent)
+    cache = SnapshotCache(translate_intent, intent_pops, owner.intent, used_capabilities)
     owner.connect(cache)
     return owner, cache
 

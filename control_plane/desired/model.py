@@ -417,6 +417,12 @@ class Desired:
         return next(g for g in self.origin_groups if g.name == name)
 
     @cached_property
+    def extra_filter_types(self) -> frozenset[str]:
+        """The type names of every operator-added HTTP filter (the capability gate's concern)."""
+        return frozenset(f.type_name for listener in self.listeners
+                         for f in listener.http_filters)
+
+    @cached_property
     def pop_names(self) -> tuple[str, ...]:
         """Computed once per (immutable) desired state: asked for on every weight change."""
         return tuple(p.name for p in self.pops)
