@@ -732,7 +732,7 @@ class _Document:
             filters = self._extra_filters(listener)
             hosts = self._virtual_hosts(listener, tuple(f.name for f in filters))
             pops = self._listener_pops(listener)
-            tls = self._listener_tls(listener, named.name if named else "?", hosts)
+            tls = self._listener_tls(listener, named.name if named else "?")
             redirect = listener.read("redirect_to_https", boolean) or False
             if redirect and listener.has("tls"):
                 self.sink.add(listener.at("redirect_to_https"), "a TLS listener cannot redirect "
@@ -763,8 +763,7 @@ class _Document:
                 pops.append(value)
         return tuple(pops)
 
-    def _listener_tls(self, listener: Fields, listener_name: str,
-                      hosts: tuple[VirtualHost, ...]) -> ListenerTls | None:
+    def _listener_tls(self, listener: Fields, listener_name: str) -> ListenerTls | None:
         node = listener.node_of("tls")
         if node is None:
             return None
@@ -789,6 +788,11 @@ class _Document:
         if len(defaults) > 1:
             self.sink.add(tls.at("certificates"), f"only one certificate may be the default, "
                           f"got {', '.join(defaults)}")
+        default = defaults[0] if defaults else certificates[0].name if certificates else None
+        for cert in certificates:
+            if not cert.hostnames and cert.name != default:
+                self.sink.add(tls.at("certificates"), f"certificate '{cert.name}' has no "
+                              "hostnames and is not the default: no client would get it")
         client_ca = tls.read("client_ca_file", file_path)
         client_ca_pem = None
         if client_ca is not None:
@@ -807,9 +811,10 @@ class _Document:
         if self.sink.problems or not certificates:
             return None
         plain = {key: located.value for key, located in values.items()}
+        assert default is not None
         return ListenerTls(
             certificates=tuple(certificates),
-            default=defaults[0] if defaults else certificates[0].name,
+            default=default,
             client_ca_file=client_ca,
             client_ca_pem=client_ca_pem,
             **plain,
