@@ -4,8 +4,9 @@ A `BallastService` (plaintext xDS on loopback, `allow_plaintext_secrets`) serves
 listener in PoP ewr with two certificates (shop.test, media.test), read from files. A TLS
 client with SNI checks the chain, the SAN and ALPN (h2 and http/1.1, and a real HTTP/2 request).
 Replacing shop's files makes Envoy serve the new certificate within `ROTATION_BOUND_S` (the
-watcher's poll and settle, the reload, the push) with no restart and no failed request from a
-client running meanwhile; a certificate whose key does not match is refused and the old one
+watcher's poll and settle, the reload, the push) with no restart, no failed request from a
+client running meanwhile and no connection dropped (an HTTP/2 connection made before keeps
+serving); a certificate whose key does not match is refused and the old one
 keeps serving.
 """
 
@@ -84,31 +85,56 @@ def fingerprint(cert: x509.Certificate) -> str:
     return hashlib.sha256(cert.public_bytes(serialization.Encoding.DER)).hexdigest()
 
 
-def h2_get(port: int, sni: str, ca: Issued, path: str = "/catalog") -> tuple[int, str]:
-    """One HTTP/2 GET over TLS (ALPN h2): status and the origin that answered."""
-    context = ssl.create_default_context(cadata=ca.cert.public_bytes(
-        serialization.Encoding.PEM).decode())
-    context.set_alpn_protocols(["h2"])
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw, \
-            context.wrap_socket(raw, server_hostname=sni) as tls:
-        assert tls.selected_alpn_protocol() == "h2"
-        conn = h2.connection.H2Connection()
-        conn.initiate_connection()
-        conn.send_headers(1, [(":method", "GET"), (":path", path), (":scheme", "https"),
-                              (":authority", sni)], end_stream=True)
-        tls.sendall(conn.data_to_send())
+class H2Connection:
+    """One HTTP/2 connection over TLS (ALPN h2), kept open for several GETs."""
+
+    def __init__(self, port: int, sni: str, ca: Issued) -> None:
+        context = ssl.create_default_context(cadata=ca.cert.public_bytes(
+            serialization.Encoding.PEM).decode())
+        context.set_alpn_protocols(["h2"])
+        raw = socket.create_connection(("127.0.0.1", port), timeout=5)
+        self.tls = context.wrap_socket(raw, server_hostname=sni)
+        assert self.tls.selected_alpn_protocol() == "h2"
+        der = self.tls.getpeercert(binary_form=True)
+        assert der is not None
+        self.fingerprint = hashlib.sha256(der).hexdigest()
+        self.sni = sni
+        self.conn = h2.connection.H2Connection()
+        self.conn.initiate_connection()
+        self.tls.sendall(self.conn.data_to_send())
+
+    def get(self, path: str = "/catalog") -> tuple[int, str]:
+        """Status and the origin that answered."""
+        stream = self.conn.get_next_available_stream_id()
+        self.conn.send_headers(stream, [(":method", "GET"), (":path", path),
+                                        (":scheme", "https"), (":authority", self.sni)],
+                               end_stream=True)
+        self.tls.sendall(self.conn.data_to_send())
         status, origin = 0, ""
         while True:
-            data = tls.recv(65536)
+            data = self.tls.recv(65536)
             if not data:
                 raise AssertionError("connection closed before the response ended")
-            for event in conn.receive_data(data):
-                if isinstance(event, h2.events.ResponseReceived):
+            for event in self.conn.receive_data(data):
+                if isinstance(event, h2.events.ResponseReceived) and event.stream_id == stream:
                     headers = {k.decode(): v.decode() for k, v in event.headers}
                     status, origin = int(headers[":status"]), headers.get("x-origin", "")
-                if isinstance(event, h2.events.StreamEnded):
+                if isinstance(event, h2.events.StreamEnded) and event.stream_id == stream:
+                    self.tls.sendall(self.conn.data_to_send())
                     return status, origin
-            tls.sendall(conn.data_to_send())
+            self.tls.sendall(self.conn.data_to_send())
+
+    def close(self) -> None:
+        self.tls.close()
+
+
+def h2_get(port: int, sni: str, ca: Issued, path: str = "/catalog") -> tuple[int, str]:
+    """One HTTP/2 GET on a new TLS connection: status and the origin that answered."""
+    connection = H2Connection(port, sni, ca)
+    try:
+        return connection.get(path)
+    finally:
+        connection.close()
 
 
 def stat(envoy: EnvoyProcess, name: str) -> int:
@@ -244,6 +270,10 @@ def test_renewed_files_are_served_without_restart_or_failed_request(stack: Stack
     runner = threading.Thread(target=client, daemon=True)
     runner.start()
     took: list[float] = []
+    # a connection made before the renewals: it keeps its certificate and is never dropped
+    kept = H2Connection(stack.https_port, "shop.test", stack.site.ca)
+    first = kept.fingerprint
+    assert kept.get() == (200, "primary")
     try:
         for _ in range(3):
             renewed = stack.site.write("shop", HOSTNAMES["shop"])
@@ -252,9 +282,12 @@ def test_renewed_files_are_served_without_restart_or_failed_request(stack: Stack
             wait_until(lambda new=new: bool(served) and served[-1][1] == new, ROTATION_BOUND_S,
                        "the renewed certificate served")
             took.append(next(t for t, seen in served if t >= written and seen == new) - written)
+        assert kept.get() == (200, "primary")  # the same connection, after three renewals
+        assert kept.fingerprint == first
     finally:
         stop.set()
         runner.join(10)
+        kept.close()
     assert failures == []
     assert len(served) > 10
     assert stack.envoy.proc is not None and stack.envoy.proc.pid == pid
