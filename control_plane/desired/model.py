@@ -8,7 +8,7 @@ milliseconds; shares and weights are integer percents.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Literal
 
@@ -349,6 +349,10 @@ class ServedCertificate:
     not_after_s: float = 0.0  # unix time the leaf expires
     subject: str = ""
 
+    def named(self) -> ServedCertificate:
+        """Only what names it (name, secret name, hostnames): what listeners are built from."""
+        return ServedCertificate(self.name, self.secret_name, self.hostnames, "", "", b"", b"")
+
 
 @dataclass(frozen=True)
 class ListenerTls:
@@ -378,6 +382,15 @@ class Listener:
 
     def served_in(self, pop: str) -> bool:
         return self.pops is None or pop in self.pops
+
+    @cached_property
+    def shape(self) -> Listener:
+        """This listener without its certificates' contents: what its Envoy listener and route
+        configurations are built from (so a renewal re-builds only the Secret)."""
+        if self.tls is None:
+            return self
+        return replace(self, tls=replace(
+            self.tls, certificates=tuple(c.named() for c in self.tls.certificates)))
 
 
 @dataclass(frozen=True)

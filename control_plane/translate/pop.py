@@ -6,7 +6,8 @@ are translated and serialized. The inputs of each resource are exactly what its 
 
 - Cluster `<group>.<tier>`: the origin group, the tier, the node capabilities;
 - ClusterLoadAssignment `<group>.<tier>`: the origin group, its weights in this PoP;
-- Listener (those the PoP serves): the desired listener, the PoP, the trusted priority
+- Listener (those the PoP serves): the desired listener (its certificates by name only), the
+  PoP, the trusted priority
   sources, the access-log sample rate (nodes that asked for access logs), the HTTP filter types
   the node lacks;
 - Secret `<listener>.<certificate>` (SDS) of each TLS listener the PoP serves: the certificate
@@ -215,7 +216,7 @@ def _translate(pop: str, inputs: _PopInputs, make: _Builder) -> PopResources:
     secrets: dict[str, Resource] = {}
     for item in _served(desired, pop):
         built = make.resource(
-            LISTENER_TYPE, item.name, (item, the_pop, trusted, sample, missing),
+            LISTENER_TYPE, item.name, (item.shape, the_pop, trusted, sample, missing),
             lambda item=item: listener(item, the_pop, trusted, sample, missing),
         )
         listeners[item.name] = built.resource
@@ -295,7 +296,7 @@ def _routes(
             left_out = _left_out(item, inputs.caps.missing_filters)
             routes[name] = make.resource(
                 ROUTE_TYPE, name,
-                (item, pop, trusted, desired.classification, desired.default_tier,
+                (item.shape, pop, trusted, desired.classification, desired.default_tier,
                  tuple((groups.get(v.origin_group), actions.get(v.origin_group),
                         mirrors.get(v.origin_group))
                        for v in item.virtual_hosts), left_out),
