@@ -1,8 +1,9 @@
 """Real Envoy 1.40 terminating TLS with certificates Ballast serves over SDS.
 
-A `BallastService` (plaintext xDS on loopback, `allow_plaintext_secrets`) serves an HTTPS
-listener in PoP ewr with two certificates (shop.test, media.test), read from files. A TLS
-client with SNI checks the chain, the SAN and ALPN (h2 and http/1.1, and a real HTTP/2 request).
+A `BallastService` (SotW over plaintext xDS on loopback with `allow_plaintext_secrets`, or delta
+over mTLS) serves an HTTPS listener in PoP ewr with two certificates (shop.test, media.test),
+read from files. A TLS client with SNI checks the chain, the SAN and ALPN (h2 and http/1.1,
+and a real HTTP/2 request).
 Replacing shop's files makes Envoy serve the new certificate within `ROTATION_BOUND_S` (the
 watcher's poll and settle, the reload, the push) with no restart, no failed request from a
 client running meanwhile and no connection dropped (an HTTP/2 connection made before keeps
@@ -37,8 +38,10 @@ from control_plane.cli.main import main
 from control_plane.cli.validate import stand_in_pair
 from control_plane.decisions.log import log_files, parse_line
 from control_plane.desired import parse_desired
+from control_plane.security.cert_dir import CertDir
+from control_plane.security.tls import TlsFiles
 from control_plane.translate import static_bootstrap, translate_pop
-from control_plane.translate.bootstrap import ads_bootstrap
+from control_plane.translate.bootstrap import XdsClientTls, ads_bootstrap
 from control_plane.translate.resources import LISTENER_TYPE, Capabilities
 from tests.support.admin_stack import wait_until
 from tests.support.background_loop import BackgroundLoop
@@ -190,9 +193,12 @@ def more_listeners(site: TlsSite, redirect_port: int, mtls_port: int) -> str:
 """
 
 
-@pytest.fixture(scope="module", params=["sotw", "delta"])
+@pytest.fixture(scope="module", params=["sotw-plaintext-loopback", "delta-mtls"])
 def stack(tmp_path_factory: pytest.TempPathFactory,
           request: pytest.FixtureRequest) -> Iterator[Stack]:
+    """SotW over plaintext on loopback (`allow_plaintext_secrets`), or delta over mTLS (the
+    node's certificate from `ballast certs`'s helper): the two ways secrets may go out."""
+    mode, transport = request.param.split("-", 1)
     tmp = tmp_path_factory.mktemp("tls")
     site = TlsSite(tmp / "certs")
     for name, hostname in HOSTNAMES.items():
@@ -204,10 +210,20 @@ def stack(tmp_path_factory: pytest.TempPathFactory,
                                      primary_port=ports["primary"],
                                      secondary_port=ports["secondary"])
                     + more_listeners(site, redirect_port, mtls_port))
+    xds_tls: TlsFiles | None = None
+    node_tls: XdsClientTls | None = None
+    if transport == "mtls":
+        certs = CertDir(tmp / "xds-certs")
+        authority, _ = certs.load_or_make_ca(1)
+        certs.make_server(authority, ["127.0.0.1"], 1)
+        node = certs.make_node(authority, "ewr", "ewr-1", 1)
+        xds_tls = TlsFiles(certs.server.cert, certs.server.key, certs.ca.cert)
+        node_tls = XdsClientTls(cert=str(node.cert), key=str(node.key), ca=str(certs.ca.cert))
     bg = BackgroundLoop()
     service = BallastService(ServiceConfig(
         desired_path=path, state_dir=tmp / "state", xds_address=f"127.0.0.1:{free_port()}",
-        admin_address=None, probes=False, reload_poll_s=0.1, allow_plaintext_secrets=True))
+        admin_address=None, probes=False, reload_poll_s=0.1, tls=xds_tls,
+        allow_plaintext_secrets=transport == "plaintext-loopback"))
     origins = [DemoOrigin(name, port) for name, port in ports.items()]
     envoy: EnvoyProcess | None = None
     try:
@@ -217,7 +233,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory,
         admin = free_port()
         envoy = EnvoyProcess(ads_bootstrap(node_id="ewr-1", pop="ewr",
                                            xds_port=service.server.port, admin_port=admin,
-                                           delta=request.param == "delta"),
+                                           delta=mode == "delta", tls=node_tls),
                              admin).start()
         envoy.wait_ready()
         proxy = envoy
