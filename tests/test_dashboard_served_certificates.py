@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from playwright.async_api import expect
 
-from control_plane.app.envoy_process import free_port
 from control_plane.app.service import BallastService, ServiceConfig
+from harness.envoy_process import free_port
 from tests.support.browser import chromium, require_chromium
 from tests.support.tls_listeners import TlsSite, tls_desired_yaml
 

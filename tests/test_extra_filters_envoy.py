@@ -21,15 +21,15 @@ from envoy.extensions.filters.network.http_connection_manager.v3.http_connection
 )
 
 from control_plane.admin.capability_keys import capabilities_for_key
-from control_plane.app.demo_origin import DemoOrigin
-from control_plane.app.envoy_process import EnvoyProcess, free_port
 from control_plane.cli.main import main
 from control_plane.desired import parse_desired
 from control_plane.translate import static_bootstrap, translate_pop
 from control_plane.translate.capabilities import read_node_capabilities
 from control_plane.translate.envoy_http_filters import ENVOY_1_40_HTTP_FILTER_TYPES
 from control_plane.translate.resources import LISTENER_TYPE, ROUTE_TYPE, Capabilities
-from tests.support.background_loop import BackgroundLoop
+from harness.background_loop import BackgroundLoop
+from harness.demo_origin import DemoOrigin
+from harness.envoy_process import EnvoyProcess, free_port
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "desired-state.md"
 COMPRESSOR = "envoy.extensions.filters.http.compressor.v3.Compressor"
@@ -77,7 +77,7 @@ def get(port: int, headers: dict[str, str]) -> tuple[dict[str, str], bytes]:
 def test_docs_compression_example_gzips_through_envoy(origin: int) -> None:
     port = free_port()
     desired = parse_desired(desired_text(docs_example("compression"), origin, port), "<docs>")
-    bootstrap = static_bootstrap(translate_pop(desired, "ewr", {}, Capabilities()))
+    bootstrap = static_bootstrap(translate_pop(desired, "ewr", Capabilities()))
     admin = free_port()
     bootstrap["admin"]["address"]["socket_address"]["port_value"] = admin
     with EnvoyProcess(bootstrap, admin) as envoy:
@@ -150,7 +150,7 @@ def test_a_node_whose_envoy_lacks_the_filter_does_not_get_it_and_the_notes_say_w
     assert "lack 1 HTTP filter type" in lacking.reason
     for caps, present in ((read_node_capabilities(node_without()).capabilities, True),
                           (lacking.capabilities, False)):
-        resources = translate_pop(desired, "ewr", {}, caps)
+        resources = translate_pop(desired, "ewr", caps)
         listener = Listener.FromString(resources.of_type(LISTENER_TYPE)["edge"].payload)
         hcm = HttpConnectionManager.FromString(
             listener.filter_chains[0].filters[0].typed_config.value)
@@ -183,7 +183,7 @@ def test_a_per_host_config_turns_compression_off_for_that_host(origin: int) -> N
         '      - {name: shop, domains: ["*"], origin_group: shop}\n',
         PER_HOST.lstrip("\n") + '      - {name: shop, domains: ["*"], origin_group: shop}\n')
     desired = parse_desired(desired_text(listeners, origin, port), "<docs>")
-    bootstrap = static_bootstrap(translate_pop(desired, "ewr", {}, Capabilities()))
+    bootstrap = static_bootstrap(translate_pop(desired, "ewr", Capabilities()))
     admin = free_port()
     bootstrap["admin"]["address"]["socket_address"]["port_value"] = admin
     with EnvoyProcess(bootstrap, admin) as envoy:
@@ -195,7 +195,7 @@ def test_a_per_host_config_turns_compression_off_for_that_host(origin: int) -> N
         assert json.loads(body)["origin"] == "primary"
     # a node lacking the compressor gets neither the filter nor its per-host config
     lacking = read_node_capabilities(node_without(COMPRESSOR)).capabilities
-    routes = translate_pop(desired, "ewr", {}, lacking).of_type(ROUTE_TYPE)["edge"].message
+    routes = translate_pop(desired, "ewr", lacking).of_type(ROUTE_TYPE)["edge"].message
     assert all(not host.typed_per_filter_config for host in routes.virtual_hosts)
 
 

@@ -11,13 +11,14 @@ from typing import Any
 
 import pytest
 
-from control_plane.app.envoy_process import EnvoyProcess, find_envoy, free_port
 from control_plane.app.server import BallastServer
+from control_plane.cli.envoy_validate import find_envoy
 from control_plane.desired import parse_desired
 from control_plane.translate.bootstrap import ads_bootstrap
-from tests.support.admin_stack import wait_until
-from tests.support.ads_desired import desired_yaml
-from tests.support.background_loop import BackgroundLoop
+from harness.ads_desired import desired_yaml
+from harness.background_loop import BackgroundLoop
+from harness.envoy_process import EnvoyProcess, free_port
+from harness.eventually import eventually_blocking
 from tests.support.envoy_releases import envoy_binary
 
 pytestmark = pytest.mark.envoy
@@ -71,14 +72,14 @@ def test_only_envoys_that_list_the_filter_type_get_it(fleet: Any) -> None:
     bg, ballast, records, envoys = fleet
 
     def nodes() -> dict[str, dict[str, Any]]:
-        return {s.node_id: s.as_dict() for s in bg.call(ballast.nodes.snapshot)}
+        return {s.node_id: s.as_dict() for s in bg.call(ballast.nodes.statuses)}
 
     def synced() -> bool:
         found = nodes()
         return len(found) == 2 and all(
             set(n["types"]) >= TYPES and n["status"] == "SYNCED" for n in found.values())
 
-    wait_until(synced, 20, "both Envoys SYNCED on CDS, EDS, LDS, RDS")
+    eventually_blocking(synced, 20, "both Envoys SYNCED on CDS, EDS, LDS, RDS")
     assert http_filters(envoys["1.40"]) == ["envoy.filters.http.transform",
                                             "envoy.filters.http.router"]
     assert http_filters(envoys["1.36"]) == ["envoy.filters.http.router"]
@@ -86,7 +87,7 @@ def test_only_envoys_that_list_the_filter_type_get_it(fleet: Any) -> None:
     assert old["capability_key"].startswith("none-f"), old["capability_key"]
     assert "lack" in old["capability_reason"] and "HTTP filter type" in old["capability_reason"]
     assert nodes()["ewr-1.40"]["capability_key"] == "fifo"
-    wait_until(lambda: any(k == "capability_fallback" and f["node"] == "ewr-1.36"
+    eventually_blocking(lambda: any(k == "capability_fallback" and f["node"] == "ewr-1.36"
                            for k, f in list(records)), 5, "ewr-1.36's capability_fallback")
     (fallback,) = [f for k, f in list(records)
                    if k == "capability_fallback" and f["node"] == "ewr-1.36"]

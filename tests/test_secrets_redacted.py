@@ -18,12 +18,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from control_plane.app.envoy_process import free_port
 from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.cli.main import main
 from control_plane.decisions.log import log_files
 from control_plane.decisions.read import iter_records
 from control_plane.desired.served_certs import key_fingerprint
+from harness.envoy_process import free_port
 from tests.support.tls_listeners import HOSTNAMES, TlsSite, key_pem, tls_desired_yaml
 
 pytestmark = pytest.mark.timeout(60)

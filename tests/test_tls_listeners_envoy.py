@@ -31,9 +31,8 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from control_plane.app.demo_origin import DemoOrigin
-from control_plane.app.envoy_process import EnvoyProcess, free_port, validate_bootstrap
 from control_plane.app.service import BallastService, ServiceConfig
+from control_plane.cli.envoy_validate import validate_bootstrap
 from control_plane.cli.main import main
 from control_plane.cli.validate import stand_in_pair
 from control_plane.decisions.log import log_files, parse_line
@@ -43,8 +42,10 @@ from control_plane.security.tls import TlsFiles
 from control_plane.translate import static_bootstrap, translate_pop
 from control_plane.translate.bootstrap import XdsClientTls, ads_bootstrap
 from control_plane.translate.resources import LISTENER_TYPE, Capabilities
-from tests.support.admin_stack import wait_until
-from tests.support.background_loop import BackgroundLoop
+from harness.background_loop import BackgroundLoop
+from harness.demo_origin import DemoOrigin
+from harness.envoy_process import EnvoyProcess, free_port
+from harness.eventually import eventually_blocking
 from tests.support.certs import Issued
 from tests.support.tls_listeners import HOSTNAMES, TlsSite, tls_desired_yaml
 
@@ -237,7 +238,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory,
                              admin).start()
         envoy.wait_ready()
         proxy = envoy
-        wait_until(lambda: _serves(https_port, site), 10, "the HTTPS listener answers")
+        eventually_blocking(lambda: _serves(https_port, site), 10, "the HTTPS listener answers")
         yield Stack(bg, service, site, proxy, https_port, redirect_port, mtls_port)
     finally:
         if envoy is not None:
@@ -297,8 +298,8 @@ def test_renewed_files_are_served_without_restart_or_failed_request(stack: Stack
             renewed = stack.site.write("shop", HOSTNAMES["shop"])
             written = time.monotonic()
             new = fingerprint(renewed.cert)
-            wait_until(lambda new=new: bool(served) and served[-1][1] == new, ROTATION_BOUND_S,
-                       "the renewed certificate served")
+            eventually_blocking(lambda new=new: bool(served) and served[-1][1] == new,
+                                ROTATION_BOUND_S, "the renewed certificate served")
             took.append(next(t for t, seen in served if t >= written and seen == new) - written)
         assert kept.get()[0] == 200  # the same connection, after three renewals
         assert kept.fingerprint == first
@@ -326,7 +327,7 @@ def test_a_key_that_does_not_match_is_refused_and_the_old_certificate_serves(
     stack.site.key_file("media").write_bytes(other.key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption()))
-    wait_until(lambda: len(stack.records("config_rejected")) > rejected, ROTATION_BOUND_S,
+    eventually_blocking(lambda: len(stack.records("config_rejected")) > rejected, ROTATION_BOUND_S,
                "the half-written renewal rejected")
     problems = stack.records("config_rejected")[-1]["detail"]["problems"]
     assert any("does not match the certificate" in p and "media-key.pem" in p
@@ -394,7 +395,7 @@ def test_tls_listener_with_trusted_priority_sources_validates(tmp_path: Path) ->
                             secondary_port=2).replace(
         "classification:\n", "classification:\n  trusted_priority_sources: [10.0.0.0/8]\n")
     desired = parse_desired(text, "<trusted>")
-    resources = translate_pop(desired, "ewr", {}, Capabilities())
+    resources = translate_pop(desired, "ewr", Capabilities())
     listener = resources.of_type(LISTENER_TYPE)["https"].message
     assert [list(c.filter_chain_match.server_names) for c in listener.filter_chains] == [
         ["shop.test"], [], ["media.test"], ["shop.test"], ["media.test"]]

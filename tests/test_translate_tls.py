@@ -22,7 +22,7 @@ def test_renewal_rebuilds_only_the_secret(tmp_path: Path) -> None:
         site.write(name, hostname)
     text = tls_desired_yaml(site, https_port=8443, listener_port=8080, primary_port=1,
                             secondary_port=2)
-    before = translate_pop(parse_desired(text, "d"), "ewr", {}, Capabilities())
+    before = translate_pop(parse_desired(text, "d"), "ewr", Capabilities())
     listener = before.of_type(LISTENER_TYPE)["https"].message
     assert [list(c.filter_chain_match.server_names) for c in listener.filter_chains] == [
         ["shop.test"], ["media.test"]]
@@ -37,10 +37,10 @@ def test_renewal_rebuilds_only_the_secret(tmp_path: Path) -> None:
 
     site.write("shop", HOSTNAMES["shop"])
     renewed = parse_desired(text, "d")
-    after = translate_pop(renewed, "ewr", {}, Capabilities(), previous=before)
+    after = translate_pop(renewed, "ewr", Capabilities(), previous=before)
     assert built_resources(after) == ((SECRET_TYPE, "https.shop"),)
     assert after.of_type(LISTENER_TYPE)["https"] is before.of_type(LISTENER_TYPE)["https"]
-    full = translate_pop(renewed, "ewr", {}, Capabilities())
+    full = translate_pop(renewed, "ewr", Capabilities())
     for type_url, items in full.by_type.items():
         assert {n: r.payload for n, r in items.items()} == {
             n: r.payload for n, r in after.of_type(type_url).items()}, type_url

@@ -17,15 +17,15 @@ from typing import Any
 import pytest
 from cryptography import x509
 
-from control_plane.app.envoy_process import EnvoyProcess, free_port
 from control_plane.app.server import BallastServer
 from control_plane.cli.main import main
 from control_plane.security.cert_dir import CertDir, write_pair
 from control_plane.security.certs import make_ca
 from control_plane.security.tls import ReloadingCredentials, TlsFiles
-from tests.support.admin_stack import wait_until
-from tests.support.ads_desired import desired
-from tests.support.background_loop import BackgroundLoop
+from harness.ads_desired import desired
+from harness.background_loop import BackgroundLoop
+from harness.envoy_process import EnvoyProcess, free_port
+from harness.eventually import eventually_blocking
 
 pytestmark = pytest.mark.envoy
 
@@ -43,7 +43,7 @@ def serial_of(path: Path) -> int:
 
 def synced(bg: BackgroundLoop, ballast: BallastServer, node: str) -> Callable[[], bool]:
     def check() -> bool:
-        nodes = [s.as_dict() for s in bg.call(ballast.nodes.snapshot)]
+        nodes = [s.as_dict() for s in bg.call(ballast.nodes.statuses)]
         return any(n["node_id"] == node and n["status"] == "SYNCED" for n in nodes)
     return check
 
@@ -79,7 +79,7 @@ def test_renewed_xds_client_certificate_is_used_without_restart(
         bg.run(ballast.start())
         with EnvoyProcess(bootstrap, admin) as proxy:
             proxy.wait_ready()
-            wait_until(synced(bg, ballast, "ewr-1"), 10, "ewr-1 SYNCED over mTLS")
+            eventually_blocking(synced(bg, ballast, "ewr-1"), 10, "ewr-1 SYNCED over mTLS")
             pid = proxy.proc.pid if proxy.proc else None
             first = serial_of(node.cert)
             assert first in node_serials(proxy)
@@ -90,14 +90,14 @@ def test_renewed_xds_client_certificate_is_used_without_restart(
             assert main(["certs", str(certs.root), "--node", "ewr/ewr-1", "--days", "1"]) == 0
             renewed = serial_of(node.cert)
             assert renewed != first
-            wait_until(lambda: renewed in node_serials(proxy), 10,
+            eventually_blocking(lambda: renewed in node_serials(proxy), 10,
                        "Envoy holds the renewed certificate (file-based SDS)")
             # Ballast now trusts only the new CA: a reconnect works only with the new cert
             clients.write_bytes(certs.ca.cert.read_bytes())
             bg.run(ballast.stop(0.2))
             ballast = serve()
             bg.run(ballast.start())
-            wait_until(synced(bg, ballast, "ewr-1"), 20,
+            eventually_blocking(synced(bg, ballast, "ewr-1"), 20,
                        "ewr-1 reconnected and SYNCED with the renewed certificate")
             assert proxy.proc is not None and proxy.proc.pid == pid and proxy.proc.poll() is None
     finally:

@@ -422,6 +422,8 @@ class Desired:
     access_log: AccessLog = field(default_factory=AccessLog)
     source: str = "<memory>"  # file it came from
     digest: str = ""  # sha256 of the source bytes; identifies a desired-state version
+    # when its certificate files were read and judged (unix s; 0: none were)
+    loaded_at_s: float = field(default=0.0, compare=False)
 
     def pop(self, name: str) -> Pop:
         return next(p for p in self.pops if p.name == name)

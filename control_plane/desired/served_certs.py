@@ -10,7 +10,6 @@ Anything else raises `Bad` saying which of these failed.
 from __future__ import annotations
 
 import hashlib
-import time
 
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
@@ -81,12 +80,12 @@ def served_certificate(
     hostnames: tuple[str, ...],
     files: tuple[str, str],
     pems: tuple[bytes, bytes],
-    now_s: float | None = None,
+    now: float,
 ) -> ServedCertificate:
-    """The checked pair, or `Bad` naming the first thing wrong with it."""
+    """The checked pair (its dates judged at `now`, unix seconds), or `Bad` naming the first
+    thing wrong with it."""
     cert_file, key_file = files
     chain_pem, key_pem = pems
-    now = time.time() if now_s is None else now_s
     chain = load_chain(chain_pem, cert_file)
     leaf = chain[0]
     check_key_matches(leaf, key_pem, key_file)

@@ -190,6 +190,7 @@ class _Document:
             access_log=AccessLog(**{k: v.value for k, v in access_log.items()}),
             source=self.sink.source,
             digest=digest,
+            loaded_at_s=self.files.now_s,
         )
 
     # --- standby ramp ------------------------------------------------------------------------

@@ -8,20 +8,19 @@ certificates (TLS listeners) close to expiry.
 
 from __future__ import annotations
 
-import time
-
 from control_plane.desired.model import Desired
 from control_plane.desired.served_certs import days_left
 
 
-def desired_warnings(desired: Desired, now_s: float | None = None) -> list[str]:
+def desired_warnings(desired: Desired) -> list[str]:
     """`path: why` for each risky setting, in file order of groups and origins, then each
-    served certificate that expires within its listener's `expiry_warning_days`."""
-    return _origin_warnings(desired) + _expiry_warnings(desired, now_s)
+    served certificate that expired within its listener's `expiry_warning_days` when the file
+    was loaded (`Desired.loaded_at_s`)."""
+    return _origin_warnings(desired) + _expiry_warnings(desired)
 
 
-def _expiry_warnings(desired: Desired, now_s: float | None) -> list[str]:
-    now = time.time() if now_s is None else now_s
+def _expiry_warnings(desired: Desired) -> list[str]:
+    now = desired.loaded_at_s
     return [
         f"listeners.{listener.name}.tls.certificates.{cert.name}: {cert.cert_file} expires in "
         f"{days_left(cert, now):.1f} days (warning at {listener.tls.expiry_warning_days}); "

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives import serialization
 
-from tests.support.ads_desired import desired_yaml
+from harness.ads_desired import desired_yaml
 from tests.support.certs import Issued, make_ca, make_leaf
 
 HOSTNAMES = {"shop": "shop.test", "media": "media.test"}
