@@ -92,6 +92,19 @@ class FailoverPolicy:
     return_p50_ms: int = 250
     return_speed: float = 0.5  # return moves at this fraction of the leave step
     stale_after_ms: int = 45_000  # metrics older than this hold weights (fail static)
+    # Compare, not only threshold: weight leaves a sick origin for any origin whose composite
+    # score is higher by at least this much, even one that breaches a threshold too.
+    compare_margin: float = 0.1
+    # Flap damping per (PoP, origin), BGP route-flap damping's model and defaults (RFC 2439):
+    # each healthy -> sick onset adds `damping_penalty`; the penalty halves every
+    # `damping_half_life_ms`; at or above `damping_suppress` a return needs
+    # `damping_return_windows` healthy windows instead of `return_healthy_windows`; below
+    # `damping_reuse` the origin's flap history is forgotten.
+    damping_penalty: int = 1000
+    damping_half_life_ms: int = 900_000
+    damping_suppress: int = 2000
+    damping_reuse: int = 750
+    damping_return_windows: int = 6
 
 
 RampDegrade = Literal["hold", "back_off"]

@@ -331,6 +331,10 @@ class _Document:
         if known(step, cap) and step.value > cap.value:
             self.sink.add(blame(fallback, step, cap), f"shift_step ({step.value}) must not "
                           f"exceed max_step ({cap.value})")
+        reuse, suppress = layer["damping_reuse"], layer["damping_suppress"]
+        if known(reuse, suppress) and reuse.value >= suppress.value:
+            self.sink.add(blame(fallback, reuse, suppress), f"damping_reuse ({reuse.value}) must "
+                          f"be below damping_suppress ({suppress.value})")
         warm = layer["min_warm_pool"]
         if origins > 1 and known(warm) and warm.value * (origins - 1) >= 100:
             self.sink.add(blame(fallback, warm), f"min_warm_pool ({warm.value}) x "
