@@ -365,11 +365,12 @@ class Reconciler:
                 "weights_before": dict(result.weights_before),
                 "weights_after": dict(result.weights_before),
                 **run.ended.end_fields(result.kind)}))
-        if run.write_tick:
-            records.append((result.kind, result.record_fields()))
-        if outcome.ramp is not None and outcome.ramp.kind is not None:
-            records.append((outcome.ramp.kind,
-                            outcome.ramp.record_fields(result.weights_before)))
+        ramp = outcome.ramp
+        if run.write_tick:  # the weights pushed, with the proposal the ramp changed (if it did)
+            records.append((result.kind, result.record_fields(
+                outcome.weights, "" if ramp is None else f"{ramp.kind}: {ramp.rule}")))
+        if ramp is not None and ramp.kind is not None:
+            records.append((ramp.kind, ramp.record_fields(result.weights_before)))
         if outcome.tiers is not None:
             records.extend((decision.kind, outcome.tiers.record_fields(decision))
                            for decision in outcome.tiers.decisions)

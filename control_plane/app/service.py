@@ -40,6 +40,7 @@ from control_plane.app.reload import DesiredFileWatcher
 from control_plane.app.replication import Replication
 from control_plane.app.server import BallastServer, translate_intent
 from control_plane.app.tasks import cancel_all
+from control_plane.decide import damping
 from control_plane.decisions.budget import DEFAULT_BUDGET, BudgetConfig, RecordBudget
 from control_plane.decisions.log import DecisionLog, format_time, log_files
 from control_plane.decisions.read import FileSource
@@ -444,9 +445,12 @@ class BallastService:
         """The reconcile loop's state of one (PoP, group) beyond its weights (None: idle)."""
         tier = self.server.intent.tier_state((pop, group))
         ramp = self.server.intent.ramp_state((pop, group))
+        flaps = self.server.intent.controller((pop, group)).flaps
+        policy = self.server.intent.desired.group(group).failover
         return {
             "Tier controller": None if tier.idle else tier.to_dict(),
             "Failover ramp": ramp.to_dict() if ramp.ramping else None,
+            "Flap damping": damping.shown(flaps, policy, wall_ms()) if flaps else None,
         }
 
     # -- events ----------------------------------------------------------------------------

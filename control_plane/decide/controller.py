@@ -9,18 +9,24 @@ to replay it (``replay_record``). The rules, with seed 002's numbers as defaults
 2. **Streaks.** A window *breaches* when 5xx + connect failures > ``error_rate_threshold`` or
    p95 > ``p95_threshold_ms``; it is *healthy* when it does not breach and p50 < ``return_p50_ms``.
    Each origin counts consecutive breached and consecutive healthy windows, up to the thresholds
-   that read them (``breach_windows`` + 1, so a rule can say "more than N";
-   ``return_healthy_windows``): a pair that stays healthy, or stays sick, changes no state and
-   costs the store nothing. (A threshold raised by a reload is met by counting on from there.)
+   that read them (``breach_windows`` + 1, so a rule can say "more than N"; the healthy windows a
+   return to that origin needs now): a pair that stays healthy, or stays sick, changes no state
+   and costs the store nothing. (A threshold raised by a reload is met by counting on from there.)
+   An origin whose breach streak reaches ``breach_windows`` (a healthy -> sick onset) adds to its
+   flap penalty (``damping.py``).
 3. **Leave.** An origin breaching for ``breach_windows`` consecutive windows is *sick*. Its target
    comes from the mode: ``health_proportional`` (the composite score x 100), ``linear`` (minus
    ``shift_step``) or ``exponential`` (half its weight; each receiving standby at most doubles:
    5 -> 10 -> 20 -> 40). A target never rises while an origin is sick, never goes below
    ``min_warm_pool``, and a target closer than ``hysteresis`` to the current weight is ignored.
-   Weight goes to the origins not breaching this window, in preference order.
+   Compare, don't only threshold: weight goes to the origins not breaching this window (in
+   preference order), then to origins that breach too but whose composite score is higher by at
+   least ``compare_margin`` (best first). An origin that takes weight from a worse one this tick
+   gives none. The hold "nowhere better to send traffic" comes only when no origin is.
 4. **Return.** When no origin is sick, weight moves back toward the home split (the preferred
    origin takes all but the standbys' warm pools) only to an origin with ``return_healthy_windows``
-   consecutive healthy windows, taken from the origins above home (least preferred first), at
+   consecutive healthy windows (``damping_return_windows`` while its flap penalty is at or above
+   ``damping_suppress``), taken from the origins above home (least preferred first), at
    ``return_speed`` x ``shift_step`` per tick. Fast to leave, slow to return.
 5. **Step.** The step is ``shift_step`` (``max_step`` in exponential mode, half ``shift_step`` on
    return) plus the jitter, at least 1 and never more than ``max_step`` nor past the target.
@@ -500,20 +506,23 @@ def step(
     breaches = {name: breach_reasons(signals[name], policy) for name in preference}
     # streaks count up to the thresholds that read them (one past, for the breach, so a rule
     # can say "more than N"), then stay: a pair that stays healthy or sick changes no state
+    # (the healthy streak counts up to what a return to that origin needs now: more while its
+    # flaps are suppressed)
     unhealthy_cap = policy.breach_windows + 1
-    healthy_cap = max(policy.return_healthy_windows, policy.damping_return_windows)
     unhealthy = {
         name: min(state.unhealthy(name) + 1, unhealthy_cap) if breaches[name] else 0
         for name in preference
     }
+    flaps = _flaps(policy, state, unhealthy, now_ms)
     new_state = ControllerState(
         unhealthy_windows=unhealthy,
         healthy_windows={
-            name: min(state.healthy(name) + 1, healthy_cap)
+            name: min(state.healthy(name) + 1,
+                      damping.return_windows(flaps.get(name), policy, now_ms))
             if is_healthy_window(signals[name], policy) else 0
             for name in preference
         },
-        flaps=_flaps(policy, state, unhealthy, now_ms),
+        flaps=flaps,
     )
     tick = _Tick(policy, preference, before, home, scores, breaches, new_state, jitter, now_ms)
     kind: StepKind
@@ -531,13 +540,8 @@ def step(
         after = dict(before)
         kind, reason, rule, nxt = _no_move(tick)
     inputs = LazyInputs(_inputs_json, now_ms, jitter, preference, home, state, signals, scores)
-    shown = {
-        name: {"penalty": round(damping.penalty(flap, policy, now_ms), 1),
-               "suppressed": damping.suppressed(flap, policy, now_ms),
-               "return_windows": damping.return_windows(flap, policy, now_ms)}
-        for name, flap in sorted(new_state.flaps.items())
-    }
-    return StepResult(kind, rule, nxt, before, after, scores, new_state, inputs, reason, shown)
+    return StepResult(kind, rule, nxt, before, after, scores, new_state, inputs, reason,
+                      damping.shown(new_state.flaps, policy, now_ms))
 
 
 def _flaps(policy: FailoverPolicy, state: ControllerState, unhealthy: Mapping[str, int],

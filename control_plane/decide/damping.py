@@ -91,3 +91,16 @@ def describe(name: str, flap: Flap | None, policy: FailoverPolicy, now_ms: int) 
                 f"{return_windows(flap, policy, now_ms)} healthy windows")
     return (f"{name} flap penalty {value:.0f} < suppress {policy.damping_suppress}: return "
             f"needs {policy.return_healthy_windows} healthy windows")
+
+
+def shown(flaps: dict[str, Flap], policy: FailoverPolicy, now_ms: int
+          ) -> dict[str, dict[str, Any]]:
+    """Per origin that flapped: its penalty now, whether its returns are suppressed and how many
+    healthy windows a return to it needs (what records, `ballast explain` and the dashboard
+    show)."""
+    return {
+        name: {"penalty": round(penalty(flap, policy, now_ms), 1),
+               "suppressed": suppressed(flap, policy, now_ms),
+               "return_windows": return_windows(flap, policy, now_ms)}
+        for name, flap in sorted(flaps.items())
+    }
