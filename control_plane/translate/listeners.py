@@ -8,6 +8,9 @@ those networks (`source_prefix_ranges`, the direct peer's address) and uses the 
 configuration `<listener>.trusted`, which believes a request's own `x-ballast-tier`; every other
 connection gets the first one, which ignores and overwrites it.
 
+A tier's queue overflow is answered with the tier's `shed_action` through the connection
+manager's `local_reply_config` (`overflow.py`).
+
 With `access_log_sample` (nodes whose bootstrap asked for it, see `capabilities.py`), each HTTP
 connection manager streams a sampled gRPC access log (`envoy.access_loggers.http_grpc`, log name
 `ballast`) to Ballast over the bootstrap's `ballast_xds` cluster: `runtime_filter` with
@@ -42,6 +45,7 @@ from google.protobuf.wrappers_pb2 import UInt32Value
 
 from control_plane.desired.model import Listener as DesiredListener
 from control_plane.desired.model import Pop
+from control_plane.translate.overflow import OverflowReply, overflow_replies
 from control_plane.translate.proto_values import packed
 
 HTTP_CONNECTION_MANAGER = "envoy.filters.network.http_connection_manager"
@@ -72,11 +76,14 @@ def listener(
     pop: Pop,
     trusted_sources: tuple[str, ...] = (),
     access_log_sample: float | None = None,
+    overflow: tuple[OverflowReply, ...] = (),
 ) -> Listener:
-    chains = [_chain(desired_listener.name, desired_listener.name, access_log_sample)]
+    """`overflow`: the tiers of the listener's origin groups, whose queue overflow is answered
+    with each tier's shed action (`overflow.py`)."""
+    chains = [_chain(desired_listener.name, desired_listener.name, access_log_sample, overflow)]
     if trusted_sources:
         trusted = _chain(desired_listener.name, trusted_route_name(desired_listener.name),
-                         access_log_sample)
+                         access_log_sample, overflow)
         trusted.filter_chain_match.source_prefix_ranges.extend(
             _cidr(source) for source in trusted_sources
         )
@@ -98,7 +105,8 @@ def trusted_route_name(listener_name: str) -> str:
     return f"{listener_name}.trusted"
 
 
-def _chain(stat_prefix: str, route_name: str, access_log_sample: float | None) -> FilterChain:
+def _chain(stat_prefix: str, route_name: str, access_log_sample: float | None,
+           overflow: tuple[OverflowReply, ...]) -> FilterChain:
     hcm = HttpConnectionManager(
         stat_prefix=stat_prefix,
         rds=Rds(
@@ -109,6 +117,8 @@ def _chain(stat_prefix: str, route_name: str, access_log_sample: float | None) -
         ),
         http_filters=[HttpFilter(name=ROUTER, typed_config=packed(Router()))],
     )
+    if overflow:
+        hcm.local_reply_config.CopyFrom(overflow_replies(overflow))
     if access_log_sample is not None:
         hcm.access_log.append(access_log(access_log_sample))
     return FilterChain(filters=[Filter(name=HTTP_CONNECTION_MANAGER, typed_config=packed(hcm))])

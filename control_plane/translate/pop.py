@@ -7,7 +7,8 @@ are translated and serialized. The inputs of each resource are exactly what its 
 - Cluster `<group>.<tier>`: the origin group, the tier, the node capabilities;
 - ClusterLoadAssignment `<group>.<tier>`: the origin group, its weights in this PoP;
 - Listener: the desired listener, the PoP, the trusted priority sources, the access-log sample
-  rate (nodes that asked for access logs);
+  rate (nodes that asked for access logs), the origin groups of its virtual hosts (their tiers'
+  overflow replies: group, tier, shed action, queue timeout);
 - RouteConfiguration (`<listener>` and, with trusted priority sources, `<listener>.trusted`): the
   desired listener, the PoP, which of the two, the classification rules, the default tier, and
   per virtual host its origin group and that group's active tier actions.
@@ -47,6 +48,7 @@ from control_plane.translate.mirror import (
     mirror_cluster_name,
     mirror_load_assignment,
 )
+from control_plane.translate.overflow import overflow_of
 from control_plane.translate.queue_policy import choose_queue_policy
 from control_plane.translate.resources import (
     CLUSTER_TYPE,
@@ -205,10 +207,12 @@ def _translate(pop: str, inputs: _PopInputs, make: _Builder) -> PopResources:
     sample = desired.access_log.sample_rate if inputs.caps.access_log else None
     listeners = {
         item.name: make.resource(
-            LISTENER_TYPE, item.name, (item, the_pop, trusted, sample),
-            lambda item=item: (listener(item, the_pop, trusted, sample), None),
+            LISTENER_TYPE, item.name, (item, the_pop, trusted, sample, served),
+            lambda item=item, served=served: (listener(item, the_pop, trusted, sample, served),
+                                              None),
         ).resource
         for item in desired.listeners
+        for served in (overflow_of(desired.group(v.origin_group) for v in item.virtual_hosts),)
     }
     routes = _routes(make, pop, inputs, groups)
     return _finish(pop, inputs, make, notes, {
