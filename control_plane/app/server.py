@@ -41,7 +41,7 @@ def translate_intent(
     `previous`, when given: byte-identical to the full translation)."""
     return translate_pop(intent.desired, pop, intent.pop_weights(pop), caps,
                          intent.pop_tier_actions(pop), previous=previous,
-                         mirrors=intent.pop_mirrors(pop))
+                         mirrors=intent.pop_mirrors(pop), sick=intent.pop_sick(pop))
 
 
 def intent_pops(intent: RunningIntent) -> tuple[str, ...]:

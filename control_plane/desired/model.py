@@ -124,6 +124,22 @@ class StandbyRampPolicy:
     cacheable_routes: tuple[str, ...] | None = None  # route names mirrored; None: every route
 
 
+AffinityKind = Literal["cookie", "header"]
+
+
+@dataclass(frozen=True)
+class Affinity:
+    """Seed 002's session affinity ("sticky sessions or JWTs pinned to a region"): a user stays
+    on the origin it started on while the weights shift, unless that origin is sick. Envoy's
+    stateful session filter names the origin in a cookie (or a header the client echoes back)
+    set on the first answer; a request carrying it goes to that origin while Ballast reports it
+    healthy, and by the weights (with a new cookie) once it is sick."""
+
+    kind: AffinityKind
+    name: str  # the cookie's name (case kept) or the header's (lower-case)
+    ttl_ms: int = 0  # the cookie's lifetime; 0: a session cookie (cookies only)
+
+
 @dataclass(frozen=True)
 class Mirror:
     """A cache-warming mirror active for one origin group in one PoP: `percent` of the GET/HEAD
@@ -276,6 +292,7 @@ class OriginGroup:
     tier_actions: TierActionPolicy = field(default_factory=TierActionPolicy)
     origin_tls: OriginTlsPolicy = field(default_factory=OriginTlsPolicy)
     standby_ramp: StandbyRampPolicy = field(default_factory=StandbyRampPolicy)
+    affinity: Affinity | None = None  # off unless the group asks for it
 
     def origin(self, name: str) -> Origin:
         return next(o for o in self.origins if o.name == name)

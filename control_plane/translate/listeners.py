@@ -45,6 +45,7 @@ from google.protobuf.wrappers_pb2 import UInt32Value
 
 from control_plane.desired.model import Listener as DesiredListener
 from control_plane.desired.model import Pop
+from control_plane.translate.affinity import session_filter
 from control_plane.translate.overflow import OverflowReply, overflow_replies
 from control_plane.translate.proto_values import packed
 
@@ -77,13 +78,16 @@ def listener(
     trusted_sources: tuple[str, ...] = (),
     access_log_sample: float | None = None,
     overflow: tuple[OverflowReply, ...] = (),
+    sessions: bool = False,
 ) -> Listener:
     """`overflow`: the tiers of the listener's origin groups, whose queue overflow is answered
-    with each tier's shed action (`overflow.py`)."""
-    chains = [_chain(desired_listener.name, desired_listener.name, access_log_sample, overflow)]
+    with each tier's shed action (`overflow.py`); `sessions`: a group of the listener has
+    session affinity (the stateful session filter, `affinity.py`)."""
+    chains = [_chain(desired_listener.name, desired_listener.name, access_log_sample, overflow,
+                     sessions)]
     if trusted_sources:
         trusted = _chain(desired_listener.name, trusted_route_name(desired_listener.name),
-                         access_log_sample, overflow)
+                         access_log_sample, overflow, sessions)
         trusted.filter_chain_match.source_prefix_ranges.extend(
             _cidr(source) for source in trusted_sources
         )
@@ -106,7 +110,7 @@ def trusted_route_name(listener_name: str) -> str:
 
 
 def _chain(stat_prefix: str, route_name: str, access_log_sample: float | None,
-           overflow: tuple[OverflowReply, ...]) -> FilterChain:
+           overflow: tuple[OverflowReply, ...], sessions: bool) -> FilterChain:
     hcm = HttpConnectionManager(
         stat_prefix=stat_prefix,
         rds=Rds(
@@ -115,7 +119,8 @@ def _chain(stat_prefix: str, route_name: str, access_log_sample: float | None,
             ),
             route_config_name=route_name,
         ),
-        http_filters=[HttpFilter(name=ROUTER, typed_config=packed(Router()))],
+        http_filters=[*([session_filter()] if sessions else []),
+                      HttpFilter(name=ROUTER, typed_config=packed(Router()))],
     )
     if overflow:
         hcm.local_reply_config.CopyFrom(overflow_replies(overflow))

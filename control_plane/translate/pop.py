@@ -5,7 +5,8 @@ it was built from is taken over as it is (same object, same bytes, same version)
 are translated and serialized. The inputs of each resource are exactly what its builder reads:
 
 - Cluster `<group>.<tier>`: the origin group, the tier, the node capabilities;
-- ClusterLoadAssignment `<group>.<tier>`: the origin group, its weights in this PoP;
+- ClusterLoadAssignment `<group>.<tier>`: the origin group, its weights in this PoP, its sick
+  origins (groups with session affinity);
 - Listener: the desired listener, the PoP, the trusted priority sources, the access-log sample
   rate (nodes that asked for access logs), the origin groups of its virtual hosts (their tiers'
   overflow replies: group, tier, shed action, queue timeout);
@@ -132,6 +133,7 @@ def translate_pop(
     *,
     previous: PopResources | None = None,
     mirrors: Mapping[str, Mirror] | None = None,
+    sick: Mapping[str, frozenset[str]] | None = None,
 ) -> PopResources:
     """Clusters and endpoints per (origin group, tier), listeners and routes, for one PoP.
 
@@ -140,7 +142,9 @@ def translate_pop(
     `tier_actions`: origin group -> the tier actions active in this PoP (demotion, shedding;
     see `routes.py`) change the routes; lent limits the runtime layer (`runtime.py`).
     `mirrors`: origin group -> its active cache-warming mirror (`mirror.py`); only the routes
-    change (the mirror clusters of every standby are always there). `previous`: this PoP's last
+    change (the mirror clusters of every standby are always there). `sick`: origin group with
+    session affinity -> the origins its sessions may not stay on (their endpoints are not
+    marked HEALTHY, `endpoints.py`). `previous`: this PoP's last
     snapshot, whose
     resources are reused where their inputs did not change (see the module docstring).
     The Cluster message carries field 62 (queue policy) among its unknown fields, so its
@@ -150,7 +154,8 @@ def translate_pop(
     if pop not in desired.pop_names:
         raise UnknownPop(f"unknown PoP {pop!r}; known: {', '.join(desired.pop_names)}")
     inputs = _PopInputs(desired, caps, resolve_weights(desired, pop, weights),
-                        dict(tier_actions or {}), dict(mirrors or {}))
+                        dict(tier_actions or {}), dict(mirrors or {}),
+                        {g: s for g, s in (sick or {}).items() if s})
     last = None if previous is None or previous.pop != pop else previous.derived(
         _POP_INPUTS, lambda _: None)
     if previous is not None and last is not None and last.desired is desired \
@@ -168,6 +173,7 @@ class _PopInputs:
     weights: PopWeights  # resolved: every group
     actions: Mapping[str, TierActions]
     mirrors: Mapping[str, Mirror]
+    sick: Mapping[str, frozenset[str]]  # groups with affinity: origins sessions may not stay on
 
 
 def _translate(pop: str, inputs: _PopInputs, make: _Builder) -> PopResources:
@@ -192,7 +198,8 @@ def _translate(pop: str, inputs: _PopInputs, make: _Builder) -> PopResources:
             clusters[name] = cluster.resource
             if cluster.note is not None:
                 notes.append(cluster.note)
-            endpoints[name] = _endpoints(make, name, same, group, inputs.weights[group.name])
+            endpoints[name] = _endpoints(make, name, same, group, inputs.weights[group.name],
+                                         inputs.sick.get(group.name, frozenset()))
         for origin in group.preference[pop][1:] if has_mirror(group) else ():
             name = mirror_cluster_name(group.name, origin)
             clusters[name] = make.resource(
@@ -207,12 +214,14 @@ def _translate(pop: str, inputs: _PopInputs, make: _Builder) -> PopResources:
     sample = desired.access_log.sample_rate if inputs.caps.access_log else None
     listeners = {
         item.name: make.resource(
-            LISTENER_TYPE, item.name, (item, the_pop, trusted, sample, served),
-            lambda item=item, served=served: (listener(item, the_pop, trusted, sample, served),
-                                              None),
+            LISTENER_TYPE, item.name, (item, the_pop, trusted, sample, served, sessions),
+            lambda item=item, served=served, sessions=sessions: (
+                listener(item, the_pop, trusted, sample, served, sessions), None),
         ).resource
         for item in desired.listeners
         for served in (overflow_of(desired.group(v.origin_group) for v in item.virtual_hosts),)
+        for sessions in (any(desired.group(v.origin_group).affinity is not None
+                             for v in item.virtual_hosts),)
     }
     routes = _routes(make, pop, inputs, groups)
     return _finish(pop, inputs, make, notes, {
@@ -232,14 +241,16 @@ def _changed_weights_or_actions(
     make = _Builder(previous, carry=True)
     by_type = dict(previous.by_type)
     desired = inputs.desired
-    moved = [g for g in desired.origin_groups if inputs.weights[g.name] != last.weights[g.name]]
+    moved = [g for g in desired.origin_groups if inputs.weights[g.name] != last.weights[g.name]
+             or inputs.sick.get(g.name) != last.sick.get(g.name)]
     if moved:
         endpoints = dict(previous.of_type(ENDPOINT_TYPE))
         for group in moved:
             for tier in group.tiers:
                 name = cluster_name(group.name, tier.name)
                 same = make.previous_input(ENDPOINT_TYPE, name, 0) or group
-                endpoints[name] = _endpoints(make, name, same, group, inputs.weights[group.name])
+                endpoints[name] = _endpoints(make, name, same, group, inputs.weights[group.name],
+                                             inputs.sick.get(group.name, frozenset()))
         by_type[ENDPOINT_TYPE] = endpoints
     if inputs.actions != last.actions:
         by_type[RUNTIME_TYPE] = _runtime(make, inputs)
@@ -254,11 +265,12 @@ def _changed_weights_or_actions(
 
 
 def _endpoints(
-    make: _Builder, name: str, same: object, group: OriginGroup, weights: GroupWeights
+    make: _Builder, name: str, same: object, group: OriginGroup, weights: GroupWeights,
+    sick: frozenset[str],
 ) -> Resource:
     return make.resource(
-        ENDPOINT_TYPE, name, (same, weights),
-        lambda: (load_assignment(name, group, weights), None),
+        ENDPOINT_TYPE, name, (same, weights, sick),
+        lambda: (load_assignment(name, group, weights, sick), None),
     ).resource
 
 
