@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import aiohttp
@@ -154,7 +154,7 @@ async def set_pair(service: BallastService, weights: dict[str, int],
     await apply_steps(owner, [PairStep(("ewr", "shop"), weights, controller)])
 
 
-async def wait_for(condition, what: str, timeout: float = 10.0) -> None:  # noqa: ANN001
+async def wait_for(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
     for _ in range(int(timeout / 0.05)):
         if await asyncio.to_thread(condition):
             return
@@ -193,7 +193,7 @@ async def test_a_cookie_stays_on_its_origin_while_weights_move_unless_it_is_sick
     await wait_for(lambda: envoy_locality_weights(envoy, "shop.normal")
                    == {"primary": 55, "secondary": 45}, "Envoy at 55/45")
     sick = await visit(port, cookies)
-    for (before, _), (after, new_cookie) in zip(first, sick, strict=True):
+    for (before, _), (after, _) in zip(first, sick, strict=True):
         if before == "secondary":
             assert after == "secondary"  # a healthy origin keeps its sessions
     moved = [(after, cookie) for (before, _), (after, cookie) in zip(first, sick, strict=True)

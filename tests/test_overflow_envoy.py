@@ -118,3 +118,39 @@ def test_overflow_is_answered_with_each_tiers_shed_action() -> None:
     assert "x-ballast-serve-stale" not in critical[1]
     for tier in ("critical", "normal", "background"):
         assert f"cluster.shop.{tier}.upstream_rq_pending_overflow: 1" in stats, stats
+
+
+@pytest.mark.envoy
+def test_a_queued_request_is_bounded_by_the_route_timeout_not_the_queue_timeout() -> None:
+    """Envoy has no timeout for a request waiting in a cluster's pending queue: it waits until
+    the route timeout (queue_timeout + read_timeout x (retries + 1)) and is answered 504. Here
+    queue_timeout 200 ms and read_timeout 300 ms: the queued request is answered after the
+    route's 500 ms, not after 200 ms."""
+    import time
+
+    find_envoy()
+    with held_origins("origin") as origins:
+        origin = origins["origin"]
+        listen = free_port()
+        desired = overflow_fleet(origin.port, listen)
+        group = desired.group("shop")
+        tiers = tuple(replace(t, queue_timeout_ms=200, read_timeout_ms=300)
+                      for t in group.tiers)
+        desired = replace(desired, origin_groups=(replace(group, tiers=tiers),))
+        bootstrap = static_bootstrap(translate_pop(desired, "ewr", {}, Capabilities()))
+        admin_port = free_port()
+        bootstrap["admin"]["address"]["socket_address"]["port_value"] = admin_port
+        with EnvoyProcess(bootstrap, admin_port) as envoy:
+            envoy.wait_ready()
+            origin.hold()
+            first: list[tuple[int, dict]] = []
+            thread = threading.Thread(target=lambda: first.append(fetch(listen, "/api/checkout")))
+            thread.start()
+            origin.wait_held(1)
+            started = time.monotonic()
+            queued = fetch(listen, "/api/checkout")
+            waited = time.monotonic() - started
+            origin.release()
+            thread.join(timeout=10)
+    assert queued[0] == 504
+    assert 0.5 <= waited < 1.5, waited  # the route timeout, not the 200 ms queue timeout
