@@ -39,7 +39,7 @@ from typing import Any
 from control_plane.decide.controller import ControllerState, StepResult, step
 from control_plane.decide.ramp import RampResult, RampState, ramp_step
 from control_plane.decide.runs import END_KINDS, QuietRun, follow_run
-from control_plane.decide.tiers import TierState, TierStepResult, tier_step
+from control_plane.decide.tiers import TierState, TierStepResult, service_time_ms, tier_step
 from control_plane.decisions.log import DecisionLog, Draft, draft
 from control_plane.desired.model import Desired, OriginGroup
 from control_plane.intent.owner import IntentOwner
@@ -294,6 +294,8 @@ class Reconciler:
             running.tier_states.get(key, TierState()),
             None if tier_signals is None else tier_signals.get(key),
             now,
+            None if not group_signals else service_time_ms(
+                {name: s.p50_ms for name, s in group_signals.items()}, result.weights_before),
         )
         ramp = ramp_step(
             group.standby_ramp,

@@ -13,7 +13,8 @@ Then the tier actions of the group in that PoP (``tier_action`` records, written
 on or off): which are active now and since when, the decision that switched them on with its
 numbers (the trigger tier's pending peak against ``trigger_pending``, held for how long) and what
 lifts them, or that none are active and when the last ones ended. Then utilization shedding
-(``tier_shed``) and lending (``tier_lend``): what is in force and the record that put it there.
+(``tier_shed``), lending (``tier_lend``) and queues bounded in time (``tier_queue``): what is in
+force and the record that put it there.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from control_plane.decisions.read import Record, record_time
 
 MAX_CHAIN = 20
 TIER_KIND = "tier_action"
-TIER_KINDS = frozenset({TIER_KIND, "tier_shed", "tier_lend"})
+TIER_KINDS = frozenset({TIER_KIND, "tier_shed", "tier_lend", "tier_queue"})
 _FOR = re.compile(r"\(≥ (\d[\d.]* s)\)")  # the `for` threshold in an "on" rule
 
 
@@ -142,6 +143,10 @@ def describe_active(actions: Mapping[str, Any], since: str | None = None) -> str
     limits = actions.get("limits") or {}
     if limits:
         parts.append("lent: " + ", ".join(f"{t} limit {n}" for t, n in limits.items()))
+    queues = actions.get("pending_limits") or {}
+    if queues:
+        parts.append("queue bounded in time: " + ", ".join(
+            f"{t} at most {n} pending" for t, n in queues.items()))
     return "; ".join(parts) or f"no action configured{suffix}"
 
 
@@ -180,7 +185,8 @@ def explain_tiers(records: Iterable[Record], pop: str, group: str) -> list[str]:
 
 def _explain_shedding_and_lending(records: list[Record], pop: str, group: str) -> list[str]:
     out = []
-    for kind, label in (("tier_shed", "utilization shedding"), ("tier_lend", "lending")):
+    for kind, label in (("tier_shed", "utilization shedding"), ("tier_lend", "lending"),
+                        ("tier_queue", "queues bounded in time")):
         mine = [r for r in records
                 if r.get("kind") == kind and r.get("pop") == pop and r.get("group") == group]
         if not mine:

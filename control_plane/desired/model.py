@@ -171,6 +171,9 @@ class TierActions:
     limits: tuple[tuple[str, int], ...] = ()
     # The HTTP status each shed tier is answered with (its `shed_action`); not named: 503.
     shed_status: tuple[tuple[str, int], ...] = ()
+    # Queues bounded in time: tier -> its pending-queue limit (max_pending_requests) when the
+    # origin's latency makes the tier's queue_timeout worth fewer than `max_queue_depth`.
+    pending_limits: tuple[tuple[str, int], ...] = ()
 
     @property
     def shed(self) -> frozenset[str]:
@@ -190,6 +193,7 @@ class TierActions:
             "shed_tiers": list(self.shed_tiers),
             "limits": dict(self.limits),
             "shed_status": dict(self.shed_status),
+            "pending_limits": dict(self.pending_limits),
         }
 
 

@@ -310,7 +310,8 @@ def _finish(
 
 
 def _runtime(make: _Builder, inputs: _PopInputs) -> dict[str, Resource]:
-    limits = tuple(sorted((g, a.limits) for g, a in inputs.actions.items() if a.limits))
+    limits = tuple(sorted((g, a.limits, a.pending_limits) for g, a in inputs.actions.items()
+                          if a.limits or a.pending_limits))
     return {RUNTIME_LAYER: make.resource(
         RUNTIME_TYPE, RUNTIME_LAYER, (limits,),
         lambda: (tier_runtime(inputs.actions), None),
