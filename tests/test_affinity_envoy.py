@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -26,8 +26,6 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import (
 )
 from envoy.extensions.http.stateful_session.cookie.v3.cookie_pb2 import CookieBasedSessionState
 
-from control_plane.app.demo_origin import DemoOrigin
-from control_plane.app.envoy_process import EnvoyProcess, free_port
 from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.decide.controller import ControllerState
 from control_plane.desired import DesiredStateError, parse_desired
@@ -36,6 +34,7 @@ from control_plane.intent.steps import PairStep
 from control_plane.translate import translate_pop
 from control_plane.translate.affinity import STATEFUL_SESSION_FILTER
 from control_plane.translate.bootstrap import ads_bootstrap
+from control_plane.translate.pop import PopIntent
 from control_plane.translate.resources import (
     CLUSTER_TYPE,
     ENDPOINT_TYPE,
@@ -43,7 +42,10 @@ from control_plane.translate.resources import (
     ROUTE_TYPE,
     Capabilities,
 )
-from tests.support.fleet import FAST_FAILOVER, envoy_locality_weights, write_fast_desired
+from harness.demo_origin import DemoOrigin
+from harness.envoy_process import EnvoyProcess, free_port
+from harness.eventually import eventually
+from harness.fleet import FAST_FAILOVER, envoy_locality_weights, write_fast_desired
 from tests.support.ticks import apply_steps
 
 COOKIE = "ballast-shop"
@@ -73,7 +75,8 @@ def test_affinity_is_read_from_the_desired_state() -> None:
 
 def test_translation_turns_sessions_on_and_marks_only_healthy_origins() -> None:
     desired = parse_desired(_desired_text(), "d.yaml")
-    out = translate_pop(desired, "ewr", {}, Capabilities(), sick={"shop": frozenset({"primary"})})
+    out = translate_pop(desired, "ewr", Capabilities(),
+                        PopIntent(sick={"shop": frozenset({"primary"})}))
     hcm = hcm_pb2.HttpConnectionManager()
     out.of_type(LISTENER_TYPE)["edge"].message.filter_chains[0].filters[0].typed_config.Unpack(hcm)
     assert [f.name for f in hcm.http_filters] == [STATEFUL_SESSION_FILTER,
@@ -92,7 +95,7 @@ def test_translation_turns_sessions_on_and_marks_only_healthy_origins() -> None:
               for loc in assignment.endpoints}
     assert health == {"primary": HealthStatus.UNKNOWN, "secondary": HealthStatus.HEALTHY}
     # without affinity nothing of this is there
-    plain = translate_pop(parse_desired(_desired_text(""), "d.yaml"), "ewr", {}, Capabilities())
+    plain = translate_pop(parse_desired(_desired_text(""), "d.yaml"), "ewr", Capabilities())
     hcm = hcm_pb2.HttpConnectionManager()
     plain.of_type(LISTENER_TYPE)["edge"].message.filter_chains[0].filters[0].typed_config.Unpack(
         hcm)
@@ -154,22 +157,14 @@ async def set_pair(service: BallastService, weights: dict[str, int],
     await apply_steps(owner, [PairStep(("ewr", "shop"), weights, controller)])
 
 
-async def wait_for(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    for _ in range(int(timeout / 0.05)):
-        if await asyncio.to_thread(condition):
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @pytest.mark.envoy
 async def test_a_cookie_stays_on_its_origin_while_weights_move_unless_it_is_sick(
     edge: tuple[BallastService, EnvoyProcess, int],
 ) -> None:
     service, envoy, port = edge
     await set_pair(service, {"primary": 95, "secondary": 5}, ControllerState())
-    await wait_for(lambda: envoy_locality_weights(envoy, "shop.normal")
-                   == {"primary": 95, "secondary": 5}, "Envoy at 95/5")
+    await eventually(lambda: envoy_locality_weights(envoy, "shop.normal")
+                     == {"primary": 95, "secondary": 5}, 10, "Envoy at 95/5", in_thread=True)
     first = await visit(port, [None] * USERS)
     assert all(cookie for _, cookie in first), "every new user gets a session cookie"
     started = Counter(origin for origin, _ in first)
@@ -177,8 +172,8 @@ async def test_a_cookie_stays_on_its_origin_while_weights_move_unless_it_is_sick
     cookies = [cookie for _, cookie in first]
 
     await set_pair(service, {"primary": 60, "secondary": 40}, ControllerState())
-    await wait_for(lambda: envoy_locality_weights(envoy, "shop.normal")
-                   == {"primary": 60, "secondary": 40}, "Envoy at 60/40")
+    await eventually(lambda: envoy_locality_weights(envoy, "shop.normal")
+                     == {"primary": 60, "secondary": 40}, 10, "Envoy at 60/40", in_thread=True)
     for _ in range(3):
         again = await visit(port, cookies)
         assert [origin for origin, _ in again] == [origin for origin, _ in first]
@@ -190,8 +185,8 @@ async def test_a_cookie_stays_on_its_origin_while_weights_move_unless_it_is_sick
     # Envoy's admin pages show UNKNOWN as HEALTHY, so the weights tell it was applied)
     await set_pair(service, {"primary": 55, "secondary": 45},
                    ControllerState({"primary": 2, "secondary": 0}, {}))
-    await wait_for(lambda: envoy_locality_weights(envoy, "shop.normal")
-                   == {"primary": 55, "secondary": 45}, "Envoy at 55/45")
+    await eventually(lambda: envoy_locality_weights(envoy, "shop.normal")
+                     == {"primary": 55, "secondary": 45}, 10, "Envoy at 55/45", in_thread=True)
     sick = await visit(port, cookies)
     for (before, _), (after, _) in zip(first, sick, strict=True):
         if before == "secondary":

@@ -16,7 +16,7 @@ from control_plane.decide.tiers import (
     tier_step,
 )
 from control_plane.translate.runtime import tier_runtime
-from tests.support.models import shop_group
+from harness.models import shop_group
 
 GROUP = shop_group()  # 120 origin connections: critical 84 / normal 30 / background 6 slots
 

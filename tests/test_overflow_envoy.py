@@ -11,15 +11,16 @@ from dataclasses import replace
 
 import pytest
 
-from control_plane.app.envoy_process import EnvoyProcess, find_envoy, free_port
 from control_plane.desired.model import Desired, Listener, Origin
 from control_plane.translate import static_bootstrap, translate_pop
 from control_plane.translate.listeners import listener
 from control_plane.translate.overflow import overflow_of
+from control_plane.translate.pop import PopIntent
 from control_plane.translate.resources import LISTENER_TYPE, Capabilities
-from tests.support.admin_stack import wait_until
+from harness.envoy_process import EnvoyProcess, find_envoy, free_port
+from harness.eventually import eventually_blocking
+from harness.models import example_desired, shop_group
 from tests.support.held_origin import held_origins
-from tests.support.models import example_desired, shop_group
 
 ACTIONS = {"critical": "reject", "normal": "stale", "background": "defer"}
 PATHS = {"critical": "/api/checkout", "normal": "/page", "background": "/_next/image?u=a"}
@@ -27,7 +28,7 @@ HEADERS = {"normal": {"x-purpose": "prefetch"}}
 # every request to one host: each host has its own connection pool, and a pool without a
 # connection opens one whatever the cluster's max_connections (Envoy's rule against a pool
 # that could never drain), so a request to the other host would overflow max_requests instead
-ONE_HOST = {"shop": {"primary": 100, "secondary": 0}}
+ONE_HOST = PopIntent(weights={"shop": {"primary": 100, "secondary": 0}})
 
 
 def overflow_fleet(port: int, listen: int) -> Desired:
@@ -47,7 +48,7 @@ def overflow_fleet(port: int, listen: int) -> Desired:
 
 def test_every_tier_gets_a_mapper_matching_overflow_on_its_own_cluster() -> None:
     desired = overflow_fleet(8081, 10000)
-    resources = translate_pop(desired, "ewr", {}, Capabilities())
+    resources = translate_pop(desired, "ewr", Capabilities())
     built = resources.of_type(LISTENER_TYPE)["edge"].message
     again = listener(desired.listeners[0], desired.pops[0], (), None,
                      overflow_of([desired.group("shop")]))
@@ -90,7 +91,7 @@ def test_overflow_is_answered_with_each_tiers_shed_action() -> None:
         origin = origins["origin"]
         listen = free_port()
         desired = overflow_fleet(origin.port, listen)
-        bootstrap = static_bootstrap(translate_pop(desired, "ewr", ONE_HOST, Capabilities()))
+        bootstrap = static_bootstrap(translate_pop(desired, "ewr", Capabilities(), ONE_HOST))
         admin_port = free_port()
         bootstrap["admin"]["address"]["socket_address"]["port_value"] = admin_port
         with EnvoyProcess(bootstrap, admin_port) as envoy:
@@ -104,9 +105,9 @@ def test_overflow_is_answered_with_each_tiers_shed_action() -> None:
                 threads[0].start()
                 origin.wait_held(1)  # the tier's one slot is busy at the origin
                 threads[1].start()  # the tier's queue of one fills
-                wait_until(lambda t=tier: _stat(envoy, f"cluster.shop.{t}."
-                                                       "upstream_rq_pending_active") == 1,
-                           10, f"a {tier} request pending")
+                eventually_blocking(lambda t=tier: _stat(envoy, f"cluster.shop.{t}."
+                                                                "upstream_rq_pending_active") == 1,
+                                    10, f"a {tier} request pending")
                 answers[tier] = fetch(listen, PATHS[tier], HEADERS.get(tier))
                 origin.release()
                 for thread in threads:
@@ -144,7 +145,7 @@ def test_a_queued_request_is_bounded_by_the_route_timeout_not_the_queue_timeout(
         tiers = tuple(replace(t, queue_timeout_ms=100, read_timeout_ms=1000)
                       for t in group.tiers)
         desired = replace(desired, origin_groups=(replace(group, tiers=tiers),))
-        bootstrap = static_bootstrap(translate_pop(desired, "ewr", ONE_HOST, Capabilities()))
+        bootstrap = static_bootstrap(translate_pop(desired, "ewr", Capabilities(), ONE_HOST))
         admin_port = free_port()
         bootstrap["admin"]["address"]["socket_address"]["port_value"] = admin_port
         with EnvoyProcess(bootstrap, admin_port) as envoy:

@@ -21,10 +21,11 @@ from control_plane.decide.ramp import replay_ramp_record
 from control_plane.decide.signals import OriginSignals
 from control_plane.decisions.log import DecisionLog
 from control_plane.decisions.read import iter_records
+from control_plane.decisions.recorder import DecisionRecorder
 from control_plane.intent.sqlite_store import StateStore
 from control_plane.observe.source import Signals
 from control_plane.translate.resources import ENDPOINT_TYPE, Capabilities
-from tests.support.models import example_desired
+from harness.models import example_desired
 
 T0 = 1_800_000_000_000
 TICK = 20_000
@@ -73,10 +74,11 @@ windows = st.lists(
 
 async def _run(folder: Path, script: list[Window]) -> list[dict]:
     store = StateStore(folder)
-    intent, cache = intent_and_cache(example_desired(), store=store)
-    source = ScriptedSource()
     log = DecisionLog(folder)
-    reconciler = Reconciler(intent, source, log, seed=3)
+    intent, cache = intent_and_cache(example_desired(), store=store,
+                                     recorder=DecisionRecorder(log))
+    source = ScriptedSource()
+    reconciler = Reconciler(intent, source, seed=3)
     seen = 0
     before = {pop: served(cache, pop) for pop, _ in PAIRS}
     for tick, shapes in enumerate(script):

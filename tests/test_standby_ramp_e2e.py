@@ -1,4 +1,4 @@
-"""Seed 002's incident through a real Envoy 1.40, twice (`bench/standby_ramp.py`): a primary that
+"""Seed 002's incident through a real Envoy 1.40, twice (`harness/standby_ramp.py`): a primary that
 fails and a standby behind a cold cache with a capacity cap. With the cold-standby ramp (and its
 cache-warming mirror) the shift completes step by step, and a standby that breaches is never
 grown while it does no better than the failing primary its traffic would otherwise go to (the
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.standby_ramp import Scenario, report, run
+from harness.standby_ramp import Scenario, report, run
 
 pytestmark = pytest.mark.envoy
 
