@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from control_plane.desired.model import Desired, Listener, Origin
+from control_plane.desired.model import Desired, Origin
 from control_plane.translate import static_bootstrap, translate_pop
 from control_plane.translate.listeners import listener
 from control_plane.translate.overflow import overflow_of
@@ -43,15 +43,15 @@ def overflow_fleet(port: int, listen: int) -> Desired:
     group = replace(group, tiers=tiers, max_origin_concurrency=1)
     desired = example_desired(group)
     (edge,) = desired.listeners
-    return replace(desired, listeners=(Listener(edge.name, listen, edge.virtual_hosts),))
+    return replace(desired, listeners=(replace(edge, port=listen),))
 
 
 def test_every_tier_gets_a_mapper_matching_overflow_on_its_own_cluster() -> None:
     desired = overflow_fleet(8081, 10000)
     resources = translate_pop(desired, "ewr", Capabilities())
     built = resources.of_type(LISTENER_TYPE)["edge"].message
-    again = listener(desired.listeners[0], desired.pops[0], (), None,
-                     overflow_of([desired.group("shop")]))
+    again, _ = listener(desired.listeners[0], desired.pops[0], (), None, frozenset(),
+                        overflow_of([desired.group("shop")]))
     assert built == again
     from envoy.extensions.filters.network.http_connection_manager.v3 import (
         http_connection_manager_pb2 as hcm_pb2,

@@ -73,6 +73,7 @@ from envoy.extensions.retry.host.previous_hosts.v3.previous_hosts_pb2 import (
     PreviousHostsPredicate,
 )
 from envoy.type.matcher.v3.string_pb2 import StringMatcher
+from google.protobuf.any_pb2 import Any
 
 from control_plane.desired.model import (
     SHED_STATUS,
@@ -165,6 +166,9 @@ def _virtual_host(
     if group.affinity is not None:
         host.typed_per_filter_config[STATEFUL_SESSION_FILTER].CopyFrom(
             session_per_host(group.affinity))
+    for config in vhost.typed_per_filter_config:  # operator-added filters' per-route configs
+        host.typed_per_filter_config[config.name].CopyFrom(
+            Any(type_url=config.type_url, value=config.config))
     return host
 
 
