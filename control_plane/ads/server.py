@@ -65,6 +65,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 ADS_SERVICE = "envoy.service.discovery.v3.AggregatedDiscoveryService"
+CLAIMED_CHARS = 64  # a refused stream's claimed node id and PoP, as logged and recorded
 
 
 def server_options(limits: AdsLimits = DEFAULT_LIMITS) -> tuple[tuple[str, int], ...]:
@@ -349,9 +350,10 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             if self._verify_peer is not None:
                 why = self._verify_peer(context, pop, node.id)
                 if why is not None:
-                    log.warning("refusing ADS stream of node %s: %s", node.id, why)
-                    self._notify(self.callbacks.on_stream_refused, node.id,
-                                 clip(pop, self.limits.text_chars), why)
+                    claimed = clip(node.id, CLAIMED_CHARS)
+                    log.warning("refusing ADS stream of node %r: %s", claimed, why)
+                    self._notify(self.callbacks.on_stream_refused, claimed,
+                                 clip(pop, CLAIMED_CHARS), why)
                     await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
             if not self.cache.has_pop(pop):
                 known = ", ".join(self.cache.pops)

@@ -92,7 +92,7 @@ class ServiceConfig:
     debounce_s: float = 0.1
     seed: int = 0
     routine_records: BudgetConfig = DEFAULT_BUDGET
-    accept_empty_state: bool = False  # an empty state.db next to a decision log: start anyway
+    accept_empty_state: bool = False  # a missing/empty state.db next to a decision log: start
     tls: TlsFiles | None = None  # mTLS on the xDS/sink port when set
     admin_token_file: Path | None = None  # bearer token the admin API requires when set
     admin_tls: bool = False  # admin API on HTTPS with `tls`'s files; admin client certs accepted
@@ -239,13 +239,23 @@ class BallastService:
             detail={"restored_groups": self.restored_groups,
                     "restored_tier_actions": self.restored_tier_actions,
                     "xds_port": self.server.port,
-                    **({"empty_state_accepted": str(self.store.path)}
-                       if isinstance(self.store, StateStore) and self.store.blank else {})},
+                    **self._defaults_note()},
         )
         if config.freeze_heap:  # what start-up built lives as long as the server
             settle_heap()
             self._heap_settled = True
         self.ready = True
+
+    def _defaults_note(self) -> dict[str, str]:
+        """What the `startup` record says when the state store held nothing: every weight,
+        streak and tier action starts from the desired state's defaults."""
+        if not isinstance(self.store, StateStore) or not self.store.blank:
+            return {}
+        note = {"started_from_defaults": f"{self.store.path} held no state (missing or empty): "
+                "weights, streaks and tier actions start from the desired state's defaults"}
+        if self.config.accept_empty_state:
+            note["empty_state_accepted"] = str(self.store.path)
+        return note
 
     async def _restore(self, snapshot: Snapshot) -> None:
         """What the store held, under the carry-over rule; a `state_restored` record says what
