@@ -33,6 +33,7 @@ from control_plane.admin.api import AdminApi
 from control_plane.admin.auth import AdminAuth, AdminAuthError, TokenFile, check_bind
 from control_plane.admin.dashboard import Dashboard
 from control_plane.admin.decision_feed import DecisionFeed
+from control_plane.ads.limits import DEFAULT_LIMITS, AdsLimits
 from control_plane.ads.snapshots import SnapshotCache
 from control_plane.app.heap import release_heap, settle_heap
 from control_plane.app.reconcile import Reconciler
@@ -92,6 +93,7 @@ class ServiceConfig:
     debounce_s: float = 0.1
     seed: int = 0
     routine_records: BudgetConfig = DEFAULT_BUDGET
+    ads_limits: AdsLimits = DEFAULT_LIMITS  # what ADS clients may make the server hold
     accept_empty_state: bool = False  # a missing/empty state.db next to a decision log: start
     tls: TlsFiles | None = None  # mTLS on the xDS/sink port when set
     admin_token_file: Path | None = None  # bearer token the admin API requires when set
@@ -174,6 +176,7 @@ class BallastService:
             record=self._on_ads_event,
             debounce=config.debounce_s,
             metrics=self.metrics,
+            limits=config.ads_limits,
             tls=tls,
             store=self.store,
         )

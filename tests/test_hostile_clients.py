@@ -1,0 +1,210 @@
+"""Slow and idle clients against a running `ballast serve` with mTLS (issue 26): what one
+certificate can make the server hold is budgeted, every connection has deadlines, and nodes of
+other PoPs never wait behind it.
+
+The probe that filed the issue: 1,000 streams that never grant HTTP/2 flow-control window (one
+certificate) delayed a fresh node of another PoP 12.3 s; `/nodes` listed one id 145 times."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import ssl
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest
+
+from control_plane.app.envoy_process import free_port
+from control_plane.decisions.read import iter_records
+from control_plane.security.cert_dir import CertDir, Pair
+from control_plane.translate.bootstrap import TEMPLATES
+from control_plane.translate.resources import (
+    CLUSTER_TYPE,
+    ENDPOINT_TYPE,
+    LISTENER_TYPE,
+    ROUTE_TYPE,
+)
+from tests.support.xds_client import XdsClient, make_node
+from tests.support.zero_window import ZeroWindowConnection
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = TEMPLATES.parent / "examples" / "desired.yaml"
+FLOOD_CONNECTIONS, STREAMS_PER_CONNECTION = 10, 100  # 1,000 zero-window streams, one certificate
+FIRST_CONFIG_BOUND_S = 2.0
+RSS_CEILING_MB = 300  # docs/security.md: measured ~120 MB peak under this flood
+WRITE_TIMEOUT_S = 2
+
+
+@dataclass
+class Served:
+    proc: subprocess.Popen[str]
+    xds: int
+    admin: int
+    certs: CertDir
+    desired: Path
+    state_dir: Path
+    log: Path
+
+    def get(self, path: str, timeout: float = 5) -> bytes:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.admin}{path}",
+                                    timeout=timeout) as r:
+            return bytes(r.read())
+
+    def status_line(self, key: str) -> int:
+        """A VmHWM/VmRSS figure of the server process, in kB."""
+        status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        return int(next(line for line in status.splitlines()
+                        if line.startswith(f"{key}:")).split()[1])
+
+    def tls(self, pair: Pair) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=str(self.certs.ca.cert))
+        context.load_cert_chain(str(pair.cert), str(pair.key))
+        context.set_alpn_protocols(["h2"])
+        return context
+
+    def channel(self, pair: Pair) -> grpc.aio.Channel:
+        credentials = grpc.ssl_channel_credentials(
+            self.certs.ca.cert.read_bytes(), pair.key.read_bytes(), pair.cert.read_bytes())
+        return grpc.aio.secure_channel(f"127.0.0.1:{self.xds}", credentials,
+                                       options=[("grpc.use_local_subchannel_pool", 1)])
+
+
+def start_serve(tmp_path: Path, *extra: str, limit_fds: int | None = None) -> Served:
+    certs = CertDir(tmp_path / "certs")
+    authority, _ = certs.load_or_make_ca(1)
+    certs.make_server(authority, ["127.0.0.1"], 1)
+    desired = tmp_path / "desired.yaml"
+    shutil.copy(EXAMPLE, desired)
+    xds, admin = free_port(), free_port()
+    log_path = tmp_path / "serve.log"
+
+    def lower_fd_limit() -> None:
+        if limit_fds is not None:
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_NOFILE, (limit_fds, limit_fds))
+
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "control_plane.cli.main", "serve", str(desired),
+             "--xds-address", f"127.0.0.1:{xds}", "--admin-address", f"127.0.0.1:{admin}",
+             "--state-dir", str(tmp_path / "state"), "--no-probes", "--log-level", "warning",
+             "--tls-cert", str(certs.server.cert), "--tls-key", str(certs.server.key),
+             "--client-ca", str(certs.ca.cert), *extra],
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True,
+            preexec_fn=lower_fd_limit,
+        )
+    served = Served(proc, xds, admin, certs, desired, tmp_path / "state", log_path)
+    deadline = time.monotonic() + 30
+    while True:
+        with contextlib.suppress(OSError):
+            if b'"ready": true' in served.get("/readyz"):
+                return served
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop_serve(served)
+            raise AssertionError(f"ballast serve did not get ready:\n{log_path.read_text()}")
+        time.sleep(0.1)
+
+
+def stop_serve(served: Served) -> None:
+    if served.proc.poll() is None:
+        os.killpg(served.proc.pid, signal.SIGKILL)
+    served.proc.wait()
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[Served]:
+    running = start_serve(tmp_path, "--xds-write-timeout", f"{WRITE_TIMEOUT_S}s")
+    try:
+        yield running
+    finally:
+        stop_serve(running)
+
+
+async def first_config(served: Served, pair: Pair, node_id: str, pop: str) -> float:
+    """Seconds from connecting until a node has all four types (CDS, EDS, LDS, RDS)."""
+    started = time.monotonic()
+    async with served.channel(pair) as channel:
+        client = await XdsClient(channel, make_node(node_id, pop)).start()
+        try:
+            await client.subscribe(CLUSTER_TYPE)
+            await client.wait_for(lambda c: bool(c.responses(CLUSTER_TYPE)))
+            clusters = sorted(n for r in client.responses(CLUSTER_TYPE) for n in r.names)
+            await client.subscribe(ENDPOINT_TYPE, clusters)
+            await client.subscribe(LISTENER_TYPE)
+            await client.subscribe(ROUTE_TYPE, ["edge"])
+            await client.wait_for(lambda c: all(
+                c.responses(t) for t in (ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE)))
+            assert client.error is None
+            return time.monotonic() - started
+        finally:
+            await client.close()
+
+
+async def flood(served: Served, pair: Pair, node_id: str, pop: str
+                ) -> list[ZeroWindowConnection]:
+    """FLOOD_CONNECTIONS connections of STREAMS_PER_CONNECTION zero-window ADS streams each."""
+    request = DiscoveryRequest(node=make_node(node_id, pop), type_url=CLUSTER_TYPE)
+    connections = [await ZeroWindowConnection.open("127.0.0.1", served.xds, served.tls(pair))
+                   for _ in range(FLOOD_CONNECTIONS)]
+    for connection in connections:
+        for _ in range(STREAMS_PER_CONNECTION):
+            await connection.stream(request)
+    return connections
+
+
+async def test_a_thousand_zero_window_streams_of_one_certificate_stall_no_other_node(
+    served: Served,
+) -> None:
+    authority, _ = served.certs.load_or_make_ca(1)
+    attacker = served.certs.make_node(authority, "ewr", "ewr-zw", 1)
+    victims = [served.certs.make_node(authority, "sjc", f"sjc-fresh-{i}", 1) for i in range(3)]
+    baseline = await first_config(served, victims[0], "sjc-fresh-0", "sjc")
+    connections = await flood(served, attacker, "ewr-zw", "ewr")
+    try:
+        total = FLOOD_CONNECTIONS * STREAMS_PER_CONNECTION
+        exhausted = str(grpc.StatusCode.RESOURCE_EXHAUSTED.value[0])
+
+        def refused() -> int:
+            return sum(s == exhausted for c in connections for s in c.status.values())
+
+        deadline = time.monotonic() + 20
+        while refused() < total - 8:  # all but the identity's 8 streams refused at once
+            assert time.monotonic() < deadline, f"only {refused()} of {total} refused"
+            await asyncio.sleep(0.05)
+        waits = [await first_config(served, victim, f"sjc-fresh-{i}", "sjc")
+                 for i, victim in enumerate(victims[1:], 1)]
+        listed = json.loads(await asyncio.to_thread(served.get, "/nodes"))["nodes"]
+        ids = [n["node_id"] for n in listed]
+        assert ids.count("ewr-zw") <= 1 and len(ids) == len(set(ids)), ids
+        peak_mb = served.status_line("VmHWM") / 1024
+        # the 8 admitted streams' writes make no progress: ended, the id leaves /nodes
+        deadline = time.monotonic() + WRITE_TIMEOUT_S + 10
+        while b'"ewr-zw"' in await asyncio.to_thread(served.get, "/nodes"):
+            assert time.monotonic() < deadline, "stalled streams were not ended"
+            await asyncio.sleep(0.1)
+    finally:
+        for connection in connections:
+            await connection.close()
+    print(f"first config: baseline {baseline:.3f} s, behind the flood "
+          f"{statistics.median(waits):.3f} s (max {max(waits):.3f}); peak RSS {peak_mb:.0f} MB")
+    assert max(waits) < FIRST_CONFIG_BOUND_S
+    assert peak_mb < RSS_CEILING_MB
+    refusals = [r for r in iter_records(served.state_dir) if r["kind"] == "node_refused"]
+    assert 1 <= len(refusals) <= 8  # the 1st, 10th, 100th, ... refusal, not one per stream
+    assert all("over budget" in r["detail"]["reason"] for r in refusals)
+    log = served.log.read_text()
+    assert "Traceback" not in log and len(log) < 20_000, log[-3000:]
