@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 from control_plane.admin.api import AdminApi
 from control_plane.admin.auth import AdminAuth, AdminAuthError, TokenFile, check_bind
+from control_plane.admin.connections import DEFAULT_ADMIN_LIMITS, AdminLimits
 from control_plane.admin.dashboard import Dashboard
 from control_plane.admin.decision_feed import DecisionFeed
 from control_plane.ads.limits import DEFAULT_LIMITS, AdsLimits
@@ -98,6 +99,8 @@ class ServiceConfig:
     tls: TlsFiles | None = None  # mTLS on the xDS/sink port when set
     admin_token_file: Path | None = None  # bearer token the admin API requires when set
     admin_tls: bool = False  # admin API on HTTPS with `tls`'s files; admin client certs accepted
+    admin_limits: AdminLimits = DEFAULT_ADMIN_LIMITS  # admin connections: timeouts and cap
+    admin_host_names: tuple[str, ...] = ()  # Host names the admin API answers besides IPs
     store_url: str | None = None  # etcd://HOST:PORT[,...]: replicas share the intent there
     replica_id: str | None = None  # this replica's name among them (default: the xDS address)
     leader_ttl_s: int = 5  # the leader's lease; a follower takes over within it
@@ -374,6 +377,8 @@ class BallastService:
             status=self.status,
             dashboard=dashboard,
             auth=auth,
+            limits=self.config.admin_limits,
+            host_names=self.config.admin_host_names,
         )
         https = ReloadingSslContext(self.config.tls) if self.config.tls and auth.client_certs \
             else None

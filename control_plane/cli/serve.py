@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import re
+import resource
 import sys
 from pathlib import Path
 
+from control_plane.admin.connections import DEFAULT_ADMIN_LIMITS, AdminLimits
 from control_plane.ads.limits import DEFAULT_LIMITS, AdsLimits
 from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.decisions.budget import DEFAULT_BURST_BYTES, DEFAULT_BYTES_PER_S, BudgetConfig
@@ -120,6 +123,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="require this bearer token (one word, >= 16 characters; re-read "
                         "when the file changes) for every admin route but /healthz and "
                         "/readyz. Without it the admin API is open and may only bind loopback")
+    parser.add_argument("--admin-host", action="append", default=[], metavar="NAME",
+                        help="a DNS name the admin API is reached by (repeatable): requests "
+                        "whose Host is not an IP address, localhost or such a name get 421 "
+                        "(DNS rebinding)")
+    admin_limits = DEFAULT_ADMIN_LIMITS
+    parser.add_argument("--admin-connections", type=_bytes, metavar="N",
+                        default=admin_limits.max_connections,
+                        help="admin connections held at once (default "
+                        f"{admin_limits.max_connections}, at most a quarter of the descriptor "
+                        "limit); at the cap a new one closes the oldest idle one")
+    parser.add_argument("--admin-header-timeout", type=_milliseconds, metavar="DURATION",
+                        default=int(admin_limits.header_timeout_s * 1000),
+                        help="a new admin connection's first request head (and TLS handshake) "
+                        f"(default {admin_limits.header_timeout_s:g}s)")
+    parser.add_argument("--admin-idle-timeout", type=_milliseconds, metavar="DURATION",
+                        default=int(admin_limits.idle_timeout_s * 1000),
+                        help="an admin connection between requests "
+                        f"(default {admin_limits.idle_timeout_s:g}s)")
     parser.add_argument("--admin-tls", action="store_true",
                         help="serve the admin API over HTTPS with the --tls-* files; client "
                         "certificates naming an admin identity (ballast certs --admin NAME) are "
@@ -175,6 +196,7 @@ def run(args: argparse.Namespace) -> int:
         print("ballast serve: mTLS needs --tls-cert, --tls-key and --client-ca together",
               file=sys.stderr)
         return 2
+    _raise_descriptor_limit()
     config = ServiceConfig(
         desired_path=Path(args.file),
         state_dir=state_dir(args.state_dir),
@@ -192,12 +214,25 @@ def run(args: argparse.Namespace) -> int:
         tls=TlsFiles(args.tls_cert, args.tls_key, args.client_ca) if all(tls_given) else None,
         admin_token_file=args.admin_token_file,
         admin_tls=args.admin_tls,
+        admin_limits=AdminLimits(header_timeout_s=args.admin_header_timeout / 1000,
+                                 idle_timeout_s=args.admin_idle_timeout / 1000,
+                                 max_connections=args.admin_connections),
+        admin_host_names=tuple(args.admin_host),
         store_url=args.store,
         replica_id=args.replica_id,
         leader_ttl_s=max(2, round(args.leader_ttl / 1000)),
         freeze_heap=True,  # this process is the server: long-lived objects out of full GCs
     )
     return asyncio.run(_serve(BallastService(config)))
+
+
+def _raise_descriptor_limit() -> None:
+    """The soft descriptor limit up to the hard one (commonly 1,024 of 524,288): connections
+    on both ports, the state store and the desired file share it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def _ads_limits(args: argparse.Namespace) -> AdsLimits:
