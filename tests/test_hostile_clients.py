@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -208,3 +209,77 @@ async def test_a_thousand_zero_window_streams_of_one_certificate_stall_no_other_
     assert all("over budget" in r["detail"]["reason"] for r in refusals)
     log = served.log.read_text()
     assert "Traceback" not in log and len(log) < 20_000, log[-3000:]
+
+
+FD_LIMIT = 400
+IDLE, SLOW = 150, 150  # admin connections held, beyond the cap (a quarter of FD_LIMIT)
+
+
+async def hold_admin_connections(port: int, stop: asyncio.Event) -> int:
+    """IDLE silent and SLOW slowloris connections to the admin port (no token), each reopened
+    as soon as the server closes it, until `stop`; how many were opened in all."""
+    opened = 0
+
+    async def one(slow: bool) -> None:
+        nonlocal opened
+        while not stop.is_set():
+            try:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            except OSError:
+                await asyncio.sleep(0.1)
+                continue
+            opened += 1
+            try:
+                if slow:
+                    writer.write(b"GET /status HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+                while not stop.is_set() and not reader.at_eof():
+                    if slow:
+                        writer.write(b"X-a: b\r\n")  # a header line now and then, never the end
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(reader.read(1024), 0.5)
+            except OSError:
+                pass
+            finally:
+                writer.close()
+
+    await asyncio.gather(*(one(slow=i >= IDLE) for i in range(IDLE + SLOW)))
+    return opened
+
+
+async def test_idle_and_slow_admin_connections_beyond_the_cap_starve_nothing(
+    tmp_path: Path,
+) -> None:
+    """The probe: descriptor limit 400, 420 idle admin connections: /healthz timed out, a new
+    xDS node was refused, the desired file could not be read ("Too many open files") and the
+    log grew 1.6 MB/s of accept tracebacks."""
+    served = await asyncio.to_thread(start_serve, tmp_path, limit_fds=FD_LIMIT)
+    stop = asyncio.Event()
+    holder = asyncio.create_task(hold_admin_connections(served.admin, stop))
+    try:
+        authority, _ = served.certs.load_or_make_ca(1)
+        node = served.certs.make_node(authority, "sjc", "sjc-during-flood", 1)
+        await asyncio.sleep(3)  # the flood in full: connections at the cap and over it
+        for _ in range(3):
+            started = time.monotonic()
+            assert b'"ok": true' in await asyncio.to_thread(served.get, "/healthz", 5)
+            assert time.monotonic() - started < 2
+        assert await first_config(served, node, "sjc-during-flood", "sjc") < 5
+        edited = EXAMPLE.read_text().replace("port_offset: 1}", "port_offset: 2}")
+        assert edited != EXAMPLE.read_text()
+        served.desired.write_text(edited)
+        digest = hashlib.sha256(edited.encode()).hexdigest()
+        deadline = time.monotonic() + 15
+        while json.loads(await asyncio.to_thread(served.get, "/status"))["desired"][
+                "digest"] != digest:
+            assert time.monotonic() < deadline, "the desired-state edit was not applied"
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(2)  # the flood goes on: the log must not grow with it
+    finally:
+        stop.set()
+        opened = await holder
+        await asyncio.to_thread(stop_serve, served)
+    log = served.log.read_text()
+    print(f"admin connections opened by the flood: {opened}; server log {len(log)} bytes")
+    assert opened > IDLE + SLOW  # the server closed connections and the flood reopened them
+    assert "Traceback" not in log and "Too many open files" not in log, log[-3000:]
+    assert len(log) < 10_000, log[-3000:]
