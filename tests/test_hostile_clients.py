@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +30,10 @@ import grpc
 import pytest
 from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest
 
+from control_plane.ads.limits import AdsLimits
+from control_plane.ads.server import AdsServicer, server_options
 from control_plane.app.envoy_process import free_port
+from control_plane.app.server import BallastServer
 from control_plane.decisions.read import iter_records
 from control_plane.security.cert_dir import CertDir, Pair
 from control_plane.translate.bootstrap import TEMPLATES
@@ -39,6 +43,7 @@ from control_plane.translate.resources import (
     LISTENER_TYPE,
     ROUTE_TYPE,
 )
+from tests.support.ads_desired import desired
 from tests.support.xds_client import XdsClient, make_node
 from tests.support.zero_window import ZeroWindowConnection
 
@@ -303,3 +308,67 @@ def test_failed_tls_handshakes_do_not_fill_the_log(served: Served) -> None:
                 raw.recv(16)
     assert b'"ok": true' in served.get("/healthz")
     assert len(served.log.read_text()) - before < 500
+
+
+async def test_streams_that_never_send_a_request_are_refused_or_ended_at_the_deadline(
+    tmp_path: Path,
+) -> None:
+    """10,000 streams that sent only headers held 112 -> 325 MB, indefinitely."""
+    served = await asyncio.to_thread(start_serve, tmp_path, "--xds-first-request-timeout", "1s")
+    try:
+        authority, _ = served.certs.load_or_make_ca(1)
+        attacker = served.certs.make_node(authority, "ewr", "ewr-silent", 1)
+        connections = [await ZeroWindowConnection.open("127.0.0.1", served.xds,
+                                                       served.tls(attacker)) for _ in range(2)]
+        for connection in connections:
+            for _ in range(STREAMS_PER_CONNECTION):
+                await connection.stream(None)
+        deadline = time.monotonic() + 10
+        while sum(c.open_streams() for c in connections):
+            assert time.monotonic() < deadline, "streams without a request were kept"
+            await asyncio.sleep(0.05)
+        codes = Counter(s for c in connections for s in c.status.values())
+        assert codes == {str(grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]): 200 - 8,
+                         str(grpc.StatusCode.DEADLINE_EXCEEDED.value[0]): 8}, codes
+        messages = {m for c in connections for m in c.message.values()}
+        assert "no first request within 1 s" in messages
+        for connection in connections:
+            await connection.close()
+    finally:
+        await asyncio.to_thread(stop_serve, served)
+
+
+async def test_large_requests_are_held_within_the_identitys_byte_budget() -> None:
+    """100 zero-window streams holding 3.5 MB first requests on 2 connections: +373 MB. Here
+    every client is one identity (as plaintext peers of one address are): what its requests
+    and responses hold at once stays under its byte budget; the rest are refused."""
+    limits = AdsLimits(held_bytes_per_identity=8 * 1024 * 1024, write_stall_s=30)
+    ballast = BallastServer(
+        desired(listener_port=free_port(), primary_port=free_port(), secondary_port=free_port()),
+        xds_address="127.0.0.1:0", limits=limits)
+    servicer = AdsServicer(ballast.cache, ballast.hub, ballast.nodes, limits=limits,
+                           identify=lambda context: "one identity")
+    server = grpc.aio.server(options=server_options(limits))
+    servicer.add_to(server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    names = [f"{i:06d}-" + "n" * 340 for i in range(10_000)]  # ~3.5 MB
+    try:
+        connection = await ZeroWindowConnection.open("127.0.0.1", port, None)
+        for i in range(6):
+            request = DiscoveryRequest(node=make_node(f"big-{i}", "ewr"), type_url=CLUSTER_TYPE,
+                                       resource_names=names)
+            await connection.stream(request)
+        deadline = time.monotonic() + 20
+        while len(connection.status) < 6 - 2:
+            assert time.monotonic() < deadline, connection.status
+            await asyncio.sleep(0.05)
+        _, _, held = servicer.ledger.holding("one identity")
+        assert held <= limits.held_bytes_per_identity
+        assert len(servicer.nodes) == 2  # two 3.5 MB requests fit in 8 MiB, the third did not
+        refusals = list(connection.message.values())
+        assert all("over budget" in m and "bytes" in m for m in refusals), refusals
+        await connection.close()
+    finally:
+        servicer.close_streams()
+        await server.stop(0)

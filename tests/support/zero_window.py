@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import ssl
 from dataclasses import dataclass, field
+from urllib.parse import unquote
 
 import h2.config
 import h2.connection
@@ -32,10 +33,12 @@ class ZeroWindowConnection:
     writer: asyncio.StreamWriter
     conn: h2.connection.H2Connection
     status: dict[int, str] = field(default_factory=dict)
+    message: dict[int, str] = field(default_factory=dict)  # grpc-message, when given
     reset: set[int] = field(default_factory=set)
     streams: list[int] = field(default_factory=list)
     closed: bool = False
     _task: asyncio.Task[None] | None = None
+    _window: asyncio.Event = field(default_factory=asyncio.Event)  # the server granted window
 
     @classmethod
     async def open(cls, host: str, port: int, tls: ssl.SSLContext | None) -> ZeroWindowConnection:
@@ -56,11 +59,17 @@ class ZeroWindowConnection:
                 for event in self.conn.receive_data(data):
                     if isinstance(event, h2.events.TrailersReceived | h2.events.ResponseReceived):
                         for name, value in event.headers:
-                            if name in (b"grpc-status", "grpc-status"):
-                                text = value.decode() if isinstance(value, bytes) else value
+                            key = name.decode() if isinstance(name, bytes) else name
+                            text = value.decode() if isinstance(value, bytes) else value
+                            if key == "grpc-status":
                                 self.status[event.stream_id] = text
+                            elif key == "grpc-message":
+                                self.message[event.stream_id] = unquote(text)
                     elif isinstance(event, h2.events.StreamReset):
                         self.reset.add(event.stream_id)
+                    elif isinstance(event, h2.events.WindowUpdated | h2.events.SettingsAcknowledged
+                                    | h2.events.RemoteSettingsChanged):
+                        self._window.set()
                 # settings and ping acknowledgements; never a WINDOW_UPDATE
                 self.writer.write(self.conn.data_to_send())
         except (ConnectionError, ssl.SSLError, h2.exceptions.ProtocolError):
@@ -68,17 +77,28 @@ class ZeroWindowConnection:
         finally:
             self.closed = True
 
-    async def stream(self, request: DiscoveryRequest, authority: str = "ballast") -> int:
-        """Open one ADS stream and send `request` as its first message (the stream stays open)."""
+    async def stream(self, request: DiscoveryRequest | None, authority: str = "ballast") -> int:
+        """Open one ADS stream and send `request` as its first message, or (None) only the
+        headers; the stream stays open. Large requests go out as the server grants window."""
         stream_id = self.conn.get_next_available_stream_id()
         self.conn.send_headers(stream_id, [
             (":method", "POST"), (":scheme", "https"), (":path", ADS_PATH),
             (":authority", authority), ("content-type", "application/grpc"), ("te", "trailers"),
         ])
-        self.conn.send_data(stream_id, grpc_frame(request.SerializeToString()))
         self.writer.write(self.conn.data_to_send())
-        await self.writer.drain()
         self.streams.append(stream_id)
+        data = grpc_frame(request.SerializeToString()) if request is not None else b""
+        while data and stream_id not in self.status and not self.closed:
+            room = min(self.conn.local_flow_control_window(stream_id),
+                       self.conn.max_outbound_frame_size, len(data))
+            if room <= 0:
+                self._window.clear()
+                await asyncio.wait_for(self._window.wait(), 10)
+                continue
+            self.conn.send_data(stream_id, data[:room])
+            data = data[room:]
+            self.writer.write(self.conn.data_to_send())
+        await self.writer.drain()
         return stream_id
 
     def open_streams(self) -> int:
