@@ -378,3 +378,39 @@ async def test_large_requests_are_held_within_the_identitys_byte_budget() -> Non
     finally:
         servicer.close_streams()
         await server.stop(0)
+
+
+async def test_a_client_closing_while_writes_are_blocked_leaves_no_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A stream superseded while its write is blocked, one whose write stalls past the
+    deadline, and one still blocked: the client then closes its connection. Before, the
+    status that could not go out logged an ExecuteBatchError traceback."""
+    limits = AdsLimits(write_stall_s=1)
+    ballast = BallastServer(
+        desired(listener_port=free_port(), primary_port=free_port(), secondary_port=free_port()),
+        xds_address="127.0.0.1:0", limits=limits)
+    await ballast.start()
+    try:
+        connection = await ZeroWindowConnection.open("127.0.0.1", ballast.port, None)
+        for i in range(10):
+            blocked = DiscoveryRequest(node=make_node(f"blocked-{i}", "ewr"),
+                                       type_url=CLUSTER_TYPE)
+            await connection.stream(blocked)
+            await connection.stream(blocked)  # supersedes the first while its write is blocked
+        deadline = time.monotonic() + 5
+        while ballast.ads.syncing or len(ballast.nodes):
+            assert time.monotonic() < deadline, "stalled streams were not ended"  # after 1 s
+            await asyncio.sleep(0.05)
+        await connection.stream(DiscoveryRequest(node=make_node("still", "ewr"),
+                                                 type_url=CLUSTER_TYPE))
+        while not ballast.nodes.by_node("still"):
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        await connection.close()
+        while ballast.ads.ledger.streams:  # every call really over once the client is gone
+            assert time.monotonic() < deadline + 5, ballast.ads.ledger.streams
+            await asyncio.sleep(0.05)
+    finally:
+        await ballast.stop(0)
+    assert not [r for r in caplog.records if r.exc_info or "ExecuteBatchError" in r.getMessage()]
