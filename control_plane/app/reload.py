@@ -9,8 +9,11 @@ SIGHUP (via `trigger`) forces a re-read even if nothing seems to have changed. T
 through the injected `sleep` (asyncio's by default; tests give a fake clock's).
 
 The watcher survives anything: a file that cannot be read as a desired state (not a regular
-file, too large) goes to `on_unreadable` with the reason, and any exception while handing over
-is logged and goes to `on_error`; the next change (or SIGHUP) is handled as usual.
+file, too large, or no descriptor left: "Too many open files") goes to `on_unreadable` with the
+reason — once per distinct reason — and is read again at every poll until it can be, so an edit
+made while the process was out of descriptors applies once it has them again; any exception
+while handing over is logged and goes to `on_error`; the next change (or SIGHUP) is handled as
+usual.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ class DesiredFileWatcher:
         self._seen = identity(path)
         self._handed_hash = hashlib.sha256(current).hexdigest() if current is not None else None
         self._forced = asyncio.Event()
+        self._unreadable: str | None = None  # why the last read failed (reported once)
 
     def trigger(self) -> None:
         """Re-read now (SIGHUP)."""
@@ -93,7 +97,7 @@ class DesiredFileWatcher:
 
     async def _check(self, forced: bool) -> None:
         now = identity(self.path)
-        if now is None or (now == self._seen and not forced):
+        if now is None or (now == self._seen and not forced and self._unreadable is None):
             return
         stable = await self._wait_stable(now)
         if stable is None:
@@ -116,11 +120,14 @@ class DesiredFileWatcher:
         try:
             data = await asyncio.to_thread(read_desired_bytes, self.path)
         except DesiredStateError as err:
-            log.warning("cannot read %s: %s", self.path, err)
             self._handed_hash = None  # a readable file again is handed over, even if unchanged
-            if self.on_unreadable is not None:
-                self.on_unreadable(err)
+            if str(err) != self._unreadable:  # read again every poll, reported once
+                self._unreadable = str(err)
+                log.warning("cannot read %s: %s", self.path, err)
+                if self.on_unreadable is not None:
+                    self.on_unreadable(err)
             return
+        self._unreadable = None
         digest = hashlib.sha256(data).hexdigest()
         if digest == self._handed_hash and not forced:
             return
