@@ -15,6 +15,13 @@ truncated before anyone sees them, and a repeated NACK of the same (type, versio
 once and counted (`NodeEntry.nacked`); what is kept per stream (fallback bookkeeping, NACK
 counts) lives in its `NodeEntry` and goes with it.
 
+Budgets and deadlines (`budget.py`, `limits.py`): each client identity (`identify`) holds at
+most so many streams, connections and bytes in requests being handled and responses being
+written; over one, the newest stream is refused with RESOURCE_EXHAUSTED. A stream must send its
+first request within `first_request_s`; a write that makes no progress for `write_stall_s` (a
+client granting no flow-control window) ends the stream. Any ending interrupts a blocked write,
+and frees the stream's initial-sync slot at once.
+
 With `verify_peer` (mTLS on), the client certificate's identity must name the PoP and node id
 the first request claims, else the stream ends with PERMISSION_DENIED (`on_stream_refused`).
 One live stream per node id: a newer stream of the same id closes the older one (ABORTED,
