@@ -15,9 +15,8 @@ import pytest
 from control_plane.admin.connections import AdminLimits
 from control_plane.admin.host_check import host_name
 from control_plane.app.service import BallastService, ServiceConfig
-from control_plane.translate.bootstrap import TEMPLATES
 
-EXAMPLE = TEMPLATES.parent / "examples" / "desired.yaml"
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "desired.yaml"
 LIMITS = AdminLimits(header_timeout_s=1.0, idle_timeout_s=2.0, max_connections=16)
 
 

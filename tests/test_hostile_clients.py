@@ -36,7 +36,6 @@ from control_plane.app.envoy_process import free_port
 from control_plane.app.server import BallastServer
 from control_plane.decisions.read import iter_records
 from control_plane.security.cert_dir import CertDir, Pair
-from control_plane.translate.bootstrap import TEMPLATES
 from control_plane.translate.resources import (
     CLUSTER_TYPE,
     ENDPOINT_TYPE,
@@ -48,7 +47,7 @@ from tests.support.xds_client import XdsClient, make_node
 from tests.support.zero_window import ZeroWindowConnection
 
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = TEMPLATES.parent / "examples" / "desired.yaml"
+EXAMPLE = ROOT / "examples" / "desired.yaml"
 FLOOD_CONNECTIONS, STREAMS_PER_CONNECTION = 10, 100  # 1,000 zero-window streams, one certificate
 FIRST_CONFIG_BOUND_S = 2.0
 RSS_CEILING_MB = 300  # docs/security.md: measured ~120 MB peak under this flood
