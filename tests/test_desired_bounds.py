@@ -17,9 +17,8 @@ from control_plane.desired import DesiredStateError, load_desired, parse_desired
 from control_plane.desired.errors import MAX_MESSAGE_CHARS, MAX_PROBLEMS
 from control_plane.desired.loader import MAX_FILE_BYTES
 from control_plane.desired.yaml_nodes import MAX_DEPTH
-from control_plane.translate.bootstrap import TEMPLATES
 
-EXAMPLE = TEMPLATES.parent / "examples" / "desired.yaml"
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "desired.yaml"
 
 
 def problems_of(text: str) -> list[str]:
