@@ -28,7 +28,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest
+from envoy.service.discovery.v3.discovery_pb2 import DeltaDiscoveryRequest, DiscoveryRequest
 
 from control_plane.ads.limits import AdsLimits
 from control_plane.ads.server import AdsServicer, server_options
@@ -413,3 +413,30 @@ async def test_a_client_closing_while_writes_are_blocked_leaves_no_traceback(
     finally:
         await ballast.stop(0)
     assert not [r for r in caplog.records if r.exc_info or "ExecuteBatchError" in r.getMessage()]
+
+
+async def test_delta_streams_with_thousands_of_initial_versions_hold_little(
+    served: Served,
+) -> None:
+    """20 zero-window delta streams with 9,999 initial versions each on one connection held
+    +300 MB: now the certificate's streams are budgeted, a superseded or stalled stream's
+    state goes at once, and what waits for its status holds no subscription."""
+    authority, _ = served.certs.load_or_make_ca(1)
+    attacker = served.certs.make_node(authority, "ewr", "ewr-delta", 1)
+    versions = {f"{i:05d}-" + "v" * 300: "1" for i in range(9_999)}  # ~3.1 MB a request
+    before_mb = served.status_line("VmRSS") / 1024
+    connection = await ZeroWindowConnection.open("127.0.0.1", served.xds, served.tls(attacker))
+    try:
+        for _ in range(20):
+            await connection.stream(DeltaDiscoveryRequest(
+                node=make_node("ewr-delta", "ewr"), type_url=CLUSTER_TYPE,
+                initial_resource_versions=versions))
+        deadline = time.monotonic() + 20
+        while connection.open_streams() > 8:
+            assert time.monotonic() < deadline, connection.status
+            await asyncio.sleep(0.05)
+        grown_mb = served.status_line("VmHWM") / 1024 - before_mb
+    finally:
+        await connection.close()
+    print(f"RSS {before_mb:.0f} MB before, peak +{grown_mb:.0f} MB")
+    assert grown_mb < 250  # measured +148 to +163 MB (docs/security.md); +300 MB before

@@ -394,7 +394,10 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             self._over_budget(identity, refusal)
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal.reason)
         try:
-            await self._serve_counted(context, mode, stream, identity)
+            ending = await self._serve_counted(context, mode, stream, identity)
+            del stream  # what the stream kept goes before a status that may have to wait
+            if ending is not None:
+                await _end_with_status(context, ending)
         finally:
             self.ledger.close(identity, connection)
 
@@ -404,21 +407,23 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         mode: Literal["sotw", "delta"],
         stream: SotwStream | DeltaStream,
         identity: str | None,
-    ) -> None:
+    ) -> _Signal | None:
+        """How the stream must end (a status to send), if not OK; the request held meanwhile
+        is released before."""
         try:
             first = await asyncio.wait_for(context.read(), self.limits.first_request_s)
         except TimeoutError:
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
                                 f"no first request within {self.limits.first_request_s:g} s")
         if first is grpc.aio.EOF:
-            return
+            return None
         held = first.ByteSize()  # the first request, held until its step is done
         refusal = self.ledger.hold(identity, held)
         if refusal is not None:
             self._over_budget(identity, refusal)
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal.reason)
         try:
-            await self._serve_stream(context, mode, stream, identity, first)
+            return await self._serve_stream(context, mode, stream, identity, first)
         finally:
             if held:
                 self.ledger.release(identity, held)
@@ -430,7 +435,7 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         stream: SotwStream | DeltaStream,
         identity: str | None,
         first: Any,
-    ) -> None:
+    ) -> _Signal | None:
         node = first.node
         try:
             check_node_id(node, self.limits)
@@ -549,8 +554,7 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             log.info("node %r disconnected (%s)", node_id, signal.details or signal.status.name)
         if signal.error is not None:
             raise signal.error  # in gRPC's task, as if the stream's task had pushed
-        if signal.status is not grpc.StatusCode.OK:
-            await _end_with_status(context, signal)
+        return signal if signal.status is not grpc.StatusCode.OK else None
 
     def _over_budget(self, identity: str | None, refusal: Refusal) -> None:
         """A stream refused (or ended) over a budget: logged and told at the 1st, 10th, 100th,

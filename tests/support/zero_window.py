@@ -15,9 +15,11 @@ import h2.config
 import h2.connection
 import h2.events
 import h2.settings
-from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest
+from envoy.service.discovery.v3.discovery_pb2 import DeltaDiscoveryRequest, DiscoveryRequest
 
-ADS_PATH = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"
+ADS = "/envoy.service.discovery.v3.AggregatedDiscoveryService/"
+ADS_PATH = ADS + "StreamAggregatedResources"
+DELTA_PATH = ADS + "DeltaAggregatedResources"
 
 
 def grpc_frame(message: bytes) -> bytes:
@@ -77,12 +79,14 @@ class ZeroWindowConnection:
         finally:
             self.closed = True
 
-    async def stream(self, request: DiscoveryRequest | None, authority: str = "ballast") -> int:
+    async def stream(self, request: DiscoveryRequest | DeltaDiscoveryRequest | None,
+                     authority: str = "ballast") -> int:
         """Open one ADS stream and send `request` as its first message, or (None) only the
         headers; the stream stays open. Large requests go out as the server grants window."""
         stream_id = self.conn.get_next_available_stream_id()
         self.conn.send_headers(stream_id, [
-            (":method", "POST"), (":scheme", "https"), (":path", ADS_PATH),
+            (":method", "POST"), (":scheme", "https"),
+            (":path", DELTA_PATH if isinstance(request, DeltaDiscoveryRequest) else ADS_PATH),
             (":authority", authority), ("content-type", "application/grpc"), ("te", "trailers"),
         ])
         self.writer.write(self.conn.data_to_send())
