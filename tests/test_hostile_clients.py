@@ -32,7 +32,6 @@ from envoy.service.discovery.v3.discovery_pb2 import DeltaDiscoveryRequest, Disc
 
 from control_plane.ads.limits import AdsLimits
 from control_plane.ads.server import AdsServicer, server_options
-from control_plane.app.envoy_process import free_port
 from control_plane.app.server import BallastServer
 from control_plane.decisions.read import iter_records
 from control_plane.security.cert_dir import CertDir, Pair
@@ -42,8 +41,10 @@ from control_plane.translate.resources import (
     LISTENER_TYPE,
     ROUTE_TYPE,
 )
-from tests.support.ads_desired import desired
-from tests.support.xds_client import XdsClient, make_node
+from harness.ads_desired import desired
+from harness.envoy_process import free_port
+from harness.eventually import eventually, eventually_blocking
+from harness.xds_client import XdsClient, make_node
 from tests.support.zero_window import ZeroWindowConnection
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -114,15 +115,17 @@ def start_serve(tmp_path: Path, *extra: str, limit_fds: int | None = None) -> Se
             preexec_fn=lower_fd_limit,
         )
     served = Served(proc, xds, admin, certs, desired, tmp_path / "state", log_path)
-    deadline = time.monotonic() + 30
-    while True:
-        with contextlib.suppress(OSError):
-            if b'"ready": true' in served.get("/readyz"):
-                return served
-        if proc.poll() is not None or time.monotonic() > deadline:
-            stop_serve(served)
-            raise AssertionError(f"ballast serve did not get ready:\n{log_path.read_text()}")
-        time.sleep(0.1)
+
+    def ready() -> bool:
+        assert proc.poll() is None, f"ballast serve exited:\n{log_path.read_text()}"
+        return b'"ready": true' in served.get("/readyz")
+
+    try:
+        eventually_blocking(ready, 30, "ballast serve ready", interval=0.1, ignore=(OSError,))
+    except AssertionError:
+        stop_serve(served)
+        raise
+    return served
 
 
 def stop_serve(served: Served) -> None:
@@ -184,19 +187,13 @@ async def test_a_thousand_zero_window_streams_of_one_certificate_stall_no_other_
         total = FLOOD_CONNECTIONS * STREAMS_PER_CONNECTION
         exhausted = str(grpc.StatusCode.RESOURCE_EXHAUSTED.value[0])
 
-        def refused() -> int:
-            return sum(s == exhausted for c in connections for s in c.status.values())
+        def refused_but_eight() -> bool:
+            # all but the identity's 8 streams refused at once (a superseded stream whose
+            # status could still go out ends with ABORTED and frees its place for one more)
+            refused = sum(s == exhausted for c in connections for s in c.status.values())
+            return sum(c.open_streams() for c in connections) <= 8 and refused >= total - 16
 
-        deadline = time.monotonic() + 20
-        # all but the identity's 8 streams refused at once (a superseded stream whose status
-        # could still go out ends with ABORTED and frees its place for one more)
-        while sum(c.open_streams() for c in connections) > 8 or refused() < total - 16:
-            assert time.monotonic() < deadline, (
-                f"only {refused()} of {total} refused: "
-                f"{Counter(s for c in connections for s in c.status.values())}, "
-                f"{sum(len(c.reset) for c in connections)} reset, "
-                f"{sum(c.open_streams() for c in connections)} open")
-            await asyncio.sleep(0.05)
+        await eventually(refused_but_eight, 20, "all but 8 streams refused")
         waits = [await first_config(served, victim, f"sjc-fresh-{i}", "sjc")
                  for i, victim in enumerate(victims[1:], 1)]
         listed = json.loads(await asyncio.to_thread(served.get, "/nodes"))["nodes"]
@@ -204,10 +201,8 @@ async def test_a_thousand_zero_window_streams_of_one_certificate_stall_no_other_
         assert ids.count("ewr-zw") <= 1 and len(ids) == len(set(ids)), ids
         peak_mb = served.status_line("VmHWM") / 1024
         # the 8 admitted streams' writes make no progress: ended, the id leaves /nodes
-        deadline = time.monotonic() + WRITE_TIMEOUT_S + 10
-        while b'"ewr-zw"' in await asyncio.to_thread(served.get, "/nodes"):
-            assert time.monotonic() < deadline, "stalled streams were not ended"
-            await asyncio.sleep(0.1)
+        await eventually(lambda: b'"ewr-zw"' not in served.get("/nodes"), WRITE_TIMEOUT_S + 10,
+                         "stalled streams ended", interval=0.1, in_thread=True)
     finally:
         for connection in connections:
             await connection.close()
@@ -226,20 +221,18 @@ FD_LIMIT = 400
 IDLE, SLOW = 150, 150  # admin connections held, beyond the cap (a quarter of FD_LIMIT)
 
 
-async def hold_admin_connections(port: int, stop: asyncio.Event) -> int:
+async def hold_admin_connections(port: int, stop: asyncio.Event, opened: list[int]) -> None:
     """IDLE silent and SLOW slowloris connections to the admin port (no token), each reopened
-    as soon as the server closes it, until `stop`; how many were opened in all."""
-    opened = 0
+    as soon as the server closes it, until `stop`; `opened[0]` counts them."""
 
     async def one(slow: bool) -> None:
-        nonlocal opened
         while not stop.is_set():
             try:
                 reader, writer = await asyncio.open_connection("127.0.0.1", port)
             except OSError:
                 await asyncio.sleep(0.1)
                 continue
-            opened += 1
+            opened[0] += 1
             try:
                 if slow:
                     writer.write(b"GET /status HTTP/1.1\r\nHost: 127.0.0.1\r\n")
@@ -254,7 +247,6 @@ async def hold_admin_connections(port: int, stop: asyncio.Event) -> int:
                 writer.close()
 
     await asyncio.gather(*(one(slow=i >= IDLE) for i in range(IDLE + SLOW)))
-    return opened
 
 
 async def test_idle_and_slow_admin_connections_beyond_the_cap_starve_nothing(
@@ -265,11 +257,13 @@ async def test_idle_and_slow_admin_connections_beyond_the_cap_starve_nothing(
     log grew 1.6 MB/s of accept tracebacks."""
     served = await asyncio.to_thread(start_serve, tmp_path, limit_fds=FD_LIMIT)
     stop = asyncio.Event()
-    holder = asyncio.create_task(hold_admin_connections(served.admin, stop))
+    opened = [0]
+    holder = asyncio.create_task(hold_admin_connections(served.admin, stop, opened))
     try:
         authority, _ = served.certs.load_or_make_ca(1)
         node = served.certs.make_node(authority, "sjc", "sjc-during-flood", 1)
-        await asyncio.sleep(3)  # the flood in full: connections at the cap and over it
+        # the flood in full: over the cap, the server closing connections, the flood reopening
+        await eventually(lambda: opened[0] > 2 * (IDLE + SLOW), 20, "the flood reopening")
         for _ in range(3):
             started = time.monotonic()
             assert b'"ok": true' in await asyncio.to_thread(served.get, "/healthz", 5)
@@ -279,19 +273,16 @@ async def test_idle_and_slow_admin_connections_beyond_the_cap_starve_nothing(
         assert edited != EXAMPLE.read_text()
         served.desired.write_text(edited)
         digest = hashlib.sha256(edited.encode()).hexdigest()
-        deadline = time.monotonic() + 15
-        while json.loads(await asyncio.to_thread(served.get, "/status"))["desired"][
-                "digest"] != digest:
-            assert time.monotonic() < deadline, "the desired-state edit was not applied"
-            await asyncio.sleep(0.2)
+        await eventually(
+            lambda: json.loads(served.get("/status"))["desired"]["digest"] == digest, 15,
+            "the desired-state edit applied", interval=0.2, in_thread=True)
         await asyncio.sleep(2)  # the flood goes on: the log must not grow with it
     finally:
         stop.set()
-        opened = await holder
+        await holder
         await asyncio.to_thread(stop_serve, served)
     log = served.log.read_text()
-    print(f"admin connections opened by the flood: {opened}; server log {len(log)} bytes")
-    assert opened > IDLE + SLOW  # the server closed connections and the flood reopened them
+    print(f"admin connections opened by the flood: {opened[0]}; server log {len(log)} bytes")
     assert "Traceback" not in log and "Too many open files" not in log, log[-3000:]
     assert len(log) < 10_000, log[-3000:]
 
@@ -328,10 +319,8 @@ async def test_streams_that_never_send_a_request_are_refused_or_ended_at_the_dea
         for connection in connections:
             for _ in range(STREAMS_PER_CONNECTION):
                 await connection.stream(None)
-        deadline = time.monotonic() + 10
-        while sum(c.open_streams() for c in connections):
-            assert time.monotonic() < deadline, "streams without a request were kept"
-            await asyncio.sleep(0.05)
+        await eventually(lambda: not sum(c.open_streams() for c in connections), 10,
+                         "every stream without a request ended")
         codes = Counter(s for c in connections for s in c.status.values())
         assert codes == {str(grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]): 200 - 8,
                          str(grpc.StatusCode.DEADLINE_EXCEEDED.value[0]): 8}, codes
@@ -364,10 +353,7 @@ async def test_large_requests_are_held_within_the_identitys_byte_budget() -> Non
             request = DiscoveryRequest(node=make_node(f"big-{i}", "ewr"), type_url=CLUSTER_TYPE,
                                        resource_names=names)
             await connection.stream(request)
-        deadline = time.monotonic() + 20
-        while len(connection.status) < 6 - 2:
-            assert time.monotonic() < deadline, connection.status
-            await asyncio.sleep(0.05)
+        await eventually(lambda: len(connection.status) >= 6 - 2, 20, "4 streams refused")
         _, _, held = servicer.ledger.holding("one identity")
         assert held <= limits.held_bytes_per_identity
         assert len(servicer.nodes) == 2  # two 3.5 MB requests fit in 8 MiB, the third did not
@@ -397,19 +383,14 @@ async def test_a_client_closing_while_writes_are_blocked_leaves_no_traceback(
                                        type_url=CLUSTER_TYPE)
             await connection.stream(blocked)
             await connection.stream(blocked)  # supersedes the first while its write is blocked
-        deadline = time.monotonic() + 5
-        while ballast.ads.syncing or len(ballast.nodes):
-            assert time.monotonic() < deadline, "stalled streams were not ended"  # after 1 s
-            await asyncio.sleep(0.05)
+        await eventually(lambda: not (ballast.ads.syncing or len(ballast.nodes)), 5,
+                         "stalled streams ended (after 1 s)")
         await connection.stream(DiscoveryRequest(node=make_node("still", "ewr"),
                                                  type_url=CLUSTER_TYPE))
-        while not ballast.nodes.by_node("still"):
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.05)
+        await eventually(lambda: ballast.nodes.by_node("still"), 5, "node 'still' admitted")
         await connection.close()
-        while ballast.ads.ledger.streams:  # every call really over once the client is gone
-            assert time.monotonic() < deadline + 5, ballast.ads.ledger.streams
-            await asyncio.sleep(0.05)
+        # every call really over once the client is gone
+        await eventually(lambda: not ballast.ads.ledger.streams, 10, "every call over")
     finally:
         await ballast.stop(0)
     assert not [r for r in caplog.records if r.exc_info or "ExecuteBatchError" in r.getMessage()]
@@ -431,10 +412,7 @@ async def test_delta_streams_with_thousands_of_initial_versions_hold_little(
             await connection.stream(DeltaDiscoveryRequest(
                 node=make_node("ewr-delta", "ewr"), type_url=CLUSTER_TYPE,
                 initial_resource_versions=versions))
-        deadline = time.monotonic() + 20
-        while connection.open_streams() > 8:
-            assert time.monotonic() < deadline, connection.status
-            await asyncio.sleep(0.05)
+        await eventually(lambda: connection.open_streams() <= 8, 20, "all but 8 streams ended")
         grown_mb = served.status_line("VmHWM") / 1024 - before_mb
     finally:
         await connection.close()
