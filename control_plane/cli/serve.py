@@ -119,6 +119,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     tls.add_argument("--client-ca", type=Path, metavar="FILE",
                      help="CA that node certificates must chain to; client certificates are "
                      "required and their identity must match node id and PoP")
+    tls.add_argument("--allow-plaintext-secrets", action="store_true",
+                     help="without mTLS, still send TLS listeners' certificates and private "
+                     "keys (SDS) to Envoys connecting from loopback (this machine); never to "
+                     "any other peer")
     parser.add_argument("--admin-token-file", type=Path, metavar="FILE",
                         help="require this bearer token (one word, >= 16 characters; re-read "
                         "when the file changes) for every admin route but /healthz and "
@@ -218,6 +222,7 @@ def run(args: argparse.Namespace) -> int:
                                  idle_timeout_s=args.admin_idle_timeout / 1000,
                                  max_connections=args.admin_connections),
         admin_host_names=tuple(args.admin_host),
+        allow_plaintext_secrets=args.allow_plaintext_secrets,
         store_url=args.store,
         replica_id=args.replica_id,
         leader_ttl_s=max(2, round(args.leader_ttl / 1000)),
