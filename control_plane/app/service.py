@@ -48,7 +48,7 @@ from control_plane.desired import parse_desired, read_desired_bytes
 from control_plane.desired.loader import watched_files
 from control_plane.desired.model import Desired
 from control_plane.desired.warnings import desired_warnings
-from control_plane.intent.etcd_store import EtcdStore, parse_store_url
+from control_plane.intent.etcd_store import EtcdStore, StoreCredentials, parse_store_url
 from control_plane.intent.replicated_store import ReplicatedStore
 from control_plane.intent.running import ramp_key, tier_key
 from control_plane.intent.sqlite_store import StateStore
@@ -99,6 +99,7 @@ class ServiceConfig:
     # without `tls`: SDS secrets (private keys) still go to Envoys connecting from loopback
     allow_plaintext_secrets: bool = False
     store_url: str | None = None  # etcd://HOST:PORT[,...]: replicas share the intent there
+    store_credentials: StoreCredentials | None = None  # etcd client TLS and/or user, password
     replica_id: str | None = None  # this replica's name among them (default: the xDS address)
     leader_ttl_s: int = 5  # the leader's lease; a follower takes over within it
     # what start-up built kept out of full garbage collections (`app/heap.py`); the process's
@@ -305,7 +306,7 @@ class BallastService:
         config = self.config
         replica = config.replica_id or config.xds_address
         return Replication(
-            EtcdStore(parse_store_url(url)),
+            EtcdStore(parse_store_url(url), credentials=config.store_credentials),
             replica,
             ttl_s=config.leader_ttl_s,
             owner=lambda: self.server.intent,

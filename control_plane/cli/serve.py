@@ -17,7 +17,7 @@ from control_plane.ads.limits import DEFAULT_LIMITS, AdsLimits
 from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.decisions.budget import DEFAULT_BURST_BYTES, DEFAULT_BYTES_PER_S, BudgetConfig
 from control_plane.desired import DesiredStateError
-from control_plane.intent.etcd_store import StoreUnavailable, parse_store_url
+from control_plane.intent.etcd_store import StoreCredentials, StoreUnavailable, parse_store_url
 from control_plane.intent.sqlite_store import StateCorrupted
 from control_plane.intent.state_dir import state_dir
 from control_plane.intent.state_dir_lock import StateDirBusy
@@ -160,6 +160,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     replicas.add_argument("--leader-ttl", type=_milliseconds, default=5000, metavar="DURATION",
                           help="the leader's lease: a follower takes over within it "
                           "(default 5s, at least 2s)")
+    replicas.add_argument("--store-ca", type=Path, metavar="FILE",
+                          help="etcd's CA (PEM): talk to etcd over TLS")
+    replicas.add_argument("--store-cert", type=Path, metavar="FILE",
+                          help="client certificate for etcd (PEM; with etcd's "
+                          "--client-cert-auth its CN is the etcd user); with --store-key")
+    replicas.add_argument("--store-key", type=Path, metavar="FILE", help="its private key (PEM)")
+    replicas.add_argument("--store-user", metavar="NAME",
+                          help="etcd user (password authentication), with --store-password-file")
+    replicas.add_argument("--store-password-file", type=Path, metavar="FILE",
+                          help="file holding that user's password (read at each connection)")
     parser.add_argument("--log-level", default="info",
                         choices=["debug", "info", "warning", "error"], help="default info")
 
@@ -177,7 +187,12 @@ def _replica_problem(args: argparse.Namespace) -> str:
         return "--leader-ttl must be at least 2s"
     if args.replica_id is not None and not REPLICA_ID.match(args.replica_id):
         return f"--replica-id {args.replica_id[:80]!r}: 1-64 of letters, digits, '.', '_', '-'"
-    return ""
+    return _store_credentials(args).problem()
+
+
+def _store_credentials(args: argparse.Namespace) -> StoreCredentials:
+    return StoreCredentials(ca=args.store_ca, cert=args.store_cert, key=args.store_key,
+                            user=args.store_user, password_file=args.store_password_file)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -195,6 +210,10 @@ def run(args: argparse.Namespace) -> int:
         if problem:
             print(f"ballast serve: {problem}", file=sys.stderr)
             return 2
+    elif any(v is not None for v in (args.store_ca, args.store_cert, args.store_key,
+                                      args.store_user, args.store_password_file)):
+        print("ballast serve: the --store-* credentials need --store", file=sys.stderr)
+        return 2
     tls_given = [args.tls_cert, args.tls_key, args.client_ca]
     if any(tls_given) and not all(tls_given):
         print("ballast serve: mTLS needs --tls-cert, --tls-key and --client-ca together",
@@ -224,6 +243,7 @@ def run(args: argparse.Namespace) -> int:
         admin_host_names=tuple(args.admin_host),
         allow_plaintext_secrets=args.allow_plaintext_secrets,
         store_url=args.store,
+        store_credentials=_store_credentials(args) if args.store is not None else None,
         replica_id=args.replica_id,
         leader_ttl_s=max(2, round(args.leader_ttl / 1000)),
         freeze_heap=True,  # this process is the server: long-lived objects out of full GCs
