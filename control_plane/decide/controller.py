@@ -7,7 +7,10 @@ to replay it (``replay_record``). The rules, with seed 002's numbers as defaults
 1. **Fail static.** No signals, an origin without signals, or a newest sample older than
    ``stale_after_ms``: the weights and the streaks are held and the reason is given.
 2. **Streaks.** A window *breaches* when 5xx + connect failures > ``error_rate_threshold`` or
-   p95 > ``p95_threshold_ms``; it is *healthy* when it does not breach and p50 < ``return_p50_ms``.
+   p95 > ``p95_threshold_ms`` with enough evidence (``decide/evidence.py``: ``min_samples`` and
+   a confidence bound); it is *healthy* when it has enough samples, does not breach and
+   p50 < ``return_p50_ms``; a window without enough samples is *inconclusive* and leaves both
+   streaks as they were.
    Each origin counts consecutive breached and consecutive healthy windows, up to the thresholds
    that read them (``breach_windows`` + 1, so a rule can say "more than N";
    ``return_healthy_windows``): a pair that stays healthy, or stays sick, changes no state and
@@ -35,12 +38,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
-from control_plane.decide.health import (
-    HealthScore,
-    breach_reasons,
-    is_healthy_window,
-    score_origin,
-)
+from control_plane.decide.evidence import WindowEvidence, judge
+from control_plane.decide.health import HealthScore, score_origin
 from control_plane.decide.inputs import LazyInputs
 from control_plane.decide.signals import GroupSignals, OriginSignals
 from control_plane.desired.model import FailoverPolicy, GroupWeights, home_weights
@@ -396,22 +395,9 @@ def step(
             reason="fail_static",
         )
     scores = {name: score_origin(signals[name], policy) for name in preference}
-    breaches = {name: breach_reasons(signals[name], policy) for name in preference}
-    # streaks count up to the thresholds that read them (one past, for the breach, so a rule
-    # can say "more than N"), then stay: a pair that stays healthy or sick changes no state
-    unhealthy_cap = policy.breach_windows + 1
-    healthy_cap = policy.return_healthy_windows
-    new_state = ControllerState(
-        unhealthy_windows={
-            name: min(state.unhealthy(name) + 1, unhealthy_cap) if breaches[name] else 0
-            for name in preference
-        },
-        healthy_windows={
-            name: min(state.healthy(name) + 1, healthy_cap)
-            if is_healthy_window(signals[name], policy) else 0
-            for name in preference
-        },
-    )
+    evidence = {name: judge(signals[name], policy) for name in preference}
+    breaches = {name: evidence[name].breaches for name in preference}
+    new_state = _streaks(policy, state, evidence)
     tick = _Tick(policy, preference, before, home, scores, breaches, new_state, jitter)
     kind: StepKind
     reason: str
@@ -427,13 +413,36 @@ def step(
     else:
         after = dict(before)
         kind, reason, rule, nxt = _no_move(tick)
-    inputs = LazyInputs(_inputs_json, now_ms, jitter, preference, home, state, signals, scores)
+    inputs = LazyInputs(_inputs_json, now_ms, jitter, preference, home, state, signals, scores,
+                        evidence)
     return StepResult(kind, rule, nxt, before, after, scores, new_state, inputs, reason)
+
+
+def _streaks(
+    policy: FailoverPolicy, state: ControllerState, evidence: Mapping[str, WindowEvidence]
+) -> ControllerState:
+    """The streaks after this window. They count up to the thresholds that read them (one
+    past, for the breach, so a rule can say "more than N"), then stay: a pair that stays
+    healthy or sick changes no state. An inconclusive window (too few samples,
+    `decide/evidence.py`) neither breaches nor counts as healthy: both streaks stay."""
+    unhealthy_cap = policy.breach_windows + 1
+    healthy_cap = policy.return_healthy_windows
+    unhealthy: dict[str, int] = {}
+    healthy: dict[str, int] = {}
+    for name, judged in evidence.items():
+        if judged.verdict == "inconclusive":
+            unhealthy[name], healthy[name] = state.unhealthy(name), state.healthy(name)
+            continue
+        unhealthy[name] = min(state.unhealthy(name) + 1, unhealthy_cap) if judged.breaches else 0
+        healthy[name] = (min(state.healthy(name) + 1, healthy_cap)
+                         if judged.verdict == "healthy" else 0)
+    return ControllerState(unhealthy_windows=unhealthy, healthy_windows=healthy)
 
 
 def _inputs_json(
     now_ms: int, jitter: int, preference: tuple[str, ...], home: GroupWeights,
     state: ControllerState, signals: GroupSignals | None, scores: Mapping[str, HealthScore],
+    evidence: Mapping[str, WindowEvidence] | None = None,
 ) -> dict[str, Any]:
     """A step's inputs as its record holds them (what `replay_record` reads)."""
     return {
@@ -447,6 +456,9 @@ def _inputs_json(
             else {name: signals_to_dict(sig) for name, sig in sorted(signals.items())}
         ),
         "scores": {name: score.to_dict() for name, score in scores.items()},
+        # each origin's window judged on its evidence (decide/evidence.py); derived from the
+        # signals, so a replay recomputes it
+        "evidence": {name: judged.to_dict() for name, judged in (evidence or {}).items()},
     }
 
 

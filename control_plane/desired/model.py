@@ -92,6 +92,10 @@ class FailoverPolicy:
     return_p50_ms: int = 250
     return_speed: float = 0.5  # return moves at this fraction of the leave step
     stale_after_ms: int = 45_000  # metrics older than this hold weights (fail static)
+    # Evidence (decide/evidence.py): a window with fewer samples (attempts, with probes filling
+    # in; latency observations) neither breaches nor counts as healthy. 10: a standby's 12
+    # probes of a 30 s window suffice, and one failure in 10 is no breach (lower bound 1.8 %).
+    min_samples: int = 10
 
 
 RampDegrade = Literal["hold", "back_off"]

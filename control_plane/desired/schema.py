@@ -95,6 +95,7 @@ FAILOVER_FIELDS: FieldTable = {
     "return_p50": ("return_p50_ms", duration()),
     "return_speed": ("return_speed", number(0.01, 1)),
     "stale_after": ("stale_after_ms", duration(1000, 86_400_000)),
+    "min_samples": ("min_samples", integer(1, 1_000_000)),
 }
 
 MAX_RAMP_STEPS = 10
