@@ -52,12 +52,13 @@ GroupSignals = dict[str, OriginSignals]
 class WaitQuantiles:
     """Pool wait of one tier's requests in the window, from sampled access-log entries: the
     time from the request's first byte to its first byte sent upstream
-    (`time_to_first_upstream_tx_byte`)."""
+    (`time_to_first_upstream_tx_byte`), of requests that took one attempt."""
 
     p50_ms: float
     p95_ms: float
     p99_ms: float
     samples: int
+    excluded: int = 0  # retried or hedged requests of the window, not samples of the wait
 
     def quantile(self, name: str) -> float:
         return {"p50": self.p50_ms, "p95": self.p95_ms, "p99": self.p99_ms}[name]

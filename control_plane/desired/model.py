@@ -189,6 +189,9 @@ class TierActionPolicy:
     trigger: TriggerKind = "wait"
     trigger_wait_ms: int = 35
     trigger_wait_quantile: WaitQuantile = "p95"
+    # single-attempt samples a window needs for the wait trigger (else: `pending` for it); at
+    # least what puts two samples at or above the quantile (decide/tiers.py)
+    trigger_wait_min_samples: int = 20
     trigger_pending: int = 10
     for_ms: int = 30_000
     demote_tier: str | None = "normal"

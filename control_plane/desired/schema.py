@@ -149,6 +149,7 @@ TIER_ACTION_FIELDS: FieldTable = {
     "trigger": ("trigger", choice("wait", "pending")),
     "trigger_wait": ("trigger_wait_ms", duration(1, 600_000)),
     "trigger_wait_quantile": ("trigger_wait_quantile", choice("p50", "p95", "p99")),
+    "trigger_wait_min_samples": ("trigger_wait_min_samples", integer(2, 1_000_000)),
     "trigger_pending": ("trigger_pending", integer(0, 1_000_000)),
     "for": ("for_ms", duration(0, 3_600_000)),
     "shed_threshold": ("shed_threshold", fraction(0.01, 1)),
