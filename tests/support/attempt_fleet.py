@@ -2,25 +2,29 @@
 standby) at fixed weights, streaming its stats (metrics_service and OTLP host stats) and every
 request's access-log entry to Ballast's own sinks, in front of two origins that record each
 attempt they serve (attempt number from `x-envoy-attempt-count`, tier, status, and their own
-service time). For the per-origin attribution, retry and pool-wait tests.
+service time), each in its own process. For the per-origin attribution, retry and pool-wait
+tests.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
-import math
-import time
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import grpc
-from aiohttp import web
 
-from control_plane.app.envoy_process import EnvoyProcess, find_envoy, free_port
+from control_plane.app.envoy_process import EnvoyProcess, find_envoy, free_port, stop_group
 from control_plane.desired.model import AccessLog, Desired, Origin
 from control_plane.observe.access_log import AccessLogStore, add_access_log_service
 from control_plane.observe.sink import SinkStore, add_metrics_service
@@ -31,6 +35,7 @@ from control_plane.translate.resources import Capabilities
 from tests.support.models import example_desired, shop_group
 from tests.support.replicas import until
 
+REPO = Path(__file__).resolve().parents[2]
 # A request's path and headers per tier, as the example classification sorts them.
 TIER_REQUESTS: dict[str, tuple[str, dict[str, str]]] = {
     "critical": ("/api/checkout", {}),
@@ -52,45 +57,48 @@ class Attempt:
 
 @dataclass
 class AttemptOrigin:
-    """Answers 503 to a share `fail_rate` of its requests (exactly every 1/rate-th) after
-    `fail_ms`, the others 200 after the next of `answer_ms` (cycled)."""
+    """An origin in its own process (`python -m tests.support.attempt_origin`), so that its own
+    measurements are not delayed by the test's event loop (Ballast's sinks, the clients): it
+    answers 503 to a share `fail_rate` of its requests (exactly every 1/rate-th) after
+    `fail_ms`, the others 200 after the next of `answer_ms` (cycled), and writes each attempt
+    to a JSON-lines file."""
 
     name: str
-    attempts: list[Attempt]
     fail_rate: float = 0.0
     fail_ms: float = 0.0
     answer_ms: Sequence[float] = (1.0,)
     port: int = 0
-    _served: int = 0
-    _runner: web.AppRunner | None = None
-    _cycle: Any = field(default=None, repr=False)
+    _proc: subprocess.Popen[bytes] | None = None
+    _log: Path | None = None
 
-    async def start(self) -> AttemptOrigin:
-        self._cycle = itertools.cycle(self.answer_ms)
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
+    async def start(self, folder: Path) -> AttemptOrigin:
         self.port = free_port()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+        self._log = folder / f"{self.name}.jsonl"
+        config = {"name": self.name, "port": self.port, "fail_rate": self.fail_rate,
+                  "fail_ms": self.fail_ms, "answer_ms": list(self.answer_ms),
+                  "log": str(self._log)}
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.support.attempt_origin", json.dumps(config)],
+            cwd=REPO, start_new_session=True)
+        await until(self._listening, 20, f"origin {self.name} listening")
         return self
 
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
+    def _listening(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                return True
+        except OSError:
+            return False
 
-    async def _handle(self, request: web.Request) -> web.Response:
-        started = time.perf_counter()
-        before = math.floor(self._served * self.fail_rate)
-        self._served += 1
-        fail = math.floor(self._served * self.fail_rate) > before
-        await asyncio.sleep((self.fail_ms if fail else next(self._cycle)) / 1000)
-        status = 503 if fail else 200
-        self.attempts.append(Attempt(
-            self.name, request.headers.get("x-ballast-tier", ""),
-            int(request.headers.get("x-envoy-attempt-count") or 1), status,
-            (time.perf_counter() - started) * 1000))
-        return web.Response(status=status, text=f"{self.name}\n")
+    def attempts(self) -> list[Attempt]:
+        if self._log is None or not self._log.exists():
+            return []
+        lines = self._log.read_text().splitlines()
+        return [Attempt(**json.loads(line)) for line in lines if line.endswith("}")]
+
+    def stop(self) -> None:
+        if self._proc is not None:
+            stop_group(self._proc, 5)
 
 
 @dataclass
@@ -100,9 +108,13 @@ class AttemptFleet:
     envoy: EnvoyProcess
     primary: AttemptOrigin
     standby: AttemptOrigin
-    attempts: list[Attempt]
     sink: SinkStore
     access_logs: AccessLogStore
+
+    @property
+    def attempts(self) -> list[Attempt]:
+        """Every attempt either origin has written down so far."""
+        return self.primary.attempts() + self.standby.attempts()
 
     async def send(self, tier: str, requests: int, concurrency: int = 1) -> list[int]:
         """`requests` GETs classified into `tier`, at most `concurrency` at a time: statuses."""
@@ -151,8 +163,9 @@ async def attempt_fleet(weights: dict[str, int], primary: AttemptOrigin,
                         standby: AttemptOrigin) -> AsyncIterator[AttemptFleet]:
     """Envoy (ready) at `weights` in front of both origins (started here, stopped on exit)."""
     find_envoy()
-    await primary.start()
-    await standby.start()
+    folder = Path(tempfile.mkdtemp(prefix="ballast-attempts-"))
+    await primary.start(folder)
+    await standby.start(folder)
     desired = fleet_desired(primary.port, standby.port)
     sink, access_logs = SinkStore(desired=desired), AccessLogStore(desired=desired)
     server = grpc.aio.server()
@@ -167,10 +180,11 @@ async def attempt_fleet(weights: dict[str, int], primary: AttemptOrigin,
         await asyncio.to_thread(envoy.wait_ready)
         # the first host-stats export is every counter's baseline: traffic starts after it
         await until(lambda: bool(sink.host_windows(0, wall_ms())), 20, "a host-stats export")
-        yield AttemptFleet(desired, desired.listeners[0].port, envoy, primary, standby,
-                           primary.attempts, sink, access_logs)
+        yield AttemptFleet(desired, desired.listeners[0].port, envoy, primary, standby, sink,
+                           access_logs)
     finally:
         envoy.stop()
         await server.stop(None)
-        await primary.stop()
-        await standby.stop()
+        primary.stop()
+        standby.stop()
+        shutil.rmtree(folder, ignore_errors=True)
