@@ -109,3 +109,21 @@ def test_retarget_keeps_unchanged_results_and_drops_changed_ones() -> None:
     assert prober.results("shop", "primary") == ((1000, True),)
     assert prober.results("shop", "secondary") == ()
     assert prober.targets == [a, moved]
+
+
+async def test_probes_fill_in_the_latency_of_a_thin_window():
+    prober = Prober([target("primary", 1), target("secondary", 2)], interval_ms=1000)
+    for i in range(12):  # a 30 s window of 5 s rounds, two paths each
+        prober.record("shop", "secondary", 100 + i, True, latency_ms=float(i + 1))
+        prober.record("shop", "primary", 100 + i, True, latency_ms=500.0)
+    prober.record("shop", "secondary", 150, False, latency_ms=4000.0)  # failed: not timed
+    source = CombinedSource(
+        Fixed({("ewr", "shop"): {"primary": passive(1000, 800), "secondary": passive(6, 800)}}),
+        prober,
+    )
+    signals = await source.window(1000, 30_000)
+    thin = signals["ewr", "shop"]["secondary"]
+    assert (thin.probes, thin.latency_samples, thin.latency_from) == (13, 12, "probes")
+    assert (thin.p50_ms, thin.p95_ms, thin.p95_low_ms) == (6.0, 12.0, 9.0)
+    busy = signals["ewr", "shop"]["primary"]  # 1000 passive samples outweigh 12 probes
+    assert (busy.probes, busy.p50_ms, busy.latency_from) == (12, 10.0, "whole_request")
