@@ -35,7 +35,9 @@ before (measured above: 41.7 ms logged for a standby answering in 40 ms, where E
 (PoP, group, origin), the desired state (`endpoint_origins`) naming the origin of a
 (tier cluster, address); `WithAttemptLatency` puts their quantiles into the per-origin signals
 in place of the zone histogram's. A request whose last attempt got no answer byte (reset,
-timeout) has no service time: its failure is in the per-host error counters.
+timeout) has no service time: its failure is in the per-host error counters. A hedged request
+logs the attempt that won (measured: primary stalled 80 ms, hedge after 50 ms to a 200 ms
+standby; the entries name the primary with its own timing, first byte sent at 0 ms).
 
 Per (PoP, tier cluster) the store keeps one `WaitSample` per logged request, at most
 `max_samples` per cluster and `retention_ms` long; `waits` gives p50 / p95 / p99 per window.
