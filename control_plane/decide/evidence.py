@@ -117,6 +117,9 @@ def judge(signals: OriginSignals, policy: FailoverPolicy) -> WindowEvidence:
     else:
         notes.append(f"errors: {total} samples < min_samples {need}")
     counted = latency_samples(signals)
+    if signals.latency_from == "whole_request" and counted:
+        notes.append("latency from Envoy's zone histogram: a retried request's whole life "
+                     "counts against the origin that answered last (no access logs here)")
     latency_known = counted >= need and signals.p95_ms is not None
     p95 = signals.p95_ms
     if latency_known and p95 is not None and p95 > policy.p95_threshold_ms:
