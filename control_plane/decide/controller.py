@@ -199,10 +199,9 @@ class _Tick:
         count, need = self.state.unhealthy(name), self.policy.breach_windows
         windows = (f"window {count} of {need}" if count <= need
                    else f"more than {need} windows in a row")
-        return (
-            f"{name} {', '.join(self.breaches[name])} ({windows}); "
-            f"score {self.scores[name].describe()}"
-        )
+        # a sick origin stays sick through a window too thin to judge (decide/evidence.py)
+        reasons = ", ".join(self.breaches[name]) or "too few samples this window"
+        return f"{name} {reasons} ({windows}); score {self.scores[name].describe()}"
 
 
 def _sized(base: int, jitter: int, limit: int) -> int:
