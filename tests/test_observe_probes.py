@@ -54,6 +54,11 @@ async def test_probes_tell_a_healthy_from_a_failing_and_a_slow_and_a_dead_origin
     assert prober.share("shop", "unknown", now, window) is None
     rounds = len([r for r in prober.results("shop", "primary") if r[0] > start]) // 2
     assert 3 <= rounds <= 9  # every 200 ms, both paths
+    # each passing probe is timed (the fill-in latency of a thin window); failed ones are not
+    timed = prober.latencies("shop", "primary", now, window)
+    assert len(timed) == prober.count("shop", "primary", now, window) == 2 * rounds
+    assert all(0 < ms < window for ms in timed), timed
+    assert prober.latencies("shop", "tertiary", now, window) == []
     # the rolling window forgets old results
     assert prober.share("shop", "primary", now + 60_000, 1000) is None
 
