@@ -20,8 +20,8 @@ import pytest
 from control_plane.desired.defaults import DEFAULT_TIERS
 from control_plane.observe.access_log import WithAttemptLatency, nearest_rank
 from control_plane.observe.source import wall_ms
+from harness.eventually import eventually
 from tests.support.attempt_fleet import AttemptFleet, AttemptOrigin, attempt_fleet
-from tests.support.replicas import until
 
 pytestmark = [pytest.mark.envoy, pytest.mark.timeout(180)]
 
@@ -39,7 +39,8 @@ def _p(values: list[float], q: float) -> float:
 async def _settled(fleet: AttemptFleet, requests: int, started_ms: int) -> None:
     """Until every request's access-log entry arrived and the host stats caught up with the
     attempts the origins saw."""
-    await until(lambda: fleet.access_logs.received >= requests, 20, "every access-log entry")
+    await eventually(lambda: fleet.access_logs.received >= requests, 20,
+                     "every access-log entry")
     seen = Counter(a.origin for a in fleet.attempts)  # the origins answered: all written
 
     def hosts_caught_up() -> bool:
@@ -49,7 +50,7 @@ async def _settled(fleet: AttemptFleet, requests: int, started_ms: int) -> None:
                    and windows["ewr", "shop", name].requests >= count
                    for name, count in seen.items())
 
-    await until(hosts_caught_up, 20, "the host stats of every attempt")
+    await eventually(hosts_caught_up, 20, "the host stats of every attempt")
 
 
 async def test_the_standby_is_judged_on_the_attempts_it_served() -> None:

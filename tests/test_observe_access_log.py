@@ -14,7 +14,7 @@ from control_plane.observe.access_log import (
     wait_sample,
 )
 from control_plane.observe.source import Signals, TierSignals
-from tests.support.models import example_desired
+from harness.models import example_desired
 
 T0 = 1_800_000_000_000
 

@@ -24,16 +24,17 @@ from typing import Any
 import aiohttp
 import grpc
 
-from control_plane.app.envoy_process import EnvoyProcess, find_envoy, free_port, stop_group
+from control_plane.cli.envoy_validate import find_envoy
 from control_plane.desired.model import AccessLog, Desired, Origin
 from control_plane.observe.access_log import AccessLogStore, add_access_log_service
 from control_plane.observe.sink import SinkStore, add_metrics_service
 from control_plane.observe.source import wall_ms
-from control_plane.translate import static_bootstrap, translate_pop
+from control_plane.translate import PopIntent, static_bootstrap, translate_pop
 from control_plane.translate.bootstrap import ads_bootstrap
 from control_plane.translate.resources import Capabilities
-from tests.support.models import example_desired, shop_group
-from tests.support.replicas import until
+from harness.envoy_process import EnvoyProcess, free_port, stop_group
+from harness.eventually import eventually
+from harness.models import example_desired, shop_group
 
 REPO = Path(__file__).resolve().parents[2]
 # A request's path and headers per tier, as the example classification sorts them.
@@ -80,7 +81,7 @@ class AttemptOrigin:
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "tests.support.attempt_origin", json.dumps(config)],
             cwd=REPO, start_new_session=True)
-        await until(self._listening, 20, f"origin {self.name} listening")
+        await eventually(self._listening, 20, f"origin {self.name} listening")
         return self
 
     def _listening(self) -> bool:
@@ -151,8 +152,8 @@ def fleet_bootstrap(desired: Desired, weights: dict[str, int], admin_port: int,
                               metrics_sink=True)
     del bootstrap["dynamic_resources"]
     del bootstrap["layered_runtime"]  # its RTDS layer needs the ADS config
-    static = static_bootstrap(translate_pop(desired, "ewr", {"shop": weights},
-                                            Capabilities(access_log=True)))
+    static = static_bootstrap(translate_pop(desired, "ewr", Capabilities(access_log=True),
+                                            PopIntent(weights={"shop": weights})))
     bootstrap["static_resources"]["clusters"].extend(static["static_resources"]["clusters"])
     bootstrap["static_resources"]["listeners"] = static["static_resources"]["listeners"]
     return bootstrap
@@ -179,7 +180,7 @@ async def attempt_fleet(weights: dict[str, int], primary: AttemptOrigin,
         envoy.start()
         await asyncio.to_thread(envoy.wait_ready)
         # the first host-stats export is every counter's baseline: traffic starts after it
-        await until(lambda: bool(sink.host_windows(0, wall_ms())), 20, "a host-stats export")
+        await eventually(lambda: bool(sink.host_windows(0, wall_ms())), 20, "a host-stats export")
         yield AttemptFleet(desired, desired.listeners[0].port, envoy, primary, standby, sink,
                            access_logs)
     finally:
