@@ -132,3 +132,14 @@ def test_an_inconclusive_window_leaves_the_streaks_and_is_recorded() -> None:
     after = step(POLICY, names, weights, state, sure, 2000, 0)
     assert after.state.unhealthy("primary") == 2 and after.state.healthy("secondary") == 3
     assert after.kind == "weight_shift"
+
+
+def test_a_sick_origin_in_a_thin_window_gives_weight_but_never_takes_it() -> None:
+    names = ("primary", "secondary")
+    weights = {"primary": 60, "secondary": 40}
+    sick = ControllerState({"primary": 3, "secondary": 0}, {"primary": 0, "secondary": 3})
+    thin = {"primary": sig(4, 4, at=1000), "secondary": sig(400, 0, at=1000)}
+    result = step(replace(POLICY, mode="linear"), names, weights, sick, thin, 1000, 0)
+    assert result.kind == "weight_shift" and result.changed
+    assert result.weights_after["primary"] < 60
+    assert "primary too few samples this window" in result.rule

@@ -189,6 +189,12 @@ class _Tick:
             if self.state.unhealthy(name) >= self.policy.breach_windows
         ]
 
+    def receivers(self) -> list[str]:
+        """Origins that may take weight: not breaching this window and not sick (a sick origin
+        stays sick through an inconclusive window, `decide/evidence.py`)."""
+        sick = set(self.sick())
+        return [name for name in self.preference if not self.breaches[name] and name not in sick]
+
     def pending(self) -> list[str]:
         return [
             name for name in self.preference
@@ -235,7 +241,7 @@ def _leave(tick: _Tick) -> tuple[dict[str, int], str, str] | None:
     """Move weight off sick origins; None when nothing can move."""
     policy = tick.policy
     sick = tick.sick()
-    receivers = [name for name in tick.preference if not tick.breaches[name]]
+    receivers = tick.receivers()
     targets = {name: _leave_target(policy, tick.current[name], tick.scores[name].composite)
                for name in sick}
     gaps = {name: tick.current[name] - targets[name] for name in sick}
@@ -324,7 +330,7 @@ def _no_move(tick: _Tick) -> tuple[StepKind, str, str, str]:
             + ("s" if left > 1 else ""),
         )
     if sick:
-        receivers = [name for name in tick.preference if not tick.breaches[name]]
+        receivers = tick.receivers()
         if receivers:
             where = ", ".join(
                 f"{name} at {tick.current[name]}, target "
