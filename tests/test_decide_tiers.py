@@ -420,7 +420,7 @@ def test_record_fields_and_state_round_trip_through_json() -> None:
     assert fields["detail"]["actions"] == {
         "demote_tier": "normal", "demote_to": "background", "demote_share": 50,
         "shed_tier": "background", "retry_after_s": 60, "shed_tiers": [], "limits": {},
-        "shed_status": {"background": 503},
+        "shed_status": {"background": 503}, "pending_limits": {},
     }
     assert TierState.from_dict(json.loads(json.dumps(result.state.to_dict()))) == result.state
 

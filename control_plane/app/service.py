@@ -28,8 +28,10 @@ from typing import Any, Literal
 
 from control_plane.admin.api import AdminApi
 from control_plane.admin.auth import AdminAuth, AdminAuthError, TokenFile, check_bind
+from control_plane.admin.connections import DEFAULT_ADMIN_LIMITS, AdminLimits
 from control_plane.admin.dashboard import Dashboard
 from control_plane.admin.decision_feed import DecisionFeed
+from control_plane.ads.limits import DEFAULT_LIMITS, AdsLimits
 from control_plane.app.heap import release_heap, settle_heap
 from control_plane.app.reconcile import Reconciler
 from control_plane.app.reload import DesiredFileWatcher
@@ -92,10 +94,13 @@ class ServiceConfig:
     debounce_s: float = 0.1
     seed: int = 0
     routine_records: BudgetConfig = DEFAULT_BUDGET
-    accept_empty_state: bool = False  # an empty state.db next to a decision log: start anyway
+    ads_limits: AdsLimits = DEFAULT_LIMITS  # what ADS clients may make the server hold
+    accept_empty_state: bool = False  # a missing/empty state.db next to a decision log: start
     tls: TlsFiles | None = None  # mTLS on the xDS/sink port when set
     admin_token_file: Path | None = None  # bearer token the admin API requires when set
     admin_tls: bool = False  # admin API on HTTPS with `tls`'s files; admin client certs accepted
+    admin_limits: AdminLimits = DEFAULT_ADMIN_LIMITS  # admin connections: timeouts and cap
+    admin_host_names: tuple[str, ...] = ()  # Host names the admin API answers besides IPs
     # without `tls`: SDS secrets (private keys) still go to Envoys connecting from loopback
     allow_plaintext_secrets: bool = False
     store_url: str | None = None  # etcd://HOST:PORT[,...]: replicas share the intent there
@@ -180,6 +185,7 @@ class BallastService:
             record=self._on_ads_event,
             debounce=config.debounce_s,
             metrics=self.metrics,
+            limits=config.ads_limits,
             tls=tls,
             store=self.store,
             recorder=self.recorder,
@@ -244,13 +250,23 @@ class BallastService:
             detail={"restored_groups": self.restored_groups,
                     "restored_tier_actions": self.restored_tier_actions,
                     "xds_port": self.server.port,
-                    **({"empty_state_accepted": str(self.store.path)}
-                       if isinstance(self.store, StateStore) and self.store.blank else {})},
+                    **self._defaults_note()},
         )
         self._started = True
         if config.freeze_heap:  # what start-up built lives as long as the server
             settle_heap()
             runnables.hold(release_heap)
+
+    def _defaults_note(self) -> dict[str, str]:
+        """What the `startup` record says when the state store held nothing: every weight,
+        streak and tier action starts from the desired state's defaults."""
+        if not isinstance(self.store, StateStore) or not self.store.blank:
+            return {}
+        note = {"started_from_defaults": f"{self.store.path} held no state (missing or empty): "
+                "weights, streaks and tier actions start from the desired state's defaults"}
+        if self.config.accept_empty_state:
+            note["empty_state_accepted"] = str(self.store.path)
+        return note
 
     async def _restore(self, snapshot: Snapshot) -> None:
         """What the store held, under the carry-over rule; a `state_restored` record says what
@@ -368,6 +384,8 @@ class BallastService:
             status=self.status,
             dashboard=dashboard,
             auth=auth,
+            limits=self.config.admin_limits,
+            host_names=self.config.admin_host_names,
         )
         https = ReloadingSslContext(self.config.tls) if self.config.tls and auth.client_certs \
             else None

@@ -121,6 +121,10 @@ def _weights(record: Record) -> str:
     for name in names:
         old, new = before.get(name), after.get(name)
         parts.append(f"{name} {old}→{new}" if old != new else f"{name} {new}")
+    proposed = (record.get("detail") or {}).get("proposed")
+    if proposed:  # a proposal a later step of the tick changed: never shown as the weights
+        parts.append("proposed " + " ".join(f"{name} {value}" for name, value in proposed.items())
+                     + ", not pushed")
     return ", ".join(parts)
 
 

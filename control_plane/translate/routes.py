@@ -94,6 +94,7 @@ from control_plane.desired.model import (
     TierActions,
 )
 from control_plane.desired.model import VirtualHost as DesiredVirtualHost
+from control_plane.translate.affinity import STATEFUL_SESSION_FILTER, session_per_host
 from control_plane.translate.clusters import cluster_name
 from control_plane.translate.listeners import trusted_route_name
 from control_plane.translate.mirror import mirrored_routes
@@ -168,6 +169,9 @@ def _virtual_host(
         routes = [each for route in routes for each in mirrored_routes(group.name, route, mirror)]
     host = VirtualHost(name=vhost.name, domains=list(vhost.domains), routes=routes,
                        include_request_attempt_count=True)
+    if group.affinity is not None:
+        host.typed_per_filter_config[STATEFUL_SESSION_FILTER].CopyFrom(
+            session_per_host(group.affinity))
     for config in vhost.typed_per_filter_config:  # operator-added filters' per-route configs
         host.typed_per_filter_config[config.name].CopyFrom(
             Any(type_url=config.type_url, value=config.config))
