@@ -54,7 +54,12 @@ from control_plane.intent.running import ramp_key, tier_key
 from control_plane.intent.sqlite_store import StateStore
 from control_plane.intent.state_dir_lock import StateDirLock
 from control_plane.intent.store import RAMP_KIND, Snapshot
-from control_plane.observe.access_log import AccessLogStore, WithWaits, add_access_log_service
+from control_plane.observe.access_log import (
+    AccessLogStore,
+    WithAttemptLatency,
+    WithWaits,
+    add_access_log_service,
+)
 from control_plane.observe.certificates import CertificateStatus
 from control_plane.observe.combine import CombinedSource
 from control_plane.observe.probes import Prober, probe_targets
@@ -323,7 +328,7 @@ class BallastService:
     def _metric_source(self, desired: Desired) -> MetricSource:
         config = self.config
         # The access-log sink (measured pool wait) is hosted whatever the metric source is.
-        self.access_logs = AccessLogStore()
+        self.access_logs = AccessLogStore(desired=desired)
         access_logs = self.access_logs
         bound = config.tls is not None  # mTLS: what a node reports is bound to its cert
         self.server.add_service(lambda server: add_access_log_service(
@@ -340,11 +345,13 @@ class BallastService:
                 peer_pop=peer_pop if bound else None))
             passive = sink
         self._passive = passive  # host stats map to origins through the desired state
+        # each origin's latency from the attempts it answered, where Envoys send access logs
+        attributed = WithAttemptLatency(passive, access_logs)
         if not config.probes:
-            return passive
+            return attributed
         self.prober = Prober(probe_targets(desired), interval_ms=config.probe_interval_ms,
                              on_certificate=self._on_certificate)
-        return CombinedSource(passive, self.prober)
+        return CombinedSource(attributed, self.prober)
 
     def _admin_auth(self) -> AdminAuth:
         """The admin API's authentication, checked against its bind before anything starts."""
@@ -396,6 +403,7 @@ class BallastService:
         self.reconciler.forget_missing(new)
         if self._passive is not None:
             self._passive.update_desired(new)
+            self.access_logs.update_desired(new)
         if self.prober is not None:
             self.prober.retarget(probe_targets(new))
 

@@ -7,7 +7,10 @@ to replay it (``replay_record``). The rules, with seed 002's numbers as defaults
 1. **Fail static.** No signals, an origin without signals, or a newest sample older than
    ``stale_after_ms``: the weights and the streaks are held and the reason is given.
 2. **Streaks.** A window *breaches* when 5xx + connect failures > ``error_rate_threshold`` or
-   p95 > ``p95_threshold_ms``; it is *healthy* when it does not breach and p50 < ``return_p50_ms``.
+   p95 > ``p95_threshold_ms`` with enough evidence (``decide/evidence.py``: ``min_samples`` and
+   a confidence bound); it is *healthy* when it has enough samples, does not breach and
+   p50 < ``return_p50_ms``; a window without enough samples is *inconclusive* and leaves both
+   streaks as they were.
    Each origin counts consecutive breached and consecutive healthy windows, up to the thresholds
    that read them (``breach_windows`` + 1, so a rule can say "more than N"; the healthy windows a
    return to that origin needs now): a pair that stays healthy, or stays sick, changes no state
@@ -43,12 +46,8 @@ from typing import Any, Literal
 
 from control_plane.decide import damping
 from control_plane.decide.damping import Flap
-from control_plane.decide.health import (
-    HealthScore,
-    breach_reasons,
-    is_healthy_window,
-    score_origin,
-)
+from control_plane.decide.evidence import WindowEvidence, judge
+from control_plane.decide.health import HealthScore, score_origin
 from control_plane.decide.inputs import LazyInputs
 from control_plane.decide.signals import GroupSignals, OriginSignals
 from control_plane.desired.model import FailoverPolicy, GroupWeights, home_weights
@@ -241,10 +240,9 @@ class _Tick:
         count, need = self.state.unhealthy(name), self.policy.breach_windows
         windows = (f"window {count} of {need}" if count <= need
                    else f"more than {need} windows in a row")
-        return (
-            f"{name} {', '.join(self.breaches[name])} ({windows}); "
-            f"score {self.scores[name].describe()}"
-        )
+        # a sick origin stays sick through a window too thin to judge (decide/evidence.py)
+        reasons = ", ".join(self.breaches[name]) or "too few samples this window"
+        return f"{name} {reasons} ({windows}); score {self.scores[name].describe()}"
 
 
 def _sized(base: int, jitter: int, limit: int) -> int:
@@ -503,23 +501,28 @@ def step(
             reason="fail_static",
         )
     scores = {name: score_origin(signals[name], policy) for name in preference}
-    breaches = {name: breach_reasons(signals[name], policy) for name in preference}
+    evidence = {name: judge(signals[name], policy) for name in preference}
+    breaches = {name: evidence[name].breaches for name in preference}
     # streaks count up to the thresholds that read them (one past, for the breach, so a rule
     # can say "more than N"), then stay: a pair that stays healthy or sick changes no state
     # (the healthy streak counts up to what a return to that origin needs now: more while its
-    # flaps are suppressed)
+    # flaps are suppressed). An inconclusive window (too few samples, `decide/evidence.py`)
+    # neither breaches nor counts as healthy: both streaks stay as they were.
+    thin = {name for name in preference if evidence[name].verdict == "inconclusive"}
     unhealthy_cap = policy.breach_windows + 1
     unhealthy = {
-        name: min(state.unhealthy(name) + 1, unhealthy_cap) if breaches[name] else 0
+        name: state.unhealthy(name) if name in thin
+        else min(state.unhealthy(name) + 1, unhealthy_cap) if breaches[name] else 0
         for name in preference
     }
     flaps = _flaps(policy, state, unhealthy, now_ms)
     new_state = ControllerState(
         unhealthy_windows=unhealthy,
         healthy_windows={
-            name: min(state.healthy(name) + 1,
-                      damping.return_windows(flaps.get(name), policy, now_ms))
-            if is_healthy_window(signals[name], policy) else 0
+            name: state.healthy(name) if name in thin
+            else min(state.healthy(name) + 1,
+                     damping.return_windows(flaps.get(name), policy, now_ms))
+            if evidence[name].verdict == "healthy" else 0
             for name in preference
         },
         flaps=flaps,
@@ -539,7 +542,8 @@ def step(
     else:
         after = dict(before)
         kind, reason, rule, nxt = _no_move(tick)
-    inputs = LazyInputs(_inputs_json, now_ms, jitter, preference, home, state, signals, scores)
+    inputs = LazyInputs(_inputs_json, now_ms, jitter, preference, home, state, signals, scores,
+                        evidence)
     return StepResult(kind, rule, nxt, before, after, scores, new_state, inputs, reason,
                       damping.shown(new_state.flaps, policy, now_ms))
 
@@ -561,6 +565,7 @@ def _flaps(policy: FailoverPolicy, state: ControllerState, unhealthy: Mapping[st
 def _inputs_json(
     now_ms: int, jitter: int, preference: tuple[str, ...], home: GroupWeights,
     state: ControllerState, signals: GroupSignals | None, scores: Mapping[str, HealthScore],
+    evidence: Mapping[str, WindowEvidence] | None = None,
 ) -> dict[str, Any]:
     """A step's inputs as its record holds them (what `replay_record` reads)."""
     return {
@@ -574,6 +579,9 @@ def _inputs_json(
             else {name: signals_to_dict(sig) for name, sig in sorted(signals.items())}
         ),
         "scores": {name: score.to_dict() for name, score in scores.items()},
+        # each origin's window judged on its evidence (decide/evidence.py); derived from the
+        # signals, so a replay recomputes it
+        "evidence": {name: judged.to_dict() for name, judged in (evidence or {}).items()},
     }
 
 

@@ -7,8 +7,10 @@ Envoy) with the defaults of ``TierActionPolicy``:
 1. **Re-prioritization** (seed 000: "If P0 wait time exceeds 35ms for more than 30 seconds, we
    automatically demote 50% of P1 to P2 and shed P2 entirely"). Trigger ``wait``: the
    ``trigger_wait_quantile`` of the trigger tier's pool wait (access logs) above
-   ``trigger_wait_ms``; a fresh window without a sampled request counts as no wait when the
-   tier's pool had nobody pending. Trigger ``pending``: the worst Envoy's pending peak above
+   ``trigger_wait_ms``, over requests that took one attempt (a retried or hedged request's
+   wait holds its failed attempts and backoff); a window with fewer such samples than
+   ``wait_samples_needed`` uses the ``pending`` trigger instead, and says so. Trigger
+   ``pending``: the worst Envoy's pending peak above
    ``trigger_pending``, or a pool queue of the tier reported overloaded
    (``upstream_queue_overloaded`` > 0: past its adaptive LIFO high watermark) where a node
    reports it. Off → on once the trigger held at every tick for ``for_ms``; on → off
@@ -262,15 +264,33 @@ def _trigger_reading(
             seen += f", {overloaded:g} pool queue(s) overloaded"
         return hit, seen
     q, limit_ms = policy.trigger_wait_quantile, policy.trigger_wait_ms
-    if reading.wait is None:
-        if reading.pending_max > 0:
-            return None, (f"fail static: no sampled {tier} request in the window while "
-                          f"{reading.pending_max:g} were pending")
-        return False, f"{tier} wait: no sampled request, none pending ≤ {limit_ms} ms"
-    value = reading.wait.quantile(q)
+    need = wait_samples_needed(policy)
+    wait = reading.wait
+    if wait is None or wait.samples < need:
+        # too few single-attempt samples for the quantile: this window uses the pending trigger
+        sampled = 0 if wait is None else wait.samples
+        excluded = 0 if wait is None else wait.excluded
+        pending, limit = reading.pending_max, policy.trigger_pending
+        overloaded = reading.overloaded_max or 0
+        hit = pending > limit or overloaded > 0
+        seen = (f"{tier} wait: {sampled} sampled < {need} ({excluded} retried/hedged left out), "
+                f"trigger: pending for this window: pending max {pending:g} "
+                f"{'>' if pending > limit else '≤'} {limit}")
+        if overloaded > 0:
+            seen += f", {overloaded:g} pool queue(s) overloaded"
+        return hit, seen
+    value = wait.quantile(q)
     hit = value > limit_ms
     return hit, (f"{tier} wait {q} {value:g} ms {'>' if hit else '≤'} {limit_ms} ms "
-                 f"({reading.wait.samples} sampled)")
+                 f"({wait.samples} sampled, {wait.excluded} retried/hedged left out)")
+
+
+def wait_samples_needed(policy: TierActionPolicy) -> int:
+    """Single-attempt samples a window needs for the wait trigger: `trigger_wait_min_samples`,
+    raised so the nearest-rank quantile rests on at least two samples (p95: 20, p99: 100), so
+    one slow request never decides."""
+    q = {"p50": 0.5, "p95": 0.95, "p99": 0.99}[policy.trigger_wait_quantile]
+    return max(policy.trigger_wait_min_samples, math.ceil(round(1 / (1 - q), 6)))
 
 
 def _reprioritize(
@@ -587,6 +607,7 @@ def _inputs_json(group: OriginGroup, policy: TierActionPolicy, readings: Mapping
         "trigger_tier": policy.trigger_tier,
         "trigger_wait_ms": policy.trigger_wait_ms,
         "trigger_wait_quantile": policy.trigger_wait_quantile,
+        "trigger_wait_samples_needed": wait_samples_needed(policy),
         "trigger_pending": policy.trigger_pending,
         "shed_threshold": policy.shed_threshold,
         "shed_lift_threshold": policy.shed_lift_threshold,

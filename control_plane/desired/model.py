@@ -92,6 +92,10 @@ class FailoverPolicy:
     return_p50_ms: int = 250
     return_speed: float = 0.5  # return moves at this fraction of the leave step
     stale_after_ms: int = 45_000  # metrics older than this hold weights (fail static)
+    # Evidence (decide/evidence.py): a window with fewer samples (attempts, with probes filling
+    # in; latency observations) neither breaches nor counts as healthy. 10: a standby's 12
+    # probes of a 30 s window suffice, and one failure in 10 is no breach (lower bound 1.8 %).
+    min_samples: int = 10
     # Compare, not only threshold: weight leaves a sick origin for any origin whose composite
     # score is higher by at least this much, even one that breaches a threshold too.
     compare_margin: float = 0.1
@@ -218,6 +222,9 @@ class TierActionPolicy:
     trigger: TriggerKind = "wait"
     trigger_wait_ms: int = 35
     trigger_wait_quantile: WaitQuantile = "p95"
+    # single-attempt samples a window needs for the wait trigger (else: `pending` for it); at
+    # least what puts two samples at or above the quantile (decide/tiers.py)
+    trigger_wait_min_samples: int = 20
     trigger_pending: int = 10
     for_ms: int = 30_000
     demote_tier: str | None = "normal"
