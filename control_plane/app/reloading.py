@@ -32,8 +32,8 @@ from control_plane.intent.change import SwapFailed
 from control_plane.intent.etcd_store import Deposed, StoreUnavailable
 from control_plane.intent.running import RunningIntent
 from control_plane.own_metrics.registry import BallastMetrics
-from control_plane.translate import render_json
 from control_plane.translate.diff import ResourceChange, diff_renderings, format_changes, summarize
+from control_plane.translate.render import render_differing
 from control_plane.translate.resources import Capabilities, PopResources
 
 log = logging.getLogger(__name__)
@@ -211,13 +211,11 @@ def diff_pop(
 ) -> list[ResourceChange]:
     """What `pop` gets differently under `after` than under `before` (Envoys without adaptive
     LIFO): exactly what applying `after` pushes to them. `before_resources`/`after_resources`:
-    its resources under each, when at hand (else translated)."""
+    its resources under each, when at hand (else translated). Only resources whose bytes
+    differ are rendered."""
     caps = Capabilities()
-    if pop not in before.desired.pop_names:
-        old = {}
-    else:
-        old = render_json(before_resources or translate_intent(before, pop, caps))
-    if pop not in after.desired.pop_names:
-        return diff_renderings(old, {})
-    return diff_renderings(old, render_json(after_resources
-                                            or translate_intent(after, pop, caps)))
+    old = None if pop not in before.desired.pop_names else (
+        before_resources or translate_intent(before, pop, caps))
+    new = None if pop not in after.desired.pop_names else (
+        after_resources or translate_intent(after, pop, caps))
+    return diff_renderings(*render_differing(old, new))
