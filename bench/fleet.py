@@ -36,8 +36,8 @@ import grpc
 
 from bench.command_pipe import ServerProcess
 from bench.common import table
-from bench.fanout import BenchClient, connect
-from tests.support.xds_client import XdsClient, local_channel, make_node
+from bench.fanout import BenchClient
+from harness.xds_client import XdsClient, connect, local_channel, make_node
 
 CONNECTING = 500
 SIDES = ("floor", "ballast")
@@ -207,7 +207,7 @@ async def tick_cost(pops: int, groups: int) -> dict[str, Any]:
     from control_plane.intent.sqlite_store import StateStore
     from control_plane.intent.store import IntentBatch
     from control_plane.translate.resources import Capabilities
-    from tests.support.models import fleet_desired
+    from harness.models import fleet_desired
 
     desired = fleet_desired(pops, groups)
 

@@ -17,11 +17,11 @@ shared with the client process):
 
 `ballast`: a real `BallastServer` (every PoP translated before the port is bound, on a worker
 thread, and the heap settled, as `BallastService` does under `ballast serve`), no debounce.
-`floor`: the cheapest grpc.aio fan-out (NOTES.md): a generic handler with a bytes serializer,
-every response body serialized once per (PoP, type, version) and only `version_info` and
-`nonce` appended per stream; SotW only, it answers a type's first request (no nonce), counts a
-request with the latest nonce as an ACK and ignores one with an older nonce. Both serve the
-same resources (Ballast's translation of the same desired state).
+`floor`: the cheapest grpc.aio fan-out (docs/architecture.md, "gRPC and the fan-out floor"): a
+generic handler with a bytes serializer, every response body serialized once per (PoP, type,
+version) and only `version_info` and `nonce` appended per stream; SotW only, it answers a type's
+first request (no nonce), counts a request with the latest nonce as an ACK and ignores one with an
+older nonce. Both serve the same resources (Ballast's translation of the same desired state).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from control_plane.translate.resources import (
     STARTUP_TYPES,
     Capabilities,
 )
-from tests.support.models import fleet_desired
+from harness.models import fleet_desired
 
 ADS_METHOD = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"
 PROBE_S = 0.005

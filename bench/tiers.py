@@ -1,4 +1,4 @@
-"""Seed 000's scenario through a real Envoy (`tests/support/tier_scenario.py`): checkout p95 with
+"""Seed 000's scenario through a real Envoy (`harness/tier_scenario.py`): checkout p95 with
 a single FIFO cluster, with Ballast's static tiers and with the tier controller, plus the
 measured queue wait against the extra latency checkout clients saw. Report: docs/benchmarks.md.
 
@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tests.support.tier_scenario import SLOW, Phases, run
+from harness.tier_scenario import SLOW, Phases, run
 
 SETUPS = ("fifo", "static", "controller")
 

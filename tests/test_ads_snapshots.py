@@ -18,9 +18,9 @@ from control_plane.intent.owner import IntentOwner
 from control_plane.intent.running import RunningIntent
 from control_plane.translate import PopIntent, UnknownPop, WeightsError, translate_pop
 from control_plane.translate.resources import ENDPOINT_TYPE, Capabilities, PopResources
-from tests.support.ads_desired import desired
+from harness.ads_desired import desired
+from harness.models import fleet_desired
 from tests.support.fake_clock import FakeClock
-from tests.support.models import fleet_desired
 
 FIFO, LIFO = Capabilities(), Capabilities(adaptive_lifo=True)
 

@@ -17,7 +17,6 @@ import pytest
 
 from control_plane.ads.snapshots import SnapshotCache
 from control_plane.app import server as server_module
-from control_plane.app.envoy_process import free_port
 from control_plane.app.reconcile import Reconciler
 from control_plane.app.server import intent_and_cache, translate_intent
 from control_plane.app.service import BallastService, ServiceConfig
@@ -32,8 +31,9 @@ from control_plane.intent.store import IntentBatch
 from control_plane.observe.source import Signals, TierSignals
 from control_plane.translate import render_json
 from control_plane.translate.resources import Capabilities, PopResources
+from harness.envoy_process import free_port
+from harness.models import example_desired, fleet_desired, shop_group
 from tests.support.example_service import example_service
-from tests.support.models import example_desired, fleet_desired, shop_group
 
 T0 = 1_800_000_000_000
 

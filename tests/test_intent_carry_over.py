@@ -12,7 +12,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from control_plane.app.envoy_process import free_port
 from control_plane.app.server import translate_intent
 from control_plane.cli.admin_client import AdminClient
 from control_plane.cli.plan import plan_against_server
@@ -32,8 +31,9 @@ from control_plane.intent.store import IntentBatch
 from control_plane.translate import render_json
 from control_plane.translate.diff import diff_renderings, format_changes
 from control_plane.translate.resources import Capabilities
+from harness.envoy_process import free_port
+from harness.models import example_desired, shop_group
 from tests.support.example_service import example_service
-from tests.support.models import example_desired, shop_group
 from tests.support.ticks import apply_steps
 
 EWR, SJC = ("ewr", "shop"), ("sjc", "shop")

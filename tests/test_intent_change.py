@@ -33,8 +33,8 @@ from control_plane.intent.steps import PairStep
 from control_plane.observe.source import Signals
 from control_plane.translate import render_json
 from control_plane.translate.resources import Capabilities
+from harness.models import example_desired
 from tests.support.example_service import example_service
-from tests.support.models import example_desired
 from tests.support.ticks import apply_steps
 
 T0 = 1_800_000_000_000

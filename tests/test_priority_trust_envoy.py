@@ -16,11 +16,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from control_plane.app.envoy_process import EnvoyProcess, find_envoy, free_port
+from control_plane.cli.envoy_validate import find_envoy
 from control_plane.desired.model import Desired, Origin
 from control_plane.translate import static_bootstrap, translate_pop
 from control_plane.translate.resources import Capabilities
-from tests.support.models import example_desired, shop_group
+from harness.envoy_process import EnvoyProcess, free_port
+from harness.models import example_desired, shop_group
 
 pytestmark = pytest.mark.envoy
 

@@ -19,7 +19,7 @@ from control_plane.translate.listeners import access_log
 from control_plane.translate.mirror import is_mirror_cluster
 from control_plane.translate.queue_policy import read_back
 from control_plane.translate.resources import CLUSTER_TYPE, LISTENER_TYPE, Capabilities
-from tests.support.models import example_desired
+from harness.models import example_desired
 
 FIFO = "envoy.queue_policy.fifo"
 LIFO = "envoy.queue_policy.adaptive_lifo"

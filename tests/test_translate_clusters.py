@@ -10,7 +10,7 @@ from control_plane.desired.model import Desired, Origin
 from control_plane.translate import translate_pop
 from control_plane.translate.mirror import is_mirror_cluster
 from control_plane.translate.resources import CLUSTER_TYPE, ENDPOINT_TYPE, Capabilities
-from tests.support.models import example_desired, shop_group
+from harness.models import example_desired, shop_group
 
 
 def clusters(desired: Desired | None = None) -> dict[str, Cluster]:

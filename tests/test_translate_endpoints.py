@@ -9,7 +9,7 @@ import pytest
 from control_plane.translate import PopIntent, WeightsError, translate_pop
 from control_plane.translate.mirror import is_mirror_cluster
 from control_plane.translate.resources import ENDPOINT_TYPE, Capabilities
-from tests.support.models import example_desired
+from harness.models import example_desired
 
 
 def localities(pop: str, weights: dict) -> dict[str, list[tuple[str, int | None, int]]]:

@@ -18,7 +18,7 @@ from control_plane.translate.resources import (
     Capabilities,
     PopResources,
 )
-from tests.support.models import fleet_desired
+from harness.models import fleet_desired
 
 FIFO, LIFO = Capabilities(), Capabilities(adaptive_lifo=True)
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from control_plane.app.demo_origin import is_shadow_host
 from control_plane.desired.model import Mirror, StandbyRampPolicy, TierActions
 from control_plane.translate import PopIntent, translate_pop
 from control_plane.translate.resources import (
@@ -16,7 +15,8 @@ from control_plane.translate.resources import (
     Capabilities,
     PopResources,
 )
-from tests.support.models import example_desired, shop_group
+from harness.demo_origin import is_shadow_host
+from harness.models import example_desired, shop_group
 
 MIRROR = Mirror(("secondary",), 5.0)
 

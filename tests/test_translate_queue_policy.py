@@ -24,7 +24,7 @@ from control_plane.translate.queue_policy import (
     read_back,
 )
 from control_plane.translate.resources import CLUSTER_TYPE, Capabilities, PopResources
-from tests.support.models import example_desired, shop_group
+from harness.models import example_desired, shop_group
 
 ENVOY_1_40_NODE = Path(__file__).parent / "fixtures" / "envoy-1.40-node.json"
 

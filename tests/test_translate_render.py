@@ -14,7 +14,7 @@ from control_plane.translate import PopIntent, render_json, translate_pop
 from control_plane.translate.diff import diff_renderings
 from control_plane.translate.render import render_differing
 from control_plane.translate.resources import PUSH_ORDER, Capabilities, PopResources
-from tests.support.models import example_desired, shop_group
+from harness.models import example_desired, shop_group
 
 
 def test_render_groups_resources_by_kind_and_shows_field_62() -> None:

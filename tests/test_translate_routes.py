@@ -12,7 +12,7 @@ from envoy.extensions.filters.network.http_connection_manager.v3.http_connection
 
 from control_plane.translate import translate_pop
 from control_plane.translate.resources import LISTENER_TYPE, ROUTE_TYPE, Capabilities
-from tests.support.models import example_desired
+from harness.models import example_desired
 
 
 def route_config(pop: str = "ewr") -> RouteConfiguration:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from control_plane.app.envoy_process import find_envoy, validate_bootstrap
+from control_plane.cli.envoy_validate import find_envoy, validate_bootstrap
 from control_plane.desired import load_desired
 from control_plane.desired.model import TierActions
 from control_plane.translate import PopIntent, static_bootstrap, translate_pop
 from control_plane.translate.resources import Capabilities
-from tests.support.models import example_desired
+from harness.models import example_desired
 
 
 def test_eds_becomes_static_with_inlined_endpoints_and_routes() -> None:

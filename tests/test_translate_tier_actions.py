@@ -17,7 +17,7 @@ from control_plane.translate.resources import (
     RUNTIME_TYPE,
     Capabilities,
 )
-from tests.support.models import example_desired, shop_group
+from harness.models import example_desired, shop_group
 
 
 def routes(pop: str = "ewr", actions: dict[str, TierActions] | None = None) -> dict[str, Route]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from control_plane.app.demo_origin import FAULT_PATH, HEALTH_PATHS, DemoOrigin
+from harness.demo_origin import FAULT_PATH, HEALTH_PATHS, DemoOrigin
 
 POP_HEADER = "x-ballast-pop"
 SIGMA = 0.35  # log-normal spread: p95 ≈ 1.8 x p50

@@ -14,8 +14,8 @@ from bench.scenarios.analysis import RunResult
 from bench.scenarios.load import MIX, run_load, schedule
 from bench.scenarios.origin import Behaviour, ScriptedOrigin
 from bench.scenarios.stack import BallastEdge, BaselineEdge, Edge
-from control_plane.app.envoy_process import free_port
 from control_plane.decisions.read import iter_records, record_time
+from harness.envoy_process import free_port
 
 # decision records drawn on the time axis (weights, ramps, tier actions); routine ones are not
 LOAD_PERIOD_S = 0.1  # origin load sampling; its lateness is the bench process's own lag

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from control_plane.app.envoy_process import EnvoyNotFound, find_envoy, validate_bootstrap
+from control_plane.cli.envoy_validate import EnvoyNotFound, find_envoy, validate_bootstrap
 from control_plane.cli.translate_options import (
     DEFAULT_ENVOY_RELEASE,
     OptionError,
