@@ -136,7 +136,6 @@ class BallastService:
         self.prober: Prober | None = None
         self._passive: (SinkStore | PrometheusSource) | None = None
         self.watcher: DesiredFileWatcher
-        self._lock: StateDirLock
 
     # -- start-up --------------------------------------------------------------------------
 
