@@ -41,8 +41,8 @@ class Kind:
 # revalidation (background)
 MIX = (
     Kind("checkout", "critical", 0.2, "/api/checkout/cart/{n}", 200, False),
-    Kind("html", "normal", 0.5, "/p/{n}.html", 600, True),
-    Kind("image", "background", 0.3, "/_next/image/{n}.png", 3000, True,
+    Kind("html", "normal", 0.5, "/p/{n}.html", 2000, True),
+    Kind("image", "background", 0.3, "/_next/image/{n}.png", 10000, True,
          (("purpose", "prefetch"),)),
 )
 KINDS = {k.name: k for k in MIX}

@@ -11,9 +11,10 @@ origins.
   to maybe 20 %", "2-3x surge in origin fetches").
 - **Workers and wait line**: `workers` requests are worked on at once, `max_waiting` more wait;
   beyond that the origin answers 503 at once (an overloaded origin sheds).
-- **Connections**: a new connection costs `connect_ms` before its first request (TLS set-up)
-  and beyond `max_connections` open ones a new connection is answered 503 and closed (file
-  descriptors, seed 002: "4k established connections to 80k in under 10 seconds").
+- **Connections**: a new connection costs `connect_ms` of a worker's time with its first
+  request (TLS set-up); beyond `max_connections` open ones a new connection is answered 503
+  and closed (file descriptors; seed 002: "4k established connections to 80k in under 10
+  seconds").
 - **Abandonment**: when the client (Envoy) gives up on a request, the origin drops it from its
   wait line at once and stops working on it after at most `abandon_after_s`, as a real origin
   notices a closed connection on its next write or read.
@@ -25,8 +26,8 @@ origins.
 
 Random draws: a request's latency and error come from its own stream, keyed by the seed, the
 origin, the request number the load generator sends (`x-bench-request`) and the attempt at this
-origin, so the same request costs the same in every variant whatever the arrival order; health
-checks have their own stream.
+origin, so the same request costs the same in every variant whatever the arrival order and
+however many health checks arrived between (a check draws nothing: `/healthz` is shallow).
 """
 
 from __future__ import annotations
@@ -104,7 +105,6 @@ class ScriptedOrigin:
         self._cached: dict[str, float] = {}  # path → last asked (monotonic)
         self._connections: set[asyncio.BaseTransport] = set()
         self._attempts: Counter[str] = Counter()
-        self._health_rng = random.Random(f"health:{seed}:{name}")
         self._runners: list[web.AppRunner] = []
         self._background: set[asyncio.Task[None]] = set()
 
@@ -127,10 +127,14 @@ class ScriptedOrigin:
         b = self.behaviour
         return b if not b.pops or request.headers.get(POP_HEADER, "") in b.pops else self.healthy
 
+    def draw(self, rid: str, attempt: int) -> random.Random:
+        """The random stream of one attempt of one request at this origin."""
+        return random.Random(f"request:{self.seed}:{self.name}:{rid}:{attempt}")
+
     def _rng(self, request: web.Request) -> random.Random:
         rid = request.headers.get(REQUEST_HEADER, "")
         self._attempts[rid] += 1
-        return random.Random(f"request:{self.seed}:{self.name}:{rid}:{self._attempts[rid]}")
+        return self.draw(rid, self._attempts[rid])
 
     def _hit(self, path: str) -> bool:
         ttl = self.spec.cache_ttl_s
@@ -143,7 +147,8 @@ class ScriptedOrigin:
             return True
         return False
 
-    def _work_s(self, rng: random.Random, b: Behaviour, path: str, hit: bool) -> float:
+    def work_s(self, rng: random.Random, b: Behaviour, path: str, hit: bool) -> float:
+        """Seconds of work for a request: time to first byte plus its backend work."""
         seconds = b.p50_ms / 1000 * math.exp(rng.gauss(0.0, SIGMA))
         if path.startswith(UNCACHEABLE_PREFIX):
             return seconds + self.spec.api_ms / 1000 * math.exp(rng.gauss(0.0, SIGMA))
@@ -154,7 +159,6 @@ class ScriptedOrigin:
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         headers = {"x-origin": self.name}
         if request.path == SHALLOW_HEALTH:
-            self._health_rng.random()  # its own stream: checks never shift request draws
             return web.Response(text=f"{self.name}\n", headers=headers)
         transport = request.transport
         if transport is not None and transport not in self._connections:
@@ -164,8 +168,9 @@ class ScriptedOrigin:
                 return web.Response(status=503, text="too many connections\n",
                                     headers={**headers, "connection": "close"})
             self._connections.add(transport)
-            if self.spec.connect_ms:
-                await asyncio.sleep(self.spec.connect_ms / 1000)
+            setup = self.spec.connect_ms / 1000
+        else:
+            setup = 0.0
         self.requests[request.headers.get("x-ballast-tier", "")] += 1
         rng = self._rng(request)
         b = self._now(request)
@@ -178,17 +183,17 @@ class ScriptedOrigin:
                 await self._slots.acquire()  # a client that leaves here leaves the line
             finally:
                 self.waiting -= 1
-        return await self._work(request, rng, b, headers)
+        return await self._work(request, rng, b, headers, setup)
 
     async def _work(self, request: web.Request, rng: random.Random, b: Behaviour,
-                    headers: dict[str, str]) -> web.Response:
+                    headers: dict[str, str], setup: float) -> web.Response:
         hit = self._hit(request.path)
         cacheable = self.spec.cache_ttl_s is not None and not request.path.startswith(
             UNCACHEABLE_PREFIX)
         if cacheable:
             self.hits += hit
             self.misses += not hit
-        seconds = self._work_s(rng, b, request.path, hit)
+        seconds = setup + self.work_s(rng, b, request.path, hit)
         failed = rng.random() < b.error_rate
         self.working += 1
         started = time.monotonic()
