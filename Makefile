@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench protos clean
+.PHONY: run test lint bench scenarios protos clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	GRPC_ENABLE_FORK_SUPPORT=false $(BIN)/python -m bench.run
+
+# the incident reports in docs/scenarios/ (every scenario, 3 interleaved runs per variant)
+scenarios: $(STAMP)
+	GRPC_ENABLE_FORK_SUPPORT=false $(BIN)/python -m bench.scenarios all --runs 3
 
 protos: $(STAMP)
 	$(BIN)/python -m control_plane.gen.build

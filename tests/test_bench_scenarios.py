@@ -13,9 +13,8 @@ from bench.scenarios.__main__ import run_scenario
 from bench.scenarios.analysis import (
     RunResult,
     between,
+    error_rate,
     largest_rise,
-    latencies,
-    percentile,
     weight_changes,
     weight_travel,
 )
@@ -101,11 +100,15 @@ async def test_restart_smoke_envoys_keep_weights_and_ballast_resumes(tmp_path: P
     assert answered  # the edge kept serving while its control plane was gone
 
 
-async def test_priority_smoke_checkout_beats_one_fifo_queue(tmp_path: Path) -> None:
+async def test_priority_smoke_tiers_keep_checkout_answered_where_one_fifo_queue_fails_it(
+    tmp_path: Path,
+) -> None:
     _, runs = await _run("priority", tmp_path)
     scenario = smoke(SCENARIOS["priority"])
     start, end = (share * scenario.duration_s for share in scenario.incident)
-    p95 = {k: percentile(latencies(s for s in between(run.samples, start, end)
-                                   if s.kind == "checkout"), 95)
-           for k, run in runs.items()}
-    assert p95["ballast"] < p95["baseline"], p95  # seed 000: tiers keep checkout fast
+    checkout = {k: [s for s in between(run.samples, start, end) if s.kind == "checkout"]
+                for k, run in runs.items()}
+    failed = {k: error_rate(v) for k, v in checkout.items()}
+    # seed 000: with tiers, checkout keeps its slots while the slow origin's one FIFO queue
+    # makes everyone wait past the timeout
+    assert failed["ballast"] < failed["baseline"], failed

@@ -67,15 +67,24 @@ async def run_scenario(
         for variant in scenario.variants:
             print(f"{scenario.name}: run {i + 1}/{len(seeds)} {variant} (seed {seed}, "
                   f"{scenario.duration_s:.0f} s, load {_load()})", flush=True)
-            loads[variant].append(_load())
-            runs[variant].append(
-                await run_variant(scenario, variant, workdir / f"{variant}-{i}", seed))
-        ballast = runs["ballast"][-1]
-        if len(ballast.events) >= 2:  # restart: the same span for every variant of the run
-            killed = ballast.events[0][0]
+            load = _load()
+            try:
+                run = await run_variant(scenario, variant, workdir / f"{variant}-{i}", seed)
+            except (RuntimeError, TimeoutError, OSError) as err:  # the report counts the runs
+                print(f"{scenario.name}: run {i + 1} {variant} failed: {err!s:.300}", flush=True)
+                continue
+            loads[variant].append(load)
+            runs[variant].append(run)
+        ballast = runs["ballast"][-1] if runs["ballast"] else None
+        if ballast is not None and ballast.seed == seed and len(ballast.events) >= 2:
+            killed = ballast.events[0][0]  # restart: the same span for every variant of the run
             span = (killed, first_shift_after(ballast, ballast.events[1][0]))
             for rs in runs.values():
-                rs[-1].focus = span
+                if rs and rs[-1].seed == seed:
+                    rs[-1].focus = span
+    runs = {v: rs for v, rs in runs.items() if rs}
+    if "ballast" not in runs:
+        raise RuntimeError(f"{scenario.name}: every Ballast run failed")
     ordered = [load for v in scenario.variants for load in loads[v]]
     rows = write_report(
         scenario, runs, out, command=command, machine=_machine(), load=_load() + " at the end",

@@ -32,6 +32,8 @@ class RunResult:
     after_restart: list[str] = field(default_factory=list)  # the first records after a restart
     origin_stats: list[tuple[float, str, OriginStats]] = field(default_factory=list)
     origin_tiers: dict[str, dict[str, int]] = field(default_factory=dict)  # requests per tier
+    decisions: Counter[str] = field(default_factory=Counter)  # Ballast's records by kind
+    decision_examples: dict[str, str] = field(default_factory=dict)  # kind → its first rule
     # restart: the span from the kill to Ballast's next shift in this run's Ballast variant
     focus: tuple[float, float] | None = None
 

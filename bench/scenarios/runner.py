@@ -165,6 +165,10 @@ async def run_variant(scenario: Scenario, variant: str, workdir: Path, seed: int
                           for r in iter_records(edge.state_dir)]
             result.records = [(t, str(r["kind"]), str(r.get("pop", ""))) for t, r in everything
                               if str(r["kind"]).startswith(MARKED)]
+            for _, r in everything:
+                kind = str(r["kind"])
+                result.decisions[kind] += 1
+                result.decision_examples.setdefault(kind, str(r.get("rule", ""))[:300])
             if len(result.events) >= 2:  # what the restarted Ballast said first, per PoP
                 restarted = result.events[1][0]
                 result.after_restart = [

@@ -274,9 +274,10 @@ def _tier_route(prefix: str, cluster: str, queue_ms: int, read_ms: int, retries:
     """As Ballast translates a tier: per-try timeout = read timeout, the whole request's =
     queue timeout + read timeout x attempts."""
     policy: dict[str, Any] = {"retry_on": "5xx,reset,connect-failure", "num_retries": retries,
-                              "retry_back_off": BACK_OFF, "per_try_timeout": f"{read_ms}ms"}
+                              "retry_back_off": BACK_OFF,
+                              "per_try_timeout": envoy_duration(read_ms / 1000)}
     return {"match": {"prefix": prefix}, "route": {
-        "cluster": cluster, "timeout": f"{queue_ms + read_ms * (retries + 1)}ms",
+        "cluster": cluster, "timeout": envoy_duration((queue_ms + read_ms * (retries + 1)) / 1000),
         "retry_policy": policy}}
 
 
