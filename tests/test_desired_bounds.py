@@ -13,9 +13,8 @@ import pytest
 from control_plane.desired import DesiredStateError, load_desired, parse_desired
 from control_plane.desired.errors import MAX_MESSAGE_CHARS, MAX_PROBLEMS
 from control_plane.desired.yaml_nodes import MAX_DEPTH, flow_too_deep
-from control_plane.translate.bootstrap import TEMPLATES
 
-EXAMPLE = TEMPLATES.parent / "examples" / "desired.yaml"
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "desired.yaml"
 
 
 def problems_of(text: str) -> list[str]:

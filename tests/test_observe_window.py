@@ -92,7 +92,7 @@ def test_split_cluster():
 @pytest.mark.parametrize(
     ("name", "labels", "expected"),
     [
-        # what Envoy 1.40 sends with the tags of envoy/edge.yaml (measured)
+        # what Envoy 1.40 sends with the tags of the edge bootstrap template (measured)
         ("cluster.zone.upstream_rq_xx",
          {"envoy.response_code_class": "5", "envoy.cluster_name": "shop",
           "ballast_cluster": "shop.critical", "local_zone": "ewr", "upstream_zone": "primary"},

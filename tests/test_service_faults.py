@@ -23,9 +23,8 @@ from control_plane.decisions import log as log_module
 from control_plane.decisions.log import DecisionLog
 from control_plane.decisions.read import iter_records
 from control_plane.intent.sqlite_store import StateStore, StateSuspicious
-from control_plane.translate.bootstrap import TEMPLATES
 
-EXAMPLE = TEMPLATES.parent / "examples" / "desired.yaml"
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "desired.yaml"
 EDITED = EXAMPLE.read_text().replace("port_offset: 1}", "port_offset: 2}")
 
 

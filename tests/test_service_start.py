@@ -15,9 +15,8 @@ from control_plane.intent.sqlite_store import StateCorrupted
 from control_plane.intent.state_dir_lock import StateDirBusy, StateDirLock
 from control_plane.security.cert_dir import CertDir
 from control_plane.security.tls import TlsConfigError, TlsFiles
-from control_plane.translate.bootstrap import TEMPLATES
 
-EXAMPLE = TEMPLATES.parent / "examples" / "desired.yaml"
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "desired.yaml"
 
 
 @pytest.fixture

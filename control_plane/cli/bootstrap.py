@@ -15,7 +15,8 @@ from pathlib import Path
 
 import yaml
 
-from control_plane.translate.bootstrap import TEMPLATES, XdsClientTls, ads_bootstrap
+from control_plane.translate.bootstrap import XdsClientTls, ads_bootstrap
+from control_plane.translate.bootstrap_templates import TEMPLATES
 from control_plane.translate.capabilities import ENVOY_RELEASES, NEWEST_RELEASE
 
 HELP = "print an Envoy bootstrap that streams its config from Ballast (ADS)"
@@ -55,8 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--template",
         default="edge",
-        choices=sorted(p.stem for p in TEMPLATES.glob("*.yaml")),
-        help="bootstrap template in envoy/ (default edge)",
+        choices=sorted(TEMPLATES),
+        help="bootstrap template (default edge)",
     )
     parser.add_argument(
         "--envoy-version",

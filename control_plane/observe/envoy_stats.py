@@ -2,9 +2,10 @@
 
 Measured on Envoy 1.40 (metrics_service sink, `emit_tags_as_labels: true`): tags arrive as labels
 named with dots (`envoy.cluster_name`, `envoy.response_code_class`) and are cut out of the metric
-name. With the stats tags of `envoy/edge.yaml`, `cluster.shop.critical.zone.ewr.primary.
-upstream_rq_5xx` arrives as `cluster.zone.upstream_rq_xx` {ballast_cluster="shop.critical",
-local_zone="ewr", upstream_zone="primary", envoy.response_code_class="5"}. Without those tags the
+name. With the stats tags of the edge bootstrap template (`translate/bootstrap_templates.py`),
+`cluster.shop.critical.zone.ewr.primary.upstream_rq_5xx` arrives as `cluster.zone.upstream_rq_xx`
+{ballast_cluster="shop.critical", local_zone="ewr", upstream_zone="primary",
+envoy.response_code_class="5"}. Without those tags the
 default extractor cuts only the first segment of a dotted cluster name (envoy.cluster_name="shop",
 name `cluster.critical.zone.ewr.primary.upstream_rq_xx`); without tags at all the full name
 arrives. All three shapes parse to the same point.
@@ -200,7 +201,8 @@ def otlp_host_points(request: Any) -> Iterator[HostPoint | BadMetric]:
     """The per-host points of one OTLP ExportMetricsServiceRequest from Envoy's OTel sink.
 
     Counters must be cumulative (`report_counters_as_deltas: false`); delta sums come out as
-    BadMetric. The PoP is the `ballast_pop` attribute (a fixed stats tag of `envoy/edge.yaml`).
+    BadMetric. The PoP is the `ballast_pop` attribute (a fixed stats tag of the edge bootstrap
+    template, `translate/bootstrap_templates.py`).
     """
     for resource in request.resource_metrics:
         scopes = getattr(resource, "scope_metrics", None)

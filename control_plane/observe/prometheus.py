@@ -1,6 +1,7 @@
 """The Prometheus metric source: PromQL over a Prometheus that scrapes Envoy's /stats/prometheus.
 
-The stats tags of `envoy/edge.yaml` turn the per-(PoP, origin) stats of a tier cluster into
+The stats tags of the edge bootstrap template (`translate/bootstrap_templates.py`) turn the
+per-(PoP, origin) stats of a tier cluster into
 `envoy_cluster_zone_upstream_rq_completed{ballast_cluster="shop.critical", local_zone="ewr",
 upstream_zone="primary"}` (and `_rq_xx`, `_rq_time_bucket`); every Envoy stat also carries
 `ballast_pop`, which is how the cluster-wide pending gauge and overflow counter find their PoP.
@@ -13,7 +14,8 @@ zone `upstream_rq_<code>` stats. Measured on Envoy 1.40, /stats/prometheus shows
 `envoy_cluster_endpoint_rq_total{envoy_cluster_name="shop.critical", envoy_endpoint_address=
 "127.0.0.1:8081", ballast_pop="ewr"}` (also `_rq_error`, `_cx_connect_fail`; gauges `_healthy`,
 `_rq_active`): the cluster name is whole here (unlike `envoy_cluster_name` on cluster stats) and
-the fixed `ballast_pop` tag of `envoy/edge.yaml` is applied to host stats too. Operators whose
+the fixed `ballast_pop` tag of the edge bootstrap template is applied to host stats too.
+Operators whose
 Envoys do not set that tag must give every scrape target a `ballast_pop` target label (e.g.
 `static_configs: [{targets: [...], labels: {ballast_pop: ewr}}]`). The desired state
 (constructor / `update_desired`) maps (cluster, address) to the origin. Per (PoP, group, origin),

@@ -1,4 +1,5 @@
-"""Envoy bootstraps: the ADS bootstrap edge proxies start from (template in `envoy/`)."""
+"""Envoy bootstraps: the ADS bootstrap edge proxies start from (templates in
+`bootstrap_templates.py`)."""
 
 from __future__ import annotations
 
@@ -7,19 +8,17 @@ import json
 import string
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import yaml
 
+from control_plane.translate.bootstrap_templates import TEMPLATES
 from control_plane.translate.capabilities import (
     ACCESS_LOG_METADATA,
     ENVOY_RELEASES,
     NEWEST_RELEASE,
 )
 from control_plane.translate.listeners import XDS_CLUSTER
-
-TEMPLATES = Path(__file__).resolve().parents[2] / "envoy"
 
 
 @dataclass(frozen=True)
@@ -83,7 +82,7 @@ def ads_bootstrap(
     `needed_stats_only` adds a stats matcher: Envoy then keeps only the stats Ballast reads
     (see `NEEDED_STATS`) plus the basics an operator looks at, so every flush stays small.
     """
-    text = (TEMPLATES / f"{template}.yaml").read_text()
+    text = TEMPLATES[template]
     filled = string.Template(text).substitute(
         node_id=_yaml_str(node_id),
         node_cluster=_yaml_str(node_cluster),

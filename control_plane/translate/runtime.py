@@ -5,7 +5,7 @@ cluster's circuit breakers, `circuit_breakers.<group>.<tier>.default.max_request
 `.max_connections`; the Cluster (CDS) keeps the tier's guaranteed share, so lending and reclaim
 never rebuild a cluster or drain its connection pool (measured against CDS: README, facts). The
 layer `ballast_tiers` is always served, empty when nothing is lent: Envoys whose bootstrap names
-it (`envoy/edge.yaml`) wait for it at start-up.
+it (the edge bootstrap template) wait for it at start-up.
 """
 
 from __future__ import annotations
