@@ -31,7 +31,6 @@ class RunResult:
     loop_lag: list[tuple[float, float]] = field(default_factory=list)
     after_restart: list[str] = field(default_factory=list)  # the first records after a restart
     origin_stats: list[tuple[float, str, OriginStats]] = field(default_factory=list)
-    origin_tiers: dict[str, dict[str, int]] = field(default_factory=dict)  # requests per tier
     decisions: Counter[str] = field(default_factory=Counter)  # Ballast's records by kind
     decision_examples: dict[str, str] = field(default_factory=dict)  # kind → its first rule
     # restart: the span from the kill to Ballast's next shift in this run's Ballast variant
@@ -102,12 +101,6 @@ def series(samples: Iterable[Sample], width: float, fn: Any) -> tuple[list[float
     return xs, ys
 
 
-def peak_rps(samples: Iterable[Sample], origin: str, width: float = 1.0) -> float:
-    counts = [sum(s.origin == origin for s in group)
-              for group in binned(samples, width).values()]
-    return max(counts, default=0) / width
-
-
 def peak_load(run: RunResult, origin: str, start: float, end: float) -> int:
     return max((n for t, o, n in run.origin_load if o == origin and start <= t < end), default=0)
 
@@ -140,15 +133,6 @@ def largest_rise(run: RunResult, pop: str, origin: str) -> int:
     hands a standby everything at once (100), a gradual one a step at a time."""
     values = [w.get(origin, 0) for _, p, w in run.weights if p == pop and w]
     return max((b - a for a, b in pairwise(values)), default=0)
-
-
-def ratio(baseline: float, ballast: float) -> float:
-    """baseline / Ballast: above 1 means Ballast's number is smaller."""
-    if math.isnan(baseline) or math.isnan(ballast):
-        return math.nan
-    if ballast == 0:
-        return math.inf if baseline > 0 else 1.0
-    return baseline / ballast
 
 
 @dataclass(frozen=True)

@@ -158,8 +158,6 @@ async def run_variant(scenario: Scenario, variant: str, workdir: Path, seed: int
         urls = {pop: f"http://127.0.0.1:{port}" for pop, port in edge.listener_ports.items()}
         wall_start = time.time()
         result.samples, wall_start = await run_load(requests, urls)
-        for name, origin in origins.items():
-            result.origin_tiers[name] = dict(origin.requests)
         if isinstance(edge, BallastEdge):
             everything = [(record_time(r).timestamp() - wall_start, r)
                           for r in iter_records(edge.state_dir)]
