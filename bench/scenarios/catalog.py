@@ -30,6 +30,15 @@ STANDBY = OriginSpec(workers=8, max_waiting=32, max_connections=48, connect_ms=2
                      endpoints=4)
 ORIGINS = {"primary": PRIMARY, "secondary": STANDBY}
 FAILOVER_VARIANTS = ("ballast", *FAILOVER_BASELINES)
+STANDBY_NOTE = (
+    "Whether a baseline's standby falls over depends on how long a flip lasts. Outlier "
+    "detection ejects the failing primary for its base ejection time (3 s here, Envoy's 30 s "
+    "real) times its number of ejections, then lets it back, and retries go to the other "
+    "priority: the standby carries the whole load only between the primary's returns, and its "
+    "wait line absorbs part of each burst. \"The standby: did it fall over?\" shows per run "
+    "whether its wait line filled (peak load against workers + waiting) and its connections "
+    "reached their cap, and what share of its answers failed after it first took half the "
+    "load; seed 002's collapse is a flip that stays.")
 BLEED_START, BLEED_FULL = 0.15, 0.6
 RPS_PER_POP = 50.0
 
@@ -52,7 +61,8 @@ FAILOVER = Scenario(
         "The primary origin slow-bleeds: from 15 % of the run its 5xx rate climbs to 60 % and "
         "its time to first byte by up to 600 ms (both reached at 60 % of the run, then held); "
         "its shallow /healthz keeps answering 200. The secondary is healthy but starts with a "
-        "cold cache and is sized for its usual share (12 workers, 48 waiting, 64 connections)."
+        f"cold cache and is sized for its usual share ({STANDBY.workers} workers, "
+        f"{STANDBY.max_waiting} waiting, {STANDBY.max_connections} connections)."
     ),
     pops=("ewr", "sjc"),
     origins=ORIGINS,
@@ -61,6 +71,7 @@ FAILOVER = Scenario(
     incident=(BLEED_START, 1.0),
     script=_bleed,
     variants=FAILOVER_VARIANTS,
+    notes=(STANDBY_NOTE,),
 )
 
 REGIONAL = Scenario(
@@ -121,6 +132,7 @@ RESTART = replace(
     kill_at=0.45,
     restart_after_s=compressed(10),
     variants=("ballast", "binary"),
+    notes=(),
 )
 
 PRIORITY_CAP = 20  # the origin's worker cap = max_origin_concurrency

@@ -485,6 +485,27 @@ WHY = {
 }
 
 
+# seed 000's `priority`: one origin, tiers instead of one queue
+WHY_PRIORITY = {
+    "html": (
+        "while the tier controller acts (`tier_action`) half of the normal tier's requests are "
+        "demoted into the background tier's pool, where they wait or fail; one FIFO queue lets "
+        "HTML compete on equal terms (most of FIFO's requests fail at its 4 s timeout, so the "
+        "HTML it does answer is answered sooner), and static tiers keep HTML in its own pool "
+        "with a 9.5 s route timeout (fewer fail, later)"),
+    "checkout": (
+        "no mechanism verified. Ballast's records show it lending critical's idle slots to "
+        "normal and background before the slowdown (`tier_lend`); while borrowed slots are "
+        "busy the origin's 20 workers are oversubscribed and checkout can wait at the origin "
+        "until they are reclaimed"),
+    "error rate": (
+        "the tier controller answers background requests at the edge with 503 (shed, counted "
+        "as failed) and demotes half of the normal tier into the background tier's pool, "
+        "where many end as 503 or time out; static tiers shed nothing and keep HTML in its "
+        "own pool, so fewer of their requests fail, and later"),
+}
+
+
 def _evidence(scenario: Scenario, runs: dict[str, list[RunResult]]) -> str:
     """What the runs show about Ballast's side of a lost row (medians over its runs)."""
     ours = runs["ballast"]
@@ -517,8 +538,9 @@ def _where_baseline_wins(scenario: Scenario, rows: Sequence[tuple[Metric, dict[s
     if not lost:
         return [*lines, "No row where a baseline's range lies wholly on the better side of "
                 "Ballast's; rows marked \"no difference shown\" are not wins for either.", ""]
+    why_of = WHY if scenario.standby else {**WHY, **WHY_PRIORITY}
     for metric, variant, theirs, ours in lost:
-        why = next((text for key, text in WHY.items() if metric.name.startswith(key)),
+        why = next((text for key, text in why_of.items() if metric.name.startswith(key)),
                    "no mechanism verified; treat it as measured, not explained")
         lines.append(f"- **{metric.name}**, against {variant} ({_cell(ours)} vs "
                      f"{_cell(theirs)}): {why}.")
