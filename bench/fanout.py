@@ -20,16 +20,13 @@ import grpc
 
 from bench.command_pipe import ServerProcess
 from bench.common import median, table
-from control_plane.translate.resources import CLUSTER_TYPE as CDS
 from control_plane.translate.resources import ENDPOINT_TYPE as EDS
-from control_plane.translate.resources import LISTENER_TYPE as LDS
-from control_plane.translate.resources import ROUTE_TYPE as RDS
-from tests.support.xds_client import XdsClient, local_channel, make_node
+from harness.xds_client import XdsClient, connect, local_channel, make_node
 
 POPS = ("ewr", "sjc")
-# NOTES.md, "Pushing to many nodes from Python (measured floor)": 10,000 nodes, one connection
-# each, response bytes built once per (PoP, version), last ACK at 4.8 s (7.4 s when building a
-# message per stream), ~410 µs server CPU and ~41 KB RSS per node.
+# The measured floor (docs/architecture.md, "gRPC and the fan-out floor"): 10,000 nodes, one
+# connection each, response bytes built once per (PoP, version), last ACK at 4.8 s (7.4 s when
+# building a message per stream), ~410 µs server CPU and ~41 KB RSS per node.
 FLOOR_PUSH_US_PER_NODE = 4.8e6 / 10_000
 FLOOR_MESSAGE_PER_STREAM_US_PER_NODE = 7.4e6 / 10_000
 FLOOR_CPU_US_PER_NODE = 410.0
@@ -56,7 +53,7 @@ class FanoutResult:
     desired: str
     nodes: int
     connections: int
-    protocol: str = "current"  # "baseline": bench/protocol_baseline.py; "message": old encoder
+    protocol: str = "current"  # "baseline": harness/protocol_baseline.py; "message": old encoder
     sync_s: float = float("nan")
     sync_cpu_s: float = float("nan")
     rss_per_node: float = float("nan")
@@ -109,20 +106,6 @@ class BenchClient(XdsClient):
             return
         async with self._bench_lock:
             await super()._send(request)
-
-
-async def connect(client: XdsClient, timeout: float) -> None:
-    """Envoy's start-up order: CDS, EDS (every cluster), LDS, RDS (the listener's routes)."""
-    await client.start()
-    await client.subscribe(CDS)
-    await client.wait_for(lambda c: bool(c.names(CDS)), timeout)
-    await client.subscribe(EDS, sorted(client.names(CDS)))
-    await client.subscribe(LDS)
-    await client.wait_for(lambda c: bool(c.names(LDS)), timeout)
-    await client.subscribe(RDS, sorted(client.names(LDS)))  # route config named as listener
-    await client.wait_for(
-        lambda c: bool(c.names(RDS)) and c.names(EDS) == c.names(CDS), timeout
-    )
 
 
 async def run_one(

@@ -8,7 +8,7 @@ process), so the client process can subtract them from its own.
 
 The only instrumentation is a wrapper around `NodeEntry.acked` (one comparison per ACK): it
 notes when every node finished its initial sync and when the last node of a PoP ACKed a push.
-`--protocol baseline` swaps the per-stream core for `bench.protocol_baseline` (the protocol core
+`--protocol baseline` swaps the per-stream core for `harness.protocol_baseline` (the protocol core
 before the per-snapshot index) so one benchmark run can compare both in the same server;
 `--protocol message` keeps the core but builds and serializes a response message per stream
 (the encoder before the serialize-once path of `control_plane/ads/encoding.py`).
@@ -75,9 +75,9 @@ def install(tracker: AckTracker) -> None:
 
 
 def use_baseline_protocol() -> None:
-    """Serve with the pre-index protocol core (`bench/protocol_baseline.py`)."""
-    from bench import protocol_baseline
+    """Serve with the pre-index protocol core (`harness/protocol_baseline.py`)."""
     from control_plane.ads import server as ads_server
+    from harness import protocol_baseline
 
     ads_server.SotwStream = protocol_baseline.SotwStream  # type: ignore[misc]
     ads_server.DeltaStream = protocol_baseline.DeltaStream  # type: ignore[misc]

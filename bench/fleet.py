@@ -36,8 +36,8 @@ import grpc
 
 from bench.command_pipe import ServerProcess
 from bench.common import table
-from bench.fanout import BenchClient, connect
-from tests.support.xds_client import XdsClient, local_channel, make_node
+from bench.fanout import BenchClient
+from harness.xds_client import XdsClient, connect, local_channel, make_node
 
 CONNECTING = 500
 SIDES = ("floor", "ballast")
@@ -203,10 +203,11 @@ async def tick_cost(pops: int, groups: int) -> dict[str, Any]:
     from control_plane.app.server import intent_and_cache
     from control_plane.decide.signals import OriginSignals
     from control_plane.decisions.log import DecisionLog
+    from control_plane.decisions.recorder import DecisionRecorder
     from control_plane.intent.sqlite_store import StateStore
     from control_plane.intent.store import IntentBatch
     from control_plane.translate.resources import Capabilities
-    from tests.support.models import fleet_desired
+    from harness.models import fleet_desired
 
     desired = fleet_desired(pops, groups)
 
@@ -234,11 +235,11 @@ async def tick_cost(pops: int, groups: int) -> dict[str, Any]:
 
     with tempfile.TemporaryDirectory() as folder:
         store = CountingStore(Path(folder))
-        intent, cache = intent_and_cache(desired, store=store)
+        log = DecisionLog(Path(folder))
+        intent, cache = intent_and_cache(desired, store=store, recorder=DecisionRecorder(log))
         for pop in desired.pop_names:
             cache.resources(pop, Capabilities())
-        log = DecisionLog(Path(folder))
-        reconciler = Reconciler(intent, Breaching(), log, seed=1)
+        reconciler = Reconciler(intent, Breaching(), seed=1)
         probe_worst = [0.0]
 
         async def probe() -> None:

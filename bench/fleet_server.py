@@ -8,20 +8,20 @@ shared with the client process):
 - `push {"pops": [...] | "*", "expect": N}`: shift one origin group's weights in those PoPs and
   wait for N ACKs of the new versions. Each side makes what it pushes first, off the loop (the
   floor serializes its bodies; Ballast translates the changed PoPs as a reconcile tick does,
-  `IntentOwner.prepare_changes`), then swaps it in in one loop callback (Ballast:
-  `apply_changes`, the tick's last step); returns that callback's own time (`tick_s`),
-  first/last ACK, CPU;
+  `await change.prepare()` in the change transaction), then swaps it in (the floor in one loop
+  callback; Ballast: the rest of the transaction, whose last step is the swap — no store or
+  log here); returns the time of that swap (`tick_s`), first/last ACK, CPU;
 - `lag`: the largest event-loop stall since the last `lag` (a 5 ms sleep, measured), and the
   longest garbage collection and the time in them, then reset;
 - `stop`.
 
 `ballast`: a real `BallastServer` (every PoP translated before the port is bound, on a worker
 thread, and the heap settled, as `BallastService` does under `ballast serve`), no debounce.
-`floor`: the cheapest grpc.aio fan-out (NOTES.md): a generic handler with a bytes serializer,
-every response body serialized once per (PoP, type, version) and only `version_info` and
-`nonce` appended per stream; SotW only, it answers a type's first request (no nonce), counts a
-request with the latest nonce as an ACK and ignores one with an older nonce. Both serve the
-same resources (Ballast's translation of the same desired state).
+`floor`: the cheapest grpc.aio fan-out (docs/architecture.md, "gRPC and the fan-out floor"): a
+generic handler with a bytes serializer, every response body serialized once per (PoP, type,
+version) and only `version_info` and `nonce` appended per stream; SotW only, it answers a type's
+first request (no nonce), counts a request with the latest nonce as an ACK and ignores one with an
+older nonce. Both serve the same resources (Ballast's translation of the same desired state).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import logging
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -43,15 +43,15 @@ from control_plane.ads import nodes as nodes_module
 from control_plane.app.heap import settle_heap
 from control_plane.app.server import BallastServer
 from control_plane.desired.model import Desired, GroupWeights
-from control_plane.intent.steps import PairStep, TickChanges, changes_of
-from control_plane.translate.pop import translate_pop
+from control_plane.intent.steps import PairStep, changes_of
+from control_plane.translate.pop import PopIntent, translate_pop
 from control_plane.translate.resources import (
     ENDPOINT_TYPE,
     PUSH_ORDER,
     STARTUP_TYPES,
     Capabilities,
 )
-from tests.support.models import fleet_desired
+from harness.models import fleet_desired
 
 ADS_METHOD = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"
 PROBE_S = 0.005
@@ -132,12 +132,6 @@ def shifted(desired: Desired, pop: str, step: int) -> GroupWeights:
 
 # -- Ballast ---------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class Staged:
-    changes: TickChanges
-    prepared: Any
-
-
 class BallastSide:
     def __init__(self, desired: Desired, tracker: Tracker) -> None:
         self.desired = desired
@@ -159,19 +153,19 @@ class BallastSide:
         settle_heap()  # as `ballast serve` does
         return int(self.server.port)
 
-    async def prepare(self, pops: list[str], step: int) -> Staged:
-        """The change translated before the push, off the loop, as a reconcile tick does."""
+    async def push(self, pops: list[str], step: int, started: Callable[[], None]
+                   ) -> dict[str, str]:
+        """The change translated before the push, off the loop, as a reconcile tick does; then
+        `started()` and the rest of the change transaction, whose last step is the swap."""
         intent = self.server.intent
-        running = intent.intent
-        changes = changes_of(running, [
-            PairStep((pop, PUSHED_GROUP), shifted(self.desired, pop, step),
-                     intent.controller((pop, PUSHED_GROUP))) for pop in pops])
-        build = intent.prepare_changes(running, changes)
-        return Staged(changes, None if build is None else await asyncio.to_thread(build))
-
-    def push(self, pops: list[str], staged: Staged) -> dict[str, str]:
-        """What the tick does on the loop: the swap that commits the prepared output."""
-        self.server.intent.apply_changes(staged.changes, staged.prepared)
+        async with intent.change() as change:
+            change.steps(changes_of(change.base, [
+                PairStep((pop, PUSHED_GROUP), shifted(self.desired, pop, step),
+                         intent.controller((pop, PUSHED_GROUP))) for pop in pops]),
+                planned_for=change.base.desired)
+            await change.prepare()
+            await asyncio.sleep(0.05)
+            started()
         cache = self.server.cache
         return {pop: cache.resources(pop, Capabilities()).type_version(ENDPOINT_TYPE)
                 for pop in pops}
@@ -222,7 +216,7 @@ class FloorSide:
         self.server = grpc.aio.server(options=[("grpc.max_concurrent_streams", 1000)])
 
     def _bodies(self, pop: str, weights: dict[str, GroupWeights]) -> dict[str, tuple[str, bytes]]:
-        resources = translate_pop(self.desired, pop, weights, Capabilities())
+        resources = translate_pop(self.desired, pop, Capabilities(), PopIntent(weights=weights))
         out = {}
         for type_url in PUSH_ORDER:
             items = resources.of_type(type_url)
@@ -317,19 +311,20 @@ async def push(side: BallastSide | FloorSide, tracker: Tracker, pops: list[str],
     tracker.done = asyncio.get_running_loop().create_future()
     # both sides make what they push before the push starts, off the loop: the floor
     # serializes its bodies (its premise), Ballast translates as a reconcile tick does
+    marks: dict[str, float] = {}
+
+    def started() -> None:
+        marks.update(cpu=time.process_time(), start=time.monotonic(), tick=time.perf_counter())
+
     if isinstance(side, FloorSide):
         bodies = await asyncio.to_thread(side.prepare, pops, step)
-    else:
-        staged = await side.prepare(pops, step)
-    await asyncio.sleep(0.05)
-    cpu0 = time.process_time()
-    start = time.monotonic()
-    tick0 = time.perf_counter()
-    if isinstance(side, FloorSide):
+        await asyncio.sleep(0.05)
+        started()
         tracker.targets = side.push(bodies)
     else:
-        tracker.targets = side.push(pops, staged)
-    tick = time.perf_counter() - tick0
+        tracker.targets = await side.push(pops, step, started)
+    tick = time.perf_counter() - marks["tick"]
+    cpu0, start = marks["cpu"], marks["start"]
     try:
         await asyncio.wait_for(tracker.done, command.get("timeout", 120.0))
         ok = True

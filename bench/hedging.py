@@ -13,7 +13,7 @@ import argparse
 import math
 
 from control_plane.desired.defaults import DEFAULT_TIERS
-from tests.support.hedging import HedgeRun, run_hedging
+from harness.hedging import HedgeRun, run_hedging
 
 CRITICAL = next(t for t in DEFAULT_TIERS if t.name == "critical")
 

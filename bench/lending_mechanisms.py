@@ -22,12 +22,12 @@ from typing import Any
 
 import aiohttp
 
-from control_plane.app.demo_origin import DemoOrigin, Fault
-from control_plane.app.envoy_process import EnvoyProcess, free_port
 from control_plane.app.server import BallastServer
 from control_plane.desired.model import Desired, TierActions
 from control_plane.translate.bootstrap import ads_bootstrap
-from tests.support.models import example_desired, shop_group
+from harness.demo_origin import DemoOrigin, Fault
+from harness.envoy_process import EnvoyProcess, free_port
+from harness.models import example_desired, shop_group
 
 LIMIT = 41
 CLIENTS = 30

@@ -19,13 +19,13 @@ from pathlib import Path
 
 import grpc
 
-from control_plane.app.envoy_process import free_port
 from control_plane.app.server import BallastServer
 from control_plane.security.cert_dir import CertDir
 from control_plane.security.tls import ReloadingCredentials, TlsFiles
 from control_plane.translate.resources import CLUSTER_TYPE
-from tests.support.ads_desired import desired
-from tests.support.xds_client import XdsClient, make_node
+from harness.ads_desired import desired
+from harness.envoy_process import free_port
+from harness.xds_client import XdsClient, make_node
 
 
 def fetch_cost(files: TlsFiles, calls: int = 20_000) -> float:

@@ -7,7 +7,7 @@ round times `on_snapshot` for every stream, then the ACK of every response it pr
 
 Two implementations run interleaved in one process, so their ratio is not skewed by the load
 of the (shared, noisy) machine: `control_plane.ads.protocol` (current: per-snapshot index, views
-and diffs shared by every stream) and `bench.protocol_baseline` (a verbatim copy of the
+and diffs shared by every stream) and `harness.protocol_baseline` (a verbatim copy of the
 protocol core before that change, which copied, sorted and hashed every resource of a type per
 stream on every push and ACK). `python -m bench.protocol_core [--streams N] [--rounds R]`.
 """
@@ -22,7 +22,6 @@ from typing import Any
 
 from envoy.service.discovery.v3.discovery_pb2 import DeltaDiscoveryRequest, DiscoveryRequest
 
-from bench import protocol_baseline
 from bench.common import desired_by_name, median, table
 from control_plane.ads import protocol as protocol_current
 from control_plane.app.server import intent_and_cache
@@ -34,6 +33,7 @@ from control_plane.translate.resources import (
     Capabilities,
     PopResources,
 )
+from harness import protocol_baseline
 
 IMPLEMENTATIONS: dict[str, ModuleType] = {
     "baseline": protocol_baseline,

@@ -19,6 +19,7 @@ from typing import Any
 
 from bench import dashboard, fanout, fleet, protocol_core, standby_ramp, translation
 from bench.common import ROOT
+from harness.standby_ramp import report as report_standby_ramp
 
 
 @dataclass(frozen=True)
@@ -44,9 +45,9 @@ def plans(quick: bool, nodes: int | None, per_connection: int) -> list[FanoutPla
                    per_connection),
     ]
     if one_conn:
-        # NOTES.md's floor used one TCP connection per node; fds: one per node in each process
+        # the measured floor used one TCP connection per node; fds: one per node in each process
         per = max(1, -(-one_conn // 15_000))
-        result.append(FanoutPlan("one connection per node, as NOTES.md's floor", "example",
+        result.append(FanoutPlan("one connection per node, as the measured floor", "example",
                                  [one_conn], per))
     return result
 
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
                         "400x20x20)")
     parser.add_argument("--compare-protocol", action="store_true",
                         help="fan-out runs twice per (size, mode): with the protocol core of "
-                        "bench/protocol_baseline.py, then with the current one")
+                        "harness/protocol_baseline.py, then with the current one")
     parser.add_argument("--compare-encoder", action="store_true",
                         help="fan-out runs twice per (size, mode): with a response message "
                         "built per stream (the old encoder), then with the current one")
@@ -115,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         ramp_runs = asyncio.run(standby_ramp.both(standby_ramp.Scenario()))
         results["standby_ramp"] = standby_ramp.as_json(ramp_runs)
         out += ["== Cold-standby ramp: the standby during the shift, ramp on vs off",
-                standby_ramp.report(ramp_runs)]
+                report_standby_ramp(ramp_runs)]
         print(out[-1] + "\n", flush=True)
     if args.only in (None, "fanout"):
         print("== push fan-out", flush=True)
@@ -134,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         }
         out += ["== Push fan-out (weight update on ewr -> last ACK of ewr's nodes)",
                 fanout.report(fan),
-                f"floor (NOTES.md, 10k nodes, 1 conn each): push {fanout.FLOOR_PUSH_US_PER_NODE:g}"
+                f"floor (docs/architecture.md, 10k nodes, 1 conn each): push "
+                f"{fanout.FLOOR_PUSH_US_PER_NODE:g}"
                 f" µs/node wall ({fanout.FLOOR_MESSAGE_PER_STREAM_US_PER_NODE:g} with a message "
                 f"per stream), {fanout.FLOOR_CPU_US_PER_NODE:g} µs CPU/node, "
                 f"{fanout.FLOOR_RSS_PER_NODE / 1e3:g} KB RSS/node"]

@@ -13,16 +13,17 @@ import aiohttp
 import grpc
 import pytest
 
-from control_plane.app.demo_origin import DemoOrigin, Fault
-from control_plane.app.envoy_process import EnvoyProcess, find_envoy, free_port
+from control_plane.cli.envoy_validate import find_envoy
 from control_plane.decide.signals import TierPending
 from control_plane.desired.model import AccessLog, Desired
 from control_plane.observe.access_log import AccessLogStore, WithWaits, add_access_log_service
 from control_plane.observe.source import TierSignals
-from control_plane.translate import static_bootstrap, translate_pop
+from control_plane.translate import PopIntent, static_bootstrap, translate_pop
 from control_plane.translate.bootstrap import ads_bootstrap
 from control_plane.translate.resources import Capabilities
-from tests.support.models import example_desired, shop_group
+from harness.demo_origin import DemoOrigin, Fault
+from harness.envoy_process import EnvoyProcess, free_port
+from harness.models import example_desired, shop_group
 
 pytestmark = pytest.mark.envoy
 
@@ -46,9 +47,9 @@ def edge_bootstrap(desired: Desired, admin_port: int, sink_port: int) -> dict:
     del bootstrap["layered_runtime"]  # its RTDS layer needs the ADS config
     bootstrap.pop("stats_sinks")
     assert bootstrap["node"]["metadata"] == {"ballast_access_log": True}
-    static = static_bootstrap(translate_pop(desired, "ewr", {"shop": {"primary": 100,
-                                                                      "secondary": 0}},
-                                            Capabilities(access_log=True)))
+    static = static_bootstrap(translate_pop(desired, "ewr", Capabilities(access_log=True),
+                                            PopIntent(weights={"shop": {"primary": 100,
+                                                                      "secondary": 0}})))
     bootstrap["static_resources"]["clusters"].extend(static["static_resources"]["clusters"])
     bootstrap["static_resources"]["listeners"] = static["static_resources"]["listeners"]
     return bootstrap

@@ -3,7 +3,6 @@ real HTTP, real gRPC, loopback only."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -17,6 +16,8 @@ from control_plane.desired.model import TierActions
 from control_plane.own_metrics.registry import BallastMetrics
 from control_plane.translate import render_json
 from control_plane.translate.resources import CLUSTER_TYPE, Capabilities
+from harness.ads_desired import desired
+from harness.eventually import eventually
 from tests.support.admin_stack import (
     AdminStack,
     Samples,
@@ -25,7 +26,6 @@ from tests.support.admin_stack import (
     samples,
     start_stack,
 )
-from tests.support.ads_desired import desired
 
 NOW = datetime.now(UTC)
 
@@ -235,10 +235,11 @@ async def test_metrics_move_with_pushes_acks_and_nacks(
         ) == 30
         await bad.close()
         await bad_channel.close()
-        for _ in range(100):
-            if sample(await scrape(http), "ballast_connected_nodes", pop="sjc") == 0:
-                break
-            await asyncio.sleep(0.02)
+
+        async def sjc_gone() -> bool:
+            return sample(await scrape(http), "ballast_connected_nodes", pop="sjc") == 0
+
+        await eventually(sjc_gone, 5, "sjc's node leaves ballast_connected_nodes", interval=0.02)
         parsed = await scrape(http)
         assert sample(parsed, "ballast_connected_nodes", pop="sjc") == 0
         assert sample(parsed, "ballast_connected_nodes", pop="ewr") == 1

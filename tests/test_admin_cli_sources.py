@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from control_plane.app.envoy_process import free_port
 from control_plane.cli.admin_client import AdminClient, ServerSource
 from control_plane.cli.main import main
 from control_plane.decisions.log import DecisionLog
 from control_plane.decisions.read import Query
+from harness.ads_desired import desired
+from harness.envoy_process import free_port
 from tests.support.admin_stack import AdminStack, serving
-from tests.support.ads_desired import desired
 from tests.support.decision_records import write_records
 
 

@@ -7,27 +7,16 @@ never for the rest, so they keep both start-up slots (for `initial_sync_s`, 30 s
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Callable
-
 import grpc
 
-from bench.fanout import connect
 from control_plane.ads.limits import AdsLimits
 from control_plane.app.server import BallastServer
 from control_plane.translate.resources import CLUSTER_TYPE as CDS
 from control_plane.translate.resources import ENDPOINT_TYPE as EDS
 from control_plane.translate.resources import Capabilities
-from tests.support.ads_desired import desired
-from tests.support.xds_client import XdsClient, local_channel, make_node
-
-
-async def _until(check: Callable[[], bool], timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.01)
+from harness.ads_desired import desired
+from harness.eventually import eventually
+from harness.xds_client import XdsClient, connect, local_channel, make_node
 
 
 async def test_start_ups_wait_for_a_slot_while_synced_nodes_get_their_pushes() -> None:
@@ -48,7 +37,7 @@ async def test_start_ups_wait_for_a_slot_while_synced_nodes_get_their_pushes() -
     try:
         synced = client("synced")
         await connect(synced, 10)  # all four types: its slot is free again
-        await _until(lambda: ballast.ads.syncing == 0)
+        await eventually(lambda: ballast.ads.syncing == 0, 10, "no stream syncing", interval=0.01)
         stuck = [client("stuck-1"), client("stuck-2")]
         for node in stuck:
             await node.start()
@@ -58,7 +47,8 @@ async def test_start_ups_wait_for_a_slot_while_synced_nodes_get_their_pushes() -
         waiting = client("waiting")
         await waiting.start()
         await waiting.subscribe(CDS)
-        await _until(lambda: len(ballast.nodes) == 4)  # connected, but no slot: not answered
+        # connected, but no slot: not answered
+        await eventually(lambda: len(ballast.nodes) == 4, 10, "4 nodes connected", interval=0.01)
         assert ballast.ads.syncing == 2
 
         ballast.intent.update_weights("ewr", "shop", {"primary": 60, "secondary": 40})

@@ -28,8 +28,9 @@ from control_plane.app.server import BallastServer
 from control_plane.translate.resources import CLUSTER_TYPE as CDS
 from control_plane.translate.resources import ENDPOINT_TYPE as EDS
 from control_plane.translate.resources import Capabilities
-from tests.support.ads_desired import desired
-from tests.support.xds_client import XdsClient, local_channel, make_node
+from harness.ads_desired import desired
+from harness.eventually import eventually
+from harness.xds_client import XdsClient, local_channel, make_node
 
 Records = list[tuple[str, dict[str, Any]]]
 CLUSTERS = 4  # the example's 3 tier clusters and its standby's mirror cluster
@@ -177,28 +178,21 @@ async def test_nack_storm_is_recorded_once_clipped_and_counted(server: Any) -> N
             await client.send_raw(bad)
 
         def counted() -> int:
-            (status,) = ballast.nodes.snapshot()
+            (status,) = ballast.nodes.statuses()
             nack = {t.type: t for t in status.types}["CDS"].last_nack
             return 0 if nack is None else nack.count
 
-        for _ in range(100):
-            if counted() == 201:
-                break
-            await asyncio.sleep(0.05)
-        assert counted() == 201
+        await eventually(lambda: counted() == 201, 5, "201 NACKs counted")
         nacks = [fields for kind, fields in records if kind == "nack"]
         assert len(nacks) == 1
         assert len(nacks[0]["message"]) < SMALL.message_chars + 100
         assert f"{len(huge):,} characters" in nacks[0]["message"]
-        (status,) = ballast.nodes.snapshot()
+        (status,) = ballast.nodes.statuses()
         kept = {t.type: t for t in status.types}["CDS"].last_nack
         assert kept is not None and len(kept.message) < SMALL.message_chars + 100
         rejecting = False
         await client.close()
-        for _ in range(100):
-            if records[-1][0] == "node_disconnected":
-                break
-            await asyncio.sleep(0.05)
+        await eventually(lambda: records[-1][0] == "node_disconnected", 5, "the disconnect record")
         assert records[-1][1]["repeated_nacks"] == {"CDS": 200}
     finally:
         await channel.close()
@@ -214,10 +208,8 @@ async def test_per_stream_bookkeeping_is_freed_when_streams_end(server: Any) -> 
             await client.subscribe(CDS)
             await client.wait_for(lambda c: len(c.names(CDS)) == CLUSTERS)
             await client.close()
-        for _ in range(100):
-            if len(ballast.nodes) == 0 and not ballast.ads._streams:
-                break
-            await asyncio.sleep(0.05)
+        await eventually(lambda: len(ballast.nodes) == 0 and not ballast.ads._streams, 5,
+                         "every stream gone")
         gc.collect()
         assert len(ballast.nodes) == 0 and not ballast.ads.callbacks._pushed  # type: ignore[attr-defined]
         # what a stream keeps (fallback version, NACK counts) lives in its entry: gone with it
@@ -239,20 +231,14 @@ async def test_streams_per_connection_are_bounded(server: Any) -> None:
             client = await XdsClient(channel, make_node(f"multi-{i}", "ewr")).start()
             clients.append(client)
             asyncio.get_running_loop().create_task(client.subscribe(CDS))
-        for _ in range(100):
-            if len(ballast.nodes) == SMALL.streams_per_connection:
-                break
-            await asyncio.sleep(0.05)
+        await eventually(lambda: len(ballast.nodes) == SMALL.streams_per_connection, 5,
+                         "the connection's stream slots taken")
         await asyncio.sleep(0.3)  # the others are held by the client, not served
         assert len(ballast.nodes) == SMALL.streams_per_connection
         await clients[0].close()  # a slot frees: the next waiting stream gets it
-        for _ in range(100):
-            served = sum(len(c.names(CDS)) == CLUSTERS for c in clients[1:])
-            if served == SMALL.streams_per_connection:
-                break
-            await asyncio.sleep(0.05)
-        served = sum(len(c.names(CDS)) == CLUSTERS for c in clients[1:])
-        assert served == SMALL.streams_per_connection
+        await eventually(
+            lambda: sum(len(c.names(CDS)) == CLUSTERS for c in clients[1:])
+            == SMALL.streams_per_connection, 5, "the next waiting stream served")
     finally:
         for client in clients:
             await client.close()
@@ -319,7 +305,7 @@ def _snapshot() -> Any:
     from control_plane.translate import translate_pop
 
     served = desired(listener_port=10000, primary_port=8081, secondary_port=8082)
-    return translate_pop(served, "ewr", {}, Capabilities())
+    return translate_pop(served, "ewr", Capabilities())
 
 
 def test_a_delta_client_that_never_answers_holds_few_responses() -> None:

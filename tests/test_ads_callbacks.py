@@ -3,7 +3,6 @@ raises never breaks the stream (real gRPC on loopback, the simulated client)."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 import grpc
@@ -18,8 +17,9 @@ from control_plane.ads.snapshots import SnapshotCache
 from control_plane.translate import translate_pop
 from control_plane.translate.resources import CLUSTER_TYPE as CDS
 from control_plane.translate.resources import LISTENER_TYPE as LDS
-from tests.support.ads_desired import desired
-from tests.support.xds_client import XdsClient, local_channel, make_node
+from harness.ads_desired import desired
+from harness.eventually import eventually
+from harness.xds_client import XdsClient, local_channel, make_node
 
 
 class Recorder(Callbacks):
@@ -61,7 +61,7 @@ async def served(request: pytest.FixtureRequest) -> AsyncIterator[tuple[str, Rec
     recorder = Recorder(explode=request.param)
     served = desired(listener_port=10000, primary_port=8081, secondary_port=8082)
     cache = SnapshotCache(
-        lambda the_desired, pop, caps, _: translate_pop(the_desired, pop, {}, caps),
+        lambda the_desired, pop, caps, _: translate_pop(the_desired, pop, caps),
         lambda the_desired: the_desired.pop_names,
         served,
     )
@@ -92,16 +92,12 @@ async def test_a_stream_tells_open_request_response_ack_nack_and_close(
     await client.subscribe(LDS)  # after a NACK the stream still answers
     await client.wait_for(lambda c: LDS in c.state.acked)
     rejected, accepted = client.responses(CDS)[0], client.responses(LDS)[0]
-    for _ in range(200):
-        if ("ack", LDS, accepted.nonce) in recorder.calls:
-            break
-        await asyncio.sleep(0.01)
+    await eventually(lambda: ("ack", LDS, accepted.nonce) in recorder.calls, 2, "the LDS ACK",
+                     interval=0.01)
     await client.close()
     await channel.close()
-    for _ in range(200):
-        if recorder.calls and recorder.calls[-1][0] == "closed":
-            break
-        await asyncio.sleep(0.01)
+    await eventually(lambda: recorder.calls and recorder.calls[-1][0] == "closed", 2,
+                     "the stream's close", interval=0.01)
     kinds = [call[0] for call in recorder.calls]
     assert kinds[:3] == ["open", "request", "response"]
     assert recorder.calls[0] == ("open", "n1", "ewr", "sotw")

@@ -6,7 +6,6 @@ module (per mode), so the Envoys, the origins and the server are started once pe
 
 from __future__ import annotations
 
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -14,13 +13,14 @@ from typing import Any
 
 import pytest
 
-from control_plane.app.demo_origin import DemoOrigin
-from control_plane.app.envoy_process import EnvoyProcess, free_port
 from control_plane.app.server import BallastServer
 from control_plane.translate.bootstrap import ads_bootstrap
 from control_plane.translate.resources import CLUSTER_TYPE, Capabilities
-from tests.support.ads_desired import desired
-from tests.support.background_loop import BackgroundLoop
+from harness.ads_desired import desired
+from harness.background_loop import BackgroundLoop
+from harness.demo_origin import DemoOrigin
+from harness.envoy_process import EnvoyProcess, free_port
+from harness.eventually import eventually_blocking
 
 pytestmark = pytest.mark.envoy
 
@@ -40,7 +40,7 @@ class Stack:
     records: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
     def node(self, pop: str) -> dict[str, Any]:
-        statuses = self.bg.call(self.ballast.nodes.snapshot)
+        statuses = self.bg.call(self.ballast.nodes.statuses)
         (status,) = [s.as_dict() for s in statuses if s.pop == pop]
         return status
 
@@ -50,15 +50,6 @@ class Stack:
         )
         with urllib.request.urlopen(request, timeout=5) as response:
             return {k.lower(): v for k, v in response.headers.items()}
-
-
-def wait_until(check: Callable[[], bool], timeout: float, what: str) -> float:
-    started = time.monotonic()
-    while time.monotonic() - started < timeout:
-        if check():
-            return time.monotonic() - started
-        time.sleep(0.02)
-    raise AssertionError(f"not within {timeout}s: {what}")
 
 
 def counter(envoy: EnvoyProcess, name: str) -> int:
@@ -140,7 +131,7 @@ def stack(request: pytest.FixtureRequest) -> Iterator[Stack]:
 
 def test_envoys_ready_and_ack_every_type(stack: Stack) -> None:
     for pop in ("ewr", "sjc"):
-        wait_until(
+        eventually_blocking(
             lambda pop=pop: stack.node(pop)["status"] == "SYNCED"
             and set(stack.node(pop)["types"]) == TYPES,
             3,
@@ -185,14 +176,13 @@ def test_weight_change_applies_within_a_second_and_shifts_traffic(stack: Stack) 
         ):
             stack.bg.call(lambda w=weights: stack.ballast.intent.update_weights("ewr", "shop", w))
             expected = {name: w for name, w in weights.items() if w}
-            took = wait_until(
+            eventually_blocking(
                 lambda e=expected: {
                     z: w for z, w in applied_weights(envoy, "shop.critical").items() if w
                 } == e,
                 1.0,
                 f"weights {weights} in ewr's config_dump",
             )
-            assert took < 1.0
             origins = [stack.get("ewr", "/catalog")["x-origin"] for _ in range(20)]
             assert origins == [origin] * 20
         sjc = applied_weights(stack.envoys["sjc"], "shop.critical")
@@ -218,13 +208,12 @@ def test_cds_change_does_not_leave_clusters_warming(stack: Stack) -> None:
             )
         )
         for pop in ("ewr", "sjc"):
-            took = wait_until(
+            eventually_blocking(
                 lambda pop=pop, v=version: stack.node(pop)["types"]["CDS"]["last_acked"] == v
                 and stack.node(pop)["status"] == "SYNCED",
                 2.0,
                 f"{pop} ACKs the new CDS",
             )
-            assert took < 2.0
             dump = stack.envoys[pop].admin_json("/config_dump?resource=dynamic_warming_clusters")
             assert dump.get("configs", []) == []
         stack.get("ewr", "/catalog")
@@ -239,9 +228,15 @@ def test_rejected_config_one_nack_no_loop_other_pop_unaffected(stack: Stack) -> 
                 "ewr", Capabilities(adaptive_lifo=True)
             )
         )
-        wait_until(lambda: stack.node("ewr")["status"] == "NACKED", 2, "ewr NACKs adaptive LIFO")
+        eventually_blocking(lambda: stack.node("ewr")["status"] == "NACKED", 2,
+                            "ewr NACKs adaptive LIFO")
         sends = stack.node("ewr")["types"]["CDS"]["sends"]
-        time.sleep(2)
+        # A barrier instead of a pause: a weight change goes down the same stream after the
+        # NACK; once Envoy has applied it, a resend loop of the rejected CDS would have shown.
+        moved = {"primary": 90, "secondary": 10}
+        stack.bg.call(lambda: stack.ballast.intent.update_weights("ewr", "shop", moved))
+        eventually_blocking(lambda: applied_weights(stack.envoys["ewr"], "shop.critical") == moved,
+                            5, "ewr applies the EDS change sent after the NACK")
         nacks = [f for kind, f in stack.records if kind == "nack"][before_nacks:]
         assert len(nacks) == 1
         assert nacks[0]["node"] == "ewr-1" and nacks[0]["type"] == "CDS"
@@ -254,4 +249,6 @@ def test_rejected_config_one_nack_no_loop_other_pop_unaffected(stack: Stack) -> 
         assert sjc["status"] == "SYNCED" and sjc["types"] == sjc_before["types"]
     finally:
         stack.bg.call(lambda: stack.ballast.cache.override_capabilities("ewr", None))
-    wait_until(lambda: stack.node("ewr")["status"] == "SYNCED", 2, "ewr back in sync")
+        stack.bg.call(lambda: stack.ballast.intent.update_weights(
+            "ewr", "shop", {"primary": 95, "secondary": 5}))
+    eventually_blocking(lambda: stack.node("ewr")["status"] == "SYNCED", 2, "ewr back in sync")

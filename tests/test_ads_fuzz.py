@@ -37,12 +37,13 @@ from envoy.service.discovery.v3.discovery_pb2 import DeltaDiscoveryRequest, Disc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from control_plane.app.envoy_process import free_port
 from control_plane.decisions.log import log_files
 from control_plane.decisions.read import iter_records
 from control_plane.translate.resources import CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE
-from tests.support.background_loop import BackgroundLoop
-from tests.support.xds_client import XdsClient, local_channel, make_node
+from harness.background_loop import BackgroundLoop
+from harness.envoy_process import free_port
+from harness.eventually import eventually_blocking
+from harness.xds_client import XdsClient, local_channel, make_node
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "desired.yaml"
@@ -85,14 +86,12 @@ def server(tmp_path: Path) -> Iterator[Server]:
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True,
     )
     running = Server(proc, xds, admin, desired, tmp_path / "state", tmp_path / "serve.log")
-    deadline = time.monotonic() + 20
-    while True:
-        with contextlib.suppress(OSError):
-            if b'"ready": true' in running.get("/readyz"):
-                break
+
+    def ready() -> bool:
         assert proc.poll() is None, running.log.read_text()
-        assert time.monotonic() < deadline, "ballast serve did not get ready"
-        time.sleep(0.1)
+        return b'"ready": true' in running.get("/readyz")
+
+    eventually_blocking(ready, 20, "ballast serve ready", interval=0.1, ignore=(OSError,))
     try:
         yield running
     finally:

@@ -1,7 +1,7 @@
 """The per-snapshot index of the ADS core (`control_plane/ads/index.py`): built once per
 snapshot and shared by every stream, and equal to computing everything per stream.
 
-The oracle for the protocol properties is `bench/protocol_baseline.py`, a verbatim copy of the
+The oracle for the protocol properties is `harness/protocol_baseline.py`, a verbatim copy of the
 protocol core before the index (it copies, sorts and hashes per stream): fed the same requests
 and snapshots, both must produce the same responses and events.
 """
@@ -20,7 +20,6 @@ from envoy.service.discovery.v3.discovery_pb2 import DeltaDiscoveryRequest, Disc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bench import protocol_baseline as baseline
 from control_plane.ads import index as index_module
 from control_plane.ads import protocol
 from control_plane.ads.index import EMPTY, ResourceSet, index, items_version
@@ -42,6 +41,7 @@ from control_plane.translate.resources import (
     PopResources,
     Resource,
 )
+from harness import protocol_baseline as baseline
 from tests.support.ads_requests import delta_request, sotw_request
 
 CLUSTERS = ("a", "b", "c", "d", "e")

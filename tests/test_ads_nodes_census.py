@@ -30,7 +30,7 @@ def test_census_counts_like_the_snapshot_and_lists_the_first_by_node_id() -> Non
     registry = _registry()
     census = registry.census(listed=2, nacked=1)
     for pop in ("ewr", "sjc"):
-        full = registry.snapshot(pop)
+        full = registry.statuses(pop)
         assert {s.pop for s in full} == {pop}
         assert census[pop].by_status_version == Counter(
             (s.status, s.envoy_version) for s in full)
@@ -39,4 +39,4 @@ def test_census_counts_like_the_snapshot_and_lists_the_first_by_node_id() -> Non
         {("NACKED", "1.40.0"): 2, ("SYNCED", "1.40.0"): 1, ("STALE", "1.36.2"): 1})
     assert [s.node_id for s in census["ewr"].nacked] == ["ewr-1"]
     assert census["sjc"].nacked == []
-    assert len(registry.snapshot()) == 8
+    assert len(registry.statuses()) == 8

@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from control_plane.app.demo_origin import DemoOrigin
-from control_plane.app.envoy_process import EnvoyProcess, free_port
 from control_plane.cli.main import main
 from control_plane.translate.bootstrap import XdsClientTls, ads_bootstrap
-from tests.support.ads_desired import write_desired
+from harness.ads_desired import write_desired
+from harness.demo_origin import DemoOrigin
+from harness.envoy_process import EnvoyProcess, free_port
+from harness.eventually import eventually
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -90,12 +91,10 @@ async def test_sigterm_closes_streams_and_envoy_keeps_serving(
         assert proc.returncode == 0, stderr
         assert took < 3.0
         assert "shutting down" in stderr and "disconnected" in stderr
-        deadline = time.monotonic() + 5  # Envoy notices the closed stream (loaded CI: slowly)
-        while "connected_state: 0" not in (
-            state := envoy.admin("/stats?filter=control_plane.connected_state")
-        ):
-            assert time.monotonic() < deadline, state
-            await asyncio.sleep(0.1)
+        state = "/stats?filter=control_plane.connected_state"
+        await eventually(  # Envoy notices the closed stream (loaded CI: slowly)
+            lambda: "connected_state: 0" in envoy.admin(state), 5,
+            "Envoy sees the xDS stream closed", in_thread=True, interval=0.1)
         for _ in range(5):  # the last config keeps serving
             assert await asyncio.to_thread(fetch, listener) == "primary"
         dump = json.loads(envoy.admin("/config_dump"))
@@ -118,16 +117,11 @@ def test_serve_reports_bad_desired_state(tmp_path: Path) -> None:
         stop(proc)
 
 
-def wait_healthy(admin: int, proc: subprocess.Popen[str], timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.communicate()[1]
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{admin}/healthz", timeout=2):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise AssertionError(f"ballast serve not answering /healthz within {timeout}s")
+def healthy(admin: int, proc: subprocess.Popen[str]) -> bool:
+    """`ballast serve` answers /healthz (and has not exited)."""
+    assert proc.poll() is None, proc.communicate()[1]
+    with urllib.request.urlopen(f"http://127.0.0.1:{admin}/healthz", timeout=2):
+        return True
 
 
 @pytest.mark.envoy
@@ -157,7 +151,8 @@ async def test_serve_with_mtls_and_an_admin_token_from_the_command_line(
     try:
         # the admin API binds after xDS: once it answers, the Envoy's first connect finds the
         # port (else its retry back-off can outlast the wait on a loaded machine)
-        await asyncio.to_thread(wait_healthy, admin, proc)
+        await eventually(lambda: healthy(admin, proc), 30, "ballast serve answers /healthz",
+                         in_thread=True, ignore=(OSError,))
         envoy.start()
         await asyncio.to_thread(envoy.wait_ready, 15)
         assert await asyncio.to_thread(fetch, listener) == "primary"

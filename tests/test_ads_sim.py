@@ -28,8 +28,9 @@ from control_plane.translate.resources import (
 from control_plane.translate.resources import (
     Capabilities,
 )
-from tests.support.ads_desired import desired
-from tests.support.xds_client import XdsClient, local_channel, make_node
+from harness.ads_desired import desired
+from harness.eventually import eventually
+from harness.xds_client import XdsClient, local_channel, make_node
 
 SHOP = ["shop.background", "shop.critical", "shop.normal"]
 MEDIA = ["media.background", "media.critical", "media.normal"]
@@ -107,7 +108,7 @@ async def test_fifty_nodes_get_exactly_their_pops_resources(server: Any) -> None
             assert listener.address.socket_address.port_value == (
                 10000 if pop == "ewr" else 10001
             )
-        statuses = ballast.nodes.snapshot()
+        statuses = ballast.nodes.statuses()
         assert len(statuses) == 2 * NODES_PER_POP
         assert {s.status for s in statuses} == {"SYNCED"}
         assert {s.capability_key for s in statuses} == {"fifo"}
@@ -192,7 +193,7 @@ async def test_metadata_pop_and_malformed_request(server: Any) -> None:
         client = await XdsClient(channel, make_node("meta", metadata_pop="sjc")).start()
         await client.subscribe(LDS)
         await client.wait_for(lambda c: c.names(LDS) == {"edge"})
-        assert ballast.nodes.snapshot()[0].pop == "sjc"
+        assert ballast.nodes.statuses()[0].pop == "sjc"
         await client.send_raw(DiscoveryRequest(type_url="type.googleapis.com/nope.Secret"))
         await asyncio.wait_for(client.done.wait(), 3)
         assert client.error is not None
@@ -231,13 +232,13 @@ async def test_nack_recorded_once_and_not_resent(server: Any) -> None:
         nacks = [f for kind, f in records if kind == "nack"]
         assert len(nacks) == 1
         assert nacks[0]["message"] == "lifo? no thanks" and nacks[0]["type"] == "CDS"
-        (status,) = ballast.nodes.snapshot()
+        (status,) = ballast.nodes.statuses()
         assert status.status == "NACKED" and status.capability_key == "lifo"
         rejecting = False
         ballast.cache.override_capabilities("ewr", None)
         await client.wait_for(lambda c: len(c.responses(CDS)) == 3)
-        await asyncio.sleep(0.1)
-        assert ballast.nodes.snapshot()[0].status == "SYNCED"
+        await eventually(lambda: ballast.nodes.statuses()[0].status == "SYNCED", 2,
+                         "the server reads the ACK")
         await client.close()
     finally:
         await channel.close()

@@ -16,11 +16,11 @@ from control_plane.desired.model import Desired
 from control_plane.intent.carry_over import carry_over
 from control_plane.intent.owner import IntentOwner
 from control_plane.intent.running import RunningIntent
-from control_plane.translate import UnknownPop, WeightsError, translate_pop
+from control_plane.translate import PopIntent, UnknownPop, WeightsError, translate_pop
 from control_plane.translate.resources import ENDPOINT_TYPE, Capabilities, PopResources
-from tests.support.ads_desired import desired
+from harness.ads_desired import desired
+from harness.models import fleet_desired
 from tests.support.fake_clock import FakeClock
-from tests.support.models import fleet_desired
 
 FIFO, LIFO = Capabilities(), Capabilities(adaptive_lifo=True)
 
@@ -47,7 +47,7 @@ def test_the_build_function_is_injected_and_gets_the_entry_it_replaces() -> None
         source: Desired, pop: str, caps: Capabilities, previous: PopResources | None
     ) -> PopResources:
         calls.append((pop, caps.key, previous))
-        return translate_pop(source, pop, {}, caps)
+        return translate_pop(source, pop, caps)
 
     cache = SnapshotCache(build, lambda source: source.pop_names, served)
     first = cache.resources("ewr", FIFO)
@@ -69,7 +69,7 @@ def test_a_failing_build_leaves_the_source_and_every_entry() -> None:
     ) -> PopResources:
         if source is not served:
             raise RuntimeError("translation broke")
-        return translate_pop(source, pop, {}, caps)
+        return translate_pop(source, pop, caps)
 
     cache = SnapshotCache(build, lambda source: source.pop_names, served)
     ewr = cache.resources("ewr", FIFO)
@@ -184,15 +184,15 @@ def test_a_desired_state_prepared_off_the_cache_keeps_changes_made_meanwhile() -
     heard: list[frozenset[str]] = []
     cache.add_listener(heard.append)
     current = carry_over(intent.intent, new)  # the rule again, over what runs now
-    assert intent.apply(current, lambda it: cache.commit(prepared, it)) == frozenset(
-        desired.pop_names)
+    assert cache.commit(prepared, current.intent) == frozenset(desired.pop_names)
     assert heard == [frozenset(desired.pop_names)]
-    assert intent.desired is new and intent.weights("p001", "g002") == moved
+    assert cache.source.desired is new and cache.source.weights_of("p001", "g002") == moved
     for pop, weights in (("p000", {}), ("p001", {"g002": moved}), ("p002", {})):
-        assert cache.resources(pop, caps) == translate_pop(new, pop, weights, caps)
+        assert cache.resources(pop, caps) == translate_pop(new, pop, caps,
+                                                           PopIntent(weights=weights))
     after = cache.resources("p002", Capabilities(adaptive_lifo=True))
     assert after is not lifo
-    assert after == translate_pop(new, "p002", {}, Capabilities(adaptive_lifo=True))
+    assert after == translate_pop(new, "p002", Capabilities(adaptive_lifo=True))
 
 
 def test_entries_translated_ahead_are_kept_only_while_they_hold() -> None:

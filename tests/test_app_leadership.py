@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from control_plane.app.leadership import LeaderElection
+from control_plane.app.replication import Replication
+from control_plane.decisions.log import DecisionLog
+from control_plane.decisions.recorder import DecisionRecorder
 from control_plane.intent.etcd_store import EtcdStore, Leadership
+from control_plane.intent.owner import IntentOwner
+from harness.eventually import eventually
+from harness.models import example_desired
 from tests.support.etcd import EtcdServer, etcd_binary
 
 pytestmark = pytest.mark.skipif(etcd_binary() is None, reason="etcd not installed")
@@ -50,18 +56,11 @@ class Replica:
         await self.store.close()
 
 
-async def until(condition, timeout: float = 10.0) -> float:  # type: ignore[no-untyped-def]
-    started = time.monotonic()
-    while not condition():
-        assert time.monotonic() - started < timeout, "condition not met in time"
-        await asyncio.sleep(0.05)
-    return time.monotonic() - started
-
-
 async def test_exactly_one_leader_and_a_resignation_hands_over_at_once(etcd: EtcdServer) -> None:
     replicas = [Replica(etcd, name).start() for name in ("a", "b", "c")]
     try:
-        await until(lambda: sum(r.election.leading() is not None for r in replicas) == 1)
+        await eventually(lambda: sum(r.election.leading() is not None for r in replicas) == 1, 10,
+                         "one leader")
         await asyncio.sleep(1.0)  # followers refresh and watch; still one leader
         leaders = [r for r in replicas if r.election.leading() is not None]
         assert len(leaders) == 1
@@ -69,8 +68,9 @@ async def test_exactly_one_leader_and_a_resignation_hands_over_at_once(etcd: Etc
         term = first.election.leading().term  # type: ignore[union-attr]
         others = [r for r in replicas if r is not first]
         await first.stop()
-        took = await until(lambda: any(r.election.leading() is not None for r in others))
-        assert took < 1.5  # the key went with the revoked lease: no TTL to wait for
+        # the key went with the revoked lease: no TTL to wait for
+        await eventually(lambda: any(r.election.leading() is not None for r in others), 1.5,
+                         "another replica leads")
         new = next(r for r in others if r.election.leading() is not None)
         assert new.election.leading().term > term  # type: ignore[union-attr]
         replicas = others
@@ -81,14 +81,14 @@ async def test_exactly_one_leader_and_a_resignation_hands_over_at_once(etcd: Etc
 
 async def test_a_killed_leader_is_replaced_within_the_ttl(etcd: EtcdServer) -> None:
     a = Replica(etcd, "a").start()
-    await until(lambda: a.election.leading() is not None)
+    await eventually(lambda: a.election.leading() is not None, 10, "a leads")
     b = Replica(etcd, "b").start()
     try:
         await asyncio.sleep(0.5)
         assert b.election.leading() is None
         await a.stop(resign=False)  # as kill -9: the lease simply stops being refreshed
-        took = await until(lambda: b.election.leading() is not None, timeout=6)
-        assert took <= 2 + 1.5  # TTL + watch delivery + etcd's lease expiry granularity
+        # TTL + watch delivery + etcd's lease expiry granularity
+        await eventually(lambda: b.election.leading() is not None, 2 + 1.5, "b leads")
     finally:
         await b.stop()
 
@@ -96,14 +96,46 @@ async def test_a_killed_leader_is_replaced_within_the_ttl(etcd: EtcdServer) -> N
 async def test_etcd_unreachable_drops_leadership_and_it_comes_back(etcd: EtcdServer) -> None:
     a = Replica(etcd, "a").start()
     try:
-        await until(lambda: a.election.leading() is not None)
+        await eventually(lambda: a.election.leading() is not None, 10, "a leads")
         etcd.pause()
-        await until(lambda: a.election.leading() is None, timeout=2 + 1)
-        await until(lambda: not a.election.reachable, timeout=5)
+        await eventually(lambda: a.election.leading() is None, 2 + 1, "a steps down")
+        await eventually(lambda: not a.election.reachable, 5, "a finds etcd unreachable")
         assert a.changes[-1][0] is None
         etcd.resume()
-        await until(lambda: a.election.leading() is not None, timeout=15)
+        await eventually(lambda: a.election.leading() is not None, 15, "a leads again")
         assert a.election.reachable
     finally:
         etcd.resume()
         await a.stop()
+
+
+async def test_a_followers_status_follows_the_membership_at_once(
+    etcd: EtcdServer, tmp_path: Path
+) -> None:
+    """A follower's status names the leader and every registered replica as soon as etcd has
+    them, not a polling period later (here the period is a minute: only the watch can tell)."""
+    leader = Replica(etcd, "a").start()
+    await eventually(lambda: leader.election.leading() is not None)
+    host, port = etcd.endpoint.split(":")
+    owner = IntentOwner(example_desired())
+    decisions = DecisionLog(tmp_path)
+    follower = Replication(
+        EtcdStore([(host, int(port))], timeout_s=1), "f", ttl_s=2, owner=lambda: owner,
+        recorder=DecisionRecorder(decisions),
+        reconciler=lambda: pytest.fail("a follower does not reconcile"), info={"id": "f"},
+        survey_s=60)
+    await follower.start()
+    late: Replica | None = None
+    try:
+        await eventually(lambda: (follower.status()["leader"] or {}).get("replica") == "a")
+        late = Replica(etcd, "late").start()
+        await eventually(lambda: {r["id"] for r in follower.status()["replicas"]}
+                    == {"a", "f", "late"})
+        assert follower.status()["leading"] is False
+    finally:
+        await follower.stop()
+        await follower.etcd.close()
+        decisions.close()
+        await leader.stop()
+        if late is not None:
+            await late.stop()

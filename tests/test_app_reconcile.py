@@ -17,7 +17,6 @@ import pytest
 
 from control_plane.ads.snapshots import SnapshotCache
 from control_plane.app import server as server_module
-from control_plane.app.envoy_process import free_port
 from control_plane.app.reconcile import Reconciler
 from control_plane.app.server import intent_and_cache, translate_intent
 from control_plane.app.service import BallastService, ServiceConfig
@@ -25,16 +24,22 @@ from control_plane.decide.signals import OriginSignals, TierPending
 from control_plane.decisions.explain import explain
 from control_plane.decisions.log import DecisionLog
 from control_plane.decisions.read import iter_records
+from control_plane.decisions.recorder import DecisionRecorder
 from control_plane.desired.model import Desired, Mirror, TierActionPolicy, TierActions
 from control_plane.intent.sqlite_store import StateStore
 from control_plane.intent.store import IntentBatch
 from control_plane.observe.source import Signals, TierSignals
 from control_plane.translate import render_json
 from control_plane.translate.resources import Capabilities, PopResources
+from harness.envoy_process import free_port
+from harness.models import example_desired, fleet_desired, shop_group
 from tests.support.example_service import example_service
-from tests.support.models import example_desired, fleet_desired, shop_group
 
 T0 = 1_800_000_000_000
+
+
+def _recorder(state_dir: Path) -> DecisionRecorder:
+    return DecisionRecorder(DecisionLog(state_dir))
 
 
 def _signals(now: int, error_rate: float) -> Signals:
@@ -63,9 +68,9 @@ class ScriptedSource:
 @pytest.fixture
 def loop_parts(tmp_path: Path) -> tuple[Reconciler, ScriptedSource, SnapshotCache, StateStore]:
     store = StateStore(tmp_path)
-    intent, cache = intent_and_cache(example_desired(), store=store)
+    intent, cache = intent_and_cache(example_desired(), store=store, recorder=_recorder(tmp_path))
     source = ScriptedSource()
-    reconciler = Reconciler(intent, source, DecisionLog(tmp_path), seed=7)
+    reconciler = Reconciler(intent, source, seed=7)
     return reconciler, source, cache, store
 
 
@@ -137,13 +142,13 @@ async def test_restored_states_continue_streaks(tmp_path: Path) -> None:
     source = ScriptedSource()
     source.error_rate = 0.3
     store = StateStore(tmp_path)
-    intent, _ = intent_and_cache(example_desired(), store=store)
-    first = Reconciler(intent, source, DecisionLog(tmp_path), seed=1)
+    intent, _ = intent_and_cache(example_desired(), store=store, recorder=_recorder(tmp_path))
+    first = Reconciler(intent, source, seed=1)
     await first.tick(T0)  # one bad window: breach noted, no move yet
     assert intent.weights("ewr", "shop")["primary"] == 95
-    fresh, _ = intent_and_cache(example_desired(), store=store)
+    fresh, _ = intent_and_cache(example_desired(), store=store, recorder=_recorder(tmp_path))
     fresh.restore(store.load(), where=str(store.path))
-    second = Reconciler(fresh, source, DecisionLog(tmp_path), seed=1)
+    second = Reconciler(fresh, source, seed=1)
     await second.tick(T0 + 20_000)  # the second consecutive bad window: leave now
     assert fresh.weights("ewr", "shop")["primary"] < 95
 
@@ -168,9 +173,10 @@ async def test_tier_actions_go_on_and_off_saved_before_the_push(tmp_path: Path) 
     pending_trigger = TierActionPolicy(trigger="pending", lending=False)
     store = StateStore(tmp_path)
     intent, cache = intent_and_cache(
-        example_desired(replace(shop_group(), tier_actions=pending_trigger)), store=store)
+        example_desired(replace(shop_group(), tier_actions=pending_trigger)), store=store,
+        recorder=_recorder(tmp_path))
     tiers = ScriptedTiers()
-    reconciler = Reconciler(intent, ScriptedSource(), DecisionLog(tmp_path),
+    reconciler = Reconciler(intent, ScriptedSource(),
                             tier_source=tiers, seed=7)
     for pop in ("ewr", "sjc"):
         cache.resources(pop, Capabilities())
@@ -215,9 +221,9 @@ class LendingTiers:
 
 async def test_lending_and_reclaim_reach_the_cache_the_log_and_the_store(tmp_path: Path) -> None:
     store = StateStore(tmp_path)
-    intent, _ = intent_and_cache(example_desired(), store=store)
+    intent, _ = intent_and_cache(example_desired(), store=store, recorder=_recorder(tmp_path))
     tiers = LendingTiers()
-    reconciler = Reconciler(intent, ScriptedSource(), DecisionLog(tmp_path),
+    reconciler = Reconciler(intent, ScriptedSource(),
                             tier_source=tiers, seed=7)
     await reconciler.tick(T0)  # spare to lend: the growth waits `for` (30 s)
     assert reconciler.intent.tier_actions("ewr", "shop") is None
@@ -292,8 +298,9 @@ async def test_a_fleet_without_metrics_logs_each_pair_once_with_one_fsync_per_ti
     desired = fleet_desired(pops=100, groups=50)
     pairs = 100 * 50
     log = DecisionLog(tmp_path)
-    intent, _ = intent_and_cache(desired, store=StateStore(tmp_path))
-    reconciler = Reconciler(intent, NoMetrics(), log)
+    intent, _ = intent_and_cache(desired, store=StateStore(tmp_path),
+                                 recorder=DecisionRecorder(log))
+    reconciler = Reconciler(intent, NoMetrics())
     fsyncs: list[int] = []
     real_fsync = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: (fsyncs.append(fd), real_fsync(fd))[1])
@@ -336,12 +343,13 @@ async def test_a_steady_fleet_with_metrics_saves_and_logs_nothing_once_its_strea
             rows.append(len(batch.groups) + len(batch.records))
             await super().write(batch)
 
-    intent, cache = intent_and_cache(desired, store=CountingStore(tmp_path))
+    intent, cache = intent_and_cache(desired, store=CountingStore(tmp_path),
+                                     recorder=_recorder(tmp_path))
     for pop in desired.pop_names:
         cache.resources(pop, Capabilities())
     pushed: list[frozenset[str]] = []
     cache.add_listener(pushed.append)
-    reconciler = Reconciler(intent, Healthy(desired), DecisionLog(tmp_path))
+    reconciler = Reconciler(intent, Healthy(desired))
     need = desired.origin_groups[0].failover.return_healthy_windows
     written, records = [], []
     for tick in range(need + 3):
@@ -379,8 +387,8 @@ async def test_cold_standby_ramps_step_by_step_and_the_ramp_survives_a_restart(
     source = ScriptedSource()
     source.error_rate = 0.5
     with StateStore(state) as store:
-        intent, _ = intent_and_cache(example_desired(), store=store)
-        reconciler = Reconciler(intent, source, DecisionLog(state), seed=7)
+        intent, _ = intent_and_cache(example_desired(), store=store, recorder=_recorder(state))
+        reconciler = Reconciler(intent, source, seed=7)
         seen, mirrors = [], []
         for tick in range(4):
             await reconciler.tick(T0 + tick * 20_000)
@@ -496,10 +504,11 @@ async def test_a_push_that_raises_for_one_pair_leaves_the_others_pushed(
 
 
 async def test_the_mirror_stops_when_the_ramp_completes(tmp_path: Path) -> None:
-    intent, _ = intent_and_cache(example_desired(), store=StateStore(tmp_path))
+    intent, _ = intent_and_cache(example_desired(), store=StateStore(tmp_path),
+                                 recorder=_recorder(tmp_path))
     source = ScriptedSource()
     source.error_rate = 0.5
-    reconciler = Reconciler(intent, source, DecisionLog(tmp_path), seed=7)
+    reconciler = Reconciler(intent, source, seed=7)
     tick = 0
     while intent.intent.mirror("ewr", "shop") is not None or tick < 2:
         await reconciler.tick(T0 + tick * 20_000)
@@ -511,10 +520,11 @@ async def test_the_mirror_stops_when_the_ramp_completes(tmp_path: Path) -> None:
 
 
 async def test_the_mirror_stops_when_the_shift_reverses(tmp_path: Path) -> None:
-    intent, _ = intent_and_cache(example_desired(), store=StateStore(tmp_path))
+    intent, _ = intent_and_cache(example_desired(), store=StateStore(tmp_path),
+                                 recorder=_recorder(tmp_path))
     source = ScriptedSource()
     source.error_rate = 0.5
-    reconciler = Reconciler(intent, source, DecisionLog(tmp_path), seed=7)
+    reconciler = Reconciler(intent, source, seed=7)
     for tick in range(2):  # two bad windows: the shift and the ramp start
         await reconciler.tick(T0 + tick * 20_000)
     assert intent.intent.mirror("ewr", "shop") == Mirror(("secondary",), 5.0)
@@ -558,7 +568,7 @@ async def test_a_reload_waits_for_a_tick_between_its_save_and_its_swap(
                   else text.replace("  ewr: {listen_address: 127.0.0.1, port_offset: 0}\n", "")
                   .replace("      ewr: [primary, secondary]\n", ""))
         assert edited != text
-        reload = asyncio.create_task(service.apply_desired_bytes(edited.encode()))
+        reload = asyncio.create_task(service.reload.apply(edited.encode()))
         # everything a reload does before its swap takes well under a second here; then it
         # waits for the tick
         done, _ = await asyncio.wait({reload}, timeout=1.0)

@@ -7,7 +7,7 @@ import json
 import pytest
 import yaml
 
-from control_plane.app.envoy_process import find_envoy, validate_bootstrap
+from control_plane.cli.envoy_validate import find_envoy, validate_bootstrap
 from control_plane.cli.main import main
 
 

@@ -10,7 +10,7 @@ import pytest
 from cryptography import x509
 
 from control_plane.admin.auth import read_token
-from control_plane.app.envoy_process import find_envoy, validate_bootstrap
+from control_plane.cli.envoy_validate import find_envoy, validate_bootstrap
 from control_plane.cli.main import main
 from control_plane.security.certs import uri_sans
 from control_plane.security.tls import TlsConfigError, TlsFiles, load_tls

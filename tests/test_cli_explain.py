@@ -16,9 +16,9 @@ from control_plane.decide.signals import OriginSignals, TierPending
 from control_plane.decide.tiers import TierState, tier_step
 from control_plane.decisions.log import DecisionLog
 from control_plane.desired.model import FailoverPolicy, TierActionPolicy
+from harness.ads_desired import desired
+from harness.models import shop_group
 from tests.support.admin_stack import AdminStack, serving
-from tests.support.ads_desired import desired
-from tests.support.models import shop_group
 
 T0 = datetime(2024, 5, 1, 16, 0, tzinfo=UTC)
 

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from control_plane.app.envoy_process import free_port
 from control_plane.cli.main import main
 from control_plane.desired import load_desired
+from harness.ads_desired import write_desired
+from harness.background_loop import BackgroundLoop
+from harness.envoy_process import free_port
 from tests.support.admin_stack import AdminStack, serving
-from tests.support.ads_desired import write_desired
-from tests.support.background_loop import BackgroundLoop
 
 Running = tuple[BackgroundLoop, AdminStack]
 PORTS = {"listener_port": 10000, "primary_port": 8081, "secondary_port": 8082}

@@ -17,24 +17,24 @@ from typing import Any
 import grpc
 import pytest
 
-from control_plane.app.envoy_process import EnvoyProcess, free_port
 from control_plane.cli import status
 from control_plane.cli.admin_client import AdminClient, AdminError
 from control_plane.cli.main import main
 from control_plane.desired.model import TierActions
 from control_plane.translate.bootstrap import ads_bootstrap
 from control_plane.translate.resources import Capabilities
+from harness.ads_desired import desired
+from harness.background_loop import BackgroundLoop
+from harness.envoy_process import EnvoyProcess, free_port
+from harness.eventually import eventually_blocking
+from harness.xds_client import XdsClient
 from tests.support.admin_stack import (
     AdminStack,
     connect_node,
     sample,
     samples,
     start_stack,
-    wait_until,
 )
-from tests.support.ads_desired import desired
-from tests.support.background_loop import BackgroundLoop
-from tests.support.xds_client import XdsClient
 
 pytestmark = pytest.mark.envoy
 
@@ -76,9 +76,10 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         ).start()
         sim = bg.run(connect_node(stack, "sjc-sim", "sjc"))
         the_fleet = Fleet(bg, stack, envoy, sim)
-        wait_until(lambda: the_fleet.node("ewr-1")["types"].get("CDS", {}).get("status")
-                   == "NACKED", 10, "Envoy NACKs the adaptive LIFO clusters")
-        wait_until(lambda: the_fleet.node("sjc-sim")["status"] == "SYNCED", 5, "sim node synced")
+        eventually_blocking(lambda: the_fleet.node("ewr-1")["types"].get("CDS", {}).get("status")
+                            == "NACKED", 10, "Envoy NACKs the adaptive LIFO clusters")
+        eventually_blocking(lambda: the_fleet.node("sjc-sim")["status"] == "SYNCED", 5,
+                            "sim node synced")
         yield the_fleet
     finally:
         if envoy is not None:
@@ -193,7 +194,8 @@ def test_pops_with_active_tier_actions(
     finally:
         fleet.bg.call(lambda: intent.set_tier_actions("sjc", "shop", None))
         fleet.bg.call(lambda: intent.set_tier_actions("ewr", "shop", None))
-        wait_until(lambda: fleet.node("sjc-sim")["status"] == "SYNCED", 5, "sim node synced")
+        eventually_blocking(lambda: fleet.node("sjc-sim")["status"] == "SYNCED", 5,
+                            "sim node synced")
     assert main(["status", "--server", fleet.stack.url]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == "tier actions: none active"
 

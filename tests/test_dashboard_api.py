@@ -19,8 +19,9 @@ from control_plane.admin.decision_feed import DecisionFeed
 from control_plane.decisions.log import DecisionLog
 from control_plane.decisions.read import Query
 from control_plane.translate.resources import CLUSTER_TYPE
+from harness.ads_desired import desired
+from harness.eventually import eventually
 from tests.support.admin_stack import AdminStack, connect_node, start_stack
-from tests.support.ads_desired import desired
 
 NOW = datetime.now(UTC)
 HOME = {"primary": 95, "secondary": 5}
@@ -208,8 +209,7 @@ async def test_stream_sends_new_matching_decisions_and_replays_after_a_reconnect
         assert response.status == 200
         assert response.content_type == "text/event-stream"
         assert (await response.content.readline()) == b"retry: 1000\n"
-        while feed.subscribers < 1:
-            await asyncio.sleep(0.01)
+        await eventually(lambda: feed.subscribers >= 1, 5, "the stream subscribed", interval=0.01)
         log.record("hold", pop="ewr", group="shop", rule="other PoP")
         log.record("weight_shift", pop="sjc", group="shop", rule="other kind")
         sent = log.record("hold", pop="sjc", group="shop", rule="fail static")
@@ -230,8 +230,7 @@ async def test_a_stream_that_falls_behind_is_told_so_and_closed(
 ) -> None:
     _, log, feed = parts
     async with http.get("/dashboard/api/stream") as response:
-        while feed.subscribers < 1:
-            await asyncio.sleep(0.01)
+        await eventually(lambda: feed.subscribers >= 1, 5, "the stream subscribed", interval=0.01)
         for i in range(30):  # queue_size is 20 and nothing is read meanwhile
             log.record("hold", pop="ewr", group="shop", rule=f"flood {i}")
         body = (await asyncio.wait_for(response.content.read(), 5)).decode()
@@ -244,8 +243,7 @@ async def test_stopping_the_admin_api_ends_open_streams_at_once(
 ) -> None:
     stack, _, feed = parts
     async with http.get("/dashboard/api/stream") as response:
-        while feed.subscribers < 1:
-            await asyncio.sleep(0.01)
+        await eventually(lambda: feed.subscribers >= 1, 5, "the stream subscribed", interval=0.01)
         started = time.monotonic()
         await stack.api.stop()
         assert time.monotonic() - started < 3
@@ -260,8 +258,8 @@ async def test_live_streams_are_bounded(
     streams = [await http.get("/dashboard/api/stream") for _ in range(MAX_STREAMS)]
     try:
         assert all(stream.status == 200 for stream in streams)
-        while feed.subscribers < MAX_STREAMS:
-            await asyncio.sleep(0.01)
+        await eventually(lambda: feed.subscribers >= MAX_STREAMS, 5, "every stream subscribed",
+                         interval=0.01)
         assert "already open" in (await get(http, "/dashboard/api/stream", 503))["error"]
     finally:
         for stream in streams:

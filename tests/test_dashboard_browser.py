@@ -20,9 +20,10 @@ from pathlib import Path
 import pytest
 from playwright.async_api import Page, expect
 
-from control_plane.app.demo_origin import Fault
+from harness.demo_origin import Fault
+from harness.eventually import eventually
+from harness.fleet import Fleet, running_fleet
 from tests.support.browser import chromium, require_chromium
-from tests.support.fleet import Fleet, running_fleet
 
 pytestmark = [pytest.mark.envoy, pytest.mark.chromium]
 
@@ -37,7 +38,7 @@ def _watch(page: Page, errors: list[str], requests: list[str]) -> None:
 
 
 async def _first_shift(fleet: Fleet) -> dict[str, object]:
-    await fleet.wait_for(lambda: bool(fleet.records("weight_shift", pop="ewr")), 45,
+    await eventually(lambda: bool(fleet.records("weight_shift", pop="ewr")), 45,
                          "ewr's first weight shift")
     return fleet.records("weight_shift", pop="ewr")[0]
 
@@ -126,7 +127,7 @@ async def test_dashboard_shows_the_fleet_and_follows_a_failover_live(tmp_path: P
         await expect(picked.locator(".next")).to_contain_text("next:")
         await expect(picked.locator("details pre").first).to_contain_text('"scores"')
         assert f"seq={shift['seq']}" in page.url
-        await fleet.wait_for(lambda: len(fleet.records("weight_shift", pop="ewr")) >= 3, 30,
+        await eventually(lambda: len(fleet.records("weight_shift", pop="ewr")) >= 3, 30,
                              "a few more steps for the picture")
         await page.wait_for_timeout(1000)  # let the last refresh paint before the screenshot
         shot = tmp_path / "dashboard.png"

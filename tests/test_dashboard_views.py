@@ -16,7 +16,7 @@ from control_plane.admin.dashboard_views import (
 from control_plane.ads.nodes import PopCensus
 from control_plane.desired import Desired, parse_desired
 from control_plane.desired.model import TierActions
-from tests.support.ads_desired import desired
+from harness.ads_desired import desired
 
 DESIRED = desired(listener_port=10000, primary_port=8081, secondary_port=8082, media_port=8083)
 SHOP = DESIRED.group("shop")

@@ -20,7 +20,7 @@ from control_plane.decide.tiers import (
     utilization,
 )
 from control_plane.desired.model import OriginGroup, TierActionPolicy, TierActions
-from tests.support.models import shop_group
+from harness.models import shop_group
 
 T0 = 1_800_000_000_000
 GROUP = replace(shop_group(), tier_actions=TierActionPolicy(trigger="wait"))  # 84 / 30 / 6

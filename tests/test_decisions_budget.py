@@ -11,7 +11,7 @@ from control_plane.decisions.budget import BudgetConfig, RecordBudget
 from control_plane.decisions.log import log_files
 from control_plane.decisions.read import iter_records
 from control_plane.translate.resources import CLUSTER_TYPE as CDS
-from tests.support.xds_client import XdsClient, local_channel, make_node
+from harness.xds_client import XdsClient, local_channel, make_node
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "desired.yaml"
 ROUTINE = {"node_connected", "capability_fallback", "node_disconnected"}  # 3 per node here
@@ -63,7 +63,7 @@ async def test_a_connection_storm_cannot_rotate_the_log_and_decisions_are_kept(
             await channel.close()
         await asyncio.sleep(0.2)
         text = EXAMPLE.read_text().replace("port_offset: 1}", "port_offset: 2}")
-        assert await service.apply_desired_bytes(text.encode())  # a decision, mid-storm
+        assert await service.reload.apply(text.encode())  # a decision, mid-storm
     finally:
         await service.stop(0)
     records = list(iter_records(tmp_path))

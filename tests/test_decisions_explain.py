@@ -17,7 +17,7 @@ from control_plane.decisions.explain import describe_active, explain, explain_ti
 from control_plane.decisions.log import DecisionLog
 from control_plane.decisions.read import iter_records
 from control_plane.desired.model import FailoverPolicy, OriginGroup, TierActionPolicy, TierActions
-from tests.support.models import shop_group
+from harness.models import shop_group
 
 POLICY = FailoverPolicy()
 PREF = ("primary", "secondary")

@@ -11,6 +11,7 @@ import pytest
 
 from control_plane.decisions.log import DecisionLog
 from control_plane.decisions.read import FileSource, Query, parse_since, since_cutoff
+from harness.eventually import eventually_blocking
 
 T0 = datetime(2024, 5, 1, 16, 0, tzinfo=UTC)
 
@@ -93,9 +94,8 @@ def test_follow_sees_new_records_across_rotation(tmp_path: Path) -> None:
     for i in range(30):
         log.record("hold", pop=["ewr", "sjc"][i % 2], rule="r" * 40)
         time.sleep(0.005)
-    deadline = time.monotonic() + 5
-    while len(seen) < 15 and time.monotonic() < deadline:
-        time.sleep(0.02)
+    eventually_blocking(lambda: len(seen) >= 15, 5, "the follower reads ewr's 15 records",
+                        interval=0.02)
     done.set()
     thread.join(5)
     log.close()

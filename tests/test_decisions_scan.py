@@ -20,8 +20,8 @@ from control_plane.cli.main import main
 from control_plane.decisions import scan
 from control_plane.decisions.log import parse_line
 from control_plane.decisions.read import FileSource, Query, parse_since, select, stream_records
+from harness.ads_desired import desired
 from tests.support.admin_stack import AdminStack, serving, start_stack
-from tests.support.ads_desired import desired
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 KINDS = ("hold", "weight_shift", "nack")

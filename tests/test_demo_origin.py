@@ -6,8 +6,8 @@ import asyncio
 
 import aiohttp
 
-from control_plane.app.demo_origin import ColdCache, DemoOrigin, Fault
-from control_plane.app.envoy_process import free_port
+from harness.demo_origin import ColdCache, DemoOrigin, Fault
+from harness.envoy_process import free_port
 
 
 async def test_error_rate_is_exact_and_tier_is_echoed() -> None:

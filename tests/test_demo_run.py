@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from control_plane.app.envoy_process import free_port
-from tests.support.fleet import FAST_FAILOVER
+from harness.envoy_process import free_port
+from harness.fleet import FAST_FAILOVER
 
 pytestmark = pytest.mark.envoy
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,7 +45,7 @@ def test_demo_serves_both_pops_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> No
     ))
     envoy_admin, admin = free_port(), free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "control_plane.app.demo", str(desired),
+        [sys.executable, "-m", "harness.demo", str(desired),
          "--state-dir", str(tmp_path / "state"), "--xds-port", str(free_port()),
          "--admin-port", str(admin), "--envoy-admin-port", str(envoy_admin)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from control_plane.app.envoy_process import EnvoyProcess, free_port
+from harness.envoy_process import EnvoyProcess, free_port
 
 
 def admin_only(port: int) -> dict[str, object]:

@@ -16,7 +16,7 @@ import math
 import pytest
 
 from control_plane.desired.defaults import DEFAULT_TIERS
-from tests.support.hedging import run_hedging
+from harness.hedging import run_hedging
 
 pytestmark = pytest.mark.envoy
 

@@ -8,10 +8,10 @@ import dataclasses
 import json
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from control_plane.app.envoy_process import free_port
 from control_plane.app.server import translate_intent
 from control_plane.cli.admin_client import AdminClient
 from control_plane.cli.plan import plan_against_server
@@ -22,14 +22,18 @@ from control_plane.decisions.read import iter_records
 from control_plane.desired import parse_desired
 from control_plane.desired.model import Desired, Origin, TierActions
 from control_plane.intent.carry_over import carry_over
+from control_plane.intent.change import StaleChange
 from control_plane.intent.running import RunningIntent
 from control_plane.intent.shown import intent_from_json, intent_json
+from control_plane.intent.sqlite_store import StateStore
 from control_plane.intent.steps import PairStep
+from control_plane.intent.store import IntentBatch
 from control_plane.translate import render_json
 from control_plane.translate.diff import diff_renderings, format_changes
 from control_plane.translate.resources import Capabilities
+from harness.envoy_process import free_port
+from harness.models import example_desired, shop_group
 from tests.support.example_service import example_service
-from tests.support.models import example_desired, shop_group
 from tests.support.ticks import apply_steps
 
 EWR, SJC = ("ewr", "shop"), ("sjc", "shop")
@@ -151,7 +155,7 @@ async def test_config_applied_diff_equals_what_is_served_tier_actions_included(
         # the policy's demote share changes: the active actions are pushed with the new one
         edited = text.replace("demote_share: 50%", "demote_share: 30%")
         assert edited != text
-        assert await service.apply_desired_bytes(edited.encode())
+        assert await service.reload.apply(edited.encode())
         applied = [r for r in iter_records(tmp_path / "state") if r["kind"] == "config_applied"][-1]
         served = {pop: render_json(cache.resources(pop, fifo)) for pop in ("ewr", "sjc")}
         expected = [
@@ -187,9 +191,42 @@ async def test_plan_against_the_server_predicts_exactly_what_the_reload_records(
         predicted = [line for plan in plans
                      for line in [f"pop {plan.pop}:", *format_changes(plan.changes)]]
         assert any("30" in line for line in predicted), predicted
-        assert await service.apply_desired_bytes(edited.encode())
+        assert await service.reload.apply(edited.encode())
         applied = [r for r in iter_records(tmp_path / "state") if r["kind"] == "config_applied"][-1]
         assert applied["detail"]["diff"] == predicted
+
+
+async def test_plan_against_the_server_during_a_ramp_predicts_exactly_what_the_reload_pushes(
+    tmp_path: Path,
+) -> None:
+    """While a standby ramps in ewr (its cache-warming mirror on), `ballast plan --server`
+    translates the same input the server does: its changes are exactly what the reload then
+    pushes to ewr's Envoys (and records), not the mirror routes reported as removed."""
+    admin = free_port()
+    async with example_service(tmp_path, admin_address=f"127.0.0.1:{admin}",
+                               reconcile_interval_ms=3_600_000) as (service, text):
+        intent, cache = service.server.intent, service.server.cache
+        await apply_steps(intent, [PairStep(EWR, {"primary": 70, "secondary": 30}, STREAK,
+                                            ramp=RAMP)])
+        assert intent.intent.mirror(*EWR) is not None  # the ramp's mirror is on
+        caps = Capabilities()
+        served_before = {pop: render_json(cache.resources(pop, caps)) for pop in ("ewr", "sjc")}
+        edited = text.replace("read_timeout: 4s", "read_timeout: 5s")  # routes of every PoP
+        assert edited != text
+        new = parse_desired(edited.encode(), str(service.config.desired_path))
+        client = AdminClient(f"http://127.0.0.1:{admin}")
+        plans = {plan.pop: plan for plan in
+                 await asyncio.to_thread(plan_against_server, client, new, None)}
+        assert await service.reload.apply(edited.encode())
+        assert intent.intent.mirror(*EWR) is not None  # still ramping after the reload
+        for pop, before in served_before.items():
+            pushed = diff_renderings(before, render_json(cache.resources(pop, caps)))
+            assert format_changes(plans[pop].changes) == format_changes(pushed), pop
+        assert plans["ewr"].changes, "the edit changes ewr's routes"
+        applied = [r for r in iter_records(tmp_path / "state") if r["kind"] == "config_applied"][-1]
+        assert applied["detail"]["diff"] == [
+            line for plan in plans.values()
+            for line in [f"pop {plan.pop}:", *format_changes(plan.changes)]]
 
 
 def test_the_running_intent_reads_back_from_its_json() -> None:
@@ -200,22 +237,40 @@ def test_the_running_intent_reads_back_from_its_json() -> None:
     assert intent_from_json(shown, desired) == intent
 
 
-async def test_a_weight_change_landing_while_a_reload_saves_is_kept(tmp_path: Path) -> None:
-    """The reload's store write is awaited (on a thread); a reconcile step that lands meanwhile
-    is carried over too, not reverted by the swap."""
-    async with example_service(tmp_path) as (service, text):
+async def test_a_step_arriving_while_a_reload_saves_waits_and_is_dropped_as_stale(
+    tmp_path: Path,
+) -> None:
+    """The reload's store write is awaited (on a thread); a reconcile step planned for the old
+    desired state that arrives then waits for the reload's swap (one change between save and
+    swap at a time) and is dropped (`StaleChange`: its plan was made for what no longer runs);
+    a step planned afterwards lands. What is served is the running intent translated, and what
+    is stored agrees."""
+    async with example_service(tmp_path, reconcile_interval_ms=3_600_000) as (service, text):
         intent = service.server.intent
-        save = intent.save_desired
+        store = service.store
+        assert isinstance(store, StateStore)
+        write = store.write
         moved = {"primary": 70, "secondary": 30}
+        steps: list[asyncio.Task[frozenset[str]]] = []
 
-        async def save_while_a_step_lands(before: RunningIntent, after: RunningIntent) -> None:
-            await save(before, after)
-            intent.update_weights("ewr", "shop", moved)  # as a tick would, meanwhile
+        async def write_while_a_step_arrives(batch: IntentBatch) -> None:
+            if batch.desired_digest is not None and not steps:  # the reload's save
+                steps.append(asyncio.create_task(apply_steps(
+                    intent, [PairStep(EWR, moved, STREAK)])))
+                await asyncio.sleep(0.05)  # the step prepares, and waits for the lock
+                assert not steps[0].done()
+            await write(batch)
 
-        intent.save_desired = save_while_a_step_lands  # type: ignore[method-assign]
+        store.write = write_while_a_step_arrives  # type: ignore[method-assign]
         edited = text.replace("demote_share: 50%", "demote_share: 30%")
-        assert await service.apply_desired_bytes(edited.encode())
+        assert await service.reload.apply(edited.encode())
+        with pytest.raises(StaleChange):
+            await steps[0]
+        assert intent.desired.group("shop").tier_actions.demote_share == 30
+        assert intent.weights("ewr", "shop") != moved
+        await apply_steps(intent, [PairStep(EWR, moved, STREAK)])  # planned for what runs
         assert intent.weights("ewr", "shop") == moved
+        assert store.load().groups[EWR].weights == moved
         served = service.server.cache.resources("ewr", Capabilities())  # what Envoys get
         assert render_json(served) == render_json(
             translate_intent(intent.intent, "ewr", Capabilities()))

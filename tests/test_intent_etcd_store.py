@@ -14,6 +14,7 @@ from control_plane.intent.etcd_store import (
     StoreUnavailable,
     parse_store_url,
 )
+from harness.eventually import eventually
 from tests.support.etcd import EtcdServer, etcd_binary
 
 pytestmark = pytest.mark.skipif(etcd_binary() is None, reason="etcd not installed")
@@ -69,10 +70,11 @@ async def test_commit_is_fenced_by_term(etcd: EtcdServer, store: EtcdStore) -> N
         assert old is not None
         await store.commit(old, IntentWrite(put={"groups/ewr/shop": {"w": 1}}))
         # a's lease runs out (a was paused): b is elected, a's next write must be refused
-        for _ in range(50):
-            if await store.leader() is None:
-                break
-            await asyncio.sleep(0.1)
+
+        async def no_leader() -> bool:
+            return await store.leader() is None
+
+        await eventually(no_leader, 5, "a's lease runs out", interval=0.1)
         new = await other.campaign("b", await other.grant_lease(5))
         assert new is not None
         with pytest.raises(Deposed):
@@ -111,7 +113,7 @@ async def test_watch_sees_intent_and_records_in_order(store: EtcdStore) -> None:
 async def test_unreachable_endpoint_is_reported_and_the_next_one_used(
     etcd: EtcdServer, store: EtcdStore
 ) -> None:
-    from control_plane.app.envoy_process import free_port
+    from harness.envoy_process import free_port
 
     host, port = etcd.endpoint.split(":")
     s = EtcdStore([("127.0.0.1", free_port()), (host, int(port))], prefix=store.prefix,

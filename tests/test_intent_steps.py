@@ -13,7 +13,7 @@ from control_plane.desired.model import TierActions
 from control_plane.intent.running import RunningIntent
 from control_plane.intent.steps import PairStep, TickChanges, applied, changes_of
 from control_plane.intent.store import RAMP_KIND, TIER_KIND
-from tests.support.models import example_desired
+from harness.models import example_desired
 
 PAIRS = [("ewr", "shop"), ("sjc", "shop")]
 DESIRED = example_desired()

@@ -17,11 +17,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from control_plane.app.demo_origin import DemoOrigin, Fault
-from control_plane.app.envoy_process import EnvoyProcess, free_port
 from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.decisions.read import iter_records
 from control_plane.translate.bootstrap import ads_bootstrap
+from harness.demo_origin import DemoOrigin, Fault
+from harness.envoy_process import EnvoyProcess, free_port
+from harness.eventually import eventually
 
 pytestmark = pytest.mark.envoy
 
@@ -96,22 +97,14 @@ def runtime_limit(envoy: EnvoyProcess) -> int | None:
     return None if entry is None else int(float(entry["final_value"]))
 
 
-async def wait_for(check, timeout: float, what: str) -> float:  # type: ignore[no-untyped-def]
-    started = time.monotonic()
-    while not await asyncio.to_thread(check):
-        if time.monotonic() - started > timeout:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.05)
-    return time.monotonic() - started
-
-
 async def test_idle_shares_are_lent_to_background_and_taken_back(tmp_path: Path) -> None:
     async with fleet(tmp_path) as (envoy, port):
         base = f"http://127.0.0.1:{port}"
         stop, background = asyncio.Event(), []
         tasks = [asyncio.create_task(closed_loop(f"{base}/_next/image?u=a", 10, stop, background))]
         try:
-            await wait_for(lambda: (runtime_limit(envoy) or 0) > 1, 15, "background lent slots")
+            await eventually(lambda: (runtime_limit(envoy) or 0) > 1, 15, "background lent slots",
+                             in_thread=True)
             await asyncio.sleep(1.0)  # in force a moment; then count a steady 2 s
             before = len(background)
             await asyncio.sleep(2.0)
@@ -124,7 +117,8 @@ async def test_idle_shares_are_lent_to_background_and_taken_back(tmp_path: Path)
             tasks.append(asyncio.create_task(
                 closed_loop(f"{base}/api/checkout", 16, stop, critical)))
             tasks.append(asyncio.create_task(closed_loop(f"{base}/page", 6, stop, normal)))
-            await wait_for(lambda: runtime_limit(envoy) is None, 10, "borrowed slots reclaimed")
+            await eventually(lambda: runtime_limit(envoy) is None, 10, "borrowed slots reclaimed",
+                             in_thread=True)
             took = time.monotonic() - critical_started
         finally:
             stop.set()

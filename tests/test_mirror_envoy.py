@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -21,21 +21,23 @@ import pytest
 import pytest_asyncio
 
 from control_plane.admin.capability_keys import capabilities_for_key
-from control_plane.app.demo_origin import DemoOrigin
-from control_plane.app.envoy_process import EnvoyProcess, free_port
 from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.decide.ramp import RampState
 from control_plane.desired.model import Mirror
 from control_plane.intent.steps import PairStep
 from control_plane.translate.bootstrap import ads_bootstrap
 from control_plane.translate.resources import CLUSTER_TYPE, ROUTE_TYPE, Capabilities
-from tests.support.fleet import write_fast_desired
+from harness.demo_origin import DemoOrigin
+from harness.envoy_process import EnvoyProcess, free_port
+from harness.eventually import eventually
+from harness.fleet import write_fast_desired
 from tests.support.ticks import apply_steps
 
 pytestmark = pytest.mark.envoy
 
 REQUESTS = 1200
 PERCENT = 5.0
+MIRROR = "shop.mirror-secondary"  # the mirror cluster of the standby (translate/mirror.py)
 
 
 @pytest_asyncio.fixture
@@ -85,18 +87,20 @@ async def send(port: int, count: int, method: str = "GET") -> Counter[str]:
     return answered
 
 
+def mirror_settled(envoy: EnvoyProcess, standby: DemoOrigin) -> bool:
+    """No mirrored request in flight at Envoy, and the standby saw every one Envoy sent."""
+    stats = {}
+    for line in envoy.admin(f"/stats?filter=^cluster\\.{MIRROR}\\.upstream_rq_").splitlines():
+        name, _, value = line.partition(": ")
+        stats[name.rsplit(".", 1)[-1]] = int(value) if value.strip().isdigit() else 0
+    return stats.get("upstream_rq_active", 0) == 0 and standby.shadowed == stats.get(
+        "upstream_rq_total", 0)
+
+
 def route_names(envoy: EnvoyProcess) -> list[str]:
     dump = envoy.admin_json("/config_dump?resource=dynamic_route_configs")
     return [route["name"] for config in dump["configs"]
             for vhost in config["route_config"]["virtual_hosts"] for route in vhost["routes"]]
-
-
-async def wait_until(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    for _ in range(int(timeout / 0.05)):
-        if condition():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 async def test_mirror_copies_about_its_percent_of_cacheable_requests_only_while_set(
@@ -118,11 +122,13 @@ async def test_mirror_copies_about_its_percent_of_cacheable_requests_only_while_
 
     await set_ramp(service, RampState({"secondary": 1}, {}))
     assert service.server.intent.intent.mirror("ewr", "shop") == Mirror(("secondary",), PERCENT)
-    await wait_until(lambda: "default-mirror" in route_names(envoy), "Envoy has the mirror route")
+    await eventually(lambda: "default-mirror" in route_names(envoy), 10,
+                     "Envoy has the mirror route")
     during = await send(port, REQUESTS)
     assert during == Counter({"200 primary": REQUESTS}), "clients see only primary answers"
-    await wait_until(lambda: secondary.shadowed >= 1, "the first shadow copy")
-    await asyncio.sleep(0.5)  # mirrored copies are fire-and-forget: let the last ones land
+    await eventually(lambda: secondary.shadowed >= 1, 10, "the first shadow copy")
+    # mirrored copies are fire-and-forget: until the last ones have landed
+    await eventually(lambda: mirror_settled(envoy, secondary), 10, "the mirrored copies land")
     mirrored = secondary.shadowed
     expected = REQUESTS * PERCENT / 100  # 60; binomial sd ~7.5
     assert expected * 0.5 <= mirrored <= expected * 1.6, (mirrored, expected)
@@ -131,16 +137,16 @@ async def test_mirror_copies_about_its_percent_of_cacheable_requests_only_while_
 
     posts = await send(port, 200, "POST")
     assert posts == Counter({"200 primary": 200})
-    await asyncio.sleep(0.3)
+    await eventually(lambda: mirror_settled(envoy, secondary), 10, "no copy in flight")
     assert secondary.shadowed == mirrored, "POST is not cacheable: never mirrored"
 
     assert version(CLUSTER_TYPE) == cds and version(ROUTE_TYPE) != rds, "started: RDS only"
 
     await set_ramp(service, RampState())
     assert service.server.intent.intent.mirror("ewr", "shop") is None
-    await wait_until(lambda: "default-mirror" not in route_names(envoy), "mirror route gone")
+    await eventually(lambda: "default-mirror" not in route_names(envoy), 10, "mirror route gone")
     after = await send(port, 300)
-    await asyncio.sleep(0.3)
+    await eventually(lambda: mirror_settled(envoy, secondary), 10, "no copy in flight")
     assert after == Counter({"200 primary": 300})
     assert secondary.shadowed == mirrored, "no mirror after it stopped"
     assert (version(CLUSTER_TYPE), version(ROUTE_TYPE)) == (cds, rds), "stopped: RDS only, back"
@@ -154,5 +160,5 @@ async def set_ramp(service: BallastService, ramp: RampState) -> None:
 
 
 def node_capabilities(service: BallastService) -> Capabilities:
-    (node,) = service.server.nodes.snapshot()
+    (node,) = service.server.nodes.statuses()
     return capabilities_for_key(node.capability_key)

@@ -13,12 +13,14 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from control_plane.app.demo_origin import DemoOrigin
-from control_plane.app.envoy_process import EnvoyProcess, find_envoy, free_port
 from control_plane.app.service import BallastService, ServiceConfig
+from control_plane.cli.envoy_validate import find_envoy
 from control_plane.cli.main import main
+from harness.demo_origin import DemoOrigin
+from harness.envoy_process import EnvoyProcess, free_port
+from harness.eventually import eventually
+from harness.fleet import write_fast_desired
 from tests.support.envoy_releases import envoy_binary
-from tests.support.fleet import write_fast_desired
 
 pytestmark = pytest.mark.envoy
 
@@ -82,15 +84,15 @@ async def test_mixed_versions_all_ack_and_status_says_why(
     service, envoys = mixed_pop
 
     def synced() -> dict[str, dict]:
-        return {s.node_id: s.as_dict() for s in service.server.nodes.snapshot()}
+        return {s.node_id: s.as_dict() for s in service.server.nodes.statuses()}
 
-    for _ in range(200):
+    def all_synced() -> bool:
         nodes = synced()
-        if len(nodes) == 3 and all(
+        return len(nodes) == 3 and all(
             n["types"].get(t, {}).get("status") == "SYNCED" for n in nodes.values() for t in TYPES
-        ):
-            break
-        await asyncio.sleep(0.1)
+        )
+
+    await eventually(all_synced, 20, "the three Envoys SYNCED on every type", interval=0.1)
     nodes = synced()
     for release in RELEASES:
         node = nodes[f"ewr-{release}"]

@@ -8,12 +8,14 @@ zone `upstream_rq_<code>` stats, so a half-broken origin looks healthy there. Th
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
-from control_plane.app.demo_origin import Fault
 from control_plane.observe.prometheus import PrometheusSource
 from control_plane.observe.source import Signals, wall_ms
+from harness.demo_origin import Fault
+from harness.eventually import eventually
 from tests.support.metrics_sink import running_sink
 from tests.support.observe_fleet import translated_fleet
 from tests.support.prometheus import PrometheusServer, prometheus_binary
@@ -25,15 +27,6 @@ WEIGHTS = {"primary": 45, "secondary": 45, "dead": 10}
 
 def shop(signals: Signals) -> dict:
     return signals.get(("ewr", "shop"), {})
-
-
-async def until(check, timeout: float = 20.0, step: float = 0.3):
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        value = await check()
-        if value or asyncio.get_running_loop().time() > deadline:
-            return value
-        await asyncio.sleep(step)
 
 
 @pytest.mark.prometheus
@@ -53,14 +46,18 @@ async def test_retried_errors_reach_the_sink_and_prometheus_per_origin():
                 origins = shop(await source.window(now, 5000))
                 return {"primary", "secondary", "dead"} <= set(origins)
 
-            assert await until(host_series), "Prometheus never showed the host series"
+            await eventually(host_series, 20, "Prometheus shows the host series", interval=0.3)
             before = (fleet.primary.total, fleet.primary.errors, fleet.secondary.total)
             start = wall_ms()
             statuses: list[int] = []
             for _ in range(10):  # a steady trickle, so each scrape sees growth
                 statuses += await fleet.traffic(10, concurrency=2)
                 await asyncio.sleep(0.3)
-            await asyncio.sleep(2.5)  # one more Envoy flush and scrape
+            # one more Envoy stats flush (every 1 s: histograms), then a scrape of it
+            flushed = time.time() + 1.0
+            await eventually(lambda: prometheus.scraped_since(flushed), 10,
+                             "a scrape after Envoy's next stats flush", in_thread=True,
+                             interval=0.2)
             now = wall_ms()
             sink = shop(await store.window(now, now - start + 500))
             prom = shop(await source.window(now, now - start + 2000))
@@ -96,7 +93,7 @@ async def test_retried_errors_reach_the_sink_and_prometheus_per_origin():
 
 def test_endpoint_origins_maps_every_tier_cluster_address() -> None:
     from control_plane.observe.endpoints import endpoint_address, endpoint_origins
-    from tests.support.models import example_desired
+    from harness.models import example_desired
 
     mapping = endpoint_origins(example_desired())
     assert mapping[("shop.critical", "127.0.0.1:8081")] == ("shop", "primary")
@@ -109,7 +106,7 @@ def test_endpoint_origins_maps_every_tier_cluster_address() -> None:
 def test_host_rows_replace_zone_counters_and_unmapped_hosts_fall_back() -> None:
     from control_plane.observe.endpoints import endpoint_origins
     from control_plane.observe.prometheus import assemble
-    from tests.support.models import example_desired
+    from harness.models import example_desired
 
     def row(labels: dict[str, str], value: float) -> dict:
         return {"metric": labels, "value": [0, str(value)]}

@@ -10,11 +10,11 @@ import aiohttp
 import pytest
 from cryptography.hazmat.primitives import serialization
 
-from control_plane.app.envoy_process import free_port
 from control_plane.desired.model import HealthCheck
 from control_plane.observe.certificates import DAY_MS, CertificateCheck, assess, dns_match
 from control_plane.observe.probes import Prober, ProbeTarget
 from control_plane.observe.source import wall_ms
+from harness.envoy_process import free_port
 from tests.support.certs import Issued, make_ca, make_leaf
 from tests.support.tls_origins import TlsOrigins
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
-from control_plane.app.demo_origin import Fault
 from control_plane.observe.prometheus import PrometheusSource
 from control_plane.observe.source import wall_ms
+from harness.demo_origin import Fault
+from harness.eventually import eventually
 from tests.support.metrics_sink import running_sink
 from tests.support.observe_fleet import edge_fleet
 from tests.support.prometheus import PrometheusServer, prometheus_binary
@@ -31,14 +33,20 @@ async def test_prometheus_source_matches_the_origins_and_the_sink():
             fleet.secondary.set_fault(Fault(latency_ms=200))
             await fleet.traffic(8, concurrency=2)  # creates the zone series in Envoy
             source = PrometheusSource(prometheus.url)
-            await wait_for_series(source)
+            # Prometheus answers its first sample only after ~5 s (docs/architecture.md)
+            await eventually(lambda: zone_series_shown(source), 20,
+                             "Prometheus shows the zone series", interval=0.5)
             primary_before = (fleet.primary.total, fleet.primary.errors)
             secondary_before = fleet.secondary.total
             start = wall_ms()
             for _ in range(12):  # a steady trickle, so Prometheus sees each series early
                 await fleet.traffic(10, concurrency=5)
                 await asyncio.sleep(0.3)
-            await asyncio.sleep(2.5)  # one more Envoy flush and scrape
+            # one more Envoy stats flush (every 1 s: histograms), then a scrape of it
+            flushed = time.time() + 1.0
+            await eventually(lambda: prometheus.scraped_since(flushed), 10,
+                             "a scrape after Envoy's next stats flush", in_thread=True,
+                             interval=0.2)
             now = wall_ms()
             signals = await source.window(now, now - start + 2000)
             sink = await store.window(now, now - start + 2000)
@@ -73,13 +81,7 @@ async def test_prometheus_source_matches_the_origins_and_the_sink():
     assert sink_shop["secondary"].requests == sent_secondary
 
 
-async def wait_for_series(source: PrometheusSource, timeout: float = 20.0) -> None:
-    """Prometheus answers its first sample only after ~5 s (NOTES.md)."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while asyncio.get_running_loop().time() < deadline:
-        now = wall_ms()
-        signals = await source.window(now, 5000)
-        if len(signals.get(("ewr", "shop"), {})) == 2:
-            return
-        await asyncio.sleep(0.5)
-    raise AssertionError("Prometheus never showed the zone series")
+async def zone_series_shown(source: PrometheusSource) -> bool:
+    now = wall_ms()
+    signals = await source.window(now, 5000)
+    return len(signals.get(("ewr", "shop"), {})) == 2

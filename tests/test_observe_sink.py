@@ -8,11 +8,12 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 import pytest
 
-from control_plane.app.demo_origin import Fault
 from control_plane.gen.ballast.v1 import metrics_service_pb2 as ms
 from control_plane.gen.ballast.v1 import prometheus_metrics_pb2 as prom
 from control_plane.observe.sink import METHOD, SinkStore
 from control_plane.observe.source import Signals, wall_ms
+from harness.demo_origin import Fault
+from harness.eventually import eventually
 from tests.support.metrics_sink import running_sink
 from tests.support.observe_fleet import edge_fleet
 
@@ -25,16 +26,13 @@ async def sink() -> AsyncIterator[tuple[SinkStore, int]]:
         yield store_and_port
 
 
-async def wait_for(
-    store: SinkStore, since_ms: int, done: Callable[[Signals], bool], timeout: float = 8.0
-) -> Signals:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        now = wall_ms()
-        signals = await store.window(now, now - since_ms)
-        if done(signals) or asyncio.get_running_loop().time() > deadline:
-            return signals
-        await asyncio.sleep(0.2)
+async def window_when(
+    store: SinkStore, since_ms: int, done: Callable[[Signals], bool]
+) -> Signals | None:
+    """The store's signals since `since_ms`, once `done` holds for them."""
+    now = wall_ms()
+    signals = await store.window(now, now - since_ms)
+    return signals if done(signals) else None
 
 
 def total(signals: Signals, origin: str) -> int:
@@ -46,11 +44,8 @@ def overflow_of(signals: Signals) -> int:
 
 
 async def wait_node(store: SinkStore, count: int = 1) -> None:
-    for _ in range(100):
-        if len(store.nodes()) >= count:
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError("Envoy never opened a metrics stream")
+    await eventually(lambda: len(store.nodes()) >= count, 10, "Envoy opens a metrics stream",
+                     interval=0.1)
 
 
 @pytest.mark.envoy
@@ -67,9 +62,9 @@ async def test_per_origin_signals_pending_overflow_and_restart(sink: tuple[SinkS
         statuses = await fleet.traffic(60, concurrency=2)
         sent = fleet.primary.total + fleet.secondary.total
         assert sent == 60 and statuses.count(503) == fleet.primary.errors
-        signals = await wait_for(
+        signals = await eventually(lambda: window_when(
             store, start, lambda s: total(s, "primary") + total(s, "secondary") >= 60
-        )
+        ), 8, "the sink counts all 60 requests", interval=0.2)
         shop = signals[("ewr", "shop")]
         primary, secondary = shop["primary"], shop["secondary"]
         assert (primary.requests, primary.errors_5xx) == (fleet.primary.total, fleet.primary.errors)
@@ -97,7 +92,9 @@ async def test_per_origin_signals_pending_overflow_and_restart(sink: tuple[SinkS
             tier_peak = max([tier_peak, *(t.pending_max for t in tiers.values())])
             await asyncio.sleep(0.1)
         statuses = traffic.result()
-        overflow = overflow_of(await wait_for(store, burst, lambda s: overflow_of(s) > 0))
+        overflow = overflow_of(await eventually(
+            lambda: window_when(store, burst, lambda s: overflow_of(s) > 0), 8,
+            "the sink shows the overflow", interval=0.2))
         assert overflow > 0 and peak > 0
         assert tier_peak >= peak  # the tier actions' signal: the window's peak per tier
         assert overflow == statuses.count(503)
@@ -108,11 +105,9 @@ async def test_per_origin_signals_pending_overflow_and_restart(sink: tuple[SinkS
         await wait_node(store)
         after_restart = wall_ms()
         await fleet.traffic(20, concurrency=4)
-        signals = await wait_for(
-            store,
-            after_restart,
-            lambda s: total(s, "primary") + total(s, "secondary") >= 20,
-        )
+        signals = await eventually(lambda: window_when(
+            store, after_restart, lambda s: total(s, "primary") + total(s, "secondary") >= 20
+        ), 8, "the sink counts the 20 requests after the restart", interval=0.2)
         assert total(signals, "primary") + total(signals, "secondary") == 20
         now = wall_ms()
         everything = await store.window(now, now - start + 1000)

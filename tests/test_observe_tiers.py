@@ -25,7 +25,7 @@ def test_sink_takes_the_worst_envoys_peak_in_the_window() -> None:
         store.ingest(one, [pending("shop.critical", a), pending("shop.normal", 1)], at)
         store.ingest(two, [pending("shop.critical", b)], at)
     store.ingest(sjc, [pending("shop.critical", 0)], T0 - 1_000)
-    tiers = store.tier_snapshot(T0, 30_000)  # the 99s are older than the window
+    tiers = store.read_tier_window(T0, 30_000)  # the 99s are older than the window
     assert tiers == {
         ("ewr", "shop"): {
             "critical": TierPending(pending_max=30, observed_at_ms=T0 - 5_000),
@@ -33,7 +33,7 @@ def test_sink_takes_the_worst_envoys_peak_in_the_window() -> None:
         },
         ("sjc", "shop"): {"critical": TierPending(pending_max=0, observed_at_ms=T0 - 1_000)},
     }
-    assert store.tier_snapshot(T0 + 60_000, 30_000) == {}  # nothing in the window: absent
+    assert store.read_tier_window(T0 + 60_000, 30_000) == {}  # nothing in the window: absent
 
 
 def test_prometheus_vectors_become_tier_pending() -> None:

@@ -172,7 +172,7 @@ def test_store_sums_nodes_of_a_pop_and_survives_resets_and_reconnects(caplog):
     c = store.open_stream("edge-ewr-2", "ewr")
     store.ingest(c, [completed("primary", 2)], 4000)
     store.ingest(c, [completed("primary", 9)], 5000)
-    signals = store.snapshot(5000, 4500)
+    signals = store.read_window(5000, 4500)
     primary = signals["ewr", "shop"]["primary"]
     assert primary.requests == 10 + 3 + 5 + 7
     assert signals["ewr", "shop"]["secondary"].requests == 4
@@ -182,7 +182,7 @@ def test_store_sums_nodes_of_a_pop_and_survives_resets_and_reconnects(caplog):
     assert any("not a finite" in r.message for r in caplog.records)
     assert store.nodes() == {"edge-ewr-1": "ewr", "edge-ewr-2": "ewr"}
     # nothing in the window: the (PoP, group) is absent, the caller holds
-    assert store.snapshot(60_000, 1000) == {}
+    assert store.read_window(60_000, 1000) == {}
 
 
 def test_store_sums_interval_histograms_and_merges_tiers():
@@ -194,9 +194,9 @@ def test_store_sums_interval_histograms_and_merges_tiers():
     bulk = latency("primary", [10, 10, 10], bounds)
     bulk.metric[0].label[0].value = "shop.bulk"
     store.ingest(s, [bulk], 2000)
-    merged = store.snapshot(2000, 5000)["ewr", "shop"]["primary"]
+    merged = store.read_window(2000, 5000)["ewr", "shop"]["primary"]
     assert merged.p50_ms == pytest.approx(55.0)  # rank 15 of 30: in (10, 100]
-    only_last = store.snapshot(2000, 500)["ewr", "shop"]["primary"]
+    only_last = store.read_window(2000, 500)["ewr", "shop"]["primary"]
     assert only_last.p50_ms == pytest.approx(10.0)  # 20 in the last flush, rank 10: top of (0, 10]
 
 
@@ -217,6 +217,6 @@ def test_store_pending_is_max_over_tiers_summed_over_nodes_and_overflow_summed()
     store.ingest(b, [gauge("shop.bulk", 2)], 1000)
     store.ingest(a, [completed("primary", 2), gauge("shop.critical", 4),
                      gauge("shop.bulk", 1), over("shop.bulk", 5), over("shop.critical", 2)], 2000)
-    primary = store.snapshot(2000, 5000)["ewr", "shop"]["primary"]
+    primary = store.read_window(2000, 5000)["ewr", "shop"]["primary"]
     assert primary.pending_active == 4  # critical 4 vs bulk 1 + 2 (two nodes)
     assert primary.queue_overflow == 5 + 2

@@ -17,13 +17,14 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from control_plane.app.envoy_process import EnvoyProcess, find_envoy, free_port
+from control_plane.cli.envoy_validate import find_envoy
 from control_plane.desired.model import Desired, Listener, Origin, VirtualHost
 from control_plane.observe.probes import Prober, probe_targets
 from control_plane.translate import static_bootstrap, translate_pop
 from control_plane.translate.resources import Capabilities
+from harness.envoy_process import EnvoyProcess, free_port
+from harness.models import example_desired, shop_group
 from tests.support.certs import Issued, make_ca, make_leaf
-from tests.support.models import example_desired, shop_group
 from tests.support.tls_origins import TlsOrigins
 
 pytestmark = pytest.mark.envoy
@@ -92,7 +93,7 @@ def test_envoy_serves_only_through_verified_certificates(
         "skip": (make_leaf(["other.test"], None), {"verify": False}),
     }
     desired = fleet(cases, tls_origins, ca_file)
-    bootstrap = static_bootstrap(translate_pop(desired, "ewr", {}, Capabilities()))
+    bootstrap = static_bootstrap(translate_pop(desired, "ewr", Capabilities()))
     admin_port = free_port()
     bootstrap["admin"]["address"]["socket_address"]["port_value"] = admin_port
     port = desired.listeners[0].port

@@ -12,7 +12,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -22,7 +21,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from control_plane.app.envoy_process import free_port, stop_group
+from harness.envoy_process import free_port, stop_group
+from harness.eventually import eventually_blocking
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "desired.yaml"
@@ -143,11 +143,14 @@ def test_serve_answers_healthz_and_stops_by_its_pid(installed: Installed) -> Non
             cwd=installed.cwd, env=installed.env(), stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True)
     try:
-        deadline = time.monotonic() + 60
-        while proc.poll() is None and _healthz(f"http://127.0.0.1:{admin}") != 200:
-            assert time.monotonic() < deadline, "no /healthz answer within 60 s"
-            time.sleep(0.1)
+        eventually_blocking(
+            lambda: proc.poll() is not None or _healthz(f"http://127.0.0.1:{admin}") == 200,
+            60, "ballast serve answers /healthz", interval=0.1)
         assert proc.poll() is None, log.read_text(errors="replace")
+        # the dashboard's static files are package data: served from site-packages
+        script = f"http://127.0.0.1:{admin}/dashboard/static/dashboard.js"
+        with urllib.request.urlopen(script, timeout=5) as response:
+            assert response.status == 200 and b"function" in response.read()
     finally:
         stop_group(proc, timeout=10)
     assert proc.returncode in (0, -15), log.read_text(errors="replace")

@@ -16,11 +16,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from control_plane.app.envoy_process import EnvoyProcess, find_envoy, free_port
+from control_plane.cli.envoy_validate import find_envoy
 from control_plane.desired.model import Desired, Origin
 from control_plane.translate import static_bootstrap, translate_pop
 from control_plane.translate.resources import Capabilities
-from tests.support.models import example_desired, shop_group
+from harness.envoy_process import EnvoyProcess, free_port
+from harness.models import example_desired, shop_group
 
 pytestmark = pytest.mark.envoy
 
@@ -97,7 +98,7 @@ def test_trusted_sub_requests_keep_the_parent_tier_untrusted_clients_cannot_rais
     find_envoy()
     desired = desired_for(app, (f"{TRUSTED}/32",))
     port = app.edge_port = desired.listeners[0].port
-    bootstrap = static_bootstrap(translate_pop(desired, "ewr", {}, Capabilities()))
+    bootstrap = static_bootstrap(translate_pop(desired, "ewr", Capabilities()))
     admin_port = free_port()
     bootstrap["admin"]["address"]["socket_address"]["port_value"] = admin_port
     with EnvoyProcess(bootstrap, admin_port) as envoy:

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from control_plane.app.demo_origin import Fault
-from control_plane.app.envoy_process import EnvoyProcess
 from control_plane.decisions.read import record_time
-from tests.support.fleet import Fleet, dump_records, running_fleet
+from harness.demo_origin import Fault
+from harness.envoy_process import EnvoyProcess
+from harness.eventually import eventually
+from harness.fleet import Fleet, dump_records, running_fleet
 from tests.support.prometheus import PrometheusServer, prometheus_binary
 
 pytestmark = pytest.mark.envoy
@@ -34,12 +35,12 @@ def _delta(record: dict[str, object]) -> int:
 
 
 async def _scenario(fleet: Fleet) -> None:
-    await fleet.wait_for(
+    await eventually(
         lambda: fleet.envoy_weights("ewr") == HOME and fleet.envoy_weights("sjc") == HOME,
         10,
         "both PoPs on the home weights",
     )
-    await fleet.wait_for(
+    await eventually(
         lambda: fleet.origins["primary"].total > 30, 20, "steady traffic on the primary"
     )
 
@@ -48,7 +49,7 @@ async def _scenario(fleet: Fleet) -> None:
     assert "lb_zone_routing" not in stats, "the stats matcher keeps only what Ballast reads"
 
     fleet.origins["primary"].set_fault(Fault(error_rate=0.6, status=503, pops=("ewr",)))
-    await fleet.wait_for(lambda: fleet.weights("ewr")["primary"] <= 70, 45, "ewr to leave")
+    await eventually(lambda: fleet.weights("ewr")["primary"] <= 70, 45, "ewr to leave")
 
     shifts = fleet.records("weight_shift", pop="ewr")
     breaches = fleet.records("threshold_breach", pop="ewr")
@@ -66,13 +67,13 @@ async def _scenario(fleet: Fleet) -> None:
     assert not fleet.records("weight_shift", "return", pop="sjc"), log
     assert "5xx" in shifts[0]["rule"] or "error" in shifts[0]["rule"], shifts[0]["rule"]
 
-    await fleet.wait_for(
+    await eventually(
         lambda: fleet.envoy_weights("ewr") == fleet.weights("ewr"), 5, "Envoy to apply weights"
     )
 
     recovered_at = time.time()
     fleet.origins["primary"].set_fault(Fault())
-    await fleet.wait_for(
+    await eventually(
         lambda: len(fleet.records("return", pop="ewr")) >= 2, 40, "two return steps"
     )
     returns = fleet.records("return", pop="ewr")
@@ -92,7 +93,7 @@ async def _scenario(fleet: Fleet) -> None:
     assert first_return_at - recovered_at >= 3, log
     assert fleet.weights("ewr")["primary"] > lowest
     assert fleet.weights("sjc") == HOME
-    await fleet.wait_for(
+    await eventually(
         lambda: fleet.envoy_weights("ewr") == fleet.weights("ewr"), 5, "Envoy to apply return"
     )
     assert fleet.envoy_weights("sjc") == HOME

@@ -7,17 +7,16 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from control_plane.app.envoy_process import free_port
 from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.decisions.read import iter_records
+from harness.envoy_process import free_port
+from harness.eventually import eventually
 from tests.support.certs import make_ca, make_leaf
 from tests.support.tls_origins import TlsOrigins
 
@@ -41,14 +40,6 @@ listeners:
 """
 
 
-async def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.1)
-
-
 async def test_expiring_standby_certificate_is_flagged_before_any_shift(tmp_path: Path) -> None:
     ca = make_ca()
     ca_file, _ = ca.write(tmp_path, "ca")
@@ -67,7 +58,7 @@ async def test_expiring_standby_certificate_is_flagged_before_any_shift(tmp_path
         def flagged() -> list[dict[str, object]]:
             return [r for r in iter_records(state_dir) if r["kind"] == "certificate"]
 
-        await wait_for(lambda: bool(flagged()), 20, "a certificate record")
+        await eventually(lambda: bool(flagged()), 20, "a certificate record")
         (record,) = flagged()
         assert record["group"] == "shop" and record["pop"] is None
         assert record["detail"]["origin"] == "standby"
@@ -137,7 +128,7 @@ async def test_verification_off_is_warned_at_start_and_never_fails_the_origin(
     try:
         assert service.prober is not None
         prober = service.prober
-        await wait_for(lambda: ("shop", "standby") in prober.certificates, 20, "a check")
+        await eventually(lambda: ("shop", "standby") in prober.certificates, 20, "a check")
         status = prober.certificates[("shop", "standby")]
         assert status.passed and status.verified is None
         assert status.days_to_expiry is not None and status.days_to_expiry < 2

@@ -25,17 +25,19 @@ from pathlib import Path
 
 import pytest
 
-from control_plane.app.demo_origin import DemoOrigin, Fault
-from control_plane.app.envoy_process import EnvoyProcess, free_port
-from control_plane.app.traffic import steady_traffic, stop_tasks
 from control_plane.decisions.read import iter_records
 from control_plane.intent.sqlite_store import StateStore
 from control_plane.translate.bootstrap import ads_bootstrap
-from tests.support.fleet import envoy_locality_weights, write_fast_desired
+from harness.demo_origin import DemoOrigin, Fault
+from harness.envoy_process import EnvoyProcess, free_port
+from harness.eventually import eventually
+from harness.fleet import envoy_locality_weights, write_fast_desired
+from harness.traffic import steady_traffic, stop_tasks
 
 pytestmark = pytest.mark.envoy
 
 ROOT = Path(__file__).resolve().parents[1]
+UNREACHABLE = (OSError, urllib.error.URLError)  # Ballast not (yet) answering
 HOME = {"primary": 95, "secondary": 5}
 STEP_CAP = 12  # shift_step + jitter
 
@@ -59,17 +61,6 @@ def _get(url: str) -> tuple[int, dict[str, object]]:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as err:
         return err.code, {}
-
-
-async def _until(condition: object, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert callable(condition)
-        with contextlib.suppress(OSError, urllib.error.URLError):
-            if await asyncio.to_thread(condition):
-                return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @contextlib.asynccontextmanager
@@ -120,7 +111,8 @@ async def test_kill_9_mid_shift_restores_weights_and_traffic_keeps_flowing(
         proc = _serve(desired, state, xds, admin)
         tasks: list[asyncio.Task[None]] = []
         try:
-            await _until(lambda: _get(f"{admin_url}/readyz")[0] == 200, 20, "ballast ready")
+            await eventually(lambda: _get(f"{admin_url}/readyz")[0] == 200, 20, "ballast ready",
+                             in_thread=True, ignore=UNREACHABLE)
             for envoy in envoys.values():
                 envoy.start()
                 await asyncio.to_thread(envoy.wait_ready, 20)
@@ -139,7 +131,8 @@ async def test_kill_9_mid_shift_restores_weights_and_traffic_keeps_flowing(
                 assert isinstance(weights, dict)
                 return 60 <= weights["ewr"]["shop"]["primary"] <= 80
 
-            await _until(mid_shift, 45, "ewr in the middle of its shift")
+            await eventually(mid_shift, 45, "ewr in the middle of its shift", in_thread=True,
+                             ignore=UNREACHABLE)
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             killed_at = time.monotonic()
@@ -151,15 +144,18 @@ async def test_kill_9_mid_shift_restores_weights_and_traffic_keeps_flowing(
             await asyncio.sleep(1.5)  # Envoys are on their own
 
             proc = _serve(desired, state, xds, admin)
-            await _until(lambda: _get(f"{admin_url}/readyz")[0] == 200, 20, "ballast ready again")
+            await eventually(lambda: _get(f"{admin_url}/readyz")[0] == 200, 20,
+                             "ballast ready again", in_thread=True, ignore=UNREACHABLE)
             ready_at = time.monotonic()
             restored = [r for r in iter_records(state) if r["kind"] == "state_restored"]
             assert restored[-1]["detail"]["restored"]["ewr/shop"] == saved.weights, restored[-1]
-            await _until(
+            await eventually(
                 lambda: _get(f"{admin_url}/nodes")[0] == 200
                 and len(_get(f"{admin_url}/nodes")[1]["nodes"]) == 2,
                 15,
                 "both Envoys reconnected",
+                in_thread=True,
+                ignore=UNREACHABLE,
             )
             await asyncio.sleep(2)
             origins["primary"].set_fault(Fault())

@@ -10,7 +10,7 @@ import errno
 import os
 import shutil
 import subprocess
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from control_plane.decisions import log as log_module
 from control_plane.decisions.log import DecisionLog
 from control_plane.decisions.read import iter_records
 from control_plane.intent.sqlite_store import StateStore, StateSuspicious
+from harness.eventually import eventually
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "desired.yaml"
 EDITED = EXAMPLE.read_text().replace("port_offset: 1}", "port_offset: 2}")
@@ -57,45 +58,37 @@ def records(service: BallastService, kind: str) -> list[dict[str, Any]]:
     return [r for r in iter_records(service.config.state_dir) if r["kind"] == kind]
 
 
-async def until(check: Callable[[], Any], timeout: float = 10.0) -> Any:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not (value := check()):
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
-        await asyncio.sleep(0.05)
-    return value
-
-
 async def test_watcher_survives_bad_files_and_failing_code(service: BallastService) -> None:
     path = service.config.desired_path
     digest = service.server.intent.desired.digest
     # a document nested hundreds of levels deep killed the watcher with a RecursionError
     path.write_text("pops: " + "[" * 400 + "]" * 400)
-    rejected = await until(lambda: records(service, "config_rejected"))
+    rejected = await eventually(lambda: records(service, "config_rejected"))
     assert "nested more than 32 levels deep" in rejected[-1]["detail"]["problems"][0]
     # a symlink to a device: refused, not read
     path.unlink()
     path.symlink_to("/dev/zero")
-    rejected = await until(lambda: records(service, "config_rejected")[1:])
+    rejected = await eventually(lambda: records(service, "config_rejected")[1:])
     assert "not a regular file (a character device)" in rejected[-1]["detail"]["problems"][0]
     assert (await readyz(service))[0] == 200  # rejected files are no internal errors
     path.unlink()
     # failing code while applying: rejected with an internal error, /readyz says so
-    real_apply = service._apply_desired_bytes
+    real_apply = service.reload._apply
 
     async def failing(data: bytes) -> bool:
         raise RecursionError("maximum recursion depth exceeded")
 
-    service._apply_desired_bytes = failing  # type: ignore[method-assign]
+    service.reload._apply = failing  # type: ignore[method-assign]
     path.write_text(EDITED)
-    rejected = await until(lambda: records(service, "config_rejected")[2:])
+    rejected = await eventually(lambda: records(service, "config_rejected")[2:])
     assert "internal error while reloading: RecursionError" in rejected[-1]["detail"]["problems"][0]
     status, body = await readyz(service)
     assert status == 503 and "internal error (RecursionError" in body["reason"]
     assert service.server.intent.desired.digest == digest  # running state kept
     # the watcher is alive: SIGHUP's re-read applies once the code works again
-    service._apply_desired_bytes = real_apply  # type: ignore[method-assign]
+    service.reload._apply = real_apply  # type: ignore[method-assign]
     service.watcher.trigger()
-    await until(lambda: service.server.intent.desired.digest != digest)
+    await eventually(lambda: service.server.intent.desired.digest != digest)
     assert (await readyz(service))[0] == 200
     # even an exception escaping the hand-over itself does not end the watcher
     real_change = service.watcher.on_change
@@ -105,32 +98,34 @@ async def test_watcher_survives_bad_files_and_failing_code(service: BallastServi
 
     service.watcher.on_change = escaping
     path.write_text(EXAMPLE.read_text())
-    await until(lambda: len(records(service, "config_rejected")) == 4)
+    await eventually(lambda: len(records(service, "config_rejected")) == 4)
     assert "KeyError" in records(service, "config_rejected")[-1]["detail"]["problems"][0]
     service.watcher.on_change = real_change
     service.watcher.trigger()
-    await until(lambda: service.server.intent.desired.digest == digest)
+    await eventually(lambda: service.server.intent.desired.digest == digest)
     assert (await readyz(service))[0] == 200
 
 
 async def test_records_the_log_cannot_take_are_written_once_it_can(
     service: BallastService, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An injected writer raising ENOSPC: the reload's record waits (in order) and /readyz says
-    why; once writes work again it is written, marked as recorded late."""
-    real_record = service.decisions.record
+    """An injected writer raising ENOSPC: the reload's record (and the records of any tick
+    meanwhile) waits, in order, and /readyz says why; once writes work again it is written,
+    marked as recorded late."""
+    real_write = service.decisions.write_drafts
 
-    def full(kind: str, **fields: Any) -> Any:
+    def full(drafts: Any, **kwargs: Any) -> Any:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(service.decisions, "record", full)
-    assert await service.apply_desired_bytes(EDITED.encode())
+    monkeypatch.setattr(service.decisions, "write_drafts", full)
+    assert await service.reload.apply(EDITED.encode())
     status, body = await readyz(service)
     assert status == 503 and "decision log cannot be written" in body["reason"]
-    assert "1 records waiting" in body["reason"]
+    assert service.recorder.waiting >= 1  # the reload's (and any tick's meanwhile)
+    assert f"{service.recorder.waiting} records waiting" in body["reason"]
     assert not [r for r in records(service, "config_applied") if "recorded_late" in r["detail"]]
-    monkeypatch.setattr(service.decisions, "record", real_record)
-    late = await until(lambda: [r for r in records(service, "config_applied")
+    monkeypatch.setattr(service.decisions, "write_drafts", real_write)
+    late = await eventually(lambda: [r for r in records(service, "config_applied")
                                 if "recorded_late" in (r["detail"] or {})])
     assert "No space left" in late[0]["detail"]["recorded_late"]["reason"]
     assert (await readyz(service))[0] == 200
@@ -190,17 +185,17 @@ async def test_a_full_disk_during_a_reload_is_a_rejected_apply_recorded_later(
             except OSError as err:
                 assert err.errno == errno.ENOSPC
         desired.write_text(EDITED)
-        await until(lambda: running.reload_error is None and (
-            running.log_error is not None or records(running, "config_rejected")), 10)
+        await eventually(lambda: running.reload.error is None and (
+            running.recorder.error is not None or records(running, "config_rejected")), 10)
         assert running.server.intent.desired.digest == digest  # not applied
         assert running.store.load().desired_digest == digest
         filler.unlink()  # space returns
-        rejected = await until(lambda: records(running, "config_rejected"))
+        rejected = await eventually(lambda: records(running, "config_rejected"))
         assert "bytes free where the state is saved" in rejected[-1]["detail"]["problems"][0]
-        await until(lambda: running.log_error is None)
+        await eventually(lambda: running.recorder.error is None)
         assert (await readyz(running))[0] == 200
         running.watcher.trigger()  # the same file, now with room: applied
-        await until(lambda: running.server.intent.desired.digest != digest)
+        await eventually(lambda: running.server.intent.desired.digest != digest)
     finally:
         await running.stop(0)
 

@@ -15,12 +15,13 @@ import asyncio
 import time
 from pathlib import Path
 
-from control_plane.app.envoy_process import free_port
 from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.decisions.read import iter_records
 from control_plane.translate.resources import CLUSTER_TYPE, ENDPOINT_TYPE, Capabilities
-from tests.support.ads_desired import fleet_yaml
-from tests.support.xds_client import XdsClient, local_channel, make_node
+from harness.ads_desired import fleet_yaml
+from harness.envoy_process import free_port
+from harness.eventually import eventually
+from harness.xds_client import XdsClient, local_channel, make_node
 
 POPS, GROUPS = 8, 40
 PROBE_S = 0.005
@@ -70,8 +71,8 @@ async def test_a_full_retranslation_does_not_delay_a_small_pops_push(tmp_path: P
         await client.wait_for(lambda c: len(c.names(ENDPOINT_TYPE)) == GROUPS * 4, 30)  # + mirror
         # the first reconcile tick (every pair: a hold, no metrics) is done before anything
         # is measured
-        await _until(lambda: sum(r["kind"] == "hold" for r in iter_records(tmp_path / "state"))
-                     == POPS * GROUPS)
+        await eventually(lambda: sum(r["kind"] == "hold" for r in iter_records(tmp_path / "state"))
+                         == POPS * GROUPS, 60, "a hold record for every (PoP, group)")
 
         async def push(step: int) -> float:
             """Shift g000 in p000; seconds until the node holds the new assignment."""
@@ -88,7 +89,7 @@ async def test_a_full_retranslation_does_not_delay_a_small_pops_push(tmp_path: P
         probe.start()
         edited = fleet_yaml(pops=POPS, groups=GROUPS, max_origin_concurrency=100).encode()
         started = time.perf_counter()
-        reload = asyncio.create_task(service.apply_desired_bytes(edited))
+        reload = asyncio.create_task(service.reload.apply(edited))
         during: list[float] = []
         while not reload.done():
             during.append(await push(len(during)))
@@ -105,10 +106,3 @@ async def test_a_full_retranslation_does_not_delay_a_small_pops_push(tmp_path: P
     assert len(during) >= 3, (during, duration)
     assert max(during) < duration / 4, (max(during), duration, during)
     assert worst < duration / 4, (worst, duration)
-
-
-async def _until(check: object, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.05)

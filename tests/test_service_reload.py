@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.fleet import Fleet, running_fleet
+from harness.eventually import eventually
+from harness.fleet import Fleet, running_fleet
 
 pytestmark = pytest.mark.envoy
 
@@ -39,7 +40,7 @@ def _dynamic_versions(fleet: Fleet, pop: str) -> str:
 
 async def test_valid_edit_applies_to_affected_pops_only(tmp_path: Path) -> None:
     async with running_fleet(tmp_path, rps=5) as fleet:
-        await fleet.wait_for(lambda: _sends(fleet, "sjc-edge-1").get("RDS", 0) > 0, 10, "sync")
+        await eventually(lambda: _sends(fleet, "sjc-edge-1").get("RDS", 0) > 0, 10, "sync")
         ewr_before = _sends(fleet, "ewr-edge-1")
         sjc_listener_before = fleet.listener_ports["sjc"]
         path = tmp_path / "desired.yaml"
@@ -49,14 +50,14 @@ async def test_valid_edit_applies_to_affected_pops_only(tmp_path: Path) -> None:
         path.write_text(
             text.replace(f"port_offset: {offset}}}", f"port_offset: {new_offset}}}")
         )
-        await fleet.wait_for(
+        await eventually(
             lambda: bool(fleet.records("config_applied")[1:]), 10, "config_applied"
         )
         applied = fleet.records("config_applied")[-1]
         assert applied["detail"]["pushed_pops"] == ["sjc"], applied
         assert "pop sjc: 0 to add, 1 to change, 0 to remove" in applied["rule"], applied["rule"]
         assert any("port_value" in line for line in applied["detail"]["diff"]), applied
-        await fleet.wait_for(
+        await eventually(
             lambda: f'"port_value": {sjc_listener_before + 1}'
             in json.dumps(fleet.envoys["sjc"].admin_json("/config_dump")),
             10,
@@ -80,13 +81,13 @@ async def test_invalid_edits_are_rejected_and_envoys_keep_their_config(
     tmp_path: Path, edit: object, expected: str
 ) -> None:
     async with running_fleet(tmp_path, rps=5) as fleet:
-        await fleet.wait_for(lambda: _sends(fleet, "ewr-edge-1").get("RDS", 0) > 0, 10, "sync")
+        await eventually(lambda: _sends(fleet, "ewr-edge-1").get("RDS", 0) > 0, 10, "sync")
         before = {pop: _dynamic_versions(fleet, pop) for pop in ("ewr", "sjc")}
         digest = fleet.service.server.intent.desired.digest
         path = tmp_path / "desired.yaml"
         assert callable(edit)
         path.write_text(edit(path.read_text()))
-        await fleet.wait_for(lambda: bool(fleet.records("config_rejected")), 10, "rejection")
+        await eventually(lambda: bool(fleet.records("config_rejected")), 10, "rejection")
         rejected = fleet.records("config_rejected")[-1]
         problems = "\n".join(rejected["detail"]["problems"])
         assert expected in problems, problems

@@ -26,8 +26,8 @@ from typing import Any
 
 import pytest
 
-from control_plane.app.demo_origin import Fault
 from control_plane.decisions.read import iter_records
+from harness.demo_origin import Fault
 from tests.support.etcd import etcd_binary
 from tests.support.prometheus import prometheus_binary
 from tests.support.replicas import LEADER_TTL_S, ReplicaFleet, get_json, replica_fleet, until
@@ -57,6 +57,31 @@ def _status_output(server: str) -> str:
 
 def _decisions(fleet: ReplicaFleet, replica_index: int) -> list[dict[str, Any]]:
     return list(iter_records(fleet.replicas[replica_index].state))
+
+
+def r0_names(fleet: ReplicaFleet, leader: str, replicas: set[str]) -> bool:
+    """Replica r0's status names `leader` as leader and lists every one of `replicas`."""
+    replication = fleet.replicas[0].status().get("replication", {})
+    named = (replication.get("leader") or {}).get("replica")
+    listed = {r.get("id") for r in replication.get("replicas", [])}
+    return named == leader and listed == replicas
+
+
+def _sees_signals(admin_url: str | Any) -> bool:
+    """The leader at `admin_url` (or that replica) has read ewr's signals from Prometheus."""
+    url = admin_url if isinstance(admin_url, str) else admin_url.url
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as answer:
+        text = answer.read().decode()
+    return 'ballast_metric_source_staleness_seconds{group="shop",pop="ewr"}' in text
+
+
+def _leader_among(fleet: ReplicaFleet, paused: Any) -> Any:
+    """The replica other than `paused` (SIGSTOPped: not asked) that leads, if any."""
+    for replica in fleet.replicas:
+        if replica is not paused and replica.alive() and \
+                replica.status().get("replication", {}).get("leading"):
+            return replica
+    return None
 
 
 def _weight_decisions(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -92,10 +117,21 @@ async def test_leader_killed_mid_shift_follower_continues_envoys_agree(tmp_path:
         nodes = sorted(n for n in fleet.envoys if n.startswith("ewr"))
         await until(lambda: all(len(get_json(f"{r.url}/nodes")[1].get("nodes", [])) >= 1
                                 for r in fleet.replicas), 20, "every replica serves an Envoy")
+        # Envoys are served before the election is over: wait for a leader and for every
+        # replica to have registered, then r0 (a follower, or the leader) must show them at
+        # once: its view follows etcd's watch, it does not lag by a polling period
+        await until(lambda: fleet.leader() is not None, LEADER_TTL_S + 8, "a leader")
+        leader = fleet.leader()
+        assert leader is not None
+        leader_name, leader_url = leader.name, leader.url
+        names = {r.name for r in fleet.replicas}
+        await until(lambda: {r.get("id") for r in leader.status()["replication"]["replicas"]}
+                    == names, 10, "every replica registered")
+        took = await until(lambda: r0_names(fleet, leader_name, names), 10,
+                           "r0's status naming the leader and every replica")
+        assert took <= 1.0, f"r0's view of its peers lagged {took:.1f} s"
         status = await asyncio.to_thread(_status_output, fleet.replicas[0].url)
-        leader_name = fleet.leader().name  # type: ignore[union-attr]
         assert f"{leader_name}  xds" in status and "LEADER term" in status, status
-        leader_url = fleet.leader().url  # type: ignore[union-attr]
 
         def scraped() -> str:  # the role gauges are refreshed every second
             with urllib.request.urlopen(f"{leader_url}/metrics", timeout=5) as answer:
@@ -106,7 +142,8 @@ async def test_leader_killed_mid_shift_follower_continues_envoys_agree(tmp_path:
                     in scraped(), 5, "the leader's role in /metrics")
         for i, node in enumerate(nodes):  # ewr-i prefers replica ri: each row says so
             assert re.search(rf"^{node}\s.*\sr{i}$", status, re.MULTILINE), status
-        await asyncio.sleep(3)
+        await until(lambda: _sees_signals(leader_url), 30,
+                    "the leader reading ewr's signals before the fault")
         fleet.origins["primary"].set_fault(Fault(error_rate=0.6, pops=("ewr",)))
         await until(lambda: 60 <= fleet.weights().get("primary", 100) <= 80, 60,
                     "ewr in the middle of its shift")
@@ -130,7 +167,10 @@ async def test_leader_killed_mid_shift_follower_continues_envoys_agree(tmp_path:
         assert took <= LEADER_TTL_S + 1 + 2  # TTL + one tick, with a loaded machine's slack
         await until(lambda: fleet.weights().get("primary", 100) < before["primary"], 30,
                     "the new leader shifting on")
-        await asyncio.sleep(3)
+        shifted_on = fleet.weights().get("primary", 100)
+        await until(lambda: fleet.weights().get("primary", 100) < shifted_on
+                    or fleet.weights().get("primary") == 5, 30,
+                    "a further step of the new leader (Envoys sampled across it)")
         fleet.origins["primary"].set_fault(Fault())
         survivor = fleet.replicas.index(new)
         records = _decisions(fleet, survivor)
@@ -169,15 +209,17 @@ async def test_leader_killed_mid_shift_follower_continues_envoys_agree(tmp_path:
 
 async def test_fencing_and_an_etcd_outage(tmp_path: Path) -> None:
     async with replica_fleet(tmp_path, replicas=3, ewr_envoys=1) as fleet:
-        await asyncio.sleep(3)
+        await until(lambda: fleet.leader() is not None, LEADER_TTL_S + 8, "a leader")
+        await until(lambda: _sees_signals(fleet.leader()), 30,  # type: ignore[union-attr]
+                    "the leader reading ewr's signals before the fault")
         fleet.origins["primary"].set_fault(Fault(error_rate=0.6, pops=("ewr",)))
         await until(lambda: fleet.weights().get("primary", 100) <= 85, 60, "a shift under way")
         paused = fleet.leader()
         assert paused is not None
         old_term = paused.status()["replication"]["term"]
         paused.signal(signal.SIGSTOP)
-        await asyncio.sleep(LEADER_TTL_S + 2)
-        await until(lambda: fleet.leader() not in (None, paused), 10, "a leader of a new term")
+        await until(lambda: _leader_among(fleet, paused) is not None, LEADER_TTL_S + 10,
+                    "a leader of a new term")
         paused.signal(signal.SIGCONT)
         index = fleet.replicas.index(paused)
 
@@ -197,7 +239,11 @@ async def test_fencing_and_an_etcd_outage(tmp_path: Path) -> None:
         # etcd away for 20 s: nobody changes weights, nobody crashes, everyone stays ready
         fleet.etcd.pause()
         outage_start = time.monotonic()
-        await asyncio.sleep(LEADER_TTL_S + 1)  # an in-flight step may still land before this
+        # nobody leads once the leader's lease is certainly gone (an in-flight step may still
+        # land before that): from then on, nothing may change
+        await until(lambda: not any(r.status().get("replication", {}).get("leading")
+                                    for r in fleet.replicas), LEADER_TTL_S + 10,
+                    "the leader stepping down without etcd")
         frozen = fleet.weights()
         readiness: list[int] = []
         said_degraded: set[str] = set()

@@ -11,8 +11,10 @@ import pytest
 
 from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.cli.main import main
-from control_plane.intent.sqlite_store import StateCorrupted
+from control_plane.decisions.read import iter_records
+from control_plane.intent.sqlite_store import StateCorrupted, StateStore
 from control_plane.intent.state_dir_lock import StateDirBusy, StateDirLock
+from control_plane.intent.store import RAMP_KIND, IntentBatch
 from control_plane.security.cert_dir import CertDir
 from control_plane.security.tls import TlsConfigError, TlsFiles
 
@@ -55,6 +57,28 @@ async def test_corrupted_state_refuses_to_start(tmp_path: Path) -> None:
                            admin_address=None, probes=False)
     with pytest.raises(StateCorrupted, match=r"state\.db"):
         await BallastService(config).start()
+
+
+async def test_a_failure_after_the_store_opened_unwinds_like_a_stop(tmp_path: Path) -> None:
+    """A ramp record that does not parse is found while restoring, with the lock, the decision
+    log and the store already held: the start fails and unwinds what it had started, as `stop`
+    does — a second server starts on the same folder at once."""
+    with StateStore(tmp_path) as store:
+        await store.write(IntentBatch(records=((RAMP_KIND, "ewr/shop", {"bogus": 1}),)))
+
+    def config() -> ServiceConfig:
+        return ServiceConfig(desired_path=EXAMPLE, state_dir=tmp_path,
+                             xds_address="127.0.0.1:0", admin_address=None, probes=False)
+
+    with pytest.raises(StateCorrupted, match="ramp 'ewr/shop'"):
+        await BallastService(config()).start()
+    assert "shutdown" not in [r["kind"] for r in iter_records(tmp_path)]  # it never served
+    with StateStore(tmp_path) as store:  # the operator removes the bad record
+        await store.write(IntentBatch(records=((RAMP_KIND, "ewr/shop", None),)))
+    second = BallastService(config())
+    await second.start()
+    await second.stop(0)
+    assert [r["kind"] for r in iter_records(tmp_path)][-1] == "shutdown"
 
 
 async def test_one_server_per_state_directory(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ from control_plane.observe.source import wall_ms
 from control_plane.security.cert_dir import CertDir, Pair
 from control_plane.security.peer import check_node_peer, peer_pop
 from control_plane.security.tls import ReloadingCredentials, TlsFiles
-from tests.support.models import example_desired
+from harness.models import example_desired
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Seed 002's incident through a real Envoy 1.40, twice (`bench/standby_ramp.py`): a primary that
+"""Seed 002's incident through a real Envoy 1.40, twice (`harness/standby_ramp.py`): a primary that
 fails and a standby behind a cold cache with a capacity cap. With the cold-standby ramp (and its
 cache-warming mirror) the shift completes and the standby stays within the failover thresholds
 over the shift; with the ramp off, the standby breaches them in its failover windows. The numbers
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.standby_ramp import Scenario, report, run
+from harness.standby_ramp import Scenario, report, run
 
 pytestmark = pytest.mark.envoy
 

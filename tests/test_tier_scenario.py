@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.tier_scenario import Phases, run
+from harness.tier_scenario import Phases, run
 
 pytestmark = pytest.mark.envoy
 

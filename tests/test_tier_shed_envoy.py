@@ -9,12 +9,13 @@ from dataclasses import replace
 
 import pytest
 
-from control_plane.app.envoy_process import EnvoyProcess, find_envoy, free_port
+from control_plane.cli.envoy_validate import find_envoy
 from control_plane.decide.tiers import TierState, actions_in_force
 from control_plane.desired.model import ClassificationRule, Desired, Tier
-from control_plane.translate import static_bootstrap, translate_pop
+from control_plane.translate import PopIntent, static_bootstrap, translate_pop
 from control_plane.translate.resources import Capabilities
-from tests.support.models import example_desired, shop_group
+from harness.envoy_process import EnvoyProcess, free_port
+from harness.models import example_desired, shop_group
 
 pytestmark = pytest.mark.envoy
 
@@ -54,8 +55,8 @@ def test_each_shed_action_reaches_the_client(tmp_path: object) -> None:
     group = desired.group("shop")
     actions = actions_in_force(group, TierState(shedding=True))
     assert actions is not None and set(actions.shed) == {"normal", "background", "bulk"}
-    bootstrap = static_bootstrap(translate_pop(desired, "ewr", {}, Capabilities(),
-                                               {"shop": actions}))
+    bootstrap = static_bootstrap(translate_pop(desired, "ewr", Capabilities(),
+                                               PopIntent(tier_actions={"shop": actions})))
     admin_port = free_port()
     bootstrap["admin"]["address"]["socket_address"]["port_value"] = admin_port
     port = desired.listeners[0].port

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from control_plane.app.envoy_process import validate_bootstrap
+from control_plane.cli.envoy_validate import validate_bootstrap
 from control_plane.cli.main import main
 from control_plane.translate.bootstrap import NEEDED_STATS, ads_bootstrap
 

@@ -19,7 +19,7 @@ from control_plane.translate.listeners import access_log
 from control_plane.translate.mirror import is_mirror_cluster
 from control_plane.translate.queue_policy import read_back
 from control_plane.translate.resources import CLUSTER_TYPE, LISTENER_TYPE, Capabilities
-from tests.support.models import example_desired
+from harness.models import example_desired
 
 FIFO = "envoy.queue_policy.fifo"
 LIFO = "envoy.queue_policy.adaptive_lifo"
@@ -66,8 +66,8 @@ def test_queue_policy_gate(
 
 
 def test_no_queue_policy_means_no_field_62_and_a_note_for_lifo_tiers() -> None:
-    none = translate_pop(example_desired(), "ewr", {}, Capabilities(queue_policies=False))
-    fifo = translate_pop(example_desired(), "ewr", {}, Capabilities())
+    none = translate_pop(example_desired(), "ewr", Capabilities(queue_policies=False))
+    fifo = translate_pop(example_desired(), "ewr", Capabilities())
     for name, resource in none.of_type(CLUSTER_TYPE).items():
         assert not read_back(resource.payload).HasField("queuing_policies"), name
     assert all(read_back(r.payload).HasField("queuing_policies")  # every tier cluster
@@ -102,8 +102,8 @@ def test_a_node_asking_for_access_logs_gets_listeners_with_the_grpc_access_log()
     found = read_node_capabilities(node)
     assert found.capabilities.access_log and found.capabilities.key == "none+als"
     assert "ballast_access_log" in found.reason
-    plain = translate_pop(example_desired(), "ewr", {}, Capabilities())
-    logged = translate_pop(example_desired(), "ewr", {}, Capabilities(access_log=True))
+    plain = translate_pop(example_desired(), "ewr", Capabilities())
+    logged = translate_pop(example_desired(), "ewr", Capabilities(access_log=True))
     assert plain.of_type(LISTENER_TYPE)["edge"].payload != logged.of_type(LISTENER_TYPE)[
         "edge"].payload
     text = str(logged.of_type(LISTENER_TYPE)["edge"].message)

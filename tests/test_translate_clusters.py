@@ -10,12 +10,12 @@ from control_plane.desired.model import Desired, Origin
 from control_plane.translate import translate_pop
 from control_plane.translate.mirror import is_mirror_cluster
 from control_plane.translate.resources import CLUSTER_TYPE, ENDPOINT_TYPE, Capabilities
-from tests.support.models import example_desired, shop_group
+from harness.models import example_desired, shop_group
 
 
 def clusters(desired: Desired | None = None) -> dict[str, Cluster]:
     """The tier clusters (mirror clusters: tests/test_translate_mirror.py)."""
-    resources = translate_pop(desired or example_desired(), "ewr", {}, Capabilities())
+    resources = translate_pop(desired or example_desired(), "ewr", Capabilities())
     return {name: r.message for name, r in resources.of_type(CLUSTER_TYPE).items()
             if not is_mirror_cluster(name)}
 
@@ -79,7 +79,7 @@ def test_tls_origin_gets_sni_through_a_transport_socket_match() -> None:
     context = UpstreamTlsContext()
     assert match.transport_socket.typed_config.Unpack(context)
     assert context.sni == "shop.example"
-    cla = translate_pop(desired, "ewr", {}, Capabilities()).of_type(ENDPOINT_TYPE)
+    cla = translate_pop(desired, "ewr", Capabilities()).of_type(ENDPOINT_TYPE)
     primary, secondary = cla["shop.critical"].message.endpoints
     metadata = primary.lb_endpoints[0].metadata.filter_metadata["envoy.transport_socket_match"]
     assert dict(metadata) == {"origin": "primary"}

@@ -6,14 +6,14 @@ import re
 
 import pytest
 
-from control_plane.translate import WeightsError, translate_pop
+from control_plane.translate import PopIntent, WeightsError, translate_pop
 from control_plane.translate.mirror import is_mirror_cluster
 from control_plane.translate.resources import ENDPOINT_TYPE, Capabilities
-from tests.support.models import example_desired
+from harness.models import example_desired
 
 
 def localities(pop: str, weights: dict) -> dict[str, list[tuple[str, int | None, int]]]:
-    resources = translate_pop(example_desired(), pop, weights, Capabilities())
+    resources = translate_pop(example_desired(), pop, Capabilities(), PopIntent(weights=weights))
     return {
         name: [
             (
@@ -50,7 +50,7 @@ def test_weight_zero_keeps_the_locality_without_a_weight() -> None:
 
 
 def test_endpoint_addresses_and_cluster_names() -> None:
-    resources = translate_pop(example_desired(), "ewr", {}, Capabilities())
+    resources = translate_pop(example_desired(), "ewr", Capabilities())
     cla = resources.of_type(ENDPOINT_TYPE)["shop.background"].message
     assert cla.cluster_name == "shop.background"
     addresses = [
@@ -73,4 +73,4 @@ def test_endpoint_addresses_and_cluster_names() -> None:
 )
 def test_weights_that_do_not_fit_are_refused(weights: dict, message: str) -> None:
     with pytest.raises(WeightsError, match=re.escape(message)):
-        translate_pop(example_desired(), "ewr", weights, Capabilities())
+        translate_pop(example_desired(), "ewr", Capabilities(), PopIntent(weights=weights))

@@ -19,9 +19,10 @@ from envoy.service.discovery.v3 import ads_pb2_grpc
 from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest
 from google.protobuf.json_format import MessageToDict, ParseDict
 
-from control_plane.app.envoy_process import EnvoyProcess, find_envoy, free_port
+from control_plane.cli.envoy_validate import find_envoy
 from control_plane.translate import capabilities_from_node
 from control_plane.translate.bootstrap import ads_bootstrap
+from harness.envoy_process import EnvoyProcess, free_port
 
 FIXTURE = Path(__file__).parent / "fixtures" / "envoy-1.40-node.json"
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from control_plane.app.server import intent_and_cache
 from control_plane.desired.model import Desired, GroupWeights, Mirror, TierActions
-from control_plane.translate.pop import built_resources, translate_pop
+from control_plane.translate.pop import PopIntent, built_resources, translate_pop
 from control_plane.translate.resources import (
     CLUSTER_TYPE,
     ENDPOINT_TYPE,
@@ -18,7 +18,7 @@ from control_plane.translate.resources import (
     Capabilities,
     PopResources,
 )
-from tests.support.models import fleet_desired
+from harness.models import fleet_desired
 
 FIFO, LIFO = Capabilities(), Capabilities(adaptive_lifo=True)
 
@@ -32,57 +32,58 @@ def wire(resources: PopResources) -> dict[str, dict[str, tuple[str, bytes]]]:
 
 def test_a_weight_change_in_a_50_group_pop_translates_only_that_groups_load_assignments() -> None:
     desired = fleet_desired(pops=3, groups=50)
-    first = translate_pop(desired, "p001", {}, FIFO)
+    first = translate_pop(desired, "p001", FIFO)
     # tier clusters and their CLAs, per group one standby's mirror cluster and its CLA, listener,
     # routes, the runtime layer
     assert len(built_resources(first)) == 50 * 3 * 2 + 50 * 2 + 3
     shifted = {"g017": {"o0": 20, "o1": 80}}
-    second = translate_pop(desired, "p001", shifted, FIFO, previous=first)
+    second = translate_pop(desired, "p001", FIFO, PopIntent(weights=shifted), previous=first)
     assert sorted(built_resources(second)) == [
         (ENDPOINT_TYPE, f"g017.{tier}") for tier in ("background", "critical", "normal")
     ]
-    assert wire(second) == wire(translate_pop(desired, "p001", shifted, FIFO))
+    assert wire(second) == wire(translate_pop(desired, "p001", FIFO, PopIntent(weights=shifted)))
     untouched = second.of_type(ENDPOINT_TYPE)["g018.critical"]
     assert untouched is first.of_type(ENDPOINT_TYPE)["g018.critical"]  # same object, not a copy
 
 
 def test_a_tier_action_translates_only_the_routes() -> None:
     desired = fleet_desired(pops=2, groups=50)
-    first = translate_pop(desired, "p000", {}, FIFO)
-    second = translate_pop(desired, "p000", {}, FIFO, {"g003": TierActions()}, previous=first)
+    first = translate_pop(desired, "p000", FIFO)
+    second = translate_pop(desired, "p000", FIFO, PopIntent(tier_actions={"g003": TierActions()}),
+                           previous=first)
     assert built_resources(second) == ((ROUTE_TYPE, "edge"),)
-    third = translate_pop(desired, "p000", {}, FIFO, {}, previous=second)
+    third = translate_pop(desired, "p000", FIFO, previous=second)
     assert built_resources(third) == ((ROUTE_TYPE, "edge"),)
     assert wire(third) == wire(first)
 
 
 def test_a_desired_edit_translates_only_the_resources_it_touched() -> None:
     desired = fleet_desired(pops=2, groups=50)
-    first = translate_pop(desired, "p000", {}, FIFO)
+    first = translate_pop(desired, "p000", FIFO)
     groups = list(desired.origin_groups)
     # the breakers of its 3 tier clusters and its mirror cluster (sized like the least tier)
     groups[7] = replace(groups[7], max_origin_concurrency=60)
     # a freshly read file: every model object new, only group 7 different
     edited = replace(fleet_desired(pops=2, groups=50), origin_groups=tuple(
         replace(g) if i != 7 else groups[7] for i, g in enumerate(groups)))
-    second = translate_pop(edited, "p000", {}, FIFO, previous=first)
+    second = translate_pop(edited, "p000", FIFO, previous=first)
     assert sorted(built_resources(second)) == sorted(
         [(CLUSTER_TYPE, f"g007.{t}") for t in ("critical", "normal", "background", "mirror-o1")]
         + [(ENDPOINT_TYPE, f"g007.{t}") for t in ("critical", "normal", "background",
                                                    "mirror-o1")]
         + [(ROUTE_TYPE, "edge")]
     )
-    assert wire(second) == wire(translate_pop(edited, "p000", {}, FIFO))
+    assert wire(second) == wire(translate_pop(edited, "p000", FIFO))
 
 
 def test_capabilities_rebuild_only_clusters_and_keep_their_notes() -> None:
     desired = fleet_desired(pops=2, groups=4)
-    first = translate_pop(desired, "p000", {}, LIFO)
-    fifo = translate_pop(desired, "p000", {}, FIFO, previous=first)
+    first = translate_pop(desired, "p000", LIFO)
+    fifo = translate_pop(desired, "p000", FIFO, previous=first)
     assert {t for t, _ in built_resources(fifo)} == {CLUSTER_TYPE}
-    again = translate_pop(desired, "p000", {}, FIFO, previous=fifo)
+    again = translate_pop(desired, "p000", FIFO, previous=fifo)
     assert built_resources(again) == ()
-    assert again.notes == fifo.notes == translate_pop(desired, "p000", {}, FIFO).notes
+    assert again.notes == fifo.notes == translate_pop(desired, "p000", FIFO).notes
     assert again.notes  # the default tiers ask for adaptive LIFO: every FIFO fallback is said
 
 
@@ -141,7 +142,7 @@ def test_incremental_translation_is_byte_identical_to_the_full_one(
     weights: dict[str, GroupWeights] = {}
     actions: dict[str, TierActions] = {}
     mirrors: dict[str, Mirror] = {}
-    previous = translate_pop(desired, pop, weights, caps, actions)
+    previous = translate_pop(desired, pop, caps, PopIntent(weights=weights, tier_actions=actions))
     for kind, a, b in changes:
         if kind == "weights":
             assert isinstance(a, int) and isinstance(b, int)
@@ -170,9 +171,9 @@ def test_incremental_translation_is_byte_identical_to_the_full_one(
                                                            desired.origin_groups))
         mirrors = {name: m for name, m in mirrors.items()
                    if set(m.origins) <= set(desired.group(name).preference[pop][1:])}
-        incremental = translate_pop(desired, pop, weights, caps, actions, previous=previous,
-                                    mirrors=mirrors)
-        full = translate_pop(desired, pop, weights, caps, actions, mirrors=mirrors)
+        held = PopIntent(weights=weights, tier_actions=actions, mirrors=mirrors)
+        incremental = translate_pop(desired, pop, caps, held, previous=previous)
+        full = translate_pop(desired, pop, caps, held)
         assert wire(incremental) == wire(full)
         assert incremental.notes == full.notes
         assert [list(items) for items in incremental.by_type.values()] == [

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from control_plane.app.demo_origin import is_shadow_host
 from control_plane.desired.model import Mirror, StandbyRampPolicy, TierActions
-from control_plane.translate import translate_pop
+from control_plane.translate import PopIntent, translate_pop
 from control_plane.translate.resources import (
     CLUSTER_TYPE,
     ENDPOINT_TYPE,
@@ -16,7 +15,8 @@ from control_plane.translate.resources import (
     Capabilities,
     PopResources,
 )
-from tests.support.models import example_desired, shop_group
+from harness.demo_origin import is_shadow_host
+from harness.models import example_desired, shop_group
 
 MIRROR = Mirror(("secondary",), 5.0)
 
@@ -27,8 +27,8 @@ def routes(resources: PopResources) -> list:
 
 
 def test_one_mirror_cluster_per_standby_targeting_only_that_origin() -> None:
-    ewr = translate_pop(example_desired(), "ewr", {}, Capabilities())
-    sjc = translate_pop(example_desired(), "sjc", {}, Capabilities())
+    ewr = translate_pop(example_desired(), "ewr", Capabilities())
+    sjc = translate_pop(example_desired(), "sjc", Capabilities())
     assert [n for n in ewr.of_type(CLUSTER_TYPE) if "mirror" in n] == ["shop.mirror-secondary"]
     assert [n for n in sjc.of_type(CLUSTER_TYPE) if "mirror" in n] == ["shop.mirror-primary"]
     cla = ewr.of_type(ENDPOINT_TYPE)["shop.mirror-secondary"].message
@@ -43,14 +43,14 @@ def test_one_mirror_cluster_per_standby_targeting_only_that_origin() -> None:
 
 def test_no_mirror_cluster_when_the_mirror_is_off() -> None:
     group = replace(shop_group(), standby_ramp=StandbyRampPolicy(mirror_percent=0))
-    resources = translate_pop(example_desired(group), "ewr", {}, Capabilities())
+    resources = translate_pop(example_desired(group), "ewr", Capabilities())
     assert not [n for n in resources.of_type(CLUSTER_TYPE) if "mirror" in n]
 
 
 def test_an_active_mirror_precedes_each_route_with_a_get_head_copy() -> None:
-    plain = translate_pop(example_desired(), "ewr", {}, Capabilities())
-    mirrored = translate_pop(example_desired(), "ewr", {}, Capabilities(),
-                             mirrors={"shop": MIRROR})
+    plain = translate_pop(example_desired(), "ewr", Capabilities())
+    mirrored = translate_pop(example_desired(), "ewr", Capabilities(),
+                             PopIntent(mirrors={"shop": MIRROR}))
     before, after = routes(plain), routes(mirrored)
     assert [r.name for r in after] == [n for r in before for n in (f"{r.name}-mirror", r.name)]
     for copy, original in zip(after[::2], after[1::2], strict=True):
@@ -66,8 +66,9 @@ def test_an_active_mirror_precedes_each_route_with_a_get_head_copy() -> None:
 
 def test_only_the_cacheable_routes_and_never_a_shed_route() -> None:
     mirror = replace(MIRROR, routes=("auth", "default", "prefetch"))
-    resources = translate_pop(example_desired(), "ewr", {}, Capabilities(),
-                              {"shop": TierActions()}, mirrors={"shop": mirror})
+    resources = translate_pop(example_desired(), "ewr", Capabilities(),
+                              PopIntent(tier_actions={"shop": TierActions()},
+                                        mirrors={"shop": mirror}))
     names = [r.name for r in routes(resources)]
     assert "auth-mirror" in names and "default-mirror" in names
     assert "checkout-mirror" not in names

@@ -24,7 +24,7 @@ from control_plane.translate.queue_policy import (
     read_back,
 )
 from control_plane.translate.resources import CLUSTER_TYPE, Capabilities, PopResources
-from tests.support.models import example_desired, shop_group
+from harness.models import example_desired, shop_group
 
 ENVOY_1_40_NODE = Path(__file__).parent / "fixtures" / "envoy-1.40-node.json"
 
@@ -45,7 +45,7 @@ def policies(resources: PopResources) -> dict[str, ClusterQueuingPoliciesCarrier
 def test_node_advertising_adaptive_lifo_gets_it_with_watermarks() -> None:
     node = envoy_1_40_node()
     node.extensions.add(name="envoy.queue_policy.adaptive_lifo", category="envoy.queue_policy")
-    resources = translate_pop(example_desired(), "ewr", {}, capabilities_from_node(node))
+    resources = translate_pop(example_desired(), "ewr", capabilities_from_node(node))
     for carrier in policies(resources).values():
         policy = carrier.queuing_policies.pending_rq_policy
         assert policy.name == "envoy.queue_policy.adaptive_lifo"
@@ -61,7 +61,7 @@ def test_node_advertising_adaptive_lifo_gets_it_with_watermarks() -> None:
 
 def test_envoy_1_40_real_extension_list_gets_fifo_and_notes() -> None:
     caps = capabilities_from_node(envoy_1_40_node())
-    resources = translate_pop(example_desired(), "ewr", {}, caps)
+    resources = translate_pop(example_desired(), "ewr", caps)
     for carrier in policies(resources).values():
         policy = carrier.queuing_policies.pending_rq_policy
         assert policy.name == "envoy.queue_policy.fifo"
@@ -79,7 +79,7 @@ def test_tier_asking_for_fifo_gets_fifo_without_a_note() -> None:
     fifo = QueuePolicy(kind="fifo")
     tiers = tuple(dataclasses.replace(t, queue_policy=fifo) for t in group.tiers)
     desired = example_desired(dataclasses.replace(group, tiers=tiers))
-    resources = translate_pop(desired, "ewr", {}, Capabilities(adaptive_lifo=True))
+    resources = translate_pop(desired, "ewr", Capabilities(adaptive_lifo=True))
     types = {
         c.queuing_policies.pending_rq_policy.typed_config.type_url
         for c in policies(resources).values()
@@ -89,7 +89,7 @@ def test_tier_asking_for_fifo_gets_fifo_without_a_note() -> None:
 
 
 def test_field_62_is_on_the_wire_and_survives_a_cluster_round_trip() -> None:
-    resources = translate_pop(example_desired(), "ewr", {}, Capabilities(adaptive_lifo=True))
+    resources = translate_pop(example_desired(), "ewr", Capabilities(adaptive_lifo=True))
     resource = resources.of_type(CLUSTER_TYPE)["shop.critical"]
     reparsed = Cluster()
     reparsed.ParseFromString(resource.payload)

@@ -7,13 +7,13 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from control_plane.translate import render_json, translate_pop
+from control_plane.translate import PopIntent, render_json, translate_pop
 from control_plane.translate.resources import PUSH_ORDER, Capabilities
-from tests.support.models import example_desired
+from harness.models import example_desired
 
 
 def test_render_groups_resources_by_kind_and_shows_field_62() -> None:
-    rendered = render_json(translate_pop(example_desired(), "ewr", {}, Capabilities(True)))
+    rendered = render_json(translate_pop(example_desired(), "ewr", Capabilities(True)))
     assert {k: list(v) for k, v in rendered.items()} == {
         "clusters": ["shop.critical", "shop.normal", "shop.background", "shop.mirror-secondary"],
         "endpoints": ["shop.critical", "shop.normal", "shop.background", "shop.mirror-secondary"],
@@ -39,7 +39,7 @@ def test_render_groups_resources_by_kind_and_shows_field_62() -> None:
 
 
 def test_render_fifo_for_nodes_without_adaptive_lifo() -> None:
-    rendered = render_json(translate_pop(example_desired(), "ewr", {}, Capabilities()))
+    rendered = render_json(translate_pop(example_desired(), "ewr", Capabilities()))
     assert rendered["clusters"]["shop.normal"]["queuing_policies"] == {
         "pending_rq_policy": {
             "name": "envoy.queue_policy.fifo",
@@ -59,8 +59,9 @@ def test_render_fifo_for_nodes_without_adaptive_lifo() -> None:
 )
 def test_same_input_same_bytes_and_versions(primary: int, pop: str, lifo: bool) -> None:
     weights = {"shop": {"primary": primary, "secondary": 100 - primary}}
-    first = translate_pop(example_desired(), pop, weights, Capabilities(lifo))
-    second = translate_pop(example_desired(), pop, dict(weights), Capabilities(lifo))
+    first = translate_pop(example_desired(), pop, Capabilities(lifo), PopIntent(weights=weights))
+    second = translate_pop(example_desired(), pop, Capabilities(lifo),
+                           PopIntent(weights=dict(weights)))
     for type_url in PUSH_ORDER:
         a, b = first.of_type(type_url), second.of_type(type_url)
         assert [(n, r.payload, r.version) for n, r in a.items()] == [
@@ -70,17 +71,16 @@ def test_same_input_same_bytes_and_versions(primary: int, pop: str, lifo: bool) 
 
 
 def test_a_weight_change_changes_only_endpoint_versions() -> None:
-    before = translate_pop(example_desired(), "ewr", {}, Capabilities())
-    after = translate_pop(
-        example_desired(), "ewr", {"shop": {"primary": 70, "secondary": 30}}, Capabilities()
-    )
+    before = translate_pop(example_desired(), "ewr", Capabilities())
+    after = translate_pop(example_desired(), "ewr", Capabilities(),
+                          PopIntent(weights={"shop": {"primary": 70, "secondary": 30}}))
     for type_url in PUSH_ORDER:
         same = before.type_version(type_url) == after.type_version(type_url)
         assert same == (type_url != PUSH_ORDER[1])
 
 
 def test_capabilities_change_only_cluster_versions() -> None:
-    fifo = translate_pop(example_desired(), "ewr", {}, Capabilities(False))
-    lifo = translate_pop(example_desired(), "ewr", {}, Capabilities(True))
+    fifo = translate_pop(example_desired(), "ewr", Capabilities(False))
+    lifo = translate_pop(example_desired(), "ewr", Capabilities(True))
     changed = [t for t in PUSH_ORDER if fifo.type_version(t) != lifo.type_version(t)]
     assert changed == [PUSH_ORDER[0]]

@@ -12,16 +12,16 @@ from envoy.extensions.filters.network.http_connection_manager.v3.http_connection
 
 from control_plane.translate import translate_pop
 from control_plane.translate.resources import LISTENER_TYPE, ROUTE_TYPE, Capabilities
-from tests.support.models import example_desired
+from harness.models import example_desired
 
 
 def route_config(pop: str = "ewr") -> RouteConfiguration:
-    resources = translate_pop(example_desired(), pop, {}, Capabilities())
+    resources = translate_pop(example_desired(), pop, Capabilities())
     return resources.of_type(ROUTE_TYPE)["edge"].message
 
 
 def listener(pop: str) -> Listener:
-    resources = translate_pop(example_desired(), pop, {}, Capabilities())
+    resources = translate_pop(example_desired(), pop, Capabilities())
     return resources.of_type(LISTENER_TYPE)["edge"].message
 
 
@@ -100,7 +100,7 @@ def test_listener_address_port_offset_and_rds_over_ads() -> None:
 def test_trusted_sources_get_their_own_chain_and_routes_that_believe_the_tier_header() -> None:
     desired = dataclasses.replace(example_desired(),
                                   trusted_priority_sources=("10.1.0.0/16", "127.0.0.2/32"))
-    resources = translate_pop(desired, "ewr", {}, Capabilities())
+    resources = translate_pop(desired, "ewr", Capabilities())
     routes = resources.of_type(ROUTE_TYPE)
     assert sorted(routes) == ["edge", "edge.trusted"]
     trusted_chain, plain_chain = resources.of_type(LISTENER_TYPE)["edge"].message.filter_chains
@@ -129,7 +129,7 @@ def test_trusted_sources_get_their_own_chain_and_routes_that_believe_the_tier_he
 
 
 def test_without_trusted_sources_one_chain_and_no_trusted_routes() -> None:
-    resources = translate_pop(example_desired(), "ewr", {}, Capabilities())
+    resources = translate_pop(example_desired(), "ewr", Capabilities())
     assert list(resources.of_type(ROUTE_TYPE)) == ["edge"]
     (chain,) = resources.of_type(LISTENER_TYPE)["edge"].message.filter_chains
     assert not chain.HasField("filter_chain_match")
@@ -141,7 +141,7 @@ def test_hedging_tier_gets_envoys_hedge_policy_and_the_delay_as_per_try_timeout(
     tiers = tuple(dataclasses.replace(t, hedge_delay_ms=50) if t.name == "critical" else t
                   for t in group.tiers)
     desired = dataclasses.replace(desired, origin_groups=(dataclasses.replace(group, tiers=tiers),))
-    resources = translate_pop(desired, "ewr", {}, Capabilities())
+    resources = translate_pop(desired, "ewr", Capabilities())
     (vhost,) = resources.of_type(ROUTE_TYPE)["edge"].message.virtual_hosts
     assert vhost.include_request_attempt_count
     by_cluster = {r.route.cluster: r.route for r in vhost.routes}

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from control_plane.app.envoy_process import find_envoy, validate_bootstrap
+from control_plane.cli.envoy_validate import find_envoy, validate_bootstrap
 from control_plane.desired import load_desired
 from control_plane.desired.model import TierActions
-from control_plane.translate import static_bootstrap, translate_pop
+from control_plane.translate import PopIntent, static_bootstrap, translate_pop
 from control_plane.translate.resources import Capabilities
-from tests.support.models import example_desired
+from harness.models import example_desired
 
 
 def test_eds_becomes_static_with_inlined_endpoints_and_routes() -> None:
-    bootstrap = static_bootstrap(translate_pop(example_desired(), "sjc", {}, Capabilities()))
+    bootstrap = static_bootstrap(translate_pop(example_desired(), "sjc", Capabilities()))
     assert bootstrap["node"]["locality"] == {"zone": "sjc"}
     assert bootstrap["admin"]["address"]["socket_address"] == {
         "address": "127.0.0.1",
@@ -40,7 +40,7 @@ def test_eds_becomes_static_with_inlined_endpoints_and_routes() -> None:
 def test_real_envoy_accepts_every_pop_with_fifo(pop: str) -> None:
     find_envoy()
     ok, output = validate_bootstrap(
-        static_bootstrap(translate_pop(example_desired(), pop, {}, Capabilities()))
+        static_bootstrap(translate_pop(example_desired(), pop, Capabilities()))
     )
     assert ok, output
     assert "OK" in output
@@ -50,7 +50,7 @@ def test_real_envoy_accepts_every_pop_with_fifo(pop: str) -> None:
 def test_real_envoy_1_40_rejects_adaptive_lifo_so_field_62_reaches_it() -> None:
     find_envoy()
     ok, output = validate_bootstrap(
-        static_bootstrap(translate_pop(example_desired(), "ewr", {}, Capabilities(True)))
+        static_bootstrap(translate_pop(example_desired(), "ewr", Capabilities(True)))
     )
     assert not ok
     assert "envoy.extensions.queue_policy.adaptive_lifo.v3.AdaptiveLifoQueuePolicyConfig" in output
@@ -61,7 +61,8 @@ def test_real_envoy_accepts_a_weight_of_zero() -> None:
     find_envoy()
     weights = {"shop": {"primary": 0, "secondary": 100}}
     ok, output = validate_bootstrap(
-        static_bootstrap(translate_pop(example_desired(), "ewr", weights, Capabilities()))
+        static_bootstrap(translate_pop(example_desired(), "ewr", Capabilities(),
+                                       PopIntent(weights=weights)))
     )
     assert ok, output
 
@@ -77,6 +78,7 @@ def test_real_envoy_accepts_tier_actions_of_the_example(actions: TierActions) ->
     desired = load_desired("examples/desired.yaml")
     assert desired.group("shop").tier_actions.actions() == TierActions()
     ok, output = validate_bootstrap(
-        static_bootstrap(translate_pop(desired, "ewr", {}, Capabilities(), {"shop": actions}))
+        static_bootstrap(translate_pop(desired, "ewr", Capabilities(),
+                                       PopIntent(tier_actions={"shop": actions})))
     )
     assert ok, output

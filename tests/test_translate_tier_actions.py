@@ -9,7 +9,7 @@ from envoy.config.route.v3.route_components_pb2 import Route
 
 from control_plane.app.server import intent_and_cache
 from control_plane.desired.model import TierActions
-from control_plane.translate import translate_pop
+from control_plane.translate import PopIntent, translate_pop
 from control_plane.translate.resources import (
     CLUSTER_TYPE,
     ENDPOINT_TYPE,
@@ -17,11 +17,12 @@ from control_plane.translate.resources import (
     RUNTIME_TYPE,
     Capabilities,
 )
-from tests.support.models import example_desired, shop_group
+from harness.models import example_desired, shop_group
 
 
 def routes(pop: str = "ewr", actions: dict[str, TierActions] | None = None) -> dict[str, Route]:
-    resources = translate_pop(example_desired(), pop, {}, Capabilities(), actions)
+    resources = translate_pop(example_desired(), pop, Capabilities(),
+                              PopIntent(tier_actions=actions or {}))
     (vhost,) = resources.of_type(ROUTE_TYPE)["edge"].message.virtual_hosts
     return {route.name: route for route in vhost.routes}
 
@@ -78,8 +79,9 @@ def test_each_action_can_be_off() -> None:
 
 def test_only_routes_change_and_other_pops_are_untouched() -> None:
     desired = example_desired()
-    plain = translate_pop(desired, "ewr", {}, Capabilities())
-    acting = translate_pop(desired, "ewr", {}, Capabilities(), {"shop": TierActions()})
+    plain = translate_pop(desired, "ewr", Capabilities())
+    acting = translate_pop(desired, "ewr", Capabilities(),
+                           PopIntent(tier_actions={"shop": TierActions()}))
     for kind in (CLUSTER_TYPE, ENDPOINT_TYPE):
         assert plain.type_version(kind) == acting.type_version(kind)
     assert plain.type_version(ROUTE_TYPE) != acting.type_version(ROUTE_TYPE)
@@ -130,8 +132,8 @@ def test_each_shed_action_of_a_tier_shed_for_utilization(
         for t in shop_group().tiers))
     actions = TierActions(demote_tier=None, demote_to=None, demote_share=0, shed_tier=None,
                           retry_after_s=60, shed_tiers=("normal",))
-    resources = translate_pop(example_desired(group), "ewr", {}, Capabilities(),
-                              {"shop": actions})
+    resources = translate_pop(example_desired(group), "ewr", Capabilities(),
+                              PopIntent(tier_actions={"shop": actions}))
     (vhost,) = resources.of_type(ROUTE_TYPE)["edge"].message.virtual_hosts
     route = {r.name: r for r in vhost.routes}["x-prefetch"]
     assert route.direct_response.status == status
@@ -144,9 +146,9 @@ def test_each_shed_action_of_a_tier_shed_for_utilization(
 def test_lent_limits_travel_as_runtime_overrides_and_never_touch_the_clusters() -> None:
     actions = TierActions(demote_tier=None, demote_to=None, demote_share=0, shed_tier=None,
                           limits=(("background", 57),))
-    plain = translate_pop(example_desired(), "ewr", {}, Capabilities())
-    lent = translate_pop(example_desired(), "ewr", {}, Capabilities(), {"shop": actions},
-                         previous=plain)
+    plain = translate_pop(example_desired(), "ewr", Capabilities())
+    lent = translate_pop(example_desired(), "ewr", Capabilities(),
+                         PopIntent(tier_actions={"shop": actions}), previous=plain)
     assert dict(plain.of_type(RUNTIME_TYPE)["ballast_tiers"].message.layer) == {}
     assert dict(lent.of_type(RUNTIME_TYPE)["ballast_tiers"].message.layer) == {
         "circuit_breakers.shop.background.default.max_connections": 57,
@@ -154,6 +156,7 @@ def test_lent_limits_travel_as_runtime_overrides_and_never_touch_the_clusters() 
     }
     for name, cluster in plain.of_type(CLUSTER_TYPE).items():  # no cluster rebuilt
         assert lent.of_type(CLUSTER_TYPE)[name] is cluster
-    full = translate_pop(example_desired(), "ewr", {}, Capabilities(), {"shop": actions})
+    full = translate_pop(example_desired(), "ewr", Capabilities(),
+                         PopIntent(tier_actions={"shop": actions}))
     assert full.of_type(RUNTIME_TYPE)["ballast_tiers"].payload == lent.of_type(
         RUNTIME_TYPE)["ballast_tiers"].payload

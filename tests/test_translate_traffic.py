@@ -17,11 +17,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from control_plane.app.envoy_process import EnvoyProcess, find_envoy, free_port
+from control_plane.cli.envoy_validate import find_envoy
 from control_plane.desired.model import Desired, Origin, TierActions
-from control_plane.translate import static_bootstrap, translate_pop
+from control_plane.translate import PopIntent, static_bootstrap, translate_pop
 from control_plane.translate.resources import Capabilities
-from tests.support.models import example_desired, shop_group
+from harness.envoy_process import EnvoyProcess, free_port
+from harness.models import example_desired, shop_group
 
 pytestmark = pytest.mark.envoy
 
@@ -106,7 +107,8 @@ def test_classification_and_weight_zero_with_real_traffic(origins: Origins) -> N
     find_envoy()
     desired = desired_on_free_ports(origins)
     weights = {"shop": {"primary": 0, "secondary": 100}}
-    bootstrap = static_bootstrap(translate_pop(desired, "ewr", weights, Capabilities()))
+    bootstrap = static_bootstrap(translate_pop(desired, "ewr", Capabilities(),
+                                               PopIntent(weights=weights)))
     admin_port = free_port()
     bootstrap["admin"]["address"]["socket_address"]["port_value"] = admin_port
     port = desired.listeners[0].port
@@ -134,8 +136,9 @@ def test_tier_actions_shed_and_demote_in_one_pop_only(origins: Origins) -> None:
     desired = desired_on_free_ports(origins)
     port = desired.listeners[0].port
     envoys = {}
-    for pop, actions in (("ewr", {"shop": TierActions()}), ("sjc", None)):
-        bootstrap = static_bootstrap(translate_pop(desired, pop, {}, Capabilities(), actions))
+    for pop, actions in (("ewr", {"shop": TierActions()}), ("sjc", {})):
+        bootstrap = static_bootstrap(translate_pop(desired, pop, Capabilities(),
+                                                   PopIntent(tier_actions=actions)))
         admin_port = free_port()
         bootstrap["admin"]["address"]["socket_address"]["port_value"] = admin_port
         envoys[pop] = EnvoyProcess(bootstrap, admin_port).start()

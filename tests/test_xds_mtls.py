@@ -16,17 +16,17 @@ import pytest
 from cryptography import x509
 
 from control_plane.ads.limits import AdsLimits
-from control_plane.app.envoy_process import free_port
 from control_plane.app.server import BallastServer
 from control_plane.cli.main import main
 from control_plane.security.cert_dir import CertDir, Pair, write_pair
 from control_plane.security.certs import Issued, issue_server, make_ca
 from control_plane.security.tls import ReloadingCredentials, TlsFiles
 from control_plane.translate.resources import CLUSTER_TYPE
+from harness.ads_desired import desired
+from harness.envoy_process import free_port
+from harness.models import example_desired
+from harness.xds_client import XdsClient, make_node
 from tests.support.admin_stack import connect_node, start_stack
-from tests.support.ads_desired import desired
-from tests.support.models import example_desired
-from tests.support.xds_client import XdsClient, make_node
 
 Records = list[tuple[str, dict[str, Any]]]
 
@@ -90,7 +90,7 @@ async def test_node_with_matching_certificate_gets_its_config(
         client = await XdsClient(ch, make_node("ewr-7", "ewr")).start()
         await first_response(client)
         assert client.error is None
-        assert [s.node_id for s in server.nodes.snapshot()] == ["ewr-7"]
+        assert [s.node_id for s in server.nodes.statuses()] == ["ewr-7"]
         await client.close()
 
 
@@ -126,7 +126,7 @@ async def test_identity_mismatch_is_permission_denied_with_a_short_record(
     assert why in refused["reason"]
     assert refused["node"] == claims[1]  # within the node-id bound, checked before this
     assert len(refused["reason"]) <= 300
-    assert server.nodes.snapshot() == []
+    assert server.nodes.statuses() == []
 
 
 async def test_certificate_without_a_node_identity_is_refused(
@@ -156,7 +156,7 @@ async def test_no_client_certificate_or_plaintext_gets_no_stream(
                 await first_response(client)
             assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
             await client.close()
-    assert server.nodes.snapshot() == []
+    assert server.nodes.statuses() == []
     assert records == []  # refused by the TLS layer, before any request is read
 
 
@@ -177,7 +177,7 @@ async def test_newer_stream_with_the_same_node_id_wins(certs: CertDir, tls: bool
         async with open_channel() as old_ch, open_channel() as new_ch:
             older = await XdsClient(old_ch, make_node("twin", "ewr")).start()
             await first_response(older)
-            (first,) = server.nodes.snapshot()
+            (first,) = server.nodes.statuses()
             newer = await XdsClient(new_ch, make_node("twin", "ewr")).start()
             await first_response(newer)
             await asyncio.wait_for(older.done.wait(), 5)
@@ -185,7 +185,7 @@ async def test_newer_stream_with_the_same_node_id_wins(certs: CertDir, tls: bool
             assert older.error.code() == grpc.StatusCode.ABORTED
             assert "newer stream" in (older.error.details() or "")
             assert newer.error is None
-            (now,) = server.nodes.snapshot()  # the id once, the newer stream
+            (now,) = server.nodes.statuses()  # the id once, the newer stream
             assert now.node_id == "twin" and now.stream != first.stream
             (superseded,) = [f for kind, f in records if kind == "node_superseded"]
             assert superseded["closed_stream"] == first.stream

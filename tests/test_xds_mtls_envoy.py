@@ -7,23 +7,23 @@ without a client certificate never gets past the TLS handshake.
 
 from __future__ import annotations
 
-import time
 import urllib.error
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from control_plane.app.envoy_process import EnvoyProcess, free_port
 from control_plane.app.server import BallastServer
 from control_plane.observe.sink import SinkStore, add_metrics_service
 from control_plane.security.cert_dir import CertDir
 from control_plane.security.peer import check_node_peer, peer_pop
 from control_plane.security.tls import ReloadingCredentials, TlsFiles
 from control_plane.translate.bootstrap import XdsClientTls, ads_bootstrap
-from tests.support.ads_desired import desired
-from tests.support.background_loop import BackgroundLoop
+from harness.ads_desired import desired
+from harness.background_loop import BackgroundLoop
+from harness.envoy_process import EnvoyProcess, free_port
+from harness.eventually import eventually_blocking
 
 pytestmark = pytest.mark.envoy
 
@@ -39,7 +39,7 @@ class Stack:
     sink: SinkStore
 
     def nodes(self) -> list[dict[str, Any]]:
-        return [s.as_dict() for s in self.bg.call(self.ballast.nodes.snapshot)]
+        return [s.as_dict() for s in self.bg.call(self.ballast.nodes.statuses)]
 
     def bootstrap(
         self, pop: str, node_id: str, tls: XdsClientTls, *, delta: bool = False
@@ -56,15 +56,6 @@ class Stack:
 
 def envoy(bootstrap: dict[str, Any]) -> EnvoyProcess:
     return EnvoyProcess(bootstrap, bootstrap["admin"]["address"]["socket_address"]["port_value"])
-
-
-def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"not within {timeout}s: {what}")
 
 
 def stat(envoy: EnvoyProcess, name: str) -> int:
@@ -125,12 +116,12 @@ def test_envoy_with_its_own_certificate_acks_everything(stack: Stack, mode: str)
             return (len(mine) == 1 and mine[0]["status"] == "SYNCED"
                     and mine[0]["mode"] == mode and set(mine[0]["types"]) == TYPES)
 
-        wait_until(synced, 5, f"{node} SYNCED on CDS, EDS, LDS, RDS over mTLS")
+        eventually_blocking(synced, 5, f"{node} SYNCED on CDS, EDS, LDS, RDS over mTLS")
         assert stat(proxy, "control_plane.connected_state") == 1
         assert "shop.critical" in dynamic_clusters(proxy)
         assert stat(proxy, "cluster.ballast_xds.ssl.handshake") >= 1
         # its stats arrive over the same mTLS port, as its own node and PoP
-        wait_until(lambda: stack.bg.call(stack.sink.nodes).get(node) == "ewr", 5,
+        eventually_blocking(lambda: stack.bg.call(stack.sink.nodes).get(node) == "ewr", 5,
                    f"{node}'s metrics_service stream")
 
 
@@ -145,7 +136,7 @@ def test_envoy_with_a_certificate_of_another_pop_is_refused_and_gets_nothing(
             return [f for kind, f in list(stack.records)
                     if kind == "node_refused" and f["node"] == "ewr-2"]
 
-        wait_until(lambda: bool(refused()), 10, "a node_refused record for ewr-2")
+        eventually_blocking(lambda: bool(refused()), 10, "a node_refused record for ewr-2")
         record = refused()[0]
         assert record["pop"] == "ewr"
         assert "PoP 'sjc'" in record["reason"] and "'ewr'" in record["reason"]
@@ -162,8 +153,8 @@ def test_envoy_without_a_client_certificate_is_refused_at_the_handshake(stack: S
     (xds,) = bootstrap["static_resources"]["clusters"]
     del xds["transport_socket"]["typed_config"]["common_tls_context"]["tls_certificates"]
     with envoy(bootstrap) as proxy:
-        wait_until(lambda: admin_up(proxy), 10, "Envoy's admin API up")
-        wait_until(lambda: stat(proxy, "cluster.ballast_xds.upstream_cx_connect_fail")
+        eventually_blocking(lambda: admin_up(proxy), 10, "Envoy's admin API up")
+        eventually_blocking(lambda: stat(proxy, "cluster.ballast_xds.upstream_cx_connect_fail")
                    + stat(proxy, "cluster.ballast_xds.upstream_cx_destroy") >= 2,
                    10, "two failed connections to Ballast")
         assert dynamic_clusters(proxy) == []

@@ -21,8 +21,8 @@ from bench.scenarios.stack import (
     failover_bootstrap,
     priority_bootstrap,
 )
-from control_plane.app.envoy_process import free_port
 from control_plane.decisions.read import iter_records, record_time
+from harness.envoy_process import free_port
 
 # decision records drawn on the time axis (weights, ramps, tier actions); routine ones are not
 LOAD_PERIOD_S = 0.1  # origin load sampling; its lateness is the bench process's own lag

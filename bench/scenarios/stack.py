@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from bench.scenarios.timers import compressed, duration, envoy_duration
-from control_plane.app.envoy_process import EnvoyProcess, free_port, stop_group
 from control_plane.translate.bootstrap import ads_bootstrap
+from harness.envoy_process import EnvoyProcess, free_port, stop_group
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = "shop.critical"  # Ballast's weights are the same in every tier cluster of the group

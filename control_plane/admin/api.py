@@ -290,12 +290,12 @@ class AdminApi:
     async def status(self, request: web.Request) -> web.Response:
         summary = dict(self._status())
         summary["ready"] = self._ready()
-        summary["nodes"] = node_counts(self.nodes.snapshot(), self.intent.desired.pop_names)
+        summary["nodes"] = node_counts(self.nodes.statuses(), self.intent.desired.pop_names)
         summary["tier_actions"] = tier_actions_json(active_tier_actions(self.intent))
         return web.json_response(summary)
 
     async def list_nodes(self, request: web.Request) -> web.Response:
-        return web.json_response({"nodes": _sorted_nodes(self.nodes.snapshot())})
+        return web.json_response({"nodes": _sorted_nodes(self.nodes.statuses())})
 
     async def node(self, request: web.Request) -> web.Response:
         node_id = request.match_info["node_id"]
@@ -383,7 +383,7 @@ class AdminApi:
                 return capabilities_for_key(asked), "caps parameter"
             except ValueError as err:
                 raise BadQuery(f"caps: {err}") from None
-        key = most_common_key(s.capability_key for s in self.nodes.snapshot() if s.pop == pop)
+        key = most_common_key(s.capability_key for s in self.nodes.statuses() if s.pop == pop)
         if key is not None:
             return capabilities_for_key(key), f"most connected nodes of PoP {pop}"
         effective = self.cache.effective_capabilities(pop, Capabilities())

@@ -192,7 +192,7 @@ class Dashboard:
             return missing
         desired = self.intent.desired
         weights = {pop: {g.name: self.intent.weights(pop, g.name) for g in desired.origin_groups}}
-        body = pop_view(desired, pop, self.nodes.snapshot(pop), weights,
+        body = pop_view(desired, pop, self.nodes.statuses(pop), weights,
                         self.intent.all_tier_actions())
         return web.json_response(body)
 

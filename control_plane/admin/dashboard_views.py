@@ -4,7 +4,7 @@
   their last message; groups away from their home weights; active tier actions), the
   desired-state version in force and the last ``config_applied`` / ``config_rejected``.
   Its size grows with PoPs and groups away from home, not with nodes or the log.
-- ``pop_view``: one PoP's nodes (`NodeRegistry.snapshot(pop)`) in full and every group's
+- ``pop_view``: one PoP's nodes (`NodeRegistry.statuses(pop)`) in full and every group's
   weights, home and tier actions.
 - ``timeline``: one (PoP, group)'s weights and health scores over a range, from the decision
   records of that range, with the thresholds to draw as reference lines.

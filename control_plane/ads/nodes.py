@@ -1,6 +1,6 @@
 """Registry of connected nodes: who is connected, what it was sent, what it ACKed or rejected.
 
-Plain data out (`snapshot()`), for the admin API and the tests. Status per type: SYNCED when the
+Plain data out (`statuses()`), for the admin API and the tests. Status per type: SYNCED when the
 last response sent was ACKed, NACKED when it was rejected, STALE while it awaits an answer.
 """
 
@@ -218,7 +218,7 @@ class NodeRegistry:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def snapshot(self, pop: str | None = None) -> list[NodeStatus]:
+    def statuses(self, pop: str | None = None) -> list[NodeStatus]:
         """Every stream's status, or only those of `pop`."""
         return [e.status() for e in self._entries.values() if pop is None or e.pop == pop]
 

@@ -70,8 +70,9 @@ ADS_SERVICE = "envoy.service.discovery.v3.AggregatedDiscoveryService"
 def server_options(limits: AdsLimits = DEFAULT_LIMITS) -> tuple[tuple[str, int], ...]:
     """grpc.aio server options: keepalive tolerance and the per-connection bounds."""
     return (
-        # Envoy's xDS cluster may ping every few seconds (edge.yaml: HTTP/2 keepalive 30 s);
-        # without these a gRPC server answers pings with GOAWAY too_many_pings (NOTES.md).
+        # Envoy's xDS cluster may ping every few seconds (the edge bootstrap: HTTP/2
+        # keepalive 30 s); without these a gRPC server answers pings with GOAWAY
+        # too_many_pings (docs/architecture.md, "gRPC and the fan-out floor").
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.min_ping_interval_without_data_ms", 1000),
         ("grpc.http2.max_ping_strikes", 0),

@@ -199,6 +199,11 @@ class SnapshotCache(Generic[S]):
 
         return prepare
 
+    def changed(self, prepared: Prepared[S]) -> frozenset[str]:
+        """The PoPs whose entries `prepared` changes (as `commit` would find them, unless
+        entries changed after `prepare` read the cache)."""
+        return prepared.changed
+
     def commit(self, prepared: Prepared[S], source: S) -> frozenset[str]:
         """Swap in what `prepare` made, with `source` as the cache's source (the prepared one
         with whatever changed since applied to it). PoPs whose entries changed after `prepare`

@@ -14,14 +14,17 @@ of the current policy (or none) are set on the intent owner, which pushes RDS wh
 change. Without a tier source, or when it fails, the tier actions hold.
 
 Each (PoP, group) is reconciled on its own (controller-runtime's per-key reconcile): an
-exception while deciding, logging or pushing one pair is written as a `reconcile_error` record
-for that pair, whose weights and actions hold, and every other pair steps in the same tick.
+exception while deciding or pushing one pair (its translation raises) is written as a
+`reconcile_error` record for that pair, whose weights and actions hold, and every other pair
+steps in the same tick. A log that cannot be written (a full disk) stops nothing: the decision
+recorder keeps the records until it can.
 
 The event loop does only what costs what changed. On a worker thread: every pair's steps, the
 quiet-run bookkeeping and the records to write (`PairDecision`), what changes in the running
-intent (`intent/steps.changes_of`: in a steady fleet, nothing), then the output of the PoPs
-that changed (an incremental translation). On the loop: one store write of the changed pairs,
-the records (only decisions and the ends of quiet runs), the fsync (on a thread, awaited) and
+intent (`intent/steps.changes_of`: in a steady fleet, nothing). Then the change transaction
+(`IntentOwner.change`, `intent/change.py`) publishes it: the output of the PoPs that changed
+(an incremental translation, on a worker thread), one store write of the changed pairs, the
+records (only decisions and the ends of quiet runs) with one fsync (on a thread, awaited), and
 the swap that pushes.
 """
 
@@ -31,7 +34,6 @@ import asyncio
 import logging
 import random
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -40,8 +42,9 @@ from control_plane.decide.controller import ControllerState, StepResult, step
 from control_plane.decide.ramp import RampResult, RampState, ramp_step
 from control_plane.decide.runs import END_KINDS, QuietRun, follow_run
 from control_plane.decide.tiers import TierState, TierStepResult, tier_step
-from control_plane.decisions.log import DecisionLog, Draft, draft
+from control_plane.decisions.log import Draft, draft
 from control_plane.desired.model import Desired, OriginGroup
+from control_plane.intent.change import Change, StaleChange, SwapFailed
 from control_plane.intent.owner import IntentOwner
 from control_plane.intent.running import RunningIntent
 from control_plane.intent.steps import PairStep, TickChanges, changes_of
@@ -59,7 +62,7 @@ from control_plane.translate.weights import check_group_weights
 log = logging.getLogger(__name__)
 
 GroupKey = tuple[str, str]  # (PoP, origin group)
-PHASES = {"decide": "deciding", "log": "logging", "push": "pushing"}
+PHASES = {"decide": "deciding", "push": "pushing"}
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,7 @@ class PairFailure:
 
     pop: str
     group: str
-    phase: str  # decide, log or push
+    phase: str  # decide or push
     error: str
 
 
@@ -113,7 +116,6 @@ class Reconciler:
         self,
         intent: IntentOwner,
         source: MetricSource,
-        decisions: DecisionLog,
         *,
         tier_source: TierSource | None = None,
         metrics: BallastMetrics | None = None,
@@ -121,9 +123,12 @@ class Reconciler:
         seed: int = 0,
         clock: Callable[[], int] = wall_ms,
     ) -> None:
+        if intent.recorder is None:
+            raise ValueError("the reconcile loop records its decisions: give the intent owner "
+                             "a decision recorder")
         self.intent = intent
+        self.recorder = intent.recorder
         self.source = source
-        self.decisions = decisions
         self.tier_source = tier_source
         self.metrics = metrics
         self.interval_override_ms = interval_ms
@@ -165,24 +170,36 @@ class Reconciler:
                 log.warning("metric source failed, holding weights: %s", err)
                 signals_by_window[window] = {}
         tiers_by_window = {window: await self._tier_signals(now, window) for window in windows}
-        if self.intent.desired is not desired:  # a reload landed while we were reading metrics
-            return []
         # every due pair's steps, its records and what changes: O(PoPs x groups), so on a
         # worker thread while the loop keeps serving, from the running intent as it is now;
-        # only this reconciler changes streaks and states, and a reload voids the tick
+        # only this reconciler changes streaks and states, and a reload (a new desired state
+        # since `desired` was read) makes the tick's change stale: it is dropped
         running = self.intent.intent
         plan = await asyncio.to_thread(lambda: self._plan([
             self._decide_one(running, pop, group, signals_by_window[group.failover.window_ms],
                              tiers_by_window[group.failover.window_ms], now, desired)
             for pop, group in due
         ], running, self._schedule(due, now)))
-        if self.intent.desired is not desired:
+        try:
+            async with self.intent.change() as change:
+                plan = await self._prepared(change, running, plan, desired)
+                change.record([*(self._failure(f, desired) for f in plan.failed),
+                               *plan.drafts])
+        except StaleChange:  # a reload landed since `desired` was read: the tick is void
             return []
-        plan, prepared = await self._prepare_output(running, plan)
-        async with self.intent.changing:  # a reload does not land between save and swap
-            if self.intent.desired is not desired:
-                return []
-            await self._persist_and_push(desired, plan, prepared)
+        except SwapFailed as err:  # saved, logged, not pushed: the store was put back
+            log.exception("pushing the tick's changes failed")
+            changes = plan.changes
+            self.recorder.write([self._failure(PairFailure(pop, group, "push", str(err)), desired)
+                                 for pop, group in sorted({*changes.weights,
+                                                           *changes.tier_actions})])
+            await self.recorder.sync()
+        else:
+            if self.metrics is not None:
+                for (pop, group), weights in plan.changes.weights.items():
+                    for origin, weight in weights.items():
+                        self.metrics.weight.labels(pop, group, origin).set(weight)
+        self._runs = plan.runs
         self._due = plan.schedule
         self._next_due = min(plan.schedule.values(), default=0)
         if self.metrics is not None:
@@ -203,26 +220,23 @@ class Reconciler:
         return TickPlan(decided, failed, changes_of(running, [d.step for d in decided]), runs,
                         drafts, schedule)
 
-    async def _prepare_output(self, running: RunningIntent, plan: TickPlan,
-                              ) -> tuple[TickPlan, Any]:
-        """The output of the PoPs the tick changes, built on a worker thread. A PoP whose
-        translation raises fails its pairs (phase push: nothing of them saved or pushed) and
-        the others go on."""
-        build = self.intent.prepare_changes(running, plan.changes)
-        if build is None:
-            return plan, None
+    async def _prepared(self, change: Change, running: RunningIntent, plan: TickPlan,
+                        desired: Desired) -> TickPlan:
+        """The tick's changes stated on `change` and their output built (on a worker thread).
+        A PoP whose translation raises fails its pairs (phase push: nothing of them saved or
+        pushed) and the others go on."""
+        change.steps(plan.changes, planned_for=desired)
         try:
-            return plan, await asyncio.to_thread(build)
+            await change.prepare()
+            return plan
         except Exception:
             log.exception("building the output of the tick's PoPs failed; trying each PoP")
         broken: dict[str, str] = {}
         for pop in sorted(plan.changes.pops):
             alone = [d for d in plan.decided if d.outcome.pop == pop]
-            one = self.intent.prepare_changes(running, changes_of(running, [d.step for d in alone]))
-            if one is None:
-                continue
+            change.steps(changes_of(running, [d.step for d in alone]), planned_for=desired)
             try:
-                await asyncio.to_thread(one)
+                await change.prepare()
             except Exception as err:
                 broken[pop] = f"{type(err).__name__}: {err}"
         kept = [d for d in plan.decided if d.outcome.pop not in broken]
@@ -231,8 +245,8 @@ class Reconciler:
                                   for d in plan.decided if d.outcome.pop in broken)]
         plan = await asyncio.to_thread(lambda: self._plan([*kept, *failed], running,
                                                           plan.schedule))
-        build = self.intent.prepare_changes(running, plan.changes)
-        return plan, None if build is None else await asyncio.to_thread(build)
+        change.steps(plan.changes, planned_for=desired)
+        return plan
 
     async def _tier_signals(self, now: int, window: int) -> TierSignals | None:
         """None (tier actions hold) without a tier source or when it fails."""
@@ -307,40 +321,13 @@ class Reconciler:
         )
         return TickOutcome(pop, group.name, result, tiers, ramp)
 
-    async def _persist_and_push(self, desired: Desired, plan: TickPlan, prepared: Any) -> None:
-        """State saved, then every record of the tick written and made durable at once, then
-        the changes applied and pushed; a pair whose logging raises is recorded as failed and
-        the others go on."""
-        changes = plan.changes
-        await self.intent.save_changes(changes, desired)
-        for failure in plan.failed:
-            self._record_failure(failure, desired)
-        self._write_records(plan, desired)
-        # durable before anything is pushed; the fsync waits on a thread, not on the loop
-        await self.decisions.sync_in_thread()
-        self._runs = plan.runs
-        try:
-            self.intent.apply_changes(changes, prepared)
-        except Exception as err:
-            log.exception("pushing the tick's changes failed")
-            for pop, group in sorted({*changes.weights, *changes.tier_actions}):
-                self._record_failure(PairFailure(pop, group, "push",
-                                                 f"{type(err).__name__}: {err}"), desired)
-            await self.decisions.sync_in_thread()
-            return
-        if self.metrics is not None:
-            for (pop, group), weights in changes.weights.items():
-                for origin, weight in weights.items():
-                    self.metrics.weight.labels(pop, group, origin).set(weight)
-
-    def _record_failure(self, failure: PairFailure, desired: Desired) -> None:
+    def _failure(self, failure: PairFailure, desired: Desired) -> Draft:
+        """The `reconcile_error` record of a pair that failed."""
         held = {"decide": "its weights and tier actions hold",
-                "log": "what it decided is saved and pushed, not logged",
                 "push": "what it decided is not pushed; its next tick decides again"}[
                     failure.phase]
-        self.decisions.record(
+        return draft(
             "reconcile_error",
-            durable=False,  # made durable by the tick's sync
             pop=failure.pop,
             group=failure.group,
             config_version=desired.digest[:16],
@@ -348,8 +335,6 @@ class Reconciler:
             f"{PHASES[failure.phase]}: {failure.error}; {held}; the other pairs went on",
             detail={"phase": failure.phase, "error": failure.error},
         )
-        if self.metrics is not None:
-            self.metrics.decisions.labels("reconcile_error").inc()
 
     def _records(self, outcome: TickOutcome, desired: Desired, now: int,
                  ) -> tuple[tuple[Draft, ...], QuietRun | None]:
@@ -376,33 +361,6 @@ class Reconciler:
         version = desired.digest[:16]
         return tuple(draft(kind, pop=outcome.pop, group=outcome.group, config_version=version,
                            **fields) for kind, fields in records), run.run
-
-    def _write_records(self, plan: TickPlan, desired: Desired) -> None:
-        """Every record of the tick in one write, made durable by the tick's one sync (before
-        the push). If that write fails, each pair's records are written on their own, and a
-        pair whose records cannot be is recorded as failed while the others go on."""
-        try:
-            self.decisions.write_drafts(plan.drafts, durable=False)
-        except Exception:
-            log.exception("writing the tick's records failed; writing each pair's on its own")
-        else:
-            self._count(plan.drafts)
-            return
-        for decision in plan.decided:
-            try:
-                self.decisions.write_drafts(decision.records, durable=False)
-            except Exception as err:
-                outcome = decision.outcome
-                log.exception("logging %s/%s failed", outcome.pop, outcome.group)
-                self._record_failure(PairFailure(outcome.pop, outcome.group, "log",
-                                                 f"{type(err).__name__}: {err}"), desired)
-            else:
-                self._count(decision.records)
-
-    def _count(self, drafts: list[Draft] | tuple[Draft, ...]) -> None:
-        if self.metrics is not None:
-            for kind, count in Counter(made.kind for made in drafts).items():
-                self.metrics.decisions.labels(kind).inc(count)
 
     def defer_all(self, now_ms: int) -> None:
         """Every pair's next step one interval from `now_ms` (a new leader: the last one may

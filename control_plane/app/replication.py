@@ -29,7 +29,7 @@ from typing import Any
 from control_plane.app.leadership import LeaderElection
 from control_plane.app.reconcile import Reconciler
 from control_plane.app.tasks import cancel_all
-from control_plane.decisions.log import DecisionLog
+from control_plane.decisions.recorder import DecisionRecorder
 from control_plane.intent.etcd_store import EtcdStore, Leadership, StoreUnavailable
 from control_plane.intent.owner import IntentOwner
 from control_plane.intent.replicated_store import ReplicatedStore, snapshot_of
@@ -48,18 +48,19 @@ class Replication:
         *,
         ttl_s: int,
         owner: Callable[[], IntentOwner],
-        decisions: DecisionLog,
+        recorder: DecisionRecorder,
         reconciler: Callable[[], Reconciler],
         info: dict[str, Any],
-        record: Callable[..., None],
         metrics: BallastMetrics | None = None,
+        survey_s: float = 1.0,
     ) -> None:
         self.etcd = etcd
+        self.survey_s = survey_s
         self.replica_id = replica_id
         self._owner = owner
-        self.decisions = decisions
+        self.recorder = recorder
+        self.decisions = recorder.log
         self._reconciler = reconciler
-        self._record = record
         self._metrics = metrics
         self.election = LeaderElection(
             etcd, replica_id, ttl_s, info=info, on_change=self._leadership_changed
@@ -74,8 +75,9 @@ class Replication:
         self._queued = asyncio.Event()
         self._dropped = 0
         self._values: dict[str, Any] = {}
-        decisions.origin = {"replica": replica_id}
-        decisions.add_listener(self._queue_record)
+        self._membership_changed = asyncio.Event()
+        self.decisions.origin = {"replica": replica_id}
+        self.decisions.add_listener(self._queue_record)
 
     # -- the faces -------------------------------------------------------------------------
 
@@ -104,16 +106,19 @@ class Replication:
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    def start(self) -> None:
+    async def start(self) -> None:
         self._spawn(self.election.run())
         self._spawn(self._mirror())
         self._spawn(self._forward())
-        self._spawn(self._survey())
+        self._spawn(self._survey(self.survey_s))
 
-    async def _survey(self, every_s: float = 1.0) -> None:
+    async def _survey(self, every_s: float) -> None:
         """Who leads and which replicas are registered, for status (never awaited by it), and
-        this replica's role in /metrics."""
+        this replica's role in /metrics: read again as soon as the intent watch sees the leader
+        key or a registration change (else a follower's status would name no leader, or miss
+        a replica, for up to `every_s` after an election), and every `every_s` anyway."""
         while True:
+            self._membership_changed.clear()
             with contextlib.suppress(StoreUnavailable):
                 self.leader = await self.etcd.leader()
                 self.replicas = sorted(await self.etcd.replicas(),
@@ -123,7 +128,8 @@ class Replication:
                 self._metrics.replica_leading.labels(me).set(self.term is not None)
                 self._metrics.leader_term.labels(me).set(self.term or 0)
                 self._metrics.intent_store_reachable.labels(me).set(self.election.reachable)
-            await asyncio.sleep(every_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._membership_changed.wait(), every_s)
 
     async def stop(self) -> None:
         await self._stop_reconciling()
@@ -140,29 +146,30 @@ class Replication:
         if lead is None:
             await self._stop_reconciling()
             if self.term is not None:
-                self._record("leader_lost", rule=f"replica {self.replica_id} stopped "
-                             f"reconciling term {self.term}: {why}",
-                             detail={"replica": self.replica_id, "term": self.term})
+                self.recorder.record("leader_lost", rule=f"replica {self.replica_id} stopped "
+                                     f"reconciling term {self.term}: {why}",
+                                     detail={"replica": self.replica_id, "term": self.term})
             self.decisions.origin = {"replica": self.replica_id}
-            self._adopt_after_leading()
+            await self._adopt_after_leading()
             return
         self.term = lead.term
         self.decisions.origin = {"replica": self.replica_id, "term": lead.term}
         # the whole intent read back (a StoreUnavailable here drops the leadership again)
         snapshot = await self.store.read()
-        self._owner().adopt(snapshot, where=self.store.where)
+        await self._owner().adopt(snapshot, where=self.store.where)
         reconciler = self._reconciler()
         reconciler.defer_all(reconciler.clock())
-        self._record("leader_elected", rule=f"replica {self.replica_id} leads term {lead.term}: "
-                     f"reconciling from the intent in etcd", detail={
-                         "replica": self.replica_id, "term": lead.term,
-                         "pairs_restored": len(snapshot.groups)})
+        self.recorder.record(
+            "leader_elected", rule=f"replica {self.replica_id} leads term {lead.term}: "
+            "reconciling from the intent in etcd", detail={
+                "replica": self.replica_id, "term": lead.term,
+                "pairs_restored": len(snapshot.groups)})
         self._loop_task = asyncio.create_task(reconciler.run())
 
-    def _adopt_after_leading(self) -> None:
+    async def _adopt_after_leading(self) -> None:
         """A former leader takes what etcd holds (its own last writes, or a new leader's)."""
         self.term = None
-        self._adopt()
+        await self._adopt()
 
     async def _stop_reconciling(self) -> None:
         task, self._loop_task = self._loop_task, None
@@ -178,7 +185,8 @@ class Replication:
             try:
                 revision, values = await self.etcd.load()
                 self._values = values
-                self._adopt()
+                self._membership_changed.set()  # what changed before the watch: surveyed now
+                await self._adopt()
                 await self._follow(revision + 1)
             except StoreUnavailable as err:
                 log.debug("intent watch: %s", err)
@@ -210,18 +218,21 @@ class Replication:
                         raise item
                     changed = self._take(item) or changed
                 if changed:
-                    self._adopt()
+                    await self._adopt()
         finally:  # bounded: the watch's clean-up talks to etcd, which may be gone
             reader.cancel()
             await asyncio.wait({reader}, timeout=5)
 
     def _take(self, event: Any) -> bool:
         """Apply one watch event to the mirrored values; True if the intent changed."""
+        if event.key == "leader" or event.key.startswith("replicas/"):
+            self._membership_changed.set()  # status shows the new leader or replica at once
+            return False
         if event.key.startswith("decisions/"):
             source = event.key.split("/")[1]
             if event.value is not None and source != self.replica_id:
                 try:
-                    self.decisions.append_replicated(event.value, durable=False)
+                    self.recorder.replicated(event.value)
                 except ValueError as err:
                     log.warning("ignored a replicated record: %s", err)
             return False
@@ -233,12 +244,13 @@ class Replication:
         self._values[key] = event.value
         return True
 
-    def _adopt(self) -> None:
-        """Followers only: the leader's own intent is ahead of what its watch has delivered."""
+    async def _adopt(self) -> None:
+        """Followers only: the leader's own intent is ahead of what its watch has delivered.
+        Through the change transaction, which saves nothing here (the leader saved it)."""
         if self.term is not None:
             return
         try:
-            pops = self._owner().adopt(snapshot_of(self._values, where=self.store.where),
+            pops = await self._owner().adopt(snapshot_of(self._values, where=self.store.where),
                                        where=self.store.where)
             log.debug("adopted the intent from etcd; output changed in %s",
                       ", ".join(sorted(pops)) or "no PoP")

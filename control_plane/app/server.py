@@ -20,6 +20,7 @@ from control_plane.ads.nodes import NodeRegistry
 from control_plane.ads.server import AdsServicer, server_options
 from control_plane.ads.snapshots import SnapshotCache
 from control_plane.app.ads_observer import AdsObserver, Record
+from control_plane.decisions.recorder import DecisionRecorder
 from control_plane.desired.model import Desired
 from control_plane.intent.owner import IntentOwner
 from control_plane.intent.running import RunningIntent
@@ -39,9 +40,7 @@ def translate_intent(
     """What nodes of `pop` with `caps` get under `intent`: its desired state, the weights, tier
     actions and cache-warming mirrors it holds for `pop`, translated (incrementally from
     `previous`, when given: byte-identical to the full translation)."""
-    return translate_pop(intent.desired, pop, intent.pop_weights(pop), caps,
-                         intent.pop_tier_actions(pop), previous=previous,
-                         mirrors=intent.pop_mirrors(pop))
+    return translate_pop(intent.desired, pop, caps, intent.for_pop(pop), previous=previous)
 
 
 def intent_pops(intent: RunningIntent) -> tuple[str, ...]:
@@ -49,11 +48,12 @@ def intent_pops(intent: RunningIntent) -> tuple[str, ...]:
 
 
 def intent_and_cache(
-    desired: Desired, *, store: IntentStore | None = None
+    desired: Desired, *, store: IntentStore | None = None,
+    recorder: DecisionRecorder | None = None,
 ) -> tuple[IntentOwner, SnapshotCache[RunningIntent]]:
-    """The intent owner and the output cache it publishes to, whose entries are the running
-    intent translated (`translate_intent`)."""
-    owner = IntentOwner(desired, store=store)
+    """The intent owner (saving to `store`, recording to `recorder`) and the output cache it
+    publishes to, whose entries are the running intent translated (`translate_intent`)."""
+    owner = IntentOwner(desired, store=store, recorder=recorder)
     cache = SnapshotCache(translate_intent, intent_pops, owner.intent)
     owner.connect(cache)
     return owner, cache
@@ -72,11 +72,12 @@ class BallastServer:
         limits: AdsLimits = DEFAULT_LIMITS,
         tls: ReloadingCredentials | None = None,
         store: IntentStore | None = None,
+        recorder: DecisionRecorder | None = None,
     ) -> None:
         self.xds_address = xds_address
         self.limits = limits
         self.tls = tls
-        self.intent, self.cache = intent_and_cache(desired, store=store)
+        self.intent, self.cache = intent_and_cache(desired, store=store, recorder=recorder)
         self.hub = PushHub(quiet=debounce, max_delay=max_delay)
         self.cache.add_listener(self.hub.changed)
         self.nodes = NodeRegistry()

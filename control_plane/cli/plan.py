@@ -2,17 +2,19 @@
 
 Against a running server (`--server`), the server's running intent (`/intent`) is carried over
 to FILE with the rule a reload applies (`intent/carry_over.py`); each PoP of FILE is rendered
-with it and the capability key its nodes get, and compared field by field with what the server
-serves now (`/resources`). With `--against OLD_FILE` two files are compared offline, both at
-their starting weights and Envoy 1.40's capabilities. Like `terraform plan -detailed-exitcode`:
-exit 0 = no changes, 2 = changes, 1 = an error (bad file or argument, server unreachable).
+with what it holds for the PoP (weights, tier actions, the cache-warming mirrors of its ramps:
+`RunningIntent.for_pop`, the same input the server translates) and the capability key its nodes
+get, and compared field by field with what the server serves now (`/resources`). With
+`--against OLD_FILE` two files are compared offline, both at their starting weights and Envoy
+1.40's capabilities. Like `terraform plan -detailed-exitcode`: exit 0 = no changes, 2 =
+changes, 1 = an error (bad file or argument, server unreachable).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -30,10 +32,9 @@ from control_plane.cli.translate_options import (
     release_capabilities,
 )
 from control_plane.desired import Desired
-from control_plane.desired.model import GroupWeights, TierActions
 from control_plane.intent.carry_over import carry_over
 from control_plane.intent.shown import intent_from_json
-from control_plane.translate import render_json, translate_pop
+from control_plane.translate import PopIntent, render_json, translate_pop
 from control_plane.translate.diff import (
     Rendering,
     ResourceChange,
@@ -135,8 +136,8 @@ def plan_files(old: Desired, new: Desired, pop: str | None) -> list[PopPlan]:
     basis = f"starting weights, Envoy {DEFAULT_ENVOY_RELEASE} capabilities ({caps.key})"
     plans = []
     for name in _pops(pop, old.pop_names, new.pop_names):
-        before = _render(old, name, {}, caps)
-        after = _render(new, name, {}, caps)
+        before = _render(old, name, caps)
+        after = _render(new, name, caps)
         plans.append(PopPlan(name, basis, diff_renderings(before, after)))
     return plans
 
@@ -167,22 +168,18 @@ def plan_against_server(client: AdminClient, new: Desired, pop: str | None) -> l
             for (p, _), why in sorted(carried.notes.items())
             if p == name
         )
-        intent = carried.intent
-        after = _render(new, name, intent.pop_weights(name), caps, intent.pop_tier_actions(name))
+        after = _render(new, name, caps, carried.intent.for_pop(name))
         plans.append(PopPlan(name, basis, diff_renderings(before, after), notes))
     return plans
 
 
-def _render(
-    desired: Desired,
-    pop: str,
-    weights: Mapping[str, GroupWeights],
-    caps: Capabilities,
-    tier_actions: Mapping[str, TierActions] | None = None,
-) -> dict[str, dict[str, Any]]:
+def _render(desired: Desired, pop: str, caps: Capabilities, intent: PopIntent | None = None
+            ) -> dict[str, dict[str, Any]]:
+    """`pop` translated under `intent` (what the running intent holds for it, mirrors
+    included: exactly what a reload would serve), rendered."""
     if pop not in desired.pop_names:
         return {}
-    return render_json(translate_pop(desired, pop, weights, caps, tier_actions or {}))
+    return render_json(translate_pop(desired, pop, caps, intent))
 
 
 def report(file: str, source: str, plans: list[PopPlan]) -> str:

@@ -16,6 +16,7 @@ from control_plane.cli.translate_options import (
 )
 from control_plane.translate import (
     ENVOY_RELEASES,
+    PopIntent,
     UnknownPop,
     WeightsError,
     render_json,
@@ -60,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
             else release_capabilities(args.envoy_version)
         )
         weights = parse_weights(args.weights) if args.weights else {}
-        resources = translate_pop(desired, args.pop, weights, caps)
+        resources = translate_pop(desired, args.pop, caps, PopIntent(weights=weights))
     except OptionError as err:
         print(f"ballast render: {err}", file=sys.stderr)
         return 2

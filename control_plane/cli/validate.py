@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from control_plane.app.envoy_process import EnvoyNotFound, find_envoy, validate_bootstrap
+from control_plane.cli.envoy_validate import EnvoyNotFound, find_envoy, validate_bootstrap
 from control_plane.cli.translate_options import (
     DEFAULT_ENVOY_RELEASE,
     OptionError,
@@ -25,7 +25,7 @@ from control_plane.cli.translate_options import (
     release_capabilities,
 )
 from control_plane.desired.warnings import desired_warnings
-from control_plane.translate import static_bootstrap, translate_pop
+from control_plane.translate import PopIntent, static_bootstrap, translate_pop
 
 HELP = "check a desired-state file; with an envoy binary, have Envoy validate every PoP"
 ENVOY_ERROR_CHARS = 600  # Envoy echoes the whole config in its error; keep the message part
@@ -82,18 +82,19 @@ def run(args: argparse.Namespace) -> int:
     # Every PoP as it starts, and as it is while adaptive tier actions are on (other routes).
     actions = {g.name: g.tier_actions.actions() for g in desired.origin_groups
                if g.tier_actions.enabled}
-    variants = [("", None)] + ([(" with tier actions on", actions)] if actions else [])
+    variants = [("", PopIntent())] + (
+        [(" with tier actions on", PopIntent(tier_actions=actions))] if actions else [])
     failed = 0
     for pop in desired.pop_names:
-        for label, active in variants:
-            resources = translate_pop(desired, pop, {}, caps, active)
+        for label, held in variants:
+            resources = translate_pop(desired, pop, caps, held)
             ok, output = validate_bootstrap(static_bootstrap(resources), binary)
             if ok:
                 print(f"pop {pop}{label}: OK (envoy {version})")
             else:
                 failed += 1
                 print(f"pop {pop}{label}: rejected by envoy {version}: {envoy_error(output)}")
-            if active is None:
+            if not label:
                 for note in resources.notes:
                     print(f"  note: {note}")
     return 1 if failed else 0

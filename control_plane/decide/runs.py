@@ -54,7 +54,7 @@ class QuietRun:
 
 
 @dataclass(frozen=True)
-class RunStep:
+class RunUpdate:
     """What one tick means for the log: write the tick's record or not; a run that ended."""
 
     run: QuietRun | None  # the run in progress after this tick
@@ -63,15 +63,15 @@ class RunStep:
 
 
 def follow_run(previous: QuietRun | None, result: StepResult, now_ms: int, *,
-               first_tick: bool) -> RunStep:
+               first_tick: bool) -> RunUpdate:
     """The run after `result`; `first_tick` is this process's first tick for the pair."""
     ended = previous if previous is not None and previous.logged else None
     if result.kind not in QUIET_KINDS:
-        return RunStep(None, True, ended)
+        return RunUpdate(None, True, ended)
     if previous is not None and (previous.kind, previous.reason) == (result.kind, result.reason):
         longer = QuietRun(previous.kind, previous.reason, previous.started_ms, previous.ticks + 1,
                           result.rule, now_ms, previous.logged)
-        return RunStep(longer, False, None)
+        return RunUpdate(longer, False, None)
     logged = not (result.kind == "steady" and first_tick)
     run = QuietRun(result.kind, result.reason, now_ms, 1, result.rule, now_ms, logged)
-    return RunStep(run, logged, ended)
+    return RunUpdate(run, logged, ended)

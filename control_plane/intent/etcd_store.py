@@ -265,7 +265,8 @@ class EtcdStore:
             raise await self._failed(err) from err
 
     async def watch_intent(self, start_revision: int) -> AsyncIterator[IntentEvent]:
-        """Every change under ``intent/`` and ``decisions/`` from ``start_revision`` on."""
+        """Every change under ``intent/`` and ``decisions/`` from ``start_revision`` on, and of
+        the membership (the ``leader`` key, ``replicas/``: value None, only that it changed)."""
         client = await self._connected()
         try:
             watch = await client.watch_prefix(self.prefix.encode(), start_revision=start_revision)
@@ -274,6 +275,9 @@ class EtcdStore:
         try:
             async for event in watch:
                 key = event.kv.key.decode(errors="replace")[len(self.prefix):]
+                if key == "leader" or key.startswith("replicas/"):  # membership: that it changed
+                    yield IntentEvent(int(event.kv.mod_revision), key, None)
+                    continue
                 if not key.startswith(("intent/", "decisions/")):
                     continue
                 deleted = event.kind == aetcd.rtypes.EventKind.DELETE

@@ -1,40 +1,36 @@
 """`IntentOwner`: the one holder of the running intent, and the only writer of its store.
 
-Everything that changes what runs goes through here: the reconcile loop's weights, streaks,
-tier states, ramp states and tier actions, a hot reload (`update_desired`, the `carry_over`
-rule), the start-up restore (`restore`, the same rule applied to what the store held). The
-owner keeps one immutable `RunningIntent` and swaps it whole.
+Everything that changes what runs goes through here. What Envoys may see changes through the
+change transaction (`change()`, `change.py`): a reconcile tick's steps, a hot reload's new
+desired state (the `carry_over` rule), a replica adopting what the store holds — each takes the
+lock, prepares the output off the loop, saves, records and swaps, in that order. The start-up
+restore (`restore`, the same carry-over rule applied to what the store held) runs before
+anything is served. The owner keeps one immutable `RunningIntent` and swaps it whole.
 
-After each change of what Envoys get, the owner tells its `Output` — wired by the app to the
-ADS output cache — which rebuilds the output of the PoPs concerned from the new intent and
-returns the PoPs whose output really changed. If that raises (a translation failed), the owner
-keeps the intent it had and re-raises: a change is never half-applied. Streaks and tier states
-change no output and publish nothing; a ramp state publishes its PoP when the cache-warming
-mirror it implies starts or stops (routes only).
-
-A reconcile tick's changes (`steps.TickChanges`) go through in three parts, so that the event
-loop only does what costs what changed: `prepare_changes` (the output of the PoPs concerned,
-built by a call that may run on a worker thread), `save_changes` (one store write) and
-`apply_changes` (the swap, and the prepared output committed).
+The output is published through a `Publisher` (the app's ADS output cache), which rebuilds the
+output of the PoPs concerned from the new intent. If that raises (a translation failed), the
+owner keeps the intent it had: a change is never half-applied. The synchronous setters
+(`update_weights`, `set_tier_actions`, `update_desired`) publish at once without saving or
+recording: for tests and benchmarks that set a state, never for the product's own changes.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Collection, Iterable, Mapping
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any
 
 from control_plane.decide.controller import ControllerState
 from control_plane.decide.ramp import RampState
 from control_plane.decide.tiers import TierState
+from control_plane.decisions.recorder import DecisionRecorder
 from control_plane.desired.model import Desired, GroupWeights, OriginGroup, TierActions
 from control_plane.intent.carry_over import CarryOver, carry_over
+from control_plane.intent.change import Change, Publisher, SwapFailed
 from control_plane.intent.running import RunningIntent, tier_key
-from control_plane.intent.steps import TickChanges, applied
 from control_plane.intent.store import (
-    RAMP_KIND,
-    TIER_KIND,
     IntentBatch,
     IntentStore,
     PairKey,
@@ -46,42 +42,69 @@ from control_plane.translate.routes import check_tier_actions
 from control_plane.translate.weights import WeightsError, check_group_weights
 
 
-class Output(Protocol):
-    """Where the running intent becomes what Envoys get (the app's ADS output cache)."""
-
-    def update(self, source: RunningIntent, pops: Collection[str] | None) -> frozenset[str]:
-        """Rebuild the output of `pops` (None: all) from `source`; the PoPs that changed."""
-        ...
-
-    def prepare(self, source: RunningIntent, pops: Collection[str] | None = None
-                ) -> Callable[[], Any]:
-        """A call that builds the output of `pops` for `source` touching nothing (a worker
-        thread may run it); `commit` applies what it returns."""
-        ...
-
-    def commit(self, prepared: Any, source: RunningIntent) -> frozenset[str]:
-        """Swap in what a prepared call built, with `source` (which may be newer)."""
-        ...
-
-
 class IntentOwner:
     def __init__(
         self,
         desired: Desired,
         *,
         store: IntentStore | None = None,
-        output: Output | None = None,
+        output: Publisher[Any] | None = None,
+        recorder: DecisionRecorder | None = None,
     ) -> None:
         self._intent = RunningIntent(desired)
         self.store = store
         self._output = output
-        # held by a change that awaits between its parts (a tick's save, log and swap; a
-        # reload's save and swap), so two such changes never interleave
+        self.recorder = recorder
+        # held by a change from its save to its swap, so two changes never interleave
         self.changing = asyncio.Lock()
 
-    def connect(self, output: Output) -> None:
+    def connect(self, output: Publisher[Any]) -> None:
         """Where changes of what Envoys get are published (the app's output cache)."""
         self._output = output
+
+    # -- the change transaction ------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def change(self, *, save: bool = True) -> AsyncIterator[Change]:
+        """The one transaction for everything that changes what is served (`change.py`): what
+        the body states is prepared off the loop; then, under the lock, saved (unless `save`
+        is False: what a follower adopts is saved by its leader), recorded and swapped. What
+        raises in the body, the prepare or the save changes nothing; a swap that raises puts
+        the store back and raises `SwapFailed`; a change planned for a desired state replaced
+        meanwhile raises `StaleChange`."""
+        change = Change(lambda: self._intent, self._output)
+        yield change
+        await self._publish(change, save=save)
+
+    async def _publish(self, change: Change, *, save: bool) -> None:
+        stated, prepared, changed = await change.outcome()
+        async with self.changing:
+            if stated is not None and self._intent is not change.over:
+                stated = change.restate(self._intent)  # over what landed since the prepare
+            saved = False
+            if stated is not None and save and self.store is not None and stated.save:
+                await self.store.write(stated.save)
+                saved = True
+            drafts = change.drafts(changed)
+            if drafts:
+                if self.recorder is None:
+                    raise RuntimeError("records without a recorder to write them")
+                self.recorder.write(drafts, durable=False)
+                await self.recorder.sync()  # durable before anything is pushed
+            if stated is None:
+                return
+            old = self._intent
+            try:
+                if old is not change.over:  # a setter ran during the save (tests, benchmarks)
+                    stated = change.restate(old)
+                self._intent = stated.target
+                if prepared is not None and self._output is not None:
+                    change.pushed = self._output.commit(prepared, stated.target)
+            except Exception as err:
+                self._intent = old
+                if saved and self.store is not None:
+                    await self.store.write(stated.undo)  # the store follows what is served
+                raise SwapFailed(f"{type(err).__name__}: {err}") from err
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -171,41 +194,32 @@ class IntentOwner:
     def update_desired(self, desired: Desired) -> frozenset[str]:
         """Swap in a new desired state under the carry-over rule; the PoPs whose output changed
         (PoPs that disappeared count as changed, so their streams can be told)."""
-        return self.apply(carry_over(self._intent, desired))
-
-    def apply(
-        self, carried: CarryOver, commit: Callable[[RunningIntent], frozenset[str]] | None = None
-    ) -> frozenset[str]:
-        """Make `carried.intent` (a `carry_over` of the current intent) the running intent.
-        `commit(intent)` publishes it instead of a rebuild of every PoP (a reload whose
-        output was built off the event loop)."""
-        if commit is None:
-            return self._swap(carried.intent, None)
-        old, self._intent = self._intent, carried.intent
-        try:
-            return commit(carried.intent)
-        except BaseException:
-            self._intent = old
-            raise
+        return self._swap(carry_over(self._intent, desired).intent, None)
 
     def restore(self, snapshot: Snapshot, *, where: str) -> CarryOver:
         """What the store held, carried over to the current desired state, made the running
         intent. A tier or ramp state that does not parse raises StateCorrupted (naming
         `where`)."""
         carried = carry_over(self._stored(snapshot, where), self._intent.desired)
-        self.apply(carried)
+        self._swap(carried.intent, None)
         return carried
 
-    def adopt(self, snapshot: Snapshot, *, where: str) -> frozenset[str]:
+    async def adopt(self, snapshot: Snapshot, *, where: str) -> frozenset[str]:
         """What a shared store holds now (another replica decided it), made the running intent
-        under the same rule as `restore`; only the PoPs whose weights or tier actions differ are
-        re-built. The PoPs whose output changed."""
-        new = carry_over(self._stored(snapshot, where), self._intent.desired).intent
-        old = self._intent
-        pops = {pop for pop, group in old.pairs()
+        under the same rule as `restore`, through the change transaction (saved by the
+        replica that decided it, not here); only the PoPs whose weights, tier actions or
+        mirrors differ are re-built. The PoPs whose output changed."""
+        def adopted(old: RunningIntent) -> tuple[RunningIntent, set[str]]:
+            new = carry_over(self._stored(snapshot, where), old.desired).intent
+            return new, {
+                pop for pop, group in old.pairs()
                 if new.weights_of(pop, group) != old.weights_of(pop, group)
-                or new.tier_actions.get((pop, group)) != old.tier_actions.get((pop, group))}
-        return self._swap(new, pops)
+                or new.tier_actions.get((pop, group)) != old.tier_actions.get((pop, group))
+                or new.mirror(pop, group) != old.mirror(pop, group)}
+
+        async with self.change(save=False) as change:
+            change.replace(adopted)
+        return change.pushed
 
     def _stored(self, snapshot: Snapshot, where: str) -> RunningIntent:
         """A store's snapshot as a running intent under the current desired state (before the
@@ -223,52 +237,6 @@ class IntentOwner:
         )
 
     # -- streaks and persistence -----------------------------------------------------------
-
-    def prepare_changes(
-        self, base: RunningIntent, changes: TickChanges
-    ) -> Callable[[], Any] | None:
-        """A call that builds, for `changes` laid over `base`, the output of the PoPs they
-        concern, touching nothing (a worker thread may run it); None when there is nothing to
-        build. `apply_changes` commits what it returns."""
-        if self._output is None or not changes.pops:
-            return None
-        return self._output.prepare(applied(base, changes), changes.pops)
-
-    async def save_changes(self, changes: TickChanges, desired: Desired) -> None:
-        """A tick's changes saved in one store write (nothing when nothing is stored)."""
-        batch = changes.batch(desired.digest)
-        if self.store is not None and batch:
-            await self.store.write(batch)
-
-    def apply_changes(self, changes: TickChanges, prepared: Any = None) -> frozenset[str]:
-        """`changes` laid over the running intent (pair by pair: changes made meanwhile to other
-        pairs stay) and published: by committing `prepared` (from `prepare_changes`), else by
-        rebuilding the PoPs concerned now. The PoPs whose output changed."""
-        new = applied(self._intent, changes)
-        if prepared is None:
-            return self._swap(new, changes.pops) if changes.pops else self._set(new)
-        output = self._output
-        if output is None:
-            raise RuntimeError("prepared output without an output to commit it to")
-        old, self._intent = self._intent, new
-        try:
-            return output.commit(prepared, new)
-        except BaseException:
-            self._intent = old
-            raise
-
-    async def save_desired(self, before: RunningIntent, after: RunningIntent) -> None:
-        """A desired-state change from `before` to `after` (its carry-over) saved: the new
-        digest, and the pairs that are gone forgotten; one write, before the change applies."""
-        if self.store is None:
-            return
-        gone = sorted(set(before.pairs()) - set(after.pairs()))
-        await self.store.write(IntentBatch(
-            forget_groups=tuple(gone),
-            records=tuple((kind, tier_key(*key), None)
-                          for key in gone for kind in (TIER_KIND, RAMP_KIND)),
-            desired_digest=after.desired.digest,
-        ))
 
     async def forget_records(self, kind: str, keys: Iterable[str]) -> None:
         """Delete stored records (e.g. of pairs a restore dropped)."""

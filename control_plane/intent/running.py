@@ -22,6 +22,7 @@ from control_plane.decide.ramp import RampState, active_mirror
 from control_plane.decide.tiers import TierState
 from control_plane.desired.model import Desired, GroupWeights, Mirror, TierActions
 from control_plane.intent.store import PairKey
+from control_plane.translate.pop import PopIntent
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,12 @@ class RunningIntent:
         """group -> the cache-warming mirror active in `pop`."""
         return {g: m for (p, g) in self.ramps if p == pop
                 for m in (self.mirror(p, g),) if m is not None}
+
+    def for_pop(self, pop: str) -> PopIntent:
+        """Everything `pop`'s translation takes from this intent (`translate_pop`'s input):
+        the weights the controller set, the tier actions active, the mirrors on."""
+        return PopIntent(weights=self.pop_weights(pop), tier_actions=self.pop_tier_actions(pop),
+                         mirrors=self.pop_mirrors(pop))
 
 
 def tier_key(pop: str, group: str) -> str:

@@ -292,9 +292,9 @@ class SinkStore:
                 del self._hosts[host]
 
     async def window(self, now_ms: int, window_ms: int) -> Signals:
-        return self.snapshot(now_ms, window_ms)
+        return self.read_window(now_ms, window_ms)
 
-    def snapshot(self, now_ms: int, window_ms: int) -> Signals:
+    def read_window(self, now_ms: int, window_ms: int) -> Signals:
         """The window ending at `now_ms`: several nodes of one PoP are summed, tiers merged."""
         start = now_ms - window_ms
         origins: dict[tuple[str, str, str, str], OriginWindow] = defaultdict(OriginWindow)
@@ -338,9 +338,9 @@ class SinkStore:
         return assemble(origins, pending, overflow, self.host_windows(start, now_ms))
 
     async def tier_pending(self, now_ms: int, window_ms: int) -> TierSignals:
-        return self.tier_snapshot(now_ms, window_ms)
+        return self.read_tier_window(now_ms, window_ms)
 
-    def tier_snapshot(self, now_ms: int, window_ms: int) -> TierSignals:
+    def read_tier_window(self, now_ms: int, window_ms: int) -> TierSignals:
         """Per (PoP, group) -> tier: the worst Envoy's pending peak in the window, each Envoy's
         active peak and the worst queue_overloaded (see the module docstring)."""
         start = now_ms - window_ms

@@ -11,7 +11,7 @@ from __future__ import annotations
 EDGE = r"""# Bootstrap template for an edge Envoy of one PoP, fed by Ballast over ADS.
 # `ballast bootstrap` fills the placeholders; everything else (listeners, routes, tier clusters,
 # endpoints) arrives over xDS. node.locality.zone = the PoP: Ballast picks the PoP's config by it,
-# and Envoy emits per-(PoP, origin) zone stats only when it is set (NOTES.md).
+# and Envoy emits per-(PoP, origin) zone stats only when it is set (docs/architecture.md, "Per-origin stats").
 node:
   id: ${node_id}
   cluster: ${node_cluster}

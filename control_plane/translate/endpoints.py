@@ -1,8 +1,8 @@
 """One ClusterLoadAssignment per tier cluster: one locality per origin, weighted for this PoP.
 
 `locality.zone` is the origin name, so Envoy (whose node zone is the PoP) emits per-(PoP, origin)
-stats inside each tier cluster (NOTES.md). All localities are priority 0: the weights alone move
-traffic between origins.
+stats inside each tier cluster (docs/architecture.md, "Per-origin stats"). All localities are
+priority 0: the weights alone move traffic between origins.
 
 Weight 0: Envoy rejects `load_balancing_weight: 0` (the field must be >= 1), so an origin at 0
 keeps its locality with the weight left unset. Under locality-weighted load balancing an unweighted

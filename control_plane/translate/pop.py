@@ -25,7 +25,7 @@ byte, `tests/test_translate_incremental.py`). What was built is kept with the sn
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from google.protobuf.message import Message
 
@@ -121,34 +121,47 @@ class _Builder:
         return None if before is None or len(before.inputs) <= index else before.inputs[index]
 
 
+@dataclass(frozen=True)
+class PopIntent:
+    """Everything one PoP's translation takes from the running intent: the one value the
+    running intent hands over (`RunningIntent.for_pop`), so `serve`, `plan`, `render` and
+    `validate` all translate the same inputs. Empty: the desired state as written (home
+    weights, no tier actions, no mirror).
+
+    `weights`: origin group -> origin -> weight (sum 100); a group missing from it is at its
+    home weights. `tier_actions`: origin group -> the tier actions active in this PoP
+    (demotion, shedding; `routes.py`) change the routes; lent limits the runtime layer
+    (`runtime.py`). `mirrors`: origin group -> its active cache-warming mirror (`mirror.py`);
+    only the routes change (the mirror clusters of every standby are always there).
+    """
+
+    weights: Mapping[str, GroupWeights] = field(default_factory=dict)
+    tier_actions: Mapping[str, TierActions] = field(default_factory=dict)
+    mirrors: Mapping[str, Mirror] = field(default_factory=dict)
+
+
 def translate_pop(
     desired: Desired,
     pop: str,
-    weights: Mapping[str, GroupWeights],
     caps: Capabilities,
-    tier_actions: Mapping[str, TierActions] | None = None,
+    intent: PopIntent | None = None,
     *,
     previous: PopResources | None = None,
-    mirrors: Mapping[str, Mirror] | None = None,
 ) -> PopResources:
-    """Clusters and endpoints per (origin group, tier), listeners and routes, for one PoP.
+    """Clusters and endpoints per (origin group, tier), listeners and routes, for one PoP,
+    under `intent` (what the running intent holds for it; None: the desired state as written).
 
-    `weights`: origin group -> origin -> weight (sum 100); a group missing from it starts from
-    its home weights. `caps` decides adaptive LIFO vs FIFO; every fallback is in `notes`.
-    `tier_actions`: origin group -> the tier actions active in this PoP (demotion, shedding;
-    see `routes.py`) change the routes; lent limits the runtime layer (`runtime.py`).
-    `mirrors`: origin group -> its active cache-warming mirror (`mirror.py`); only the routes
-    change (the mirror clusters of every standby are always there). `previous`: this PoP's last
-    snapshot, whose
-    resources are reused where their inputs did not change (see the module docstring).
-    The Cluster message carries field 62 (queue policy) among its unknown fields, so its
-    payload, version and re-serializations include it. Raises `UnknownPop` for a PoP not in
-    `desired` and `WeightsError` for weights that do not fit it.
+    `caps` decides adaptive LIFO vs FIFO; every fallback is in `notes`. `previous`: this PoP's
+    last snapshot, whose resources are reused where their inputs did not change (see the
+    module docstring). The Cluster message carries field 62 (queue policy) among its unknown
+    fields, so its payload, version and re-serializations include it. Raises `UnknownPop` for
+    a PoP not in `desired` and `WeightsError` for weights that do not fit it.
     """
     if pop not in desired.pop_names:
         raise UnknownPop(f"unknown PoP {pop!r}; known: {', '.join(desired.pop_names)}")
-    inputs = _PopInputs(desired, caps, resolve_weights(desired, pop, weights),
-                        dict(tier_actions or {}), dict(mirrors or {}))
+    held = intent or PopIntent()
+    inputs = _PopInputs(desired, caps, resolve_weights(desired, pop, held.weights),
+                        dict(held.tier_actions), dict(held.mirrors))
     last = None if previous is None or previous.pop != pop else previous.derived(
         _POP_INPUTS, lambda _: None)
     if previous is not None and last is not None and last.desired is desired \

@@ -1,10 +1,11 @@
 """Cluster field 62 (`queuing_policies`): the pending-request queue policy of a tier cluster.
 
-xds-protos' Cluster has no field 62 yet (NOTES.md, "Queue policies"). Our wire-compatible mirrors
-in `protos/ballast/v1/queue_policy.proto` build a `ClusterQueuingPoliciesCarrier` holding only
-field 62; merging its bytes into a Cluster leaves the field among the Cluster's unknown fields,
-which the upb runtime keeps and re-serializes. Envoy picks the policy by the Any type URL, so the
-URLs below are Envoy's names, set by hand (our messages live in package `ballast.v1`).
+xds-protos' Cluster has no field 62 yet (docs/architecture.md, "Queue policies"). Our
+wire-compatible mirrors in `protos/ballast/v1/queue_policy.proto` build a
+`ClusterQueuingPoliciesCarrier` holding only field 62; merging its bytes into a Cluster leaves
+the field among the Cluster's unknown fields, which the upb runtime keeps and re-serializes.
+Envoy picks the policy by the Any type URL, so the URLs below are Envoy's names, set by hand
+(our messages live in package `ballast.v1`).
 """
 
 from __future__ import annotations

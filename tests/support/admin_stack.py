@@ -4,9 +4,8 @@ that goes through Envoy's start-up order."""
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -24,8 +23,9 @@ from control_plane.decisions.read import FileSource
 from control_plane.desired import Desired
 from control_plane.own_metrics.registry import BallastMetrics
 from control_plane.translate.resources import CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE
-from tests.support.background_loop import BackgroundLoop
-from tests.support.xds_client import Reject, XdsClient, local_channel, make_node
+from harness.background_loop import BackgroundLoop
+from harness.eventually import eventually
+from harness.xds_client import Reject, XdsClient, local_channel, make_node
 
 
 @dataclass
@@ -123,13 +123,12 @@ async def connect_node(
 async def _server_has_answers(stack: AdminStack, node_id: str, timeout: float = 5.0) -> None:
     """The client has every response before the server has read its last ACK/NACK: wait for
     the server's registry to have an answer to every type it sent (no type STALE)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def answered() -> bool:
         streams = stack.ballast.nodes.by_node(node_id)
-        if streams and all(s.status != "STALE" for s in streams):
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"server never saw {node_id}'s answers within {timeout}s")
+        return bool(streams) and all(s.status != "STALE" for s in streams)
+
+    await eventually(answered, timeout, f"the server sees {node_id}'s answers", interval=0.02)
 
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -146,12 +145,3 @@ def samples(exposition: str) -> Samples:
 
 def sample(parsed: Samples, name: str, **labels: str) -> float | None:
     return parsed.get((name, frozenset(labels.items())))
-
-
-def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"not within {timeout}s: {what}")

@@ -1,8 +1,8 @@
 """A real etcd on loopback for tests: Debian's `etcd` binary (deploy/ensure-test-services.sh
-installs `etcd-server`). Own session, stopped by PID, data in a temporary folder. NOTES.md: healthy
-in ~1 s. `pause()`/`resume()` stop and continue the process (SIGSTOP/SIGCONT) to make it
-unreachable without losing its data; `stop()` ends it; `start()` may be called again on the same
-data directory.
+installs `etcd-server`). Own session, stopped by PID, data in a temporary folder. Healthy in
+~1 s (docs/architecture.md, "Test peers"). `pause()`/`resume()` stop and continue the process
+(SIGSTOP/SIGCONT) to make it unreachable without losing its data; `stop()` ends it;
+`start()` may be called again on the same data directory.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from control_plane.app.envoy_process import free_port
+from harness.envoy_process import free_port
 from tests.support.local_server import log_tail, start_server
 
 

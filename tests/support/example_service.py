@@ -8,8 +8,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from control_plane.app.envoy_process import free_port
 from control_plane.app.service import BallastService, ServiceConfig
+from harness.envoy_process import free_port
 
 EXAMPLE = Path("examples/desired.yaml")
 

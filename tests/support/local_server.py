@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+from harness.eventually import eventually_blocking
 
 
 def start_server(
@@ -20,20 +21,20 @@ def start_server(
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def answers() -> bool:
         if proc.poll() is not None:
             raise RuntimeError(f"{name} exited: {log_tail(log_path)}")
-        try:
-            with urllib.request.urlopen(ready_url, timeout=1) as response:
-                if response.status == 200 and ready(response.read()):
-                    return proc
-        except (OSError, urllib.error.URLError):
-            pass
-        time.sleep(0.1)
-    proc.kill()
-    proc.wait()
-    raise TimeoutError(f"{name} not ready: {log_tail(log_path)}")
+        with urllib.request.urlopen(ready_url, timeout=1) as response:
+            return response.status == 200 and ready(response.read())
+
+    try:
+        eventually_blocking(answers, timeout, f"{name} ready", interval=0.1,
+                            ignore=(OSError, urllib.error.URLError))
+    except AssertionError:
+        proc.kill()
+        proc.wait()
+        raise TimeoutError(f"{name} not ready: {log_tail(log_path)}") from None
+    return proc
 
 
 def log_tail(path: Path, lines: int = 20) -> str:

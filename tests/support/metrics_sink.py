@@ -8,8 +8,8 @@ from contextlib import asynccontextmanager
 
 import grpc
 
-from control_plane.app.envoy_process import free_port
 from control_plane.observe.sink import SinkStore, add_metrics_service
+from harness.envoy_process import free_port
 
 
 @asynccontextmanager

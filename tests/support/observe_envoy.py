@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from control_plane.desired.model import Desired, PopWeights
-from control_plane.translate import static_bootstrap, translate_pop
+from control_plane.translate import PopIntent, static_bootstrap, translate_pop
 from control_plane.translate.bootstrap import ads_bootstrap
 from control_plane.translate.resources import Capabilities
 
@@ -105,7 +105,8 @@ def translated_edge_bootstrap(
     """Ballast's ADS bootstrap (stats tags, both sinks) with the PoP's translated resources
     inlined statically (`static_bootstrap`): real routes (retries), real tier clusters."""
     bootstrap = _sink_only_bootstrap(pop, node_id, admin_port, sink_port)
-    static = static_bootstrap(translate_pop(desired, pop, weights, Capabilities()))
+    static = static_bootstrap(translate_pop(desired, pop, Capabilities(),
+                                            PopIntent(weights=weights)))
     bootstrap["static_resources"]["clusters"].extend(static["static_resources"]["clusters"])
     (listener,) = static["static_resources"]["listeners"]
     listener["address"]["socket_address"]["port_value"] = listen_port

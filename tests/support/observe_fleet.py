@@ -15,10 +15,10 @@ from typing import Any
 
 import aiohttp
 
-from control_plane.app.demo_origin import DemoOrigin
-from control_plane.app.envoy_process import EnvoyProcess, free_port
 from control_plane.desired.model import Desired, Origin
-from tests.support.models import example_desired, shop_group
+from harness.demo_origin import DemoOrigin
+from harness.envoy_process import EnvoyProcess, free_port
+from harness.models import example_desired, shop_group
 from tests.support.observe_envoy import edge_bootstrap, translated_edge_bootstrap
 
 

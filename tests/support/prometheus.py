@@ -1,19 +1,24 @@
 """A real Prometheus on loopback for tests: scrapes Envoy admin /stats/prometheus every 0.5 s.
 
 Debian's `prometheus` binary (deploy/ensure-test-services.sh installs it). Own session, stopped
-by PID, storage in a temporary folder. NOTES.md: ready in ~0.2 s, first sample queryable ~5 s.
+by PID, storage in a temporary folder. Ready in ~0.2 s, first sample queryable ~5 s
+(docs/architecture.md, "Test peers").
 """
 
 from __future__ import annotations
 
+import datetime
+import json
+import re
 import shutil
 import subprocess
 import tempfile
+import urllib.request
 from pathlib import Path
 
 import yaml
 
-from control_plane.app.envoy_process import free_port, stop_group
+from harness.envoy_process import free_port, stop_group
 from tests.support.local_server import log_tail, start_server
 
 
@@ -58,6 +63,13 @@ class PrometheusServer:
         )
         return self
 
+    def scraped_since(self, wall_s: float) -> bool:
+        """Every target's last scrape started after `wall_s` (epoch seconds): Prometheus then
+        holds what each Envoy showed at that time."""
+        with urllib.request.urlopen(f"{self.url}/api/v1/targets", timeout=5) as response:
+            targets = json.load(response)["data"]["activeTargets"]
+        return bool(targets) and all(_epoch_s(t["lastScrape"]) > wall_s for t in targets)
+
     def log_tail(self, lines: int = 20) -> str:
         return log_tail(self._dir / "prometheus.log", lines)
 
@@ -65,3 +77,14 @@ class PrometheusServer:
         if self.proc is not None:
             stop_group(self.proc, 10)
         shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _epoch_s(stamp: str) -> float:
+    """An RFC 3339 time with nanoseconds (`2026-01-01T00:00:00.123456789Z`, or with an offset)
+    in epoch seconds."""
+    match = re.fullmatch(r"(.*?)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)", stamp)
+    if match is None:
+        raise ValueError(f"not an RFC 3339 time: {stamp!r}")
+    base, fraction, zone = match.groups()
+    seconds = datetime.datetime.fromisoformat(base + ("+00:00" if zone == "Z" else zone))
+    return seconds.timestamp() + float(f"0.{fraction or 0}")

@@ -18,12 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from control_plane.app.demo_origin import DemoOrigin
-from control_plane.app.envoy_process import EnvoyProcess, free_port
-from control_plane.app.traffic import steady_traffic, stop_tasks
 from control_plane.translate.bootstrap import ads_bootstrap
+from harness.demo_origin import DemoOrigin
+from harness.envoy_process import EnvoyProcess, free_port
+from harness.eventually import eventually
+from harness.fleet import envoy_locality_weights, write_fast_desired
+from harness.traffic import steady_traffic, stop_tasks
 from tests.support.etcd import EtcdServer
-from tests.support.fleet import envoy_locality_weights, write_fast_desired
 from tests.support.prometheus import PrometheusServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,13 +42,10 @@ def get_json(url: str, timeout: float = 2) -> tuple[int, dict[str, Any]]:
 
 
 async def until(condition: Callable[[], bool], timeout: float, what: str) -> float:
-    """Poll `condition` (run in a thread) until true; the seconds it took."""
+    """The seconds until `condition` (blocking: run in a thread) holds, by `eventually`."""
     started = time.monotonic()
-    while time.monotonic() - started < timeout:
-        if await asyncio.to_thread(condition):
-            return time.monotonic() - started
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    await eventually(condition, timeout, what, in_thread=True, interval=0.1)
+    return time.monotonic() - started
 
 
 @dataclass

@@ -66,7 +66,7 @@ def write_desired(path: Path, **kwargs: int) -> Path:
 def fleet_yaml(*, pops: int, groups: int, listener_port: int = 10000,
                max_origin_concurrency: int = 120) -> str:
     """`pops` PoPs (p000…) and `groups` origin groups (g000…) of two origins, one virtual host
-    per group: the YAML twin of `tests.support.models.fleet_desired`, for scale tests."""
+    per group: the YAML twin of `harness.models.fleet_desired`, for scale tests."""
     pop_names = [f"p{p:03d}" for p in range(pops)]
     lines = ["pops:"]
     lines += [f"  {name}: {{listen_address: 127.0.0.1, port_offset: {p}}}"

@@ -24,6 +24,13 @@ from envoy.service.discovery.v3.discovery_pb2 import (
 )
 from google.rpc.status_pb2 import Status
 
+from control_plane.translate.resources import (
+    CLUSTER_TYPE,
+    ENDPOINT_TYPE,
+    LISTENER_TYPE,
+    ROUTE_TYPE,
+)
+
 # (type_url, names in the response) -> NACK message, or None to ACK
 Reject = Callable[[str, list[str]], str | None]
 
@@ -65,7 +72,8 @@ def make_node(
 
 
 def local_channel(target: str) -> grpc.aio.Channel:
-    """One TCP connection per simulated node (NOTES.md: else channels share one)."""
+    """One TCP connection per simulated node (docs/architecture.md, "gRPC and the fan-out
+    floor": else channels share one)."""
     return grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
 
 
@@ -246,6 +254,22 @@ class XdsClient:
 
     def responses(self, type_url: str | None = None) -> list[Received]:
         return [r for r in self.state.log if type_url is None or r.type_url == type_url]
+
+
+async def connect(client: XdsClient, timeout: float) -> None:
+    """Envoy's start-up order: CDS, EDS (every cluster), LDS, RDS (the listener's routes)."""
+    await client.start()
+    await client.subscribe(CLUSTER_TYPE)
+    await client.wait_for(lambda c: bool(c.names(CLUSTER_TYPE)), timeout)
+    await client.subscribe(ENDPOINT_TYPE, sorted(client.names(CLUSTER_TYPE)))
+    await client.subscribe(LISTENER_TYPE)
+    await client.wait_for(lambda c: bool(c.names(LISTENER_TYPE)), timeout)
+    # the route configuration is named as its listener
+    await client.subscribe(ROUTE_TYPE, sorted(client.names(LISTENER_TYPE)))
+    await client.wait_for(
+        lambda c: bool(c.names(ROUTE_TYPE)) and c.names(ENDPOINT_TYPE) == c.names(CLUSTER_TYPE),
+        timeout,
+    )
 
 
 def _resource_name(type_url: str, payload: bytes) -> str:

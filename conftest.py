@@ -1,4 +1,5 @@
-"""Set-up every test module shares, applied before any of them imports gRPC."""
+"""Set-up every test module shares (tests/ and bench/'s smoke tests), applied before any of them
+imports gRPC."""
 
 import os
 

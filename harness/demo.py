@@ -16,15 +16,16 @@ import logging
 import sys
 from pathlib import Path
 
-from control_plane.app.demo_origin import DemoOrigin
-from control_plane.app.envoy_process import EnvoyNotFound, EnvoyProcess
 from control_plane.app.service import BallastService, ServiceConfig
-from control_plane.app.traffic import steady_traffic, stop_tasks
+from control_plane.cli.envoy_validate import EnvoyNotFound
 from control_plane.desired import DesiredStateError, load_desired
 from control_plane.desired.model import Desired
 from control_plane.security.cert_dir import CertDir
 from control_plane.security.tls import TlsFiles
 from control_plane.translate.bootstrap import XdsClientTls, ads_bootstrap
+from harness.demo_origin import DemoOrigin
+from harness.envoy_process import EnvoyProcess
+from harness.traffic import steady_traffic, stop_tasks
 
 XDS_PORT = 18000
 ADMIN_PORT = 18001
@@ -165,7 +166,7 @@ async def run_demo(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m control_plane.app.demo", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m harness.demo", description=__doc__)
     parser.add_argument("file", type=Path, help="desired-state YAML")
     parser.add_argument("--state-dir", type=Path, default=Path("var/demo"))
     parser.add_argument("--rps", type=float, default=10.0, help="requests/s per PoP listener")

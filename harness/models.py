@@ -79,7 +79,7 @@ def example_desired(group: OriginGroup | None = None) -> Desired:
                 ),
             ),
         ),
-        source="tests/support/models.py",
+        source="harness/models.py",
     )
 
 
@@ -123,5 +123,5 @@ def fleet_desired(pops: int, groups: int, origins: int = 2) -> Desired:
                 ),
             ),
         ),
-        source=f"tests/support/models.py fleet {pops}x{groups}",
+        source=f"harness/models.py fleet {pops}x{groups}",
     )

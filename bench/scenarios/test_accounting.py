@@ -24,7 +24,7 @@ from bench.scenarios.load import REQUEST_HEADER, Sample, Surge, schedule
 from bench.scenarios.origin import Behaviour, OriginSpec, ScriptedOrigin
 from bench.scenarios.stack import ballast_desired, failover_bootstrap
 from bench.scenarios.timers import COMPRESSION
-from control_plane.app.envoy_process import free_port
+from harness.envoy_process import free_port
 
 
 def _sample(status: int, *, shed: bool = False, timed_out: bool = False, ms: float = 10.0

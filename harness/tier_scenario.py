@@ -24,12 +24,12 @@ from typing import Any
 
 import aiohttp
 
-from control_plane.app.demo_origin import DemoOrigin, Fault
-from control_plane.app.envoy_process import EnvoyProcess, free_port
 from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.decisions.read import iter_records
 from control_plane.translate.bootstrap import ads_bootstrap
-from tests.support.background_loop import BackgroundLoop
+from harness.background_loop import BackgroundLoop
+from harness.demo_origin import DemoOrigin, Fault
+from harness.envoy_process import EnvoyProcess, free_port
 
 CAP = 20  # the origin's hard concurrency cap = max_origin_concurrency
 FAST, SLOW = 110, 480  # origin latency, ms (seed 000)

@@ -1,0 +1,210 @@
+"""`DesiredReload`: a new desired state applied while running — or rejected with the running
+state kept.
+
+Parsing and validating run on a worker thread; a valid file goes through the change transaction
+(`IntentOwner.change`): the carry-over rule over the intent running when the lock is taken, the
+per-PoP diffs and the translation of every cached PoP on a worker thread, the digest saved
+(replicas: by the leader), the `config_applied` record (with the diff and the PoPs pushed to)
+and the swap. Anything that fails — a file that does not parse, too little disk to save the
+state, a store that refuses the write, a translation that raises, a swap that fails — is a
+`config_rejected` record, and what runs stays as it was. One reload at a time (the file watcher
+and SIGHUP share it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+
+from control_plane.ads.snapshots import SnapshotCache
+from control_plane.app.server import BallastServer, translate_intent
+from control_plane.decisions.log import Draft, draft
+from control_plane.decisions.recorder import DecisionRecorder
+from control_plane.desired import DesiredStateError, parse_desired
+from control_plane.desired.model import Desired
+from control_plane.desired.warnings import desired_warnings
+from control_plane.intent.change import SwapFailed
+from control_plane.intent.etcd_store import Deposed, StoreUnavailable
+from control_plane.intent.running import RunningIntent
+from control_plane.own_metrics.registry import BallastMetrics
+from control_plane.translate import render_json
+from control_plane.translate.diff import ResourceChange, diff_renderings, format_changes, summarize
+from control_plane.translate.resources import Capabilities, PopResources
+
+log = logging.getLogger(__name__)
+
+DIFF_LINES_IN_RECORD = 60
+PROBLEMS_IN_RECORD = 50
+MIN_FREE_BYTES = 1024 * 1024  # a reload must be able to save the state and record it
+
+
+class DesiredReload:
+    def __init__(
+        self,
+        path: Path,
+        state_dir: Path,
+        server: BallastServer,
+        recorder: DecisionRecorder,
+        metrics: BallastMetrics,
+        *,
+        leading: Callable[[], bool],
+        followers: Callable[[Desired], None],
+    ) -> None:
+        self.path = path
+        self.state_dir = state_dir
+        self.server = server
+        self.recorder = recorder
+        self.metrics = metrics
+        self._leading = leading  # whether this process saves what changes (replicas: leader)
+        self._followers = followers  # told of each applied desired state (sources, probes)
+        self._lock = asyncio.Lock()
+        self.error: str | None = None  # an internal error of the last reload attempt
+
+    def unreadable(self, err: DesiredStateError) -> None:
+        """The file cannot be read as a desired state (the watcher's report)."""
+        self._reject("unreadable", [str(p) for p in err.problems])
+
+    def failed(self, err: Exception) -> None:
+        """An internal error while reloading: rejected, and /readyz says so until the next
+        reload works."""
+        self.error = f"{type(err).__name__}: {err}"[:300]
+        self._reject("internal-error", [f"internal error while reloading: {self.error}"])
+
+    async def apply(self, data: bytes) -> bool:
+        """Validate and apply a new desired state; on any problem keep running as is.
+
+        Everything that grows with the desired state (parsing, the per-PoP diffs, translating
+        every cached PoP) runs on a worker thread; the loop keeps answering Envoys meanwhile.
+        """
+        async with self._lock:
+            try:
+                applied = await self._apply(data)
+            except Exception as err:  # anything unforeseen: rejected, running state kept
+                log.exception("applying %s failed", self.path)
+                self.failed(err)
+                return False
+            self.error = None
+            return applied
+
+    async def _apply(self, data: bytes) -> bool:
+        source = str(self.path)
+        digest = hashlib.sha256(data).hexdigest()
+        try:
+            new = await asyncio.to_thread(parse_desired, data, source)
+        except DesiredStateError as err:
+            self._reject(digest, [str(p) for p in err.problems])
+            return False
+        owner, cache = self.server.intent, self.server.cache
+        if new.digest == owner.desired.digest:
+            return False
+        free = _free_bytes(self.state_dir)
+        if free < MIN_FREE_BYTES:  # a full disk rejects the apply: nothing half-done
+            self._reject(digest, [f"{source}: only {free:,} bytes free where the state is saved "
+                                  f"({self.state_dir}); not applied"])
+            return False
+        try:
+            # saved before it applies (replicas: by the leader; the others follow etcd)
+            async with owner.change(save=self._leading()) as change:
+                after = change.desired(new).intent
+                before = change.over
+                changes = await asyncio.to_thread(pop_diffs_from(cache, before, after))
+                await change.prepare()
+                change.record(lambda pushed: [_applied_record(new, changes, pushed)])
+        except (OSError, sqlite3.Error, StoreUnavailable, Deposed) as err:
+            log.error("cannot save the desired state's digest: %s", err)
+            self._reject(digest, [f"{source}: cannot save the state ({err}); not applied"])
+            return False
+        except SwapFailed as err:
+            log.error("cannot publish %s: %s", source, err)
+            self._reject(digest, [f"{source}: cannot publish ({err}); not applied"])
+            return False
+        except Exception as err:  # translation of a valid file failed: never half-apply
+            log.exception("applying %s failed", source)
+            self._reject(digest, [f"{source}: cannot translate: {err}"])
+            return False
+        self._followers(new)
+        log_warnings(new)
+        self.metrics.config_reloads.labels("applied").inc()
+        log.info("applied %s: %s", source, "; ".join(
+            f"pop {pop}: {summarize(c)}" for pop, c in sorted(changes.items())))
+        return True
+
+    def _reject(self, digest: str, problems: list[str]) -> None:
+        self.recorder.record(
+            "config_rejected",
+            config_version=digest[:16],
+            rule=f"desired state rejected ({len(problems)} problems); running state kept",
+            detail={"problems": problems[:PROBLEMS_IN_RECORD], "problem_count": len(problems)},
+        )
+        self.metrics.config_reloads.labels("rejected").inc()
+        log.error("rejected new desired state, keeping the running one:\n%s", "\n".join(problems))
+
+
+def log_warnings(desired: Desired) -> None:
+    """What `ballast validate` warns about, in the server log too (e.g. TLS verification off)."""
+    for warning in desired_warnings(desired):
+        log.warning("%s: %s", desired.source, warning)
+
+
+def _applied_record(new: Desired, changes: dict[str, list[ResourceChange]],
+                    pushed: frozenset[str]) -> Draft:
+    """The `config_applied` record of a reload: per PoP what changes, the PoPs pushed to."""
+    lines = [f"pop {pop}: {summarize(c)}" for pop, c in sorted(changes.items())]
+    diff = [line for pop, c in sorted(changes.items())
+            for line in [f"pop {pop}:", *format_changes(c)]]
+    return draft(
+        "config_applied",
+        config_version=new.digest[:16],
+        rule=f"desired state applied ({'; '.join(lines)}); pushed to "
+        f"{', '.join(sorted(pushed)) or 'no PoP'}",
+        detail={"digest": new.digest, "pushed_pops": sorted(pushed),
+                "diff": diff[:DIFF_LINES_IN_RECORD], "diff_lines": len(diff),
+                "warnings": desired_warnings(new)},
+    )
+
+
+def _free_bytes(directory: Path) -> int:
+    status = os.statvfs(directory)
+    return status.f_bavail * status.f_frsize
+
+
+def _pops(old: Desired, new: Desired) -> list[str]:
+    return sorted(set(old.pop_names) | set(new.pop_names))
+
+
+def pop_diffs_from(
+    cache: SnapshotCache[RunningIntent], before: RunningIntent, after: RunningIntent
+) -> Callable[[], dict[str, list[ResourceChange]]]:
+    """Read what the diffs need from the cache now; the returned call computes, per PoP, what it
+    gets differently under the carried-over intent `after` than under `before` (Envoys without
+    adaptive LIFO) and touches nothing of the cache, so it may run on a worker thread."""
+    caps = Capabilities()
+    cached = {pop: cache.cached(pop, caps) for pop in before.desired.pop_names}
+
+    def diffs() -> dict[str, list[ResourceChange]]:
+        return {pop: diff_pop(before, after, pop, cached.get(pop))
+                for pop in _pops(before.desired, after.desired)}
+
+    return diffs
+
+
+def diff_pop(
+    before: RunningIntent, after: RunningIntent, pop: str,
+    before_resources: PopResources | None = None,
+) -> list[ResourceChange]:
+    """What `pop` gets differently under `after` than under `before` (Envoys without adaptive
+    LIFO): exactly what applying `after` pushes to them. `before_resources`: what it is served
+    now, when at hand."""
+    caps = Capabilities()
+    if pop not in before.desired.pop_names:
+        old = {}
+    else:
+        old = render_json(before_resources or translate_intent(before, pop, caps))
+    if pop not in after.desired.pop_names:
+        return diff_renderings(old, {})
+    return diff_renderings(old, render_json(translate_intent(after, pop, caps)))

@@ -1,0 +1,62 @@
+"""What a running service says about itself: readiness (`/readyz`) and status (`/status`,
+`ballast status`), read from its parts, changing nothing."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from control_plane.intent.owner import IntentOwner
+
+if TYPE_CHECKING:
+    from control_plane.app.service import BallastService
+
+
+def not_ready_reason(service: BallastService) -> str:
+    """Why /readyz fails ("" when ready): not started, hot reload broken, or the log cannot be
+    written."""
+    if not service.ready:
+        return "not ready: controller state not restored or desired state not loaded yet"
+    task = service.watcher_task
+    if task is not None and task.done():
+        error = None if task.cancelled() else task.exception()
+        return f"desired-state watcher stopped ({error!r}): hot reload and SIGHUP are off"
+    recorder = service.recorder
+    if recorder.error is not None:
+        return (f"decision log cannot be written ({recorder.error}); "
+                f"{recorder.waiting} records waiting")
+    if service.reload.error is not None:
+        return (f"the last desired-state reload failed with an internal error "
+                f"({service.reload.error}); the running state is kept")
+    return ""
+
+
+def service_status(service: BallastService) -> dict[str, Any]:
+    config, server = service.config, service.server
+    desired = server.intent.desired
+    ways = (["token"] if config.admin_token_file else []) + (
+        ["client certificate (HTTPS)"] if config.admin_tls else [])
+    return {
+        "desired": {"source": desired.source, "digest": desired.digest},
+        "started_at_ms": service.started_at_ms,
+        "restored_groups": service.restored_groups,
+        "restored_tier_actions": service.restored_tier_actions,
+        "xds_port": server.port,
+        "xds_tls": server.tls.status() if server.tls is not None else None,
+        "admin_auth": " or ".join(ways) or "none (loopback only)",
+        "state_dir": str(config.state_dir),
+        "metrics_source": config.metrics_source,
+        "ready": not_ready_reason(service) == "",
+        "certificates": service.prober.certificates_json() if service.prober else [],
+        **({"replication": service.replication.status()} if service.replication else {}),
+    }
+
+
+def controller_states(owner: IntentOwner, pop: str, group: str
+                      ) -> dict[str, dict[str, Any] | None]:
+    """The reconcile loop's state of one (PoP, group) beyond its weights (None: idle)."""
+    tier = owner.tier_state((pop, group))
+    ramp = owner.ramp_state((pop, group))
+    return {
+        "Tier controller": None if tier.idle else tier.to_dict(),
+        "Failover ramp": ramp.to_dict() if ramp.ramping else None,
+    }

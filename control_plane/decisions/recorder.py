@@ -1,0 +1,202 @@
+"""`DecisionRecorder`: the one write path of decision records, for every writer.
+
+The reconcile tick, a reload, start-up and shutdown, leadership changes and the ADS callbacks
+all hand their records here; the recorder owns what each of them needs the same way:
+
+- **full-disk buffering**: a write the log refuses (OSError: a full disk) keeps the records, and
+  every record after them, in memory (bounded; the oldest are dropped past the bound, and
+  counted) until `flush` can write them, marked `recorded_late` with the time they happened;
+- **durability**: `write(..., durable=True)` fsyncs at once; `sync` (awaited, the fsync on a
+  worker thread) makes everything written before it durable — a tick's records, written with
+  one write, get one fsync;
+- **the budget** for routine, client-caused records (`routine`: node connects, NACKs, ...);
+  decisions are never budgeted;
+- **metrics**: `ballast_decisions_total` per kind, counted when a record reaches the log.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from control_plane.decisions.budget import RecordBudget
+from control_plane.decisions.log import DecisionLog, Draft, draft, format_time
+from control_plane.own_metrics.registry import BallastMetrics
+
+log = logging.getLogger(__name__)
+
+UNWRITTEN_RECORDS = 1000  # records kept in memory while the log cannot be written (disk full)
+RECORD_OVERHEAD_BYTES = 256  # time, seq, kind and the empty fields of a record (the budget)
+
+
+@dataclass(frozen=True)
+class _Unwritten:
+    made: Draft | dict[str, Any]  # a record of this process, or one another replica wrote
+    durable: bool
+    at: datetime
+
+
+class DecisionRecorder:
+    def __init__(
+        self,
+        decisions: DecisionLog,
+        *,
+        budget: RecordBudget | None = None,
+        metrics: BallastMetrics | None = None,
+        keep: int = UNWRITTEN_RECORDS,
+    ) -> None:
+        self.log = decisions
+        self.budget = budget
+        self.metrics = metrics
+        self._unwritten: deque[_Unwritten] = deque(maxlen=keep)
+        self.dropped = 0  # records lost past the bound while the log could not be written
+        self.error: str | None = None  # why the log cannot be written now
+
+    @property
+    def waiting(self) -> int:
+        """Records kept in memory until the log can take them."""
+        return len(self._unwritten)
+
+    def record(self, kind: str, *, durable: bool = True, **fields: Any) -> None:
+        """One record (unknown kinds or fields raise, as `draft`)."""
+        self.write([draft(kind, **fields)], durable=durable)
+
+    def routine(self, kind: str, *, durable: bool = False, **fields: Any) -> bool:
+        """A client-caused record, written if the budget allows (by default not fsync'd at
+        once: the periodic `flush` makes it durable within a second); False when it was
+        counted instead."""
+        if self.budget is not None:
+            size = RECORD_OVERHEAD_BYTES + len(str(fields.get("rule", ""))) + len(json.dumps(
+                fields.get("detail"), separators=(",", ":"), ensure_ascii=False, default=str))
+            if not self.budget.take(kind, size):
+                if self.budget.suppressed_total == 1:
+                    log.warning("routine records over budget: counting them instead of writing")
+                return False
+        self.record(kind, durable=durable, **fields)
+        return True
+
+    def write(self, drafts: Sequence[Draft], *, durable: bool = True) -> None:
+        """Records made ahead, in one write (all or none in the log); kept in order when the
+        log cannot take them (and when older records still wait)."""
+        if not drafts:
+            return
+        if self._unwritten:
+            self._flush_unwritten()
+        if not self._unwritten:
+            try:
+                self.log.write_drafts(drafts, durable=durable)
+            except OSError as err:
+                self._failed(err, drafts)
+            except Exception:  # a listener of the log raised: the records are in the log
+                log.exception("a decision log listener failed")
+                self._count(drafts)
+                return
+            else:
+                self._count(drafts)
+                return
+        now = datetime.now(UTC)
+        for made in drafts:
+            self._keep(_Unwritten(made, durable, now))
+
+    def replicated(self, record: dict[str, Any]) -> None:
+        """A record another replica wrote, appended with its own time, replica and term (made
+        durable by the next sync); kept in order like any other while the log cannot take it.
+        ValueError (nothing kept) for one that is not a replicated record."""
+        if self._unwritten:
+            self._flush_unwritten()
+        if not self._unwritten:
+            try:
+                self.log.append_replicated(record, durable=False)
+                return
+            except OSError as err:
+                self.error = f"{type(err).__name__}: {err}"
+                log.error("cannot append a replicated record (%s); kept until it can", err)
+        self._keep(_Unwritten(dict(record), False, datetime.now(UTC)))
+
+    async def sync(self) -> None:
+        """Everything written so far made durable (the fsync on a worker thread). A failing
+        fsync is logged and retried by the next sync or `flush`: it never raises."""
+        try:
+            await self.log.sync_in_thread()
+        except OSError as err:
+            log.error("cannot sync the decision log: %s", err)
+            self.error = f"{type(err).__name__}: {err}"
+
+    def flush(self) -> None:
+        """The periodic chores: records kept meanwhile written, a note of the budget's
+        suppressed records, everything made durable."""
+        self._flush_unwritten()
+        self.note_suppressed()
+        try:
+            self.log.sync()
+        except OSError as err:
+            log.error("cannot sync the decision log: %s", err)
+
+    def note_suppressed(self) -> None:
+        """One record of the routine records the budget kept out since the last such note."""
+        if self.budget is None:
+            return
+        counts = self.budget.pending_note()
+        if counts is None:
+            return
+        config = self.budget.config
+        self.record(
+            "records_suppressed",
+            rule=f"{sum(counts.values())} routine records not written: clients caused more "
+            f"than the budget ({config.burst_bytes:,} bytes at once, {config.bytes_per_s:,} "
+            "bytes/s); decisions are never suppressed",
+            detail={"suppressed": counts, "total_since_start": self.budget.suppressed_total},
+        )
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _failed(self, err: OSError, drafts: Sequence[Draft]) -> None:
+        self.error = f"{type(err).__name__}: {err}"
+        log.error("cannot write %s to the decision log (%s); kept until it can",
+                  ", ".join(sorted({d.kind for d in drafts})), err)
+
+    def _keep(self, item: _Unwritten) -> None:
+        if len(self._unwritten) == self._unwritten.maxlen:
+            self.dropped += 1
+        self._unwritten.append(item)
+
+    def _flush_unwritten(self) -> None:
+        while self._unwritten:
+            item = self._unwritten[0]
+            try:
+                if isinstance(item.made, dict):  # another replica's: its own time says when
+                    self.log.append_replicated(item.made, durable=item.durable)
+                else:
+                    made = self._late(item.made, item.at)
+                    self.log.write_drafts([made], durable=item.durable)
+                    self._count([made])
+            except OSError as err:
+                self.error = f"{type(err).__name__}: {err}"
+                return
+            self._unwritten.popleft()
+        if self.error is not None:
+            log.warning("decision log writable again (%s); records kept meanwhile written%s",
+                        self.error, f", {self.dropped} dropped" if self.dropped else "")
+            self.error = None
+            self.dropped = 0
+
+    def _late(self, made: Draft, at: datetime) -> Draft:
+        """`made` marked as written late: when it happened, and why it waited."""
+        detail = made.fields.get("detail")
+        late = {**(detail if isinstance(detail, dict) else {"detail": detail}),
+                "recorded_late": {"happened_at": format_time(at), "reason": self.error}}
+        return draft(made.kind, **{**made.fields, "detail": late})
+
+    def _count(self, drafts: Sequence[Draft]) -> None:
+        if self.metrics is None:
+            return
+        counts: dict[str, int] = {}
+        for made in drafts:
+            counts[made.kind] = counts.get(made.kind, 0) + 1
+        for kind, count in counts.items():
+            self.metrics.decisions.labels(kind).inc(count)

@@ -1,0 +1,250 @@
+"""The change transaction: the one way what is served changes.
+
+Every change of the running intent that Envoys may see — a reconcile tick's steps, a hot
+reload's new desired state, a replica adopting what another one decided, and anything later
+(staged rollouts) — is stated in a `Change` and published by `IntentOwner.change`:
+
+    async with owner.change() as change:
+        change.steps(tick_changes, planned_for=desired)   # or .desired(new) / .replace(build)
+        change.record(drafts)               # or a function of the PoPs whose output changes
+
+The caller says *what* changes; the transaction does the *how*, always in this order:
+
+1. **prepare**: the output of the PoPs concerned is built for the new intent on a worker thread
+   (`Publisher.prepare`), touching nothing served (`await change.prepare()` in the body does it
+   early: to learn the PoPs that will change, or to handle a translation that raises);
+2. **lock**: `owner.changing`, held until the swap, so two changes never interleave between
+   their save and their swap. A change that landed while this one was prepared is not lost:
+   what is stated is laid again over the intent running now (`restate`; the output cache
+   re-builds, at the swap, the PoPs that change touched). A tick planned for a desired state
+   that a reload replaced meanwhile is stale (`StaleChange`) and dropped whole. The long work
+   (the build) is done before the lock, so a tick never waits for a reload's translation;
+3. **save**: one store write (`IntentBatch`), unless the change is not this process's to save
+   (`owner.change(save=False)`: a follower adopting what its leader saved);
+4. **record**: the records handed to the decision recorder in one write and made durable with
+   one fsync (on a thread). A log that cannot be written (a full disk) does not stop the change:
+   the recorder keeps the records until it can (`decisions/recorder.py`);
+5. **swap**: the new intent becomes the running one and the prepared output is committed
+   (`Publisher.commit`), which tells the ADS streams.
+
+What fails leaves what is served and what is stored agreeing: a body, prepare or save that
+raises changes nothing (the error goes to the caller, who records it); a swap that raises puts
+the store back (`undo`, one write of the old values of what was saved) and keeps the old intent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from control_plane.decide.controller import ControllerState
+from control_plane.decisions.log import Draft
+from control_plane.desired.model import Desired
+from control_plane.intent.carry_over import CarryOver, carry_over
+from control_plane.intent.running import RunningIntent, tier_key
+from control_plane.intent.steps import TickChanges, applied
+from control_plane.intent.store import RAMP_KIND, TIER_KIND, IntentBatch, PairKey
+
+P = TypeVar("P")
+
+Records = Sequence[Draft] | Callable[[frozenset[str]], Sequence[Draft]]
+
+
+class Publisher(Protocol[P]):
+    """Where the running intent becomes what Envoys get (the ADS output cache): the one
+    interface every change is published through. `P` is what `prepare` builds."""
+
+    def prepare(self, source: RunningIntent, pops: Collection[str] | None = None
+                ) -> Callable[[], P]:
+        """A call that builds the output of `pops` (None: every PoP) for `source`, touching
+        nothing served (a worker thread runs it)."""
+        ...
+
+    def changed(self, prepared: P) -> frozenset[str]:
+        """The PoPs whose output `prepared` changes."""
+        ...
+
+    def commit(self, prepared: P, source: RunningIntent) -> frozenset[str]:
+        """Swap in what `prepared` holds with `source` as the running intent; the PoPs whose
+        output changed (announced to the streams)."""
+        ...
+
+    def update(self, source: RunningIntent, pops: Collection[str] | None) -> frozenset[str]:
+        """Rebuild the output of `pops` (None: all) from `source` at once, on the loop (a
+        restore before serving; the owner's setters for tests); the PoPs that changed."""
+        ...
+
+
+class SwapFailed(Exception):
+    """Publishing a change raised; the intent and the store were kept as they were."""
+
+
+class StaleChange(Exception):
+    """The change was stated for a desired state that is no longer the running one (a reload
+    landed meanwhile); nothing of it was saved, recorded or swapped."""
+
+
+@dataclass
+class _Stated:
+    target: RunningIntent
+    pops: frozenset[str] | None  # PoPs whose output may change (None: every PoP)
+    save: IntentBatch
+    undo: IntentBatch
+
+
+Statement = Callable[[RunningIntent], _Stated]
+
+
+class Change:
+    """One change being made under `IntentOwner.change` (see the module's docstring).
+
+    What is stated is kept as a function of the intent it lays over, so that when another
+    change landed between this one's start (`base`) and its turn under the lock, it is stated
+    again over the intent running then (`restate`): nothing that landed meanwhile is lost."""
+
+    def __init__(self, current: Callable[[], RunningIntent], publisher: Publisher[Any] | None
+                 ) -> None:
+        self._current = current
+        self.base = current()
+        self._publisher = publisher
+        self._statement: Statement | None = None
+        self._stated: _Stated | None = None
+        self.over = self.base  # the intent what is stated now is laid over
+        self._records: list[Records] = []
+        self._prepared: tuple[_Stated, Any] | None = None
+        self.pushed: frozenset[str] = frozenset()  # after the swap: the PoPs whose output changed
+
+    # -- what changes ----------------------------------------------------------------------
+
+    def steps(self, changes: TickChanges, *, planned_for: Desired) -> None:
+        """A reconcile tick's changes, laid pair by pair over the running intent; decided under
+        `planned_for` (the change is stale, `StaleChange`, once another desired state runs)."""
+        pairs = sorted({*changes.weights, *changes.controllers, *changes.tier_states,
+                        *changes.ramps, *changes.tier_actions})
+
+        def state(base: RunningIntent) -> _Stated:
+            if base.desired is not planned_for:
+                raise StaleChange("a new desired state was applied since the tick planned")
+            return _Stated(applied(base, changes), changes.pops,
+                           changes.batch(base.desired.digest),
+                           saved_as(base, pairs) if changes else IntentBatch())
+
+        self._state(state)
+
+    def desired(self, desired: Desired) -> CarryOver:
+        """A new desired state, under the carry-over rule (`carry_over.py`): saved as its
+        digest, the pairs it no longer has forgotten. The carry-over of `base` (stated again
+        over a newer intent if one lands before the swap)."""
+
+        def state(base: RunningIntent) -> _Stated:
+            carried = carry_over(base, desired)
+            gone = sorted(set(base.pairs()) - set(carried.intent.pairs()))
+            save = IntentBatch(
+                forget_groups=tuple(gone),
+                records=tuple((kind, tier_key(*key), None)
+                              for key in gone for kind in (TIER_KIND, RAMP_KIND)),
+                desired_digest=desired.digest,
+            )
+            return _Stated(carried.intent, None, save,
+                           saved_as(base, gone, base.desired.digest))
+
+        self._state(state)
+        return carry_over(self.over, desired)
+
+    def replace(self, build: Callable[[RunningIntent], tuple[RunningIntent, Iterable[str] | None]]
+                ) -> None:
+        """A whole new intent made from the running one by `build` (a replica adopting what
+        the store holds): it returns the intent and the PoPs whose output may change (None:
+        every PoP). Saves nothing."""
+
+        def state(base: RunningIntent) -> _Stated:
+            intent, pops = build(base)
+            return _Stated(intent, None if pops is None else frozenset(pops), IntentBatch(),
+                           IntentBatch())
+
+        self._state(state)
+
+    def record(self, records: Records) -> None:
+        """Records to write with the change (before its swap); a function is given the PoPs
+        whose output changes."""
+        self._records.append(records)
+
+    @property
+    def target(self) -> RunningIntent:
+        """The intent running after the change (the base while nothing is stated)."""
+        return self.base if self._stated is None else self._stated.target
+
+    # -- how it is published ---------------------------------------------------------------
+
+    async def prepare(self) -> frozenset[str]:
+        """Build the output of what is stated, over the intent running now, on a worker thread
+        (what it raises — a translation that fails — changes nothing); the PoPs whose output
+        changes."""
+        if self._prepared is not None and self._prepared[0] is self._stated:
+            return self._changed()  # built already: what lands later is re-stated at the swap
+        if self._statement is not None and self._current() is not self.over:
+            self._restate(self._current())  # the build reads the cache as it is now
+        stated = self._stated
+        if stated is None or self._publisher is None or stated.pops == frozenset():
+            self._prepared = None if stated is None else (stated, None)
+            return frozenset()
+        build = self._publisher.prepare(stated.target, stated.pops)
+        self._prepared = (stated, await asyncio.to_thread(build))
+        return self._changed()
+
+    async def outcome(self) -> tuple[_Stated | None, Any, frozenset[str]]:
+        """What is stated, its prepared output and the PoPs it changes (prepared if not yet):
+        for the transaction (`IntentOwner.change`)."""
+        changed = await self.prepare()
+        if self._prepared is None:
+            return None, None, frozenset()
+        return self._prepared[0], self._prepared[1], changed
+
+    def restate(self, base: RunningIntent) -> _Stated:
+        """What is stated, laid over `base` instead (another change landed after the output
+        was prepared): the prepared output still holds for every PoP the other change did not
+        touch, and the output cache re-builds the others at the swap (`Publisher.commit`)."""
+        return self._restate(base)
+
+    def _restate(self, base: RunningIntent) -> _Stated:
+        assert self._statement is not None
+        self._stated, self.over = self._statement(base), base
+        return self._stated
+
+    def _changed(self) -> frozenset[str]:
+        assert self._prepared is not None
+        prepared = self._prepared[1]
+        if prepared is None or self._publisher is None:
+            return frozenset()
+        return self._publisher.changed(prepared)
+
+    def _state(self, statement: Statement) -> None:
+        self._statement = statement
+        self._restate(self._current())
+
+    def drafts(self, changed: frozenset[str]) -> list[Draft]:
+        return [made for records in self._records
+                for made in (records(changed) if callable(records) else records)]
+
+
+def saved_as(intent: RunningIntent, pairs: Iterable[PairKey], digest: str | None = None
+             ) -> IntentBatch:
+    """The store write that makes the store hold `intent`'s values for `pairs` (a row where
+    it has one, else the pair forgotten; its tier and ramp records) and `digest`: a change's
+    undo."""
+    rows: list[tuple[str, str, dict[str, int], ControllerState]] = []
+    forget: list[PairKey] = []
+    records: list[tuple[str, str, Any]] = []
+    for key in pairs:
+        if key in intent.weights or key in intent.controllers:
+            rows.append((*key, intent.weights_of(*key),
+                         intent.controllers.get(key, ControllerState())))
+        else:
+            forget.append(key)
+        tier, ramp = intent.tier_states.get(key), intent.ramps.get(key)
+        records.append((TIER_KIND, tier_key(*key), None if tier is None else tier.to_dict()))
+        records.append((RAMP_KIND, tier_key(*key), None if ramp is None else ramp.to_dict()))
+    return IntentBatch(groups=tuple(rows), forget_groups=tuple(forget), records=tuple(records),
+                       desired_digest=digest)

@@ -1,0 +1,197 @@
+"""The change transaction with a fault injected at each stage — the store write fails, the
+decision log cannot be written (a full disk), the swap fails — for a reconcile tick and a hot
+reload: afterwards what is served and what is stored agree (a restart would serve exactly what
+Envoys have now), and the records say what happened.
+
+Real output cache, real SQLite store, real decision log; the faults are injected where the disk
+or the translation would fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from control_plane.ads.snapshots import SnapshotCache
+from control_plane.app.reconcile import Reconciler
+from control_plane.app.server import intent_and_cache, translate_intent
+from control_plane.decide.controller import ControllerState
+from control_plane.decide.signals import OriginSignals
+from control_plane.decisions.log import DecisionLog
+from control_plane.decisions.read import iter_records
+from control_plane.decisions.recorder import DecisionRecorder
+from control_plane.desired.model import Desired
+from control_plane.intent.owner import IntentOwner
+from control_plane.intent.running import RunningIntent
+from control_plane.intent.sqlite_store import StateStore
+from control_plane.intent.steps import PairStep
+from control_plane.observe.source import Signals
+from control_plane.translate import render_json
+from control_plane.translate.resources import Capabilities
+from harness.models import example_desired
+from tests.support.example_service import example_service
+from tests.support.ticks import apply_steps
+
+T0 = 1_800_000_000_000
+FAULTS = ["save", "record", "swap"]
+CAPS = Capabilities()
+
+
+class EwrPrimaryFails:
+    """ewr's primary answers 30% errors: a breach, then a shift every tick."""
+
+    async def window(self, now_ms: int, window_ms: int) -> Signals:
+        def origin(errors: int) -> OriginSignals:
+            return OriginSignals(1000, errors, 0, 20.0, 60.0, 0.0, 0, 1.0, now_ms)
+
+        return {("ewr", "shop"): {"primary": origin(300), "secondary": origin(0)},
+                ("sjc", "shop"): {"primary": origin(0), "secondary": origin(0)}}
+
+
+def full_disk(*args: Any, **kwargs: Any) -> Any:
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def broken_swap(*args: Any, **kwargs: Any) -> Any:
+    raise RuntimeError("translation of a late PoP broke")
+
+
+def assert_served_is_stored(cache: SnapshotCache[RunningIntent], owner: IntentOwner,
+                            store: StateStore, desired: Desired) -> None:
+    """What a restart would restore from the store, translated, is what is served now, and the
+    owner's intent is what is served."""
+    restored = IntentOwner(desired)
+    restored.restore(store.load(), where="test")
+    assert store.load().desired_digest in (None, desired.digest)
+    for pop in desired.pop_names:
+        served = render_json(cache.resources(pop, CAPS))
+        assert served == render_json(translate_intent(owner.intent, pop, CAPS)), pop
+        assert served == render_json(translate_intent(restored.intent, pop, CAPS)), pop
+
+
+def inject(fault: str, monkeypatch: pytest.MonkeyPatch, store: StateStore, log: DecisionLog,
+           cache: SnapshotCache[RunningIntent]) -> None:
+    target, name, fails = {"save": (store, "write", full_disk),
+                           "record": (log, "write_drafts", full_disk),
+                           "swap": (cache, "commit", broken_swap)}[fault]
+    monkeypatch.setattr(target, name, fails)
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+async def test_a_tick_with_a_fault_leaves_served_and_stored_agreeing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str
+) -> None:
+    desired = example_desired()
+    store = StateStore(tmp_path)
+    log = DecisionLog(tmp_path)
+    recorder = DecisionRecorder(log)
+    owner, cache = intent_and_cache(desired, store=store, recorder=recorder)
+    for pop in desired.pop_names:
+        cache.resources(pop, CAPS)
+    reconciler = Reconciler(owner, EwrPrimaryFails(), seed=7)
+    await reconciler.tick(T0)  # the breach: streaks only
+    home = owner.weights("ewr", "shop")
+    with monkeypatch.context() as patched:
+        inject(fault, patched, store, log, cache)
+        if fault == "save":
+            with pytest.raises(OSError):
+                await reconciler.tick(T0 + 20_000)
+        else:
+            await reconciler.tick(T0 + 20_000)  # the shift
+        assert_served_is_stored(cache, owner, store, desired)
+    shifted = owner.weights("ewr", "shop") != home
+    assert shifted == (fault == "record")  # only a full log lets the shift through
+    kinds = [r["kind"] for r in iter_records(tmp_path)]
+    if fault == "record":  # kept in memory, written once the log takes records again
+        assert recorder.waiting > 0 and "weight_shift" not in kinds
+        recorder.flush()
+        late = [r for r in iter_records(tmp_path) if r["kind"] == "weight_shift"]
+        assert late and "recorded_late" in late[0]["detail"]
+    elif fault == "swap":
+        errors = [r for r in iter_records(tmp_path) if r["kind"] == "reconcile_error"]
+        assert [(r["pop"], r["detail"]["phase"]) for r in errors] == [("ewr", "push")]
+    else:  # the save failed: nothing was recorded, the next tick decides again
+        assert "weight_shift" not in kinds
+    await reconciler.tick(T0 + 40_000)  # and the loop goes on from what is stored
+    assert owner.weights("ewr", "shop") != home
+    assert_served_is_stored(cache, owner, store, desired)
+    log.close()
+    store.close()
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+async def test_a_reload_with_a_fault_leaves_served_and_stored_agreeing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str
+) -> None:
+    async with example_service(tmp_path, reconcile_interval_ms=3_600_000) as (service, text):
+        assert isinstance(service.store, StateStore)
+        owner, cache, store = service.server.intent, service.server.cache, service.store
+        for pop in owner.desired.pop_names:
+            cache.resources(pop, CAPS)
+        before = owner.desired
+        edited = text.replace("port_offset: 1}", "port_offset: 2}")
+        with monkeypatch.context() as patched:
+            inject(fault, patched, store, service.decisions, cache)
+            applied = await service.reload.apply(edited.encode())
+            assert applied == (fault == "record")
+            assert_served_is_stored(cache, owner, store, owner.desired)
+            assert store.load().desired_digest == owner.desired.digest
+        assert (owner.desired is before) == (fault != "record")
+        kinds = [r["kind"] for r in iter_records(service.config.state_dir)]
+        if fault == "record":
+            assert service.recorder.waiting >= 1 and "config_applied" not in kinds[-1:]
+            service.recorder.flush()
+            (applied_record,) = [r for r in iter_records(service.config.state_dir)
+                                 if r["kind"] == "config_applied" and r["detail"].get("diff")]
+            assert "recorded_late" in applied_record["detail"]
+        else:
+            (rejected,) = [r for r in iter_records(service.config.state_dir)
+                           if r["kind"] == "config_rejected"]
+            reason = {"save": "cannot save the state", "swap": "cannot publish"}[fault]
+            assert reason in rejected["detail"]["problems"][0]
+        assert service.is_ready()  # the log took the kept records: nothing left to say
+
+
+
+async def test_a_step_during_a_reloads_translation_is_not_held_up_nor_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reload's output is built before the lock: a reconcile step landing meanwhile does
+    not wait for it, and the reload, stated again over the intent running at its turn, keeps
+    the step (its PoP re-built at the swap). Served and stored agree."""
+    async with example_service(tmp_path, reconcile_interval_ms=3_600_000) as (service, text):
+        assert isinstance(service.store, StateStore)
+        owner, cache, store = service.server.intent, service.server.cache, service.store
+        for pop in owner.desired.pop_names:
+            cache.resources(pop, CAPS)
+        building, release = threading.Event(), threading.Event()
+        prepare = cache.prepare
+
+        def slow_prepare(source: RunningIntent, pops: Any = None) -> Any:
+            build = prepare(source, pops)
+            if pops is not None:  # a step's own build goes through at once
+                return build
+
+            def held() -> Any:
+                building.set()
+                release.wait(30)
+                return build()
+
+            return held
+
+        monkeypatch.setattr(cache, "prepare", slow_prepare)
+        edited = text.replace("read_timeout: 4s", "read_timeout: 5s")
+        reload = asyncio.create_task(service.reload.apply(edited.encode()))
+        assert await asyncio.to_thread(building.wait, 30)
+        moved = {"primary": 70, "secondary": 30}
+        assert await apply_steps(owner, [PairStep(("ewr", "shop"), moved, ControllerState())])
+        assert not reload.done() and owner.weights("ewr", "shop") == moved
+        release.set()
+        assert await reload
+        assert owner.weights("ewr", "shop") == moved  # the step survived the reload's swap
+        assert_served_is_stored(cache, owner, store, owner.desired)
