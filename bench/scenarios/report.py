@@ -469,10 +469,10 @@ WHY = {
         "answered late (in the latencies) instead of failing (in the error rate); and during "
         "a shift part of the traffic stays on the slow primary"),
     "checkout": (
-        "Ballast's critical route allows 0.8 s of queueing + 2 s x 3 attempts (6.8 s) where "
-        "the failover baselines time out at 4 s, so slow requests are answered late instead "
-        "of failing; in `priority` checkout's demand is over its 14 slots, so it queues "
-        "unless the scheduler lends it more"),
+        "during the shift Ballast keeps most traffic on the primary, whose time to first byte "
+        "rises by up to 600 ms (the evidence line gives its standby's mean weight), and its "
+        "critical route allows 0.8 s of queueing + 2 s x 3 attempts (6.8 s) where the failover "
+        "baselines time out at 4 s, so slow requests are answered late instead of failing"),
     "error rate": (
         "Ballast moved weight off the failing primary more slowly than the baselines' outlier "
         "detection ejected it: two breached windows first, then at most 10-15 points a tick, "
