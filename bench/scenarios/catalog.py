@@ -214,5 +214,8 @@ def smoke(scenario: Scenario) -> Scenario:
     if scenario.name == "flap":  # 2 s down (95 % 5xx), 2 s up
         script = partial(_flap, duration_s=16.0, period_s=FLAP_PERIOD_S, error_rate=0.95)
         incident = (0.1, 1.0)
+    # restart: kill at 30 % (4.8 s) so the restarted Ballast (start-up takes seconds on a loaded
+    # machine, then a tick every 2 s) has ten seconds to record its decisions for the PoPs
+    kill_at = None if scenario.kill_at is None else 0.3
     return replace(scenario.scaled(16.0, 20.0, script, incident), origins=origins,
-                   variants=variants)
+                   variants=variants, kill_at=kill_at)
