@@ -285,10 +285,11 @@ def _message_types() -> dict[str, type]:
     from envoy.config.endpoint.v3.endpoint_pb2 import ClusterLoadAssignment
     from envoy.config.listener.v3.listener_pb2 import Listener
     from envoy.config.route.v3.route_pb2 import RouteConfiguration
+    from envoy.extensions.transport_sockets.tls.v3.secret_pb2 import Secret
 
     return {
         f"type.googleapis.com/{cls.DESCRIPTOR.full_name}": cls
-        for cls in (Cluster, ClusterLoadAssignment, Listener, RouteConfiguration)
+        for cls in (Cluster, ClusterLoadAssignment, Listener, RouteConfiguration, Secret)
     }
 
 

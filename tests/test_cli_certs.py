@@ -87,10 +87,20 @@ def test_bootstrap_with_tls_has_the_transport_socket(tmp_path: Path, capsys) -> 
     socket = cluster["transport_socket"]
     assert socket["name"] == "envoy.transport_sockets.tls"
     context = socket["typed_config"]["common_tls_context"]
-    assert context["tls_certificates"] == [{
+    # the certificate through file-based SDS: the file written next to it, its folder watched
+    sds_file = tmp_path / "nodes/ewr/ewr-1.sds.json"
+    assert context["tls_certificate_sds_secret_configs"] == [{
+        "name": "ballast_xds_client",
+        "sds_config": {"path_config_source": {
+            "path": str(sds_file), "watched_directory": {"path": str(sds_file.parent)}},
+            "resource_api_version": "V3"},
+    }]
+    (secret,) = json.loads(sds_file.read_text())["resources"]
+    assert secret["tls_certificate"] == {
         "certificate_chain": {"filename": str(tmp_path / "nodes/ewr/ewr-1.pem")},
         "private_key": {"filename": str(tmp_path / "nodes/ewr/ewr-1.key")},
-    }]
+        "watched_directory": {"path": str(tmp_path / "nodes/ewr")},
+    }
     assert context["validation_context"]["trusted_ca"] == {"filename": str(tmp_path / "ca.pem")}
     assert context["validation_context"]["match_typed_subject_alt_names"] == [
         {"san_type": "IP_ADDRESS", "matcher": {"exact": "127.0.0.1"}}

@@ -42,6 +42,7 @@ def test_rules_use_only_series_ballast_exports() -> None:
     metrics.tier_action_active.labels("ewr", "shop", "shed", "background").set(0)
     metrics.config_reloads.labels("rejected").inc()
     metrics.set_certificates([("shop", "standby", 29.5, True)])
+    metrics.set_served_certificates([("https", "shop", 20.0)])
     exported = {
         sample.name
         for family in text_string_to_metric_families(metrics.exposition().decode())

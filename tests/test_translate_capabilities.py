@@ -15,6 +15,7 @@ from control_plane.translate.capabilities import (
     FIFO_TYPE_NAME,
     read_node_capabilities,
 )
+from control_plane.translate.envoy_http_filters import ENVOY_1_40_HTTP_FILTER_TYPES
 from control_plane.translate.listeners import access_log
 from control_plane.translate.mirror import is_mirror_cluster
 from control_plane.translate.queue_policy import read_back
@@ -27,9 +28,12 @@ CATEGORY = "envoy.queue_policy"
 
 
 def node(*extensions: tuple[str, list[str], bool]) -> Node:
+    """A node listing Envoy 1.40's HTTP filters (so the filter gate holds nothing back) and
+    `extensions` (name, type URLs, disabled) as queue policies."""
     result = Node(id="n")
-    result.extensions.add(name="envoy.filters.http.router", category="envoy.filters.http",
-                          type_urls=["envoy.extensions.filters.http.router.v3.Router"])
+    for type_name in sorted(ENVOY_1_40_HTTP_FILTER_TYPES):
+        result.extensions.add(name=type_name, category="envoy.filters.http",
+                              type_urls=[type_name])
     for name, type_urls, disabled in extensions:
         result.extensions.add(name=name, category=CATEGORY, type_urls=type_urls, disabled=disabled)
     return result

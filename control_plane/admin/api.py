@@ -26,6 +26,7 @@ import itertools
 import json
 import logging
 import ssl
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from datetime import UTC, datetime
@@ -44,6 +45,7 @@ from control_plane.decisions.read import Query, Record, RecordSource, parse_sinc
 from control_plane.desired.model import TierActions
 from control_plane.intent.owner import IntentOwner
 from control_plane.intent.shown import intent_json
+from control_plane.observe.certificates import served_certificates
 from control_plane.own_metrics.registry import BallastMetrics
 from control_plane.translate import render_json
 from control_plane.translate.resources import Capabilities
@@ -369,6 +371,9 @@ class AdminApi:
 
     async def scrape(self, request: web.Request) -> web.Response:
         self.metrics.set_weights(self.intent.all_weights())
+        self.metrics.set_served_certificates(
+            (s.listener, s.certificate, s.days_to_expiry)
+            for s in served_certificates(self.intent.desired, int(time.time() * 1000)))
         self.metrics.set_tier_actions(
             active_tier_actions(self.intent), configured_tier_actions(self.intent)
         )

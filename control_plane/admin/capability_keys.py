@@ -1,5 +1,5 @@
-"""Capability keys (`none`, `fifo`, `lifo`, each also with `+als`) as the admin API and
-`ballast plan` name them."""
+"""Capability keys (`none`, `fifo`, `lifo`, each also with `+als`, and with `-f<hash>` for
+nodes lacking added filters' types) as the admin API and `ballast plan` name them."""
 
 from __future__ import annotations
 
@@ -20,7 +20,12 @@ CAPABILITY_KEYS: dict[str, Capabilities] = {
 
 
 def capabilities_for_key(key: str) -> Capabilities:
-    """The capabilities a key stands for; `ValueError` naming the known keys otherwise."""
+    """The capabilities a key stands for; `ValueError` naming the known keys otherwise. A key
+    of nodes lacking HTTP filter types (`<key>-f<hash>`) names them only by hash: it stands
+    for its base key (as if the filters were there)."""
+    base, _, filters = key.partition("-f")
+    if filters:
+        key = base
     try:
         return CAPABILITY_KEYS[key]
     except KeyError:

@@ -4,7 +4,8 @@ Routes (on the admin API's application, so its bind and its authentication apply
 
 - ``/dashboard/`` the page; ``/dashboard/static/{name}`` its script and style, shipped inside the
   package (nothing is fetched from anywhere else: the page's Content-Security-Policy says so).
-- ``/dashboard/api/overview`` fleet cards (see ``dashboard_views.overview``).
+- ``/dashboard/api/overview`` fleet cards (see ``dashboard_views.overview``), and the
+  certificates the TLS listeners serve with their days to expiry.
 - ``/dashboard/api/pops/{pop}`` one PoP's nodes and groups.
 - ``/dashboard/api/timeline?pop=P&group=G&range=15m|1h|6h|24h`` one group's weights over time,
   with its active tier actions and whatever ``controllers`` (given by the server) report for it.
@@ -48,6 +49,7 @@ from control_plane.decisions.kinds import KINDS
 from control_plane.decisions.read import Query, record_time
 from control_plane.decisions.recent import by_seq, newest
 from control_plane.intent.owner import IntentOwner
+from control_plane.observe.certificates import served_certificates
 
 RANGES: dict[str, timedelta] = {
     "15m": timedelta(minutes=15),
@@ -177,6 +179,8 @@ class Dashboard:
                         self.intent.all_tier_actions(), config)
         body["groups"] = [g.name for g in desired.origin_groups]
         body["kinds"] = list(KINDS)
+        now_ms = int(self._clock().timestamp() * 1000)
+        body["served_certificates"] = [s.as_dict() for s in served_certificates(desired, now_ms)]
         return web.json_response(body)
 
     def _known_pop(self, pop: str) -> web.Response | None:

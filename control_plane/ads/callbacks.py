@@ -45,6 +45,10 @@ class Callbacks:
         """The node rejected the response with `nack.nonce` (`nack.message` truncated to the
         server's limit); `node.nack_count(type_url)` > 1 when it repeats the last NACK."""
 
+    def on_secrets_refused(self, node: NodeEntry, names: list[str], reason: str) -> None:
+        """The node asked for SDS secrets (private keys) on a stream they may not go to (not
+        mTLS); it is not answered. Once per stream; `names`: the first few it asked for."""
+
     def on_capability_fallback(
         self, node: NodeEntry, capability_key: str, version: str, notes: tuple[str, ...]
     ) -> None:

@@ -102,6 +102,7 @@ class NodeEntry:
     types: dict[str, _TypeRecord] = field(default_factory=dict)
     fallback_version: str | None = None  # CDS version whose capability fallback was reported
     repeated_nacks: dict[str, int] = field(default_factory=dict)  # type -> NACKs after the first
+    secrets_refused: str | None = None  # why its SDS requests go unanswered (not mTLS)
 
     def _record(self, type_url: str) -> _TypeRecord:
         record = self.types.get(type_url)

@@ -17,6 +17,9 @@ counts) lives in its `NodeEntry` and goes with it.
 
 With `verify_peer` (mTLS on), the client certificate's identity must name the PoP and node id
 the first request claims, else the stream ends with PERMISSION_DENIED (`on_stream_refused`).
+Private keys: SDS Secrets go only where `key_gate` lets them (an mTLS port has no gate; a
+plaintext one refuses every stream unless the operator allowed loopback peers): an SDS request
+on any other stream is never answered and reported once (`on_secrets_refused`).
 One live stream per node id: a newer stream of the same id closes the older one (ABORTED,
 `on_stream_superseded`), so the registry never holds one id twice.
 """
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import ipaddress
 import logging
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -55,11 +59,16 @@ from control_plane.ads.protocol import (
 )
 from control_plane.ads.snapshots import SnapshotCache
 from control_plane.translate.capabilities import NodeCapabilities, read_node_capabilities
-from control_plane.translate.resources import CLUSTER_TYPE, STARTUP_TYPES, PopResources
+from control_plane.translate.resources import (
+    CLUSTER_TYPE,
+    SECRET_TYPE,
+    STARTUP_TYPES,
+    PopResources,
+)
 
 __all__ = [
-    "AdsServicer", "NodeRejected", "encode_delta", "encode_sotw", "envoy_version", "pop_of",
-    "server_options",
+    "AdsServicer", "KeyGate", "NodeRejected", "encode_delta", "encode_sotw", "envoy_version",
+    "plaintext_key_gate", "pop_of", "server_options",
 ]
 
 log = logging.getLogger(__name__)
@@ -85,6 +94,40 @@ def server_options(limits: AdsLimits = DEFAULT_LIMITS) -> tuple[tuple[str, int],
 # (the stream's context, claimed PoP, claimed node id) -> why the peer (its certificate) may
 # not claim them, or None
 VerifyPeer = Callable[[grpc.aio.ServicerContext[Any, Any], str, str], str | None]
+# the stream's context -> why private keys (SDS Secrets) may not go to it, or None
+KeyGate = Callable[[grpc.aio.ServicerContext[Any, Any]], str | None]
+
+
+def plaintext_key_gate(allow_loopback: bool) -> KeyGate:
+    """The gate of a port that is not mTLS: no secret goes out, except (when the operator
+    allowed it) to a peer on loopback, i.e. on this very machine."""
+
+    def gate(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
+        peer = context.peer() or ""
+        if allow_loopback and peer_on_loopback(peer):
+            return None
+        if allow_loopback:
+            return (f"the xDS stream is not mTLS and the peer ({clip(peer, 64)}) is not on "
+                    "loopback: private keys go only over mTLS")
+        return ("the xDS stream is not mTLS: private keys go only over mTLS (ballast serve "
+                "--allow-plaintext-secrets lets Envoys on loopback have them)")
+
+    return gate
+
+
+def peer_on_loopback(peer: str) -> bool:
+    """gRPC's peer string (`ipv4:127.0.0.1:5000`, `ipv6:[::1]:5000`) names a loopback address."""
+    kind, _, rest = peer.partition(":")
+    if kind == "ipv4":
+        host = rest.rsplit(":", 1)[0]
+    elif kind == "ipv6":
+        host = rest.rsplit(":", 1)[0].strip("[]")
+    else:
+        return kind == "unix"
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class _Signal:
@@ -187,6 +230,7 @@ class _Stream:
         "core",
         "ending",
         "entry",
+        "keys_refused",
         "push",
         "push_due",
         "reading",
@@ -215,6 +259,9 @@ class _Stream:
         self.ending: _Signal | None = None  # how the stream ends, once known
         self.admitted = False  # holds an initial-sync slot
         self.admission_cap: asyncio.TimerHandle | None = None
+        # why private keys may not go to this stream (None: they may); its SDS requests are
+        # then never answered, and the first one is reported
+        self.keys_refused: str | None = None
 
     def wake(self) -> None:
         """The stream's PoP changed: one push is due, however many wake-ups came."""
@@ -270,9 +317,11 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         callbacks: Callbacks | None = None,
         limits: AdsLimits = DEFAULT_LIMITS,
         verify_peer: VerifyPeer | None = None,
+        key_gate: KeyGate | None = None,
     ) -> None:
         self.cache = cache
         self._verify_peer = verify_peer
+        self._key_gate = key_gate
         self.hub = hub
         self.nodes = nodes
         self.callbacks = callbacks if callbacks is not None else Callbacks()
@@ -379,6 +428,8 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         await self._admission.acquire()  # released once its initial exchange is done
         self.syncing += 1
         state = _Stream(self, context, stream, entry, advertised)
+        if self._key_gate is not None:
+            state.keys_refused = self._key_gate(context)
         state.admitted = True
         state.admission_cap = asyncio.get_running_loop().call_later(
             self.limits.initial_sync_s, self._end_admission, state
@@ -464,6 +515,10 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         if not self.cache.has_pop(entry.pop):
             return _Signal(grpc.StatusCode.FAILED_PRECONDITION,
                            f"PoP {entry.pop!r} is no longer in the desired state")
+        if request is not None and state.keys_refused is not None \
+                and request.type_url == SECRET_TYPE:
+            self._refuse_keys(state, request)
+            return None
         snapshot = self._snapshot(entry, state.advertised)
         if request is None:
             step = state.core.on_snapshot(snapshot)
@@ -478,6 +533,19 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         if state.admitted and step.events and _initial_sync_done(entry):
             self._end_admission(state)
         return None
+
+    def _refuse_keys(self, state: _Stream, request: Any) -> None:
+        """An SDS request on a stream keys may not go to: never answered (the listeners that
+        need the secrets stay warming), reported once per stream."""
+        entry, why = state.entry, state.keys_refused
+        if entry.secrets_refused is not None or why is None:
+            return
+        entry.secrets_refused = why
+        names = list(request.resource_names if isinstance(request, DiscoveryRequest)
+                     else request.resource_names_subscribe)[:8]
+        log.warning("node %r: SDS request for %s not answered: %s", entry.node_id,
+                    ", ".join(names) or "secrets", why)
+        self._notify(self.callbacks.on_secrets_refused, entry, names, why)
 
     def _end_admission(self, state: _Stream) -> None:
         """The stream's initial exchange is done (or took too long, or the stream ended): its

@@ -92,10 +92,17 @@ class WarmEntries:
 
 class SnapshotCache(Generic[S]):
     def __init__(
-        self, build: Build[S], pops_of: Callable[[S], Sequence[str]], source: S
+        self,
+        build: Build[S],
+        pops_of: Callable[[S], Sequence[str]],
+        source: S,
+        narrow: Callable[[S, Capabilities], Capabilities] | None = None,
     ) -> None:
+        """`narrow(source, caps)`: the part of a node's capabilities that matters under
+        `source` (so nodes that differ only in what the source does not use share entries)."""
         self._build_fn = build
         self._pops_of = pops_of
+        self._narrow = narrow
         self._source = source
         self._overrides: dict[str, Capabilities] = {}
         self._entries: dict[tuple[str, str], PopResources] = {}
@@ -125,6 +132,8 @@ class SnapshotCache(Generic[S]):
         override = self._overrides.get(pop)
         if override is not None:
             return EffectiveCapabilities(override, f"override for PoP {pop}")
+        if self._narrow is not None:
+            advertised = self._narrow(self._source, advertised)
         return EffectiveCapabilities(advertised, why)
 
     def resources(self, pop: str, caps: Capabilities) -> PopResources:

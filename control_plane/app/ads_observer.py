@@ -1,7 +1,7 @@
 """What Ballast does with the ADS server's callbacks: decision records and its own metrics.
 
 Records: `node_connected`, `node_disconnected`, `node_refused`, `node_superseded`,
-`capability_fallback` and `nack`, each handed to
+`secrets_refused`, `capability_fallback` and `nack`, each handed to
 `record(kind, fields)`; a NACK repeating the last one of its stream and (type, version) is only
 counted (`repeated_nacks` in the stream's `node_disconnected`). Metrics: connected nodes per
 PoP, responses and bytes sent, ACKs and NACKs per type, and the seconds from a response to the
@@ -79,6 +79,10 @@ class AdsObserver(Callbacks):
             return  # counted in node.repeated_nacks, recorded with the disconnect
         self._emit("nack", node=node.node_id, pop=node.pop, type=short_name(nack.type_url),
                    version=nack.version, message=nack.message)
+
+    def on_secrets_refused(self, node: NodeEntry, names: list[str], reason: str) -> None:
+        self._emit("secrets_refused", node=node.node_id, pop=node.pop, secrets=names,
+                   reason=reason)
 
     def on_capability_fallback(
         self, node: NodeEntry, capability_key: str, version: str, notes: tuple[str, ...]

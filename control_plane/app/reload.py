@@ -5,8 +5,11 @@ temp file and rename it over the original. Both are covered by polling the file'
 (inode, size, mtime) and only reading it once that identity has stayed the same for `settle`
 seconds; the bytes are then handed over only if their hash differs from the last ones handed
 over. Whatever is handed over still goes through full validation before anything applies.
-SIGHUP (via `trigger`) forces a re-read even if nothing seems to have changed. Time passes
-through the injected `sleep` (asyncio's by default; tests give a fake clock's).
+SIGHUP (via `trigger`) forces a re-read even if nothing seems to have changed. The files the
+desired state names (`also`: TLS listeners' certificates and keys) are watched the same way: a
+change in one hands the desired state over again, unchanged, so it is read with the new files
+(a certificate renewal); a pair caught half-written fails validation and the running one stays.
+Time passes through the injected `sleep` (asyncio's by default; tests give a fake clock's).
 
 The watcher survives anything: a file that cannot be read as a desired state (not a regular
 file, too large) goes to `on_unreadable` with the reason, and any exception while handing over
@@ -50,15 +53,17 @@ class DesiredFileWatcher:
         on_unreadable: Callable[[DesiredStateError], None] | None = None,
         on_error: Callable[[Exception], None] | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        also: Callable[[], tuple[str, ...]] = tuple,
     ) -> None:
         self.path = path
+        self.also = also
         self.on_change = on_change
         self.on_unreadable = on_unreadable
         self.on_error = on_error
         self.poll = poll
         self.settle = settle
         self._sleep = sleep
-        self._seen = identity(path)
+        self._seen = self._identities()
         self._handed_hash = hashlib.sha256(current).hexdigest() if current is not None else None
         self._forced = asyncio.Event()
 
@@ -91,22 +96,29 @@ class DesiredFileWatcher:
             for wait in waits:
                 wait.cancel()
 
+    def _identities(self) -> tuple[FileIdentity | None, ...]:
+        """The desired-state file's identity, then those of the files it names (`also`)."""
+        return (identity(self.path), *(identity(Path(p)) for p in self.also()))
+
     async def _check(self, forced: bool) -> None:
-        now = identity(self.path)
-        if now is None or (now == self._seen and not forced):
+        now = self._identities()
+        if now[0] is None or (now == self._seen and not forced):
             return
         stable = await self._wait_stable(now)
         if stable is None:
             return
+        named_changed = stable[1:] != self._seen[1:]
         self._seen = stable
-        await self._hand_over(forced)
+        await self._hand_over(forced or named_changed)
 
-    async def _wait_stable(self, first: FileIdentity) -> FileIdentity | None:
+    async def _wait_stable(
+        self, first: tuple[FileIdentity | None, ...]
+    ) -> tuple[FileIdentity | None, ...] | None:
         previous = first
         while True:
             await self._sleep(self.settle)
-            now = identity(self.path)
-            if now is None:
+            now = self._identities()
+            if now[0] is None:
                 return None
             if now == previous:
                 return now

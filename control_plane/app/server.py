@@ -4,20 +4,22 @@ grpc.aio server. The reconcile loop, hot reload and admin API hang off it.
 
 With `tls`, the port speaks only mTLS: client certificates must chain to the client CA, the files
 are re-read when they change (`security/tls.py`), and each ADS stream's node identity must match
-its certificate (`security/identity.py`).
+its certificate (`security/identity.py`). Without `tls`, SDS secrets (private keys) are sent to
+no stream, or with `allow_plaintext_secrets` only to peers on loopback (`ads/server.py`).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 
 import grpc
 
 from control_plane.ads.fanout import PushHub
 from control_plane.ads.limits import DEFAULT_LIMITS, AdsLimits
 from control_plane.ads.nodes import NodeRegistry
-from control_plane.ads.server import AdsServicer, server_options
+from control_plane.ads.server import AdsServicer, plaintext_key_gate, server_options
 from control_plane.ads.snapshots import SnapshotCache
 from control_plane.app.ads_observer import AdsObserver, Record
 from control_plane.decisions.recorder import DecisionRecorder
@@ -47,6 +49,16 @@ def intent_pops(intent: RunningIntent) -> tuple[str, ...]:
     return intent.desired.pop_names
 
 
+def used_capabilities(intent: RunningIntent, caps: Capabilities) -> Capabilities:
+    """A node's capabilities as far as `intent` uses them: of the HTTP filter types its Envoy
+    lacks, only those of the desired state's added filters (nodes that lack only filters
+    nobody added share one translation with those that have them)."""
+    if not caps.missing_filters:
+        return caps
+    used = caps.missing_filters & intent.desired.extra_filter_types
+    return caps if used == caps.missing_filters else replace(caps, missing_filters=used)
+
+
 def intent_and_cache(
     desired: Desired, *, store: IntentStore | None = None,
     recorder: DecisionRecorder | None = None,
@@ -54,7 +66,7 @@ def intent_and_cache(
     """The intent owner (saving to `store`, recording to `recorder`) and the output cache it
     publishes to, whose entries are the running intent translated (`translate_intent`)."""
     owner = IntentOwner(desired, store=store, recorder=recorder)
-    cache = SnapshotCache(translate_intent, intent_pops, owner.intent)
+    cache = SnapshotCache(translate_intent, intent_pops, owner.intent, used_capabilities)
     owner.connect(cache)
     return owner, cache
 
@@ -73,6 +85,7 @@ class BallastServer:
         tls: ReloadingCredentials | None = None,
         store: IntentStore | None = None,
         recorder: DecisionRecorder | None = None,
+        allow_plaintext_secrets: bool = False,
     ) -> None:
         self.xds_address = xds_address
         self.limits = limits
@@ -85,6 +98,7 @@ class BallastServer:
             self.cache, self.hub, self.nodes,
             callbacks=AdsObserver(record=record, metrics=metrics), limits=limits,
             verify_peer=check_node_peer if tls is not None else None,
+            key_gate=None if tls is not None else plaintext_key_gate(allow_plaintext_secrets),
         )
         self.grpc: grpc.aio.Server | None = None
         self.port = 0

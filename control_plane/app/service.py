@@ -43,6 +43,7 @@ from control_plane.decisions.log import DecisionLog, log_files
 from control_plane.decisions.read import FileSource
 from control_plane.decisions.recorder import DecisionRecorder
 from control_plane.desired import parse_desired, read_desired_bytes
+from control_plane.desired.loader import watched_files
 from control_plane.desired.model import Desired
 from control_plane.desired.warnings import desired_warnings
 from control_plane.intent.etcd_store import EtcdStore, parse_store_url
@@ -90,6 +91,8 @@ class ServiceConfig:
     tls: TlsFiles | None = None  # mTLS on the xDS/sink port when set
     admin_token_file: Path | None = None  # bearer token the admin API requires when set
     admin_tls: bool = False  # admin API on HTTPS with `tls`'s files; admin client certs accepted
+    # without `tls`: SDS secrets (private keys) still go to Envoys connecting from loopback
+    allow_plaintext_secrets: bool = False
     store_url: str | None = None  # etcd://HOST:PORT[,...]: replicas share the intent there
     replica_id: str | None = None  # this replica's name among them (default: the xDS address)
     leader_ttl_s: int = 5  # the leader's lease; a follower takes over within it
@@ -175,6 +178,7 @@ class BallastService:
             tls=tls,
             store=self.store,
             recorder=self.recorder,
+            allow_plaintext_secrets=config.allow_plaintext_secrets,
         )
         await self._restore(snapshot)
         if snapshot.desired_digest != desired.digest:
@@ -207,6 +211,7 @@ class BallastService:
             current=self._desired_bytes,
             on_unreadable=self.reload.unreadable,
             on_error=self.reload.failed,
+            also=lambda: watched_files(self.server.intent.intent.desired),
         )
         # every PoP translated for Envoy 1.40 (FIFO queue policies; with and without the access
         # log its --metrics-sink bootstrap asks for), off the loop and before the port is bound:

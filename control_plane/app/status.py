@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from control_plane.intent.owner import IntentOwner
+from control_plane.observe.certificates import served_certificates
+from control_plane.observe.source import wall_ms
 
 if TYPE_CHECKING:
     from control_plane.app.service import BallastService
@@ -47,6 +49,7 @@ def service_status(service: BallastService) -> dict[str, Any]:
         "metrics_source": config.metrics_source,
         "ready": not_ready_reason(service) == "",
         "certificates": service.prober.certificates_json() if service.prober else [],
+        "served_certificates": [c.as_dict() for c in served_certificates(desired, wall_ms())],
         **({"replication": service.replication.status()} if service.replication else {}),
     }
 

@@ -2,20 +2,23 @@
 
 ADS over gRPC (or delta with --delta) to Ballast at --xds, node locality zone = the PoP, admin on
 127.0.0.1. Templates live in `envoy/` (edge, sidecar). With --tls-cert/--tls-key/--tls-ca the
-connection to Ballast is mTLS (the node's certificate from `ballast certs`).
+connection to Ballast is mTLS (the node's certificate from `ballast certs`), the certificate read
+through file-based SDS: the command also writes that SDS file (--tls-sds-file, default next to the
+certificate), and Envoy re-reads the pair when `ballast certs --node` renews it in place.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from pathlib import Path
 
 import yaml
 
-from control_plane.translate.bootstrap import XdsClientTls, ads_bootstrap
+from control_plane.translate.bootstrap import XdsClientTls, ads_bootstrap, xds_client_sds
 from control_plane.translate.bootstrap_templates import TEMPLATES
 from control_plane.translate.capabilities import ENVOY_RELEASES, NEWEST_RELEASE
 
@@ -73,6 +76,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     tls.add_argument("--tls-cert", metavar="FILE", help="the node's certificate (PEM)")
     tls.add_argument("--tls-key", metavar="FILE", help="the node's private key (PEM)")
     tls.add_argument("--tls-ca", metavar="FILE", help="the CA Ballast's certificate chains to")
+    tls.add_argument("--tls-sds-file", metavar="FILE",
+                     help="where to write the file-based SDS file Envoy reads its certificate "
+                     "through (watched: certificates renewed in place are used without a "
+                     "restart); default: next to --tls-cert, as NAME.sds.json")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -89,10 +96,18 @@ def run(args: argparse.Namespace) -> int:
             )
         if not args.node_id.strip():
             raise BootstrapArgumentError("--node-id must not be empty")
-        tls = client_tls(args.tls_cert, args.tls_key, args.tls_ca)
+        tls = client_tls(args.tls_cert, args.tls_key, args.tls_ca, args.tls_sds_file)
     except BootstrapArgumentError as err:
         print(f"ballast bootstrap: {err}", file=sys.stderr)
         return 2
+    if tls is not None and tls.sds_file is not None:
+        try:
+            write_atomically(Path(tls.sds_file), json.dumps(xds_client_sds(tls), indent=2))
+        except OSError as err:
+            print(f"ballast bootstrap: cannot write {tls.sds_file}: {err}", file=sys.stderr)
+            return 1
+        print(f"ballast bootstrap: wrote {tls.sds_file} (Envoy's xDS client certificate, "
+              "file-based SDS)", file=sys.stderr)
     bootstrap = ads_bootstrap(
         node_id=args.node_id,
         pop=args.pop,
@@ -114,7 +129,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def client_tls(cert: str | None, key: str | None, ca: str | None) -> XdsClientTls | None:
+def client_tls(cert: str | None, key: str | None, ca: str | None,
+               sds_file: str | None = None) -> XdsClientTls | None:
+    """The node's mTLS files; its certificate through file-based SDS at `sds_file` (default:
+    `<cert without suffix>.sds.json`)."""
     given = [name for name, value in (("--tls-cert", cert), ("--tls-key", key),
                                       ("--tls-ca", ca)) if value]
     if not given:
@@ -122,8 +140,19 @@ def client_tls(cert: str | None, key: str | None, ca: str | None) -> XdsClientTl
     if len(given) < 3 or cert is None or key is None or ca is None:
         raise BootstrapArgumentError(
             f"mTLS needs --tls-cert, --tls-key and --tls-ca together (given: {', '.join(given)})")
+    if Path(cert).parent.absolute() != Path(key).parent.absolute():
+        raise BootstrapArgumentError("--tls-cert and --tls-key must be in one directory (Envoy "
+                                     "watches it to re-read them together)")
+    sds = Path(sds_file) if sds_file else Path(cert).with_suffix(".sds.json")
     return XdsClientTls(cert=str(Path(cert).absolute()), key=str(Path(key).absolute()),
-                        ca=str(Path(ca).absolute()))
+                        ca=str(Path(ca).absolute()), sds_file=str(sds.absolute()))
+
+
+def write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def parse_host_port(text: str) -> tuple[str, int]:

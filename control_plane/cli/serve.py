@@ -83,6 +83,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     tls.add_argument("--client-ca", type=Path, metavar="FILE",
                      help="CA that node certificates must chain to; client certificates are "
                      "required and their identity must match node id and PoP")
+    tls.add_argument("--allow-plaintext-secrets", action="store_true",
+                     help="without mTLS, still send TLS listeners' certificates and private "
+                     "keys (SDS) to Envoys connecting from loopback (this machine); never to "
+                     "any other peer")
     parser.add_argument("--admin-token-file", type=Path, metavar="FILE",
                         help="require this bearer token (one word, >= 16 characters; re-read "
                         "when the file changes) for every admin route but /healthz and "
@@ -158,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
         tls=TlsFiles(args.tls_cert, args.tls_key, args.client_ca) if all(tls_given) else None,
         admin_token_file=args.admin_token_file,
         admin_tls=args.admin_tls,
+        allow_plaintext_secrets=args.allow_plaintext_secrets,
         store_url=args.store,
         replica_id=args.replica_id,
         leader_ttl_s=max(2, round(args.leader_ttl / 1000)),

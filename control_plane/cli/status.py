@@ -2,7 +2,8 @@
 
 The table shows, per node, the version sent and ACKed of each type (short hashes) and
 SYNCED/STALE/NACKED, then the message of every NACK, then the PoPs with adaptive tier actions
-active (demote, shed), then each TLS origin's certificate: days to expiry, whether it
+active (demote, shed), then each TLS origin's certificate (and each certificate the TLS listeners
+serve): days to expiry, whether it
 verifies. With a NODE id: that node in detail, with its last NACKs, which queue policy it gets
 and why, and the tier actions active in its PoP. Reads the admin API of a running
 server; exit 1 when it cannot be reached or the node is not connected.
@@ -228,6 +229,10 @@ def run(args: argparse.Namespace) -> int:
     if certificates:
         print()
         print("\n".join(certificate_lines(certificates)))
+    served = fetch_certificates(client, "served_certificates")
+    if served:
+        print()
+        print("\n".join(served_certificate_lines(served)))
     return 0
 
 
@@ -282,14 +287,29 @@ def replica_lines(replication: dict[str, Any], unreachable: list[str]) -> list[s
     return lines
 
 
-def fetch_certificates(client: AdminClient) -> list[dict[str, Any]]:
-    """The latest certificate check of each TLS origin (`/status`), or none when unknown."""
+def fetch_certificates(client: AdminClient, part: str = "certificates") -> list[dict[str, Any]]:
+    """The latest certificate check of each TLS origin (`/status`), or (`served_certificates`)
+    the certificates the TLS listeners serve; none when unknown."""
     try:
-        answer: list[dict[str, Any]] = client.get("/status").get("certificates") or []
+        answer: list[dict[str, Any]] = client.get("/status").get(part) or []
     except (AdminError, AttributeError) as err:
-        print(f"ballast status: origin certificates unknown: {err}", file=sys.stderr)
+        what = "origin" if part == "certificates" else "served"
+        print(f"ballast status: {what} certificates unknown: {err}", file=sys.stderr)
         return []
     return answer
+
+
+def served_certificate_lines(certificates: list[dict[str, Any]]) -> list[str]:
+    """One line per certificate a TLS listener serves: days to expiry, hostnames, PoPs."""
+    rows = [(f"{cert['listener']}/{cert['certificate']}", f"{cert['days_to_expiry']:.1f} days",
+             ",".join(cert.get("hostnames") or ["(default)"]), ",".join(cert.get("pops", [])),
+             "ok" if cert.get("problem") is None else f"EXPIRING: {cert['problem']}")
+            for cert in certificates]
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    return ["served certificates (TLS listeners, over SDS):", *(
+        "  " + "  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4]
+        for r in rows
+    )]
 
 
 def certificate_lines(certificates: list[dict[str, Any]]) -> list[str]:

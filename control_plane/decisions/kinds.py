@@ -18,6 +18,7 @@ KINDS: tuple[str, ...] = (
     "node_disconnected",
     "node_refused",
     "node_superseded",
+    "secrets_refused",
     "capability_fallback",
     "tier_action",
     "certificate",

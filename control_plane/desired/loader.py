@@ -6,9 +6,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import stat
+import time
 from pathlib import Path
 
 from control_plane.desired.errors import At, DesiredStateError, Problem, Sink
@@ -53,8 +55,9 @@ def load_desired(path: str | Path) -> Desired:
     return parse_desired(read_desired_bytes(path), str(path))
 
 
-def parse_desired(text: str | bytes, source: str) -> Desired:
-    """Validate desired-state YAML given as text or bytes (`source` names it in problems)."""
+def parse_desired(text: str | bytes, source: str, now_s: float | None = None) -> Desired:
+    """Validate desired-state YAML given as text or bytes (`source` names it in problems);
+    the certificate files it names are read and judged at `now_s` (default: now)."""
     data = text.encode("utf-8") if isinstance(text, str) else text
     if len(data) > MAX_FILE_BYTES:
         raise DesiredStateError([_too_large(source, len(data))])
@@ -70,10 +73,64 @@ def parse_desired(text: str | bytes, source: str) -> Desired:
         sink.raise_if_any()
     root = compose(decoded.removeprefix("\ufeff"), sink)
     digest = hashlib.sha256(data).hexdigest()
-    desired = build_desired(root, sink, digest) if root is not None else None
+    files = LocalFiles(time.time() if now_s is None else now_s)
+    desired = build_desired(root, sink, digest, files) if root is not None else None
     sink.raise_if_any()
     assert desired is not None, "a document without problems always builds"
+    if files.read_any:  # the certificates served are part of what the version identifies
+        served = [(c.secret_name, c.fingerprint, c.key_fingerprint)
+                  for listener in desired.listeners if listener.tls is not None
+                  for c in listener.tls.certificates]
+        digest = hashlib.sha256(data + repr(served).encode()).hexdigest()
+        desired = dataclasses.replace(desired, digest=digest)
     return desired
+
+
+class LocalFiles:
+    """The files a desired state names (certificates, client CAs), read from this machine:
+    regular files of at most `MAX_FILE_BYTES`, with the paths read remembered (the watcher
+    watches them)."""
+
+    def __init__(self, now_s: float) -> None:
+        self.now_s = now_s
+        self.read_any = False
+
+    def read(self, path: str) -> bytes:
+        self.read_any = True
+        return read_small_file(path)
+
+    def exists(self, path: str) -> bool:
+        return os.path.isfile(path)
+
+
+def read_small_file(path: str | Path, limit: int = MAX_FILE_BYTES) -> bytes:
+    """A regular file's bytes (at most `limit`); OSError otherwise."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
+            raise OSError(0, f"not a regular file ({_file_kind(status.st_mode)})")
+        with os.fdopen(os.dup(fd), "rb") as handle:
+            data = handle.read(limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise OSError(0, f"larger than {limit:,} bytes")
+    return data
+
+
+def watched_files(desired: Desired) -> tuple[str, ...]:
+    """The files besides the desired state itself whose contents it holds: a change in one is
+    a new desired state (certificate renewals)."""
+    paths: list[str] = []
+    for listener in desired.listeners:
+        if listener.tls is None:
+            continue
+        for cert in listener.tls.certificates:
+            paths += [cert.cert_file, cert.key_file]
+        if listener.tls.client_ca_file is not None:
+            paths.append(listener.tls.client_ca_file)
+    return tuple(dict.fromkeys(paths))
 
 
 def _file_kind(mode: int) -> str:

@@ -8,7 +8,7 @@ milliseconds; shares and weights are integer percents.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Literal
 
@@ -299,10 +299,75 @@ class ClassificationRule:
 
 
 @dataclass(frozen=True)
+class ExtraFilter:
+    """An operator-added Envoy HTTP filter, inserted before the router (and before Ballast's
+    own filters' router position): its name, the type URL of its typed config and that config
+    as checked protobuf wire bytes (from the typed JSON the operator wrote)."""
+
+    name: str
+    type_url: str  # type.googleapis.com/<message>
+    config: bytes
+
+    @property
+    def type_name(self) -> str:
+        return self.type_url.rsplit("/", 1)[-1]
+
+
+@dataclass(frozen=True)
 class VirtualHost:
     name: str
     domains: tuple[str, ...]
     origin_group: str
+    # per-route configs of the listener's operator-added filters, for this host's routes:
+    # `name` is the filter's name, `type_url`/`config` its per-route message
+    typed_per_filter_config: tuple[ExtraFilter, ...] = ()
+
+
+TlsVersion = Literal["1.2", "1.3"]
+CipherPolicy = Literal["intermediate", "modern"]
+ALPN_DEFAULT = ("h2", "http/1.1")
+
+
+@dataclass(frozen=True)
+class ServedCertificate:
+    """A certificate a TLS listener serves (sent to its PoPs' Envoys as an SDS Secret named
+    `secret_name`), read from `cert_file` and `key_file` when the desired state was loaded and
+    checked then: the key matches, the dates hold, the SANs cover `hostnames`.
+
+    `key_pem` is the private key: it goes only into the Secret sent over mTLS; renderings show
+    `key_fingerprint` instead (`translate/secrets.py`)."""
+
+    name: str
+    secret_name: str  # "<listener>.<name>": listener names have no dots, so it is unique
+    hostnames: tuple[str, ...]  # the SNI names it is served for; () = only the default
+    cert_file: str
+    key_file: str
+    chain_pem: bytes = field(repr=False)
+    key_pem: bytes = field(repr=False)
+    fingerprint: str = ""  # sha256 (hex) of the leaf certificate's DER
+    key_fingerprint: str = ""  # sha256 (hex, 16) of the key's PEM: what renderings show
+    not_after_s: float = 0.0  # unix time the leaf expires
+    subject: str = ""
+
+    def named(self) -> ServedCertificate:
+        """Only what names it (name, secret name, hostnames): what listeners are built from."""
+        return ServedCertificate(self.name, self.secret_name, self.hostnames, "", "", b"", b"")
+
+
+@dataclass(frozen=True)
+class ListenerTls:
+    """HTTPS on a listener: one filter chain per certificate, matched by SNI; the first
+    certificate (or the one marked `default`) answers clients without a matching SNI."""
+
+    certificates: tuple[ServedCertificate, ...]
+    default: str  # the name of the certificate for clients without a matching SNI
+    min_version: TlsVersion = "1.2"
+    max_version: TlsVersion = "1.3"
+    cipher_policy: CipherPolicy = "intermediate"
+    alpn: tuple[str, ...] = ALPN_DEFAULT
+    client_ca_file: str | None = None  # set: clients must present a certificate it signed
+    client_ca_pem: bytes | None = field(default=None, repr=False)
+    expiry_warning_days: int = EXPIRY_WARNING_DAYS
 
 
 @dataclass(frozen=True)
@@ -310,6 +375,22 @@ class Listener:
     name: str
     port: int
     virtual_hosts: tuple[VirtualHost, ...]
+    tls: ListenerTls | None = None
+    pops: tuple[str, ...] | None = None  # the PoPs that serve it; None: every PoP
+    redirect_to_https: bool = False  # plain listener: every request gets a 301 to https
+    http_filters: tuple[ExtraFilter, ...] = ()
+
+    def served_in(self, pop: str) -> bool:
+        return self.pops is None or pop in self.pops
+
+    @cached_property
+    def shape(self) -> Listener:
+        """This listener without its certificates' contents: what its Envoy listener and route
+        configurations are built from (so a renewal re-builds only the Secret)."""
+        if self.tls is None:
+            return self
+        return replace(self, tls=replace(
+            self.tls, certificates=tuple(c.named() for c in self.tls.certificates)))
 
 
 @dataclass(frozen=True)
@@ -341,12 +422,20 @@ class Desired:
     access_log: AccessLog = field(default_factory=AccessLog)
     source: str = "<memory>"  # file it came from
     digest: str = ""  # sha256 of the source bytes; identifies a desired-state version
+    # when its certificate files were read and judged (unix s; 0: none were)
+    loaded_at_s: float = field(default=0.0, compare=False)
 
     def pop(self, name: str) -> Pop:
         return next(p for p in self.pops if p.name == name)
 
     def group(self, name: str) -> OriginGroup:
         return next(g for g in self.origin_groups if g.name == name)
+
+    @cached_property
+    def extra_filter_types(self) -> frozenset[str]:
+        """The type names of every operator-added HTTP filter (the capability gate's concern)."""
+        return frozenset(f.type_name for listener in self.listeners
+                         for f in listener.http_filters)
 
     @cached_property
     def pop_names(self) -> tuple[str, ...]:

@@ -15,6 +15,7 @@ import yaml
 
 from control_plane.desired.defaults import DEFAULT_TIERS
 from control_plane.desired.fields import (
+    HOSTNAME_RE,
     Bad,
     Fields,
     boolean,
@@ -38,7 +39,7 @@ from control_plane.desired.model import (
     Tier,
     TierActionPolicy,
 )
-from control_plane.desired.yaml_nodes import is_null
+from control_plane.desired.yaml_nodes import describe, is_null
 
 MAX_WATERMARK = 1_000_000
 
@@ -276,3 +277,38 @@ def domain(node: yaml.Node) -> str:
     if any(c.isspace() for c in value) or value.count("*") > 1:
         raise Bad(f"must be a domain like shop.example.com, *.example.com or '*', got {value!r}")
     return value
+
+
+def server_name(node: yaml.Node) -> str:
+    """A TLS server name a certificate is served for: `shop.example.com` or `*.example.com`."""
+    value = text(node).strip().lower()
+    bare = value[2:] if value.startswith("*.") else value
+    if not HOSTNAME_RE.fullmatch(bare) or "*" in bare:
+        raise Bad(f"must be a hostname like shop.example.com or *.example.com, got {value!r}")
+    return value
+
+
+def alpn(node: yaml.Node) -> tuple[str, ...]:
+    """The protocols offered to clients, most preferred first: h2 and/or http/1.1."""
+    if not isinstance(node, yaml.SequenceNode) or not 1 <= len(node.value) <= 2:
+        raise Bad("must be a list like [h2, http/1.1]")
+    values = tuple(choice("h2", "http/1.1")(item) for item in node.value)
+    if len(set(values)) != len(values):
+        raise Bad(f"lists a protocol twice: {list(values)}")
+    return values
+
+
+def tls_version(node: yaml.Node) -> str:
+    """`1.2` or `1.3` (written as a number or a string)."""
+    if not isinstance(node, yaml.ScalarNode) or str(node.value) not in ("1.2", "1.3"):
+        raise Bad(f"must be 1.2 or 1.3, got {describe(node)}")
+    return str(node.value)
+
+
+LISTENER_TLS_FIELDS: FieldTable = {
+    "min_version": ("min_version", tls_version),
+    "max_version": ("max_version", tls_version),
+    "cipher_policy": ("cipher_policy", choice("intermediate", "modern")),
+    "alpn": ("alpn", alpn),
+    "expiry_warning_days": ("expiry_warning_days", integer(0, 365)),
+}

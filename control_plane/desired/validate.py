@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 import yaml
 
@@ -47,14 +48,17 @@ from control_plane.desired.model import (
     AccessLog,
     ClassificationRule,
     Desired,
+    ExtraFilter,
     FailoverPolicy,
     HeaderMatch,
     HealthCheck,
     Listener,
+    ListenerTls,
     Origin,
     OriginGroup,
     OriginTlsPolicy,
     Pop,
+    ServedCertificate,
     StandbyRampPolicy,
     Tier,
     TierActionPolicy,
@@ -67,6 +71,7 @@ from control_plane.desired.schema import (
     FAILOVER_FIELDS,
     HEALTH_CHECK_DEFAULTS,
     HEALTH_CHECK_FIELDS,
+    LISTENER_TLS_FIELDS,
     NEW_TIER_DEFAULTS,
     NO_TIER,
     STANDBY_RAMP_DEFAULTS,
@@ -79,9 +84,12 @@ from control_plane.desired.schema import (
     build_tier,
     domain,
     read_tier_layer,
+    server_name,
     tier_or_none,
 )
-from control_plane.desired.yaml_nodes import is_null, join
+from control_plane.desired.served_certs import load_chain, served_certificate
+from control_plane.desired.typed_json import typed_config
+from control_plane.desired.yaml_nodes import is_null, join, plain_value
 
 HEADER_KINDS = ("exact", "prefix", "contains", "present")
 CATCH_ALL_ROUTE_NAME = "default"  # the route of unmatched requests (translate/routes.py)
@@ -90,10 +98,39 @@ TLS_ONLY_KEYS = ("sni", "insecure_skip_verify", *VERIFY_KEYS)
 MAX_PINS = 16
 MAX_EXPIRY_WARNING_DAYS = 365
 MAX_TRUSTED_SOURCES = 64
+MAX_EXTRA_FILTERS = 16
+# a certificate directory's layouts: certbot's live/<name>/, cert-manager's Secret volume
+CERT_DIR_LAYOUTS = (("fullchain.pem", "privkey.pem"), ("tls.crt", "tls.key"))
+RESERVED_FILTERS = frozenset({"envoy.filters.http.router"})
 
 
-def build_desired(root: yaml.Node, sink: Sink, digest: str) -> Desired | None:
-    return _Document(sink).read(root, digest)
+class Files(Protocol):
+    """How certificate files are read while the document is checked (the loader's, or a
+    test's), and the time their dates are judged at."""
+
+    now_s: float
+
+    def read(self, path: str) -> bytes:
+        """The file's bytes; OSError when it cannot be read."""
+
+    def exists(self, path: str) -> bool: ...
+
+
+class NoFiles:
+    """Every file is missing (documents checked without a file system)."""
+
+    now_s = 0.0
+
+    def read(self, path: str) -> bytes:
+        raise FileNotFoundError(2, "No such file or directory", path)
+
+    def exists(self, path: str) -> bool:
+        return False
+
+
+def build_desired(root: yaml.Node, sink: Sink, digest: str,
+                  files: Files | None = None) -> Desired | None:
+    return _Document(sink, files or NoFiles()).read(root, digest)
 
 
 @dataclass(frozen=True)
@@ -105,8 +142,9 @@ class _Named:
 
 
 class _Document:
-    def __init__(self, sink: Sink) -> None:
+    def __init__(self, sink: Sink, files: Files) -> None:
         self.sink = sink
+        self.files = files
         self.pops: dict[str, Pop] = {}
         self.tier_layers: dict[str, Layer] = {}
         self.tiers_at = At(1, 1, "tiers")
@@ -152,6 +190,7 @@ class _Document:
             access_log=AccessLog(**{k: v.value for k, v in access_log.items()}),
             source=self.sink.source,
             digest=digest,
+            loaded_at_s=self.files.now_s,
         )
 
     # --- standby ramp ------------------------------------------------------------------------
@@ -691,23 +730,200 @@ class _Document:
         ports: dict[tuple[str, int], tuple[str, str]] = {}
         for named, listener in self._unique_names(items, "listeners", "listener"):
             port = listener.read("port", integer(1, 65535), required=True)
-            hosts = self._virtual_hosts(listener)
+            filters = self._extra_filters(listener)
+            hosts = self._virtual_hosts(listener, tuple(f.name for f in filters))
+            pops = self._listener_pops(listener)
+            tls = self._listener_tls(listener, named.name if named else "?")
+            redirect = listener.read("redirect_to_https", boolean) or False
+            if redirect and listener.has("tls"):
+                self.sink.add(listener.at("redirect_to_https"), "a TLS listener cannot redirect "
+                              "to https; set redirect_to_https on the plain listener")
             listener.finish()
             if named is None or port is None:
                 continue
-            self._check_ports(named.name, port, listener.at("port"), ports)
-            listeners.append(Listener(named.name, port, hosts))
+            self._check_ports(named.name, port, listener.at("port"), ports, pops)
+            listeners.append(Listener(named.name, port, hosts, tls, pops, redirect, filters))
         return listeners
 
+    def _listener_pops(self, listener: Fields) -> tuple[str, ...] | None:
+        """`pops: [ewr]`: the PoPs that serve the listener (left out: every PoP)."""
+        if not listener.has("pops"):
+            return None
+        path, items = self._list(listener, "pops", "pop")
+        pops: list[str] = []
+        for index, item in enumerate(items):
+            value = listener.convert(item, f"{path}[{index}]", text)
+            if value is None:
+                continue
+            if value not in self.pops and "pops" not in self.broken:
+                self.sink.add(At.of(item, f"{path}[{index}]"), f"unknown pop '{value}'"
+                              + did_you_mean(value, list(self.pops)))
+            elif value in pops:
+                self.sink.add(At.of(item, f"{path}[{index}]"), f"pop '{value}' is listed twice")
+            else:
+                pops.append(value)
+        return tuple(pops)
+
+    def _listener_tls(self, listener: Fields, listener_name: str) -> ListenerTls | None:
+        node = listener.node_of("tls")
+        if node is None:
+            return None
+        tls = Fields(node, join(listener.path, "tls"), self.sink)
+        values = read_layer(tls, LISTENER_TLS_FIELDS, GLOBAL)
+        certs_path, items = self._list(tls, "certificates", "certificate")
+        certificates: list[ServedCertificate] = []
+        defaults: list[str] = []
+        hostnames_seen: dict[str, str] = {}
+        for named, cert in self._unique_names(items, certs_path, "certificate"):
+            hostnames = self._hostnames(cert, hostnames_seen, named)
+            if cert.read("default", boolean) and named is not None:
+                defaults.append(named.name)
+            files = self._certificate_files(cert)
+            cert.finish()
+            if named is None or files is None:
+                continue
+            served = self._served_certificate(cert, named.name, f"{listener_name}.{named.name}",
+                                              hostnames, files)
+            if served is not None:
+                certificates.append(served)
+        if len(defaults) > 1:
+            self.sink.add(tls.at("certificates"), f"only one certificate may be the default, "
+                          f"got {', '.join(defaults)}")
+        default = defaults[0] if defaults else certificates[0].name if certificates else None
+        for cert in certificates:
+            if not cert.hostnames and cert.name != default:
+                self.sink.add(tls.at("certificates"), f"certificate '{cert.name}' has no "
+                              "hostnames and is not the default: no client would get it")
+        client_ca = tls.read("client_ca_file", file_path)
+        client_ca_pem = None
+        if client_ca is not None:
+            client_ca_pem = self._read_file(tls.at("client_ca_file"), client_ca)
+            if client_ca_pem is not None:
+                try:
+                    load_chain(client_ca_pem, client_ca)
+                except Bad as bad:
+                    self.sink.add(tls.at("client_ca_file"), str(bad))
+        low, high = values.get("min_version"), values.get("max_version")
+        if low is not None and high is not None and known(low, high) \
+                and float(low.value) > float(high.value):
+            self.sink.add(blame(tls.at(), low, high), f"min_version {low.value} is above "
+                          f"max_version {high.value}")
+        tls.finish()
+        if self.sink.problems or not certificates:
+            return None
+        plain = {key: located.value for key, located in values.items()}
+        assert default is not None
+        return ListenerTls(
+            certificates=tuple(certificates),
+            default=default,
+            client_ca_file=client_ca,
+            client_ca_pem=client_ca_pem,
+            **plain,
+        )
+
+    def _hostnames(self, cert: Fields, seen: dict[str, str],
+                   named: _Named | None) -> tuple[str, ...]:
+        path, items = self._list(cert, "hostnames", "hostname", required=False)
+        hostnames: list[str] = []
+        for index, item in enumerate(items):
+            value = cert.convert(item, f"{path}[{index}]", server_name)
+            if value is None:
+                continue
+            if value in seen:
+                self.sink.add(At.of(item, f"{path}[{index}]"), f"hostname '{value}' is already "
+                              f"served by certificate '{seen[value]}' of this listener")
+            else:
+                seen[value] = named.name if named else "?"
+                hostnames.append(value)
+        return tuple(hostnames)
+
+    def _certificate_files(self, cert: Fields) -> tuple[tuple[str, str], At] | None:
+        """(certificate file, key file) and where they were written: `cert_file` and
+        `key_file`, or `dir` (certbot's fullchain.pem + privkey.pem, else cert-manager's
+        tls.crt + tls.key)."""
+        directory = cert.read("dir", file_path)
+        cert_file = cert.read("cert_file", file_path)
+        key_file = cert.read("key_file", file_path)
+        if directory is not None and (cert.has("cert_file") or cert.has("key_file")):
+            self.sink.add(cert.at("dir"), "give dir, or cert_file and key_file, not both")
+            return None
+        if directory is not None:
+            for crt, key in CERT_DIR_LAYOUTS:
+                pair = (f"{directory.rstrip('/')}/{crt}", f"{directory.rstrip('/')}/{key}")
+                if self.files.exists(pair[0]):
+                    return pair, cert.at("dir")
+            layouts = " or ".join(f"{c} + {k}" for c, k in CERT_DIR_LAYOUTS)
+            self.sink.add(cert.at("dir"), f"{directory}: holds neither {layouts}")
+            return None
+        if cert_file is None or key_file is None:
+            if cert.ok and not (cert.has("cert_file") and cert.has("key_file")):
+                self.sink.add(cert.at(), "needs cert_file and key_file (or dir)")
+            return None
+        return (cert_file, key_file), cert.at("cert_file")
+
+    def _served_certificate(
+        self, cert: Fields, name_value: str, secret_name: str, hostnames: tuple[str, ...],
+        files: tuple[tuple[str, str], At],
+    ) -> ServedCertificate | None:
+        (cert_file, key_file), at = files
+        chain_pem = self._read_file(at, cert_file)
+        key_at = cert.at("key_file") if cert.has("key_file") else at
+        key_pem = self._read_file(key_at, key_file)
+        if chain_pem is None or key_pem is None:
+            return None
+        try:
+            return served_certificate(name_value, secret_name, hostnames,
+                                      (cert_file, key_file), (chain_pem, key_pem),
+                                      self.files.now_s)
+        except Bad as bad:
+            self.sink.add(at, str(bad))
+            return None
+
+    def _read_file(self, at: At, path: str) -> bytes | None:
+        try:
+            return self.files.read(path)
+        except OSError as err:
+            self.sink.add(at, f"cannot read {path}: {err.strerror or err}")
+            return None
+
+    def _extra_filters(self, listener: Fields) -> tuple[ExtraFilter, ...]:
+        path, items = self._list(listener, "http_filters", "filter", required=False)
+        if len(items) > MAX_EXTRA_FILTERS:
+            self.sink.add(At.of(items[MAX_EXTRA_FILTERS], path),
+                          f"at most {MAX_EXTRA_FILTERS} filters")
+        filters: list[ExtraFilter] = []
+        names: set[str] = set()
+        for index, item in enumerate(items[:MAX_EXTRA_FILTERS]):
+            entry = Fields(item, f"{path}[{index}]", self.sink)
+            filter_name = entry.read("name", text, required=True)
+            node = entry.node_of("typed_config")
+            if entry.ok and node is None:
+                self.sink.add(entry.at(), "missing required key 'typed_config' (typed JSON: "
+                              "'@type' and the message's fields)")
+            typed = None
+            if node is not None:
+                typed = entry.convert(node, join(entry.path, "typed_config"),
+                                      lambda n: typed_config(plain_value(n)))
+            entry.finish()
+            if filter_name in RESERVED_FILTERS:
+                self.sink.add(entry.at("name"), f"'{filter_name}' is Ballast's own filter")
+            elif filter_name is not None and filter_name in names:
+                self.sink.add(entry.at("name"), f"filter '{filter_name}' is listed twice")
+            elif filter_name is not None and typed is not None:
+                names.add(filter_name)
+                filters.append(ExtraFilter(filter_name, typed[0], typed[1]))
+        return tuple(filters)
+
     def _check_ports(self, listener: str, port: int, at: At,
-                     taken: dict[tuple[str, int], tuple[str, str]]) -> None:
+                     taken: dict[tuple[str, int], tuple[str, str]],
+                     pops: tuple[str, ...] | None = None) -> None:
         """Each PoP listens on port + port_offset; two sockets on one machine may not collide.
 
         Within a PoP every listener needs its own port. Across PoPs, only a shared loopback
         address means one machine (the demo set-up port_offset exists for).
         """
         for pop in self.pops.values():
-            if pop.name in self.unsure_pops:
+            if pop.name in self.unsure_pops or (pops is not None and pop.name not in pops):
                 continue
             effective = port + pop.port_offset
             if effective > 65535:
@@ -724,17 +940,40 @@ class _Document:
             else:
                 taken[key] = (pop.name, listener)
 
-    def _virtual_hosts(self, listener: Fields) -> tuple[VirtualHost, ...]:
+    def _virtual_hosts(self, listener: Fields,
+                       filter_names: tuple[str, ...]) -> tuple[VirtualHost, ...]:
         path, items = self._list(listener, "virtual_hosts", "virtual host")
         hosts = []
         domains_seen: dict[str, str] = {}
         for named, vhost in self._unique_names(items, path, "virtual host"):
             group = self._reference(vhost, "origin_group", "origin_groups", self.groups)
             domains = self._domains(vhost, named, domains_seen)
+            per_filter = self._per_filter_configs(vhost, filter_names)
             vhost.finish()
             if named is not None and group is not None:
-                hosts.append(VirtualHost(named.name, domains, group))
+                hosts.append(VirtualHost(named.name, domains, group, per_filter))
         return tuple(hosts)
+
+    def _per_filter_configs(self, vhost: Fields,
+                            filter_names: tuple[str, ...]) -> tuple[ExtraFilter, ...]:
+        """`typed_per_filter_config: {<filter name>: typed JSON}`: per-route configs of the
+        listener's operator-added filters, for this host's routes."""
+        fields = Fields(vhost.node_of("typed_per_filter_config"),
+                        join(vhost.path, "typed_per_filter_config"), self.sink)
+        configs: list[ExtraFilter] = []
+        for key, node in fields.items():
+            filter_name = str(key.value)
+            if filter_name not in filter_names:
+                self.sink.add(At.of(key, fields.path), f"no filter named '{filter_name}' in "
+                              "this listener's http_filters"
+                              + did_you_mean(filter_name, filter_names))
+                continue
+            typed = fields.convert(node, join(fields.path, filter_name),
+                                   lambda n: typed_config(plain_value(n)))
+            if typed is not None:
+                configs.append(ExtraFilter(filter_name, typed[0], typed[1]))
+        fields.finish()
+        return tuple(configs)
 
     def _domains(self, vhost: Fields, named: _Named | None,
                  seen: dict[str, str]) -> tuple[str, ...]:

@@ -195,6 +195,15 @@ def scalar(node: yaml.ScalarNode) -> object:
     return node.value
 
 
+def plain_value(node: yaml.Node) -> object:
+    """A node as plain Python values (dicts, lists, scalars), for typed JSON written in YAML."""
+    if isinstance(node, yaml.MappingNode):
+        return {str(key.value): plain_value(value) for key, value in node.value}
+    if isinstance(node, yaml.SequenceNode):
+        return [plain_value(item) for item in node.value]
+    return scalar(node)  # type: ignore[arg-type]
+
+
 def is_null(node: yaml.Node | None) -> bool:
     return isinstance(node, yaml.ScalarNode) and node.tag.endswith(":null")
 

@@ -7,6 +7,9 @@ are left, and whether that is inside the group's warning window (seed 002: "so y
 discover an expired cert at minute two of an incident"). A certificate "fails" when it does not
 verify or expires within the window; an origin with verification turned off never fails here,
 but its days to expiry are still reported.
+
+`served_certificates` judges the edge's own certificates (TLS listeners) the same way: days to
+expiry against the listener's `expiry_warning_days`.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
+
+from control_plane.desired.model import Desired
 
 DAY_MS = 86_400_000
 
@@ -151,3 +156,64 @@ def pinned(der: bytes, cert: x509.Certificate, check: CertificateCheck) -> bool:
         serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
     spki_pin = base64.b64encode(hashlib.sha256(spki).digest()).decode()
     return spki_pin in check.spki_pins or hashlib.sha256(der).hexdigest() in check.cert_pins
+
+
+@dataclass(frozen=True)
+class ServedCertificateStatus:
+    """A certificate a TLS listener serves (the edge's own, sent to Envoys over SDS): judged
+    like an origin's, by days to expiry against its listener's warning window."""
+
+    listener: str
+    certificate: str
+    hostnames: tuple[str, ...]
+    pops: tuple[str, ...]
+    not_after_ms: int
+    days_to_expiry: float
+    expiry_warning_days: int
+    fingerprint: str
+    subject: str
+
+    @property
+    def problem(self) -> str | None:
+        if self.days_to_expiry <= 0:
+            return "expired"
+        if self.days_to_expiry <= self.expiry_warning_days:
+            return (f"expires in {self.days_to_expiry:.1f} days, within the "
+                    f"{self.expiry_warning_days}-day warning window")
+        return None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "listener": self.listener,
+            "certificate": self.certificate,
+            "hostnames": list(self.hostnames),
+            "pops": list(self.pops),
+            "not_after_ms": self.not_after_ms,
+            "days_to_expiry": round(self.days_to_expiry, 2),
+            "expiry_warning_days": self.expiry_warning_days,
+            "problem": self.problem,
+            "state": "ok" if self.problem is None else (
+                "expired" if self.days_to_expiry <= 0 else "expiring"),
+            "fingerprint": self.fingerprint,
+            "subject": self.subject,
+        }
+
+
+def served_certificates(desired: Desired, now_ms: int) -> list[ServedCertificateStatus]:
+    """Every certificate the desired state's TLS listeners serve, as loaded (the files were
+    read and checked when the desired state was; a renewal is a new desired state)."""
+    return [
+        ServedCertificateStatus(
+            listener=listener.name,
+            certificate=cert.name,
+            hostnames=cert.hostnames,
+            pops=listener.pops if listener.pops is not None else desired.pop_names,
+            not_after_ms=int(cert.not_after_s * 1000),
+            days_to_expiry=(cert.not_after_s * 1000 - now_ms) / DAY_MS,
+            expiry_warning_days=listener.tls.expiry_warning_days,
+            fingerprint=cert.fingerprint,
+            subject=cert.subject,
+        )
+        for listener in desired.listeners if listener.tls is not None
+        for cert in listener.tls.certificates
+    ]

@@ -98,6 +98,14 @@ class BallastMetrics:
             registry=r,
         )
 
+        self.served_certificate_days = Gauge(
+            "ballast_served_certificate_days_to_expiry",
+            "Days until a certificate a TLS listener serves (over SDS) expires (negative: "
+            "expired)",
+            ["listener", "certificate"],
+            registry=r,
+        )
+
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -133,6 +141,14 @@ class BallastMetrics:
             if days is not None:
                 self.certificate_days.labels(group, origin).set(round(days, 3))
             self.certificate_ok.labels(group, origin).set(int(passed))
+
+
+    def set_served_certificates(self, days: Iterable[tuple[str, str, float]]) -> None:
+        """Make `ballast_served_certificate_days_to_expiry` exactly these (listener,
+        certificate, days to expiry)."""
+        self.served_certificate_days.clear()
+        for listener, certificate, left in days:
+            self.served_certificate_days.labels(listener, certificate).set(round(left, 3))
 
 
 def tier_action_parts(actions: TierActions) -> list[tuple[str, str]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import posixpath
 import string
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,11 +25,36 @@ from control_plane.translate.listeners import XDS_CLUSTER
 @dataclass(frozen=True)
 class XdsClientTls:
     """The node's side of mTLS to Ballast: its certificate and key, and the CA that signed
-    Ballast's certificate (paths as Envoy will open them)."""
+    Ballast's certificate (paths as Envoy will open them).
+
+    With `sds_file`, Envoy reads its certificate through file-based SDS: that file holds the
+    Secret `xds_client_secret(...)` names (the certificate and key by path, their directory
+    watched), so files renewed in place (`ballast certs --node`, renamed into the directory)
+    are taken up without a restart; new connections to Ballast present the new certificate.
+    Without it the pair is read once, at start-up."""
 
     cert: str
     key: str
     ca: str
+    sds_file: str | None = None
+
+
+XDS_CLIENT_SECRET = "ballast_xds_client"
+SECRET_TYPE_URL = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
+
+
+def xds_client_sds(tls: XdsClientTls) -> dict[str, Any]:
+    """The file-based SDS file's contents (a DiscoveryResponse as JSON): the node's certificate
+    and key by path, re-read together when a file is renamed into their directory."""
+    return {"resources": [{
+        "@type": SECRET_TYPE_URL,
+        "name": XDS_CLIENT_SECRET,
+        "tls_certificate": {
+            "certificate_chain": {"filename": tls.cert},
+            "private_key": {"filename": tls.key},
+            "watched_directory": {"path": posixpath.dirname(tls.cert)},
+        },
+    }]}
 
 
 def add_failover_replicas(cluster: dict[str, Any], replicas: Sequence[tuple[str, int]]) -> None:
@@ -200,13 +226,26 @@ def xds_transport_socket(tls: XdsClientTls, server: str) -> dict[str, Any]:
         san_type = "IP_ADDRESS"
     except ValueError:
         san_type = "DNS"
+    common: dict[str, Any] = {"alpn_protocols": ["h2"]}
+    if tls.sds_file is None:
+        common["tls_certificates"] = [{"certificate_chain": {"filename": tls.cert},
+                                       "private_key": {"filename": tls.key}}]
+    else:
+        common["tls_certificate_sds_secret_configs"] = [{
+            "name": XDS_CLIENT_SECRET,
+            "sds_config": {
+                "path_config_source": {
+                    "path": tls.sds_file,
+                    "watched_directory": {"path": posixpath.dirname(tls.sds_file)},
+                },
+                "resource_api_version": "V3",
+            },
+        }]
     context: dict[str, Any] = {
         "@type": "type.googleapis.com/"
         "envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
         "common_tls_context": {
-            "alpn_protocols": ["h2"],
-            "tls_certificates": [{"certificate_chain": {"filename": tls.cert},
-                                  "private_key": {"filename": tls.key}}],
+            **common,
             "validation_context": {
                 "trusted_ca": {"filename": tls.ca},
                 "match_typed_subject_alt_names": [

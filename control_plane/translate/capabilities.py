@@ -4,6 +4,10 @@ The queue-policy gate: Cluster field 62 (`queuing_policies`) is sent only to an 
 an enabled FIFO queue policy, matched by the type URL Ballast sends (an entry without type URLs
 matches by name); adaptive LIFO likewise. An Envoy that lists none (1.36 to 1.39) gets no field 62
 at all and queues FIFO, its default; it would otherwise log `unknown field set {62}` per cluster.
+
+The filter gate: an operator-added HTTP filter is sent only to a node that lists its type among
+its HTTP filters, compared against what Envoy 1.40 lists (`envoy_http_filters.py`), so a node
+of 1.40 shares its translation with every other 1.40 node.
 """
 
 from __future__ import annotations
@@ -12,12 +16,14 @@ from dataclasses import dataclass, replace
 
 from envoy.config.core.v3.base_pb2 import Node
 
+from control_plane.translate.envoy_http_filters import ENVOY_1_40_HTTP_FILTER_TYPES
 from control_plane.translate.resources import (
     ADAPTIVE_LIFO_EXTENSION,
     FIFO_EXTENSION,
     Capabilities,
 )
 
+HTTP_FILTER_CATEGORY = "envoy.filters.http"
 ACCESS_LOG_METADATA = "ballast_access_log"  # set by `ballast bootstrap --metrics-sink`
 FIFO_TYPE_NAME = "envoy.extensions.queue_policy.fifo.v3.FifoQueuePolicyConfig"
 ADAPTIVE_LIFO_TYPE_NAME = (
@@ -60,13 +66,33 @@ def capabilities_from_node(node: Node) -> Capabilities:
 
 
 def read_node_capabilities(node: Node) -> NodeCapabilities:
-    found = _queue_capabilities(node)
+    found = _with_filters(_queue_capabilities(node), node)
     field = node.metadata.fields.get(ACCESS_LOG_METADATA)
     if field is None or not field.bool_value:
         return found
     return NodeCapabilities(
         replace(found.capabilities, access_log=True),
         f"{found.reason}; its node.metadata has {ACCESS_LOG_METADATA}: access logs to Ballast",
+    )
+
+
+def _with_filters(found: NodeCapabilities, node: Node) -> NodeCapabilities:
+    """The HTTP filter types Envoy 1.40 lists and this node does not (enabled). A node that
+    lists no HTTP filter at all says nothing about them: nothing is gated for it."""
+    listed = {
+        type_url for ext in node.extensions
+        if ext.category == HTTP_FILTER_CATEGORY and not ext.disabled
+        for type_url in ext.type_urls
+    }
+    if not any(ext.category == HTTP_FILTER_CATEGORY for ext in node.extensions):
+        return found
+    missing = ENVOY_1_40_HTTP_FILTER_TYPES - listed
+    if not missing:
+        return found
+    return NodeCapabilities(
+        replace(found.capabilities, missing_filters=frozenset(missing)),
+        f"{found.reason}; its node.extensions lack {len(missing)} HTTP filter type(s) of Envoy "
+        f"{NEWEST_RELEASE} (added filters of those types are not sent)",
     )
 
 

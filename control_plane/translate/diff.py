@@ -1,6 +1,8 @@
 """Field-level differences between two renderings of a PoP (what `ballast plan` shows).
 
 Inputs are JSON-shaped renderings: resource kind -> resource name -> the resource as a dict.
+Lists are compared item by item; lists of named items (HTTP filters) whose names differ are
+matched by name, and an item (or a mapping) only on one side is shown field by field.
 Pure: no I/O, so the same function serves `ballast plan`, `config_applied` records and tests.
 """
 
@@ -66,11 +68,33 @@ def _diff_values(path: str, old: Any, new: Any) -> Iterator[FieldChange]:
         for key in sorted(set(old) | set(new)):
             child = f"{path}.{key}" if path else str(key)
             yield from _diff_values(child, old.get(key, _MISSING), new.get(key, _MISSING))
+    elif isinstance(old, list) and isinstance(new, list) and _names(old) is not None \
+            and _names(new) is not None and _names(old) != _names(new):
+        # items with names (HTTP filters, say) added, removed or moved: matched by name
+        before = {item["name"]: item for item in old}
+        after = {item["name"]: item for item in new}
+        for name in [*after, *(n for n in before if n not in after)]:
+            yield from _diff_values(f"{path}[{name}]", before.get(name, _MISSING),
+                                    after.get(name, _MISSING))
     elif isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
         for index, (a, b) in enumerate(zip(old, new, strict=True)):
             yield from _diff_values(f"{path}[{index}]", a, b)
+    elif (isinstance(new, dict) and old is _MISSING) or (isinstance(old, dict)
+                                                          and new is _MISSING):
+        for key in (new if old is _MISSING else old):
+            yield from _diff_values(f"{path}.{key}", old if old is _MISSING else old[key],
+                                    new if new is _MISSING else new[key])
     elif old != new:
         yield FieldChange(path, old, new)
+
+
+def _names(items: list[Any]) -> tuple[str, ...] | None:
+    """The items' names when every item is a mapping with a distinct `name`, else None."""
+    names = tuple(item.get("name") for item in items if isinstance(item, dict))
+    if len(names) != len(items) or not all(isinstance(n, str) for n in names) \
+            or len(set(names)) != len(names):
+        return None
+    return names  # type: ignore[return-value]
 
 
 def _short(value: Any, limit: int = 80) -> str:

@@ -6,8 +6,12 @@ are translated and serialized. The inputs of each resource are exactly what its 
 
 - Cluster `<group>.<tier>`: the origin group, the tier, the node capabilities;
 - ClusterLoadAssignment `<group>.<tier>`: the origin group, its weights in this PoP;
-- Listener: the desired listener, the PoP, the trusted priority sources, the access-log sample
-  rate (nodes that asked for access logs);
+- Listener (those the PoP serves): the desired listener (its certificates by name only), the
+  PoP, the trusted priority
+  sources, the access-log sample rate (nodes that asked for access logs), the HTTP filter types
+  the node lacks;
+- Secret `<listener>.<certificate>` (SDS) of each TLS listener the PoP serves: the certificate
+  (chain and key as read from its files);
 - RouteConfiguration (`<listener>` and, with trusted priority sources, `<listener>.trusted`): the
   desired listener, the PoP, which of the two, the classification rules, the default tier, and
   per virtual host its origin group and that group's active tier actions.
@@ -27,11 +31,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from envoy.config.route.v3.route_pb2 import RouteConfiguration
 from google.protobuf.message import Message
 
 from control_plane.desired.model import (
     Desired,
     GroupWeights,
+    Listener,
     Mirror,
     OriginGroup,
     PopWeights,
@@ -54,12 +60,14 @@ from control_plane.translate.resources import (
     LISTENER_TYPE,
     ROUTE_TYPE,
     RUNTIME_TYPE,
+    SECRET_TYPE,
     Capabilities,
     PopResources,
     Resource,
 )
 from control_plane.translate.routes import route_configuration
 from control_plane.translate.runtime import RUNTIME_LAYER, tier_runtime
+from control_plane.translate.secrets import secret
 from control_plane.translate.weights import resolve_weights
 
 ResourceKey = tuple[str, str]  # (type URL, name)
@@ -216,21 +224,36 @@ def _translate(pop: str, inputs: _PopInputs, make: _Builder) -> PopResources:
             ).resource
     trusted = desired.trusted_priority_sources
     sample = desired.access_log.sample_rate if inputs.caps.access_log else None
-    listeners = {
-        item.name: make.resource(
-            LISTENER_TYPE, item.name, (item, the_pop, trusted, sample),
-            lambda item=item: (listener(item, the_pop, trusted, sample), None),
-        ).resource
-        for item in desired.listeners
-    }
+    missing = inputs.caps.missing_filters
+    listeners: dict[str, Resource] = {}
+    secrets: dict[str, Resource] = {}
+    for item in _served(desired, pop):
+        built = make.resource(
+            LISTENER_TYPE, item.name, (item.shape, the_pop, trusted, sample, missing),
+            lambda item=item: listener(item, the_pop, trusted, sample, missing),
+        )
+        listeners[item.name] = built.resource
+        if built.note is not None:
+            notes.append(built.note)
+        for certificate in item.tls.certificates if item.tls is not None else ():
+            secrets[certificate.secret_name] = make.resource(
+                SECRET_TYPE, certificate.secret_name, (certificate,),
+                lambda certificate=certificate: (secret(certificate), None),
+            ).resource
     routes = _routes(make, pop, inputs, groups)
     return _finish(pop, inputs, make, notes, {
         CLUSTER_TYPE: clusters,
         ENDPOINT_TYPE: endpoints,
+        SECRET_TYPE: secrets,
         LISTENER_TYPE: listeners,
         ROUTE_TYPE: routes,
         RUNTIME_TYPE: _runtime(make, inputs),
     })
+
+
+def _served(desired: Desired, pop: str) -> list[Listener]:
+    """The listeners `pop` serves (a listener's `pops`, default every PoP)."""
+    return [item for item in desired.listeners if item.served_in(pop)]
 
 
 def _changed_weights_or_actions(
@@ -279,18 +302,36 @@ def _routes(
     desired, actions, mirrors = inputs.desired, inputs.actions, inputs.mirrors
     routes: dict[str, Resource] = {}
     for trusted in (False, True) if desired.trusted_priority_sources else (False,):
-        for item in desired.listeners:
+        for item in _served(desired, pop):
+            if item.redirect_to_https:
+                continue  # its one route is inline (`listeners.py`)
             name = trusted_route_name(item.name) if trusted else item.name
+            left_out = _left_out(item, inputs.caps.missing_filters)
             routes[name] = make.resource(
                 ROUTE_TYPE, name,
-                (item, pop, trusted, desired.classification, desired.default_tier,
+                (item.shape, pop, trusted, desired.classification, desired.default_tier,
                  tuple((groups.get(v.origin_group), actions.get(v.origin_group),
                         mirrors.get(v.origin_group))
-                       for v in item.virtual_hosts)),
-                lambda item=item, trusted=trusted: (
-                    route_configuration(desired, item, pop, actions, trusted=trusted,
-                                        mirrors=mirrors), None),
+                       for v in item.virtual_hosts), left_out),
+                lambda item=item, trusted=trusted, left_out=left_out: (
+                    _without_configs_of(route_configuration(
+                        desired, item, pop, actions, trusted=trusted, mirrors=mirrors), left_out),
+                    None),
             ).resource
+    return routes
+
+
+def _left_out(item: Listener, missing: frozenset[str]) -> frozenset[str]:
+    """The names of the listener's added filters the node's Envoy lacks (`listeners.py` leaves
+    them out, so their per-route configs go too)."""
+    return frozenset(f.name for f in item.http_filters if f.type_name in missing)
+
+
+def _without_configs_of(routes: RouteConfiguration, filters: frozenset[str]) -> Message:
+    for host in routes.virtual_hosts if filters else ():
+        for name in filters:
+            if name in host.typed_per_filter_config:
+                del host.typed_per_filter_config[name]
     return routes
 
 

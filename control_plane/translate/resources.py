@@ -20,10 +20,12 @@ ENDPOINT_TYPE = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignm
 LISTENER_TYPE = "type.googleapis.com/envoy.config.listener.v3.Listener"
 ROUTE_TYPE = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
 RUNTIME_TYPE = "type.googleapis.com/envoy.service.runtime.v3.Runtime"
+SECRET_TYPE = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
 
-# Make-before-break: the order a change is pushed in (removals go last, in reverse).
+# Make-before-break: the order a change is pushed in (removals go last, in reverse). Secrets
+# go before the listeners that name them (a listener warms until its secrets arrive).
 PUSH_ORDER: tuple[str, ...] = (
-    CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE, RUNTIME_TYPE
+    CLUSTER_TYPE, ENDPOINT_TYPE, SECRET_TYPE, LISTENER_TYPE, ROUTE_TYPE, RUNTIME_TYPE
 )
 # What every node's start-up asks for; the runtime layer (RTDS) only bootstraps that name it.
 STARTUP_TYPES: tuple[str, ...] = (CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE)
@@ -42,17 +44,25 @@ class Capabilities:
     it field 62 is not sent at all (Envoy then queues FIFO, its default). `adaptive_lifo`: it
     lists the adaptive LIFO policy too. `access_log`: its bootstrap asks for access logs streamed
     to Ballast (node metadata `ballast_access_log: true`), so its listeners get the gRPC access
-    log (key suffix `+als`).
+    log (key suffix `+als`). `missing_filters`: HTTP filter types (type names) that Envoy 1.40
+    lists and this node does not; operator-added filters of those types are not sent to it
+    (key suffix `-f<hash>`).
     """
 
     adaptive_lifo: bool = False
     queue_policies: bool = True
     access_log: bool = False
+    missing_filters: frozenset[str] = frozenset()
 
     @property
     def key(self) -> str:
         base = ("lifo" if self.adaptive_lifo else "fifo") if self.queue_policies else "none"
-        return f"{base}+als" if self.access_log else base
+        if self.access_log:
+            base = f"{base}+als"
+        if self.missing_filters:
+            listed = "\n".join(sorted(self.missing_filters)).encode()
+            base = f"{base}-f{hashlib.sha256(listed).hexdigest()[:8]}"
+        return base
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,7 @@ from envoy.extensions.retry.host.previous_hosts.v3.previous_hosts_pb2 import (
     PreviousHostsPredicate,
 )
 from envoy.type.matcher.v3.string_pb2 import StringMatcher
+from google.protobuf.any_pb2 import Any
 
 from control_plane.desired.model import (
     SHED_STATUS,
@@ -159,8 +160,12 @@ def _virtual_host(
     )
     if mirror is not None:
         routes = [each for route in routes for each in mirrored_routes(group.name, route, mirror)]
-    return VirtualHost(name=vhost.name, domains=list(vhost.domains), routes=routes,
+    host = VirtualHost(name=vhost.name, domains=list(vhost.domains), routes=routes,
                        include_request_attempt_count=True)
+    for config in vhost.typed_per_filter_config:  # operator-added filters' per-route configs
+        host.typed_per_filter_config[config.name].CopyFrom(
+            Any(type_url=config.type_url, value=config.config))
+    return host
 
 
 def check_tier_actions(group: OriginGroup, actions: TierActions) -> None:

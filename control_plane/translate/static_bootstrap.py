@@ -3,7 +3,9 @@
 EDS clusters become STATIC with their ClusterLoadAssignment inlined as `load_assignment`; each
 HTTP connection manager's RDS is replaced by its RouteConfiguration inlined as `route_config`.
 Built from `render_json`, so Cluster field 62 (queue policy) reaches Envoy's validation too. The
-node's locality zone is the PoP; admin listens on 127.0.0.1, port 0.
+node's locality zone is the PoP; admin listens on 127.0.0.1, port 0. TLS listeners name their
+certificates as static secrets, which hold a stand-in pair the caller gives (renderings never
+hold private keys; Envoy checks the listener, not whose certificate it serves).
 """
 
 from __future__ import annotations
@@ -18,7 +20,11 @@ from control_plane.translate.resources import PopResources
 VALIDATION_NODE_CLUSTER = "ballast-validate"
 
 
-def static_bootstrap(pop_resources: PopResources) -> dict[str, Any]:
+def static_bootstrap(
+    pop_resources: PopResources, stand_in: tuple[bytes, bytes] | None = None
+) -> dict[str, Any]:
+    """`stand_in`: a (certificate, key) PEM pair every SDS secret is replaced with (renderings
+    never hold private keys); without it the bootstrap has no secrets."""
     rendered = render_json(pop_resources)
     clusters = [
         _static_cluster(cluster, rendered["endpoints"][name])
@@ -27,6 +33,16 @@ def static_bootstrap(pop_resources: PopResources) -> dict[str, Any]:
     listeners = [
         _inline_routes(item, rendered["routes"]) for item in rendered["listeners"].values()
     ]
+    static: dict[str, Any] = {"listeners": listeners, "clusters": clusters}
+    if stand_in is not None and rendered.get("secrets"):
+        chain, key = stand_in
+        static["secrets"] = [
+            {"name": name, "tls_certificate": {
+                "certificate_chain": {"inline_string": chain.decode()},
+                "private_key": {"inline_string": key.decode()},
+            }}
+            for name in rendered["secrets"]
+        ]
     return {
         "node": {
             "id": f"{VALIDATION_NODE_CLUSTER}-{pop_resources.pop}",
@@ -34,7 +50,7 @@ def static_bootstrap(pop_resources: PopResources) -> dict[str, Any]:
             "locality": {"zone": pop_resources.pop},
         },
         "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}}},
-        "static_resources": {"listeners": listeners, "clusters": clusters},
+        "static_resources": static,
     }
 
 
@@ -53,6 +69,13 @@ def _inline_routes(listener: dict[str, Any], routes: dict[str, Any]) -> dict[str
             if network_filter.get("name") != HTTP_CONNECTION_MANAGER:
                 continue
             hcm = network_filter["typed_config"]
-            rds = hcm.pop("rds")
-            hcm["route_config"] = copy.deepcopy(routes[rds["route_config_name"]])
+            rds = hcm.pop("rds", None)
+            if rds is not None:  # (a redirecting listener's route is inline already)
+                hcm["route_config"] = copy.deepcopy(routes[rds["route_config_name"]])
+    chains = [*static.get("filter_chains", []), static.get("default_filter_chain", {})]
+    for chain in chains:
+        context = chain.get("transport_socket", {}).get("typed_config", {})
+        for sds in context.get("common_tls_context", {}).get(
+                "tls_certificate_sds_secret_configs", []):
+            sds.pop("sds_config", None)  # a static secret, by name
     return static

@@ -228,7 +228,18 @@ async function renderOverview(route) {
       Object.keys(pop.tier_actions).length ? h("div", { class: "tiers" }, h("strong", {}, "Tier actions: "),
         Object.entries(pop.tier_actions).map(([g, a]) => h("div", {}, groupLink(pop.name, g), `: ${a.description}`))) : null);
   });
-  setView(configPanel(data.config), h("section", { class: "pops" }, cards));
+  setView(configPanel(data.config), h("section", { class: "pops" }, cards),
+    servedCertificatesPanel(data.served_certificates || []));
+}
+
+function servedCertificatesPanel(certs) {
+  if (!certs.length) return [];
+  return h("section", { class: "panel served-certificates" }, h("h2", {}, "Served certificates"),
+    h("ul", {}, certs.map((c) => h("li", { class: `certificate ${c.state}`, "data-certificate": `${c.listener}/${c.certificate}` },
+      h("strong", {}, `${c.listener}/${c.certificate}`), " ",
+      h("span", { class: c.problem ? "warn" : "" }, `${c.days_to_expiry.toFixed(1)} days to expiry`), " ",
+      h("span", { class: "muted" }, `${(c.hostnames.length ? c.hostnames : ["(default)"]).join(", ")} in ${c.pops.join(", ")}`),
+      c.problem ? h("div", { class: "warn" }, c.problem) : null))));
 }
 
 function fillFilterOptions(data) {

@@ -1,0 +1,105 @@
+"""A real Envoy 1.40's own xDS client certificate, renewed in place, is used without a restart.
+
+`ballast bootstrap --tls-*` gives Envoy its certificate through file-based SDS (a watched
+folder). The node's certificate is renewed in place by `ballast certs --node` (key and
+certificate renamed into the folder) under a new CA, and Ballast is restarted trusting only that
+new CA: the Envoy, the same process all along, reconnects and syncs, which it can only do by
+presenting the renewed certificate; its admin `/certs` lists the new serial number.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography import x509
+
+from control_plane.app.server import BallastServer
+from control_plane.cli.main import main
+from control_plane.security.cert_dir import CertDir, write_pair
+from control_plane.security.certs import make_ca
+from control_plane.security.tls import ReloadingCredentials, TlsFiles
+from harness.ads_desired import desired
+from harness.background_loop import BackgroundLoop
+from harness.envoy_process import EnvoyProcess, free_port
+from harness.eventually import eventually_blocking
+
+pytestmark = pytest.mark.envoy
+
+
+def node_serials(proxy: EnvoyProcess) -> set[int]:
+    """Serial numbers of the certificates Envoy holds for its own TLS contexts."""
+    dump = proxy.admin_json("/certs")
+    return {int(cert["serial_number"], 16) for context in dump.get("certificates", [])
+            for cert in context.get("cert_chain", [])}
+
+
+def serial_of(path: Path) -> int:
+    return x509.load_pem_x509_certificate(path.read_bytes()).serial_number
+
+
+def synced(bg: BackgroundLoop, ballast: BallastServer, node: str) -> Callable[[], bool]:
+    def check() -> bool:
+        nodes = [s.as_dict() for s in bg.call(ballast.nodes.statuses)]
+        return any(n["node_id"] == node and n["status"] == "SYNCED" for n in nodes)
+    return check
+
+
+def test_renewed_xds_client_certificate_is_used_without_restart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    certs = CertDir(tmp_path / "certs")
+    assert main(["certs", str(certs.root), "--node", "ewr/ewr-1", "--days", "1"]) == 0
+    clients = tmp_path / "client-ca.pem"  # the CA Ballast accepts node certificates from
+    clients.write_bytes(certs.ca.cert.read_bytes())
+    server_ca = tmp_path / "server-ca.pem"  # the CA Envoy checks Ballast's certificate with
+    server_ca.write_bytes(certs.ca.cert.read_bytes())
+    node = certs.node("ewr", "ewr-1")
+    admin, xds = free_port(), free_port()
+    capsys.readouterr()
+    assert main(["bootstrap", "--pop", "ewr", "--node-id", "ewr-1", "--format", "json",
+                 "--xds", f"127.0.0.1:{xds}", "--admin-port", str(admin),
+                 "--tls-cert", str(node.cert), "--tls-key", str(node.key),
+                 "--tls-ca", str(server_ca)]) == 0
+    bootstrap: dict[str, Any] = json.loads(capsys.readouterr().out)
+
+    def serve() -> BallastServer:
+        return BallastServer(
+            desired(listener_port=free_port(), sjc_offset=1, primary_port=free_port(),
+                    secondary_port=free_port()),
+            xds_address=f"127.0.0.1:{xds}",
+            tls=ReloadingCredentials(TlsFiles(certs.server.cert, certs.server.key, clients)))
+
+    bg = BackgroundLoop()
+    ballast = serve()
+    try:
+        bg.run(ballast.start())
+        with EnvoyProcess(bootstrap, admin) as proxy:
+            proxy.wait_ready()
+            eventually_blocking(synced(bg, ballast, "ewr-1"), 10, "ewr-1 SYNCED over mTLS")
+            pid = proxy.proc.pid if proxy.proc else None
+            first = serial_of(node.cert)
+            assert first in node_serials(proxy)
+            # the fleet's CA is replaced (Ballast's own certificate stays, signed by the old
+            # one, which Envoy trusts in its own copy), then the node's certificate is renewed
+            # in place under it
+            write_pair(certs.ca, make_ca("ballast CA 2", days=1))
+            assert main(["certs", str(certs.root), "--node", "ewr/ewr-1", "--days", "1"]) == 0
+            renewed = serial_of(node.cert)
+            assert renewed != first
+            eventually_blocking(lambda: renewed in node_serials(proxy), 10,
+                       "Envoy holds the renewed certificate (file-based SDS)")
+            # Ballast now trusts only the new CA: a reconnect works only with the new cert
+            clients.write_bytes(certs.ca.cert.read_bytes())
+            bg.run(ballast.stop(0.2))
+            ballast = serve()
+            bg.run(ballast.start())
+            eventually_blocking(synced(bg, ballast, "ewr-1"), 20,
+                       "ewr-1 reconnected and SYNCED with the renewed certificate")
+            assert proxy.proc is not None and proxy.proc.pid == pid and proxy.proc.poll() is None
+    finally:
+        bg.run(ballast.stop(0.2))
+        bg.close()
