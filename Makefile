@@ -5,7 +5,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test unit lint bench scenarios protos clean
+# `make run` ports (the demo's Ballast and its first Envoy's admin; the next PoPs count up)
+XDS_PORT ?= 18000
+ADMIN_PORT ?= 18001
+ENVOY_ADMIN_PORT ?= 9901
+DEMO_STATE ?= var/demo
+
+.PHONY: run reset test unit e2e-hosts lint bench scenarios protos clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,7 +21,14 @@ $(STAMP): pyproject.toml
 
 run: $(STAMP)
 	@# Envoys start by fork+exec; gRPC's fork handlers would only log noise about it.
-	GRPC_ENABLE_FORK_SUPPORT=false $(BIN)/python -m harness.demo examples/desired.yaml
+	GRPC_ENABLE_FORK_SUPPORT=false $(BIN)/python -m harness.demo examples/desired.yaml \
+		--state-dir $(DEMO_STATE) --xds-port $(XDS_PORT) --admin-port $(ADMIN_PORT) \
+		--envoy-admin-port $(ENVOY_ADMIN_PORT)
+
+# The demo resumes its last weights and decision log; this starts it from a clean state.
+reset:
+	rm -rf $(DEMO_STATE)
+	@echo "removed $(DEMO_STATE): the next make run starts from the desired state's weights"
 
 test: $(STAMP)
 	deploy/ensure-test-services.sh
@@ -45,3 +58,10 @@ protos: $(STAMP)
 
 clean:
 	rm -rf $(VENV) var
+
+# deploy/README.md's runbook on six hosts (network namespaces; root, 3-7 min): see
+# tests/test_deploy_hosts.py
+e2e-hosts: $(STAMP)
+	deploy/ensure-test-services.sh
+	BALLAST_E2E_HOSTS=1 GRPC_ENABLE_FORK_SUPPORT=false $(BIN)/python -m pytest -q \
+		-p no:cacheprovider -s tests/test_deploy_hosts.py

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the real peers the test-suite starts on loopback (Prometheus and etcd from Debian)
+# Installs the real peers the test-suite starts on loopback (Prometheus, etcd and etcdctl from
+# Debian)
 # and Chromium (from Debian too) for the dashboard tests.
 # Tests start and stop the servers themselves, by PID; this only makes sure the binaries exist.
 # Debian's packages would start system daemons on install; a policy-rc.d that refuses every
@@ -23,6 +24,7 @@ install_debian() {
 missing=()
 command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
+command -v etcdctl >/dev/null 2>&1 || missing+=(etcd-client)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 if [ "${#missing[@]}" -gt 0 ]; then
     if [ "$(id -u)" = "0" ]; then

@@ -67,6 +67,9 @@ def _guide(
         f"  Dashboard:  http://127.0.0.1:{admin_port}/login with the token in {token}, "
         f"then http://127.0.0.1:{admin_port}/dashboard/",
         "",
+        f"Weights and the decision log live in {state_dir}: the next run resumes from them "
+        "(`make reset` starts clean; ports: `make run XDS_PORT=... ADMIN_PORT=... "
+        "ENVOY_ADMIN_PORT=...`).",
         "Ctrl-C stops everything.",
     ]
     return "\n".join(lines)

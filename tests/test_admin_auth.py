@@ -12,7 +12,13 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from control_plane.admin.auth import AdminAuth, AdminAuthError, check_bind, read_token
+from control_plane.admin.auth import (
+    AdminAuth,
+    AdminAuthError,
+    TokenFile,
+    check_bind,
+    read_token,
+)
 from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.cli.main import main
 
@@ -154,6 +160,12 @@ async def test_open_admin_api_only_on_loopback(tmp_path: Path) -> None:
     check_bind("localhost", AdminAuth())
     with pytest.raises(AdminAuthError, match="without authentication"):
         check_bind("0.0.0.0", AdminAuth())
+    token_file = tmp_path / "admin.token"
+    token_file.write_text("a-token-long-enough-to-use\n")
+    token_file.chmod(0o600)
+    with pytest.raises(AdminAuthError, match=r"on 0\.0\.0\.0 over plain HTTP.*--admin-tls"):
+        check_bind("0.0.0.0", AdminAuth(token=TokenFile(token_file)))  # a token in clear text
+    check_bind("0.0.0.0", AdminAuth(token=TokenFile(token_file), client_certs=True))
     config = ServiceConfig(desired_path=EXAMPLE, state_dir=tmp_path / "state",
                            xds_address="127.0.0.1:0", admin_address="10.1.2.3:18001",
                            probes=False)

@@ -48,8 +48,11 @@ async def test_start_ups_wait_for_a_slot_while_synced_nodes_get_their_pushes() -
         await waiting.start()
         await waiting.subscribe(CDS)
         # connected, but no slot: not answered
-        await eventually(lambda: len(ballast.nodes) == 4, 10, "4 nodes connected", interval=0.01)
+        await eventually(lambda: ballast.ads.ledger.streams == 4, 10, "4 streams connected",
+                         interval=0.01)
         assert ballast.ads.syncing == 2
+        # listed once admitted, not while it waits (145 listings of one id waited before)
+        assert len(ballast.nodes) == 3 and not ballast.nodes.by_node("waiting")
 
         ballast.intent.update_weights("ewr", "shop", {"primary": 60, "secondary": 40})
         want = ballast.cache.resources("ewr", Capabilities()).of_type(EDS)["shop.critical"].payload
@@ -58,6 +61,7 @@ async def test_start_ups_wait_for_a_slot_while_synced_nodes_get_their_pushes() -
 
         await stuck[0].close()  # a slot frees: the waiting node starts
         await waiting.wait_for(lambda c: bool(c.names(CDS)))
+        assert len(ballast.nodes.by_node("waiting")) == 1
     finally:
         for each in clients:
             await each.close()

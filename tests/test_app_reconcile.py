@@ -36,6 +36,10 @@ from harness.models import example_desired, fleet_desired, shop_group
 from tests.support.example_service import example_service
 
 T0 = 1_800_000_000_000
+# origins this fast drain every tier's queue depth within its queue_timeout (84 x 800 / 5 and
+# 30 x 1500 / 5 slots x ms over ms exceed the depths 2,000 and 8,000), so no pending limit
+# bounds a queue in time here (decide/tiers.py part 4; tested in test_decide_tiers.py)
+FAST_MS = 5.0
 
 
 def _recorder(state_dir: Path) -> DecisionRecorder:
@@ -45,7 +49,7 @@ def _recorder(state_dir: Path) -> DecisionRecorder:
 def _signals(now: int, error_rate: float) -> Signals:
     def origin(errors: int) -> OriginSignals:
         return OriginSignals(
-            requests=1000, errors_5xx=errors, connect_failures=0, p50_ms=20.0, p95_ms=60.0,
+            requests=1000, errors_5xx=errors, connect_failures=0, p50_ms=FAST_MS, p95_ms=60.0,
             pending_active=0.0, queue_overflow=0, probe_success=1.0, observed_at_ms=now,
         )
 
@@ -325,7 +329,7 @@ class Healthy:
                       for group in desired.origin_groups]
 
     async def window(self, now_ms: int, window_ms: int) -> Signals:
-        origin = OriginSignals(1000, 0, 0, 20.0, 60.0, 0.0, 0, 1.0, now_ms)
+        origin = OriginSignals(1000, 0, 0, FAST_MS, 60.0, 0.0, 0, 1.0, now_ms)
         return {(pop, group): dict.fromkeys(names, origin) for pop, group, names in self.pairs}
 
 

@@ -7,7 +7,9 @@ sleeps.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import resource
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -87,3 +89,30 @@ async def test_missing_file_is_waited_out(tmp_path: Path) -> None:
         path.write_bytes(b"a: 22\n")
         await _next_pass(clock, POLL, SETTLE)
         assert seen == [b"a: 22\n"]
+
+
+async def test_a_read_that_failed_for_want_of_descriptors_is_retried(tmp_path: Path) -> None:
+    """With the process out of descriptors ("Too many open files") the edit could not be read,
+    and once descriptors were free again it was never applied: the file had not changed since.
+    Now an unreadable file is read again at every poll, and reported once."""
+    async with _watching(tmp_path) as (path, seen, watcher, clock):
+        unreadable: list[str] = []
+        watcher.on_unreadable = lambda err: unreadable.append(str(err))
+        path.write_bytes(b"a: 5\n")
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        held: list[int] = []
+        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 16, hard))
+        try:
+            with contextlib.suppress(OSError):  # every descriptor taken: EMFILE
+                while True:
+                    held.append(os.open(os.devnull, os.O_RDONLY))
+            await _next_pass(clock, POLL, SETTLE)
+            await _next_pass(clock, POLL, SETTLE)
+        finally:
+            for fd in held:
+                os.close(fd)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        assert seen == []
+        assert len(unreadable) == 1 and "Too many open files" in unreadable[0], unreadable
+        await _next_pass(clock, POLL, SETTLE)  # descriptors again: read, and handed over
+        assert seen == [b"a: 5\n"]

@@ -125,3 +125,29 @@ def test_certs_writes_an_admin_token_the_server_accepts(tmp_path: Path, capsys) 
     assert stat.S_IMODE((tmp_path / "admin.token").stat().st_mode) == 0o600
     assert main(["certs", str(tmp_path), "--admin-token"]) == 0
     assert read_token(tmp_path / "admin.token") != token  # a new one each time: rotation
+
+
+def test_etcd_certificates_come_from_a_ca_of_their_own(tmp_path: Path, capsys) -> None:
+    pki = tmp_path / "pki"
+    assert main(["certs", str(pki), "--etcd-member", "10.0.0.1", "--etcd-member", "etcd-b",
+                 "--etcd-client", "ballast"]) == 0
+    ca = x509.load_pem_x509_certificate((pki / "ca.pem").read_bytes())
+    etcd_ca = x509.load_pem_x509_certificate((pki / "etcd/ca.pem").read_bytes())
+    assert etcd_ca.subject != ca.subject  # a Ballast node certificate is never an etcd user
+    member = x509.load_pem_x509_certificate((pki / "etcd/member.pem").read_bytes())
+    client = x509.load_pem_x509_certificate((pki / "etcd/clients/ballast.pem").read_bytes())
+    assert member.issuer == client.issuer == etcd_ca.subject
+    names = member.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert [str(ip) for ip in names.get_values_for_type(x509.IPAddress)] == ["10.0.0.1"]
+    assert names.get_values_for_type(x509.DNSName) == ["etcd-b"]
+    usage = member.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert set(usage) == {x509.oid.ExtendedKeyUsageOID.SERVER_AUTH,
+                          x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH}  # members dial each other
+    common_name = client.subject.get_attributes_for_oid(x509.oid.NameOID.COMMON_NAME)
+    assert common_name[0].value == "ballast"  # etcd's user
+    assert stat.S_IMODE((pki / "etcd/clients/ballast.key").stat().st_mode) == 0o600
+    assert stat.S_IMODE((pki / "etcd/ca.key").stat().st_mode) == 0o600
+    # a second run reuses etcd's CA
+    before = (pki / "etcd/ca.pem").read_bytes()
+    assert main(["certs", str(pki), "--etcd-client", "root"]) == 0
+    assert (pki / "etcd/ca.pem").read_bytes() == before

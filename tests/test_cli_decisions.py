@@ -56,6 +56,19 @@ def test_since_filters_by_time(state_dir: Path, capsys: pytest.CaptureFixture[st
     assert capsys.readouterr().out.startswith("no decisions in ")
 
 
+def test_unknown_pop_or_group_is_not_found(state_dir: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    where = ["decisions", "--state-dir", str(state_dir)]
+    assert main([*where, "--pop", "lhr"]) == 3
+    assert capsys.readouterr().err.startswith("ballast decisions: not found: no record names "
+                                              "pop 'lhr' in ")
+    assert main([*where, "--pop", "ewr", "--group", "nope"]) == 3
+    assert "no record names group 'nope' in pop 'ewr'" in capsys.readouterr().err
+    # a known PoP with nothing in the window is not "not found"
+    assert main([*where, "--pop", "ewr", "--since", "10m"]) == 0
+    assert capsys.readouterr().out.startswith("no decisions in ")
+
+
 def test_no_decisions(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["decisions", "--state-dir", str(tmp_path / "empty")]) == 0
     assert capsys.readouterr().out == f"no decisions in {tmp_path / 'empty'} matching the filters\n"

@@ -104,9 +104,13 @@ def test_explain_tier_actions_from_the_server(
     assert remote.splitlines()[-3:] == TIER_LINES
 
 
-def test_unknown_pop(state_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["explain", "--state-dir", str(state_dir), "--pop", "lhr", "--group", "api"]) == 0
-    assert capsys.readouterr().out == f"no decisions for pop lhr, group api in {state_dir}\n"
+def test_unknown_pop_or_group_is_not_found(state_dir: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    for pop, group in (("lhr", "api"), ("ewr", "nope")):
+        assert main(["explain", "--state-dir", str(state_dir), "--pop", pop,
+                     "--group", group]) == 3
+        assert capsys.readouterr().err == (f"ballast explain: not found: no record names pop "
+                                           f"{pop!r}, group {group!r} in {state_dir}\n")
 
 
 def test_pop_and_group_are_required(capsys: pytest.CaptureFixture[str]) -> None:

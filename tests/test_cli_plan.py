@@ -86,12 +86,13 @@ def test_added_and_removed_origin_group(
     for name in ("media.critical", "media.normal", "media.background"):
         assert f"  + clusters {name}" in out and f"  + endpoints {name}" in out
     assert "  ~ routes edge" in out  # the new virtual host
-    assert "pop ewr: 6 to add, 1 to change, 0 to remove" in out
+    # the new virtual host's routes, and the listener's overflow replies for its tiers
+    assert "pop ewr: 6 to add, 2 to change, 0 to remove" in out
 
     code, out, _ = plan(capsys, str(base), "--against", str(media))
     assert code == 2, out
     assert "  - clusters media.critical" in out and "  - endpoints media.background" in out
-    assert "pop sjc: 0 to add, 1 to change, 6 to remove (starting weights, Envoy 1.40" in out
+    assert "pop sjc: 0 to add, 2 to change, 6 to remove (starting weights, Envoy 1.40" in out
     assert out.splitlines()[0] == f"ballast plan: {base} against {media}"
 
 

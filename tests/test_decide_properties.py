@@ -7,7 +7,10 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from control_plane.decide import damping
 from control_plane.decide.controller import ControllerState, StepResult, home_weights, step
+from control_plane.decide.damping import Flap
+from control_plane.decide.evidence import judge
 from control_plane.decide.health import breach_reasons, is_healthy_window
 from control_plane.decide.signals import OriginSignals
 from control_plane.desired.model import FailoverPolicy
@@ -21,7 +24,7 @@ NAMES = ("primary", "secondary", "tertiary")
 SHAPES: dict[str, tuple[int, int, int, float | None, float | None]] = {
     "healthy": (1000, 0, 0, 40.0, 120.0),
     "slow_p50": (1000, 0, 0, 300.0, 600.0),  # not breaching, but not healthy enough to return
-    "borderline": (1000, 21, 0, 200.0, 700.0),  # 2.1 % 5xx: just over the line
+    "borderline": (1000, 21, 0, 200.0, 700.0),  # 2.1 % 5xx: over the line, not surely
     "slow_p95": (1000, 0, 0, 200.0, 900.0),
     "bad": (1000, 79, 0, 200.0, 1200.0),
     "dead": (100, 0, 900, None, None),
@@ -117,8 +120,9 @@ def test_weight_leaves_only_after_consecutive_breaches(case: tuple) -> None:
         if not fresh(policy, signals, tick * TICK):
             continue
         assert signals is not None
-        for n in names:
-            history[n].append(bool(breach_reasons(signals[n], policy)))
+        for n in names:  # an inconclusive window (too few samples) leaves the streak as it was
+            if judge(signals[n], policy).verdict != "inconclusive":
+                history[n].append(bool(breach_reasons(signals[n], policy)))
         if result.kind == "weight_shift":
             losers = [n for n in names if result.weights_after[n] < result.weights_before[n]]
             assert losers
@@ -136,7 +140,8 @@ def test_weight_returns_only_after_healthy_windows(case: tuple) -> None:
             continue
         assert signals is not None
         for n in names:
-            good[n].append(is_healthy_window(signals[n], policy))
+            if judge(signals[n], policy).verdict != "inconclusive":
+                good[n].append(is_healthy_window(signals[n], policy))
         gainers = [n for n in names if result.weights_after[n] > result.weights_before[n]]
         if result.kind == "return":
             need = policy.return_healthy_windows
@@ -145,8 +150,13 @@ def test_weight_returns_only_after_healthy_windows(case: tuple) -> None:
             p50 = signals[gainers[0]].p50_ms
             assert p50 is not None and p50 < policy.return_p50_ms
         elif result.kind == "weight_shift":
-            # weight only goes to origins that are not breaching, away from a sick one
-            assert all(not breach_reasons(signals[n], policy) for n in gainers)
+            # weight only goes to origins that are not breaching, or that score better than
+            # every origin losing weight by the compare margin
+            losers = [n for n in names if result.weights_after[n] < result.weights_before[n]]
+            best_loser = max(result.scores[n].composite for n in losers)
+            assert all(not breach_reasons(signals[n], policy)
+                       or result.scores[n].composite >= best_loser + policy.compare_margin - 1e-9
+                       for n in gainers)
         else:
             assert not gainers
 
@@ -250,3 +260,137 @@ def test_streaks_stop_at_their_thresholds_without_changing_a_decision(
         assert (uncapped.weights_after, uncapped.kind, uncapped.reason) == (
             result.weights_after, result.kind, result.reason)
         weights, state = result.weights_after, result.state
+
+
+@settings(max_examples=300, deadline=None)
+@given(scenario())
+def test_a_sick_origin_with_a_better_alternative_loses_weight(case: tuple) -> None:
+    """Compare, don't only threshold: the worst sick origin that is above its mode's target
+    (by the hysteresis, so above its warm pool) and has another origin breaching nothing or
+    scoring better by the margin, loses weight, whether or not that origin breaches too."""
+    policy, names, windows, jitters = case
+    for tick, (signals, result) in enumerate(simulate(policy, names, windows, jitters), 1):
+        if not fresh(policy, signals, tick * TICK):
+            continue
+        assert signals is not None
+        before, scores = result.weights_before, result.scores
+        sick = [n for n in names if result.state.unhealthy(n) >= policy.breach_windows]
+        movable = [n for n in sick
+                   if before[n] - _target(policy, before[n], scores[n].composite)
+                   >= max(1, policy.hysteresis)]
+        with_better = [
+            n for n in movable
+            if any(not breach_reasons(signals[o], policy)
+                   or scores[o].composite >= scores[n].composite + policy.compare_margin - 1e-9
+                   for o in names if o != n)
+        ]
+        if not with_better:
+            continue
+        worst = min(with_better, key=lambda n: scores[n].composite)
+        assert result.kind == "weight_shift", result.rule
+        assert result.weights_after[worst] < before[worst], result.rule
+        assert "nowhere better" not in result.rule
+
+
+def _target(policy: FailoverPolicy, weight: int, score: float) -> int:
+    """The mode's leave target, as documented in `decide/controller.py` rule 3."""
+    raw = {"health_proportional": round(score * 100), "linear": weight - policy.shift_step,
+           "exponential": weight // 2}[policy.mode]
+    return max(policy.min_warm_pool, min(weight, raw))
+
+
+def test_every_origin_breaching_still_moves_to_the_better_one() -> None:
+    """docs/scenarios/restart.md: the primary at 43.6 % 5xx was held at 41 % because the
+    secondary showed 3.0 % 5xx. Now weight leaves for the secondary, whose score is higher."""
+    def origin(errors: int) -> OriginSignals:
+        return OriginSignals(1000, errors, 0, 40.0, 120.0, 0.0, 0, None, 2 * TICK)
+
+    state = ControllerState({"primary": 3, "secondary": 3}, {})
+    result = step(POLICY, ("primary", "secondary"), {"primary": 41, "secondary": 59}, state,
+                  {"primary": origin(436), "secondary": origin(30)}, 2 * TICK, 0)
+    assert result.kind == "weight_shift"
+    assert result.weights_after == {"primary": 31, "secondary": 69}
+    assert "secondary breaches too (5xx 3.0% > 2%) but scores 0.70" in result.rule
+    # within the margin: nowhere better, held
+    even = step(POLICY, ("primary", "secondary"), {"primary": 41, "secondary": 59}, state,
+                {"primary": origin(436), "secondary": origin(436)}, 2 * TICK, 0)
+    assert even.kind == "hold" and "nowhere better" in even.rule
+
+
+DAMPED = replace(POLICY, damping_half_life_ms=300_000)
+
+
+@st.composite
+def damped_scenario(draw: st.DrawFn) -> tuple[FailoverPolicy, tuple[str, ...], list[Window],
+                                               list[int]]:
+    """Flapping primaries: fresh windows only, alternating runs of breaching and healthy."""
+    policy = replace(DAMPED, mode=draw(st.sampled_from(MODES)),
+                     damping_half_life_ms=draw(st.sampled_from([120_000, 300_000, 900_000])))
+    names = NAMES[:2]
+    runs = draw(st.lists(st.tuples(st.sampled_from(["bad", "dead", "healthy", "slow_p50"]),
+                                   st.integers(1, 8)), min_size=1, max_size=12))
+    windows: list[Window] = [{names[0]: (kind, 0), names[1]: ("healthy", 0)}
+                             for kind, count in runs for _ in range(count)]
+    jitters = draw(st.lists(st.integers(-policy.jitter, policy.jitter), min_size=len(windows),
+                            max_size=len(windows)))
+    return policy, names, windows, jitters
+
+
+@settings(max_examples=300, deadline=None)
+@given(damped_scenario())
+def test_damping_suppresses_returns_only_above_the_suppress_level(case: tuple) -> None:
+    """A model of the penalty (an onset adds `damping_penalty`, it halves every half-life and
+    is forgotten below `damping_reuse`): a return needs `damping_return_windows` healthy
+    windows exactly while the penalty is at or above `damping_suppress`, and
+    `return_healthy_windows` otherwise; the penalty never grows between onsets."""
+    policy, names, windows, jitters = case
+    penalty = {n: (0.0, 0) for n in names}  # (value at, time)
+    streak = {n: 0 for n in names}
+    healthy: dict[str, list[bool]] = {n: [] for n in names}
+    previous: dict[str, float] = {}
+    for tick, (signals, result) in enumerate(simulate(policy, names, windows, jitters), 1):
+        now = tick * TICK
+        assert signals is not None
+        model: dict[str, float] = {}
+        for n in names:
+            value, at = penalty[n]
+            decayed = value * 0.5 ** ((now - at) / policy.damping_half_life_ms)
+            streak[n] = streak[n] + 1 if breach_reasons(signals[n], policy) else 0
+            if streak[n] == policy.breach_windows:
+                penalty[n] = (min(decayed + policy.damping_penalty,
+                                  policy.damping_suppress * 16.0), now)
+                model[n] = penalty[n][0]
+            elif decayed < policy.damping_reuse:
+                penalty[n] = (0.0, now)
+                model[n] = 0.0
+            else:
+                model[n] = decayed
+                assert decayed <= previous.get(n, decayed), "decays between onsets"
+            healthy[n].append(is_healthy_window(signals[n], policy))
+            shown = result.damping.get(n, {"penalty": 0.0})["penalty"]
+            assert abs(shown - round(model[n], 1)) < 0.11, (n, shown, model[n])
+        previous = model
+        need = {n: policy.damping_return_windows if model[n] >= policy.damping_suppress
+                else policy.return_healthy_windows for n in names}
+        if result.kind == "return":
+            (to,) = [n for n in names if result.weights_after[n] > result.weights_before[n]]
+            assert healthy[to][-need[to]:] == [True] * need[to], result.rule
+        sick = [n for n in names if result.state.unhealthy(n) >= policy.breach_windows]
+        home = home_weights(names, policy.min_warm_pool)
+        below = [n for n in names if result.weights_before[n] < home[n]]
+        if not sick and below:
+            first = below[0]
+            ready = healthy[first][-need[first]:] == [True] * need[first]
+            assert (result.kind == "return") == ready, (model, result.rule)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(0, 40_000), st.integers(0, 10**9), st.integers(0, 10**9),
+       st.integers(0, 10**9))
+def test_a_penalty_always_decays(value: float, at: int, t1: int, t2: int) -> None:
+    flap = Flap(value, at)
+    early, late = sorted((at + t1, at + t2))
+    assert flap.now(DAMPED, late) <= flap.now(DAMPED, early) <= value
+    # four half-lives past the ceiling, nothing is suppressed any more
+    top = damping.onset(Flap(damping.ceiling(DAMPED), at), DAMPED, at)
+    assert not damping.suppressed(top, DAMPED, at + 4 * DAMPED.damping_half_life_ms + 1)

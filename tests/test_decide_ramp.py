@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from control_plane.decide.controller import ControllerState, step
+from control_plane.decide.health import score_origin
 from control_plane.decide.ramp import RampState, ramp_step, replay_ramp_record
 from control_plane.decide.signals import OriginSignals
 from control_plane.desired.model import FailoverPolicy, StandbyRampPolicy, home_weights
@@ -67,10 +68,18 @@ COLD = RampState({}, {"secondary": NOW - 100_000})
          {"primary": 60, "secondary": 40}, {"primary": 45, "secondary": 55},
          RampState({"secondary": 3}, {}), None,
          {"primary": 45, "secondary": 55}, "ramp_complete", {}),
-        ("degrading standby backs off one step",
+        ("degrading standby worse than the primary backs off one step",
          {"primary": 80, "secondary": 20}, {"primary": 80, "secondary": 20},
-         RampState({"secondary": 2}, {}), signals("breach", "breach"),
+         RampState({"secondary": 2}, {}), signals("healthy", "breach"),
          {"primary": 90, "secondary": 10}, "ramp_back_off", {"secondary": 1}),
+        ("breaching standby as sick as the primary (within the margin) holds",
+         {"primary": 80, "secondary": 20}, {"primary": 70, "secondary": 30},
+         RampState({"secondary": 2}, {}), signals("breach", "breach"),
+         {"primary": 80, "secondary": 20}, "ramp_hold", {"secondary": 2}),
+        ("breaching standby better than the primary by the margin steps on",
+         {"primary": 80, "secondary": 20}, {"primary": 70, "secondary": 30},
+         RampState({"secondary": 2}, {}), signals("breach", "slow"),
+         {"primary": 70, "secondary": 30}, "ramp_step", {"secondary": 3}),
         ("no metrics: ramp holds",
          {"primary": 90, "secondary": 10}, {"primary": 90, "secondary": 10},
          RampState({"secondary": 1}, {}), {}, {"primary": 90, "secondary": 10}, None,
@@ -98,7 +107,7 @@ def test_ramp_rules(name, before, proposed, state, sigs, after, kind, ramps) -> 
 
 def test_hold_rule_keeps_a_degrading_standby_where_it_is() -> None:
     result = run({"primary": 80, "secondary": 20}, {"primary": 70, "secondary": 30},
-                 RampState({"secondary": 2}, {}), signals("breach", "slow"),
+                 RampState({"secondary": 2}, {}), signals("healthy", "slow"),
                  replace(RAMP, on_degrade="hold"))
     assert result.weights_after == {"primary": 80, "secondary": 20}
     assert result.kind == "ramp_hold" and "p95 900 ms > 800 ms" in result.rule
@@ -184,9 +193,14 @@ def test_ramp_properties(case) -> None:
                 assert after[name] <= max(schedule[index_after], weights[name]), result.rule
                 if index_before is not None:
                     assert index_after <= index_before + 1
-                # a degrading (breaching) standby stops the ramp: no growth, no step
-                if sigs is not None and window is not None and window[name] in ("breach",
-                                                                                  "slow", "dead"):
+                # a degrading (breaching) standby doing worse than every origin its traffic
+                # could go back to stops the ramp: no growth, no step
+                if (sigs is not None and window is not None
+                        and window[name] in ("breach", "slow", "dead")
+                        and all(score_origin(sigs[o], failover).composite
+                                - score_origin(sigs[name], failover).composite
+                                >= failover.compare_margin
+                                for o in names if o != name and o not in result.state.ramps)):
                     assert after[name] <= weights[name], result.rule
                     assert index_before is None or index_after <= index_before
         # the primary never drops below what the ramping standbys leave it

@@ -43,7 +43,9 @@ def window(rng: random.Random, now: int, incident: bool) -> dict[str, OriginSign
 
 @pytest.mark.parametrize("mode", ["health_proportional", "linear", "exponential"])
 def test_replaying_the_log_reproduces_the_weights(tmp_path: Path, mode: str) -> None:
-    policy = replace(FailoverPolicy(), mode=mode)
+    # a short damping half-life, so the noisy incident both suppresses returns and lets them
+    # happen within the run
+    policy = replace(FailoverPolicy(), mode=mode, damping_half_life_ms=300_000)
     pref = ("primary", "secondary")
     rng = random.Random(7)
     start = datetime(2024, 5, 1, 16, 0, tzinfo=UTC)
@@ -63,6 +65,9 @@ def test_replaying_the_log_reproduces_the_weights(tmp_path: Path, mode: str) -> 
     records = list(iter_records(tmp_path))
     assert len(records) == 119
     assert {r["kind"] for r in records} >= {"weight_shift", "return", "hold"}
+    suppressed = [r for r in records
+                  if any(d["suppressed"] for d in r["detail"].get("damping", {}).values())]
+    assert suppressed, "the flapping primary was suppressed at some point"
     previous_after = None
     for record in records:
         again = replay_record(policy, record)

@@ -45,8 +45,9 @@ def pending(value: float, age_ms: int = 0, now: int = T0) -> dict[str, TierPendi
     return {**quiet(now, age_ms), "critical": TierPending(value, now - age_ms, (("e1", 0.0),))}
 
 
-def wait(p95: float | None, pending_max: float = 0, now: int = T0) -> dict[str, TierPending]:
-    quantiles = None if p95 is None else WaitQuantiles(p95 / 2, p95, p95 * 2, 200)
+def wait(p95: float | None, pending_max: float = 0, now: int = T0,
+         samples: int = 200, excluded: int = 0) -> dict[str, TierPending]:
+    quantiles = None if p95 is None else WaitQuantiles(p95 / 2, p95, p95 * 2, samples, excluded)
     critical = TierPending(pending_max, now, (("e1", 10.0),), wait=quantiles)
     return {**quiet(now), "critical": critical}
 
@@ -88,14 +89,26 @@ def wait(p95: float | None, pending_max: float = 0, now: int = T0) -> dict[str, 
          pending(11), "tier_action", True, "for 0 s (≥ 0 s)"),
         # the default trigger: measured pool wait (seed 000's 35 ms)
         ("wait p95 below 35 ms", GROUP, TierState(), wait(20), None, False,
-         "critical wait p95 20 ms ≤ 35 ms (200 sampled)"),
+         "critical wait p95 20 ms ≤ 35 ms (200 sampled, 0 retried/hedged left out)"),
         ("wait p95 above 35 ms held 30 s: on", GROUP, TierState(trigger_since_ms=T0 - 30_000),
          wait(60), "tier_action", True, "critical wait p95 60 ms > 35 ms"),
-        ("no sampled request, none pending: no wait", GROUP, ACTIVE, wait(None), None, True,
-         "no sampled request, none pending"),
-        ("no sampled request while pending: fail static", GROUP,
+        ("no sampled request, none pending: no trigger", GROUP, ACTIVE, wait(None), None,
+         True, "critical wait: 0 sampled < 20 (0 retried/hedged left out), trigger: pending "
+         "for this window: pending max 0 ≤ 10"),
+        ("no sampled request while 7 pending: the pending trigger decides", GROUP,
          TierState(trigger_since_ms=T0 - 30_000), wait(None, pending_max=7), None, False,
-         "fail static: no sampled critical request in the window while 7 were pending"),
+         "trigger: pending for this window: pending max 7 ≤ 10: no trigger"),
+        ("too few samples while 40 pending: the pending trigger fires", GROUP,
+         TierState(trigger_since_ms=T0 - 30_000), wait(20, pending_max=40, samples=19),
+         "tier_action", True, "critical wait: 19 sampled < 20"),
+        # the issue's case: a retried request's wait is 300 ms of failed attempt and backoff;
+        # with it left out, 3 first attempts are too few, and nobody is pending
+        ("one slow request never sheds", GROUP, TierState(trigger_since_ms=T0 - 30_000),
+         wait(300, samples=3, excluded=1), None, False,
+         "critical wait: 3 sampled < 20 (1 retried/hedged left out), trigger: pending"),
+        ("p99 needs 100 samples", with_policy(GROUP, trigger_wait_quantile="p99"),
+         TierState(trigger_since_ms=T0 - 30_000), wait(20, samples=99), None, False,
+         "critical wait: 99 sampled < 100"),
         ("p99 quantile chosen", with_policy(GROUP, trigger_wait_quantile="p99"), TierState(),
          wait(20), None, False, "wait p99 40 ms > 35 ms"),
     ],
@@ -407,7 +420,7 @@ def test_record_fields_and_state_round_trip_through_json() -> None:
     assert fields["detail"]["actions"] == {
         "demote_tier": "normal", "demote_to": "background", "demote_share": 50,
         "shed_tier": "background", "retry_after_s": 60, "shed_tiers": [], "limits": {},
-        "shed_status": {"background": 503},
+        "shed_status": {"background": 503}, "pending_limits": {},
     }
     assert TierState.from_dict(json.loads(json.dumps(result.state.to_dict()))) == result.state
 

@@ -61,6 +61,11 @@ async def test_probes_tell_a_healthy_from_a_failing_and_a_slow_and_a_dead_origin
     assert prober.share("shop", "unknown", now, window) is None
     rounds = len([r for r in prober.results("shop", "primary") if r[0] > start]) // 2
     assert 3 <= rounds <= window / 200 + 1  # every 200 ms, both paths
+    # each passing probe is timed (the fill-in latency of a thin window); failed ones are not
+    timed = prober.latencies("shop", "primary", now, window)
+    assert len(timed) == prober.count("shop", "primary", now, window) >= 2 * rounds
+    assert all(0 < ms < window for ms in timed), timed
+    assert prober.latencies("shop", "tertiary", now, window) == []
     # the rolling window forgets old results
     assert prober.share("shop", "primary", now + 60_000, 1000) is None
 
@@ -116,3 +121,21 @@ def test_retarget_keeps_unchanged_results_and_drops_changed_ones() -> None:
     assert prober.results("shop", "primary") == ((1000, True),)
     assert prober.results("shop", "secondary") == ()
     assert prober.targets == [a, moved]
+
+
+async def test_probes_fill_in_the_latency_of_a_thin_window():
+    prober = Prober([target("primary", 1), target("secondary", 2)], interval_ms=1000)
+    for i in range(12):  # a 30 s window of 5 s rounds, two paths each
+        prober.record("shop", "secondary", 100 + i, True, latency_ms=float(i + 1))
+        prober.record("shop", "primary", 100 + i, True, latency_ms=500.0)
+    prober.record("shop", "secondary", 150, False, latency_ms=4000.0)  # failed: not timed
+    source = CombinedSource(
+        Fixed({("ewr", "shop"): {"primary": passive(1000, 800), "secondary": passive(6, 800)}}),
+        prober,
+    )
+    signals = await source.window(1000, 30_000)
+    thin = signals["ewr", "shop"]["secondary"]
+    assert (thin.probes, thin.latency_samples, thin.latency_from) == (13, 12, "probes")
+    assert (thin.p50_ms, thin.p95_ms, thin.p95_low_ms) == (6.0, 12.0, 9.0)
+    busy = signals["ewr", "shop"]["primary"]  # 1000 passive samples outweigh 12 probes
+    assert (busy.probes, busy.p50_ms, busy.latency_from) == (12, 10.0, "whole_request")

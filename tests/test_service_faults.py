@@ -64,7 +64,7 @@ async def test_watcher_survives_bad_files_and_failing_code(service: BallastServi
     # a document nested hundreds of levels deep killed the watcher with a RecursionError
     path.write_text("pops: " + "[" * 400 + "]" * 400)
     rejected = await eventually(lambda: records(service, "config_rejected"))
-    assert "nested more than 32 levels deep" in rejected[-1]["detail"]["problems"][0]
+    assert any("nested more than 32 levels deep" in p for p in rejected[-1]["detail"]["problems"])
     # a symlink to a device: refused, not read
     path.unlink()
     path.symlink_to("/dev/zero")
@@ -206,14 +206,16 @@ def _used_state_dir(state_dir: Path) -> None:
         log.record("weight_shift", pop="ewr", group="shop", rule="step")
 
 
-@pytest.mark.parametrize("content", ["empty", "other tables"])
-async def test_an_empty_state_db_next_to_a_decision_log_is_refused(
+@pytest.mark.parametrize("content", ["empty", "other tables", "deleted"])
+async def test_an_empty_or_deleted_state_db_next_to_a_decision_log_is_refused(
     tmp_path: Path, content: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _used_state_dir(tmp_path)
     state = tmp_path / "state.db"
     if content == "empty":
         state.write_bytes(b"")
+    elif content == "deleted":  # a decision log showing moved weights, and no state.db
+        pass
     else:
         import sqlite3
 
@@ -225,18 +227,32 @@ async def test_an_empty_state_db_next_to_a_decision_log_is_refused(
         "serve", str(EXAMPLE), "--state-dir", str(tmp_path), "--xds-address", "127.0.0.1:0",
         "--admin-address", "127.0.0.1:0", "--no-probes"])
     err = capsys.readouterr().err
-    assert code == 1 and "is there but empty" in err and "Traceback" not in err
+    found = "is missing" if content == "deleted" else "is there but empty"
+    assert code == 1 and found in err and "Traceback" not in err
+    assert state.exists() == (content != "deleted")  # the refusal created nothing
     accepted = BallastService(config(EXAMPLE, tmp_path, admin_address=None,
                                      accept_empty_state=True))
     await accepted.start()
     await accepted.stop(0)
     startup = [r for r in iter_records(tmp_path) if r["kind"] == "startup"][-1]
     assert startup["detail"]["empty_state_accepted"] == str(state)
+    assert "start from the desired state's defaults" in startup["detail"]["started_from_defaults"]
 
 
-def test_a_fresh_or_moved_aside_state_db_is_no_surprise(tmp_path: Path) -> None:
-    with StateStore(tmp_path, history="a log") as store:  # no file: a fresh start
-        assert not store.blank
-    _used_state_dir(tmp_path / "moved")
-    with StateStore(tmp_path / "moved", history="a log") as store:  # moved aside on purpose
+async def test_a_fresh_start_says_it_starts_from_defaults(tmp_path: Path) -> None:
+    fresh = BallastService(config(EXAMPLE, tmp_path, admin_address=None))
+    await fresh.start()
+    await fresh.stop(0)
+    again = BallastService(config(EXAMPLE, tmp_path, admin_address=None))
+    await again.start()  # state.db saved by the first run: restored, not defaults
+    await again.stop(0)
+    first, second = [r for r in iter_records(tmp_path) if r["kind"] == "startup"]
+    assert "started_from_defaults" in first["detail"]
+    assert "started_from_defaults" not in second["detail"]
+
+
+def test_a_fresh_state_dir_is_no_surprise(tmp_path: Path) -> None:
+    with StateStore(tmp_path) as store:  # no file, no log: a fresh start from defaults
+        assert store.blank
+    with StateStore(tmp_path, history="a log") as store:  # the file it made holds tables
         assert not store.blank

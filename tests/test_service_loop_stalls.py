@@ -3,16 +3,20 @@ re-translates every PoP runs on a worker thread, and meanwhile the loop keeps an
 pushing one PoP's weight changes.
 
 A real `BallastService` with a desired state of 8 PoPs x 40 groups (every PoP translated at
-start-up), one simulated delta node in PoP p000 over real gRPC, and a loop-lag probe (a 5 ms
-sleep, measured). The reload changes every group, so every cluster of every PoP is re-translated
-(and each PoP's diff rendered). The bounds are relative to the reload's own duration, which is
-what the loop would have stalled for when the work ran on it: no machine time is asserted.
+start-up), one simulated delta node in PoP p000 over real gRPC, a loop-lag probe (a 5 ms
+sleep, measured) and an operator's probe of the admin API's `/healthz` from another thread
+(each answer timed). The reload changes every group, so every cluster of every PoP is
+re-translated (and each PoP's diff rendered). The bounds are relative to the reload's own
+duration, which is what the loop would have stalled for when the work ran on it: no machine
+time is asserted.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
+import urllib.request
 from pathlib import Path
 
 from control_plane.app.service import BallastService, ServiceConfig
@@ -25,6 +29,31 @@ from harness.xds_client import XdsClient, local_channel, make_node
 
 POPS, GROUPS = 8, 40
 PROBE_S = 0.005
+
+
+class HealthzProbe:
+    """How long each `/healthz` answer takes, asked from another thread every 10 ms."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.answers: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = time.perf_counter()
+            with urllib.request.urlopen(self.url, timeout=30) as answer:
+                answer.read()
+            self.answers.append(time.perf_counter() - started)
+            self._stop.wait(0.01)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 class LagProbe:
@@ -55,7 +84,8 @@ async def test_a_full_retranslation_does_not_delay_a_small_pops_push(tmp_path: P
     path.write_text(fleet_yaml(pops=POPS, groups=GROUPS))
     service = BallastService(ServiceConfig(
         desired_path=path, state_dir=tmp_path / "state", xds_address=f"127.0.0.1:{free_port()}",
-        admin_address=None, probes=False, reconcile_interval_ms=3_600_000, debounce_s=0.0,
+        admin_address=f"127.0.0.1:{free_port()}", probes=False,
+        reconcile_interval_ms=3_600_000, debounce_s=0.0,
     ))
     await service.start()
     cache = service.server.cache
@@ -87,6 +117,9 @@ async def test_a_full_retranslation_does_not_delay_a_small_pops_push(tmp_path: P
 
         probe = LagProbe()
         probe.start()
+        assert service.admin is not None
+        healthz = HealthzProbe(f"{service.admin.url}/healthz")
+        healthz.start()
         edited = fleet_yaml(pops=POPS, groups=GROUPS, max_origin_concurrency=100).encode()
         started = time.perf_counter()
         reload = asyncio.create_task(service.reload.apply(edited))
@@ -96,6 +129,7 @@ async def test_a_full_retranslation_does_not_delay_a_small_pops_push(tmp_path: P
         assert await reload
         duration = time.perf_counter() - started
         await probe.stop()
+        await asyncio.to_thread(healthz.stop)
     finally:
         await client.close()
         await channel.close()
@@ -106,3 +140,4 @@ async def test_a_full_retranslation_does_not_delay_a_small_pops_push(tmp_path: P
     assert len(during) >= 3, (during, duration)
     assert max(during) < duration / 4, (max(during), duration, during)
     assert worst < duration / 4, (worst, duration)
+    assert healthz.answers and max(healthz.answers) < duration / 4, (healthz.answers, duration)

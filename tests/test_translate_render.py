@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from control_plane.desired.model import TierActions
 from control_plane.translate import PopIntent, render_json, translate_pop
-from control_plane.translate.resources import PUSH_ORDER, Capabilities
-from harness.models import example_desired
+from control_plane.translate.diff import diff_renderings
+from control_plane.translate.render import render_differing
+from control_plane.translate.resources import PUSH_ORDER, Capabilities, PopResources
+from harness.models import example_desired, shop_group
 
 
 def test_render_groups_resources_by_kind_and_shows_field_62() -> None:
@@ -84,3 +89,23 @@ def test_capabilities_change_only_cluster_versions() -> None:
     lifo = translate_pop(example_desired(), "ewr", Capabilities(True))
     changed = [t for t in PUSH_ORDER if fifo.type_version(t) != lifo.type_version(t)]
     assert changed == [PUSH_ORDER[0]]
+
+
+@pytest.mark.parametrize("edit", ["weights", "tier actions", "desired state", "PoP gone"])
+def test_a_diff_of_what_differs_is_the_diff_of_the_full_renderings(edit: str) -> None:
+    """`render_differing` leaves out what both sides hold at the same version: the diff of
+    the two is the diff of the full renderings, whatever changed."""
+    desired = example_desired()
+    old = translate_pop(desired, "ewr", Capabilities())
+    new: PopResources | None = {
+        "weights": lambda: translate_pop(desired, "ewr", Capabilities(), PopIntent(
+            weights={"shop": {"primary": 70, "secondary": 30}})),
+        "tier actions": lambda: translate_pop(desired, "ewr", Capabilities(), PopIntent(
+            tier_actions={"shop": TierActions()})),
+        "desired state": lambda: translate_pop(example_desired(replace(
+            shop_group(), max_origin_concurrency=60)), "ewr", Capabilities()),
+        "PoP gone": lambda: None,
+    }[edit]()
+    full = diff_renderings(render_json(old), {} if new is None else render_json(new))
+    assert full
+    assert diff_renderings(*render_differing(old, new)) == full

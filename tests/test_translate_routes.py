@@ -155,4 +155,4 @@ def test_hedging_tier_gets_envoys_hedge_policy_and_the_delay_as_per_try_timeout(
     assert not normal.HasField("hedge_policy")
     assert normal.retry_policy.per_try_timeout.ToMilliseconds() == 4000
     assert not normal.retry_policy.HasField("per_try_idle_timeout")
-    assert normal.retry_policy.host_selection_retry_max_attempts == 3
+    assert normal.retry_policy.host_selection_retry_max_attempts == 100  # every tier

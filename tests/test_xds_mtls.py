@@ -15,7 +15,7 @@ import grpc
 import pytest
 from cryptography import x509
 
-from control_plane.ads.limits import AdsLimits
+from control_plane.ads.limits import AdsLimits, clip
 from control_plane.app.server import BallastServer
 from control_plane.cli.main import main
 from control_plane.security.cert_dir import CertDir, Pair, write_pair
@@ -124,7 +124,8 @@ async def test_identity_mismatch_is_permission_denied_with_a_short_record(
         await client.close()
     (refused,) = [f for kind, f in records if kind == "node_refused"]
     assert why in refused["reason"]
-    assert refused["node"] == claims[1]  # within the node-id bound, checked before this
+    assert refused["node"] == clip(claims[1], 64)  # claimed values quoted to 64 characters
+    assert len(refused["node"]) < 64 + 40 and len(refused["pop"]) < 64 + 40
     assert len(refused["reason"]) <= 300
     assert server.nodes.statuses() == []
 

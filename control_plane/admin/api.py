@@ -36,7 +36,14 @@ from aiohttp import web
 
 from control_plane.admin.auth import AdminAuth, Login, auth_middleware, check_bind
 from control_plane.admin.capability_keys import capabilities_for_key, most_common_key
+from control_plane.admin.connections import (
+    DEFAULT_ADMIN_LIMITS,
+    AdminLimits,
+    ConnectionGuard,
+    GuardedSite,
+)
 from control_plane.admin.dashboard import Dashboard
+from control_plane.admin.host_check import host_check
 from control_plane.ads.nodes import NodeRegistry, NodeStatus
 from control_plane.ads.snapshots import SnapshotCache
 from control_plane.decisions.explain import describe_active
@@ -211,8 +218,13 @@ class AdminApi:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         dashboard: Dashboard | None = None,
         auth: AdminAuth | None = None,
+        limits: AdminLimits = DEFAULT_ADMIN_LIMITS,
+        host_names: tuple[str, ...] = (),
     ) -> None:
+        """`limits`: connection timeouts and cap (`connections.py`); `host_names`: names
+        besides IP literals and localhost that requests may give as `Host` (`host_check.py`)."""
         self.auth = auth if auth is not None else AdminAuth()
+        self.guard = ConnectionGuard(limits)
         self.nodes = nodes
         self.intent = intent
         self.cache = cache
@@ -223,8 +235,11 @@ class AdminApi:
         self._not_ready_reason = not_ready_reason
         self._degraded = degraded
         self._clock = clock
-        # authentication first: every route below (and any added later) goes through it
-        self.app = web.Application(middlewares=[auth_middleware(self.auth), json_errors])
+        # connection bookkeeping, the Host check, then authentication: every route below (and
+        # any added later) goes through them
+        self.app = web.Application(middlewares=[
+            self.guard.middleware, host_check(host_names), auth_middleware(self.auth),
+            json_errors])
         if self.auth.token is not None:
             Login(self.auth).register(self.app)
         self.app.router.add_get("/healthz", self.healthz)
@@ -247,7 +262,8 @@ class AdminApi:
 
     @property
     def url(self) -> str:
-        return f"{self.scheme}://{self.host}:{self.port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.scheme}://{host}:{self.port}"
 
     async def start(
         self, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
@@ -255,10 +271,12 @@ class AdminApi:
     ) -> None:
         """Bind and serve; `port` (0: any free one) is readable afterwards. Without
         authentication only a loopback address is allowed (AdminAuthError)."""
+        host = host.strip("[]")  # an IPv6 address as written in HOST:PORT
         check_bind(host, self.auth)
-        runner = web.AppRunner(self.app, access_log=None)
+        runner = web.AppRunner(self.app, access_log=None,
+                               keepalive_timeout=self.guard.limits.idle_timeout_s)
         await runner.setup()
-        site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
+        site = GuardedSite(runner, host, port, self.guard, ssl_context=ssl_context)
         try:
             await site.start()
         except OSError:
@@ -271,6 +289,7 @@ class AdminApi:
         log.info("admin API on %s", self.url)
 
     async def stop(self) -> None:
+        self.guard.stop()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None

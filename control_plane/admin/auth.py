@@ -12,7 +12,8 @@ that turns a token into a browser cookie). Everything else, unknown paths includ
 
 Otherwise: 401 with `WWW-Authenticate: Bearer` (a JSON error; for a browser asking for a
 page, a page pointing at `/login`). With no authentication configured the API is
-open, and then it may only listen on a loopback address (`check_bind`).
+open, and then it may only listen on a loopback address; off loopback it must be HTTPS
+(`check_bind`).
 """
 
 from __future__ import annotations
@@ -177,11 +178,20 @@ def is_loopback(host: str) -> bool:
 
 
 def check_bind(host: str, auth: AdminAuth) -> None:
-    """An admin API without authentication listens on loopback only."""
-    if not auth.enabled and not is_loopback(host):
+    """Off loopback the admin API is HTTPS (`--admin-tls`): a bearer token over plain HTTP
+    would cross the network readable by anyone on the path. On loopback it may be open."""
+    if is_loopback(host):
+        return
+    if not auth.enabled:
         raise AdminAuthError(
             f"refusing to serve the admin API on {host} without authentication: give "
-            "--admin-token-file (or --admin-tls with client certificates), or bind 127.0.0.1"
+            "--admin-tls (HTTPS, with --admin-token-file for a token), or bind 127.0.0.1"
+        )
+    if not auth.client_certs:
+        raise AdminAuthError(
+            f"refusing to serve the admin API on {host} over plain HTTP: the bearer token would "
+            "cross the network in clear text; give --admin-tls (HTTPS with the --tls-* files), "
+            "or bind 127.0.0.1"
         )
 
 

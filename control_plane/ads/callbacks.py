@@ -23,7 +23,10 @@ class Callbacks:
 
     def on_stream_refused(self, node_id: str, pop: str, reason: str) -> None:
         """A stream was refused with PERMISSION_DENIED: the peer's certificate does not name the
-        node id and PoP its first request claims (both within the server's length bounds)."""
+        node id and PoP its first request claims (both quoted to 64 characters); or with
+        RESOURCE_EXHAUSTED over a budget (`budget.py`: `node_id` is the client identity quoted
+        to 64 characters, `pop` is empty), at the 1st, 10th, 100th, ... such refusal of that
+        identity."""
 
     def on_stream_superseded(self, older: NodeEntry, newer: NodeEntry) -> None:
         """`newer` has the node id of `older`, which is being closed (the newer stream wins)."""

@@ -37,6 +37,19 @@ class AdsLimits:
     request_bytes: int = 4 * 1024 * 1024  # gRPC max receive message length
     # a new connection's TLS / HTTP/2 handshake; gRPC's default lets an idle one hold 120 s
     handshake_ms: int = 10_000
+    # a connection without a stream for this long is closed (GOAWAY); gRPC's default: never
+    connection_idle_ms: int = 60_000
+    # deadlines: a stream's first request; a response write that makes no progress
+    first_request_s: float = 10.0
+    write_stall_s: float = 10.0
+    # budgets (`budget.py`) per client identity (the certificate's with mTLS, else the peer's
+    # address) and for the process: a node needs one ADS stream on one connection, two for a
+    # moment while it reconnects; a request is at most `request_bytes`
+    streams_per_identity: int = 8
+    connections_per_identity: int = 4
+    held_bytes_per_identity: int = 16 * 1024 * 1024
+    streams_total: int = 20_000
+    held_bytes_total: int = 256 * 1024 * 1024
 
 
 DEFAULT_LIMITS = AdsLimits()

@@ -15,6 +15,13 @@ truncated before anyone sees them, and a repeated NACK of the same (type, versio
 once and counted (`NodeEntry.nacked`); what is kept per stream (fallback bookkeeping, NACK
 counts) lives in its `NodeEntry` and goes with it.
 
+Budgets and deadlines (`budget.py`, `limits.py`): each client identity (`identify`) holds at
+most so many streams, connections and bytes in requests being handled and responses being
+written; over one, the newest stream is refused with RESOURCE_EXHAUSTED. A stream must send its
+first request within `first_request_s`; a write that makes no progress for `write_stall_s` (a
+client granting no flow-control window) ends the stream. Any ending interrupts a blocked write,
+and frees the stream's initial-sync slot at once.
+
 With `verify_peer` (mTLS on), the client certificate's identity must name the PoP and node id
 the first request claims, else the stream ends with PERMISSION_DENIED (`on_stream_refused`).
 Private keys: SDS Secrets go only where `key_gate` lets them (an mTLS port has no gate; a
@@ -44,6 +51,7 @@ from envoy.service.discovery.v3.discovery_pb2 import (
     DiscoveryResponse,
 )
 
+from control_plane.ads.budget import Identify, Ledger, Refusal, peer_address
 from control_plane.ads.callbacks import Callbacks
 from control_plane.ads.encoding import ResponseEncoder, encode_delta, encode_sotw, pass_bytes
 from control_plane.ads.fanout import PushHub
@@ -74,6 +82,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 ADS_SERVICE = "envoy.service.discovery.v3.AggregatedDiscoveryService"
+CLAIMED_CHARS = 64  # a refused stream's claimed node id and PoP, as logged and recorded
 
 
 def server_options(limits: AdsLimits = DEFAULT_LIMITS) -> tuple[tuple[str, int], ...]:
@@ -88,6 +97,7 @@ def server_options(limits: AdsLimits = DEFAULT_LIMITS) -> tuple[tuple[str, int],
         ("grpc.max_receive_message_length", limits.request_bytes),
         ("grpc.max_concurrent_streams", limits.streams_per_connection),
         ("grpc.server_handshake_timeout_ms", limits.handshake_ms),
+        ("grpc.max_connection_idle_ms", limits.connection_idle_ms),
     )
 
 
@@ -149,6 +159,10 @@ _SUPERSEDED = _Signal(
 )
 
 
+class _Interrupted(Exception):
+    """A write was interrupted because the stream is ending (its `ending` says why)."""
+
+
 class NodeRejected(Exception):
     """The first request names no PoP, or one the desired state does not know."""
 
@@ -172,6 +186,22 @@ def check_node_id(node: Node, limits: AdsLimits) -> None:
             f"node id {clip(node.id, 64)!r} has {len(node.id):,} characters; the limit is "
             f"{limits.node_id_chars}"
         )
+
+
+async def _end_with_status(context: grpc.aio.ServicerContext[Any, Any], signal: _Signal) -> None:
+    """End the call with `signal`'s status. After an interrupted write the status waits behind
+    the unsent message (HTTP/2 trailers follow the data), so the call, still counted in its
+    identity's budget, lasts until the client reads or closes its connection; when it closes,
+    the status cannot be sent (ExecuteBatchError, an InternalError), which is the end of the
+    call, not a failure: it ends quietly, as a call the client cancelled does."""
+    try:
+        await context.abort(signal.status, signal.details)
+    except grpc.aio.InternalError:
+        raise asyncio.CancelledError from None
+
+
+def _peer_identity(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
+    return peer_address(context.peer())
 
 
 def envoy_version(node: Node, limit: int = DEFAULT_LIMITS.text_chars) -> str:
@@ -230,12 +260,14 @@ class _Stream:
         "core",
         "ending",
         "entry",
+        "identity",
         "keys_refused",
         "push",
         "push_due",
         "reading",
         "servicer",
         "task",
+        "writer",
     )
 
     def __init__(
@@ -245,9 +277,10 @@ class _Stream:
         core: SotwStream | DeltaStream,
         entry: NodeEntry,
         advertised: NodeCapabilities,
+        identity: str | None,
     ) -> None:
         self.servicer, self.context, self.core = servicer, context, core
-        self.entry, self.advertised = entry, advertised
+        self.entry, self.advertised, self.identity = entry, advertised, identity
         task = asyncio.current_task()
         assert task is not None, "a stream is served by a task"
         self.task: asyncio.Task[Any] = task
@@ -259,6 +292,7 @@ class _Stream:
         self.ending: _Signal | None = None  # how the stream ends, once known
         self.admitted = False  # holds an initial-sync slot
         self.admission_cap: asyncio.TimerHandle | None = None
+        self.writer: asyncio.Task[Any] | None = None  # the task blocked in a write, if any
         # why private keys may not go to this stream (None: they may); its SDS requests are
         # then never answered, and the first one is reported
         self.keys_refused: str | None = None
@@ -270,12 +304,22 @@ class _Stream:
             self.push = self.servicer.start_push(self)
 
     def end(self, signal: _Signal) -> None:
-        """The stream ends (the first reason given wins): a stream waiting for a request
-        stops waiting."""
+        """The stream ends (the first reason given wins): a stream waiting for a request stops
+        waiting, a write in progress (a client not reading) is interrupted, and the stream's
+        initial-sync slot goes to the next stream at once."""
         if self.ending is None:
             self.ending = signal
+            self.servicer.end_admission(self)
             if self.reading:
                 self.task.cancel()
+            if self.writer is not None:
+                self.writer.cancel()
+
+    def stalled(self) -> None:
+        self.end(_Signal(
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+            f"a response write made no progress for {self.servicer.limits.write_stall_s:g} s "
+            "(the client does not read)"))
 
     async def turn(self) -> None:
         """Wait until no other step is being computed or written (tasks take turns, FIFO)."""
@@ -317,9 +361,14 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         callbacks: Callbacks | None = None,
         limits: AdsLimits = DEFAULT_LIMITS,
         verify_peer: VerifyPeer | None = None,
+        identify: Identify | None = None,
         key_gate: KeyGate | None = None,
     ) -> None:
+        """`identify`: a stream's client identity for the budgets (`budget.py`); by default
+        the peer's IP address (loopback peers: the process totals only)."""
         self.cache = cache
+        self._identify = identify if identify is not None else _peer_identity
+        self.ledger = Ledger(limits)
         self._verify_peer = verify_peer
         self._key_gate = key_gate
         self.hub = hub
@@ -389,9 +438,54 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
     ) -> None:
         if self._closing:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "ballast is shutting down")
-        first = await context.read()
+        identity, connection = self._identify(context), context.peer()
+        refusal = self.ledger.open(identity, connection)
+        if refusal is not None:
+            self._over_budget(identity, refusal)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal.reason)
+        try:
+            ending = await self._serve_counted(context, mode, stream, identity)
+            del stream  # what the stream kept goes before a status that may have to wait
+            if ending is not None:
+                await _end_with_status(context, ending)
+        finally:
+            self.ledger.close(identity, connection)
+
+    async def _serve_counted(
+        self,
+        context: grpc.aio.ServicerContext[Any, Any],
+        mode: Literal["sotw", "delta"],
+        stream: SotwStream | DeltaStream,
+        identity: str | None,
+    ) -> _Signal | None:
+        """How the stream must end (a status to send), if not OK; the request held meanwhile
+        is released before."""
+        try:
+            first = await asyncio.wait_for(context.read(), self.limits.first_request_s)
+        except TimeoutError:
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                f"no first request within {self.limits.first_request_s:g} s")
         if first is grpc.aio.EOF:
-            return
+            return None
+        held = first.ByteSize()  # the first request, held until its step is done
+        refusal = self.ledger.hold(identity, held)
+        if refusal is not None:
+            self._over_budget(identity, refusal)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal.reason)
+        try:
+            return await self._serve_stream(context, mode, stream, identity, first)
+        finally:
+            if held:
+                self.ledger.release(identity, held)
+
+    async def _serve_stream(
+        self,
+        context: grpc.aio.ServicerContext[Any, Any],
+        mode: Literal["sotw", "delta"],
+        stream: SotwStream | DeltaStream,
+        identity: str | None,
+        first: Any,
+    ) -> _Signal | None:
         node = first.node
         try:
             check_node_id(node, self.limits)
@@ -399,9 +493,10 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             if self._verify_peer is not None:
                 why = self._verify_peer(context, pop, node.id)
                 if why is not None:
-                    log.warning("refusing ADS stream of node %s: %s", node.id, why)
-                    self._notify(self.callbacks.on_stream_refused, node.id,
-                                 clip(pop, self.limits.text_chars), why)
+                    claimed = clip(node.id, CLAIMED_CHARS)
+                    log.warning("refusing ADS stream of node %r: %s", claimed, why)
+                    self._notify(self.callbacks.on_stream_refused, claimed,
+                                 clip(pop, CLAIMED_CHARS), why)
                     await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
             if not self.cache.has_pop(pop):
                 known = ", ".join(self.cache.pops)
@@ -415,24 +510,27 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         advertised = _canonical(read_node_capabilities(node))
         pop = sys.intern(pop)
         node_id = node.id
+        version = sys.intern(envoy_version(node, self.limits.text_chars))
+        del node  # a real Envoy's first request lists ~500 extensions: not kept
+        # waits unread for an initial-sync slot; in the registry (and /nodes) once admitted
+        await self._admission.acquire()
+        self.syncing += 1
         caps = self.cache.effective_capabilities(pop, advertised.capabilities, advertised.reason)
         entry = self.nodes.connect(
             node_id=node_id,
             pop=pop,
             mode=mode,
-            envoy_version=sys.intern(envoy_version(node, self.limits.text_chars)),
+            envoy_version=version,
             capability_key=caps.capabilities.key,
             capability_reason=caps.reason,
         )
-        del node, caps  # a real Envoy's first request lists ~500 extensions: not kept
-        await self._admission.acquire()  # released once its initial exchange is done
-        self.syncing += 1
-        state = _Stream(self, context, stream, entry, advertised)
+        del caps
+        state = _Stream(self, context, stream, entry, advertised, identity)
         if self._key_gate is not None:
             state.keys_refused = self._key_gate(context)
         state.admitted = True
         state.admission_cap = asyncio.get_running_loop().call_later(
-            self.limits.initial_sync_s, self._end_admission, state
+            self.limits.initial_sync_s, self.end_admission, state
         )
         self._streams.add(state)
         self._supersede(entry, state)
@@ -441,9 +539,16 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         log.info("node %r connected (%s, PoP %s, %s)", node_id, mode, pop, entry.capability_key)
         signal = _EOF  # how the stream ended (unless told otherwise: the client went away)
         try:
+            # headers first, on their own (not flow-controlled): a first write blocked by a
+            # client that grants no window can then be interrupted and the stream still ended
+            # with a status (gRPC sends initial metadata with the first write otherwise, and
+            # a status after an interrupted one fails: TOO_MANY_OPERATIONS)
+            await context.send_initial_metadata(())
             await state.turn()
-            ending = await self._step(state, first)
-            state.done()
+            try:
+                ending = await self._step(state, first)
+            finally:
+                state.done()
             del first
             if ending is not None:
                 state.end(ending)
@@ -462,16 +567,32 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                     state.reading = False
                 if request is grpc.aio.EOF:
                     break
-                await state.turn()
-                ending = await self._step(state, request)
-                state.done()
+                size = request.ByteSize()
+                refusal = self.ledger.hold(identity, size)
+                if refusal is not None:
+                    self._over_budget(identity, refusal)
+                    state.end(_Signal(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal.reason))
+                    break
+                try:
+                    await state.turn()
+                    try:
+                        ending = await self._step(state, request)
+                    finally:
+                        state.done()
+                finally:
+                    self.ledger.release(identity, size)
+                del request
                 if ending is not None:
                     state.end(ending)
             if state.ending is not None:
                 signal = state.ending
                 await state.turn()  # an ending waits for the step being written (a push)
+                state.done()
+        except _Interrupted:
+            assert state.ending is not None
+            signal = state.ending
         finally:
-            self._end_admission(state)
+            self.end_admission(state)
             if state.push is not None:
                 state.push.cancel()
             self.hub.unsubscribe(pop, state.wake)
@@ -485,8 +606,17 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             log.info("node %r disconnected (%s)", node_id, signal.details or signal.status.name)
         if signal.error is not None:
             raise signal.error  # in gRPC's task, as if the stream's task had pushed
-        if signal.status is not grpc.StatusCode.OK:
-            await context.abort(signal.status, signal.details)
+        return signal if signal.status is not grpc.StatusCode.OK else None
+
+    def _over_budget(self, identity: str | None, refusal: Refusal) -> None:
+        """A stream refused (or ended) over a budget: logged and told at the 1st, 10th, 100th,
+        ... refusal of its identity."""
+        if not refusal.report:
+            return
+        who = clip(identity, CLAIMED_CHARS) if identity is not None else "(process totals)"
+        reason = f"{refusal.reason} ({refusal.count:,} refused so far)"
+        log.warning("refusing ADS stream of %s: %s", who, reason)
+        self._notify(self.callbacks.on_stream_refused, who, "", reason)
 
     def start_push(self, state: _Stream) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(self._push(state))
@@ -503,6 +633,8 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                 ending = await self._step(state, None)
                 if ending is not None:
                     state.end(ending)
+        except _Interrupted:
+            pass  # the stream is ending; its own task says how
         except Exception as err:  # e.g. a write to a call the client ended
             state.end(_Signal(grpc.StatusCode.OK, error=err))
         finally:
@@ -529,9 +661,9 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             except ProtocolError as err:
                 log.warning("node %r: bad request: %s", entry.node_id, err)
                 return _Signal(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-        await self._apply(state.context, entry, step)
+        await self._apply(state, step)
         if state.admitted and step.events and _initial_sync_done(entry):
-            self._end_admission(state)
+            self.end_admission(state)
         return None
 
     def _refuse_keys(self, state: _Stream, request: Any) -> None:
@@ -547,7 +679,7 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                     ", ".join(names) or "secrets", why)
         self._notify(self.callbacks.on_secrets_refused, entry, names, why)
 
-    def _end_admission(self, state: _Stream) -> None:
+    def end_admission(self, state: _Stream) -> None:
         """The stream's initial exchange is done (or took too long, or the stream ended): its
         initial-sync slot goes to the next stream waiting."""
         if state.admission_cap is not None:
@@ -590,9 +722,8 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                              caps.capabilities.key, version, snapshot.notes)
         return snapshot
 
-    async def _apply(
-        self, context: grpc.aio.ServicerContext[Any, Any], entry: NodeEntry, step: Step
-    ) -> None:
+    async def _apply(self, state: _Stream, step: Step) -> None:
+        entry = state.entry
         for event in step.events:
             if isinstance(event, Ack):
                 entry.acked(event.type_url, event.version)
@@ -606,11 +737,41 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                                 short_name(nack.type_url), nack.version, nack.message)
                 self._notify(self.callbacks.on_nack, entry, nack)
         for response in step.responses:
+            if state.ending is not None:
+                raise _Interrupted
             data = self.encoder.encode(response)
-            await context.write(data)
+            await self._write(state, data)
             entry.sent(response.type_url, response.version)
             self.sends += 1
             self._notify(self.callbacks.on_response, entry, response, len(data))
+
+    async def _write(self, state: _Stream, data: bytes) -> None:
+        """One response written, held in the identity's budget meanwhile; a write that makes no
+        progress within `write_stall_s`, or that the stream's ending interrupts, raises
+        `_Interrupted` (the stream ends as `state.ending` says)."""
+        refusal = self.ledger.hold(state.identity, len(data))
+        if refusal is not None:
+            self._over_budget(state.identity, refusal)
+            state.end(_Signal(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal.reason))
+            raise _Interrupted
+        task = asyncio.current_task()
+        assert task is not None
+        stall = asyncio.get_running_loop().call_later(self.limits.write_stall_s, state.stalled)
+        state.writer = task
+        try:
+            await state.context.write(data)
+        except grpc.aio.InternalError:  # the client closed while the write was blocked
+            state.end(_EOF)
+            raise _Interrupted from None
+        except asyncio.CancelledError:
+            if state.ending is None or state.writer is not task:
+                raise  # not ours: gRPC ends the call, or shutdown
+            task.uncancel()
+            raise _Interrupted from None
+        finally:
+            state.writer = None
+            stall.cancel()
+            self.ledger.release(state.identity, len(data))
 
     @staticmethod
     def _notify(callback: Callable[..., None], *args: Any) -> None:

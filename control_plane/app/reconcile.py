@@ -41,7 +41,7 @@ from typing import Any
 from control_plane.decide.controller import ControllerState, StepResult, step
 from control_plane.decide.ramp import RampResult, RampState, ramp_step
 from control_plane.decide.runs import END_KINDS, QuietRun, follow_run
-from control_plane.decide.tiers import TierState, TierStepResult, tier_step
+from control_plane.decide.tiers import TierState, TierStepResult, service_time_ms, tier_step
 from control_plane.decisions.log import Draft, draft
 from control_plane.desired.model import Desired, OriginGroup
 from control_plane.intent.change import Change, StaleChange, SwapFailed
@@ -308,6 +308,8 @@ class Reconciler:
             running.tier_states.get(key, TierState()),
             None if tier_signals is None else tier_signals.get(key),
             now,
+            None if not group_signals else service_time_ms(
+                {name: s.p50_ms for name, s in group_signals.items()}, result.weights_before),
         )
         ramp = ramp_step(
             group.standby_ramp,
@@ -350,11 +352,12 @@ class Reconciler:
                 "weights_before": dict(result.weights_before),
                 "weights_after": dict(result.weights_before),
                 **run.ended.end_fields(result.kind)}))
-        if run.write_tick:
-            records.append((result.kind, result.record_fields()))
-        if outcome.ramp is not None and outcome.ramp.kind is not None:
-            records.append((outcome.ramp.kind,
-                            outcome.ramp.record_fields(result.weights_before)))
+        ramp = outcome.ramp
+        if run.write_tick:  # the weights pushed, with the proposal the ramp changed (if it did)
+            records.append((result.kind, result.record_fields(
+                outcome.weights, "" if ramp is None else f"{ramp.kind}: {ramp.rule}")))
+        if ramp is not None and ramp.kind is not None:
+            records.append((ramp.kind, ramp.record_fields(result.weights_before)))
         if outcome.tiers is not None:
             records.extend((decision.kind, outcome.tiers.record_fields(decision))
                            for decision in outcome.tiers.decisions)

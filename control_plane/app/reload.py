@@ -12,8 +12,11 @@ change in one hands the desired state over again, unchanged, so it is read with 
 Time passes through the injected `sleep` (asyncio's by default; tests give a fake clock's).
 
 The watcher survives anything: a file that cannot be read as a desired state (not a regular
-file, too large) goes to `on_unreadable` with the reason, and any exception while handing over
-is logged and goes to `on_error`; the next change (or SIGHUP) is handled as usual.
+file, too large, or no descriptor left: "Too many open files") goes to `on_unreadable` with the
+reason — once per distinct reason — and is read again at every poll until it can be, so an edit
+made while the process was out of descriptors applies once it has them again; any exception
+while handing over is logged and goes to `on_error`; the next change (or SIGHUP) is handled as
+usual.
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ class DesiredFileWatcher:
         self._seen = self._identities()
         self._handed_hash = hashlib.sha256(current).hexdigest() if current is not None else None
         self._forced = asyncio.Event()
+        self._unreadable: str | None = None  # why the last read failed (reported once)
 
     def trigger(self) -> None:
         """Re-read now (SIGHUP)."""
@@ -102,7 +106,7 @@ class DesiredFileWatcher:
 
     async def _check(self, forced: bool) -> None:
         now = self._identities()
-        if now[0] is None or (now == self._seen and not forced):
+        if now[0] is None or (now == self._seen and not forced and self._unreadable is None):
             return
         stable = await self._wait_stable(now)
         if stable is None:
@@ -128,11 +132,14 @@ class DesiredFileWatcher:
         try:
             data = await asyncio.to_thread(read_desired_bytes, self.path)
         except DesiredStateError as err:
-            log.warning("cannot read %s: %s", self.path, err)
             self._handed_hash = None  # a readable file again is handed over, even if unchanged
-            if self.on_unreadable is not None:
-                self.on_unreadable(err)
+            if str(err) != self._unreadable:  # read again every poll, reported once
+                self._unreadable = str(err)
+                log.warning("cannot read %s: %s", self.path, err)
+                if self.on_unreadable is not None:
+                    self.on_unreadable(err)
             return
+        self._unreadable = None
         digest = hashlib.sha256(data).hexdigest()
         if digest == self._handed_hash and not forced:
             return

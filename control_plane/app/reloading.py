@@ -21,7 +21,7 @@ import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 
-from control_plane.ads.snapshots import SnapshotCache
+from control_plane.ads.snapshots import Prepared, SnapshotCache
 from control_plane.app.server import BallastServer, translate_intent
 from control_plane.decisions.log import Draft, draft
 from control_plane.decisions.recorder import DecisionRecorder
@@ -32,8 +32,8 @@ from control_plane.intent.change import SwapFailed
 from control_plane.intent.etcd_store import Deposed, StoreUnavailable
 from control_plane.intent.running import RunningIntent
 from control_plane.own_metrics.registry import BallastMetrics
-from control_plane.translate import render_json
 from control_plane.translate.diff import ResourceChange, diff_renderings, format_changes, summarize
+from control_plane.translate.render import render_differing
 from control_plane.translate.resources import Capabilities, PopResources
 
 log = logging.getLogger(__name__)
@@ -110,10 +110,11 @@ class DesiredReload:
         try:
             # saved before it applies (replicas: by the leader; the others follow etcd)
             async with owner.change(save=self._leading()) as change:
-                after = change.desired(new).intent
-                before = change.over
-                changes = await asyncio.to_thread(pop_diffs_from(cache, before, after))
+                change.desired(new)
+                served = served_now(cache, owner.desired)  # read as the build reads the cache
                 await change.prepare()
+                diffs = pop_diffs(change.over, change.target, served, change.prepared())
+                changes = await asyncio.to_thread(diffs)
                 change.record(lambda pushed: [_applied_record(new, changes, pushed)])
         except (OSError, sqlite3.Error, StoreUnavailable, Deposed) as err:
             log.error("cannot save the desired state's digest: %s", err)
@@ -177,17 +178,28 @@ def _pops(old: Desired, new: Desired) -> list[str]:
     return sorted(set(old.pop_names) | set(new.pop_names))
 
 
-def pop_diffs_from(
-    cache: SnapshotCache[RunningIntent], before: RunningIntent, after: RunningIntent
-) -> Callable[[], dict[str, list[ResourceChange]]]:
-    """Read what the diffs need from the cache now; the returned call computes, per PoP, what it
-    gets differently under the carried-over intent `after` than under `before` (Envoys without
-    adaptive LIFO) and touches nothing of the cache, so it may run on a worker thread."""
+def served_now(cache: SnapshotCache[RunningIntent], desired: Desired
+               ) -> dict[str, PopResources | None]:
+    """What each PoP's Envoys without adaptive LIFO are served now, where it was built."""
     caps = Capabilities()
-    cached = {pop: cache.cached(pop, caps) for pop in before.desired.pop_names}
+    return {pop: cache.cached(pop, caps) for pop in desired.pop_names}
+
+
+def pop_diffs(
+    before: RunningIntent, after: RunningIntent, served: dict[str, PopResources | None],
+    prepared: Prepared[RunningIntent] | None,
+) -> Callable[[], dict[str, list[ResourceChange]]]:
+    """A call that computes, per PoP, what it gets differently under the carried-over intent
+    `after` than under `before` (Envoys without adaptive LIFO), touching nothing of the cache
+    (a worker thread may run it). `served`: what is served now; `prepared`: the output the
+    change built (the same bytes a full translation gives, made incrementally), used where it
+    holds the PoP; others are translated."""
+    caps = Capabilities()
+    built = {} if prepared is None else {pop: entry for (pop, key), entry
+                                        in prepared.entries.items() if key == caps.key}
 
     def diffs() -> dict[str, list[ResourceChange]]:
-        return {pop: diff_pop(before, after, pop, cached.get(pop))
+        return {pop: diff_pop(before, after, pop, served.get(pop), built.get(pop))
                 for pop in _pops(before.desired, after.desired)}
 
     return diffs
@@ -195,16 +207,15 @@ def pop_diffs_from(
 
 def diff_pop(
     before: RunningIntent, after: RunningIntent, pop: str,
-    before_resources: PopResources | None = None,
+    before_resources: PopResources | None = None, after_resources: PopResources | None = None,
 ) -> list[ResourceChange]:
     """What `pop` gets differently under `after` than under `before` (Envoys without adaptive
-    LIFO): exactly what applying `after` pushes to them. `before_resources`: what it is served
-    now, when at hand."""
+    LIFO): exactly what applying `after` pushes to them. `before_resources`/`after_resources`:
+    its resources under each, when at hand (else translated). Only resources whose bytes
+    differ are rendered."""
     caps = Capabilities()
-    if pop not in before.desired.pop_names:
-        old = {}
-    else:
-        old = render_json(before_resources or translate_intent(before, pop, caps))
-    if pop not in after.desired.pop_names:
-        return diff_renderings(old, {})
-    return diff_renderings(old, render_json(translate_intent(after, pop, caps)))
+    old = None if pop not in before.desired.pop_names else (
+        before_resources or translate_intent(before, pop, caps))
+    new = None if pop not in after.desired.pop_names else (
+        after_resources or translate_intent(after, pop, caps))
+    return diff_renderings(*render_differing(old, new))

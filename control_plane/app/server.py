@@ -13,9 +13,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 import grpc
 
+from control_plane.ads.budget import peer_address
 from control_plane.ads.fanout import PushHub
 from control_plane.ads.limits import DEFAULT_LIMITS, AdsLimits
 from control_plane.ads.nodes import NodeRegistry
@@ -28,7 +30,7 @@ from control_plane.intent.owner import IntentOwner
 from control_plane.intent.running import RunningIntent
 from control_plane.intent.store import IntentStore
 from control_plane.own_metrics.registry import BallastMetrics
-from control_plane.security.peer import check_node_peer
+from control_plane.security.peer import certificate_identity, check_node_peer
 from control_plane.security.tls import ReloadingCredentials
 from control_plane.translate import translate_pop
 from control_plane.translate.resources import Capabilities, PopResources
@@ -71,6 +73,12 @@ def intent_and_cache(
     return owner, cache
 
 
+def _certificate_or_address(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
+    """A client's identity for the ADS budgets with mTLS: its certificate's, else (a
+    certificate without URI SANs) its address."""
+    return certificate_identity(context) or peer_address(context.peer())
+
+
 class BallastServer:
     def __init__(
         self,
@@ -98,6 +106,7 @@ class BallastServer:
             self.cache, self.hub, self.nodes,
             callbacks=AdsObserver(record=record, metrics=metrics), limits=limits,
             verify_peer=check_node_peer if tls is not None else None,
+            identify=_certificate_or_address if tls is not None else None,
             key_gate=None if tls is not None else plaintext_key_gate(allow_plaintext_secrets),
         )
         self.grpc: grpc.aio.Server | None = None

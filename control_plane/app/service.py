@@ -28,8 +28,10 @@ from typing import Any, Literal
 
 from control_plane.admin.api import AdminApi
 from control_plane.admin.auth import AdminAuth, AdminAuthError, TokenFile, check_bind
+from control_plane.admin.connections import DEFAULT_ADMIN_LIMITS, AdminLimits
 from control_plane.admin.dashboard import Dashboard
 from control_plane.admin.decision_feed import DecisionFeed
+from control_plane.ads.limits import DEFAULT_LIMITS, AdsLimits
 from control_plane.app.heap import release_heap, settle_heap
 from control_plane.app.reconcile import Reconciler
 from control_plane.app.reload import DesiredFileWatcher
@@ -46,13 +48,18 @@ from control_plane.desired import parse_desired, read_desired_bytes
 from control_plane.desired.loader import watched_files
 from control_plane.desired.model import Desired
 from control_plane.desired.warnings import desired_warnings
-from control_plane.intent.etcd_store import EtcdStore, parse_store_url
+from control_plane.intent.etcd_store import EtcdStore, StoreCredentials, parse_store_url
 from control_plane.intent.replicated_store import ReplicatedStore
 from control_plane.intent.running import ramp_key, tier_key
 from control_plane.intent.sqlite_store import StateStore
 from control_plane.intent.state_dir_lock import StateDirLock
 from control_plane.intent.store import RAMP_KIND, Snapshot
-from control_plane.observe.access_log import AccessLogStore, WithWaits, add_access_log_service
+from control_plane.observe.access_log import (
+    AccessLogStore,
+    WithAttemptLatency,
+    WithWaits,
+    add_access_log_service,
+)
 from control_plane.observe.certificates import CertificateStatus
 from control_plane.observe.combine import CombinedSource
 from control_plane.observe.probes import Prober, probe_targets
@@ -87,13 +94,17 @@ class ServiceConfig:
     debounce_s: float = 0.1
     seed: int = 0
     routine_records: BudgetConfig = DEFAULT_BUDGET
-    accept_empty_state: bool = False  # an empty state.db next to a decision log: start anyway
+    ads_limits: AdsLimits = DEFAULT_LIMITS  # what ADS clients may make the server hold
+    accept_empty_state: bool = False  # a missing/empty state.db next to a decision log: start
     tls: TlsFiles | None = None  # mTLS on the xDS/sink port when set
     admin_token_file: Path | None = None  # bearer token the admin API requires when set
     admin_tls: bool = False  # admin API on HTTPS with `tls`'s files; admin client certs accepted
+    admin_limits: AdminLimits = DEFAULT_ADMIN_LIMITS  # admin connections: timeouts and cap
+    admin_host_names: tuple[str, ...] = ()  # Host names the admin API answers besides IPs
     # without `tls`: SDS secrets (private keys) still go to Envoys connecting from loopback
     allow_plaintext_secrets: bool = False
     store_url: str | None = None  # etcd://HOST:PORT[,...]: replicas share the intent there
+    store_credentials: StoreCredentials | None = None  # etcd client TLS and/or user, password
     replica_id: str | None = None  # this replica's name among them (default: the xDS address)
     leader_ttl_s: int = 5  # the leader's lease; a follower takes over within it
     # what start-up built kept out of full garbage collections (`app/heap.py`); the process's
@@ -125,7 +136,6 @@ class BallastService:
         self.prober: Prober | None = None
         self._passive: (SinkStore | PrometheusSource) | None = None
         self.watcher: DesiredFileWatcher
-        self._lock: StateDirLock
 
     # -- start-up --------------------------------------------------------------------------
 
@@ -175,6 +185,7 @@ class BallastService:
             record=self._on_ads_event,
             debounce=config.debounce_s,
             metrics=self.metrics,
+            limits=config.ads_limits,
             tls=tls,
             store=self.store,
             recorder=self.recorder,
@@ -239,13 +250,23 @@ class BallastService:
             detail={"restored_groups": self.restored_groups,
                     "restored_tier_actions": self.restored_tier_actions,
                     "xds_port": self.server.port,
-                    **({"empty_state_accepted": str(self.store.path)}
-                       if isinstance(self.store, StateStore) and self.store.blank else {})},
+                    **self._defaults_note()},
         )
         self._started = True
         if config.freeze_heap:  # what start-up built lives as long as the server
             settle_heap()
             runnables.hold(release_heap)
+
+    def _defaults_note(self) -> dict[str, str]:
+        """What the `startup` record says when the state store held nothing: every weight,
+        streak and tier action starts from the desired state's defaults."""
+        if not isinstance(self.store, StateStore) or not self.store.blank:
+            return {}
+        note = {"started_from_defaults": f"{self.store.path} held no state (missing or empty): "
+                "weights, streaks and tier actions start from the desired state's defaults"}
+        if self.config.accept_empty_state:
+            note["empty_state_accepted"] = str(self.store.path)
+        return note
 
     async def _restore(self, snapshot: Snapshot) -> None:
         """What the store held, under the carry-over rule; a `state_restored` record says what
@@ -289,7 +310,7 @@ class BallastService:
         config = self.config
         replica = config.replica_id or config.xds_address
         return Replication(
-            EtcdStore(parse_store_url(url)),
+            EtcdStore(parse_store_url(url), credentials=config.store_credentials),
             replica,
             ttl_s=config.leader_ttl_s,
             owner=lambda: self.server.intent,
@@ -306,7 +327,7 @@ class BallastService:
     def _metric_source(self, desired: Desired) -> MetricSource:
         config = self.config
         # The access-log sink (measured pool wait) is hosted whatever the metric source is.
-        self.access_logs = AccessLogStore()
+        self.access_logs = AccessLogStore(desired=desired)
         access_logs = self.access_logs
         bound = config.tls is not None  # mTLS: what a node reports is bound to its cert
         self.server.add_service(lambda server: add_access_log_service(
@@ -323,11 +344,13 @@ class BallastService:
                 peer_pop=peer_pop if bound else None))
             passive = sink
         self._passive = passive  # host stats map to origins through the desired state
+        # each origin's latency from the attempts it answered, where Envoys send access logs
+        attributed = WithAttemptLatency(passive, access_logs)
         if not config.probes:
-            return passive
+            return attributed
         self.prober = Prober(probe_targets(desired), interval_ms=config.probe_interval_ms,
                              on_certificate=self._on_certificate)
-        return CombinedSource(passive, self.prober)
+        return CombinedSource(attributed, self.prober)
 
     def _admin_auth(self) -> AdminAuth:
         """The admin API's authentication, checked against its bind before anything starts."""
@@ -361,6 +384,8 @@ class BallastService:
             status=self.status,
             dashboard=dashboard,
             auth=auth,
+            limits=self.config.admin_limits,
+            host_names=self.config.admin_host_names,
         )
         https = ReloadingSslContext(self.config.tls) if self.config.tls and auth.client_certs \
             else None
@@ -377,6 +402,7 @@ class BallastService:
         self.reconciler.forget_missing(new)
         if self._passive is not None:
             self._passive.update_desired(new)
+            self.access_logs.update_desired(new)
         if self.prober is not None:
             self.prober.retarget(probe_targets(new))
 

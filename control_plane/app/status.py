@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from control_plane.decide import damping
 from control_plane.intent.owner import IntentOwner
 from control_plane.observe.certificates import served_certificates
 from control_plane.observe.source import wall_ms
@@ -59,7 +60,10 @@ def controller_states(owner: IntentOwner, pop: str, group: str
     """The reconcile loop's state of one (PoP, group) beyond its weights (None: idle)."""
     tier = owner.tier_state((pop, group))
     ramp = owner.ramp_state((pop, group))
+    flaps = owner.controller((pop, group)).flaps
+    policy = owner.desired.group(group).failover
     return {
         "Tier controller": None if tier.idle else tier.to_dict(),
         "Failover ramp": ramp.to_dict() if ramp.ramping else None,
+        "Flap damping": damping.shown(flaps, policy, wall_ms()) if flaps else None,
     }

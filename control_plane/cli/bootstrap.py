@@ -70,6 +70,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"the Envoy release that loads it ({', '.join(ENVOY_RELEASES)}; "
         f"default {NEWEST_RELEASE})",
     )
+    parser.add_argument(
+        "--stats-listener", metavar="HOST:PORT",
+        help="add a listener serving only GET /stats/prometheus (from the admin, which stays on "
+        "127.0.0.1) for a central Prometheus; every other path gets a 404",
+    )
+    parser.add_argument(
+        "--max-connections", type=int, default=None, metavar="N",
+        help="downstream connections Envoy accepts at once, overload manager "
+        "(default 50000 for edge, 1024 for sidecar)",
+    )
     parser.add_argument("--format", default="yaml", choices=["yaml", "json"], help="output")
     tls = parser.add_argument_group(
         "mTLS to Ballast (all three, or none for plaintext); paths as Envoy will open them")
@@ -97,6 +107,13 @@ def run(args: argparse.Namespace) -> int:
         if not args.node_id.strip():
             raise BootstrapArgumentError("--node-id must not be empty")
         tls = client_tls(args.tls_cert, args.tls_key, args.tls_ca, args.tls_sds_file)
+        stats = None
+        if args.stats_listener is not None:
+            stats = parse_host_port(args.stats_listener, "--stats-listener")
+            if stats[1] == admin_port:
+                raise BootstrapArgumentError("--stats-listener: its port is the admin's")
+        if args.max_connections is not None and not 1 <= args.max_connections <= 10_000_000:
+            raise BootstrapArgumentError("--max-connections must be 1..10000000")
     except BootstrapArgumentError as err:
         print(f"ballast bootstrap: {err}", file=sys.stderr)
         return 2
@@ -121,6 +138,8 @@ def run(args: argparse.Namespace) -> int:
         envoy_release=args.envoy_version,
         tls=tls,
         xds_replicas=replicas,
+        max_connections=args.max_connections,
+        stats_listener=stats,
     )
     if args.format == "json":
         print(json.dumps(bootstrap, indent=2))
@@ -155,13 +174,13 @@ def write_atomically(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def parse_host_port(text: str) -> tuple[str, int]:
+def parse_host_port(text: str, option: str = "--xds") -> tuple[str, int]:
     """`host:port` or `[v6]:port`."""
     host, colon, port = text.rpartition(":")
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     if not colon or not host:
-        raise BootstrapArgumentError(f"--xds {text!r}: expected HOST:PORT, e.g. 127.0.0.1:18000")
-    return host, parse_port("--xds", port, allow_zero=False)
+        raise BootstrapArgumentError(f"{option} {text!r}: expected HOST:PORT, e.g. 127.0.0.1:18000")
+    return host, parse_port(option, port, allow_zero=False)
 
 
 def parse_port(option: str, text: str, *, allow_zero: bool) -> int:

@@ -1,4 +1,5 @@
-"""`ballast certs DIR`: a CA, Ballast's server certificate and node/admin client certificates.
+"""`ballast certs DIR`: a CA, Ballast's server certificate and node/admin client certificates,
+and for replicas etcd's CA, its members' certificate and etcd client certificates.
 
 For the demo, the tests and trying mTLS out; production fleets bring their own PKI with the same
 URI SANs (`docs/security.md`). The CA is made once and reused; the server certificate is made
@@ -39,6 +40,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a node certificate for node ID of PoP POP; repeat")
     parser.add_argument("--admin", action="append", default=[], metavar="NAME",
                         help="an admin API client certificate; repeat")
+    parser.add_argument("--etcd-member", action="append", default=[], metavar="HOST",
+                        help="a name or address of an etcd member; repeat for every member: "
+                        "one certificate naming them all, for clients and peers "
+                        "(DIR/etcd/member.pem, signed by etcd's own CA DIR/etcd/ca.pem)")
+    parser.add_argument("--etcd-client", action="append", default=[], metavar="USER",
+                        help="an etcd client certificate whose CN is USER (etcd's "
+                        "--client-cert-auth takes it as that user); repeat")
     parser.add_argument("--admin-token", action="store_true",
                         help="also write DIR/admin.token, a new random admin API token "
                         "(for serve --admin-token-file and the CLI's --token-file)")
@@ -60,6 +68,13 @@ def run(args: argparse.Namespace) -> int:
         written += [certs.make_node(ca, pop, node_id, args.days).cert
                     for pop, node_id in args.node]
         written += [certs.make_admin(ca, name, args.days).cert for name in args.admin]
+        if args.etcd_member or args.etcd_client:
+            etcd_ca, made = certs.load_or_make_ca(args.days, etcd=True)
+            written += [certs.etcd_ca.cert] if made else []
+            if args.etcd_member:
+                written.append(certs.make_etcd_member(etcd_ca, args.etcd_member, args.days).cert)
+            written += [certs.make_etcd_client(etcd_ca, user, args.days).cert
+                        for user in args.etcd_client]
         token = certs.make_admin_token() if args.admin_token else None
     except (OSError, ValueError) as err:
         print(f"ballast certs: {err}", file=sys.stderr)

@@ -33,6 +33,7 @@ from control_plane.intent.state_dir import DEFAULT_STATE_DIR, STATE_DIR_ENV, sta
 HELP = "show the decision log: what the controller and the server decided, and why"
 HEADER = ("TIME", "SEQ", "KIND", "POP", "GROUP", "WEIGHTS", "RULE")
 TABLE_BATCH = 1000
+NOT_FOUND = 3  # exit status: the PoP or group asked for is in no record
 
 
 def _since(text: str) -> Any:
@@ -121,6 +122,10 @@ def _weights(record: Record) -> str:
     for name in names:
         old, new = before.get(name), after.get(name)
         parts.append(f"{name} {old}→{new}" if old != new else f"{name} {new}")
+    proposed = (record.get("detail") or {}).get("proposed")
+    if proposed:  # a proposal a later step of the tick changed: never shown as the weights
+        parts.append("proposed " + " ".join(f"{name} {value}" for name, value in proposed.items())
+                     + ", not pushed")
     return ", ".join(parts)
 
 
@@ -182,6 +187,16 @@ def _emit(records: list[Record], as_json: bool, header: bool) -> None:
     sys.stdout.flush()
 
 
+def _unknown(source: RecordSource, pop: str | None, group: str | None) -> str:
+    """Which of the PoP and group filters no record ever named ("" when both are known, or
+    not given): a (PoP, group) served has records from its first tick on."""
+    if pop is not None and not source.query(Query(pop=pop, limit=1)):
+        return f"no record names pop {pop!r}"
+    if group is not None and not source.query(Query(pop=pop, group=group, limit=1)):
+        return f"no record names group {group!r}" + (f" in pop {pop!r}" if pop else "")
+    return ""
+
+
 def run(args: argparse.Namespace) -> int:
     source = source_for(args)
     kinds = frozenset(kind for group in args.kind or () for kind in group)
@@ -194,6 +209,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         last = _print_all(source.records(query), args.json)
         if last is None and not args.follow:
+            unknown = _unknown(source, args.pop, args.group)
+            if unknown:
+                print(f"ballast decisions: not found: {unknown} in {source}", file=sys.stderr)
+                return NOT_FOUND
             print(f"no decisions in {source} matching the filters")
         if args.follow:
             after = last or 0

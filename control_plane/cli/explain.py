@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from control_plane.cli.admin_client import AdminError
-from control_plane.cli.decisions import add_state_dir, source_for
+from control_plane.cli.decisions import NOT_FOUND, add_state_dir, source_for
 from control_plane.decisions.explain import explain
 from control_plane.decisions.read import Query
 
@@ -30,8 +30,9 @@ def run(args: argparse.Namespace) -> int:
     except AdminError as err:
         print(f"ballast explain: {err}", file=sys.stderr)
         return 1
-    if not records:
-        print(f"no decisions for pop {args.pop}, group {args.group} in {source}")
-        return 0
+    if not records:  # every (PoP, group) served has records from its first tick on
+        print(f"ballast explain: not found: no record names pop {args.pop!r}, group "
+              f"{args.group!r} in {source}", file=sys.stderr)
+        return NOT_FOUND
     print(explain(records, args.pop, args.group))
     return 0

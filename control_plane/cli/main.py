@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from types import ModuleType
 
@@ -20,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "explain": "control_plane.cli.explain",
     "plan": "control_plane.cli.plan",
     "status": "control_plane.cli.status",
+    "prometheus-config": "control_plane.cli.prometheus_config",
 }
 
 
@@ -45,6 +47,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args_in = sys.argv[1:] if argv is None else argv
     first = next((a for a in args_in if not a.startswith("-")), None)
+    if first == "serve":
+        # gRPC core logs every failed TLS handshake on the xDS port at INFO, unauthenticated
+        # (300 lines in 2.2 s from one scanner): ERROR and up unless the operator asks for
+        # more; read once, when grpc is imported, which loading the command does
+        os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     parser = build_parser(first if first in COMMANDS else None)
     args = parser.parse_args(args_in)
     return int(_load(args.command).run(args))

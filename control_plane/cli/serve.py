@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import dataclasses
 import logging
 import re
+import resource
 import sys
 from pathlib import Path
 
+from control_plane.admin.connections import DEFAULT_ADMIN_LIMITS, AdminLimits
+from control_plane.ads.limits import DEFAULT_LIMITS, AdsLimits
 from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.decisions.budget import DEFAULT_BURST_BYTES, DEFAULT_BYTES_PER_S, BudgetConfig
 from control_plane.desired import DesiredStateError
-from control_plane.intent.etcd_store import StoreUnavailable, parse_store_url
+from control_plane.intent.etcd_store import StoreCredentials, StoreUnavailable, parse_store_url
 from control_plane.intent.sqlite_store import StateCorrupted
 from control_plane.intent.state_dir import state_dir
 from control_plane.intent.state_dir_lock import StateDirBusy
@@ -75,6 +80,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="BYTES", help="decision-log bytes per second clients may cause "
                         f"after the burst (default {DEFAULT_BYTES_PER_S}); decisions are never "
                         "limited")
+    budgets = parser.add_argument_group(
+        "what ADS clients may make the server hold (docs/security.md): per client identity "
+        "(its certificate's with mTLS, else its IP address; loopback peers of a plaintext port "
+        "count to the totals only) and for the process; over a budget the newest stream is "
+        "refused with RESOURCE_EXHAUSTED")
+    d = DEFAULT_LIMITS
+    budgets.add_argument("--xds-streams-per-identity", type=_bytes, metavar="N",
+                         default=d.streams_per_identity,
+                         help=f"concurrent ADS streams (default {d.streams_per_identity})")
+    budgets.add_argument("--xds-connections-per-identity", type=_bytes, metavar="N",
+                         default=d.connections_per_identity,
+                         help="connections with ADS streams (default "
+                         f"{d.connections_per_identity})")
+    budgets.add_argument("--xds-bytes-per-identity", type=_bytes, metavar="BYTES",
+                         default=d.held_bytes_per_identity,
+                         help="bytes in requests not yet handled and responses being written "
+                         f"(default {d.held_bytes_per_identity})")
+    budgets.add_argument("--xds-streams-total", type=_bytes, metavar="N",
+                         default=d.streams_total,
+                         help=f"ADS streams, all clients (default {d.streams_total})")
+    budgets.add_argument("--xds-bytes-total", type=_bytes, metavar="BYTES",
+                         default=d.held_bytes_total,
+                         help=f"held bytes, all clients (default {d.held_bytes_total})")
+    budgets.add_argument("--xds-first-request-timeout", type=_milliseconds, metavar="DURATION",
+                         default=int(d.first_request_s * 1000),
+                         help="a stream's first request (default "
+                         f"{d.first_request_s:g}s)")
+    budgets.add_argument("--xds-write-timeout", type=_milliseconds, metavar="DURATION",
+                         default=int(d.write_stall_s * 1000),
+                         help="a response write that makes no progress ends its stream "
+                         f"(default {d.write_stall_s:g}s)")
     tls = parser.add_argument_group(
         "mTLS on the xDS/sink port (all three, or none for plaintext); files are re-read when "
         "they change, for rotation (`ballast certs` makes a set)")
@@ -91,6 +127,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="require this bearer token (one word, >= 16 characters; re-read "
                         "when the file changes) for every admin route but /healthz and "
                         "/readyz. Without it the admin API is open and may only bind loopback")
+    parser.add_argument("--admin-host", action="append", default=[], metavar="NAME",
+                        help="a DNS name the admin API is reached by (repeatable): requests "
+                        "whose Host is not an IP address, localhost or such a name get 421 "
+                        "(DNS rebinding)")
+    admin_limits = DEFAULT_ADMIN_LIMITS
+    parser.add_argument("--admin-connections", type=_bytes, metavar="N",
+                        default=admin_limits.max_connections,
+                        help="admin connections held at once (default "
+                        f"{admin_limits.max_connections}, at most a quarter of the descriptor "
+                        "limit); at the cap a new one closes the oldest idle one")
+    parser.add_argument("--admin-header-timeout", type=_milliseconds, metavar="DURATION",
+                        default=int(admin_limits.header_timeout_s * 1000),
+                        help="a new admin connection's first request head (and TLS handshake) "
+                        f"(default {admin_limits.header_timeout_s:g}s)")
+    parser.add_argument("--admin-idle-timeout", type=_milliseconds, metavar="DURATION",
+                        default=int(admin_limits.idle_timeout_s * 1000),
+                        help="an admin connection between requests "
+                        f"(default {admin_limits.idle_timeout_s:g}s)")
     parser.add_argument("--admin-tls", action="store_true",
                         help="serve the admin API over HTTPS with the --tls-* files; client "
                         "certificates naming an admin identity (ballast certs --admin NAME) are "
@@ -106,6 +160,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     replicas.add_argument("--leader-ttl", type=_milliseconds, default=5000, metavar="DURATION",
                           help="the leader's lease: a follower takes over within it "
                           "(default 5s, at least 2s)")
+    replicas.add_argument("--store-ca", type=Path, metavar="FILE",
+                          help="etcd's CA (PEM): talk to etcd over TLS")
+    replicas.add_argument("--store-cert", type=Path, metavar="FILE",
+                          help="client certificate for etcd (PEM; with etcd's "
+                          "--client-cert-auth its CN is the etcd user); with --store-key")
+    replicas.add_argument("--store-key", type=Path, metavar="FILE", help="its private key (PEM)")
+    replicas.add_argument("--store-user", metavar="NAME",
+                          help="etcd user (password authentication), with --store-password-file")
+    replicas.add_argument("--store-password-file", type=Path, metavar="FILE",
+                          help="file holding that user's password (read at each connection)")
     parser.add_argument("--log-level", default="info",
                         choices=["debug", "info", "warning", "error"], help="default info")
 
@@ -123,7 +187,12 @@ def _replica_problem(args: argparse.Namespace) -> str:
         return "--leader-ttl must be at least 2s"
     if args.replica_id is not None and not REPLICA_ID.match(args.replica_id):
         return f"--replica-id {args.replica_id[:80]!r}: 1-64 of letters, digits, '.', '_', '-'"
-    return ""
+    return _store_credentials(args).problem()
+
+
+def _store_credentials(args: argparse.Namespace) -> StoreCredentials:
+    return StoreCredentials(ca=args.store_ca, cert=args.store_cert, key=args.store_key,
+                            user=args.store_user, password_file=args.store_password_file)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -141,11 +210,16 @@ def run(args: argparse.Namespace) -> int:
         if problem:
             print(f"ballast serve: {problem}", file=sys.stderr)
             return 2
+    elif any(v is not None for v in (args.store_ca, args.store_cert, args.store_key,
+                                      args.store_user, args.store_password_file)):
+        print("ballast serve: the --store-* credentials need --store", file=sys.stderr)
+        return 2
     tls_given = [args.tls_cert, args.tls_key, args.client_ca]
     if any(tls_given) and not all(tls_given):
         print("ballast serve: mTLS needs --tls-cert, --tls-key and --client-ca together",
               file=sys.stderr)
         return 2
+    _raise_descriptor_limit()
     config = ServiceConfig(
         desired_path=Path(args.file),
         state_dir=state_dir(args.state_dir),
@@ -158,17 +232,45 @@ def run(args: argparse.Namespace) -> int:
         reconcile_interval_ms=args.reconcile_interval,
         seed=args.seed,
         routine_records=BudgetConfig(args.routine_records_burst, args.routine_records_rate),
+        ads_limits=_ads_limits(args),
         accept_empty_state=args.accept_empty_state,
         tls=TlsFiles(args.tls_cert, args.tls_key, args.client_ca) if all(tls_given) else None,
         admin_token_file=args.admin_token_file,
         admin_tls=args.admin_tls,
+        admin_limits=AdminLimits(header_timeout_s=args.admin_header_timeout / 1000,
+                                 idle_timeout_s=args.admin_idle_timeout / 1000,
+                                 max_connections=args.admin_connections),
+        admin_host_names=tuple(args.admin_host),
         allow_plaintext_secrets=args.allow_plaintext_secrets,
         store_url=args.store,
+        store_credentials=_store_credentials(args) if args.store is not None else None,
         replica_id=args.replica_id,
         leader_ttl_s=max(2, round(args.leader_ttl / 1000)),
         freeze_heap=True,  # this process is the server: long-lived objects out of full GCs
     )
     return asyncio.run(_serve(BallastService(config)))
+
+
+def _raise_descriptor_limit() -> None:
+    """The soft descriptor limit up to the hard one (commonly 1,024 of 524,288): connections
+    on both ports, the state store and the desired file share it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def _ads_limits(args: argparse.Namespace) -> AdsLimits:
+    return dataclasses.replace(
+        DEFAULT_LIMITS,
+        streams_per_identity=args.xds_streams_per_identity,
+        connections_per_identity=args.xds_connections_per_identity,
+        held_bytes_per_identity=args.xds_bytes_per_identity,
+        streams_total=args.xds_streams_total,
+        held_bytes_total=args.xds_bytes_total,
+        first_request_s=args.xds_first_request_timeout / 1000,
+        write_stall_s=args.xds_write_timeout / 1000,
+    )
 
 
 async def _serve(service: BallastService) -> int:

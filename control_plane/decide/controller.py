@@ -7,20 +7,29 @@ to replay it (``replay_record``). The rules, with seed 002's numbers as defaults
 1. **Fail static.** No signals, an origin without signals, or a newest sample older than
    ``stale_after_ms``: the weights and the streaks are held and the reason is given.
 2. **Streaks.** A window *breaches* when 5xx + connect failures > ``error_rate_threshold`` or
-   p95 > ``p95_threshold_ms``; it is *healthy* when it does not breach and p50 < ``return_p50_ms``.
+   p95 > ``p95_threshold_ms`` with enough evidence (``decide/evidence.py``: ``min_samples`` and
+   a confidence bound); it is *healthy* when it has enough samples, does not breach and
+   p50 < ``return_p50_ms``; a window without enough samples is *inconclusive* and leaves both
+   streaks as they were.
    Each origin counts consecutive breached and consecutive healthy windows, up to the thresholds
-   that read them (``breach_windows`` + 1, so a rule can say "more than N";
-   ``return_healthy_windows``): a pair that stays healthy, or stays sick, changes no state and
-   costs the store nothing. (A threshold raised by a reload is met by counting on from there.)
+   that read them (``breach_windows`` + 1, so a rule can say "more than N"; the healthy windows a
+   return to that origin needs now): a pair that stays healthy, or stays sick, changes no state
+   and costs the store nothing. (A threshold raised by a reload is met by counting on from there.)
+   An origin whose breach streak reaches ``breach_windows`` (a healthy -> sick onset) adds to its
+   flap penalty (``damping.py``).
 3. **Leave.** An origin breaching for ``breach_windows`` consecutive windows is *sick*. Its target
    comes from the mode: ``health_proportional`` (the composite score x 100), ``linear`` (minus
    ``shift_step``) or ``exponential`` (half its weight; each receiving standby at most doubles:
    5 -> 10 -> 20 -> 40). A target never rises while an origin is sick, never goes below
    ``min_warm_pool``, and a target closer than ``hysteresis`` to the current weight is ignored.
-   Weight goes to the origins not breaching this window, in preference order.
+   Compare, don't only threshold: weight goes to the origins not breaching this window (in
+   preference order), then to origins that breach too but whose composite score is higher by at
+   least ``compare_margin`` (best first). An origin that takes weight from a worse one this tick
+   gives none. The hold "nowhere better to send traffic" comes only when no origin is.
 4. **Return.** When no origin is sick, weight moves back toward the home split (the preferred
    origin takes all but the standbys' warm pools) only to an origin with ``return_healthy_windows``
-   consecutive healthy windows, taken from the origins above home (least preferred first), at
+   consecutive healthy windows (``damping_return_windows`` while its flap penalty is at or above
+   ``damping_suppress``), taken from the origins above home (least preferred first), at
    ``return_speed`` x ``shift_step`` per tick. Fast to leave, slow to return.
 5. **Step.** The step is ``shift_step`` (``max_step`` in exponential mode, half ``shift_step`` on
    return) plus the jitter, at least 1 and never more than ``max_step`` nor past the target.
@@ -35,12 +44,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
-from control_plane.decide.health import (
-    HealthScore,
-    breach_reasons,
-    is_healthy_window,
-    score_origin,
-)
+from control_plane.decide import damping
+from control_plane.decide.damping import Flap
+from control_plane.decide.evidence import WindowEvidence, judge
+from control_plane.decide.health import HealthScore, score_origin
 from control_plane.decide.inputs import LazyInputs
 from control_plane.decide.signals import GroupSignals, OriginSignals
 from control_plane.desired.model import FailoverPolicy, GroupWeights, home_weights
@@ -62,10 +69,12 @@ def _count_map(value: Any, what: str) -> dict[str, int]:
 
 @dataclass(frozen=True)
 class ControllerState:
-    """What the controller remembers between ticks: consecutive windows per origin."""
+    """What the controller remembers between ticks: consecutive windows per origin, and the
+    flap penalty of each origin that flapped recently (`damping.py`)."""
 
     unhealthy_windows: dict[str, int] = field(default_factory=dict)
     healthy_windows: dict[str, int] = field(default_factory=dict)
+    flaps: dict[str, Flap] = field(default_factory=dict)
 
     def unhealthy(self, origin: str) -> int:
         return self.unhealthy_windows.get(origin, 0)
@@ -77,17 +86,24 @@ class ControllerState:
         return {
             "unhealthy_windows": dict(sorted(self.unhealthy_windows.items())),
             "healthy_windows": dict(sorted(self.healthy_windows.items())),
+            "flaps": {name: flap.to_dict() for name, flap in sorted(self.flaps.items())},
         }
 
     @classmethod
     def from_dict(cls, data: Any) -> ControllerState:
-        """Inverse of ``to_dict``; raises ValueError on anything else."""
-        if not isinstance(data, dict) or set(data) != {"unhealthy_windows", "healthy_windows"}:
-            raise ValueError(f"controller state must have unhealthy_windows and healthy_windows, "
-                             f"got {data!r}")
+        """Inverse of ``to_dict``; raises ValueError on anything else. A state saved before
+        flap damping (no ``flaps``) reads as one without flaps."""
+        streaks = {"unhealthy_windows", "healthy_windows"}
+        if not isinstance(data, dict) or not streaks <= set(data) <= streaks | {"flaps"}:
+            raise ValueError(f"controller state must have unhealthy_windows and healthy_windows "
+                             f"(and flaps), got {data!r}")
+        flaps = data.get("flaps", {})
+        if not isinstance(flaps, dict) or not all(isinstance(k, str) for k in flaps):
+            raise ValueError(f"flaps must map origin -> flap, got {flaps!r}")
         return cls(
             unhealthy_windows=_count_map(data["unhealthy_windows"], "unhealthy_windows"),
             healthy_windows=_count_map(data["healthy_windows"], "healthy_windows"),
+            flaps={name: Flap.from_dict(flap) for name, flap in flaps.items()},
         )
 
 
@@ -106,20 +122,43 @@ class StepResult:
     # why the weights did not move, for runs of quiet ticks (`decide/runs.py`): "fail_static",
     # "sick_held", "return_wait" or "steady"; the kind itself when they moved
     reason: str = ""
+    # origin -> its flap penalty now and whether it is suppressed (origins that flapped only)
+    damping: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def changed(self) -> bool:
         return self.weights_after != self.weights_before
 
-    def record_fields(self) -> dict[str, Any]:
-        """Fields for ``DecisionLog.record(result.kind, pop=..., group=..., **these)``."""
+    def record_fields(self, pushed: Mapping[str, int] | None = None,
+                      changed_by: str = "") -> dict[str, Any]:
+        """Fields for ``DecisionLog.record(result.kind, pop=..., group=..., **these)``.
+
+        ``pushed``: the weights the tick gives Envoy when a later step of the tick (the standby
+        ramp) changed this step's proposal; the record's ``weights_after`` is then ``pushed``,
+        and ``detail`` says what was proposed (``proposed``) and why it changed
+        (``changed_by``): a record never shows weights that were not pushed.
+        """
+        detail: dict[str, Any] = {"next": self.next, "state": self.state.to_dict()}
+        if self.damping:
+            detail["damping"] = self.damping
+        after = dict(self.weights_after)
+        if pushed is not None and dict(pushed) != after:
+            detail["proposed"] = after
+            detail["changed_by"] = changed_by
+            after = dict(pushed)
         return {
             "weights_before": dict(self.weights_before),
-            "weights_after": dict(self.weights_after),
+            "weights_after": after,
             "inputs": self.inputs.json(),
             "rule": self.rule,
-            "detail": {"next": self.next, "state": self.state.to_dict()},
+            "detail": detail,
         }
+
+
+def proposed_weights(record: Mapping[str, Any]) -> dict[str, int]:
+    """What the controller proposed in a record: ``weights_after`` unless a later step of the
+    tick changed it (then ``detail.proposed``); what ``replay_record`` reproduces."""
+    return dict((record.get("detail") or {}).get("proposed") or record["weights_after"])
 
 
 _SIGNAL_FIELDS = tuple(f.name for f in fields(OriginSignals))
@@ -183,6 +222,7 @@ class _Tick:
     breaches: dict[str, tuple[str, ...]]
     state: ControllerState
     jitter: int
+    now_ms: int
 
     def sick(self) -> list[str]:
         return [
@@ -200,10 +240,9 @@ class _Tick:
         count, need = self.state.unhealthy(name), self.policy.breach_windows
         windows = (f"window {count} of {need}" if count <= need
                    else f"more than {need} windows in a row")
-        return (
-            f"{name} {', '.join(self.breaches[name])} ({windows}); "
-            f"score {self.scores[name].describe()}"
-        )
+        # a sick origin stays sick through a window too thin to judge (decide/evidence.py)
+        reasons = ", ".join(self.breaches[name]) or "too few samples this window"
+        return f"{name} {reasons} ({windows}); score {self.scores[name].describe()}"
 
 
 def _sized(base: int, jitter: int, limit: int) -> int:
@@ -233,17 +272,56 @@ def _leave_target(policy: FailoverPolicy, weight: int, score: float) -> int:
     return max(policy.min_warm_pool, min(weight, raw))
 
 
+def _better(tick: _Tick, name: str, than: str) -> bool:
+    """``name`` may take weight from ``than``: it breaches nothing this window, or its composite
+    score is higher by at least the compare margin (compare, don't only threshold)."""
+    if not tick.breaches[name]:
+        return True
+    scores = tick.scores
+    return scores[name].composite - scores[than].composite >= tick.policy.compare_margin - 1e-9
+
+
+def _receivers_of(tick: _Tick, giver: str) -> list[str]:
+    """Where weight leaving ``giver`` may go: origins breaching nothing (preference order), then
+    origins better by the margin (best score first)."""
+    others = [name for name in tick.preference if name != giver and _better(tick, name, giver)]
+    clean = [name for name in others if not tick.breaches[name]]
+    scored = sorted((name for name in others if tick.breaches[name]),
+                    key=lambda name: -tick.scores[name].composite)
+    return clean + scored
+
+
+def _givers_and_receivers(tick: _Tick, movable: Mapping[str, int]
+                          ) -> tuple[list[str], list[str]]:
+    """The sick origins that give this tick (worst first) and the origins that take: an origin
+    that is itself a receiver of a worse giver does not give, and the receivers are those every
+    giver may give to (the worst giver's alone when they share none)."""
+    givers: list[str] = []
+    receivers: list[str] | None = None
+    for name in sorted(movable, key=lambda name: tick.scores[name].composite):
+        if receivers is not None and name in receivers:
+            continue  # it takes from a worse origin this tick
+        mine = [r for r in _receivers_of(tick, name) if r not in givers]
+        shared = mine if receivers is None else [r for r in receivers if r in mine]
+        if not shared:
+            continue
+        givers.append(name)
+        receivers = shared
+    return (givers, receivers) if receivers else ([], [])
+
+
 def _leave(tick: _Tick) -> tuple[dict[str, int], str, str] | None:
-    """Move weight off sick origins; None when nothing can move."""
+    """Move weight off sick origins to origins better than them; None when nothing can move."""
     policy = tick.policy
     sick = tick.sick()
-    receivers = [name for name in tick.preference if not tick.breaches[name]]
     targets = {name: _leave_target(policy, tick.current[name], tick.scores[name].composite)
                for name in sick}
     gaps = {name: tick.current[name] - targets[name] for name in sick}
     movable = {name: gap for name, gap in gaps.items() if gap > 0 and gap >= policy.hysteresis}
-    if not receivers or not movable:
+    givers, receivers = _givers_and_receivers(tick, movable)
+    if not givers:
         return None
+    movable = {name: movable[name] for name in givers}
     exponential = policy.mode == "exponential"
     rooms = [
         (name, max(tick.current[name], policy.min_warm_pool) if exponential else 100)
@@ -261,7 +339,7 @@ def _leave(tick: _Tick) -> tuple[dict[str, int], str, str] | None:
     target_text = ", ".join(f"{name} {targets[name]}" for name in sick)
     rule = (
         f"{'; '.join(tick.why(name) for name in sick)}; {policy.mode} target {target_text}; "
-        f"{cap} → moved {amount}"
+        f"{cap} → moved {amount}{_compared(tick, givers, receivers)}"
     )
     still = {name: weights[name] - targets[name] for name in sick}
     if any(gap >= policy.hysteresis for gap in still.values()):
@@ -274,6 +352,19 @@ def _leave(tick: _Tick) -> tuple[dict[str, int], str, str] | None:
     return weights, rule, nxt
 
 
+def _compared(tick: _Tick, givers: list[str], receivers: list[str]) -> str:
+    """Words for receivers that breach too (weight went there on the comparison of scores)."""
+    breaching = [name for name in receivers if tick.breaches[name]]
+    if not breaching:
+        return ""
+    worst = max(tick.scores[name].composite for name in givers)
+    return "; " + ", ".join(
+        f"{name} breaches too ({', '.join(tick.breaches[name])}) but scores "
+        f"{tick.scores[name].composite:.2f}, better than {worst:.2f} by "
+        f"{tick.scores[name].composite - worst:.2f} >= margin {tick.policy.compare_margin:g}"
+        for name in breaching)
+
+
 def _return_step(tick: _Tick) -> int:
     return max(1, round(tick.policy.shift_step * tick.policy.return_speed))
 
@@ -281,12 +372,12 @@ def _return_step(tick: _Tick) -> int:
 def _return(tick: _Tick) -> tuple[dict[str, int], str, str] | None:
     """Move weight back toward home to an origin that has been healthy long enough."""
     policy = tick.policy
-    need = policy.return_healthy_windows
     below = [name for name in tick.preference if tick.current[name] < tick.home[name]]
-    ready = [name for name in below if tick.state.healthy(name) >= need]
+    ready = [name for name in below if tick.state.healthy(name) >= _need(tick, name)]
     if not ready:
         return None
     to = ready[0]
+    need = _need(tick, to)
     donors = [
         (name, tick.current[name] - tick.home[name])
         for name in reversed(tick.preference)
@@ -299,7 +390,8 @@ def _return(tick: _Tick) -> tuple[dict[str, int], str, str] | None:
     _transfer(weights, donors, [(to, amount)], amount)
     rule = (
         f"{to} healthy {need} or more windows in a row (need {need}, p50 < "
-        f"{policy.return_p50_ms} ms); return step {base} (return speed {policy.return_speed:g}), "
+        f"{policy.return_p50_ms} ms{_damped(tick, to)}); return step {base} "
+        f"(return speed {policy.return_speed:g}), "
         f"jitter {tick.jitter:+d} → moved {amount}; score {tick.scores[to].describe()}"
     )
     if weights[to] < tick.home[to]:
@@ -308,6 +400,18 @@ def _return(tick: _Tick) -> tuple[dict[str, int], str, str] | None:
     else:
         nxt = f"{to} is back at its home weight {tick.home[to]}"
     return weights, rule, nxt
+
+
+def _need(tick: _Tick, name: str) -> int:
+    """Healthy windows a return to ``name`` needs now (more while its flaps are suppressed)."""
+    return damping.return_windows(tick.state.flaps.get(name), tick.policy, tick.now_ms)
+
+
+def _damped(tick: _Tick, name: str) -> str:
+    flap = tick.state.flaps.get(name)
+    if flap is None:
+        return ""
+    return "; " + damping.describe(name, flap, tick.policy, tick.now_ms)
 
 
 def _no_move(tick: _Tick) -> tuple[StepKind, str, str, str]:
@@ -326,8 +430,7 @@ def _no_move(tick: _Tick) -> tuple[StepKind, str, str, str]:
             + ("s" if left > 1 else ""),
         )
     if sick:
-        receivers = [name for name in tick.preference if not tick.breaches[name]]
-        if receivers:
+        if any(_receivers_of(tick, name) for name in sick):
             where = ", ".join(
                 f"{name} at {tick.current[name]}, target "
                 f"{_leave_target(policy, tick.current[name], tick.scores[name].composite)} "
@@ -335,7 +438,8 @@ def _no_move(tick: _Tick) -> tuple[StepKind, str, str, str]:
                 for name in sick
             )
         else:
-            where = "every origin breaches: nowhere better to send traffic"
+            where = (f"every origin breaches and none scores better by the margin "
+                     f"{policy.compare_margin:g}: nowhere better to send traffic")
         return (
             "hold",
             "sick_held",
@@ -344,12 +448,13 @@ def _no_move(tick: _Tick) -> tuple[StepKind, str, str, str]:
         )
     if below:
         name = below[0]
-        need = policy.return_healthy_windows
+        need = _need(tick, name)
         return (
             "hold",
             "return_wait",
             f"held away from home: return waits for {need} healthy windows with p50 < "
-            f"{policy.return_p50_ms} ms; {name} has {tick.state.healthy(name)}",
+            f"{policy.return_p50_ms} ms; {name} has {tick.state.healthy(name)}"
+            f"{_damped(tick, name)}",
             f"return to {name} starts after {need} healthy windows; "
             f"{min(tick.state.healthy(name), need)} of {need} so far",
         )
@@ -396,23 +501,33 @@ def step(
             reason="fail_static",
         )
     scores = {name: score_origin(signals[name], policy) for name in preference}
-    breaches = {name: breach_reasons(signals[name], policy) for name in preference}
+    evidence = {name: judge(signals[name], policy) for name in preference}
+    breaches = {name: evidence[name].breaches for name in preference}
     # streaks count up to the thresholds that read them (one past, for the breach, so a rule
     # can say "more than N"), then stay: a pair that stays healthy or sick changes no state
+    # (the healthy streak counts up to what a return to that origin needs now: more while its
+    # flaps are suppressed). An inconclusive window (too few samples, `decide/evidence.py`)
+    # neither breaches nor counts as healthy: both streaks stay as they were.
+    thin = {name for name in preference if evidence[name].verdict == "inconclusive"}
     unhealthy_cap = policy.breach_windows + 1
-    healthy_cap = policy.return_healthy_windows
+    unhealthy = {
+        name: state.unhealthy(name) if name in thin
+        else min(state.unhealthy(name) + 1, unhealthy_cap) if breaches[name] else 0
+        for name in preference
+    }
+    flaps = _flaps(policy, state, unhealthy, now_ms)
     new_state = ControllerState(
-        unhealthy_windows={
-            name: min(state.unhealthy(name) + 1, unhealthy_cap) if breaches[name] else 0
-            for name in preference
-        },
+        unhealthy_windows=unhealthy,
         healthy_windows={
-            name: min(state.healthy(name) + 1, healthy_cap)
-            if is_healthy_window(signals[name], policy) else 0
+            name: state.healthy(name) if name in thin
+            else min(state.healthy(name) + 1,
+                     damping.return_windows(flaps.get(name), policy, now_ms))
+            if evidence[name].verdict == "healthy" else 0
             for name in preference
         },
+        flaps=flaps,
     )
-    tick = _Tick(policy, preference, before, home, scores, breaches, new_state, jitter)
+    tick = _Tick(policy, preference, before, home, scores, breaches, new_state, jitter, now_ms)
     kind: StepKind
     reason: str
     moved = _leave(tick) if tick.sick() else None
@@ -427,13 +542,30 @@ def step(
     else:
         after = dict(before)
         kind, reason, rule, nxt = _no_move(tick)
-    inputs = LazyInputs(_inputs_json, now_ms, jitter, preference, home, state, signals, scores)
-    return StepResult(kind, rule, nxt, before, after, scores, new_state, inputs, reason)
+    inputs = LazyInputs(_inputs_json, now_ms, jitter, preference, home, state, signals, scores,
+                        evidence)
+    return StepResult(kind, rule, nxt, before, after, scores, new_state, inputs, reason,
+                      damping.shown(new_state.flaps, policy, now_ms))
+
+
+def _flaps(policy: FailoverPolicy, state: ControllerState, unhealthy: Mapping[str, int],
+           now_ms: int) -> dict[str, Flap]:
+    """The flap penalties after this window: an origin that becomes sick now (its breach streak
+    reaches ``breach_windows``) adds a penalty; a penalty decayed below the reuse level is
+    forgotten. Unchanged (the same dict) when nothing flapped or was forgotten."""
+    onsets = [name for name, count in unhealthy.items()
+              if count == policy.breach_windows and state.unhealthy(name) < count]
+    flaps = dict(state.flaps)
+    for name in onsets:
+        flaps[name] = damping.onset(flaps.get(name), policy, now_ms)
+    return {name: flap for name, flap in flaps.items()
+            if name in onsets or damping.remembered(flap, policy, now_ms)}
 
 
 def _inputs_json(
     now_ms: int, jitter: int, preference: tuple[str, ...], home: GroupWeights,
     state: ControllerState, signals: GroupSignals | None, scores: Mapping[str, HealthScore],
+    evidence: Mapping[str, WindowEvidence] | None = None,
 ) -> dict[str, Any]:
     """A step's inputs as its record holds them (what `replay_record` reads)."""
     return {
@@ -447,6 +579,9 @@ def _inputs_json(
             else {name: signals_to_dict(sig) for name, sig in sorted(signals.items())}
         ),
         "scores": {name: score.to_dict() for name, score in scores.items()},
+        # each origin's window judged on its evidence (decide/evidence.py); derived from the
+        # signals, so a replay recomputes it
+        "evidence": {name: judged.to_dict() for name, judged in (evidence or {}).items()},
     }
 
 

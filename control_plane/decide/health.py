@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from control_plane.decide.evidence import judge
 from control_plane.decide.signals import OriginSignals
 from control_plane.desired.model import AdaptiveLifo, FailoverPolicy
 
@@ -126,24 +127,12 @@ def score_origin(
 
 
 def breach_reasons(signals: OriginSignals, policy: FailoverPolicy) -> tuple[str, ...]:
-    """Why this window breaches seed 002's leave thresholds; empty when it does not."""
-    reasons: list[str] = []
-    if signals.requests + signals.connect_failures and (
-        signals.error_rate > policy.error_rate_threshold
-    ):
-        reasons.append(f"5xx {signals.error_rate:.1%} > {policy.error_rate_threshold * 100:g}%")
-    if signals.p95_ms is not None and signals.p95_ms > policy.p95_threshold_ms:
-        reasons.append(f"p95 {signals.p95_ms:.0f} ms > {policy.p95_threshold_ms} ms")
-    return tuple(reasons)
+    """Why this window breaches seed 002's leave thresholds with enough evidence
+    (``decide/evidence.py``); empty when it does not."""
+    return judge(signals, policy).breaches
 
 
 def is_healthy_window(signals: OriginSignals, policy: FailoverPolicy) -> bool:
-    """A window that counts towards returning: no breach and p50 below ``return_p50_ms``.
-
-    A window without completed requests is no evidence of health, so it does not count.
-    """
-    return (
-        not breach_reasons(signals, policy)
-        and signals.p50_ms is not None
-        and signals.p50_ms < policy.return_p50_ms
-    )
+    """A window that counts towards returning: enough samples, within the thresholds and p50
+    below ``return_p50_ms``. A window without enough samples is no evidence of health."""
+    return judge(signals, policy).verdict == "healthy"

@@ -12,10 +12,14 @@ weights in force:
 2. **Step.** A ramping standby that holds its current step's share and whose window does not
    breach the failover thresholds (5xx or p95: it stayed healthy under the new load) moves one
    step on; past the last step the ramp is complete and the cap goes.
-3. **Degrade.** A ramping standby whose window breaches stops the ramp: ``back_off`` lowers its
-   cap by one step (weight goes back to the origins it came from), ``hold`` keeps it where it is.
-   Without fresh signals the ramp holds silently, as the controller does (fail static). Never
-   pour load into a falling standby.
+3. **Degrade.** A ramping standby whose window breaches is compared with where its traffic
+   would otherwise go (the origins the ramp gives weight back to: those that gave it this tick,
+   else the most preferred origin not ramping). Worse than that by the failover's
+   ``compare_margin``: the ramp stops, ``back_off`` lowers its cap by one step (weight goes back
+   to the origins it came from), ``hold`` keeps it where it is. Better by the margin: it steps
+   on as a healthy one does (backing off would send the traffic somewhere worse). Within the
+   margin: the ramp holds. Without fresh signals the ramp holds silently, as the controller does
+   (fail static). Never pour load into a falling standby that is not the better place.
 4. **End.** When the controller takes weight off a ramping standby (the shift reverses), the ramp
    ends and the controller rules again.
 5. **Cap.** Weight proposed above a standby's cap stays with the origins that gave it, most
@@ -33,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from control_plane.decide.controller import signals_from_dict, signals_to_dict
-from control_plane.decide.health import breach_reasons
+from control_plane.decide.health import breach_reasons, score_origin
 from control_plane.decide.inputs import LazyInputs
 from control_plane.decide.signals import GroupSignals
 from control_plane.desired.model import (
@@ -204,9 +208,16 @@ def ramp_step(
             ceilings[name] = min(ceiling, before[name])  # fail static, as the controller does
             continue
         breach = breach_reasons(signals[name], failover)
-        if breach:
-            why = ", ".join(breach)
-            if policy.on_degrade == "back_off":
+        verdict, compared = (_compare(failover, preference, before, proposed, signals, name,
+                                      set(ramps), now_ms) if breach else ("", ""))
+        if breach and verdict != "better":
+            why = ", ".join(breach) + compared
+            if verdict == "within":
+                ceilings[name] = min(ceiling, before[name])
+                events.append((name, "ramp_hold", (
+                    f"{name} breaches under the ramp ({why}): ramp holds at "
+                    f"{ceilings[name]} % (step {index + 1} of {len(schedule)})")))
+            elif policy.on_degrade == "back_off":
                 index = max(0, index - 1)
                 ramps[name] = index
                 ceilings[name] = min(schedule[index], before[name])
@@ -230,10 +241,13 @@ def ramp_step(
             continue
         ramps[name] = index + 1
         ceilings[name] = schedule[index + 1]
+        how = (f"breaches ({', '.join(breach)}) but is the better place{compared}" if breach
+               else f"healthy at {before[name]} % (within 5xx "
+                    f"{failover.error_rate_threshold * 100:g} % and p95 "
+                    f"{failover.p95_threshold_ms} ms)")
         events.append((name, "ramp_step", (
-            f"{name} healthy at {before[name]} % (within 5xx "
-            f"{failover.error_rate_threshold * 100:g} % and p95 {failover.p95_threshold_ms} ms): "
-            f"step {index + 2} of {len(schedule)} allows {schedule[index + 1]} %")))
+            f"{name} {how}: step {index + 2} of {len(schedule)} allows "
+            f"{schedule[index + 1]} %")))
     noted = {name for name, _, _ in events}
     ceilings = {name: max(warm, ceiling) for name, ceiling in ceilings.items()}
     after = dict(proposed)
@@ -261,6 +275,33 @@ def ramp_step(
         rule += f"; controller proposed {_weights(proposed)}, ramp made it {moves}"
     return RampResult(after, new_state, kind, rule, _next(policy, ramps, after), inputs,
                       ceilings)
+
+
+def _compare(
+    failover: FailoverPolicy, preference: tuple[str, ...], before: Mapping[str, int],
+    proposed: Mapping[str, int], signals: GroupSignals, name: str, ramping: set[str],
+    now_ms: int,
+) -> tuple[str, str]:
+    """How ramping ``name`` compares with where its traffic would otherwise go (the origins the
+    cap gives weight back to: those that gave it this tick, else the most preferred one not
+    ramping), by composite score: "worse", "better" (by the margin) or "within"; and words."""
+    gave = [other for other in preference
+            if other not in ramping and before[other] > proposed[other]]
+    if not gave:
+        gave = [other for other in preference if other not in ramping][:1]
+    fresh = [other for other in gave if other in signals
+             and now_ms - signals[other].observed_at_ms <= failover.stale_after_ms]
+    if not fresh:
+        return "worse", ""
+    mine = score_origin(signals[name], failover).composite
+    best_name = max(fresh, key=lambda other: score_origin(signals[other], failover).composite)
+    best = score_origin(signals[best_name], failover).composite
+    margin = failover.compare_margin - 1e-9
+    verdict = ("better" if mine - best >= margin else "worse" if best - mine >= margin
+               else "within")
+    words = (f"; scores {mine:.2f} against {best:.2f} for {best_name}, where its traffic would "
+             f"otherwise go (margin {failover.compare_margin:g})")
+    return verdict, words
 
 
 def _mirror_words(policy: StandbyRampPolicy, name: str, *, stop: bool = False) -> str:

@@ -24,6 +24,16 @@ class OriginSignals:
     queue_overflow: int  # requests refused by max_pending_requests in the window
     probe_success: float | None  # share of active probes that passed; None if not probed
     observed_at_ms: int  # when the newest sample behind these numbers arrived
+    # How many observations p50/p95 come from (None: the source did not count them; the
+    # completed requests stand in), the p95's lower confidence bound where the source has the
+    # samples (`decide/evidence.py`), and what the latency measures: `final_attempt` (the
+    # origin's own answer, from Envoy's access logs), `whole_request` (Envoy's zone histogram,
+    # which books a retried request's whole life, failed attempts and backoff included, to the
+    # origin that answered last) or `probes` (Ballast's active probes filled in).
+    latency_samples: int | None = None
+    p95_low_ms: float | None = None
+    latency_from: str = "whole_request"
+    probes: int = 0  # active probes in the window (probe_success is their passing share)
 
     @property
     def error_rate(self) -> float:
@@ -42,12 +52,13 @@ GroupSignals = dict[str, OriginSignals]
 class WaitQuantiles:
     """Pool wait of one tier's requests in the window, from sampled access-log entries: the
     time from the request's first byte to its first byte sent upstream
-    (`time_to_first_upstream_tx_byte`)."""
+    (`time_to_first_upstream_tx_byte`), of requests that took one attempt."""
 
     p50_ms: float
     p95_ms: float
     p99_ms: float
     samples: int
+    excluded: int = 0  # retried or hedged requests of the window, not samples of the wait
 
     def quantile(self, name: str) -> float:
         return {"p50": self.p50_ms, "p95": self.p95_ms, "p99": self.p99_ms}[name]

@@ -7,8 +7,10 @@ Envoy) with the defaults of ``TierActionPolicy``:
 1. **Re-prioritization** (seed 000: "If P0 wait time exceeds 35ms for more than 30 seconds, we
    automatically demote 50% of P1 to P2 and shed P2 entirely"). Trigger ``wait``: the
    ``trigger_wait_quantile`` of the trigger tier's pool wait (access logs) above
-   ``trigger_wait_ms``; a fresh window without a sampled request counts as no wait when the
-   tier's pool had nobody pending. Trigger ``pending``: the worst Envoy's pending peak above
+   ``trigger_wait_ms``, over requests that took one attempt (a retried or hedged request's
+   wait holds its failed attempts and backoff); a window with fewer such samples than
+   ``wait_samples_needed`` uses the ``pending`` trigger instead, and says so. Trigger
+   ``pending``: the worst Envoy's pending peak above
    ``trigger_pending``, or a pool queue of the tier reported overloaded
    (``upstream_queue_overloaded`` > 0: past its adaptive LIFO high watermark) where a node
    reports it. Off → on once the trigger held at every tick for ``for_ms``; on → off
@@ -31,6 +33,18 @@ Envoy) with the defaults of ``TierActionPolicy``:
    demand comes and goes does not flap); when a lender's demand returns, the borrowers give
    back at this tick whatever exceeds the new spare (least critical first). Kind ``tier_lend``.
 
+4. **Queues bounded in time** (seed 000: "800 ms for P2 before we just serve stale or a 202";
+   "the most common misconfiguration we see is setting queue limits in counts instead of bytes
+   or time"). Envoy has no timeout for a request waiting in a pool's pending queue, so the
+   queue's length is bounded instead: with S slots (the tier's per-Envoy limit, lent slots
+   included) each taking the origin's measured service time L (``latency_ms``: the p50 of the
+   group's origins this window, weighted by their weights), a queue drains S / L requests per
+   ms, so a request behind N others waits about N x L / S. The pending limit is
+   floor(S x ``queue_timeout`` / L), at least 1 and at most ``max_queue_depth`` (the count
+   stays a ceiling); what overflows gets the tier's ``shed_action`` (translate/overflow.py).
+   Only limits below ``max_queue_depth`` are in force (a fast origin changes nothing); a new
+   limit within 10 % (at least 1) of the one in force waits. Kind ``tier_queue``.
+
 **Fail static.** A missing reading, or one older than ``stale_after_ms``, holds that part's
 state and timers, and the rule says why. ``enabled: false`` lifts everything at once.
 """
@@ -46,8 +60,9 @@ from control_plane.decide.inputs import LazyInputs
 from control_plane.decide.signals import TierPending, WaitQuantiles
 from control_plane.desired.model import SHED_STATUS, OriginGroup, TierActionPolicy, TierActions
 
-TierKind = Literal["tier_action", "tier_shed", "tier_lend"]
-TIER_KINDS: tuple[TierKind, ...] = ("tier_action", "tier_shed", "tier_lend")
+TierKind = Literal["tier_action", "tier_shed", "tier_lend", "tier_queue"]
+TIER_KINDS: tuple[TierKind, ...] = ("tier_action", "tier_shed", "tier_lend", "tier_queue")
+QUEUE_LIMIT_SLACK = 0.1  # a new pending limit within this share of the one in force waits
 
 _REQUIRED_KEYS = frozenset({"active", "trigger_since_ms", "clear_since_ms", "active_since_ms"})
 _SHED_KEYS = frozenset({"shedding", "shed_since_ms", "shed_clear_since_ms", "lend_since_ms"})
@@ -81,6 +96,8 @@ class TierState:
     shed_clear_since_ms: int | None = None  # on: first tick of the current run below the lift
     lent: tuple[tuple[str, int], ...] = ()  # tier -> slots borrowed beyond its guarantee
     lend_since_ms: int | None = None  # first tick of the current run with more to lend
+    # tier -> its pending limit bounded in time, where below its max_queue_depth
+    queue_limits: tuple[tuple[str, int], ...] = ()
 
     @property
     def idle(self) -> bool:
@@ -89,13 +106,14 @@ class TierState:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["lent"] = dict(self.lent)
+        data["queue_limits"] = dict(self.queue_limits)
         return data
 
     @classmethod
     def from_dict(cls, data: Any) -> TierState:
         """Inverse of ``to_dict`` (states saved before shedding and lending existed load too);
         raises ValueError on anything else."""
-        allowed = _REQUIRED_KEYS | _SHED_KEYS | {"lent"}
+        allowed = _REQUIRED_KEYS | _SHED_KEYS | {"lent", "queue_limits"}
         if not isinstance(data, dict) or not _REQUIRED_KEYS <= set(data) <= allowed:
             raise ValueError(f"tier state must have {sorted(_REQUIRED_KEYS)} and only "
                              f"{sorted(allowed)}, got {data!r}")
@@ -112,6 +130,7 @@ class TierState:
             shed_clear_since_ms=_optional_ms(data, "shed_clear_since_ms"),
             lend_since_ms=_optional_ms(data, "lend_since_ms"),
             lent=_lent_from(data.get("lent", {})),
+            queue_limits=_lent_from(data.get("queue_limits", {})),
         )
 
 
@@ -168,6 +187,9 @@ def describe_actions(actions: TierActions) -> str:
                      f"{actions.retry_after_s} s)")
     if actions.limits:
         parts.append("lend: " + ", ".join(f"{t} limit {n}" for t, n in actions.limits))
+    if actions.pending_limits:
+        parts.append("queue: " + ", ".join(f"{t} at most {n} pending"
+                                           for t, n in actions.pending_limits))
     return ", ".join(parts) or "no action configured"
 
 
@@ -195,9 +217,11 @@ def actions_in_force(group: OriginGroup, state: TierState) -> TierActions | None
     known = {t.name for t in group.tiers}
     limits = tuple((name, group.guarantee(group.tier(name)) + extra)
                    for name, extra in state.lent if name in known and extra > 0)
-    if not state.active and not shed and not limits:
+    queues = tuple((name, n) for name, n in state.queue_limits
+                   if name in known and n < group.tier(name).max_queue_depth)
+    if not state.active and not shed and not limits and not queues:
         return None
-    actions = replace(base, shed_tiers=shed, limits=limits)
+    actions = replace(base, shed_tiers=shed, limits=limits, pending_limits=queues)
     status = tuple((t, SHED_STATUS[group.tier(t).shed_action]) for t in sorted(actions.shed)
                    if t in known)
     return replace(actions, shed_status=status)
@@ -240,15 +264,33 @@ def _trigger_reading(
             seen += f", {overloaded:g} pool queue(s) overloaded"
         return hit, seen
     q, limit_ms = policy.trigger_wait_quantile, policy.trigger_wait_ms
-    if reading.wait is None:
-        if reading.pending_max > 0:
-            return None, (f"fail static: no sampled {tier} request in the window while "
-                          f"{reading.pending_max:g} were pending")
-        return False, f"{tier} wait: no sampled request, none pending ≤ {limit_ms} ms"
-    value = reading.wait.quantile(q)
+    need = wait_samples_needed(policy)
+    wait = reading.wait
+    if wait is None or wait.samples < need:
+        # too few single-attempt samples for the quantile: this window uses the pending trigger
+        sampled = 0 if wait is None else wait.samples
+        excluded = 0 if wait is None else wait.excluded
+        pending, limit = reading.pending_max, policy.trigger_pending
+        overloaded = reading.overloaded_max or 0
+        hit = pending > limit or overloaded > 0
+        seen = (f"{tier} wait: {sampled} sampled < {need} ({excluded} retried/hedged left out), "
+                f"trigger: pending for this window: pending max {pending:g} "
+                f"{'>' if pending > limit else '≤'} {limit}")
+        if overloaded > 0:
+            seen += f", {overloaded:g} pool queue(s) overloaded"
+        return hit, seen
+    value = wait.quantile(q)
     hit = value > limit_ms
     return hit, (f"{tier} wait {q} {value:g} ms {'>' if hit else '≤'} {limit_ms} ms "
-                 f"({reading.wait.samples} sampled)")
+                 f"({wait.samples} sampled, {wait.excluded} retried/hedged left out)")
+
+
+def wait_samples_needed(policy: TierActionPolicy) -> int:
+    """Single-attempt samples a window needs for the wait trigger: `trigger_wait_min_samples`,
+    raised so the nearest-rank quantile rests on at least two samples (p95: 20, p99: 100), so
+    one slow request never decides."""
+    q = {"p50": 0.5, "p95": 0.95, "p99": 0.99}[policy.trigger_wait_quantile]
+    return max(policy.trigger_wait_min_samples, math.ceil(round(1 / (1 - q), 6)))
 
 
 def _reprioritize(
@@ -493,18 +535,79 @@ def _lending(
     return _Part(new, rule, decision(lent, rule, plan))
 
 
+# --- 4. queues bounded in time ----------------------------------------------------------------
+
+
+def queue_limits(group: OriginGroup, lent: Mapping[str, int], latency_ms: float
+                 ) -> dict[str, int]:
+    """Each tier's pending limit for the origin's service time `latency_ms` (pure): floor(slots
+    x queue_timeout / latency), at least 1, at most max_queue_depth."""
+    out = {}
+    for tier in group.tiers:
+        slots = group.guarantee(tier) + lent.get(tier.name, 0)
+        drained = math.floor(slots * tier.queue_timeout_ms / max(latency_ms, 1e-3))
+        out[tier.name] = max(1, min(tier.max_queue_depth, drained))
+    return out
+
+
+def _queues(group: OriginGroup, state: TierState, latency_ms: float | None) -> _Part:
+    current = dict(state.queue_limits)
+    if latency_ms is None:
+        return _Part(state, f"queue limits: no latency measured; stay {current or 'unbounded'}")
+    wanted = {name: n for name, n in queue_limits(group, dict(state.lent), latency_ms).items()
+              if n < group.tier(name).max_queue_depth}
+    new = {}
+    for name in sorted(set(wanted) | set(current)):
+        now, want = current.get(name), wanted.get(name)
+        if now is not None and want is not None \
+                and abs(want - now) < max(1, QUEUE_LIMIT_SLACK * now):
+            new[name] = now
+        elif want is not None:
+            new[name] = want
+    words = ", ".join(
+        f"{t.name} {group.guarantee(t) + dict(state.lent).get(t.name, 0)} x "
+        f"{t.queue_timeout_ms} ms / {latency_ms:.0f} ms = "
+        f"{wanted.get(t.name, f'≥ {t.max_queue_depth} (max_queue_depth)')}"
+        for t in group.tiers)
+    if new == current:
+        return _Part(state, f"queue limits (slots x queue_timeout / latency): {words}")
+    moves = ", ".join(
+        f"{t} {current.get(t, 'unbounded')}→{new.get(t, 'max_queue_depth')}"
+        for t in sorted(set(new) | set(current)) if current.get(t) != new.get(t))
+    rule = (f"queues bounded in time: latency p50 {latency_ms:.0f} ms; {words}; pending "
+            f"limits {moves}")
+    changed = replace(state, queue_limits=tuple(sorted(new.items())))
+    return _Part(changed, rule, TierDecision("tier_queue", rule, {
+        "change": "queue", "latency_ms": latency_ms, "queue_limits_before": current,
+        "queue_limits": new}))
+
+
+def service_time_ms(p50_by_origin: Mapping[str, float | None], weights: Mapping[str, int]
+                    ) -> float | None:
+    """The origins' p50 weighted by their weights (origins without a p50 left out); None when
+    none has one. What a tier's queue drains at (part 4)."""
+    known = [(p50, weights.get(name, 0)) for name, p50 in p50_by_origin.items()
+             if p50 is not None and weights.get(name, 0) > 0]
+    total = sum(weight for _, weight in known)
+    if not total:
+        return None
+    return sum(p50 * weight for p50, weight in known) / total
+
+
 # --- the tick --------------------------------------------------------------------------------
 
 
 def _inputs_json(group: OriginGroup, policy: TierActionPolicy, readings: Mapping[str, TierPending],
-                 state: TierState, now_ms: int) -> dict[str, Any]:
+                 state: TierState, now_ms: int, latency_ms: float | None) -> dict[str, Any]:
     """A tier step's inputs as its records hold them."""
     return {
         "now_ms": now_ms,
+        "latency_ms": latency_ms,
         "trigger": policy.trigger,
         "trigger_tier": policy.trigger_tier,
         "trigger_wait_ms": policy.trigger_wait_ms,
         "trigger_wait_quantile": policy.trigger_wait_quantile,
+        "trigger_wait_samples_needed": wait_samples_needed(policy),
         "trigger_pending": policy.trigger_pending,
         "shed_threshold": policy.shed_threshold,
         "shed_lift_threshold": policy.shed_lift_threshold,
@@ -536,14 +639,16 @@ def tier_step(
     state: TierState,
     readings: Mapping[str, TierPending] | None,
     now_ms: int,
+    latency_ms: float | None = None,
 ) -> TierStepResult:
     """One tick of the tier controller of one (PoP, origin group). Pure.
 
-    ``readings``: tier name -> the window's reading (None: no readings at all).
+    ``readings``: tier name -> the window's reading (None: no readings at all);
+    ``latency_ms``: the origins' service time this window (``service_time_ms``; None: none).
     """
     policy = group.tier_actions
     readings = readings or {}
-    inputs = LazyInputs(_inputs_json, group, policy, readings, state, now_ms)
+    inputs = LazyInputs(_inputs_json, group, policy, readings, state, now_ms, latency_ms)
     if not policy.enabled:
         decisions = []
         if state.active:
@@ -565,12 +670,13 @@ def tier_step(
     probe = actions_in_force(group, replace(second.state, lent=()))
     excluded = frozenset() if probe is None else probe.shed
     third = _lending(group, second.state, readings, now_ms, excluded)
-    parts = (first, second, third)
+    fourth = _queues(group, third.state, latency_ms)
+    parts = (first, second, third, fourth)
     decisions = tuple(p.decision for p in parts if p.decision is not None)
     return TierStepResult(
         decisions,
         "; ".join(p.rule for p in parts),
-        third.state,
-        actions_in_force(group, third.state),
+        fourth.state,
+        actions_in_force(group, fourth.state),
         inputs,
     )

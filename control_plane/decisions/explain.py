@@ -2,7 +2,9 @@
 
 The story starts after the last time the group was calm at its home split (a ``steady`` or a
 completed ``return`` record) and lists every decision since, with the numbers the controller logged;
-runs of holds are folded into one "held since" line. It ends with what would move the weights next.
+runs of holds are folded into one "held since" line; flap damping, when the latest controller
+record remembers an origin that flapped (its penalty, whether returns to it are suppressed and how
+many healthy windows one needs). It ends with what would move the weights next.
 
 Then the standby ramp, when the group has one in its log (``ramp_*`` records): which standby
 ramps, at which step of the schedule, the last ramp decision in words and what comes next.
@@ -11,7 +13,8 @@ Then the tier actions of the group in that PoP (``tier_action`` records, written
 on or off): which are active now and since when, the decision that switched them on with its
 numbers (the trigger tier's pending peak against ``trigger_pending``, held for how long) and what
 lifts them, or that none are active and when the last ones ended. Then utilization shedding
-(``tier_shed``) and lending (``tier_lend``): what is in force and the record that put it there.
+(``tier_shed``), lending (``tier_lend``) and queues bounded in time (``tier_queue``): what is in
+force and the record that put it there.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from control_plane.decisions.read import Record, record_time
 
 MAX_CHAIN = 20
 TIER_KIND = "tier_action"
-TIER_KINDS = frozenset({TIER_KIND, "tier_shed", "tier_lend"})
+TIER_KINDS = frozenset({TIER_KIND, "tier_shed", "tier_lend", "tier_queue"})
 _FOR = re.compile(r"\(≥ (\d[\d.]* s)\)")  # the `for` threshold in an "on" rule
 
 
@@ -54,6 +57,10 @@ def _moves(before: dict[str, int], after: dict[str, int]) -> str:
 def _line(record: Record) -> str:
     text = record.get("rule") or record.get("detail") or ""
     moves = _moves(record.get("weights_before") or {}, record.get("weights_after") or {})
+    detail = record.get("detail")
+    if isinstance(detail, dict) and detail.get("proposed"):
+        text = (f"{text}; proposed {_weights(detail['proposed'])}, not pushed: "
+                f"{detail.get('changed_by') or ''}")
     if moves:
         return f"{_clock(record)} {record['kind']}: {moves} ({text})"
     return f"{_clock(record)} {record['kind']}: {text}"
@@ -136,6 +143,10 @@ def describe_active(actions: Mapping[str, Any], since: str | None = None) -> str
     limits = actions.get("limits") or {}
     if limits:
         parts.append("lent: " + ", ".join(f"{t} limit {n}" for t, n in limits.items()))
+    queues = actions.get("pending_limits") or {}
+    if queues:
+        parts.append("queue bounded in time: " + ", ".join(
+            f"{t} at most {n} pending" for t, n in queues.items()))
     return "; ".join(parts) or f"no action configured{suffix}"
 
 
@@ -174,7 +185,8 @@ def explain_tiers(records: Iterable[Record], pop: str, group: str) -> list[str]:
 
 def _explain_shedding_and_lending(records: list[Record], pop: str, group: str) -> list[str]:
     out = []
-    for kind, label in (("tier_shed", "utilization shedding"), ("tier_lend", "lending")):
+    for kind, label in (("tier_shed", "utilization shedding"), ("tier_lend", "lending"),
+                        ("tier_queue", "queues bounded in time")):
         mine = [r for r in records
                 if r.get("kind") == kind and r.get("pop") == pop and r.get("group") == group]
         if not mine:
@@ -252,6 +264,27 @@ def explain_ramp(records: Iterable[Record]) -> list[str]:
     ]
 
 
+def explain_damping(records: Iterable[Record]) -> list[str]:
+    """The flap-damping part of ``explain``, from the latest controller record (the records
+    whose ``detail.state`` is the controller's)."""
+    latest = None
+    for record in records:
+        detail = record.get("detail")
+        if isinstance(detail, dict) and "unhealthy_windows" in (detail.get("state") or {}):
+            latest = record
+    if latest is None or not latest["detail"].get("damping"):
+        return []
+    parts = []
+    for name, flap in latest["detail"]["damping"].items():
+        if flap.get("suppressed"):
+            parts.append(f"{name} penalty {flap['penalty']:g}, suppressed: a return to it needs "
+                         f"{flap['return_windows']} healthy windows")
+        else:
+            parts.append(f"{name} penalty {flap['penalty']:g}, below the suppress level: a "
+                         f"return needs {flap['return_windows']} healthy windows")
+    return [f"flap damping (as of {_clock(latest)}, seq {latest['seq']}): {'; '.join(parts)}"]
+
+
 def explain(records: Iterable[Record], pop: str, group: str) -> str:
     """A few lines for on-call: current weights, the chain of decisions, what moves them next;
     then the tier actions (``explain_tiers``)."""
@@ -302,6 +335,7 @@ def _explain_weights(mine: list[Record], pop: str, group: str) -> list[str]:
             out.append(f"  … {len(shown) - MAX_CHAIN} earlier entries (see `ballast decisions`)")
             shown = shown[-MAX_CHAIN:]
         out.extend(f"  {line}" for line in shown)
+    out.extend(explain_damping(mine))
     latest = mine[-1]
     scores = _scores(latest)
     if scores:

@@ -24,6 +24,7 @@ KINDS: tuple[str, ...] = (
     "certificate",
     "tier_shed",
     "tier_lend",
+    "tier_queue",
     "state_restored",
     "startup",
     "shutdown",

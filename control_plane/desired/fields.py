@@ -253,6 +253,14 @@ def header_name(node: yaml.Node) -> str:
     return value.lower()
 
 
+def cookie_name(node: yaml.Node) -> str:
+    """A cookie name: an HTTP token (RFC 6265), case kept."""
+    value = text(node)
+    if not HEADER_RE.fullmatch(value):
+        raise Bad(f"must be a cookie name (an HTTP token), got {value!r}")
+    return value
+
+
 def did_you_mean(word: str, options: tuple[str, ...] | list[str] | set[str]) -> str:
     close = difflib.get_close_matches(word, sorted(options), n=1, cutoff=0.6)
     return f"; did you mean '{close[0]}'?" if close else ""

@@ -92,6 +92,23 @@ class FailoverPolicy:
     return_p50_ms: int = 250
     return_speed: float = 0.5  # return moves at this fraction of the leave step
     stale_after_ms: int = 45_000  # metrics older than this hold weights (fail static)
+    # Evidence (decide/evidence.py): a window with fewer samples (attempts, with probes filling
+    # in; latency observations) neither breaches nor counts as healthy. 10: a standby's 12
+    # probes of a 30 s window suffice, and one failure in 10 is no breach (lower bound 1.8 %).
+    min_samples: int = 10
+    # Compare, not only threshold: weight leaves a sick origin for any origin whose composite
+    # score is higher by at least this much, even one that breaches a threshold too.
+    compare_margin: float = 0.1
+    # Flap damping per (PoP, origin), BGP route-flap damping's model and defaults (RFC 2439):
+    # each healthy -> sick onset adds `damping_penalty`; the penalty halves every
+    # `damping_half_life_ms`; at or above `damping_suppress` a return needs
+    # `damping_return_windows` healthy windows instead of `return_healthy_windows`; below
+    # `damping_reuse` the origin's flap history is forgotten.
+    damping_penalty: int = 1000
+    damping_half_life_ms: int = 900_000
+    damping_suppress: int = 2000
+    damping_reuse: int = 750
+    damping_return_windows: int = 6
 
 
 RampDegrade = Literal["hold", "back_off"]
@@ -109,6 +126,22 @@ class StandbyRampPolicy:
     on_degrade: RampDegrade = "back_off"  # a standby breaching while it ramps: back off or hold
     mirror_percent: float = 5.0  # cacheable requests mirrored to a ramping standby (0: off)
     cacheable_routes: tuple[str, ...] | None = None  # route names mirrored; None: every route
+
+
+AffinityKind = Literal["cookie", "header"]
+
+
+@dataclass(frozen=True)
+class Affinity:
+    """Seed 002's session affinity ("sticky sessions or JWTs pinned to a region"): a user stays
+    on the origin it started on while the weights shift, unless that origin is sick. Envoy's
+    stateful session filter names the origin in a cookie (or a header the client echoes back)
+    set on the first answer; a request carrying it goes to that origin while Ballast reports it
+    healthy, and by the weights (with a new cookie) once it is sick."""
+
+    kind: AffinityKind
+    name: str  # the cookie's name (case kept) or the header's (lower-case)
+    ttl_ms: int = 0  # the cookie's lifetime; 0: a session cookie (cookies only)
 
 
 @dataclass(frozen=True)
@@ -142,6 +175,9 @@ class TierActions:
     limits: tuple[tuple[str, int], ...] = ()
     # The HTTP status each shed tier is answered with (its `shed_action`); not named: 503.
     shed_status: tuple[tuple[str, int], ...] = ()
+    # Queues bounded in time: tier -> its pending-queue limit (max_pending_requests) when the
+    # origin's latency makes the tier's queue_timeout worth fewer than `max_queue_depth`.
+    pending_limits: tuple[tuple[str, int], ...] = ()
 
     @property
     def shed(self) -> frozenset[str]:
@@ -161,6 +197,7 @@ class TierActions:
             "shed_tiers": list(self.shed_tiers),
             "limits": dict(self.limits),
             "shed_status": dict(self.shed_status),
+            "pending_limits": dict(self.pending_limits),
         }
 
 
@@ -185,6 +222,9 @@ class TierActionPolicy:
     trigger: TriggerKind = "wait"
     trigger_wait_ms: int = 35
     trigger_wait_quantile: WaitQuantile = "p95"
+    # single-attempt samples a window needs for the wait trigger (else: `pending` for it); at
+    # least what puts two samples at or above the quantile (decide/tiers.py)
+    trigger_wait_min_samples: int = 20
     trigger_pending: int = 10
     for_ms: int = 30_000
     demote_tier: str | None = "normal"
@@ -263,6 +303,7 @@ class OriginGroup:
     tier_actions: TierActionPolicy = field(default_factory=TierActionPolicy)
     origin_tls: OriginTlsPolicy = field(default_factory=OriginTlsPolicy)
     standby_ramp: StandbyRampPolicy = field(default_factory=StandbyRampPolicy)
+    affinity: Affinity | None = None  # off unless the group asks for it
 
     def origin(self, name: str) -> Origin:
         return next(o for o in self.origins if o.name == name)

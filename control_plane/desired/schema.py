@@ -96,6 +96,13 @@ FAILOVER_FIELDS: FieldTable = {
     "return_p50": ("return_p50_ms", duration()),
     "return_speed": ("return_speed", number(0.01, 1)),
     "stale_after": ("stale_after_ms", duration(1000, 86_400_000)),
+    "min_samples": ("min_samples", integer(1, 1_000_000)),
+    "compare_margin": ("compare_margin", number(0, 1)),
+    "damping_penalty": ("damping_penalty", integer(0, 100_000)),
+    "damping_half_life": ("damping_half_life_ms", duration(1000, 86_400_000)),
+    "damping_suppress": ("damping_suppress", integer(1, 1_000_000)),
+    "damping_reuse": ("damping_reuse", integer(0, 1_000_000)),
+    "damping_return_windows": ("damping_return_windows", integer(1, 100)),
 }
 
 MAX_RAMP_STEPS = 10
@@ -149,6 +156,7 @@ TIER_ACTION_FIELDS: FieldTable = {
     "trigger": ("trigger", choice("wait", "pending")),
     "trigger_wait": ("trigger_wait_ms", duration(1, 600_000)),
     "trigger_wait_quantile": ("trigger_wait_quantile", choice("p50", "p95", "p99")),
+    "trigger_wait_min_samples": ("trigger_wait_min_samples", integer(2, 1_000_000)),
     "trigger_pending": ("trigger_pending", integer(0, 1_000_000)),
     "for": ("for_ms", duration(0, 3_600_000)),
     "shed_threshold": ("shed_threshold", fraction(0.01, 1)),
@@ -159,6 +167,12 @@ TIER_ACTION_FIELDS: FieldTable = {
     "demote_share": ("demote_share", percent(0, 100)),
     "recover_after": ("recover_after_ms", duration(0, 3_600_000)),
     "stale_after": ("stale_after_ms", duration(1000, 86_400_000)),
+    "compare_margin": ("compare_margin", number(0, 1)),
+    "damping_penalty": ("damping_penalty", integer(0, 100_000)),
+    "damping_half_life": ("damping_half_life_ms", duration(1000, 86_400_000)),
+    "damping_suppress": ("damping_suppress", integer(1, 1_000_000)),
+    "damping_reuse": ("damping_reuse", integer(0, 1_000_000)),
+    "damping_return_windows": ("damping_return_windows", integer(1, 100)),
 }
 ACCESS_LOG_FIELDS: FieldTable = {
     "sample_rate": ("sample_rate", fraction(0, 1)),

@@ -22,7 +22,9 @@ from control_plane.desired.fields import (
     boolean,
     cert_pin,
     check_name,
+    cookie_name,
     did_you_mean,
+    duration,
     file_path,
     header_name,
     host,
@@ -46,6 +48,7 @@ from control_plane.desired.layers import (
 )
 from control_plane.desired.model import (
     AccessLog,
+    Affinity,
     ClassificationRule,
     Desired,
     ExtraFilter,
@@ -131,6 +134,9 @@ class NoFiles:
 def build_desired(root: yaml.Node, sink: Sink, digest: str,
                   files: Files | None = None) -> Desired | None:
     return _Document(sink, files or NoFiles()).read(root, digest)
+
+
+MAX_AFFINITY_TTL_MS = 365 * 86_400_000
 
 
 @dataclass(frozen=True)
@@ -370,6 +376,10 @@ class _Document:
         if known(step, cap) and step.value > cap.value:
             self.sink.add(blame(fallback, step, cap), f"shift_step ({step.value}) must not "
                           f"exceed max_step ({cap.value})")
+        reuse, suppress = layer["damping_reuse"], layer["damping_suppress"]
+        if known(reuse, suppress) and reuse.value >= suppress.value:
+            self.sink.add(blame(fallback, reuse, suppress), f"damping_reuse ({reuse.value}) must "
+                          f"be below damping_suppress ({suppress.value})")
         warm = layer["min_warm_pool"]
         if origins > 1 and known(warm) and warm.value * (origins - 1) >= 100:
             self.sink.add(blame(fallback, warm), f"min_warm_pool ({warm.value}) x "
@@ -419,6 +429,7 @@ class _Document:
                              self.sink)
         ramp = self.standby_ramp | self._ramp_layer(ramp_fields, GROUP)
         ramp_fields.finish()
+        affinity = self._affinity(group)
         group.finish()
         if self.sink.problems or not group.ok or tier_actions is None:
             return None
@@ -433,7 +444,27 @@ class _Document:
             tier_actions=tier_actions,
             origin_tls=origin_tls,
             standby_ramp=build_from_layer(StandbyRampPolicy, ramp),
+            affinity=affinity,
         )
+
+    def _affinity(self, group: Fields) -> Affinity | None:
+        """`affinity: {cookie: NAME[, ttl: DURATION]}` or `{header: NAME}`; absent: off."""
+        fields = Fields(group.node_of("affinity"), join(group.path, "affinity"), self.sink)
+        if fields.node is None or not fields.ok:
+            return None
+        cookie = fields.read("cookie", cookie_name)
+        header = fields.read("header", header_name)
+        ttl = fields.read("ttl", duration(0, MAX_AFFINITY_TTL_MS))
+        fields.finish()
+        if (cookie is None) == (header is None):
+            if fields.has("cookie") == fields.has("header"):
+                self.sink.add(fields.at(), "affinity needs exactly one of cookie or header")
+            return None
+        if header is not None:
+            if ttl is not None:
+                self.sink.add(fields.at("ttl"), "ttl applies to a cookie only")
+            return Affinity("header", header)
+        return Affinity("cookie", cookie, ttl or 0)
 
     def _origin_tls(self, group: Fields) -> OriginTlsPolicy:
         fields = Fields(group.node_of("origin_tls"), join(group.path, "origin_tls"), self.sink)

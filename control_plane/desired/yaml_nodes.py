@@ -8,9 +8,10 @@ were found, so the schema can report its own problems in the same run.
 
 from __future__ import annotations
 
-import re
-
 import yaml
+from yaml._yaml import CParser
+from yaml.composer import Composer
+from yaml.resolver import Resolver
 
 from control_plane.desired.errors import At, Sink
 
@@ -22,17 +23,27 @@ NULL_TAG = "tag:yaml.org,2002:null"
 MAX_DEPTH = 32  # mappings and lists inside each other; the format needs 6
 MAX_NUMBER_CHARS = 40  # of a number as written (Python refuses ints over 4,300 digits)
 _CONSTRUCTOR = yaml.constructor.SafeConstructor()
-_FLOW_MARKS = re.compile(r"""[\[\]{}"'#\n]""")
+LIBYAML_TOO_DEEP = "exceeded maximum nesting depth"  # its scanner's words, past 1,000 levels
 _OPENS = (yaml.MappingStartEvent, yaml.SequenceStartEvent)
 _CLOSES = (yaml.MappingEndEvent, yaml.SequenceEndEvent)
 
 
-class _Composer(yaml.SafeLoader):
-    """SafeLoader's composer, refusing anchors, aliases, non-standard tags, nesting deeper
-    than `MAX_DEPTH` and numbers longer than `MAX_NUMBER_CHARS` as it goes."""
+class _Composer(Composer, CParser, Resolver):  # type: ignore[misc]
+    """PyYAML's composer over LibYAML's scanner and parser (`CParser`, in PyYAML's wheels),
+    refusing anchors, aliases, non-standard tags, nesting deeper than `MAX_DEPTH` and numbers
+    longer than `MAX_NUMBER_CHARS` as it goes.
+
+    The scanner decides what opens a collection by YAML's own tokenisation (`y: a:'b [` is a
+    plain scalar, not a quote), so nothing has to guess at it before parsing. PyYAML's own
+    Python scanner does work proportional to the flow depth for every token (6,000 levels: 16 s
+    of CPU) and ten times LibYAML's per byte; LibYAML refuses flow nesting past 1,000 levels
+    itself (reported like ours), and below that this composer refuses anything past
+    `MAX_DEPTH`. The whole read is linear in the size (docs/security.md states the bound)."""
 
     def __init__(self, text: str, sink: Sink) -> None:
-        super().__init__(text)
+        CParser.__init__(self, text)
+        Composer.__init__(self)
+        Resolver.__init__(self)
         self.sink = sink
         self.depth = 0
 
@@ -87,58 +98,17 @@ class _Composer(yaml.SafeLoader):
         return super().compose_node(parent, index)
 
 
-def flow_too_deep(text: str) -> tuple[int, int] | None:
-    """Where `[`/`{` nest more than `MAX_DEPTH` deep (line, column), found without parsing:
-    PyYAML's scanner is quadratic in flow nesting (1,000 levels: 4 s; 8,000: 52 s), so such a
-    document must be refused before it reaches the scanner. Quoted scalars and comments are
-    skipped; a quote or `#` counts only where YAML would start one (after space or `[{,:`), and
-    outside flow collections `[`/`{` only after a space or at a line's start."""
-    if text.count("[") + text.count("{") <= MAX_DEPTH:
-        return None
-    depth, quote, comment, line, line_start = 0, "", False, 1, 0
-    for match in _FLOW_MARKS.finditer(text):
-        char, at = match.group(), match.start()
-        before = text[at - 1] if at > line_start else " "
-        if char == "\n":
-            line, line_start, comment = line + 1, at + 1, False
-        elif comment:
-            continue
-        elif quote:
-            if char == quote and not (quote == '"' and _escaped(text, at)):
-                quote = ""
-        elif char in "\"'":
-            quote = char if before in " \t[{,:" else ""
-        elif char == "#":
-            comment = before in " \t"
-        elif char in "[{":
-            if depth or before in " \t":  # outside flow, only a value's start opens one
-                depth += 1
-                if depth > MAX_DEPTH:
-                    return line, at - line_start + 1
-        elif depth:
-            depth -= 1
-    return None
-
-
-def _escaped(text: str, at: int) -> bool:
-    backslashes = 0
-    while at - backslashes - 1 >= 0 and text[at - backslashes - 1] == "\\":
-        backslashes += 1
-    return backslashes % 2 == 1
-
-
 def compose(text: str, sink: Sink) -> yaml.Node | None:
     """The document's root node, or None (with a problem) when there is nothing usable."""
-    deep = flow_too_deep(text)
-    if deep is not None:
-        sink.add(At(*deep, ""), f"nested more than {MAX_DEPTH} levels deep; the format needs "
-                 "far fewer")
-        return None
     try:
         root = _Composer(text, sink).get_single_node()
     except yaml.MarkedYAMLError as error:
         mark = error.problem_mark or error.context_mark
-        sink.add(At.mark(mark, "") if mark else At(1, 1, ""), _syntax_message(error))
+        at = At.mark(mark, "") if mark else At(1, 1, "")
+        if error.problem == LIBYAML_TOO_DEEP:
+            sink.add(at, f"nested more than {MAX_DEPTH} levels deep; the format needs far fewer")
+        else:
+            sink.add(at, _syntax_message(error))
         return None
     except yaml.YAMLError as error:
         sink.add(At(1, 1, ""), f"YAML error: {error}")

@@ -194,6 +194,13 @@ class Change:
         self._prepared = (stated, await asyncio.to_thread(build))
         return self._changed()
 
+    def prepared(self) -> Any:
+        """The output `prepare` built for what is stated now (None: not built, or nothing to
+        build): what the publisher will commit."""
+        if self._prepared is None or self._prepared[0] is not self._stated:
+            return None
+        return self._prepared[1]
+
     async def outcome(self) -> tuple[_Stated | None, Any, frozenset[str]]:
         """What is stated, its prepared output and the PoPs it changes (prepared if not yet):
         for the transaction (`IntentOwner.change`)."""

@@ -15,6 +15,12 @@ Keys, all under one prefix (default ``/ballast/``):
   archive.
 - ``replicas/<id>`` — each replica's registration (admin URL, xDS address), on its own lease.
 
+Reaching etcd (`StoreCredentials`): client TLS (the CA etcd's certificate chains to; a client
+certificate and key, whose CN etcd takes as the user with ``--client-cert-auth``) and/or a user
+and password (etcd's simple-token authentication). aetcd 1.0 dials plaintext only: `_Client`
+adds the TLS channel. The files are read at every (re)connection, so rotated ones are used from
+the next one on; the password never leaves this module.
+
 This module is the thin I/O adapter (aetcd over grpc.aio); what the keys hold is decided elsewhere.
 """
 
@@ -25,15 +31,19 @@ import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aetcd
+import grpc
+from aetcd import rpc, watcher
 
 log = logging.getLogger(__name__)
 
 MAX_ENDPOINTS = 16
 RECORDS_TTL_S = 3600
 MAX_TXN_OPS = 100  # etcd refuses a transaction of more than 128 operations
+MAX_CREDENTIAL_FILE = 1 << 20
 
 
 class StoreUnavailable(Exception):
@@ -58,6 +68,87 @@ def parse_store_url(url: str) -> list[tuple[str, int]]:
     if len(endpoints) > MAX_ENDPOINTS:
         raise ValueError(f"store URL {url!r}: at most {MAX_ENDPOINTS} endpoints")
     return endpoints
+
+
+@dataclass(frozen=True)
+class StoreCredentials:
+    """How a replica proves itself to etcd (every field optional; see the module docstring)."""
+
+    ca: Path | None = None  # etcd's CA: the connection is TLS when given
+    cert: Path | None = None  # client certificate (PEM); with --client-cert-auth its CN is the user
+    key: Path | None = None  # its private key (PEM)
+    user: str | None = None  # etcd user, with password_file
+    password_file: Path | None = None
+
+    def problem(self) -> str:
+        """Why these cannot be used together ("" when they can)."""
+        if (self.cert is None) != (self.key is None):
+            return "--store-cert and --store-key go together"
+        if self.cert is not None and self.ca is None:
+            return "--store-cert needs --store-ca (a client certificate is only sent over TLS)"
+        if (self.user is None) != (self.password_file is None):
+            return "--store-user and --store-password-file go together"
+        if self.user is not None and not 0 < len(self.user) <= 128:
+            return "--store-user must be 1-128 characters"
+        return ""
+
+    def channel(self) -> grpc.ChannelCredentials | None:
+        """TLS channel credentials from the files as they are now, or None for plaintext."""
+        if self.ca is None:
+            return None
+        return grpc.ssl_channel_credentials(
+            root_certificates=_read_credential(self.ca, "--store-ca"),
+            private_key=_read_credential(self.key, "--store-key") if self.key else None,
+            certificate_chain=_read_credential(self.cert, "--store-cert") if self.cert else None,
+        )
+
+    def password(self) -> str | None:
+        if self.password_file is None:
+            return None
+        text = _read_credential(self.password_file, "--store-password-file").decode().strip()
+        if not text:
+            raise ValueError(f"--store-password-file {self.password_file}: empty")
+        return text
+
+
+def _read_credential(path: Path, option: str) -> bytes:
+    with path.open("rb") as f:
+        data = f.read(MAX_CREDENTIAL_FILE + 1)
+    if len(data) > MAX_CREDENTIAL_FILE:
+        raise ValueError(f"{option} {path}: larger than {MAX_CREDENTIAL_FILE} bytes")
+    return data
+
+
+class _Client(aetcd.Client):
+    """aetcd's client over a TLS channel when `credentials` has a CA (aetcd 1.0 only dials
+    plaintext); user and password authenticate as aetcd does, by etcd's token."""
+
+    def __init__(self, host: str, port: int, timeout: float,
+                 credentials: StoreCredentials) -> None:
+        super().__init__(host=host, port=port, timeout=timeout)  # type: ignore[arg-type]
+        self._credentials = credentials
+
+    async def connect(self) -> None:
+        if self._connected.is_set():
+            return
+        target = f"{self._host}:{self._port}"
+        secure = self._credentials.channel()
+        self.channel = (grpc.aio.secure_channel(target, secure) if secure is not None
+                        else grpc.aio.insecure_channel(target))
+        password = self._credentials.password()
+        if password is not None:
+            self.auth_stub = rpc.AuthStub(self.channel)
+            reply = await self.auth_stub.Authenticate(
+                rpc.AuthenticateRequest(name=self._credentials.user, password=password),
+                timeout=self._timeout)
+            self.metadata = (("token", reply.token),)
+        self.kvstub = rpc.KVStub(self.channel)
+        self.clusterstub = rpc.ClusterStub(self.channel)
+        self.leasestub = rpc.LeaseStub(self.channel)
+        self.maintenancestub = rpc.MaintenanceStub(self.channel)
+        self._watcher = watcher.Watcher(rpc.WatchStub(self.channel), timeout=self._timeout,
+                                        metadata=self.metadata)
+        self._connected.set()
 
 
 @dataclass(frozen=True)
@@ -94,10 +185,12 @@ class EtcdStore:
         *,
         prefix: str = "/ballast/",
         timeout_s: float = 2.0,
+        credentials: StoreCredentials | None = None,
     ) -> None:
         if not endpoints:
             raise ValueError("no etcd endpoints")
         self.endpoints = list(endpoints)
+        self.credentials = credentials or StoreCredentials()
         self.prefix = prefix if prefix.endswith("/") else prefix + "/"
         self.timeout_s = timeout_s
         self._client: aetcd.Client | None = None
@@ -117,8 +210,13 @@ class EtcdStore:
     async def _connected(self) -> aetcd.Client:
         if self._client is None:
             host, port = self.endpoints[self._endpoint]
-            self._client = aetcd.Client(host=host, port=port, timeout=self.timeout_s)
-            await self._client.connect()
+            client = _Client(host, port, self.timeout_s, self.credentials)
+            try:
+                await client.connect()  # authenticates (a call) when a user is given
+            except Exception as err:  # refused credentials, unreadable files, etcd away
+                await self._tidy(client.close())
+                raise await self._failed(err) from err
+            self._client = client
         return self._client
 
     async def _failed(self, err: BaseException) -> StoreUnavailable:
@@ -154,8 +252,8 @@ class EtcdStore:
             log.debug("etcd clean-up: %s", err)
 
     async def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        client = await self._connected()
         try:
-            client = await self._connected()
             return await getattr(client, name)(*args, **kwargs)
         except Exception as err:  # any failure to talk to etcd (gRPC, socket, timeout)
             raise await self._failed(err) from err

@@ -61,6 +61,22 @@ class RunningIntent:
             return None
         return active_mirror(self.desired.group(group), state)
 
+    def sick(self, pop: str, group: str) -> frozenset[str]:
+        """The origins of a group with session affinity that the controller holds sick in
+        `pop` (a session may not stay on them); empty for a group without affinity."""
+        state = self.controllers.get((pop, group))
+        found = self.desired.group(group)
+        if state is None or found.affinity is None:
+            return frozenset()
+        need = found.failover.breach_windows
+        return frozenset(name for name, count in state.unhealthy_windows.items()
+                         if count >= need)
+
+    def pop_sick(self, pop: str) -> dict[str, frozenset[str]]:
+        """group -> its sick origins in `pop` (groups with session affinity and a sick one)."""
+        return {g: sick for (p, g) in self.controllers if p == pop
+                for sick in (self.sick(p, g),) if sick}
+
     def pop_mirrors(self, pop: str) -> dict[str, Mirror]:
         """group -> the cache-warming mirror active in `pop`."""
         return {g: m for (p, g) in self.ramps if p == pop
@@ -68,9 +84,10 @@ class RunningIntent:
 
     def for_pop(self, pop: str) -> PopIntent:
         """Everything `pop`'s translation takes from this intent (`translate_pop`'s input):
-        the weights the controller set, the tier actions active, the mirrors on."""
+        the weights the controller set, the tier actions active, the mirrors on, the sick
+        origins of groups with session affinity."""
         return PopIntent(weights=self.pop_weights(pop), tier_actions=self.pop_tier_actions(pop),
-                         mirrors=self.pop_mirrors(pop))
+                         mirrors=self.pop_mirrors(pop), sick=self.pop_sick(pop))
 
 
 def tier_key(pop: str, group: str) -> str:

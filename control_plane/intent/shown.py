@@ -68,4 +68,5 @@ def tier_actions_from_dict(shown: Mapping[str, Any]) -> TierActions:
         shed_tiers=tuple(shown["shed_tiers"]),
         limits=tuple(shown["limits"].items()),
         shed_status=tuple(shown["shed_status"].items()),
+        pending_limits=tuple((shown.get("pending_limits") or {}).items()),
     )

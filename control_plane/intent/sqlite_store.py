@@ -5,10 +5,12 @@ decisions and standby-ramp states (key -> JSON value); records of any other kind
 key -> JSON value); and the digest of the last applied desired state. Every ``save_*`` and every
 ``write`` is one transaction, durable when it returns, so after ``kill -9`` the store holds the
 last completed save. Anything unreadable raises ``StateCorrupted`` naming the file: the state is
-never reset silently (move the file aside to start from defaults on purpose). A file that is
-there but empty (0 bytes, or no tables) while the state directory shows earlier use
-(``history``, e.g. a decision log) raises ``StateSuspicious``: a failed copy or a full disk looks
-exactly like that. ``read``/``write`` are the ``IntentStore`` interface (``store.py``);
+never reset silently. A file that is missing, or there but empty (0 bytes, or no tables), while
+the state directory shows earlier use (``history``, e.g. a decision log) raises
+``StateSuspicious``: a deleted file, a failed copy or a full disk looks exactly like that
+(``--accept-empty-state`` starts from defaults on purpose). ``blank`` says whether the store
+started from nothing, so the ``startup`` record can say the weights are the defaults.
+``read``/``write`` are the ``IntentStore`` interface (``store.py``);
 ``write`` runs its transaction on a worker thread (a reconcile tick's rows are serialized and
 synced to disk there, not on the event loop); one lock keeps the connection to one thread at a
 time.
@@ -56,7 +58,7 @@ _KEYED_TABLES = {TIER_KIND: "tier_decisions", RAMP_KIND: "ramps"}  # kinds with 
 
 
 class StateSuspicious(StateCorrupted):
-    """The state file is empty although the state directory was used before."""
+    """The state file is missing or empty although the state directory was used before."""
 
 
 class StateStore:
@@ -65,9 +67,9 @@ class StateStore:
     def __init__(
         self, state_dir: str | os.PathLike[str], *, history: str | None = None
     ) -> None:
-        """`history`: what in the state directory shows earlier use (None: nothing, or an
-        empty file is accepted on purpose). `blank` says afterwards whether the file existed
-        but held nothing."""
+        """`history`: what in the state directory shows earlier use (None: nothing, or a
+        missing or empty file is accepted on purpose). `blank` says afterwards whether the
+        store held nothing (no file, or one without tables): everything starts from defaults."""
         self.state_dir = Path(state_dir)
         self.path = self.state_dir / STATE_FILE
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -76,6 +78,8 @@ class StateStore:
         self._history = history
         self.blank = False
         self._lock = threading.Lock()
+        if not self._existed and history is not None:  # checked before connecting creates it
+            raise self._suspicious("is missing")
         try:
             self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as exc:
@@ -86,11 +90,19 @@ class StateStore:
             self._db.close()
             raise StateCorrupted(
                 f"{self.path}: not a usable SQLite database ({exc}); "
-                f"move it aside to start from defaults"
+                f"move it aside and start with --accept-empty-state to start from defaults"
             ) from exc
         except StateCorrupted:
             self._db.close()
             raise
+
+    def _suspicious(self, found: str) -> StateSuspicious:
+        return StateSuspicious(
+            f"{self.path} {found} while {self._history} shows this state directory was used: "
+            "the weights and streaks were probably lost (a deleted file, a failed copy or "
+            "restore, a full disk). Restore state.db from a backup, or start from default "
+            "weights on purpose with --accept-empty-state"
+        )
 
     def _prepare(self) -> None:
         db = self._db
@@ -102,18 +114,13 @@ class StateStore:
         if problems != ["ok"]:
             raise StateCorrupted(
                 f"{self.path}: integrity check failed: {'; '.join(problems[:5])}; "
-                f"move it aside to start from defaults"
+                f"move it aside and start with --accept-empty-state to start from defaults"
             )
         tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        self.blank = self._existed and not {"meta", "groups"} <= tables
+        self.blank = not {"meta", "groups"} <= tables
         if self.blank and self._history is not None:
-            raise StateSuspicious(
-                f"{self.path} is there but empty ({self._size_before} bytes, "
-                f"{'no tables' if not tables else 'tables missing'}) while {self._history} "
-                "shows this state directory was used: the weights and streaks were probably "
-                "lost (a failed copy or restore, a full disk). Restore state.db from a backup, "
-                "or start from default weights on purpose with --accept-empty-state"
-            )
+            raise self._suspicious(f"is there but empty ({self._size_before} bytes, "
+                                   f"{'no tables' if not tables else 'tables missing'})")
         with self._transaction():
             for statement in _SCHEMA:
                 db.execute(statement)

@@ -92,8 +92,9 @@ def changes_of(running: RunningIntent, steps: Sequence[PairStep]) -> TickChanges
                 pops.add(key[0])
         if step.ramp is not None and step.ramp != running.ramps.get(key, RampState()):
             ramps[key] = None if step.ramp == RampState() else step.ramp
-    after = applied(running, TickChanges(ramps=ramps))
+    after = applied(running, TickChanges(ramps=ramps, controllers=controllers))
     pops.update(key[0] for key in ramps if running.mirror(*key) != after.mirror(*key))
+    pops.update(key[0] for key in controllers if running.sick(*key) != after.sick(*key))
     return TickChanges(weights, controllers, tiers, ramps, actions, tuple(rows), frozenset(pops))
 
 

@@ -1,4 +1,5 @@
-"""The measured pool wait: Envoy's gRPC access logs, streamed to Ballast on the xDS port.
+"""The measured pool wait and each origin's own service time: Envoy's gRPC access logs, streamed
+to Ballast on the xDS port.
 
 `add_access_log_service(server, store)` hosts `/envoy.service.accesslog.v3.AccessLogService/
 StreamAccessLogs` (client streaming; the first message names the node, whose `locality.zone` is
@@ -19,7 +20,26 @@ without a tier cluster (edge direct responses, shed tiers) are not samples eithe
 With mTLS on the port, a stream whose node (id, zone) is not the client certificate's ends with
 PERMISSION_DENIED before any entry is kept: a node reports waits for its own PoP only.
 
-Per (PoP, tier cluster) the store keeps (arrival ms, wait ms, duration ms), at most
+Retried and hedged requests are not pool-wait samples (`upstream_request_attempt_count` > 1):
+Envoy 1.40 logs the timing of a request's *last* attempt (measured: a request whose first
+attempt failed on the primary after 300 ms and whose retry the standby answered logs
+`time_to_first_upstream_tx_byte` 320 ms, the failed attempt and the backoff, not queueing).
+They are counted apart (`WaitQuantiles.excluded`).
+
+The same entries say which origin served a request and for how long (per-origin attribution):
+`upstream_remote_address` is the host of the last attempt, and `time_to_last_upstream_rx_byte`
+minus `time_to_first_upstream_tx_byte` is that attempt's service time — from its first byte
+sent upstream to the last byte of its answer — whatever failed attempts and backoff came
+before (measured above: 41.7 ms logged for a standby answering in 40 ms, where Envoy's zone
+`upstream_rq_time` charged the standby the request's whole 362 ms). `served` gives them per
+(PoP, group, origin), the desired state (`endpoint_origins`) naming the origin of a
+(tier cluster, address); `WithAttemptLatency` puts their quantiles into the per-origin signals
+in place of the zone histogram's. A request whose last attempt got no answer byte (reset,
+timeout) has no service time: its failure is in the per-host error counters. A hedged request
+logs the attempt that won (measured: primary stalled 80 ms, hedge after 50 ms to a 200 ms
+standby; the entries name the primary with its own timing, first byte sent at 0 ms).
+
+Per (PoP, tier cluster) the store keeps one `WaitSample` per logged request, at most
 `max_samples` per cluster and `retention_ms` long; `waits` gives p50 / p95 / p99 per window.
 """
 
@@ -36,8 +56,18 @@ from envoy.data.accesslog.v3.accesslog_pb2 import HTTPAccessLogEntry
 from envoy.service.accesslog.v3 import als_pb2
 from google.protobuf.message import DecodeError
 
+from control_plane.decide.evidence import quantile_lower
 from control_plane.decide.signals import WaitQuantiles
-from control_plane.observe.source import PopGroup, TierSignals, TierSource, wall_ms
+from control_plane.desired.model import Desired
+from control_plane.observe.endpoints import EndpointOrigins, endpoint_address, endpoint_origins
+from control_plane.observe.source import (
+    MetricSource,
+    PopGroup,
+    Signals,
+    TierSignals,
+    TierSource,
+    wall_ms,
+)
 from control_plane.observe.window import split_cluster
 from control_plane.security.peer import NodePeerCheck
 
@@ -52,13 +82,39 @@ MAX_NAME_CHARS = 512
 
 @dataclass(frozen=True)
 class WaitSample:
+    """One logged request of a tier cluster."""
+
     received_ms: int
     wait_ms: float
     duration_ms: float  # the whole request at Envoy: first byte in to last byte out
+    attempts: int = 1  # upstream_request_attempt_count: > 1 retried or hedged
+    host: str = ""  # the last attempt's upstream "address:port" ("" when none was chosen)
+    served_ms: float | None = None  # the last attempt's service time (None: no answer byte)
+
+    @property
+    def is_wait(self) -> bool:
+        """A pool-wait sample: one attempt, so the wait holds no failed attempt nor backoff."""
+        return self.attempts <= 1
 
 
 def _ms(duration: object) -> float:
     return duration.seconds * 1000 + duration.nanos / 1e6  # type: ignore[attr-defined]
+
+
+def _host(common: object) -> str:
+    socket = common.upstream_remote_address.socket_address  # type: ignore[attr-defined]
+    if not socket.address:
+        return ""
+    return endpoint_address(socket.address, socket.port_value)
+
+
+def _served_ms(common: object) -> float | None:
+    if not (common.HasField("time_to_first_upstream_tx_byte")  # type: ignore[attr-defined]
+            and common.HasField("time_to_last_upstream_rx_byte")):  # type: ignore[attr-defined]
+        return None
+    served = (_ms(common.time_to_last_upstream_rx_byte)  # type: ignore[attr-defined]
+              - _ms(common.time_to_first_upstream_tx_byte))  # type: ignore[attr-defined]
+    return served if math.isfinite(served) and served >= 0 else None
 
 
 def wait_sample(entry: HTTPAccessLogEntry, received_ms: int) -> tuple[str, WaitSample] | None:
@@ -77,27 +133,34 @@ def wait_sample(entry: HTTPAccessLogEntry, received_ms: int) -> tuple[str, WaitS
         wait = duration
     if not (math.isfinite(wait) and math.isfinite(duration)) or wait < 0 or duration < 0:
         return None
-    return cluster, WaitSample(received_ms, wait, duration)
+    host = _host(common)
+    return cluster, WaitSample(received_ms, wait, duration,
+                               max(1, common.upstream_request_attempt_count), host[:MAX_NAME_CHARS],
+                               _served_ms(common) if host else None)
 
 
-def quantiles(values: list[float]) -> WaitQuantiles | None:
+def nearest_rank(ordered: list[float], q: float) -> float:
+    """The nearest-rank q-quantile of ascending, non-empty `ordered`."""
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def quantiles(values: list[float], excluded: int = 0) -> WaitQuantiles | None:
     """Nearest-rank p50 / p95 / p99 (None without values)."""
     if not values:
         return None
     ordered = sorted(values)
-
-    def rank(q: float) -> float:
-        return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
-
-    return WaitQuantiles(rank(0.5), rank(0.95), rank(0.99), len(ordered))
+    return WaitQuantiles(nearest_rank(ordered, 0.5), nearest_rank(ordered, 0.95),
+                         nearest_rank(ordered, 0.99), len(ordered), excluded)
 
 
 class AccessLogStore:
-    """Pool-wait samples per (PoP, tier cluster), bounded."""
+    """Logged requests per (PoP, tier cluster), bounded."""
 
-    def __init__(self, retention_ms: int = 120_000, max_samples: int = MAX_SAMPLES) -> None:
+    def __init__(self, retention_ms: int = 120_000, max_samples: int = MAX_SAMPLES,
+                 desired: Desired | None = None) -> None:
         self.retention_ms = retention_ms
         self.max_samples = max_samples
+        self._endpoints: EndpointOrigins = endpoint_origins(desired)
         self._samples: dict[tuple[str, str], deque[WaitSample]] = {}
         self.received = 0  # entries seen, samples or not
         self.dropped = 0  # samples of (PoP, cluster) pairs over the bounds
@@ -139,16 +202,37 @@ class AccessLogStore:
             for key, queue in self._samples.items()
         }
 
+    def update_desired(self, desired: Desired) -> None:
+        """New desired state (hot reload): hosts map to its origins from now on."""
+        self._endpoints = endpoint_origins(desired)
+
     def waits(self, now_ms: int, window_ms: int) -> dict[PopGroup, dict[str, WaitQuantiles]]:
-        """(PoP, group) -> tier -> pool-wait quantiles of the window (tiers without a sample
-        are absent)."""
+        """(PoP, group) -> tier -> pool-wait quantiles of the window's single-attempt requests
+        (tiers without one are absent; retried and hedged ones are counted in `excluded`)."""
         result: dict[PopGroup, dict[str, WaitQuantiles]] = {}
         for (pop, cluster), found in sorted(self.samples(now_ms, window_ms).items()):
             split = split_cluster(cluster)
-            summary = quantiles([s.wait_ms for s in found])
+            waits = [s.wait_ms for s in found if s.is_wait]
+            summary = quantiles(waits, len(found) - len(waits))
             if split is not None and summary is not None:
                 result.setdefault((pop, split[0]), {})[split[1]] = summary
         return result
+
+    def served(self, now_ms: int, window_ms: int) -> dict[tuple[str, str, str], list[float]]:
+        """(PoP, group, origin) -> the service times of the window's last attempts that origin
+        answered, tiers summed; a PoP that logged requests in the window but none an origin
+        answered maps that origin to no key (see `reporting`)."""
+        result: dict[tuple[str, str, str], list[float]] = {}
+        for (pop, cluster), found in self.samples(now_ms, window_ms).items():
+            for sample in found:
+                owner = self._endpoints.get((cluster, sample.host))
+                if owner is not None and sample.served_ms is not None:
+                    result.setdefault((pop, *owner), []).append(sample.served_ms)
+        return result
+
+    def reporting(self, now_ms: int, window_ms: int) -> set[str]:
+        """The PoPs with a logged request in the window: their Envoys send access logs."""
+        return {pop for (pop, _), found in self.samples(now_ms, window_ms).items() if found}
 
 
 class WithWaits:
@@ -167,6 +251,47 @@ class WithWaits:
             key: {tier: replace(r, wait=waits.get(key, {}).get(tier)) for tier, r in by.items()}
             for key, by in readings.items()
         }
+
+
+class WithAttemptLatency:
+    """A MetricSource: the passive source's signals, with each origin's latency taken from the
+    access logs' last attempts it answered (`latency_from` `final_attempt`) in every PoP whose
+    Envoys send access logs; other PoPs keep the zone histogram's (`whole_request`), which is
+    all Envoy offers without access logs, and the record says which one it was."""
+
+    def __init__(self, passive: MetricSource, store: AccessLogStore) -> None:
+        self.passive = passive
+        self.store = store
+
+    async def window(self, now_ms: int, window_ms: int) -> Signals:
+        return attempt_latency(await self.passive.window(now_ms, window_ms),
+                               self.store.served(now_ms, window_ms),
+                               self.store.reporting(now_ms, window_ms))
+
+
+def attempt_latency(
+    passive: Signals, served: dict[tuple[str, str, str], list[float]], reporting: set[str]
+) -> Signals:
+    """`passive` with p50 / p95 / their lower bound and sample count replaced, per origin of the
+    PoPs in `reporting`, by the quantiles of `served` (none: no latency evidence)."""
+    result: Signals = {}
+    for (pop, group), origins in passive.items():
+        if pop not in reporting:
+            result[pop, group] = origins
+            continue
+        out = {}
+        for name, signals in origins.items():
+            ordered = sorted(served.get((pop, group, name), ()))
+            out[name] = replace(
+                signals,
+                p50_ms=nearest_rank(ordered, 0.5) if ordered else None,
+                p95_ms=nearest_rank(ordered, 0.95) if ordered else None,
+                p95_low_ms=quantile_lower(ordered, 0.95),
+                latency_samples=len(ordered),
+                latency_from="final_attempt",
+            )
+        result[pop, group] = out
+    return result
 
 
 class AccessLogServicer:

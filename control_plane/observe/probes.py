@@ -4,7 +4,9 @@ Probes run from Ballast itself, one prober for every PoP: an origin's probe resu
 for all PoPs (the PoPs' own view of an origin comes from the passive signals). Every
 `HealthCheck.interval_ms` each origin gets two GETs with connect / read timeouts (2 s / 4 s by
 default); a probe passes when the status is the expected one. `success_share` is the rolling
-share of passing probes over a window (pure, from the recorded results).
+share of passing probes over a window (pure, from the recorded results). Each passing probe's
+time (request sent to answer read) is kept too: where passive traffic is too thin for evidence
+(a standby at its warm pool), the probes' count and latencies fill in (`combine.py`).
 
 TLS origins also get their certificate checked each round, before the GETs (seed 002: "If your
 secondary origin hasn't been hit in hours, a stale or mismatched certificate will turn your
@@ -22,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -158,6 +161,8 @@ class Prober:
         self._results: dict[tuple[str, str], deque[ProbeResult]] = {
             (t.group, t.origin): deque() for t in self.targets
         }
+        # (time ms, answer ms) of the passing probes
+        self._latencies: dict[tuple[str, str], deque[tuple[int, float]]] = {}
         self.certificates: dict[tuple[str, str], CertificateStatus] = {}
 
     def retarget(self, targets: Iterable[ProbeTarget]) -> None:
@@ -175,6 +180,8 @@ class Prober:
             for key, status in self.certificates.items()
             if any((t.group, t.origin) == key and t.certificate is not None for t in kept)
         }
+        self._latencies = {key: found for key, found in self._latencies.items()
+                           if key in self._results}
         self.targets = fresh
 
     def share(self, group: str, origin: str, now_ms: int, window_ms: int) -> float | None:
@@ -183,11 +190,27 @@ class Prober:
     def results(self, group: str, origin: str) -> tuple[ProbeResult, ...]:
         return tuple(self._results.get((group, origin), ()))
 
-    def record(self, group: str, origin: str, at_ms: int, passed: bool) -> None:
+    def count(self, group: str, origin: str, now_ms: int, window_ms: int) -> int:
+        """Probes of the origin in (now_ms - window_ms, now_ms]."""
+        return sum(1 for t, _ in self._results.get((group, origin), ())
+                   if now_ms - window_ms < t <= now_ms)
+
+    def latencies(self, group: str, origin: str, now_ms: int, window_ms: int) -> list[float]:
+        """Answer times (ms) of the origin's passing probes in the window."""
+        return [ms for t, ms in self._latencies.get((group, origin), ())
+                if now_ms - window_ms < t <= now_ms]
+
+    def record(self, group: str, origin: str, at_ms: int, passed: bool,
+               latency_ms: float | None = None) -> None:
         results = self._results.setdefault((group, origin), deque())
         results.append((at_ms, passed))
         while results and results[0][0] < at_ms - self.retention_ms:
             results.popleft()
+        timed = self._latencies.setdefault((group, origin), deque())
+        if passed and latency_ms is not None:
+            timed.append((at_ms, latency_ms))
+        while timed and timed[0][0] < at_ms - self.retention_ms:
+            timed.popleft()
 
     def certificates_json(self) -> list[dict[str, object]]:
         """The latest certificate check of every TLS origin, by group and origin."""
@@ -228,6 +251,7 @@ class Prober:
             sock_connect=check.connect_timeout_ms / 1000, sock_read=check.read_timeout_ms / 1000
         )
         passed = False
+        started = time.perf_counter()
         try:
             async with session.get(
                 target.base_url + path,
@@ -247,7 +271,8 @@ class Prober:
         certificate = self.certificates.get((target.group, target.origin))
         if target.certificate is not None and (certificate is None or not certificate.passed):
             passed = False
-        self.record(target.group, target.origin, self.clock(), passed)
+        self.record(target.group, target.origin, self.clock(), passed,
+                    (time.perf_counter() - started) * 1000)
 
     async def run(self) -> None:
         """Probe until cancelled; each round starts `interval` after the previous one started."""

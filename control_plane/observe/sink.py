@@ -33,8 +33,12 @@ origin), when host stats arrived in the window:
 - `connect_failures` = increase of host `cx_connect_fail`;
 so `error_rate` = rq_error / (rq_total + cx_connect_fail). Otherwise (older bootstraps, unknown
 addresses) the zone counters as before (`upstream_rq_completed`, `upstream_rq_5xx`, connect
-failures 0). Latency quantiles always come from the zone histogram. Several Envoys of one PoP add
-up. Caveat: a PoP where some Envoys send host stats and others do not counts only the former.
+failures 0). Latency quantiles come from the zone histogram (`latency_from` `whole_request`:
+Envoy books a retried request's whole life to the origin that answered last; where access logs
+arrive, `access_log.WithAttemptLatency` replaces them with the origin's own attempts), with
+their observation count and the p95's lower confidence bound for `decide/evidence.py`. Several
+Envoys of one PoP add up. Caveat: a PoP where some Envoys send host stats and others do not
+counts only the former.
 
 With mTLS on the port, the sinks are bound to the sender's certificate like ADS streams are: a
 metrics_service stream whose node (id and zone) is not the certificate's ends with
@@ -62,6 +66,7 @@ import grpc
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as otlp_metrics
 
+from control_plane.decide.evidence import quantile_lower_rank
 from control_plane.decide.signals import OriginSignals, TierPending
 from control_plane.desired.model import Desired
 from control_plane.gen.ballast.v1 import metrics_service_pb2, prometheus_metrics_pb2
@@ -438,6 +443,8 @@ def assemble(
     result: Signals = {}
     for (pop, group, origin), windows in sorted(per_origin.items()):
         merged = merge_all(windows)
+        observed = round(merged.latency_count)
+        rank = quantile_lower_rank(observed)
         host = hosts.get((pop, group, origin))
         if host is not None:
             merged = replace(
@@ -456,6 +463,9 @@ def assemble(
             queue_overflow=round(overflow.get((pop, group), 0.0)),
             probe_success=None,
             observed_at_ms=merged.observed_at_ms,
+            latency_samples=observed,
+            p95_low_ms=(quantile(rank / observed, merged.latency, merged.latency_count)
+                        if rank else None),
         )
     return result
 

@@ -100,7 +100,7 @@ def _issue(
     key = _key()
     ca_cert = ca.cert
     now = datetime.datetime.now(datetime.UTC)
-    cert = (
+    builder = (
         _builder(_name(common_name), ca_cert.subject, key.public_key(), days, now)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
@@ -111,13 +111,14 @@ def _issue(
             critical=True,
         )
         .add_extension(x509.ExtendedKeyUsage(usage), critical=False)
-        .add_extension(x509.SubjectAlternativeName(names), critical=False)
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.key().public_key()),
             critical=False,
         )
-        .sign(ca.key(), hashes.SHA256())
     )
+    if names:
+        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+    cert = builder.sign(ca.key(), hashes.SHA256())
     return Issued(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
 
 
@@ -134,6 +135,20 @@ def issue_server(ca: Issued, hosts: list[str], *, days: int = DEFAULT_DAYS) -> I
         raise ValueError("a server certificate needs at least one host name or address")
     return _issue(ca, hosts[0], [_host_name(h) for h in hosts],
                   [ExtendedKeyUsageOID.SERVER_AUTH], days)
+
+
+def issue_etcd_member(ca: Issued, hosts: list[str], *, days: int = DEFAULT_DAYS) -> Issued:
+    """An etcd member's certificate, for its clients and its peers alike: valid for each of
+    `hosts`, usable as server and as client (a member dials the others)."""
+    if not hosts:
+        raise ValueError("an etcd member certificate needs at least one host name or address")
+    return _issue(ca, hosts[0], [_host_name(h) for h in hosts],
+                  [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH], days)
+
+
+def issue_etcd_client(ca: Issued, user: str, *, days: int = DEFAULT_DAYS) -> Issued:
+    """An etcd client certificate: etcd with --client-cert-auth takes its CN as the user."""
+    return _issue(ca, user, [], [ExtendedKeyUsageOID.CLIENT_AUTH], days)
 
 
 def issue_client(ca: Issued, uri: str, common_name: str, *, days: int = DEFAULT_DAYS) -> Issued:

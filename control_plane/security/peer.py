@@ -21,6 +21,13 @@ def peer_uris(context: grpc.aio.ServicerContext[Any, Any]) -> list[str]:
     return [v.decode("utf-8", "replace") for v in context.auth_context().get("peer_uri", [])]
 
 
+def certificate_identity(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
+    """The peer's certificate identity (its URI SANs, space-separated), None without any: what
+    the ADS budgets count per client with mTLS."""
+    uris = peer_uris(context)
+    return " ".join(sorted(uris)) if uris else None
+
+
 def check_node_peer(context: grpc.aio.ServicerContext[Any, Any], pop: str, node_id: str
                     ) -> str | None:
     """Why this peer may not speak for node `node_id` of PoP `pop`; None when it may."""

@@ -21,6 +21,13 @@ from control_plane.translate.capabilities import (
 )
 from control_plane.translate.listeners import XDS_CLUSTER
 
+# Downstream connections an Envoy accepts at once (overload manager), per template: an edge
+# proxy serves the Internet, a sidecar one host's applications.
+MAX_CONNECTIONS = {"edge": 50_000, "sidecar": 1024}
+STATS_LISTENER = "ballast_stats"
+ADMIN_CLUSTER = "ballast_admin"
+STATS_PATH = "/stats/prometheus"
+
 
 @dataclass(frozen=True)
 class XdsClientTls:
@@ -94,6 +101,8 @@ def ads_bootstrap(
     envoy_release: str = NEWEST_RELEASE,
     tls: XdsClientTls | None = None,
     xds_replicas: Sequence[tuple[str, int]] = (),
+    max_connections: int | None = None,
+    stats_listener: tuple[str, int] | None = None,
 ) -> dict[str, Any]:
     """A bootstrap for one Envoy of `pop`, streaming config (and, if asked, stats and sampled
     access logs: node metadata `ballast_access_log`) to Ballast.
@@ -107,6 +116,10 @@ def ads_bootstrap(
 
     `needed_stats_only` adds a stats matcher: Envoy then keeps only the stats Ballast reads
     (see `NEEDED_STATS`) plus the basics an operator looks at, so every flush stays small.
+
+    `max_connections` caps downstream connections (default per template, `MAX_CONNECTIONS`).
+    `stats_listener` (host, port) adds a listener serving only `/stats/prometheus` from the
+    admin (which stays on loopback), for a central Prometheus: see `stats_listener`.
     """
     text = TEMPLATES[template]
     filled = string.Template(text).substitute(
@@ -118,8 +131,13 @@ def ads_bootstrap(
         xds_host=_yaml_str(xds_host),
         xds_port=int(xds_port),
         stats_flush_interval=f"{stats_flush_interval_ms / 1000:g}s",
+        max_connections=int(max_connections or MAX_CONNECTIONS.get(template, 1024)),
     )
     bootstrap: dict[str, Any] = yaml.safe_load(filled)
+    if stats_listener is not None:
+        listener, cluster = stats_listener_resources(*stats_listener, admin_port=int(admin_port))
+        bootstrap["static_resources"].setdefault("listeners", []).append(listener)
+        bootstrap["static_resources"]["clusters"].append(cluster)
     if tls is not None:
         for cluster in bootstrap["static_resources"]["clusters"]:
             if cluster["name"] == XDS_CLUSTER:
@@ -216,6 +234,55 @@ def host_stats_sink(*, drop_others: bool = True) -> dict[str, Any]:
             }
         }
     return {"name": "envoy.stat_sinks.open_telemetry", "typed_config": config}
+
+
+def stats_listener_resources(host: str, port: int, *, admin_port: int
+                             ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A listener on (host, port) answering exactly `GET /stats/prometheus` (no query string,
+    no other path or method: the `:path` header is compared whole) from the admin on loopback
+    through a static cluster; everything else gets a 404 from the listener itself and never
+    reaches the admin (/quitquitquit, /config_dump, /runtime_modify, /logging, ...)."""
+    exact = [
+        {"name": ":path", "string_match": {"exact": STATS_PATH}},
+        {"name": ":method", "string_match": {"exact": "GET"}},
+    ]
+    manager = {
+        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager"
+        ".v3.HttpConnectionManager",
+        "stat_prefix": STATS_LISTENER,
+        "codec_type": "HTTP1",
+        "route_config": {"name": STATS_LISTENER, "virtual_hosts": [{
+            "name": STATS_LISTENER,
+            "domains": ["*"],
+            "routes": [
+                {"match": {"path": STATS_PATH, "headers": exact},
+                 "route": {"cluster": ADMIN_CLUSTER, "timeout": "10s"}},
+                {"match": {"prefix": "/"},
+                 "direct_response": {"status": 404, "body": {"inline_string":
+                                                             f"only {STATS_PATH}\n"}}},
+            ],
+        }]},
+        "http_filters": [{
+            "name": "envoy.filters.http.router",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"},
+        }],
+    }
+    listener = {
+        "name": STATS_LISTENER,
+        "address": {"socket_address": {"address": host, "port_value": port}},
+        "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager",
+                                        "typed_config": manager}]}],
+    }
+    cluster = {
+        "name": ADMIN_CLUSTER,
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "load_assignment": {"cluster_name": ADMIN_CLUSTER, "endpoints": [{"lb_endpoints": [
+            {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1",
+                                                         "port_value": admin_port}}}}]}]},
+    }
+    return listener, cluster
 
 
 def xds_transport_socket(tls: XdsClientTls, server: str) -> dict[str, Any]:

@@ -57,6 +57,15 @@ static_resources:
               - endpoint:
                   address:
                     socket_address: {address: ${xds_host}, port_value: ${xds_port}}
+# Downstream connections are capped (`ballast bootstrap --max-connections`): past the cap Envoy
+# refuses new ones instead of running out of file descriptors (and it stops warning that they
+# are unlimited).
+overload_manager:
+  resource_monitors:
+    - name: envoy.resource_monitors.global_downstream_max_connections
+      typed_config:
+        "@type": type.googleapis.com/envoy.extensions.resource_monitors.downstream_connections.v3.DownstreamConnectionsConfig
+        max_active_downstream_connections: ${max_connections}
 stats_flush_interval: ${stats_flush_interval}
 stats_config:
   # Per-(PoP, origin) stats of a tier cluster come out as labels, not inside metric names.
@@ -134,7 +143,7 @@ overload_manager:
     - name: envoy.resource_monitors.global_downstream_max_connections
       typed_config:
         "@type": type.googleapis.com/envoy.extensions.resource_monitors.downstream_connections.v3.DownstreamConnectionsConfig
-        max_active_downstream_connections: 1024
+        max_active_downstream_connections: ${max_connections}
 stats_flush_interval: ${stats_flush_interval}
 stats_config:
   # Per-(PoP, origin) stats of a tier cluster come out as labels, not inside metric names.

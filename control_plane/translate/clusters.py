@@ -24,6 +24,7 @@ from envoy.config.core.v3.config_source_pb2 import (
     ApiVersion,
     ConfigSource,
 )
+from envoy.config.core.v3.health_check_pb2 import HealthStatus
 from envoy.config.core.v3.protocol_pb2 import Http1ProtocolOptions
 from envoy.extensions.upstreams.http.v3.http_protocol_options_pb2 import HttpProtocolOptions
 from envoy.type.v3.percent_pb2 import Percent
@@ -80,6 +81,9 @@ def tier_cluster(group: OriginGroup, tier: Tier, queue_policy: QueuePolicyChoice
             )
         )
     )
+    if group.affinity is not None:
+        # a session's origin is honoured only while Ballast marks it HEALTHY (`endpoints.py`)
+        cluster.common_lb_config.override_host_status.statuses.append(HealthStatus.HEALTHY)
     cluster.transport_socket_matches.extend(tls_matches(group))
     attach(cluster, queue_policy.carrier)
     return cluster

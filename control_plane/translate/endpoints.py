@@ -8,12 +8,19 @@ Weight 0: Envoy rejects `load_balancing_weight: 0` (the field must be >= 1), so 
 keeps its locality with the weight left unset. Under locality-weighted load balancing an unweighted
 locality gets no requests, while its host stays known to Envoy (its per-zone stats, no connection
 churn) and comes back as soon as its weight is above 0 again.
+
+Session affinity (a group with `affinity`): each origin's endpoint is `HEALTHY` unless the weight
+controller holds it sick in this PoP, then its health is left `UNKNOWN`. Load balancing treats
+both alike (the weights alone move traffic); the stateful session filter honours a session's
+origin only when it is `HEALTHY` (the cluster's `override_host_status`), so users pinned to a
+sick origin are balanced by the weights again (`affinity.py`).
 """
 
 from __future__ import annotations
 
 from envoy.config.core.v3.address_pb2 import Address, SocketAddress
 from envoy.config.core.v3.base_pb2 import Locality, Metadata
+from envoy.config.core.v3.health_check_pb2 import HealthStatus
 from envoy.config.endpoint.v3.endpoint_components_pb2 import (
     Endpoint,
     LbEndpoint,
@@ -31,17 +38,25 @@ from control_plane.translate.clusters import (
 
 
 def load_assignment(
-    cluster: str, group: OriginGroup, weights: GroupWeights
+    cluster: str, group: OriginGroup, weights: GroupWeights,
+    sick: frozenset[str] = frozenset(),
 ) -> ClusterLoadAssignment:
-    """The endpoints of one tier cluster of `group`, weighted by `weights` (origin -> percent)."""
+    """The endpoints of one tier cluster of `group`, weighted by `weights` (origin -> percent).
+    With session affinity, `sick` names the origins a session may not stay on."""
+    affinity = group.affinity is not None
     return ClusterLoadAssignment(
         cluster_name=cluster,
-        endpoints=[origin_locality(origin, weights[origin.name]) for origin in group.origins],
+        endpoints=[origin_locality(origin, weights[origin.name],
+                                   affinity and origin.name not in sick)
+                   for origin in group.origins],
     )
 
 
-def origin_locality(origin: Origin, weight: int) -> LocalityLbEndpoints:
+def origin_locality(origin: Origin, weight: int, marked_healthy: bool = False
+                    ) -> LocalityLbEndpoints:
     lb_endpoint = LbEndpoint(endpoint=_endpoint(origin))
+    if marked_healthy:
+        lb_endpoint.health_status = HealthStatus.HEALTHY
     if origin.tls:
         lb_endpoint.metadata.CopyFrom(_tls_match_metadata(origin))
     locality = LocalityLbEndpoints(

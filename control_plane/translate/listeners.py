@@ -8,6 +8,10 @@ those networks (`source_prefix_ranges`, the direct peer's address) and uses the 
 configuration `<listener>.trusted`, which believes a request's own `x-ballast-tier`; every other
 connection gets the first one, which ignores and overwrites it.
 
+A tier's queue overflow is answered with the tier's `shed_action` through the connection
+manager's `local_reply_config` (`overflow.py`); a listener with a group with session affinity
+gets the stateful session filter first (`affinity.py`).
+
 A listener with `tls` serves HTTPS: one filter chain per certificate matched by SNI
 (`server_names`, read by the TLS inspector listener filter) and the default certificate's chain
 as `default_filter_chain`; each chain's `DownstreamTlsContext` names its certificate as an SDS
@@ -71,6 +75,8 @@ from google.protobuf.wrappers_pb2 import UInt32Value
 
 from control_plane.desired.model import ExtraFilter, ListenerTls, Pop
 from control_plane.desired.model import Listener as DesiredListener
+from control_plane.translate.affinity import session_filter
+from control_plane.translate.overflow import OverflowReply, overflow_replies
 from control_plane.translate.proto_values import packed
 
 HTTP_CONNECTION_MANAGER = "envoy.filters.network.http_connection_manager"
@@ -111,9 +117,14 @@ def listener(
     trusted_sources: tuple[str, ...] = (),
     access_log_sample: float | None = None,
     missing_filters: frozenset[str] = frozenset(),
+    overflow: tuple[OverflowReply, ...] = (),
+    sessions: bool = False,
 ) -> tuple[Listener, str | None]:
     """The listener, and a note when an operator-added filter is left out because the node's
-    Envoy does not list its type (`missing_filters`: type names)."""
+    Envoy does not list its type (`missing_filters`: type names). `overflow`: the tiers of the
+    listener's origin groups, whose queue overflow is answered with each tier's shed action
+    (`overflow.py`); `sessions`: a group of the listener has session affinity (the stateful
+    session filter, `affinity.py`)."""
     name = desired_listener.name
     filters = tuple(f for f in desired_listener.http_filters if f.type_name not in missing_filters)
     left_out = [f for f in desired_listener.http_filters if f.type_name in missing_filters]
@@ -133,7 +144,8 @@ def listener(
     def hcm(trusted: bool) -> HttpConnectionManager:
         route = trusted_route_name(name) if trusted else name
         return _hcm(name, route, access_log_sample, filters,
-                    redirect=desired_listener.redirect_to_https)
+                    redirect=desired_listener.redirect_to_https, overflow=overflow,
+                    sessions=sessions)
 
     tls = desired_listener.tls
     for trusted in (True, False) if trusted_sources else (False,):
@@ -196,7 +208,9 @@ def trusted_route_name(listener_name: str) -> str:
 
 
 def _hcm(stat_prefix: str, route_name: str, access_log_sample: float | None,
-         extra: tuple[ExtraFilter, ...], *, redirect: bool = False) -> HttpConnectionManager:
+         extra: tuple[ExtraFilter, ...], *, redirect: bool = False,
+         overflow: tuple[OverflowReply, ...] = (), sessions: bool = False,
+         ) -> HttpConnectionManager:
     """The HTTP connection manager: routes by RDS (or, on a redirecting listener, one inline
     route sending everything to https); operator-added filters go right before the router."""
     hcm = HttpConnectionManager(stat_prefix=stat_prefix)
@@ -214,11 +228,15 @@ def _hcm(stat_prefix: str, route_name: str, access_log_sample: float | None,
             ),
             route_config_name=route_name,
         ))
+    if sessions and not redirect:
+        hcm.http_filters.append(session_filter())
     hcm.http_filters.extend(
         HttpFilter(name=f.name, typed_config=Any(type_url=f.type_url, value=f.config))
         for f in extra
     )
     hcm.http_filters.append(HttpFilter(name=ROUTER, typed_config=packed(Router())))
+    if overflow and not redirect:
+        hcm.local_reply_config.CopyFrom(overflow_replies(overflow))
     if access_log_sample is not None:
         hcm.access_log.append(access_log(access_log_sample))
     return hcm

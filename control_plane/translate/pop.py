@@ -5,11 +5,13 @@ it was built from is taken over as it is (same object, same bytes, same version)
 are translated and serialized. The inputs of each resource are exactly what its builder reads:
 
 - Cluster `<group>.<tier>`: the origin group, the tier, the node capabilities;
-- ClusterLoadAssignment `<group>.<tier>`: the origin group, its weights in this PoP;
+- ClusterLoadAssignment `<group>.<tier>`: the origin group, its weights in this PoP, its sick
+  origins (groups with session affinity);
 - Listener (those the PoP serves): the desired listener (its certificates by name only), the
   PoP, the trusted priority
   sources, the access-log sample rate (nodes that asked for access logs), the HTTP filter types
-  the node lacks;
+  the node lacks, the origin groups of its virtual hosts (their tiers' overflow replies: group,
+  tier, shed action, queue timeout; whether one has session affinity);
 - Secret `<listener>.<certificate>` (SDS) of each TLS listener the PoP serves: the certificate
   (chain and key as read from its files);
 - RouteConfiguration (`<listener>` and, with trusted priority sources, `<listener>.trusted`): the
@@ -53,6 +55,7 @@ from control_plane.translate.mirror import (
     mirror_cluster_name,
     mirror_load_assignment,
 )
+from control_plane.translate.overflow import overflow_of
 from control_plane.translate.queue_policy import choose_queue_policy
 from control_plane.translate.resources import (
     CLUSTER_TYPE,
@@ -140,12 +143,15 @@ class PopIntent:
     home weights. `tier_actions`: origin group -> the tier actions active in this PoP
     (demotion, shedding; `routes.py`) change the routes; lent limits the runtime layer
     (`runtime.py`). `mirrors`: origin group -> its active cache-warming mirror (`mirror.py`);
-    only the routes change (the mirror clusters of every standby are always there).
+    only the routes change (the mirror clusters of every standby are always there). `sick`:
+    origin group with session affinity -> the origins its sessions may not stay on (their
+    endpoints are not marked HEALTHY, `endpoints.py`).
     """
 
     weights: Mapping[str, GroupWeights] = field(default_factory=dict)
     tier_actions: Mapping[str, TierActions] = field(default_factory=dict)
     mirrors: Mapping[str, Mirror] = field(default_factory=dict)
+    sick: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
 
 def translate_pop(
@@ -169,7 +175,8 @@ def translate_pop(
         raise UnknownPop(f"unknown PoP {pop!r}; known: {', '.join(desired.pop_names)}")
     held = intent or PopIntent()
     inputs = _PopInputs(desired, caps, resolve_weights(desired, pop, held.weights),
-                        dict(held.tier_actions), dict(held.mirrors))
+                        dict(held.tier_actions), dict(held.mirrors),
+                        {g: sick for g, sick in held.sick.items() if sick})
     last = None if previous is None or previous.pop != pop else previous.derived(
         _POP_INPUTS, lambda _: None)
     if previous is not None and last is not None and last.desired is desired \
@@ -187,6 +194,7 @@ class _PopInputs:
     weights: PopWeights  # resolved: every group
     actions: Mapping[str, TierActions]
     mirrors: Mapping[str, Mirror]
+    sick: Mapping[str, frozenset[str]]  # groups with affinity: origins sessions may not stay on
 
 
 def _translate(pop: str, inputs: _PopInputs, make: _Builder) -> PopResources:
@@ -211,7 +219,8 @@ def _translate(pop: str, inputs: _PopInputs, make: _Builder) -> PopResources:
             clusters[name] = cluster.resource
             if cluster.note is not None:
                 notes.append(cluster.note)
-            endpoints[name] = _endpoints(make, name, same, group, inputs.weights[group.name])
+            endpoints[name] = _endpoints(make, name, same, group, inputs.weights[group.name],
+                                         inputs.sick.get(group.name, frozenset()))
         for origin in group.preference[pop][1:] if has_mirror(group) else ():
             name = mirror_cluster_name(group.name, origin)
             clusters[name] = make.resource(
@@ -228,9 +237,14 @@ def _translate(pop: str, inputs: _PopInputs, make: _Builder) -> PopResources:
     listeners: dict[str, Resource] = {}
     secrets: dict[str, Resource] = {}
     for item in _served(desired, pop):
+        groups_served = [desired.group(v.origin_group) for v in item.virtual_hosts]
+        served = overflow_of(groups_served)
+        sessions = any(g.affinity is not None for g in groups_served)
         built = make.resource(
-            LISTENER_TYPE, item.name, (item.shape, the_pop, trusted, sample, missing),
-            lambda item=item: listener(item, the_pop, trusted, sample, missing),
+            LISTENER_TYPE, item.name,
+            (item.shape, the_pop, trusted, sample, missing, served, sessions),
+            lambda item=item, served=served, sessions=sessions: listener(
+                item, the_pop, trusted, sample, missing, served, sessions),
         )
         listeners[item.name] = built.resource
         if built.note is not None:
@@ -264,14 +278,16 @@ def _changed_weights_or_actions(
     make = _Builder(previous, carry=True)
     by_type = dict(previous.by_type)
     desired = inputs.desired
-    moved = [g for g in desired.origin_groups if inputs.weights[g.name] != last.weights[g.name]]
+    moved = [g for g in desired.origin_groups if inputs.weights[g.name] != last.weights[g.name]
+             or inputs.sick.get(g.name) != last.sick.get(g.name)]
     if moved:
         endpoints = dict(previous.of_type(ENDPOINT_TYPE))
         for group in moved:
             for tier in group.tiers:
                 name = cluster_name(group.name, tier.name)
                 same = make.previous_input(ENDPOINT_TYPE, name, 0) or group
-                endpoints[name] = _endpoints(make, name, same, group, inputs.weights[group.name])
+                endpoints[name] = _endpoints(make, name, same, group, inputs.weights[group.name],
+                                             inputs.sick.get(group.name, frozenset()))
         by_type[ENDPOINT_TYPE] = endpoints
     if inputs.actions != last.actions:
         by_type[RUNTIME_TYPE] = _runtime(make, inputs)
@@ -286,11 +302,12 @@ def _changed_weights_or_actions(
 
 
 def _endpoints(
-    make: _Builder, name: str, same: object, group: OriginGroup, weights: GroupWeights
+    make: _Builder, name: str, same: object, group: OriginGroup, weights: GroupWeights,
+    sick: frozenset[str],
 ) -> Resource:
     return make.resource(
-        ENDPOINT_TYPE, name, (same, weights),
-        lambda: (load_assignment(name, group, weights), None),
+        ENDPOINT_TYPE, name, (same, weights, sick),
+        lambda: (load_assignment(name, group, weights, sick), None),
     ).resource
 
 
@@ -348,7 +365,8 @@ def _finish(
 
 
 def _runtime(make: _Builder, inputs: _PopInputs) -> dict[str, Resource]:
-    limits = tuple(sorted((g, a.limits) for g, a in inputs.actions.items() if a.limits))
+    limits = tuple(sorted((g, a.limits, a.pending_limits) for g, a in inputs.actions.items()
+                          if a.limits or a.pending_limits))
     return {RUNTIME_LAYER: make.resource(
         RUNTIME_TYPE, RUNTIME_LAYER, (limits,),
         lambda: (tier_runtime(inputs.actions), None),

@@ -47,6 +47,28 @@ def render_json(pop_resources: PopResources) -> dict[str, dict[str, Any]]:
     }
 
 
+def render_differing(old: PopResources | None, new: PopResources | None
+                     ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """`old` and `new` rendered (None: nothing), leaving out every resource both have with the
+    same version: versions are content hashes, so those render the same. What a diff of the two
+    renderings finds is what it finds on the full ones, for the cost of what changed."""
+    def rendered(side: PopResources | None, other: PopResources | None
+                 ) -> dict[str, dict[str, Any]]:
+        if side is None:
+            return {}
+        shown: dict[str, dict[str, Any]] = {}
+        for type_url, kind in KINDS.items():
+            theirs = {} if other is None else other.of_type(type_url)
+            shown[kind] = {
+                name: _resource_json(resource)
+                for name, resource in side.of_type(type_url).items()
+                if name not in theirs or theirs[name].version != resource.version
+            }
+        return shown
+
+    return rendered(old, new), rendered(new, old)
+
+
 def _resource_json(resource: Resource) -> dict[str, Any]:
     rendered: dict[str, Any] = MessageToDict(resource.message, preserving_proto_field_name=True)
     if resource.type_url == CLUSTER_TYPE:

@@ -9,7 +9,15 @@ Timeouts per tier (seed 000):
   tier's pending queue plus every attempt; backoff waits (each at most 250 ms) come out of it.
 Retries: `retry_on: 5xx,connect-failure,reset`, `num_retries` = the tier's retries, Envoy's
 fully jittered exponential backoff (base 25 ms, max 250 ms), and a retry goes to another host
-when there is one (previous_hosts), so a retry leaves a failing origin.
+when there is one, in every tier, so a retry leaves a failing origin: the `previous_hosts`
+predicate rejects a host an earlier attempt of the request used, and host selection is retried
+up to `HOST_SELECTION_ATTEMPTS` (100) times. With one host per origin locality at 95/5, 3
+attempts left 45 of 60 normal-tier retries on the failing primary (0.95^3 = 86 % stay); 100
+leave 0.95^100 = 0.6 % there (measured through Envoy 1.40 in `tests/test_retry_hosts_envoy.py`:
+every retry of the critical and normal tiers reached the standby). When every host has been
+tried (the critical tier's third attempt with two origins), Envoy takes the last draw anyway.
+`previous_priorities` would need the origins in separate priorities, which the weighted split
+does not use.
 
 Hedging (seed 000 "50ms for P0 before we attempt hedging to a secondary origin"), for a tier
 with `hedge_delay`: Envoy's `hedge_policy.hedge_on_per_try_timeout` with `per_try_timeout` =
@@ -19,9 +27,8 @@ whichever responds first and resets the other; the delay starts when the attempt
 connection, not while it waits in the tier's pending queue. Each hedge is one of the tier's
 retries: counted in `upstream_rq_retry`, capped by `num_retries` and refused by the cluster's
 retry budget (`upstream_rq_retry_overflow`) beyond it. A stalled attempt is still bounded by
-the read timeout, as `per_try_idle_timeout` (no byte for that long ends it). To reach another
-origin despite a 95/5 weight split, host selection is retried up to
-`HEDGE_HOST_SELECTION_ATTEMPTS` times (previous_hosts rejects the origin tried before).
+the read timeout, as `per_try_idle_timeout` (no byte for that long ends it). A hedge, like any
+retry, reaches the other origin despite a 95/5 weight split (see Retries).
 Envoy adds `x-envoy-attempt-count` toward the origin, so it can tell a hedge (2, 3) apart.
 The request header `x-ballast-tier: <tier>` (overwriting any client value) tells the origin and
 operators how a request was classified.
@@ -87,6 +94,7 @@ from control_plane.desired.model import (
     TierActions,
 )
 from control_plane.desired.model import VirtualHost as DesiredVirtualHost
+from control_plane.translate.affinity import STATEFUL_SESSION_FILTER, session_per_host
 from control_plane.translate.clusters import cluster_name
 from control_plane.translate.listeners import trusted_route_name
 from control_plane.translate.mirror import mirrored_routes
@@ -98,9 +106,8 @@ RETRY_ON = "5xx,connect-failure,reset"
 RETRY_BASE_INTERVAL_MS = 25
 RETRY_MAX_INTERVAL_MS = 250
 PREVIOUS_HOSTS_PREDICATE = "envoy.retry_host_predicates.previous_hosts"
-HOST_SELECTION_RETRY_MAX_ATTEMPTS = 3
-# Hedging tiers: with 95/5 weights, 100 draws all land on the tried origin with p = 0.95^100.
-HEDGE_HOST_SELECTION_ATTEMPTS = 100
+# Every tier: with 95/5 weights, 100 draws all land on the tried origin with p = 0.95^100.
+HOST_SELECTION_ATTEMPTS = 100
 CATCH_ALL_ROUTE = "default"
 DEMOTED_HEADER = "x-ballast-demoted-from"
 SHED_HEADER = "x-ballast-shed"
@@ -162,6 +169,9 @@ def _virtual_host(
         routes = [each for route in routes for each in mirrored_routes(group.name, route, mirror)]
     host = VirtualHost(name=vhost.name, domains=list(vhost.domains), routes=routes,
                        include_request_attempt_count=True)
+    if group.affinity is not None:
+        host.typed_per_filter_config[STATEFUL_SESSION_FILTER].CopyFrom(
+            session_per_host(group.affinity))
     for config in vhost.typed_per_filter_config:  # operator-added filters' per-route configs
         host.typed_per_filter_config[config.name].CopyFrom(
             Any(type_url=config.type_url, value=config.config))
@@ -284,11 +294,10 @@ def _retry_policy(tier: Tier) -> RetryPolicy:
                 name=PREVIOUS_HOSTS_PREDICATE, typed_config=packed(PreviousHostsPredicate())
             )
         ],
-        host_selection_retry_max_attempts=HOST_SELECTION_RETRY_MAX_ATTEMPTS,
+        host_selection_retry_max_attempts=HOST_SELECTION_ATTEMPTS,
     )
     policy.num_retries.value = tier.retries
     if tier.hedge_delay_ms:
         policy.per_try_timeout.CopyFrom(duration_ms(tier.hedge_delay_ms))
         policy.per_try_idle_timeout.CopyFrom(duration_ms(tier.read_timeout_ms))
-        policy.host_selection_retry_max_attempts = HEDGE_HOST_SELECTION_ATTEMPTS
     return policy

@@ -1,6 +1,8 @@
 """The tier controller's lending in Envoy: one RTDS runtime layer per PoP, over the same ADS stream.
 
-A borrowing tier's per-Envoy concurrency (`TierActions.limits`) becomes runtime overrides of its
+A tier's pending limit bounded in time (`TierActions.pending_limits`, `decide/tiers.py` part 4)
+becomes `circuit_breakers.<group>.<tier>.default.max_pending_requests`. A borrowing tier's
+per-Envoy concurrency (`TierActions.limits`) becomes runtime overrides of its
 cluster's circuit breakers, `circuit_breakers.<group>.<tier>.default.max_requests` and
 `.max_connections`; the Cluster (CDS) keeps the tier's guaranteed share, so lending and reclaim
 never rebuild a cluster or drain its connection pool (measured against CDS: README, facts). The
@@ -26,13 +28,20 @@ def breaker_keys(cluster: str) -> tuple[str, str]:
     return f"{prefix}.max_requests", f"{prefix}.max_connections"
 
 
+def pending_key(cluster: str) -> str:
+    return f"circuit_breakers.{cluster}.default.max_pending_requests"
+
+
 def tier_runtime(actions: Mapping[str, TierActions]) -> Runtime:
-    """The layer for one PoP (origin group -> its actions): every lent limit, keys sorted."""
+    """The layer for one PoP (origin group -> its actions): every lent limit and every pending
+    limit that bounds a queue in time, keys sorted."""
     values: dict[str, float] = {}
     for group, found in actions.items():
         for tier, limit in found.limits:
             for key in breaker_keys(cluster_name(group, tier)):
                 values[key] = limit
+        for tier, pending in found.pending_limits:
+            values[pending_key(cluster_name(group, tier))] = pending
     layer = Struct()
     layer.update(dict(sorted(values.items())))
     return Runtime(name=RUNTIME_LAYER, layer=layer)

@@ -399,6 +399,8 @@ function recordDetail(record) {
       ? h("p", { class: "next" }, h("strong", {}, "next: "), (record.detail && record.detail.next) || record.next) : null,
     record.weights_before ? h("p", {}, h("strong", {}, "weights: "),
       `${weightsText(record.weights_before)} → ${weightsText(record.weights_after)}`) : null,
+    record.detail && record.detail.proposed ? h("p", { class: "proposed" }, h("strong", {}, "proposed: "),
+      `${weightsText(record.detail.proposed)}, not pushed: ${record.detail.changed_by}`) : null,
     record.inputs ? h("details", { open: true }, h("summary", {}, "inputs"),
       h("pre", {}, JSON.stringify(record.inputs, null, 2))) : null,
     record.detail ? h("details", {}, h("summary", {}, "detail"),

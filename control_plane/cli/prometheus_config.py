@@ -1,0 +1,116 @@
+"""`ballast prometheus-config DIR`: the central Prometheus's configuration for a Ballast fleet.
+
+Writes DIR/prometheus.yml and DIR/ballast-alerts.yaml (the alerting rules on Ballast's own
+metrics, shipped with the package). Two jobs:
+
+- `envoy`: every edge Envoy's stats listener (`ballast bootstrap --stats-listener`), path
+  `/stats/prometheus`, each target labelled `ballast_pop` with its PoP. The edge bootstrap tags
+  every stat with `ballast_pop` already; `honor_labels` keeps the Envoy's own, and the target
+  label fills in for Envoys whose bootstrap does not set it. The leader reads its signals here
+  (`ballast serve --metrics-source prometheus`).
+- `ballast`: every replica's `/metrics` over HTTPS (`--admin-tls`), with the admin token and
+  the CA that signed the replicas' certificate; the alert rules are on these series.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from control_plane.cli.bootstrap import BootstrapArgumentError, parse_host_port
+from control_plane.security.cert_dir import write_atomic
+
+HELP = "write the scrape configuration and alert rules of a central Prometheus"
+POP = re.compile(r"^[A-Za-z0-9_-]+$")
+RULES = "ballast-alerts.yaml"
+INTERVAL = re.compile(r"^[0-9]+(ms|s|m)$")
+
+
+def _edge(text: str) -> tuple[str, str]:
+    pop, eq, address = text.partition("=")
+    if not eq or not POP.match(pop):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected POP=HOST:PORT, e.g. "
+                                         "ewr=10.0.1.7:9902")
+    return pop, _address(address)
+
+
+def _address(text: str) -> str:
+    try:
+        host, port = parse_host_port(text, "address")
+    except BootstrapArgumentError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _interval(text: str) -> str:
+    if not INTERVAL.match(text):
+        raise argparse.ArgumentTypeError(f"{text!r}: a Prometheus duration, e.g. 5s")
+    return text
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("dir", type=Path, help="where to write prometheus.yml and " + RULES)
+    parser.add_argument("--edge", action="append", type=_edge, default=[],
+                        metavar="POP=HOST:PORT", help="an edge Envoy's stats listener; repeat")
+    parser.add_argument("--ballast", action="append", type=_address, default=[],
+                        metavar="HOST:PORT", help="a replica's admin address (HTTPS); repeat")
+    parser.add_argument("--ca", type=Path, metavar="FILE",
+                        help="CA of the replicas' certificate, as Prometheus will open it")
+    parser.add_argument("--token-file", type=Path, metavar="FILE",
+                        help="the admin token file, as Prometheus will open it")
+    parser.add_argument("--scrape-interval", type=_interval, default="5s",
+                        help="how often Envoys and replicas are scraped (default 5s; the "
+                        "leader's signals are at most this old)")
+
+
+def prometheus_config(edges: list[tuple[str, str]], replicas: list[str], *, ca: Path | None,
+                      token_file: Path | None, rules: Path, interval: str) -> dict[str, Any]:
+    by_pop: dict[str, list[str]] = {}
+    for pop, address in edges:
+        by_pop.setdefault(pop, []).append(address)
+    jobs: list[dict[str, Any]] = [{
+        "job_name": "envoy",
+        "metrics_path": "/stats/prometheus",
+        "honor_labels": True,
+        "static_configs": [{"targets": targets, "labels": {"ballast_pop": pop}}
+                           for pop, targets in sorted(by_pop.items())],
+    }]
+    if replicas:
+        ballast: dict[str, Any] = {"job_name": "ballast", "scheme": "https",
+                                   "static_configs": [{"targets": replicas}]}
+        if ca is not None:
+            ballast["tls_config"] = {"ca_file": str(ca)}
+        if token_file is not None:
+            ballast["authorization"] = {"type": "Bearer", "credentials_file": str(token_file)}
+        jobs.append(ballast)
+    return {
+        "global": {"scrape_interval": interval, "evaluation_interval": interval},
+        "rule_files": [str(rules)],
+        "scrape_configs": jobs,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.edge and not args.ballast:
+        print("ballast prometheus-config: give --edge and/or --ballast targets", file=sys.stderr)
+        return 2
+    rules = args.dir.absolute() / RULES
+    config = prometheus_config(args.edge, args.ballast, ca=args.ca, token_file=args.token_file,
+                               rules=rules, interval=args.scrape_interval)
+    text = resources.files("control_plane.own_metrics").joinpath(RULES).read_bytes()
+    try:
+        write_atomic(rules, text, 0o644)
+        write_atomic(args.dir / "prometheus.yml",
+                   ("# written by `ballast prometheus-config`\n"
+                    + yaml.safe_dump(config, sort_keys=False)).encode(), 0o644)
+    except OSError as err:
+        print(f"ballast prometheus-config: {err}", file=sys.stderr)
+        return 1
+    print(f"wrote {args.dir / 'prometheus.yml'} and {rules}")
+    return 0
