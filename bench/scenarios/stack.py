@@ -49,7 +49,7 @@ def ballast_desired(
     return (
         f"pops:\n{pop_lines}"
         f"failover: {{interval: {duration(c(20))}, window: {duration(c(30))}, "
-        f"stale_after: {duration(c(45))}}}\n"
+        f"stale_after: {duration(c(45))}, damping_half_life: {duration(c(900))}}}\n"
         f"standby_ramp: {{cold_after: {duration(c(90))}}}\n"
         f"tier_actions: {{for: {duration(c(30))}, recover_after: {duration(c(60))}, "
         f"stale_after: {duration(c(45))}}}\n"

@@ -50,6 +50,7 @@ TIMERS = (
     Timer("failover interval (tick)", 20, "seed 002 `shift_interval: 20s`"),
     Timer("failover window", 30, "seed 002 \"30-second rolling window\""),
     Timer("failover stale_after", 45, "Ballast default (1.5 windows)"),
+    Timer("failover damping_half_life", 900, "BGP route-flap damping's 15 min half-life"),
     Timer("standby_ramp cold_after", 90, "seed 002 hit ratio \"recovers in about 90 seconds\""),
     Timer("tier_actions for", 30, "seed 000 \"for more than 30 seconds\""),
     Timer("tier_actions recover_after", 60, "Ballast default (twice `for`)"),
