@@ -2,7 +2,7 @@
 
 A primary origin starts failing (half its answers 503); the standby sits behind a cold cache
 (`ColdCache`: the first fetch of each object is slow, repeats are fast, a capacity cap refuses
-what it cannot take). The same run twice, in compressed time (1 s intervals, 2 s windows):
+what it cannot take). The same run twice, in compressed time (2 s intervals and windows):
 
 - **ramp on** (the default): the standby's share grows 5 -> 10 -> 20 -> 40 % while it stays
   healthy, backs off when it breaches, and the cache-warming mirror primes it meanwhile;
@@ -81,9 +81,15 @@ class RunResult:
 
 
 def _desired_text(text: str, ramp: bool, interval_s: int) -> str:
+    """The fleet's desired state at this scenario's interval and window. Every request is
+    access-logged: a window's latency evidence is the attempts logged in it (decide/evidence.py),
+    and at the default 10 % a standby at 5-10 % of 100 requests/s logs 1-2 attempts in a 2 s
+    window, leaving only the 4 probes (1 s rounds, two paths), under `min_samples` 5: every
+    window of the ramping standby would be inconclusive. All logged, it holds 10-20."""
     text = text.replace("  interval: 1s\n", f"  interval: {interval_s}s\n").replace(
         "  window: 3s\n", f"  window: {interval_s}s\n")
-    return text + f"standby_ramp:\n  enabled: {'true' if ramp else 'false'}\n"
+    return (text + "access_log: {sample_rate: 1.0}\n"
+            + f"standby_ramp:\n  enabled: {'true' if ramp else 'false'}\n")
 
 
 async def _traffic(port: int, scenario: Scenario, stop: asyncio.Event,

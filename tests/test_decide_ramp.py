@@ -22,7 +22,9 @@ NOW = 1_000_000
 HEALTHY = (1000, 0, 0, 40.0, 120.0)
 BREACH = (1000, 80, 0, 200.0, 1200.0)
 SHAPES = {"healthy": HEALTHY, "breach": BREACH, "slow": (1000, 0, 0, 200.0, 900.0),
-          "dead": (100, 0, 900, None, None)}
+          "dead": (100, 0, 900, None, None),
+          "thin": (4, 0, 0, 40.0, 120.0),  # fewer than min_samples: inconclusive
+          "uneven": (100, 3, 0, 40.0, 120.0)}  # 3 % 5xx, lower bound 1 %: not healthy, no breach
 
 
 def sig(shape: tuple[int, int, int, float | None, float | None]) -> OriginSignals:
@@ -79,6 +81,22 @@ COLD = RampState({}, {"secondary": NOW - 100_000})
         ("breaching standby better than the primary by the margin steps on",
          {"primary": 80, "secondary": 20}, {"primary": 70, "secondary": 30},
          RampState({"secondary": 2}, {}), signals("breach", "slow"),
+         {"primary": 70, "secondary": 30}, "ramp_step", {"secondary": 3}),
+        ("too few samples at its step: no evidence of health, the ramp holds",
+         {"primary": 90, "secondary": 10}, {"primary": 75, "secondary": 25},
+         RampState({"secondary": 1}, {}), signals("breach", "thin"),
+         {"primary": 90, "secondary": 10}, "ramp_hold", {"secondary": 1}),
+        ("too few samples below its step: grows within the step, no step on",
+         {"primary": 92, "secondary": 8}, {"primary": 77, "secondary": 23},
+         RampState({"secondary": 1}, {}), signals("breach", "thin"),
+         {"primary": 90, "secondary": 10}, "ramp_capped", {"secondary": 1}),
+        ("not healthy, no breach, no better than a healthy primary: the ramp holds",
+         {"primary": 80, "secondary": 20}, {"primary": 70, "secondary": 30},
+         RampState({"secondary": 2}, {}), signals("healthy", "uneven"),
+         {"primary": 80, "secondary": 20}, "ramp_hold", {"secondary": 2}),
+        ("not healthy, no breach, better than the breaching primary: steps on",
+         {"primary": 80, "secondary": 20}, {"primary": 70, "secondary": 30},
+         RampState({"secondary": 2}, {}), signals("breach", "uneven"),
          {"primary": 70, "secondary": 30}, "ramp_step", {"secondary": 3}),
         ("no metrics: ramp holds",
          {"primary": 90, "secondary": 10}, {"primary": 90, "secondary": 10},

@@ -9,9 +9,13 @@ weights in force:
 
 1. **Start.** A cold standby the controller gives weight to starts ramping at the first schedule
    step above its current share; its share is capped there.
-2. **Step.** A ramping standby that holds its current step's share and whose window does not
-   breach the failover thresholds (5xx or p95: it stayed healthy under the new load) moves one
-   step on; past the last step the ramp is complete and the cap goes.
+2. **Step.** A ramping standby that holds its current step's share and whose window is
+   *healthy* (``decide/evidence.py``: enough samples, within the failover thresholds, p50 under
+   the return bar: it stayed healthy under the new load) moves one step on; past the last step
+   the ramp is complete and the cap goes. A window that does not breach but is no evidence of
+   health (too few samples, or over a threshold without the evidence to breach) steps it on only
+   when it is the better place by the margin (as in 3); otherwise the ramp holds it within its
+   step (``ramp_hold``): an absence of evidence is not health.
 3. **Degrade.** A ramping standby whose window breaches is compared with where its traffic
    would otherwise go (the origins the ramp gives weight back to: those that gave it this tick,
    else the most preferred origin not ramping). Worse than that by the failover's
@@ -37,7 +41,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from control_plane.decide.controller import signals_from_dict, signals_to_dict
-from control_plane.decide.health import breach_reasons, score_origin
+from control_plane.decide.evidence import WindowEvidence, judge
+from control_plane.decide.health import score_origin
 from control_plane.decide.inputs import LazyInputs
 from control_plane.decide.signals import GroupSignals
 from control_plane.desired.model import (
@@ -207,9 +212,18 @@ def ramp_step(
                 or now_ms - signals[name].observed_at_ms > failover.stale_after_ms):
             ceilings[name] = min(ceiling, before[name])  # fail static, as the controller does
             continue
-        breach = breach_reasons(signals[name], failover)
-        verdict, compared = (_compare(failover, preference, before, proposed, signals, name,
-                                      set(ramps), now_ms) if breach else ("", ""))
+        evidence = judge(signals[name], failover)
+        breach = evidence.breaches
+        verdict, compared = (("", "") if evidence.verdict in ("healthy", "inconclusive") else
+                             _compare(failover, preference, before, proposed, signals, name,
+                                      set(ramps), now_ms))
+        if not breach and evidence.verdict != "healthy" and verdict != "better":
+            ceilings[name] = ceiling  # no evidence of health: it stays within its step
+            if before[name] >= ceiling:
+                events.append((name, "ramp_hold", (
+                    f"{name} at {before[name]} % {_not_healthy(evidence, failover)}{compared}: "
+                    f"ramp holds at step {index + 1} of {len(schedule)} ({ceiling} %)")))
+            continue
         if breach and verdict != "better":
             why = ", ".join(breach) + compared
             if verdict == "within":
@@ -236,12 +250,15 @@ def ramp_step(
         if index + 1 == len(schedule):
             del ramps[name]
             events.append((name, "ramp_complete", (
-                f"{name} healthy at {before[name]} %, the last step: ramp complete, the "
+                f"{name} {'the better place' if verdict else 'healthy'} at {before[name]} %, "
+                f"the last step: ramp complete, the "
                 f"controller moves it from now on{_mirror_words(policy, name, stop=True)}")))
             continue
         ramps[name] = index + 1
         ceilings[name] = schedule[index + 1]
         how = (f"breaches ({', '.join(breach)}) but is the better place{compared}" if breach
+               else f"{_not_healthy(evidence, failover)}, but is the better place{compared}"
+               if verdict
                else f"healthy at {before[name]} % (within 5xx "
                     f"{failover.error_rate_threshold * 100:g} % and p95 "
                     f"{failover.p95_threshold_ms} ms)")
@@ -302,6 +319,14 @@ def _compare(
     words = (f"; scores {mine:.2f} against {best:.2f} for {best_name}, where its traffic would "
              f"otherwise go (margin {failover.compare_margin:g})")
     return verdict, words
+
+
+def _not_healthy(evidence: WindowEvidence, failover: FailoverPolicy) -> str:
+    """Why a window that does not breach is no evidence of health (``decide/evidence.py``)."""
+    if evidence.verdict == "inconclusive":
+        return "has too few samples to count as healthy (" + "; ".join(evidence.notes) + ")"
+    return (f"does not breach but is not healthy (over a threshold without the evidence to "
+            f"breach, or p50 not below {failover.return_p50_ms} ms)")
 
 
 def _mirror_words(policy: StandbyRampPolicy, name: str, *, stop: bool = False) -> str:
