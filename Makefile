@@ -11,7 +11,7 @@ ADMIN_PORT ?= 18001
 ENVOY_ADMIN_PORT ?= 9901
 DEMO_STATE ?= var/demo
 
-.PHONY: run reset test unit e2e-hosts lint bench protos clean
+.PHONY: run reset test unit e2e-hosts lint bench scenarios protos clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,10 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	GRPC_ENABLE_FORK_SUPPORT=false $(BIN)/python -m bench.run
+
+# the incident reports in docs/scenarios/ (every scenario, 3 interleaved runs per variant)
+scenarios: $(STAMP)
+	GRPC_ENABLE_FORK_SUPPORT=false $(BIN)/python -m bench.scenarios all --runs 3
 
 protos: $(STAMP)
 	$(BIN)/python -m control_plane.gen.build

@@ -8,8 +8,8 @@ in-process Ballast. Three set-ups:
 - `controller`: the same tiers with the tier controller on (measured wait trigger, shedding,
   lending), reconciling every second.
 
-Used by `bench/tiers.py` (long phases, the report in docs/benchmarks.md) and by
-`tests/test_tier_scenario.py` (short phases, direction only).
+Used by `tests/test_tier_scenario.py` (short phases, direction only); the measurement is the
+incident bench's `priority` scenario.
 """
 
 from __future__ import annotations

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
 from bench.scenarios.load import Sample
+from bench.scenarios.origin import OriginStats
 
 
 @dataclass
@@ -19,6 +20,8 @@ class RunResult:
 
     label: str
     samples: list[Sample]
+    seed: int = 0
+    schedule: list[tuple[int, float, str, str, str]] = field(default_factory=list)
     weights: list[tuple[float, str, dict[str, int]]] = field(default_factory=list)
     origin_load: list[tuple[float, str, int]] = field(default_factory=list)
     records: list[tuple[float, str, str]] = field(default_factory=list)  # (t, kind, pop)
@@ -27,6 +30,11 @@ class RunResult:
     # machine starved the load generator and origins, and latencies then include that wait
     loop_lag: list[tuple[float, float]] = field(default_factory=list)
     after_restart: list[str] = field(default_factory=list)  # the first records after a restart
+    origin_stats: list[tuple[float, str, OriginStats]] = field(default_factory=list)
+    decisions: Counter[str] = field(default_factory=Counter)  # Ballast's records by kind
+    decision_examples: dict[str, str] = field(default_factory=dict)  # kind → its first rule
+    # restart: the span from the kill to Ballast's next shift in this run's Ballast variant
+    focus: tuple[float, float] | None = None
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -39,8 +47,9 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 def failed(sample: Sample) -> bool:
-    """A user-visible error: no answer or a 5xx that is not a deliberate shed."""
-    return not sample.shed and (sample.status == 0 or sample.status >= 500)
+    """Every request that did not get its intended answer: any 5xx (the origin's, Envoy's,
+    an overloaded origin's), a shed (503 or 202 from the edge), a timeout, a reset."""
+    return sample.cause != ""
 
 
 def between(samples: Iterable[Sample], start: float, end: float) -> list[Sample]:
@@ -52,16 +61,28 @@ def error_rate(samples: Sequence[Sample]) -> float:
 
 
 def shed_rate(samples: Sequence[Sample]) -> float:
+    """Answered by the edge instead of an origin (503 or 202 with x-ballast-shed)."""
     return sum(s.shed for s in samples) / len(samples) if samples else math.nan
 
 
-def success_rate(samples: Sequence[Sample]) -> float:
-    return sum(200 <= s.status < 300 for s in samples) / len(samples) if samples else math.nan
+def causes(samples: Iterable[Sample]) -> Counter[str]:
+    """Why requests failed: cause → count (only failed requests)."""
+    return Counter(s.cause for s in samples if failed(s))
+
+
+def statuses(samples: Iterable[Sample]) -> Counter[int]:
+    """The status codes of failed requests (0: no answer)."""
+    return Counter(s.status for s in samples if failed(s))
+
+
+def answered(samples: Iterable[Sample]) -> list[Sample]:
+    return [s for s in samples if not failed(s)]
 
 
 def latencies(samples: Iterable[Sample]) -> list[float]:
-    """Latency of every request that was not shed (errors and timeouts count: users wait)."""
-    return [s.latency_ms for s in samples if not s.shed]
+    """Latency of every request that got its intended answer; the rest are errors, counted
+    in the error rate and reported beside the latencies as excluded."""
+    return [s.latency_ms for s in answered(samples)]
 
 
 def binned(samples: Iterable[Sample], width: float) -> dict[int, list[Sample]]:
@@ -78,12 +99,6 @@ def series(samples: Iterable[Sample], width: float, fn: Any) -> tuple[list[float
         xs.append((index + 0.5) * width)
         ys.append(fn(group))
     return xs, ys
-
-
-def peak_rps(samples: Iterable[Sample], origin: str, width: float = 1.0) -> float:
-    counts = [sum(s.origin == origin for s in group)
-              for group in binned(samples, width).values()]
-    return max(counts, default=0) / width
 
 
 def peak_load(run: RunResult, origin: str, start: float, end: float) -> int:
@@ -120,10 +135,71 @@ def largest_rise(run: RunResult, pop: str, origin: str) -> int:
     return max((b - a for a, b in pairwise(values)), default=0)
 
 
-def ratio(baseline: float, ballast: float) -> float:
-    """baseline / Ballast: above 1 means Ballast's number is smaller."""
-    if math.isnan(baseline) or math.isnan(ballast):
-        return math.nan
-    if ballast == 0:
-        return math.inf if baseline > 0 else 1.0
-    return baseline / ballast
+@dataclass(frozen=True)
+class Spread:
+    """One metric over the repeated runs of a variant."""
+
+    values: tuple[float, ...]
+
+    @property
+    def clean(self) -> list[float]:
+        return sorted(v for v in self.values if not math.isnan(v))
+
+    @property
+    def median(self) -> float:
+        c = self.clean
+        if not c:
+            return math.nan
+        mid = len(c) // 2
+        return c[mid] if len(c) % 2 else (c[mid - 1] + c[mid]) / 2
+
+    @property
+    def low(self) -> float:
+        return self.clean[0] if self.clean else math.nan
+
+    @property
+    def high(self) -> float:
+        return self.clean[-1] if self.clean else math.nan
+
+
+def verdict(ballast: Spread, other: Spread, smaller_is_better: bool = True) -> str:
+    """"better" / "worse" (for Ballast) only where the ranges over the runs do not overlap."""
+    if not ballast.clean or not other.clean or len(ballast.clean) < 2 or len(other.clean) < 2:
+        return "-"
+    if ballast.high < other.low:
+        return "better" if smaller_is_better else "worse"
+    if ballast.low > other.high:
+        return "worse" if smaller_is_better else "better"
+    return "no difference shown"
+
+
+def origin_rates(run: RunResult, origin: str, width: float = 1.0
+                 ) -> list[tuple[float, float, float, float, int]]:
+    """Per `width` bin: (bin end, requests/s, cache hit ratio of the bin's cacheable
+    requests (nan: none), backend fetches/s, open connections at the bin's end)."""
+    pts = [(t, st) for t, o, st in run.origin_stats if o == origin]
+    out, last_t, last = [], 0.0, None
+    for t, st in pts:
+        if last is None:
+            last_t, last = t, st
+            continue
+        if t - last_t >= width:
+            span = t - last_t
+            looked = (st.hits - last.hits) + (st.misses - last.misses)
+            out.append((t, (st.requests - last.requests) / span,
+                        (st.hits - last.hits) / looked if looked else math.nan,
+                        (st.misses - last.misses) / span, st.connections))
+            last_t, last = t, st
+    return out
+
+
+def origin_requests(run: RunResult, origin: str, start: float, end: float) -> int:
+    """Requests (attempts, retries included) the origin received in [start, end)."""
+    pts = [(t, st.requests) for t, o, st in run.origin_stats if o == origin and start <= t < end]
+    return pts[-1][1] - pts[0][1] if len(pts) >= 2 else 0
+
+
+def mean_weight(run: RunResult, origin: str, start: float, end: float) -> float:
+    """The origin's weight averaged over the PoPs' samples in [start, end)."""
+    values = [w.get(origin, 0) for t, _, w in run.weights if w and start <= t < end]
+    return sum(values) / len(values) if values else math.nan

@@ -1,7 +1,8 @@
 """The scenarios: what the origins do over the run, the load, and what the report looks at.
 
-Time is compressed about 20x against seed 002 (a failover tick each second instead of 20 s,
-3 s windows instead of 30 s), so a slow bleed of minutes plays out in about a minute.
+Every control timer is compressed by `timers.COMPRESSION` (10x: a failover tick every 2 s over
+3 s windows for seed 002's 20 s over 30 s), the script's phases too (a flap phase of 2 s for the
+seed's 20 s); request-scale times are real (`bench/scenarios/timers.py`).
 """
 
 from __future__ import annotations
@@ -9,15 +10,37 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import partial
 
-from bench.scenarios.origin import Behaviour
-from bench.scenarios.runner import OriginSpec, Scenario
+from bench.scenarios.load import Surge
+from bench.scenarios.origin import Behaviour, OriginSpec
+from bench.scenarios.runner import Scenario
+from bench.scenarios.stack import FAILOVER_BASELINES, PRIORITY_BASELINES
+from bench.scenarios.timers import compressed
 
 HEALTHY = Behaviour(p50_ms=30.0)
-# the secondary: cold cache (a first request for a path pays 250 ms) and a worker cap of 16 with
-# 16 more waiting; beyond that it answers 503 at once (seed 002: it "fell over fifteen seconds
-# later ... a thundering herd with cold caches and empty connection pools")
-SECONDARY = OriginSpec(max_concurrency=16, max_waiting=16, cold_ms=250.0, warm=False)
+CACHE_TTL_S = compressed(600)  # an object not asked for in 10 min (real) is evicted
+# seed 002's origins: a cache in front of backend work; cacheable misses and the uncacheable
+# API cost backend time. The primary is big and warm. The standby is as good once warm (its hit
+# ratio climbs to the primary's within ~8 s at full load: seed 002's "about 90 seconds") but
+# sized for its usual share: 8 workers, 32 waiting, 48 connections, a TLS set-up on a worker per
+# new connection, and it starts cold. Cold (every cacheable request a miss) it serves about 30
+# requests/s, warm about 130: a flip of the whole load (100/s) overloads it until it has warmed.
+PRIMARY = OriginSpec(cache_ttl_s=CACHE_TTL_S, miss_ms=250.0, api_ms=40.0, endpoints=4)
+STANDBY = OriginSpec(workers=8, max_waiting=32, max_connections=48, connect_ms=20.0,
+                     cache_ttl_s=CACHE_TTL_S, miss_ms=250.0, api_ms=40.0, warm=False,
+                     endpoints=4)
+ORIGINS = {"primary": PRIMARY, "secondary": STANDBY}
+FAILOVER_VARIANTS = ("ballast", *FAILOVER_BASELINES)
+STANDBY_NOTE = (
+    "Whether a baseline's standby falls over depends on how long a flip lasts. Outlier "
+    "detection ejects the failing primary for its base ejection time (3 s here, Envoy's 30 s "
+    "real) times its number of ejections, then lets it back, and retries go to the other "
+    "priority: the standby carries the whole load only between the primary's returns, and its "
+    "wait line absorbs part of each burst. \"The standby: did it fall over?\" shows per run "
+    "whether its wait line filled (peak load against workers + waiting) and its connections "
+    "reached their cap, and what share of its answers failed after it first took half the "
+    "load; seed 002's collapse is a flip that stays.")
 BLEED_START, BLEED_FULL = 0.15, 0.6
+RPS_PER_POP = 50.0
 
 
 def _bleed(share: float, start: float = BLEED_START, full: float = BLEED_FULL,
@@ -36,16 +59,19 @@ FAILOVER = Scenario(
     seed_ref="002",
     summary=(
         "The primary origin slow-bleeds: from 15 % of the run its 5xx rate climbs to 60 % and "
-        "its time to first byte by up to 600 ms (both reached at 60 % of the run, then held). "
-        "The secondary is healthy but cold (a path's first request costs 250 ms more) and "
-        "capped: 16 requests at once, 16 more waiting, then it answers 503 at once."
+        "its time to first byte by up to 600 ms (both reached at 60 % of the run, then held); "
+        "its shallow /healthz keeps answering 200. The secondary is healthy but starts with a "
+        f"cold cache and is sized for its usual share ({STANDBY.workers} workers, "
+        f"{STANDBY.max_waiting} waiting, {STANDBY.max_connections} connections)."
     ),
     pops=("ewr", "sjc"),
-    origins={"primary": OriginSpec(), "secondary": SECONDARY},
-    duration_s=100.0,
-    rps_per_pop=40.0,
+    origins=ORIGINS,
+    duration_s=45.0,
+    rps_per_pop=RPS_PER_POP,
     incident=(BLEED_START, 1.0),
     script=_bleed,
+    variants=FAILOVER_VARIANTS,
+    notes=(STANDBY_NOTE,),
 )
 
 REGIONAL = Scenario(
@@ -57,17 +83,18 @@ REGIONAL = Scenario(
         "cold and capped as in `failover`."
     ),
     pops=("ewr", "sjc"),
-    origins={"primary": OriginSpec(), "secondary": SECONDARY},
-    duration_s=80.0,
-    rps_per_pop=40.0,
+    origins=ORIGINS,
+    duration_s=35.0,
+    rps_per_pop=RPS_PER_POP,
     incident=(BLEED_START, 1.0),
     script=partial(_bleed, pops=("ewr",)),
 )
 
-FLAP_PERIOD_S = 8.0  # healthy 8 s, unhealthy 8 s (seed 002's 20 s, compressed with the ticks)
+FLAP_PERIOD_S = compressed(20)  # seed 002: "recovers for 20 seconds then throws 500s again"
+FLAP_DURATION_S = 35.0
 
 
-def _flap(share: float, duration_s: float = 80.0, period_s: float = FLAP_PERIOD_S,
+def _flap(share: float, duration_s: float = FLAP_DURATION_S, period_s: float = FLAP_PERIOD_S,
           error_rate: float = 0.5) -> dict[str, Behaviour]:
     """From 10 % of the run the primary alternates: `period_s` unhealthy (`error_rate` 5xx,
     TTFB +300 ms), `period_s` healthy."""
@@ -81,44 +108,43 @@ FLAP = Scenario(
     name="flap",
     seed_ref="002",
     summary=(
-        f"From 10 % of the run the primary flaps: {FLAP_PERIOD_S:.0f} s unhealthy (50 % 5xx, "
-        f"time to first byte +300 ms), {FLAP_PERIOD_S:.0f} s healthy, again and again. The "
+        f"From 10 % of the run the primary flaps: {FLAP_PERIOD_S:g} s unhealthy (50 % 5xx, "
+        f"time to first byte +300 ms), {FLAP_PERIOD_S:g} s healthy, again and again. The "
         "secondary is cold and capped as in `failover`. The question is how much the weights "
         "oscillate: a binary failover flips 100 points each time its checks agree."
     ),
     pops=("ewr", "sjc"),
-    origins={"primary": OriginSpec(), "secondary": SECONDARY},
-    duration_s=80.0,
-    rps_per_pop=40.0,
+    origins=ORIGINS,
+    duration_s=FLAP_DURATION_S,
+    rps_per_pop=RPS_PER_POP,
     incident=(0.1, 1.0),
     script=_flap,
-    notes=(
-        "Measured cause of Ballast's higher error rate here (decision records of a 40 s run of "
-        "this scenario, PoP ewr): the cold-standby ramp backed off 21 times against 6 weight "
-        "shifts (`ramp_back_off: secondary degrades under the ramp (p95 2000 ms > 800 ms)`). "
-        "The cold secondary's p95 stays above the 800 ms threshold while its cache warms, so "
-        "the ramp keeps pulling it back to its 5 % warm pool and Ballast keeps most traffic on "
-        "the flapping primary through its bad phases; the baseline's checks do flip it away "
-        "(and back) within about 3 s each time. Ballast's weights oscillate far less, which is "
-        "what it is built for, but with this cold a standby that costs errors.",
-    ),
 )
 
 RESTART = replace(
     FAILOVER,
     name="restart",
     summary=FAILOVER.summary + (
-        " In the middle of the shift (at 35 % of the run) Ballast is killed with SIGKILL and "
-        "started again 5 s later on the same state directory. Envoys keep their last "
-        "configuration meanwhile; the report compares the errors around the restart."),
-    kill_at=0.35,
-    restart_after_s=5.0,
+        " In the middle of the shift (at 45 % of the run) Ballast is killed with SIGKILL and "
+        "started again 1 s later (10 s real) on the same state directory. Envoys keep their "
+        "last configuration meanwhile; the report compares the errors around the restart."),
+    duration_s=40.0,
+    kill_at=0.45,
+    restart_after_s=compressed(10),
+    variants=("ballast", "binary"),
+    notes=(),
 )
 
-PRIORITY_CAP = 20  # the origin's hard concurrency cap = max_origin_concurrency
+PRIORITY_CAP = 20  # the origin's worker cap = max_origin_concurrency
+SLOW_START, SLOW_END = 0.2, 0.75
+PRIORITY_RPS = 40.0
+# checkout 8 + 21 = 29 requests/s x 0.51 s (the mean at p50 480 ms) = 14.8 at once: just over
+# its share (14), so its latency depends on the scheduler giving it a slot or two more
+CHECKOUT_SURGE = 21.0
 
 
-def _slow_origin(share: float, start: float = 0.2, end: float = 0.75) -> dict[str, Behaviour]:
+def _slow_origin(share: float, start: float = SLOW_START, end: float = SLOW_END
+                 ) -> dict[str, Behaviour]:
     """Seed 000: the origin's p50 rises from 110 ms to 480 ms for a period, then recovers."""
     return {"primary": Behaviour(p50_ms=480.0 if start <= share < end else 110.0)}
 
@@ -127,49 +153,44 @@ PRIORITY = Scenario(
     name="priority",
     seed_ref="000",
     summary=(
-        f"One origin with a hard cap of {PRIORITY_CAP} requests at once (the rest wait inside "
-        "it). Its p50 latency is 110 ms, rises to 480 ms from 20 % to 75 % of the run, then "
-        "recovers. Mixed load of checkout API (critical), HTML (normal) and bulk image "
-        "revalidation (background): at 480 ms the origin can answer about 42 requests/s, less "
-        "than is offered, so requests queue."
+        f"One origin with {PRIORITY_CAP} workers (up to 200 more requests wait inside it; a "
+        "request whose client left is dropped from the wait line and stops costing work "
+        "after 0.5 s). Its p50 is 110 ms, 480 ms from 20 % to 75 % of the run (seed 000's "
+        f"regression), then 110 ms again. Load: {PRIORITY_RPS:.0f} requests/s of the mix, and "
+        f"during the slowdown a checkout surge of {CHECKOUT_SURGE:.0f} requests/s more (a flash "
+        "sale): checkout alone then needs about 15 workers at once, more than its 70 % share "
+        f"(14), and all traffic together about 31, more than the origin's {PRIORITY_CAP}."
     ),
     pops=("ewr",),
-    origins={"primary": OriginSpec(max_concurrency=PRIORITY_CAP, max_waiting=100_000,
+    origins={"primary": OriginSpec(workers=PRIORITY_CAP, max_waiting=200,
                                    healthy_p50_ms=110.0)},
-    duration_s=90.0,
-    rps_per_pop=55.0,
-    incident=(0.2, 0.75),
+    duration_s=40.0,
+    rps_per_pop=PRIORITY_RPS,
+    incident=(SLOW_START, SLOW_END),
     script=_slow_origin,
     origin_concurrency=PRIORITY_CAP,
-    baseline=(
-        f"one real Envoy 1.40 with one cluster for everything: a single FIFO pool of "
-        f"{PRIORITY_CAP} requests (the origin's cap), one retry on 5xx."),
+    variants=("ballast", *PRIORITY_BASELINES),
+    surges=(Surge("checkout", CHECKOUT_SURGE, SLOW_START, SLOW_END),),
+    standby="",
     notes=(
         "Seed 000's own numbers, for reference: checkout p95 under 900 ms with tiers against "
         "3.1 s with one FIFO queue, during a period when the origin's p50 went from 110 to "
-        "480 ms. Ours are in the table above, from this machine and this compressed run.",
-        "The baseline's route timeout is 4 s (as in `failover`): a latency near 4,000 ms is a "
-        "request that timed out (504) and is counted in the error rate too. Ballast's tiers "
-        "have their own timeouts (queue timeout + read timeout per tier, README 'Where the "
-        "numbers come from').",
-        "Why the baseline never recovers in this run (origins plot): when Envoy gives up on a "
-        "request it already sent (the 4 s route timeout), it closes the connection, but the "
-        "origin model, like many real origins, does not notice and keeps the abandoned "
-        "request in its wait line. With one FIFO queue in front of a slow origin those "
-        "abandoned requests pile up (to ~900 here), so the baseline's latency stays at the "
-        "timeout even after the origin is fast again. Ballast's tier pools time requests out "
-        "in the edge queue before they are sent, so its origin never holds more than its "
-        "cap. A shorter run or a lower offered load makes the baseline look better: the smoke "
-        "variant (16 s) measured a FIFO checkout p95 of about 2.9 s, near the seed's 3.1 s.",
+        "480 ms.",
+        "This scenario replaces `bench/tiers.py` (the same seed-000 comparison of one FIFO "
+        "pool, static tiers and the tier controller): one seed-000 bench.",
     ),
 )
 
-SCENARIOS = {s.name: s for s in (FAILOVER, REGIONAL, FLAP, RESTART, PRIORITY)}
+# in the order `all` runs them: the seeds' central comparisons first
+SCENARIOS = {s.name: s for s in (FAILOVER, PRIORITY, FLAP, REGIONAL, RESTART)}
+
+
+SMOKE_S = 24.0
 
 
 def _smoke_bleed(share: float, pops: tuple[str, ...] = ()) -> dict[str, Behaviour]:
     """A bleed in seconds: 0 → 30 % 5xx (TTFB +300 ms) from 20 % to 60 % of the run, then the
-    primary fails hard (95 %) so that the baseline's health check surely flips it."""
+    primary fails hard (95 %) so that every variant acts."""
     if share < 0.2:
         return {"primary": HEALTHY, "secondary": HEALTHY}
     x = min(1.0, (share - 0.2) / 0.4)
@@ -180,20 +201,25 @@ def _smoke_bleed(share: float, pops: tuple[str, ...] = ()) -> dict[str, Behaviou
 
 
 def smoke(scenario: Scenario) -> Scenario:
-    """The test suite's variant: 16 s, 20 requests/s per PoP, `_smoke_bleed`, so both Ballast
-    and the baseline act within seconds. The secondary starts warm: in seconds its warm pool
-    cannot warm it, and Ballast rightly holds the weights while the standby breaches too (its
-    p95 over 800 ms), which is the full run's business."""
+    """The test suite's variant: 24 s (priority 16 s), 20 requests/s per PoP, Ballast and the
+    first baseline only, `_smoke_bleed`, so every variant acts within seconds (Ballast needs two
+    breached 3 s windows and a 2 s tick after its start-up). The secondary starts warm: in
+    seconds its warm pool cannot warm it, which is the full run's business."""
+    variants = scenario.variants[:2]
     if scenario.name == "priority":  # slow from 3 s to 13 s of 16 s
-        return scenario.scaled(16.0, scenario.rps_per_pop,
-                               partial(_slow_origin, start=0.2, end=0.8), (0.2, 0.8))
+        return replace(scenario.scaled(16.0, scenario.rps_per_pop,
+                                       partial(_slow_origin, start=0.2, end=0.8), (0.2, 0.8)),
+                       surges=(Surge("checkout", CHECKOUT_SURGE, 0.2, 0.8),),
+                       variants=variants)
     pops = scenario.script(1.0)["primary"].pops
     origins = {**scenario.origins, "secondary": replace(scenario.origins["secondary"], warm=True)}
     script = partial(_smoke_bleed, pops=pops)
     incident = (0.2, 1.0)
-    if scenario.name == "flap":  # 5 s down (95 % 5xx), 5 s up: the baseline's checks agree fast
-        script = partial(_flap, duration_s=16.0, period_s=5.0, error_rate=0.95)
+    if scenario.name == "flap":  # 2 s down (95 % 5xx), 2 s up
+        script = partial(_flap, duration_s=SMOKE_S, period_s=FLAP_PERIOD_S, error_rate=0.95)
         incident = (0.1, 1.0)
-    restart_after_s = min(scenario.restart_after_s, 1.0)  # leave the restarted one time to act
-    return replace(scenario.scaled(16.0, 20.0, script, incident), origins=origins,
-                   restart_after_s=restart_after_s)
+    # restart: kill at 30 % (7 s) so the restarted Ballast (start-up takes seconds on a loaded
+    # machine, then a tick every 2 s) has over 15 s to record its decisions for the PoPs
+    kill_at = None if scenario.kill_at is None else 0.3
+    return replace(scenario.scaled(SMOKE_S, 20.0, script, incident), origins=origins,
+                   variants=variants, kill_at=kill_at)

@@ -1,22 +1,29 @@
 """The load generator: open-loop Poisson arrivals per PoP with a realistic request mix.
 
-The whole schedule (arrival times, PoP, kind, path) is drawn up front from the seed, so Ballast
-and its baseline get exactly the same requests at the same offsets. Requests are sent at their
-time whether or not earlier ones were answered (users do not wait for each other); each answer is
-one `Sample`. Popularity within a kind is Zipf-like, so a cold cache warms the way real ones do:
-the hot set first, the long tail for minutes.
+The whole schedule (arrival times, PoP, kind, path, request number) is drawn up front from the
+seed, on its own random stream, so every variant of a run gets exactly the same requests at the
+same offsets. Requests are sent at their time whether or not earlier ones were answered (users
+do not wait for each other); each answer is one `Sample`. Each request carries its number
+(`x-bench-request`), from which the origins draw its latency and error, so a request costs the
+same whichever variant and whichever order it arrives in. Popularity within a kind is Zipf
+(s = 1.2), so a cold cache warms the way real ones do: the hot set first, the long tail later.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
+import itertools
 import random
 import time
 from dataclasses import dataclass
+from functools import cache
 
 import aiohttp
 
 SHED_HEADER = "x-ballast-shed"
+REQUEST_HEADER = "x-bench-request"
+ZIPF_S = 1.2
 
 
 @dataclass(frozen=True)
@@ -26,20 +33,34 @@ class Kind:
     share: float  # of all requests
     path: str  # with {n}: the item
     items: int
+    cacheable: bool
     headers: tuple[tuple[str, str], ...] = ()
 
 
-# seed 000's mix: checkout API (critical), HTML pages (normal), bulk image revalidation (background)
+# seed 000's mix: checkout API (critical, never cacheable), HTML pages (normal), bulk image
+# revalidation (background)
 MIX = (
-    Kind("checkout", "critical", 0.2, "/api/checkout/cart/{n}", 200),
-    Kind("html", "normal", 0.5, "/p/{n}.html", 600),
-    Kind("image", "background", 0.3, "/_next/image/{n}.png", 3000,
+    Kind("checkout", "critical", 0.2, "/api/checkout/cart/{n}", 200, False),
+    Kind("html", "normal", 0.5, "/p/{n}.html", 2000, True),
+    Kind("image", "background", 0.3, "/_next/image/{n}.png", 10000, True,
          (("purpose", "prefetch"),)),
 )
+KINDS = {k.name: k for k in MIX}
+
+
+@dataclass(frozen=True)
+class Surge:
+    """Extra requests of one kind per PoP during part of the run (seed 000's flash sale)."""
+
+    kind: str
+    rps_per_pop: float
+    start: float  # share of the run
+    end: float
 
 
 @dataclass(frozen=True)
 class Request:
+    n: int  # the request's number in the schedule (its identity at the origins)
     at: float  # seconds after the load starts
     pop: str
     kind: str
@@ -47,61 +68,104 @@ class Request:
     headers: tuple[tuple[str, str], ...]
 
 
+# why a request did not get its intended answer (a 200 from an origin); "" = it did
+CAUSES = ("shed", "deferred", "5xx", "timeout", "reset", "other")
+
+
 @dataclass(frozen=True)
 class Sample:
     at: float  # when it was sent, seconds after the load starts
     pop: str
     kind: str
-    status: int  # 0: no answer (connection error, client timeout)
+    status: int  # 0: no answer (see `cause`)
     latency_ms: float
     origin: str  # x-origin of the answer, "" when none
     shed: bool  # Ballast's edge answered for the tier controller (x-ballast-shed)
+    timed_out: bool = False  # no answer within the client's timeout (else a reset, status 0)
+    n: int = -1
+
+    @property
+    def cause(self) -> str:
+        """"" when the client got what it asked for; else why not."""
+        if self.status == 200 and not self.shed:
+            return ""
+        if self.shed:
+            return "deferred" if self.status == 202 else "shed"
+        if self.status == 202:
+            return "deferred"
+        if self.status == 0:
+            return "timeout" if self.timed_out else "reset"
+        if self.status == 504:
+            return "timeout"
+        return "5xx" if self.status >= 500 else "other"
+
+
+@cache
+def _zipf_cdf(items: int) -> tuple[float, ...]:
+    weights = [1 / i**ZIPF_S for i in range(1, items + 1)]
+    total = sum(weights)
+    return tuple(itertools.accumulate(w / total for w in weights))
 
 
 def _zipf_item(rng: random.Random, items: int) -> int:
-    # inverse-CDF of a continuous 1/x popularity over 1..items: item 1 hottest
-    return min(items, int(items ** rng.random()))
+    """Item 1 hottest, Zipf(s = ZIPF_S)."""
+    return min(items, bisect.bisect_left(_zipf_cdf(items), rng.random()) + 1)
+
+
+def _arrivals(rng: random.Random, rate: float, start: float, end: float) -> list[float]:
+    out, at = [], start + rng.expovariate(rate)
+    while at < end:
+        out.append(at)
+        at += rng.expovariate(rate)
+    return out
 
 
 def schedule(
-    seed: int, duration_s: float, rps: dict[str, float], mix: tuple[Kind, ...] = MIX
+    seed: int, duration_s: float, rps: dict[str, float], mix: tuple[Kind, ...] = MIX,
+    surges: tuple[Surge, ...] = (),
 ) -> list[Request]:
     """Every request of the run, in time order; the same for the same arguments."""
-    rng = random.Random(seed)
+    rng = random.Random(f"schedule:{seed}")
     weights = [k.share for k in mix]
-    out: list[Request] = []
+    drawn: list[tuple[float, str, Kind]] = []
     for pop, rate in sorted(rps.items()):
-        at = rng.expovariate(rate)
-        while at < duration_s:
-            kind = rng.choices(mix, weights)[0]
-            path = kind.path.format(n=_zipf_item(rng, kind.items))
-            out.append(Request(at, pop, kind.name, path, kind.headers))
-            at += rng.expovariate(rate)
-    out.sort(key=lambda r: r.at)
-    return out
+        for at in _arrivals(rng, rate, 0.0, duration_s):
+            drawn.append((at, pop, rng.choices(mix, weights)[0]))
+        for surge in surges:
+            kind = KINDS[surge.kind]
+            for at in _arrivals(rng, surge.rps_per_pop, surge.start * duration_s,
+                                surge.end * duration_s):
+                drawn.append((at, pop, kind))
+    drawn.sort(key=lambda d: d[0])
+    return [Request(n, at, pop, kind.name, kind.path.format(n=_zipf_item(rng, kind.items)),
+                    kind.headers) for n, (at, pop, kind) in enumerate(drawn)]
 
 
 async def _one(session: aiohttp.ClientSession, url: str, request: Request, started: float
                ) -> Sample:
     sent = time.monotonic()
-    status, origin, shed = 0, "", False
+    status, origin, shed, timed_out = 0, "", False, False
+    headers = {**dict(request.headers), REQUEST_HEADER: str(request.n)}
     try:
-        async with session.get(url + request.path, headers=dict(request.headers)) as response:
+        async with session.get(url + request.path, headers=headers) as response:
             await response.read()
             status = response.status
             origin = response.headers.get("x-origin", "")
             shed = SHED_HEADER in response.headers
-    except (aiohttp.ClientError, TimeoutError):
+    except TimeoutError:
+        timed_out = True
+    except aiohttp.ClientError:
         pass
     return Sample(sent - started, request.pop, request.kind, status,
-                  (time.monotonic() - sent) * 1000, origin, shed)
+                  (time.monotonic() - sent) * 1000, origin, shed, timed_out, request.n)
 
 
 async def run_load(
-    requests: list[Request], base_urls: dict[str, str], timeout_s: float = 5.0
+    requests: list[Request], base_urls: dict[str, str], timeout_s: float = 10.0
 ) -> tuple[list[Sample], float]:
-    """Send `requests` on time; the samples and the wall-clock start (time.time())."""
-    connector = aiohttp.TCPConnector(limit=1000, force_close=False)
+    """Send `requests` on time; the samples and the wall-clock start (time.time()). The
+    client's timeout is above every edge timeout, so a timeout here is the edge's too."""
+    connector = aiohttp.TCPConnector(limit=2000, force_close=False)
     async with aiohttp.ClientSession(
         connector=connector, timeout=aiohttp.ClientTimeout(total=timeout_s)
     ) as session:

@@ -1,27 +1,53 @@
-"""A loopback origin whose behaviour follows the scenario's time script.
+"""A loopback origin whose behaviour follows the scenario's time script, modelled on the seeds'
+origins.
 
-Built on the demo origin (same health paths, `x-origin` header, tier echo, fault endpoint), with
-what an incident needs on top: a latency distribution (log-normal around a p50, seeded), a 5xx
-rate drawn per request, a cold cache (the first request for a path pays `cold_ms`, as a cache
-miss that goes to the origin's own backend), a worker cap (`max_concurrency`) with a bounded wait
-line behind it (beyond `max_waiting` the origin answers 503 at once, as an overloaded origin
-sheds), and faults limited to requests through some PoPs (`x-ballast-pop`). Health checks see the
-same latency and error rate as requests, so an active check notices a slow bleed.
+- **Work**: every request costs a time to first byte (log-normal around the script's p50) plus
+  backend work: an uncacheable request (the checkout API) always `api_ms`; a cacheable one
+  `miss_ms` when it is not in the origin's cache (a fetch from the origin's own backend), nothing
+  more when it is.
+- **Cache** (`cache_ttl_s`): an object stays cached while it is asked for at least once every
+  `cache_ttl_s` (idle eviction); a miss fills it when its fetch completes. A warm origin starts
+  with every object cached; a cold one with none (seed 002's standby: "hit ratio drops from 95 %
+  to maybe 20 %", "2-3x surge in origin fetches").
+- **Workers and wait line**: `workers` requests are worked on at once, `max_waiting` more wait;
+  beyond that the origin answers 503 at once (an overloaded origin sheds).
+- **Connections**: a new connection costs `connect_ms` of a worker's time with its first
+  request (TLS set-up); beyond `max_connections` open ones a new connection is answered 503
+  and closed (file descriptors; seed 002: "4k established connections to 80k in under 10
+  seconds").
+- **Abandonment**: when the client (Envoy) gives up on a request, the origin drops it from its
+  wait line at once and stops working on it after at most `abandon_after_s`, as a real origin
+  notices a closed connection on its next write or read.
+- **Faults**: a 5xx rate drawn per request, limited to requests through some PoPs
+  (`x-ballast-pop`) when the script says so.
+- **Health**: `/healthz` is shallow (answered at once, as seed 002 warns: it "kept returning 200
+  while real user paths were timing out"); `/healthz/cacheable` is a cacheable request like any
+  other.
+
+Random draws: a request's latency and error come from its own stream, keyed by the seed, the
+origin, the request number the load generator sends (`x-bench-request`) and the attempt at this
+origin, so the same request costs the same in every variant whatever the arrival order and
+however many health checks arrived between (a check draws nothing: `/healthz` is shallow).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import random
+import time
+from collections import Counter
 from dataclasses import dataclass
 
 from aiohttp import web
 
-from harness.demo_origin import FAULT_PATH, HEALTH_PATHS, DemoOrigin
+from bench.scenarios.load import REQUEST_HEADER
 
 POP_HEADER = "x-ballast-pop"
 SIGMA = 0.35  # log-normal spread: p95 ≈ 1.8 x p50
+SHALLOW_HEALTH = "/healthz"
+UNCACHEABLE_PREFIX = "/api/"
 
 
 @dataclass(frozen=True)
@@ -33,78 +59,187 @@ class Behaviour:
     pops: tuple[str, ...] = ()  # the behaviour applies to requests through these PoPs; () = all
 
 
-class ScriptedOrigin(DemoOrigin):
-    def __init__(
-        self, name: str, port: int, *, seed: int, max_concurrency: int = 0, max_waiting: int = 0,
-        cold_ms: float = 0.0, healthy_p50_ms: float = 30.0,
-    ) -> None:
-        super().__init__(name, port, max_concurrency=max_concurrency)
-        self.behaviour = Behaviour(p50_ms=healthy_p50_ms)
-        self.healthy = Behaviour(p50_ms=healthy_p50_ms)
-        self.cold_ms = cold_ms
-        self.max_waiting = max_waiting
-        self.waiting = 0
-        self.overloaded = 0
-        self._rng = random.Random(seed)
-        self._warm: set[str] = set()
+@dataclass(frozen=True)
+class OriginSpec:
+    """The origin's capacity and cache (0 / None: no limit, no cache)."""
+
+    workers: int = 0
+    max_waiting: int = 0
+    max_connections: int = 0
+    connect_ms: float = 0.0
+    cache_ttl_s: float | None = None
+    miss_ms: float = 0.0
+    api_ms: float = 0.0
+    warm: bool = True
+    healthy_p50_ms: float = 30.0
+    abandon_after_s: float = 0.5
+    endpoints: int = 1  # listening ports: the hosts Envoy sees
+
+
+@dataclass(frozen=True)
+class OriginStats:
+    """Cumulative counters and current gauges, sampled by the runner."""
+
+    requests: int
+    hits: int
+    misses: int
+    load: int  # working + waiting
+    connections: int
+    overloaded: int
+    refused: int
+    abandoned: int
+
+
+class ScriptedOrigin:
+    def __init__(self, name: str, ports: list[int], spec: OriginSpec, *, seed: int) -> None:
+        self.name = name
+        self.ports = ports
+        self.spec = spec
+        self.seed = seed
+        self.behaviour = Behaviour(p50_ms=spec.healthy_p50_ms)
+        self.healthy = self.behaviour
+        self.requests: Counter[str] = Counter()  # per tier seen (x-ballast-tier)
+        self.hits = self.misses = self.overloaded = self.refused = self.abandoned = 0
+        self.working = self.waiting = 0
+        self._slots = asyncio.Semaphore(spec.workers) if spec.workers else None
+        self._cached: dict[str, float] = {}  # path → last asked (monotonic)
+        self._connections: set[asyncio.BaseTransport] = set()
+        self._attempts: Counter[str] = Counter()
+        self._runners: list[web.AppRunner] = []
+        self._background: set[asyncio.Task[None]] = set()
 
     def warm(self, paths: list[str]) -> None:
         """Paths already in the origin's cache when the run starts."""
-        self._warm.update(paths)
+        now = time.monotonic()
+        self._cached.update(dict.fromkeys(paths, now))
 
     @property
     def load(self) -> int:
-        """Requests inside the origin: working plus waiting for a worker."""
-        return self.in_flight + self.waiting
+        return self.working + self.waiting
+
+    def stats(self) -> OriginStats:
+        self._connections = {t for t in self._connections if not t.is_closing()}
+        return OriginStats(sum(self.requests.values()), self.hits, self.misses, self.load,
+                           len(self._connections), self.overloaded, self.refused,
+                           self.abandoned)
 
     def _now(self, request: web.Request) -> Behaviour:
         b = self.behaviour
         return b if not b.pops or request.headers.get(POP_HEADER, "") in b.pops else self.healthy
 
-    def _latency_s(self, b: Behaviour, path: str) -> float:
-        seconds = b.p50_ms / 1000 * math.exp(self._rng.gauss(0.0, SIGMA))
-        if self.cold_ms and path not in self._warm:
-            self._warm.add(path)
-            seconds += self.cold_ms / 1000
+    def draw(self, rid: str, attempt: int) -> random.Random:
+        """The random stream of one attempt of one request at this origin."""
+        return random.Random(f"request:{self.seed}:{self.name}:{rid}:{attempt}")
+
+    def _rng(self, request: web.Request) -> random.Random:
+        rid = request.headers.get(REQUEST_HEADER, "")
+        self._attempts[rid] += 1
+        return self.draw(rid, self._attempts[rid])
+
+    def _hit(self, path: str) -> bool:
+        ttl = self.spec.cache_ttl_s
+        if ttl is None or path.startswith(UNCACHEABLE_PREFIX):
+            return False
+        last = self._cached.get(path)
+        now = time.monotonic()
+        if last is not None and now - last <= ttl:
+            self._cached[path] = now
+            return True
+        return False
+
+    def work_s(self, rng: random.Random, b: Behaviour, path: str, hit: bool) -> float:
+        """Seconds of work for a request: time to first byte plus its backend work."""
+        seconds = b.p50_ms / 1000 * math.exp(rng.gauss(0.0, SIGMA))
+        if path.startswith(UNCACHEABLE_PREFIX):
+            return seconds + self.spec.api_ms / 1000 * math.exp(rng.gauss(0.0, SIGMA))
+        if self.spec.cache_ttl_s is not None and not hit:
+            return seconds + self.spec.miss_ms / 1000 * math.exp(rng.gauss(0.0, SIGMA))
         return seconds
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
-        if request.path == FAULT_PATH:
-            return await self._handle_fault(request)
-        b = self._now(request)
         headers = {"x-origin": self.name}
-        if request.path in HEALTH_PATHS:
-            await asyncio.sleep(b.p50_ms / 1000 * math.exp(self._rng.gauss(0.0, SIGMA)))
-            status = 503 if self._rng.random() < b.error_rate else 200
-            return web.Response(status=status, text=f"{self.name}\n", headers=headers)
-        tier = request.headers.get("x-ballast-tier", "")
-        self.requests[tier] += 1
-        if self._slots is None:
-            self.in_flight += 1
+        if request.path == SHALLOW_HEALTH:
+            return web.Response(text=f"{self.name}\n", headers=headers)
+        transport = request.transport
+        if transport is not None and transport not in self._connections:
+            cap = self.spec.max_connections
+            if cap and self.stats().connections >= cap:
+                self.refused += 1
+                return web.Response(status=503, text="too many connections\n",
+                                    headers={**headers, "connection": "close"})
+            self._connections.add(transport)
+            setup = self.spec.connect_ms / 1000
+        else:
+            setup = 0.0
+        self.requests[request.headers.get("x-ballast-tier", "")] += 1
+        rng = self._rng(request)
+        b = self._now(request)
+        if self._slots is not None:
+            if self._slots.locked() and self.waiting >= self.spec.max_waiting:
+                self.overloaded += 1
+                return web.Response(status=503, text="overloaded\n", headers=headers)
+            self.waiting += 1
             try:
-                return await self._work(request, b, headers)
+                await self._slots.acquire()  # a client that leaves here leaves the line
             finally:
-                self.in_flight -= 1
-        if self._slots.locked() and self.waiting >= self.max_waiting:
-            self.overloaded += 1
-            return web.Response(status=503, text="overloaded\n", headers=headers)
-        self.waiting += 1
+                self.waiting -= 1
+        return await self._work(request, rng, b, headers, setup)
+
+    async def _work(self, request: web.Request, rng: random.Random, b: Behaviour,
+                    headers: dict[str, str], setup: float) -> web.Response:
+        hit = self._hit(request.path)
+        cacheable = self.spec.cache_ttl_s is not None and not request.path.startswith(
+            UNCACHEABLE_PREFIX)
+        if cacheable:
+            self.hits += hit
+            self.misses += not hit
+        seconds = setup + self.work_s(rng, b, request.path, hit)
+        failed = rng.random() < b.error_rate
+        self.working += 1
+        started = time.monotonic()
         try:
-            await self._slots.acquire()
-        finally:
-            self.waiting -= 1
-        self.in_flight += 1
-        self.in_flight_peak = max(self.in_flight_peak, self.in_flight)
-        try:
-            return await self._work(request, b, headers)
-        finally:
-            self.in_flight -= 1
+            await asyncio.sleep(seconds)
+        except asyncio.CancelledError:
+            # the client left: the work goes on for at most abandon_after_s, holding its worker
+            self.abandoned += 1
+            rest = min(seconds - (time.monotonic() - started), self.spec.abandon_after_s)
+            task = asyncio.get_running_loop().create_task(self._finish(max(0.0, rest)))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+            raise
+        self._done()
+        if failed:
+            return web.Response(status=500, text="injected\n", headers=headers)
+        if cacheable and not hit:
+            self._cached[request.path] = time.monotonic()
+        return web.Response(text=f"{self.name} {request.path}\n", headers=headers)
+
+    def _done(self) -> None:
+        self.working -= 1
+        if self._slots is not None:
             self._slots.release()
 
-    async def _work(self, request: web.Request, b: Behaviour, headers: dict[str, str]
-                    ) -> web.Response:
-        await asyncio.sleep(self._latency_s(b, request.path))
-        if self._rng.random() < b.error_rate:
-            self.errors += 1
-            return web.Response(status=500, text="injected\n", headers=headers)
-        return web.Response(text=f"{self.name} {request.path}\n", headers=headers)
+    async def _finish(self, seconds: float) -> None:
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            self._done()
+
+    async def start(self) -> ScriptedOrigin:
+        for port in self.ports:
+            app = web.Application()
+            app.router.add_route("*", "/{tail:.*}", self._handle)
+            runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", port).start()
+            self._runners.append(runner)
+        return self
+
+    async def stop(self) -> None:
+        for runner in self._runners:
+            await runner.cleanup()
+        self._runners.clear()
+        for task in list(self._background):
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task

@@ -11,24 +11,22 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from bench.scenarios.analysis import RunResult
-from bench.scenarios.load import MIX, run_load, schedule
-from bench.scenarios.origin import Behaviour, ScriptedOrigin
-from bench.scenarios.stack import BallastEdge, BaselineEdge, Edge
+from bench.scenarios.load import MIX, Surge, run_load, schedule
+from bench.scenarios.origin import Behaviour, OriginSpec, ScriptedOrigin
+from bench.scenarios.stack import (
+    FAILOVER_BASELINES,
+    BallastEdge,
+    Edge,
+    StaticEdge,
+    failover_bootstrap,
+    priority_bootstrap,
+)
 from control_plane.decisions.read import iter_records, record_time
 from harness.envoy_process import free_port
 
 # decision records drawn on the time axis (weights, ramps, tier actions); routine ones are not
 LOAD_PERIOD_S = 0.1  # origin load sampling; its lateness is the bench process's own lag
 MARKED = ("weight_shift", "return", "ramp_", "tier_action", "tier_shed")
-
-
-@dataclass(frozen=True)
-class OriginSpec:
-    max_concurrency: int = 0
-    max_waiting: int = 0
-    cold_ms: float = 0.0  # a path's first request pays this (cold cache)
-    warm: bool = True  # every path is in its cache at the start
-    healthy_p50_ms: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -42,12 +40,13 @@ class Scenario:
     rps_per_pop: float
     incident: tuple[float, float]  # share of the run the incident spans (the report's window)
     script: Callable[[float], dict[str, Behaviour]]  # run share 0..1 → behaviour per origin
-    extra_desired: str = ""
     kill_at: float | None = None  # restart: kill -9 Ballast at this share of the run ...
     restart_after_s: float = 0.0  # ... and start it again this much later
     notes: tuple[str, ...] = field(default_factory=tuple)
     origin_concurrency: int = 120  # the group's max_origin_concurrency; the baseline's breakers
-    baseline: str = ""  # how the report describes the baseline; "" = binary failover
+    variants: tuple[str, ...] = ("ballast", "binary")  # Ballast first, then the baselines
+    surges: tuple[Surge, ...] = ()  # extra load of one kind during part of the run
+    standby: str = "secondary"  # the origin whose warming the report follows
 
     def scaled(self, duration_s: float, rps_per_pop: float,
                script: Callable[[float], dict[str, Behaviour]], incident: tuple[float, float]
@@ -67,27 +66,37 @@ async def _every(period: float, stop: asyncio.Event, fn: Callable[[], object]) -
             await asyncio.wait_for(stop.wait(), period)
 
 
+def _edge(scenario: Scenario, variant: str, workdir: Path,
+          origins: dict[str, ScriptedOrigin], seed: int) -> Edge:
+    pops = list(scenario.pops)
+    if variant == "ballast":
+        return BallastEdge(workdir, pops, {n: o.ports[0] for n, o in origins.items()}, seed,
+                           concurrency=scenario.origin_concurrency)
+    if variant in FAILOVER_BASELINES:
+        hosts = {n: o.ports[:FAILOVER_BASELINES[variant]] for n, o in origins.items()}
+        return StaticEdge(workdir, pops, hosts, lambda pop, listener, admin: failover_bootstrap(
+            pop, listener, admin, hosts, scenario.origin_concurrency))
+    origin = next(iter(origins.values())).ports[0]
+    return StaticEdge(workdir, pops, {n: o.ports[:1] for n, o in origins.items()},
+                      lambda pop, listener, admin: priority_bootstrap(
+                          variant, pop, listener, admin, origin, scenario.origin_concurrency))
+
+
 async def run_variant(scenario: Scenario, variant: str, workdir: Path, seed: int) -> RunResult:
-    """`variant` is "ballast" or "baseline"; same seed → same requests and origin draws."""
+    """`variant` is "ballast" or a baseline's name; same seed → same requests, and the same
+    draws for each request at each origin."""
     workdir.mkdir(parents=True, exist_ok=True)
     origins = {
-        name: ScriptedOrigin(name, free_port(), seed=seed + i, max_concurrency=spec.max_concurrency,
-                             max_waiting=spec.max_waiting, cold_ms=spec.cold_ms,
-                             healthy_p50_ms=spec.healthy_p50_ms)
-        for i, (name, spec) in enumerate(scenario.origins.items())
+        name: ScriptedOrigin(name, [free_port() for _ in range(spec.endpoints)], spec,
+                             seed=seed)
+        for name, spec in scenario.origins.items()
     }
     for name, spec in scenario.origins.items():
         if spec.warm:
             origins[name].warm(all_paths())
-    ports = {name: o.port for name, o in origins.items()}
     pops = list(scenario.pops)
-    edge: Edge
-    if variant == "ballast":
-        edge = BallastEdge(workdir, pops, ports, seed, scenario.extra_desired,
-                           scenario.origin_concurrency)
-    else:
-        edge = BaselineEdge(workdir, pops, ports, scenario.origin_concurrency)
-    result = RunResult(variant, [])
+    edge = _edge(scenario, variant, workdir, origins, seed)
+    result = RunResult(variant, [], seed=seed)
     stop = asyncio.Event()
     tasks: list[asyncio.Task[None]] = []
     started = time.monotonic()
@@ -96,7 +105,8 @@ async def run_variant(scenario: Scenario, variant: str, workdir: Path, seed: int
             await origin.start()
         await asyncio.to_thread(edge.start)
         requests = schedule(seed, scenario.duration_s,
-                            {pop: scenario.rps_per_pop for pop in pops})
+                            {pop: scenario.rps_per_pop for pop in pops}, surges=scenario.surges)
+        result.schedule = [(r.n, r.at, r.pop, r.kind, r.path) for r in requests]
         started = time.monotonic()
 
         def now() -> float:
@@ -114,7 +124,9 @@ async def run_variant(scenario: Scenario, variant: str, workdir: Path, seed: int
             result.loop_lag.append((t, max(0.0, t - last_tick[0] - LOAD_PERIOD_S)))
             last_tick[0] = t
             for name, origin in origins.items():
-                result.origin_load.append((t, name, origin.load))
+                stats = origin.stats()
+                result.origin_load.append((t, name, stats.load))
+                result.origin_stats.append((t, name, stats))
 
         async def sample_weights() -> None:
             while not stop.is_set():
@@ -151,6 +163,10 @@ async def run_variant(scenario: Scenario, variant: str, workdir: Path, seed: int
                           for r in iter_records(edge.state_dir)]
             result.records = [(t, str(r["kind"]), str(r.get("pop", ""))) for t, r in everything
                               if str(r["kind"]).startswith(MARKED)]
+            for _, r in everything:
+                kind = str(r["kind"])
+                result.decisions[kind] += 1
+                result.decision_examples.setdefault(kind, str(r.get("rule", ""))[:300])
             if len(result.events) >= 2:  # what the restarted Ballast said first, per PoP
                 restarted = result.events[1][0]
                 result.after_restart = [
