@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -124,3 +125,34 @@ async def test_unreachable_endpoint_is_reported_and_the_next_one_used(
         assert await s.leader() is None  # moved on to the live endpoint
     finally:
         await s.close()
+
+
+async def test_a_cancelled_call_cancels_its_task_even_when_grpc_swallows_it(
+    store: EtcdStore,
+) -> None:
+    """grpc.aio can swallow the cancellation of a task awaiting a call (the task awaits grpc's
+    own task, which catches the CancelledError and ends the call): the store raises it again, or
+    a loop stopped by cancellation (the leader election) would go on for ever and its stop wait
+    for ever."""
+    lease = await store.grant_lease(10)
+    client = await store._connected()
+    real = client.refresh_lease
+    waiting = asyncio.Event()
+
+    async def swallowing(lease_id: int) -> object:
+        async def prepare() -> None:  # as grpc.aio's call preparation does on a cancellation
+            with contextlib.suppress(asyncio.CancelledError):
+                waiting.set()
+                await asyncio.Event().wait()
+
+        await asyncio.create_task(prepare())
+        return await real(lease_id)
+
+    client.refresh_lease = swallowing  # type: ignore[method-assign]
+    refresh = asyncio.create_task(store.refresh_lease(lease))
+    await waiting.wait()
+    refresh.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await refresh
+    client.refresh_lease = real  # type: ignore[method-assign]
+    assert await store.refresh_lease(lease) > 0  # the connection was not dropped for it

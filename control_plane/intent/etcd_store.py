@@ -32,7 +32,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aetcd
 import grpc
@@ -44,6 +44,8 @@ MAX_ENDPOINTS = 16
 RECORDS_TTL_S = 3600
 MAX_TXN_OPS = 100  # etcd refuses a transaction of more than 128 operations
 MAX_CREDENTIAL_FILE = 1 << 20
+
+T = TypeVar("T")
 
 
 class StoreUnavailable(Exception):
@@ -215,8 +217,10 @@ class EtcdStore:
                 await client.connect()  # authenticates (a call) when a user is given
             except Exception as err:  # refused credentials, unreadable files, etcd away
                 await self._tidy(client.close())
+                _honour_cancellation()
                 raise await self._failed(err) from err
             self._client = client
+            _honour_cancellation()
         return self._client
 
     async def _failed(self, err: BaseException) -> StoreUnavailable:
@@ -253,10 +257,18 @@ class EtcdStore:
 
     async def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         client = await self._connected()
+        return await self._rpc(getattr(client, name)(*args, **kwargs))
+
+    async def _rpc(self, call: Awaitable[T]) -> T:
+        """The answer of one call to etcd; StoreUnavailable when it fails, CancelledError when
+        the task awaiting it was cancelled meanwhile (even if the call swallowed it)."""
         try:
-            return await getattr(client, name)(*args, **kwargs)
+            answer = await call
         except Exception as err:  # any failure to talk to etcd (gRPC, socket, timeout)
+            _honour_cancellation()  # the call ended because we cancelled it: not etcd's fault
             raise await self._failed(err) from err
+        _honour_cancellation()
+        return answer
 
     # -- leadership ------------------------------------------------------------------------
 
@@ -277,14 +289,11 @@ class EtcdStore:
         client = await self._connected()
         leader = self._key("leader")
         tx = client.transactions
-        try:
-            ok, _ = await client.transaction(
-                compare=[tx.version(leader) == 0],
-                success=[tx.put(leader, replica_id.encode(), lease=lease_id)],
-                failure=[],
-            )
-        except Exception as err:  # any failure to talk to etcd (gRPC, socket, timeout)
-            raise await self._failed(err) from err
+        ok, _ = await self._rpc(client.transaction(
+            compare=[tx.version(leader) == 0],
+            success=[tx.put(leader, replica_id.encode(), lease=lease_id)],
+            failure=[],
+        ))
         if not ok:
             return None
         current = await self.leader()
@@ -315,10 +324,7 @@ class EtcdStore:
     async def load(self) -> tuple[int, dict[str, Any]]:
         """(revision, relative key -> value) of everything under ``intent/``."""
         client = await self._connected()
-        try:
-            result = await client.get_prefix(self._key("intent/"))
-        except Exception as err:  # any failure to talk to etcd (gRPC, socket, timeout)
-            raise await self._failed(err) from err
+        result = await self._rpc(client.get_prefix(self._key("intent/")))
         values = {self._relative(kv.key, "intent/"): json.loads(kv.value) for kv in result}
         return int(result.header.revision), values
 
@@ -332,14 +338,11 @@ class EtcdStore:
             tx.put(self._key("intent/" + key), _dump(value)) for key, value in write.put.items()
         ]
         ops += [tx.delete(self._key("intent/" + key)) for key in write.delete]
-        try:
-            ok, _ = await client.transaction(
-                compare=[tx.create(self._key("leader")) == leadership.term],
-                success=ops,
-                failure=[],
-            )
-        except Exception as err:  # any failure to talk to etcd (gRPC, socket, timeout)
-            raise await self._failed(err) from err
+        ok, _ = await self._rpc(client.transaction(
+            compare=[tx.create(self._key("leader")) == leadership.term],
+            success=ops,
+            failure=[],
+        ))
         if not ok:
             raise Deposed(f"leader key is no longer term {leadership.term}")
 
@@ -360,16 +363,16 @@ class EtcdStore:
                 await client.transaction(compare=[], success=ops, failure=[])
         except Exception as err:  # any failure to talk to etcd (gRPC, socket, timeout)
             self._records_lease = None
+            _honour_cancellation()
             raise await self._failed(err) from err
+        _honour_cancellation()
 
     async def watch_intent(self, start_revision: int) -> AsyncIterator[IntentEvent]:
         """Every change under ``intent/`` and ``decisions/`` from ``start_revision`` on, and of
         the membership (the ``leader`` key, ``replicas/``: value None, only that it changed)."""
         client = await self._connected()
-        try:
-            watch = await client.watch_prefix(self.prefix.encode(), start_revision=start_revision)
-        except Exception as err:  # any failure to talk to etcd (gRPC, socket, timeout)
-            raise await self._failed(err) from err
+        watch = await self._rpc(client.watch_prefix(self.prefix.encode(),
+                                                    start_revision=start_revision))
         try:
             async for event in watch:
                 key = event.kv.key.decode(errors="replace")[len(self.prefix):]
@@ -394,6 +397,18 @@ class EtcdStore:
     async def replicas(self) -> list[dict[str, Any]]:
         result = await self._call("get_prefix", self._key("replicas/"))
         return [json.loads(kv.value) for kv in result]
+
+
+def _honour_cancellation() -> None:
+    """Raise CancelledError if the current task is being cancelled. grpc.aio can swallow a
+    cancellation: the task awaiting a call awaits grpc's own task, which catches the
+    CancelledError and ends the call instead, so the caller gets an answer (or a gRPC error) and
+    never sees it. A loop that stops only by cancellation (the leader election, the mirror) then
+    goes on for ever, and whoever stops it (`Replication.stop`, `ballast serve`'s shutdown) waits
+    for it for ever."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 def _dump(value: Any) -> bytes:
