@@ -39,13 +39,13 @@ def _milliseconds(text: str) -> int:
     return int(millis)
 
 
-def _bytes(text: str) -> int:
+def _positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
         value = 0
     if value < 1:
-        raise argparse.ArgumentTypeError(f"wants a whole number of bytes >= 1, got {text!r}")
+        raise argparse.ArgumentTypeError(f"wants a whole number >= 1, got {text!r}")
     return value
 
 
@@ -73,10 +73,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--accept-empty-state", action="store_true",
                         help="start from default weights even though state.db is empty while "
                         "the decision log shows earlier use (refused otherwise)")
-    parser.add_argument("--routine-records-burst", type=_bytes, default=DEFAULT_BURST_BYTES,
+    parser.add_argument("--routine-records-burst", type=_positive_int, default=DEFAULT_BURST_BYTES,
                         metavar="BYTES", help="decision-log bytes clients may cause at once "
                         f"(node events, NACKs; default {DEFAULT_BURST_BYTES})")
-    parser.add_argument("--routine-records-rate", type=_bytes, default=DEFAULT_BYTES_PER_S,
+    parser.add_argument("--routine-records-rate", type=_positive_int, default=DEFAULT_BYTES_PER_S,
                         metavar="BYTES", help="decision-log bytes per second clients may cause "
                         f"after the burst (default {DEFAULT_BYTES_PER_S}); decisions are never "
                         "limited")
@@ -86,21 +86,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "count to the totals only) and for the process; over a budget the newest stream is "
         "refused with RESOURCE_EXHAUSTED")
     d = DEFAULT_LIMITS
-    budgets.add_argument("--xds-streams-per-identity", type=_bytes, metavar="N",
+    budgets.add_argument("--xds-streams-per-identity", type=_positive_int, metavar="N",
                          default=d.streams_per_identity,
                          help=f"concurrent ADS streams (default {d.streams_per_identity})")
-    budgets.add_argument("--xds-connections-per-identity", type=_bytes, metavar="N",
+    budgets.add_argument("--xds-connections-per-identity", type=_positive_int, metavar="N",
                          default=d.connections_per_identity,
                          help="connections with ADS streams (default "
                          f"{d.connections_per_identity})")
-    budgets.add_argument("--xds-bytes-per-identity", type=_bytes, metavar="BYTES",
+    budgets.add_argument("--xds-bytes-per-identity", type=_positive_int, metavar="BYTES",
                          default=d.held_bytes_per_identity,
                          help="bytes in requests not yet handled and responses being written "
                          f"(default {d.held_bytes_per_identity})")
-    budgets.add_argument("--xds-streams-total", type=_bytes, metavar="N",
+    budgets.add_argument("--xds-streams-total", type=_positive_int, metavar="N",
                          default=d.streams_total,
                          help=f"ADS streams, all clients (default {d.streams_total})")
-    budgets.add_argument("--xds-bytes-total", type=_bytes, metavar="BYTES",
+    budgets.add_argument("--xds-bytes-total", type=_positive_int, metavar="BYTES",
                          default=d.held_bytes_total,
                          help=f"held bytes, all clients (default {d.held_bytes_total})")
     budgets.add_argument("--xds-first-request-timeout", type=_milliseconds, metavar="DURATION",
@@ -132,7 +132,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "whose Host is not an IP address, localhost or such a name get 421 "
                         "(DNS rebinding)")
     admin_limits = DEFAULT_ADMIN_LIMITS
-    parser.add_argument("--admin-connections", type=_bytes, metavar="N",
+    parser.add_argument("--admin-connections", type=_positive_int, metavar="N",
                         default=admin_limits.max_connections,
                         help="admin connections held at once (default "
                         f"{admin_limits.max_connections}, at most a quarter of the descriptor "
