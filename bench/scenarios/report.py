@@ -307,6 +307,39 @@ def decisions(runs: dict[str, list[RunResult]]) -> list[str]:
     return [*lines, ""]
 
 
+def record_checks(runs: dict[str, list[RunResult]]) -> list[str]:
+    """Issue 21's two checks, counted over every decision record of every Ballast run."""
+    ours = runs["ballast"]
+
+    def per_run(values: Sequence[int]) -> str:
+        return " / ".join(str(v) for v in values)
+
+    found = [text for r in ours for text in (*r.held_though_better, *r.shed_with_idle_slots)]
+    lines = [
+        "## Checks on Ballast's decision records", "",
+        "Counted over every record of every run (seeds " + ", ".join(str(r.seed) for r in ours)
+        + "), each with the run's own desired state. A \"nowhere better\" hold fails the first "
+        "check when its own inputs show an origin whose composite score was better than a sick "
+        "origin's by `compare_margin`. A shed onset (re-prioritization with a shed tier, or "
+        "utilization shedding) fails the second when its window shows idle slots: the trigger "
+        "tier's worst Envoy peaked below its slots (guarantee plus borrowed) with nothing "
+        "pending and no queue overloaded, or the utilization read was at or below "
+        "`shed_threshold`. (Requests answered by a tier's bounded queue overflowing are "
+        "Envoy's, not records; a queue overflows only with every slot of its pool busy.)", "",
+        "| check | per run |", "|---|---|",
+        f"| \"nowhere better\" holds recorded | {per_run([r.nowhere_better for r in ours])} |",
+        "| ... while an origin scored better than a sick one by the margin | "
+        f"{per_run([len(r.held_though_better) for r in ours])} |",
+        f"| shed onsets recorded | {per_run([r.shed_onsets for r in ours])} |",
+        "| ... while the shedding tier's origin had idle slots | "
+        f"{per_run([len(r.shed_with_idle_slots) for r in ours])} |",
+        "",
+    ]
+    if found:
+        lines += ["The records that failed a check:", "", "```", *found[:20], "```", ""]
+    return lines
+
+
 def configs(scenario: Scenario) -> list[str]:
     """Every variant's configuration in full (PoP ewr; ports as placeholders)."""
     origins = {name: [8001 + 10 * i + k for k in range(spec.endpoints)]
@@ -600,6 +633,7 @@ def write_report(
         *breakdown(scenario, runs),
         *standby_section(scenario, runs),
         *decisions(runs),
+        *record_checks(runs),
         *extra,
         *timer_table(),
         "## Plots (first run of each variant)",
