@@ -120,7 +120,10 @@ def _kind_metrics(kind: str, quantiles: tuple[int, ...]) -> list[Metric]:
 def metrics(scenario: Scenario) -> list[Metric]:
     rows = [Metric("error rate during the incident, every cause (%)",
                    lambda sc, r: 100 * error_rate(_during(sc, r)))]
-    rows += _kind_metrics("checkout", (50, 95, 99)) + _kind_metrics("html", (50, 95))
+    rows += _kind_metrics("checkout", (50, 95, 99))
+    rows.append(Metric("checkout: shed by the edge (%)",
+                       lambda sc, r: 100 * shed_rate(_during(sc, r, "checkout"))))
+    rows += _kind_metrics("html", (50, 95))
     rows += [Metric("image: error rate (%)",
                     lambda sc, r: 100 * error_rate(_during(sc, r, "image"))),
              Metric("image: shed by the edge (%)",
@@ -501,6 +504,12 @@ WHY = {
         "normal tier) where the failover baselines time out at 4 s, so a slow request is "
         "answered late (in the latencies) instead of failing (in the error rate); and during "
         "a shift part of the traffic stays on the slow primary"),
+    "checkout: shed": (
+        "the critical tier's queue is bounded in time (seed 000's 800 ms `queue_timeout`): its "
+        "pending limit is slots x 800 ms / the origins' measured p50 (`tier_queue` records), so "
+        "while the origin is slow a checkout request that finds the queue at that limit is "
+        "answered 503 at the edge (`x-ballast-shed: critical`, the tier's `shed_action`) "
+        "instead of waiting up to its route timeout as the baselines' requests do"),
     "checkout": (
         "during the shift Ballast keeps most traffic on the primary, whose time to first byte "
         "rises by up to 600 ms (the evidence line gives its standby's mean weight), and its "
@@ -527,10 +536,15 @@ WHY_PRIORITY = {
         "HTML it does answer is answered sooner), and static tiers keep HTML in its own pool "
         "with a 9.5 s route timeout (fewer fail, later)"),
     "checkout": (
-        "no mechanism verified. Ballast's records show it lending critical's idle slots to "
-        "normal and background before the slowdown (`tier_lend`); while borrowed slots are "
-        "busy the origin's 20 workers are oversubscribed and checkout can wait at the origin "
-        "until they are reclaimed"),
+        "the critical tier's queue is bounded in time: while the origin answers in 480 ms its "
+        "pending limit is its 14 slots (more while it borrows) x 800 ms / 480 ms, about 23 "
+        "(`tier_queue` records), and checkout "
+        "requests past it are answered 503 at the edge (\"checkout: shed by the edge\"), where "
+        "static tiers let them wait up to the 6.8 s route timeout and answer most of them late. "
+        "Ballast's records also show it lending critical's idle slots to normal and background "
+        "before the slowdown (`tier_lend`); while borrowed slots are busy the origin's 20 "
+        "workers are oversubscribed and checkout can wait at the origin until they are "
+        "reclaimed"),
     "error rate": (
         "the tier controller answers background requests at the edge with 503 (shed, counted "
         "as failed) and demotes half of the normal tier into the background tier's pool, "
@@ -547,8 +561,12 @@ def _evidence(scenario: Scenario, runs: dict[str, list[RunResult]]) -> str:
         return "/".join(str(r.decisions.get(kind, 0)) for r in ours)
 
     shed = Spread(tuple(100 * shed_rate(_during(scenario, r, "image")) for r in ours)).median
+    checkout = Spread(tuple(100 * shed_rate(_during(scenario, r, "checkout"))
+                            for r in ours)).median
     parts = [f"in these runs the tier controller shed {_num(shed)} % of background requests "
-             f"(`tier_action` records per run: {per_run('tier_action')})"]
+             f"(`tier_action` records per run: {per_run('tier_action')}), and the critical "
+             f"tier's time-bounded queue answered {_num(checkout)} % of checkout requests at "
+             f"the edge (`tier_queue` records per run: {per_run('tier_queue')})"]
     if scenario.standby:
         weight = Spread(tuple(mean_weight(r, scenario.standby, *window(scenario))
                               for r in ours)).median
