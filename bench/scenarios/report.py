@@ -531,10 +531,13 @@ WHY = {
 WHY_PRIORITY = {
     "html": (
         "while the tier controller acts (`tier_action`) half of the normal tier's requests are "
-        "demoted into the background tier's pool, where they wait or fail; one FIFO queue lets "
-        "HTML compete on equal terms (most of FIFO's requests fail at its 4 s timeout, so the "
-        "HTML it does answer is answered sooner), and static tiers keep HTML in its own pool "
-        "with a 9.5 s route timeout (fewer fail, later)"),
+        "demoted into the background tier's pool, and both pools' queues are bounded in time "
+        "(`tier_queue`: normal 5 slots x 1500 ms / 480 ms, about 15 waiting; background 1 "
+        "slot plus borrowed x 3000 ms / 480 ms): HTML past those limits is answered 503 at the "
+        "edge at once (the shed column of the breakdown below) instead of after a wait; one "
+        "FIFO queue lets HTML compete on equal terms (most of FIFO's requests fail at its 4 s "
+        "timeout, so the HTML it does answer is answered sooner), and static tiers keep HTML "
+        "in its own pool with a 9.5 s route timeout (fewer fail, later)"),
     "checkout": (
         "the critical tier's queue is bounded in time: while the origin answers in 480 ms its "
         "pending limit is its 14 slots (more while it borrows) x 800 ms / 480 ms, about 23 "
