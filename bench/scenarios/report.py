@@ -492,10 +492,12 @@ def plot_standby(scenario: Scenario, runs: dict[str, RunResult], path: Path) -> 
 # list gives this report's numbers for it)
 WHY = {
     "image: shed": (
-        "the tier controller sheds the background tier at the edge (503 with "
-        "`x-ballast-shed`) while checkout's measured pool wait is over its trigger (35 ms) or "
-        "the origin's utilization over 85 % (seed 000: shed P2 to protect P0); every shed "
-        "counts as a failed request here"),
+        "background requests are answered at the edge (503 with `x-ballast-shed`) two ways: "
+        "the tier controller sheds the background tier while checkout's measured pool wait is "
+        "over its trigger (35 ms) or the origin's utilization over 85 % (seed 000: shed P2 to "
+        "protect P0; \"shed onsets recorded\" in the checks below), and the background "
+        "tier's queue, bounded in time (its slots x 3000 ms / the origins' p50, `tier_queue`), "
+        "overflows; every shed counts as a failed request here"),
     "image": (
         "background requests are shed at the edge or wait behind the background tier's 5 % "
         "share of the origin's slots; the baselines give them the same pool as everything else"),
