@@ -32,7 +32,7 @@ from control_plane.app.tasks import cancel_all
 from control_plane.decisions.recorder import DecisionRecorder
 from control_plane.intent.etcd_store import EtcdStore, Leadership, StoreUnavailable
 from control_plane.intent.owner import IntentOwner
-from control_plane.intent.replicated_store import ReplicatedStore, snapshot_of
+from control_plane.intent.replicated_store import ReplicatedStore, stored_intent_of
 from control_plane.own_metrics.registry import BallastMetrics
 
 log = logging.getLogger(__name__)
@@ -155,15 +155,15 @@ class Replication:
         self.term = lead.term
         self.decisions.origin = {"replica": self.replica_id, "term": lead.term}
         # the whole intent read back (a StoreUnavailable here drops the leadership again)
-        snapshot = await self.store.read()
-        await self._owner().adopt(snapshot, where=self.store.where)
+        stored = await self.store.read()
+        await self._owner().adopt(stored, where=self.store.where)
         reconciler = self._reconciler()
         reconciler.defer_all(reconciler.clock())
         self.recorder.record(
             "leader_elected", rule=f"replica {self.replica_id} leads term {lead.term}: "
             "reconciling from the intent in etcd", detail={
                 "replica": self.replica_id, "term": lead.term,
-                "pairs_restored": len(snapshot.groups)})
+                "pairs_restored": len(stored.groups)})
         self._loop_task = asyncio.create_task(reconciler.run())
 
     async def _adopt_after_leading(self) -> None:
@@ -250,7 +250,7 @@ class Replication:
         if self.term is not None:
             return
         try:
-            pops = await self._owner().adopt(snapshot_of(self._values, where=self.store.where),
+            pops = await self._owner().adopt(stored_intent_of(self._values, where=self.store.where),
                                        where=self.store.where)
             log.debug("adopted the intent from etcd; output changed in %s",
                       ", ".join(sorted(pops)) or "no PoP")

@@ -34,8 +34,8 @@ from control_plane.intent.store import (
     IntentBatch,
     IntentStore,
     PairKey,
-    Snapshot,
     StateCorrupted,
+    StoredIntent,
 )
 from control_plane.translate import UnknownPop
 from control_plane.translate.routes import check_tier_actions
@@ -196,21 +196,21 @@ class IntentOwner:
         (PoPs that disappeared count as changed, so their streams can be told)."""
         return self._swap(carry_over(self._intent, desired).intent, None)
 
-    def restore(self, snapshot: Snapshot, *, where: str) -> CarryOver:
+    def restore(self, stored: StoredIntent, *, where: str) -> CarryOver:
         """What the store held, carried over to the current desired state, made the running
         intent. A tier or ramp state that does not parse raises StateCorrupted (naming
         `where`)."""
-        carried = carry_over(self._stored(snapshot, where), self._intent.desired)
+        carried = carry_over(self._stored(stored, where), self._intent.desired)
         self._swap(carried.intent, None)
         return carried
 
-    async def adopt(self, snapshot: Snapshot, *, where: str) -> frozenset[str]:
+    async def adopt(self, stored: StoredIntent, *, where: str) -> frozenset[str]:
         """What a shared store holds now (another replica decided it), made the running intent
         under the same rule as `restore`, through the change transaction (saved by the
         replica that decided it, not here); only the PoPs whose weights, tier actions or
         mirrors differ are re-built. The PoPs whose output changed."""
         def adopted(old: RunningIntent) -> tuple[RunningIntent, set[str]]:
-            new = carry_over(self._stored(snapshot, where), old.desired).intent
+            new = carry_over(self._stored(stored, where), old.desired).intent
             return new, {
                 pop for pop, group in old.pairs()
                 if new.weights_of(pop, group) != old.weights_of(pop, group)
@@ -221,17 +221,17 @@ class IntentOwner:
             change.replace(adopted)
         return change.pushed
 
-    def _stored(self, snapshot: Snapshot, where: str) -> RunningIntent:
-        """A store's snapshot as a running intent under the current desired state (before the
+    def _stored(self, stored: StoredIntent, where: str) -> RunningIntent:
+        """What a store holds as a running intent under the current desired state (before the
         carry-over rule); StateCorrupted for a tier or ramp state that does not parse."""
         keys = {tier_key(*k): k for k in self._intent.pairs()}
-        tier_states = _parsed(snapshot.tier_decisions, TierState.from_dict, keys,
+        tier_states = _parsed(stored.tier_decisions, TierState.from_dict, keys,
                               f"{where}: tier decision")
-        ramps = _parsed(snapshot.ramps, RampState.from_dict, keys, f"{where}: ramp")
+        ramps = _parsed(stored.ramps, RampState.from_dict, keys, f"{where}: ramp")
         return RunningIntent(
             desired=self._intent.desired,
-            weights={k: dict(s.weights) for k, s in sorted(snapshot.groups.items())},
-            controllers={k: s.controller for k, s in sorted(snapshot.groups.items())},
+            weights={k: dict(s.weights) for k, s in sorted(stored.groups.items())},
+            controllers={k: s.controller for k, s in sorted(stored.groups.items())},
             tier_states=tier_states,
             ramps=ramps,
         )
