@@ -3,7 +3,7 @@
 N streams of one PoP go through Envoy's start-up exchange (CDS wildcard, EDS for every cluster,
 LDS wildcard, RDS by name) and ACK everything; then the PoP's snapshot alternates between two
 generations that differ in one origin group's weights (what `bench.fanout` pushes), and each
-round times `on_snapshot` for every stream, then the ACK of every response it produced.
+round times `on_resources` for every stream, then the ACK of every response it produced.
 
 Two implementations run interleaved in one process, so their ratio is not skewed by the load
 of the (shared, noisy) machine: `control_plane.ads.protocol` (current: per-snapshot index, views
@@ -113,7 +113,7 @@ def one_round(
     """(push seconds, ACK seconds, responses, resources sent) over all streams."""
     clock = time.perf_counter
     start = clock()
-    steps = [stream.on_snapshot(snapshot) for stream in streams]
+    steps = [stream.on_resources(snapshot) for stream in streams]
     push = clock() - start
     acks = [[ack_for(mode, r, subs) for r in step.responses] for step in steps]  # not timed
     start = clock()
