@@ -30,7 +30,7 @@ from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.decide.controller import ControllerState
 from control_plane.desired import DesiredStateError, parse_desired
 from control_plane.desired.model import Affinity
-from control_plane.intent.steps import PairStep
+from control_plane.intent.pair_changes import PairChange
 from control_plane.translate import translate_pop
 from control_plane.translate.affinity import STATEFUL_SESSION_FILTER
 from control_plane.translate.bootstrap import ads_bootstrap
@@ -46,7 +46,7 @@ from harness.demo_origin import DemoOrigin
 from harness.envoy_process import EnvoyProcess, free_port
 from harness.eventually import eventually
 from harness.fleet import FAST_FAILOVER, envoy_locality_weights, write_fast_desired
-from tests.support.ticks import apply_steps
+from harness.intent_changes import apply_pair_changes
 
 COOKIE = "ballast-shop"
 AFFINITY_YAML = f"    affinity: {{cookie: {COOKIE}}}\n"
@@ -154,7 +154,7 @@ async def visit(port: int, cookies: list[str | None]) -> list[tuple[str, str | N
 async def set_pair(service: BallastService, weights: dict[str, int],
                    controller: ControllerState) -> None:
     owner = service.server.intent
-    await apply_steps(owner, [PairStep(("ewr", "shop"), weights, controller)])
+    await apply_pair_changes(owner, [PairChange(("ewr", "shop"), weights, controller)])
 
 
 @pytest.mark.envoy

@@ -27,15 +27,15 @@ from control_plane.decisions.read import iter_records
 from control_plane.decisions.recorder import DecisionRecorder
 from control_plane.desired.model import Desired
 from control_plane.intent.owner import IntentOwner
+from control_plane.intent.pair_changes import PairChange
 from control_plane.intent.running import RunningIntent
 from control_plane.intent.sqlite_store import StateStore
-from control_plane.intent.steps import PairStep
 from control_plane.observe.source import Signals
 from control_plane.translate import render_json
 from control_plane.translate.resources import Capabilities
+from harness.intent_changes import apply_pair_changes
 from harness.models import example_desired
 from tests.support.example_service import example_service
-from tests.support.ticks import apply_steps
 
 T0 = 1_800_000_000_000
 FAULTS = ["save", "record", "swap"]
@@ -189,7 +189,8 @@ async def test_a_step_during_a_reloads_translation_is_not_held_up_nor_lost(
         reload = asyncio.create_task(service.reload.apply(edited.encode()))
         assert await asyncio.to_thread(building.wait, 30)
         moved = {"primary": 70, "secondary": 30}
-        assert await apply_steps(owner, [PairStep(("ewr", "shop"), moved, ControllerState())])
+        assert await apply_pair_changes(
+            owner, [PairChange(("ewr", "shop"), moved, ControllerState())])
         assert not reload.done() and owner.weights("ewr", "shop") == moved
         release.set()
         assert await reload

@@ -24,14 +24,14 @@ from control_plane.admin.capability_keys import capabilities_for_key
 from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.decide.ramp import RampState
 from control_plane.desired.model import Mirror
-from control_plane.intent.steps import PairStep
+from control_plane.intent.pair_changes import PairChange
 from control_plane.translate.bootstrap import ads_bootstrap
 from control_plane.translate.resources import CLUSTER_TYPE, ROUTE_TYPE, Capabilities
 from harness.demo_origin import DemoOrigin
 from harness.envoy_process import EnvoyProcess, free_port
 from harness.eventually import eventually
 from harness.fleet import write_fast_desired
-from tests.support.ticks import apply_steps
+from harness.intent_changes import apply_pair_changes
 
 pytestmark = pytest.mark.envoy
 
@@ -156,7 +156,8 @@ async def set_ramp(service: BallastService, ramp: RampState) -> None:
     """Save a ramp state for (ewr, shop), as the reconcile loop's tick does."""
     owner = service.server.intent
     key = ("ewr", "shop")
-    await apply_steps(owner, [PairStep(key, owner.weights(*key), owner.controller(key), ramp=ramp)])
+    await apply_pair_changes(
+        owner, [PairChange(key, owner.weights(*key), owner.controller(key), ramp=ramp)])
 
 
 def node_capabilities(service: BallastService) -> Capabilities:

@@ -1,7 +1,7 @@
 """`IntentOwner`: the one holder of the running intent, and the only writer of its store.
 
 Everything that changes what runs goes through here. What Envoys may see changes through the
-change transaction (`change()`, `change.py`): a reconcile tick's steps, a hot reload's new
+change transaction (`change()`, `change.py`): a reconcile tick's pair changes, a hot reload's new
 desired state (the `carry_over` rule), a replica adopting what the store holds — each takes the
 lock, prepares the output off the loop, saves, records and swaps, in that order. The start-up
 restore (`restore`, the same carry-over rule applied to what the store held) runs before
