@@ -15,6 +15,7 @@ stream on every push and ACK). `python -m bench.protocol_core [--streams N] [--r
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gc
 import time
 from types import ModuleType
@@ -34,6 +35,7 @@ from control_plane.translate.resources import (
     PopResources,
 )
 from harness import protocol_baseline
+from harness.intent_changes import set_weights
 
 IMPLEMENTATIONS: dict[str, ModuleType] = {
     "baseline": protocol_baseline,
@@ -52,7 +54,7 @@ def generations(desired_name: str, pop: str = "ewr") -> tuple[PopResources, PopR
     moved = dict(weights)
     moved[names[0]] -= 10
     moved[names[-1]] += 10
-    intent.update_weights(pop, group.name, moved)
+    asyncio.run(set_weights(intent, pop, group.name, moved))
     second = cache.resources(pop, Capabilities())
     assert second is not first
     return first, second

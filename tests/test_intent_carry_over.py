@@ -146,11 +146,9 @@ async def test_config_applied_diff_equals_what_is_served_tier_actions_included(
         intent, cache, fifo = service.server.intent, service.server.cache, Capabilities()
         # as after ticks that shifted weights and switched the tier actions on in ewr
         moved = {"primary": 70, "secondary": 30}
-        await apply_pair_changes(intent, [PairChange(EWR, moved, STREAK, ACTIVE)])
-        intent.update_weights("ewr", "shop", moved)
         on = actions_in_force(intent.desired.group("shop"), ACTIVE)
         assert on is not None and on.demote_share == 50
-        intent.set_tier_actions("ewr", "shop", on)
+        await apply_pair_changes(intent, [PairChange(EWR, moved, STREAK, ACTIVE, tier_actions=on)])
         before = {pop: render_json(cache.resources(pop, fifo)) for pop in ("ewr", "sjc")}
         # the policy's demote share changes: the active actions are pushed with the new one
         edited = text.replace("demote_share: 50%", "demote_share: 30%")
@@ -180,10 +178,8 @@ async def test_plan_against_the_server_predicts_exactly_what_the_reload_records(
     async with example_service(tmp_path, admin_address=f"127.0.0.1:{admin}") as (service, text):
         intent = service.server.intent
         moved = {"primary": 70, "secondary": 30}
-        await apply_pair_changes(intent, [PairChange(EWR, moved, STREAK, ACTIVE)])
-        intent.update_weights("ewr", "shop", moved)
         on = actions_in_force(intent.desired.group("shop"), ACTIVE)
-        intent.set_tier_actions("ewr", "shop", on)
+        await apply_pair_changes(intent, [PairChange(EWR, moved, STREAK, ACTIVE, tier_actions=on)])
         edited = text.replace("demote_share: 50%", "demote_share: 30%")
         new = parse_desired(edited.encode(), str(service.config.desired_path))
         client = AdminClient(f"http://127.0.0.1:{admin}")

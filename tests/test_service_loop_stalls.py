@@ -25,6 +25,7 @@ from control_plane.translate.resources import CLUSTER_TYPE, ENDPOINT_TYPE, Capab
 from harness.ads_desired import fleet_yaml
 from harness.envoy_process import free_port
 from harness.eventually import eventually
+from harness.intent_changes import set_weights
 from harness.xds_client import XdsClient, local_channel, make_node
 
 POPS, GROUPS = 8, 40
@@ -108,7 +109,8 @@ async def test_a_full_retranslation_does_not_delay_a_small_pops_push(tmp_path: P
             """Shift g000 in p000; seconds until the node holds the new assignment."""
             started = time.perf_counter()
             share = 10 + step % 80
-            service.server.intent.update_weights("p000", "g000", {"o0": share, "o1": 100 - share})
+            await set_weights(service.server.intent, "p000", "g000",
+                              {"o0": share, "o1": 100 - share})
             want = cache.resources("p000", Capabilities()).of_type(ENDPOINT_TYPE)[
                 "g000.critical"].version
             await client.wait_for(

@@ -73,7 +73,7 @@ class Publisher(Protocol[P]):
 
     def update(self, source: RunningIntent, pops: Collection[str] | None) -> frozenset[str]:
         """Rebuild the output of `pops` (None: all) from `source` at once, on the loop (a
-        restore before serving; the owner's setters for tests); the PoPs that changed."""
+        restore before serving); the PoPs that changed."""
         ...
 
 
