@@ -109,6 +109,50 @@ def envoy_locality_weights(envoy: EnvoyProcess, cluster: str = "shop.critical") 
     return {}
 
 
+@dataclass
+class Edge:
+    """One PoP's edge: Ballast, its origins and one Envoy of ewr listening on `listener`."""
+
+    service: BallastService
+    envoy: EnvoyProcess
+    origins: dict[str, DemoOrigin]
+    listener: int
+
+
+@contextlib.asynccontextmanager
+async def ewr_edge(tmp_path: Path, edit: Callable[[str], str] = str) -> AsyncIterator[Edge]:
+    """Ballast serving the fast desired state (`write_fast_desired`, its text passed through
+    `edit`) with origins primary/secondary and one real Envoy of ewr (node `ewr-1`). The
+    reconcile loop ticks once at start-up and then not for an hour, with no probes and no admin
+    API: for tests that set the running intent themselves (`harness/intent_changes.py`) and
+    look at what the Envoy does with it."""
+    origins = {
+        "primary": await DemoOrigin("primary", free_port()).start(),
+        "secondary": await DemoOrigin("secondary", free_port()).start(),
+    }
+    listener, sjc_listener = sorted((free_port(), free_port()))
+    desired = write_fast_desired(tmp_path / "desired.yaml", origins, listener, sjc_listener)
+    desired.write_text(edit(desired.read_text()))
+    xds_port, admin = free_port(), free_port()
+    service = BallastService(ServiceConfig(
+        desired_path=desired, state_dir=tmp_path / "state", xds_address=f"127.0.0.1:{xds_port}",
+        admin_address=None, probes=False, reconcile_interval_ms=3_600_000,
+    ))
+    envoy = EnvoyProcess(ads_bootstrap(node_id="ewr-1", pop="ewr", xds_port=xds_port,
+                                       admin_port=admin), admin)
+    try:
+        await service.start()
+        envoy.start()
+        await asyncio.to_thread(envoy.wait_ready, 20)
+        yield Edge(service, envoy, origins, listener)
+    finally:
+        envoy.stop()
+        if service.ready:
+            await service.stop(0.5)
+        for origin in origins.values():
+            await origin.stop()
+
+
 TRAFFIC_PATHS = ("/api/checkout/cart", "/", "/img/a.png")
 
 
