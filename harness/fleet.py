@@ -19,10 +19,10 @@ from harness.demo_origin import DemoOrigin
 from harness.envoy_process import EnvoyProcess, free_port
 from harness.traffic import steady_traffic, stop_tasks
 
-FAST_FAILOVER = """\
+_FAST_FAILOVER = """\
 pops:
-  ewr: {{listen_address: 127.0.0.1, port_offset: 0}}
-  sjc: {{listen_address: 127.0.0.1, port_offset: {sjc_offset}}}
+  ewr: {{listen_address: {listen_address}, port_offset: 0}}
+  sjc: {{listen_address: {listen_address}, port_offset: {sjc_offset}}}
 failover:
   interval: 1s
   window: 3s
@@ -31,8 +31,8 @@ failover:
 origin_groups:
   shop:
     origins:
-      primary: {{address: 127.0.0.1, port: {primary}}}
-      secondary: {{address: 127.0.0.1, port: {secondary}}}
+      primary: {{address: {origin_address}, port: {primary}}}
+      secondary: {{address: {origin_address}, port: {secondary}}}
     preference:
       ewr: [primary, secondary]
       sjc: [primary, secondary]
@@ -50,18 +50,25 @@ listeners:
 """
 
 
+def fast_desired(
+    *, listener: int, primary: int, secondary: int, sjc_offset: int = 1,
+    listen_address: str = "127.0.0.1", origin_address: str = "127.0.0.1",
+) -> str:
+    """The end-to-end tests' desired state: PoPs ewr and sjc (sjc's listeners `sjc_offset`
+    ports up: 0 where each PoP has its own host), group `shop` of origins primary and
+    secondary (at `origin_address`), failover ticking every second over 3 s windows."""
+    return _FAST_FAILOVER.format(
+        listener=listener, primary=primary, secondary=secondary, sjc_offset=sjc_offset,
+        listen_address=listen_address, origin_address=origin_address)
+
+
 def write_fast_desired(
     path: Path, origins: dict[str, DemoOrigin], listener: int, sjc_listener: int
 ) -> Path:
-    """Two PoPs, origins primary/secondary, failover ticking every second over 3 s windows."""
-    path.write_text(
-        FAST_FAILOVER.format(
-            sjc_offset=sjc_listener - listener,
-            primary=origins["primary"].port,
-            secondary=origins["secondary"].port,
-            listener=listener,
-        )
-    )
+    """`fast_desired` on loopback, for `origins`, written to `path`."""
+    path.write_text(fast_desired(listener=listener, primary=origins["primary"].port,
+                                 secondary=origins["secondary"].port,
+                                 sjc_offset=sjc_listener - listener))
     return path
 
 

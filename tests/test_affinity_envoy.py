@@ -42,7 +42,7 @@ from control_plane.translate.resources import (
 )
 from harness.envoy_process import EnvoyProcess
 from harness.eventually import eventually
-from harness.fleet import FAST_FAILOVER, envoy_locality_weights, ewr_edge
+from harness.fleet import envoy_locality_weights, ewr_edge, fast_desired
 from harness.intent_changes import apply_pair_changes
 
 COOKIE = "ballast-shop"
@@ -51,7 +51,7 @@ USERS = 200
 
 
 def _desired_text(affinity: str = AFFINITY_YAML) -> str:
-    text = FAST_FAILOVER.format(sjc_offset=1, primary=8081, secondary=8082, listener=10000)
+    text = fast_desired(primary=8081, secondary=8082, listener=10000)
     return text.replace("    health_check:", affinity + "    health_check:")
 
 
