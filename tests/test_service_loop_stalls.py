@@ -60,7 +60,7 @@ async def test_a_full_retranslation_does_not_delay_a_small_pops_push(tmp_path: P
     service = BallastService(ServiceConfig(
         desired_path=path, state_dir=tmp_path / "state", xds_address=f"127.0.0.1:{free_port()}",
         admin_address=f"127.0.0.1:{free_port()}", probes=False,
-        reconcile_interval_ms=3_600_000, debounce_s=0.0,
+        reconcile_interval_ms=3_600_000, debounce_s=0.0, freeze_heap=True,  # as ballast serve
     ))
     await service.start()
     cache = service.server.cache

@@ -19,6 +19,7 @@ decision log, the state store and the state directory's lock. Hot reloads are
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ from control_plane.admin.connections import DEFAULT_ADMIN_LIMITS, AdminLimits
 from control_plane.admin.dashboard import Dashboard
 from control_plane.admin.decision_feed import DecisionFeed
 from control_plane.ads.limits import DEFAULT_LIMITS, AdsLimits
-from control_plane.app.heap import release_heap, settle_heap
+from control_plane.app.heap import release_heap, reload_heap, settle_heap
 from control_plane.app.reconcile import Reconciler
 from control_plane.app.reload import DesiredFileWatcher
 from control_plane.app.reloading import DesiredReload, log_warnings
@@ -214,7 +215,8 @@ class BallastService:
         self.reload = DesiredReload(
             config.desired_path, config.state_dir, self.server, self.recorder, self.metrics,
             leading=lambda: self.replication is None or self.replication.term is not None,
-            followers=self._follow_desired)
+            followers=self._follow_desired,
+            heap=reload_heap if config.freeze_heap else contextlib.nullcontext)
         self.watcher = DesiredFileWatcher(
             config.desired_path,
             self.reload.apply,
