@@ -116,7 +116,7 @@ async def test_bad_weights_leave_state_intact(
     assert intent.weights("ewr", "shop") == {"primary": 95, "secondary": 5}
 
 
-async def test_update_desired_announces_only_changed_pops_and_keeps_weights() -> None:
+async def test_a_new_desired_state_announces_only_changed_pops_and_keeps_weights() -> None:
     intent, cache = make()
     seen: list[frozenset[str]] = []
     cache.add_listener(seen.append)
