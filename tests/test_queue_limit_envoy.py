@@ -25,6 +25,7 @@ from control_plane.translate.runtime import pending_key
 from harness.background_loop import BackgroundLoop
 from harness.envoy_process import EnvoyProcess, free_port
 from harness.eventually import eventually_blocking
+from harness.intent_changes import set_tier_actions
 from tests.support.held_origin import HeldOrigin, held_origins
 
 pytestmark = pytest.mark.envoy
@@ -92,7 +93,7 @@ class Edge:
         the one path it takes to Envoy (actions in force -> the PoP's runtime layer)."""
         actions = actions_in_force(self.group, TierState(queue_limits=(("critical", limit),)))
         assert actions is not None and dict(actions.pending_limits) == {"critical": limit}
-        self.bg.call(lambda: self.ballast.intent.set_tier_actions("ewr", "shop", actions))
+        self.bg.run(set_tier_actions(self.ballast.intent, "ewr", "shop", actions))
         eventually_blocking(lambda: runtime_value(self.envoy) == str(limit), 10,
                             f"Envoy's runtime has {KEY} = {limit}")
 
