@@ -41,14 +41,16 @@ log = logging.getLogger(__name__)
 def translate_intent(
     intent: RunningIntent, pop: str, caps: Capabilities, previous: PopResources | None = None
 ) -> PopResources:
-    """What nodes of `pop` with `caps` get under `intent`: its desired state, the weights, tier
-    actions and cache-warming mirrors it holds for `pop`, translated (incrementally from
-    `previous`, when given: byte-identical to the full translation)."""
-    return translate_pop(intent.desired, pop, caps, intent.for_pop(pop), previous=previous)
+    """What nodes of `pop` with `caps` get under `intent`: the desired state `pop` serves
+    (during a rollout, maybe not the target), the weights, tier actions and cache-warming
+    mirrors it holds for `pop`, translated (incrementally from `previous`, when given:
+    byte-identical to the full translation)."""
+    return translate_pop(intent.desired_of(pop), pop, caps, intent.for_pop(pop),
+                         previous=previous)
 
 
 def intent_pops(intent: RunningIntent) -> tuple[str, ...]:
-    return intent.desired.pop_names
+    return intent.pop_names
 
 
 def used_capabilities(intent: RunningIntent, caps: Capabilities) -> Capabilities:
@@ -57,7 +59,9 @@ def used_capabilities(intent: RunningIntent, caps: Capabilities) -> Capabilities
     nobody added share one translation with those that have them)."""
     if not caps.missing_filters:
         return caps
-    used = caps.missing_filters & intent.desired.extra_filter_types
+    added = intent.desired.extra_filter_types.union(
+        *(desired.extra_filter_types for desired in intent.serving.values()))
+    used = caps.missing_filters & added
     return caps if used == caps.missing_filters else replace(caps, missing_filters=used)
 
 

@@ -399,7 +399,7 @@ class BallastService:
     def _follow_desired(self, new: Desired) -> None:
         """What follows an applied desired state besides the intent: the reconcile schedule,
         the metric sources' origin maps, the probes' targets."""
-        self.reconciler.forget_missing(new)
+        self.reconciler.forget_missing(self.server.intent.intent)
         if self._passive is not None:
             self._passive.update_desired(new)
             self.access_logs.update_desired(new)

@@ -117,12 +117,12 @@ class IntentOwner:
         return self._intent.desired
 
     def has_pop(self, pop: str) -> bool:
-        return pop in self._intent.desired.pop_names
+        return pop in self._intent.pop_names
 
     def weights(self, pop: str, group: str) -> GroupWeights:
         """Current weights of (PoP, origin group): the controller's, else the home weights."""
         self._check_pop(pop)
-        self._group(group)
+        self._group(group, pop)
         return self._intent.weights_of(pop, group)
 
     def tier_actions(self, pop: str, group: str) -> TierActions | None:
@@ -131,10 +131,11 @@ class IntentOwner:
         return self._intent.tier_actions.get((pop, group))
 
     def all_weights(self) -> dict[str, dict[str, GroupWeights]]:
-        desired = self._intent.desired
+        intent = self._intent
         return {
-            pop: {g.name: self._intent.weights_of(pop, g.name) for g in desired.origin_groups}
-            for pop in desired.pop_names
+            pop: {g.name: intent.weights_of(pop, g.name)
+                  for g in intent.desired_of(pop).origin_groups}
+            for pop in intent.pop_names
         }
 
     def pushed_weights(self) -> dict[str, dict[str, GroupWeights]]:
@@ -169,7 +170,7 @@ class IntentOwner:
         Raises `UnknownPop` / `WeightsError` (intent untouched) for weights that do not fit.
         """
         self._check_pop(pop)
-        check_group_weights(self._group(group), weights)
+        check_group_weights(self._group(group, pop), weights)
         held = {**self._intent.weights, (pop, group): dict(weights)}
         return bool(self._swap(replace(self._intent, weights=held), {pop}))
 
@@ -181,7 +182,7 @@ class IntentOwner:
         """
         self._check_pop(pop)
         if actions is not None:
-            check_tier_actions(self._group(group), actions)
+            check_tier_actions(self._group(group, pop), actions)
         if self._intent.tier_actions.get((pop, group)) == actions:
             return False
         active = dict(self._intent.tier_actions)
@@ -200,7 +201,8 @@ class IntentOwner:
         """What the store held, carried over to the current desired state, made the running
         intent. A tier or ramp state that does not parse raises StateCorrupted (naming
         `where`)."""
-        carried = carry_over(self._stored(snapshot, where), self._intent.desired)
+        carried = carry_over(self._stored(snapshot, where), self._intent.desired,
+                             self._intent.serving)
         self._swap(carried.intent, None)
         return carried
 
@@ -210,7 +212,7 @@ class IntentOwner:
         replica that decided it, not here); only the PoPs whose weights, tier actions or
         mirrors differ are re-built. The PoPs whose output changed."""
         def adopted(old: RunningIntent) -> tuple[RunningIntent, set[str]]:
-            new = carry_over(self._stored(snapshot, where), old.desired).intent
+            new = carry_over(self._stored(snapshot, where), old.desired, old.serving).intent
             return new, {
                 pop for pop, group in old.pairs()
                 if new.weights_of(pop, group) != old.weights_of(pop, group)
@@ -230,6 +232,7 @@ class IntentOwner:
         ramps = _parsed(snapshot.ramps, RampState.from_dict, keys, f"{where}: ramp")
         return RunningIntent(
             desired=self._intent.desired,
+            serving=self._intent.serving,
             weights={k: dict(s.weights) for k, s in sorted(snapshot.groups.items())},
             controllers={k: s.controller for k, s in sorted(snapshot.groups.items())},
             tier_states=tier_states,
@@ -266,14 +269,15 @@ class IntentOwner:
 
     def _check_pop(self, pop: str) -> None:
         if not self.has_pop(pop):
-            known = ", ".join(self._intent.desired.pop_names)
+            known = ", ".join(self._intent.pop_names)
             raise UnknownPop(f"unknown PoP {pop!r}; known: {known}")
 
-    def _group(self, name: str) -> OriginGroup:
-        for group in self._intent.desired.origin_groups:
+    def _group(self, name: str, pop: str) -> OriginGroup:
+        groups = self._intent.desired_of(pop).origin_groups
+        for group in groups:
             if group.name == name:
                 return group
-        known = ", ".join(g.name for g in self._intent.desired.origin_groups)
+        known = ", ".join(g.name for g in groups)
         raise WeightsError(f"unknown origin group {name!r}; known: {known}")
 
 
