@@ -111,7 +111,7 @@ class DesiredReload:
             # saved before it applies (replicas: by the leader; the others follow etcd)
             async with owner.change(save=self._leading()) as change:
                 change.desired(new)
-                served = served_now(cache, owner.desired)  # read as the build reads the cache
+                served = served_now(cache, owner.intent)  # read as the build reads the cache
                 await change.prepare()
                 diffs = pop_diffs(change.over, change.target, served, change.prepared())
                 changes = await asyncio.to_thread(diffs)
@@ -174,15 +174,15 @@ def _free_bytes(directory: Path) -> int:
     return status.f_bavail * status.f_frsize
 
 
-def _pops(old: Desired, new: Desired) -> list[str]:
+def _pops(old: RunningIntent, new: RunningIntent) -> list[str]:
     return sorted(set(old.pop_names) | set(new.pop_names))
 
 
-def served_now(cache: SnapshotCache[RunningIntent], desired: Desired
+def served_now(cache: SnapshotCache[RunningIntent], intent: RunningIntent
                ) -> dict[str, PopResources | None]:
     """What each PoP's Envoys without adaptive LIFO are served now, where it was built."""
     caps = Capabilities()
-    return {pop: cache.cached(pop, caps) for pop in desired.pop_names}
+    return {pop: cache.cached(pop, caps) for pop in intent.pop_names}
 
 
 def pop_diffs(
@@ -200,7 +200,7 @@ def pop_diffs(
 
     def diffs() -> dict[str, list[ResourceChange]]:
         return {pop: diff_pop(before, after, pop, served.get(pop), built.get(pop))
-                for pop in _pops(before.desired, after.desired)}
+                for pop in _pops(before, after)}
 
     return diffs
 
@@ -214,8 +214,8 @@ def diff_pop(
     its resources under each, when at hand (else translated). Only resources whose bytes
     differ are rendered."""
     caps = Capabilities()
-    old = None if pop not in before.desired.pop_names else (
+    old = None if pop not in before.pop_names else (
         before_resources or translate_intent(before, pop, caps))
-    new = None if pop not in after.desired.pop_names else (
+    new = None if pop not in after.pop_names else (
         after_resources or translate_intent(after, pop, caps))
     return diff_renderings(*render_differing(old, new))

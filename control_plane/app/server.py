@@ -11,7 +11,7 @@ no stream, or with `allow_plaintext_secrets` only to peers on loopback (`ads/ser
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -24,6 +24,7 @@ from control_plane.ads.nodes import NodeRegistry
 from control_plane.ads.server import AdsServicer, plaintext_key_gate, server_options
 from control_plane.ads.snapshots import SnapshotCache
 from control_plane.app.ads_observer import AdsObserver, Record
+from control_plane.app.config_acks import ConfigAcks
 from control_plane.decisions.recorder import DecisionRecorder
 from control_plane.desired.model import Desired
 from control_plane.intent.owner import IntentOwner
@@ -67,11 +68,12 @@ def used_capabilities(intent: RunningIntent, caps: Capabilities) -> Capabilities
 
 def intent_and_cache(
     desired: Desired, *, store: IntentStore | None = None,
-    recorder: DecisionRecorder | None = None,
+    recorder: DecisionRecorder | None = None, serving: Mapping[str, Desired] | None = None,
 ) -> tuple[IntentOwner, SnapshotCache[RunningIntent]]:
-    """The intent owner (saving to `store`, recording to `recorder`) and the output cache it
-    publishes to, whose entries are the running intent translated (`translate_intent`)."""
-    owner = IntentOwner(desired, store=store, recorder=recorder)
+    """The intent owner (saving to `store`, recording to `recorder`; the PoPs of `serving` on
+    their own desired states: a rollout restored) and the output cache it publishes to, whose
+    entries are the running intent translated (`translate_intent`)."""
+    owner = IntentOwner(desired, store=store, recorder=recorder, serving=serving)
     cache = SnapshotCache(translate_intent, intent_pops, owner.intent, used_capabilities)
     owner.connect(cache)
     return owner, cache
@@ -98,17 +100,22 @@ class BallastServer:
         store: IntentStore | None = None,
         recorder: DecisionRecorder | None = None,
         allow_plaintext_secrets: bool = False,
+        serving: Mapping[str, Desired] | None = None,
     ) -> None:
         self.xds_address = xds_address
         self.limits = limits
         self.tls = tls
-        self.intent, self.cache = intent_and_cache(desired, store=store, recorder=recorder)
+        self.intent, self.cache = intent_and_cache(desired, store=store, recorder=recorder,
+                                                   serving=serving)
         self.hub = PushHub(quiet=debounce, max_delay=max_delay)
         self.cache.add_listener(self.hub.changed)
         self.nodes = NodeRegistry()
+        self.acks = ConfigAcks(self.nodes, self.cache,
+                               lambda pop: self.intent.intent.desired_of(pop).digest)
         self.ads = AdsServicer(
             self.cache, self.hub, self.nodes,
-            callbacks=AdsObserver(record=record, metrics=metrics), limits=limits,
+            callbacks=AdsObserver(record=record, metrics=metrics, nacked=self.acks.nacked),
+            limits=limits,
             verify_peer=check_node_peer if tls is not None else None,
             identify=_certificate_or_address if tls is not None else None,
             key_gate=None if tls is not None else plaintext_key_gate(allow_plaintext_secrets),

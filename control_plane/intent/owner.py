@@ -50,8 +50,9 @@ class IntentOwner:
         store: IntentStore | None = None,
         output: Publisher[Any] | None = None,
         recorder: DecisionRecorder | None = None,
+        serving: Mapping[str, Desired] | None = None,
     ) -> None:
-        self._intent = RunningIntent(desired)
+        self._intent = RunningIntent(desired, serving=dict(serving or {}))
         self.store = store
         self._output = output
         self.recorder = recorder

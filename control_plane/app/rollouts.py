@@ -1,0 +1,378 @@
+"""`Rollouts`: the shell of a rollout — what moves PoPs from one desired-state version to the next.
+
+The decisions are the pure core's (`decide/rollout.py`: waves, bake, gates, rollback,
+supersede, the operator's actions); this module feeds it and publishes what it decides:
+
+- **inputs**: the clock, the ACKs and NACKs of the reached PoPs' nodes (`config_acks.py`, read
+  from the ADS streams) and the signal windows from the metric source the weight controller
+  reads (per PoP, group and origin: the wave's PoPs since the wave started, the PoPs still on
+  the previous version over the same time, the wave's PoPs before it started), with the
+  tier-action onsets since the wave started;
+- **publishing**: every rollout decision that changes which PoP serves which version — a reload
+  starting (or superseding) one, a wave starting, a rollback, an abort, a promote — is one
+  change through the change transaction (`change.desired(target, serving=...)`): the output of
+  the PoPs that move built off the loop, then one store write (the rollout's state, the bytes
+  of the versions it needs, which PoP serves which version), the records (the core's events,
+  through the one decision recorder), the swap. A decision that moves no PoP (a pause) is the
+  same transaction with nothing served changing (`change.keep`).
+
+Versions: the bytes of every version a PoP serves, or a rollback may need (the rollout's
+`from_version` and `to_version`), are kept in memory and in the store (kind
+`desired_version`), so a restart (`restored`) serves exactly what was served before it: the
+rollout resumes from its saved state. A version that failed (rolled back, aborted) is kept by
+digest (`failed`): the reload does not apply the same bytes again.
+
+One rollout at a time: `lock` is held by every step, operator action and the reload that
+starts or supersedes one, so each reads the rollout it changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from control_plane.app.config_acks import ConfigAcks
+from control_plane.decide.gates import GateInputs, PopWindow
+from control_plane.decide.rollout import (
+    PHASES,
+    Rollout,
+    RolloutError,
+    RolloutEvent,
+    abort,
+    failed_version,
+    last_passed,
+    pause,
+    promote,
+    reached,
+    resume,
+    start,
+    supersede,
+    version_of,
+)
+from control_plane.decide.rollout import step as rollout_step
+from control_plane.decisions.log import Draft, draft
+from control_plane.decisions.recorder import DecisionRecorder
+from control_plane.desired.model import Desired
+from control_plane.intent.change import Change
+from control_plane.intent.owner import IntentOwner
+from control_plane.intent.store import ROLLOUT_KIND, VERSION_KIND, StateCorrupted, StoreRecord
+from control_plane.observe.source import MetricSource, Signals, wall_ms
+from control_plane.own_metrics.registry import BallastMetrics
+
+log = logging.getLogger(__name__)
+
+ROLLOUT_KEY = "current"
+MAX_FAILED = 32  # failed versions remembered (the oldest forgotten first)
+IN_FORCE = ("baking", "paused", "passed")  # phases in which the target is `to_version`
+ACTIONS: dict[str, Callable[[Rollout, int, str], tuple[Rollout, tuple[RolloutEvent, ...]]]] = {
+    "pause": pause, "resume": resume, "abort": abort, "promote": promote}
+
+
+@dataclass(frozen=True)
+class Version:
+    """A desired-state version: the model, and the bytes it was parsed from (saved)."""
+
+    desired: Desired
+    data: bytes
+
+    @property
+    def digest(self) -> str:
+        return self.desired.digest
+
+    def stored(self) -> dict[str, str]:
+        return {"source": self.desired.source, "yaml": self.data.decode("utf-8")}
+
+
+@dataclass(frozen=True)
+class Restored:
+    """What the store held of a rollout: the running intent's target and which PoP serves
+    which other version, the rollout, the failed versions, the versions' bytes."""
+
+    target: Version
+    serving: dict[str, Desired]
+    rollout: Rollout
+    failed: dict[str, str]
+    versions: dict[str, Version]
+    saved: frozenset[str]  # the digests whose bytes the store holds
+
+
+def target_of(rollout: Rollout) -> str:
+    """The version the running intent's target is: `to_version` while the rollout is in
+    progress or passed, `from_version` after a rollback, an abort or a supersede."""
+    return rollout.to_version if rollout.phase in IN_FORCE else rollout.from_version
+
+
+def serving_of(rollout: Rollout, versions: Mapping[str, Version]) -> dict[str, Desired]:
+    """PoP -> the desired state it serves while that is not the target's (`version_of`)."""
+    target = target_of(rollout)
+    pops = {pop for digest in {rollout.from_version, rollout.to_version} if digest in versions
+            for pop in versions[digest].desired.pop_names}
+    serving: dict[str, Desired] = {}
+    for pop in sorted(pops):
+        digest = version_of(rollout, pop)
+        if digest != target and pop in versions[digest].desired.pop_names:
+            serving[pop] = versions[digest].desired
+    return serving
+
+
+def restored(records: Mapping[str, Mapping[str, Any]], file: Version,
+             parse: Callable[[bytes, str], Desired], where: str) -> Restored | None:
+    """The rollout the store held (`records`: kind -> key -> JSON), with its versions parsed
+    again (`parse(bytes, source)`; the file's own version is `file`, the same object); None
+    when it held none. StateCorrupted (naming `where`) when it does not parse."""
+    held = records.get(ROLLOUT_KIND, {}).get(ROLLOUT_KEY)
+    if held is None:
+        return None
+    try:
+        rollout = Rollout.from_dict(held["rollout"])
+        failed = {str(k): str(v) for k, v in dict(held.get("failed", {})).items()}
+        versions = {file.digest: file}
+        for digest, value in records.get(VERSION_KIND, {}).items():
+            if digest == file.digest:
+                continue
+            data = str(value["yaml"]).encode("utf-8")
+            desired = parse(data, str(value["source"]))
+            if desired.digest != digest:
+                raise ValueError(f"version {digest[:16]}: its bytes have digest "
+                                 f"{desired.digest[:16]}")
+            versions[digest] = Version(desired, data)
+    except (KeyError, TypeError, ValueError) as err:
+        raise StateCorrupted(f"{where}: rollout: {type(err).__name__}: {err}") from err
+    except Exception as err:  # a stored version that no longer validates (DesiredStateError)
+        raise StateCorrupted(f"{where}: a desired-state version of the rollout does not "
+                             f"parse: {err}") from err
+    missing = {rollout.from_version, rollout.to_version} - set(versions)
+    if target_of(rollout) in missing or (rollout.in_progress and missing):
+        raise StateCorrupted(f"{where}: rollout: the bytes of version(s) "
+                             f"{', '.join(sorted(d[:16] for d in missing))} are not stored")
+    return Restored(versions[target_of(rollout)], serving_of(rollout, versions), rollout,
+                    failed, versions, frozenset(records.get(VERSION_KIND, {})))
+
+
+class Rollouts:
+    def __init__(
+        self,
+        owner: IntentOwner,
+        acks: ConfigAcks,
+        source: MetricSource,
+        recorder: DecisionRecorder,
+        running: Version,
+        *,
+        metrics: BallastMetrics | None = None,
+        clock: Callable[[], int] = wall_ms,
+        leading: Callable[[], bool] = lambda: True,
+        changed: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.owner = owner
+        self.acks = acks
+        self.source = source
+        self.recorder = recorder
+        self.metrics = metrics
+        self.clock = clock
+        self._leading = leading  # whether this process saves (replicas: the leader)
+        self._changed = changed  # told after each change of which PoP serves what
+        self.lock = asyncio.Lock()
+        self.rollout: Rollout | None = None
+        self.failed: dict[str, str] = {}  # digest -> why it failed
+        self._versions: dict[str, Version] = {running.digest: running}
+        self._saved: set[str] = set()  # digests whose bytes the store holds
+        self._actions_at_wave: dict[str, frozenset[str]] = {}  # PoP -> groups with actions
+
+    # -- start-up --------------------------------------------------------------------------
+
+    def restore(self, held: Restored) -> None:
+        """What the store held (`restored`) taken as the driver's state (before serving)."""
+        self.rollout = held.rollout
+        self.failed = dict(held.failed)
+        self._versions = dict(held.versions)
+        self._saved = set(held.saved)
+        self._note_wave()
+        self._gauges()
+
+    def version(self, digest: str) -> Version | None:
+        return self._versions.get(digest)
+
+    # -- a new version (the reload) --------------------------------------------------------
+
+    def begin(self, change: Change, new: Version, *, immediate: bool, by: str
+              ) -> Callable[[], None]:
+        """State on `change` (a reload's) the rollout of `new`: started, or superseding the
+        one in progress; returns what to call once the change published. Call under `lock`."""
+        now = self.clock()
+        running = self.owner.intent
+        versions = {**self._versions, new.digest: new}
+        if self.rollout is None:
+            last = running.desired
+            rollout, events = start(new.desired.rollout, last.digest, new.digest,
+                                    new.desired.pop_names, last.pop_names, now,
+                                    immediate=immediate, by=by)
+        else:
+            last = versions[last_passed(self.rollout)].desired
+            _, rollout, events = supersede(self.rollout, new.desired.rollout, new.digest,
+                                           new.desired.pop_names, last.pop_names, now,
+                                           immediate=immediate, by=by)
+        return self._state(change, rollout, events, versions, self.failed)
+
+    def refused(self, digest: str) -> str | None:
+        """Why a version's bytes are not applied again (it failed its rollout), or None."""
+        return self.failed.get(digest)
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    async def run(self, poll_ms: int = 1000) -> None:
+        """Step the rollout in progress every `poll_ms` until cancelled."""
+        while True:
+            try:
+                await self.step()
+            except Exception:  # the next look starts from the saved state
+                log.exception("rollout step failed")
+            await asyncio.sleep(poll_ms / 1000)
+
+    async def step(self, now_ms: int | None = None) -> tuple[RolloutEvent, ...]:
+        """One look at the rollout in progress: its gate judged, what it decides published."""
+        async with self.lock:
+            rollout = self.rollout
+            if rollout is None or not rollout.in_progress or not self._leading():
+                return ()
+            now = self.clock() if now_ms is None else now_ms
+            target = self._versions[rollout.to_version].desired
+            inputs = await self.inputs(rollout, now)
+            after, events = rollout_step(rollout, inputs, now, target.rollout)
+            if not events:  # the latest gate reading, shown by the faces
+                self.rollout = after
+                return ()
+            await self._publish(after, events)
+            return events
+
+    async def act(self, action: str, by: str) -> Rollout:
+        """An operator's `pause`, `resume`, `abort` or `promote`; RolloutError when it does not
+        apply (nothing changed)."""
+        if action not in ACTIONS:
+            raise RolloutError(f"unknown action {action!r}; known: {', '.join(ACTIONS)}")
+        async with self.lock:
+            if self.rollout is None:
+                raise RolloutError("no rollout: nothing was applied since the start")
+            after, events = ACTIONS[action](self.rollout, self.clock(), by)
+            await self._publish(after, events)
+            return after
+
+    async def inputs(self, rollout: Rollout, now: int) -> GateInputs:
+        """What the gates judge now: ACKs, NACKs, the windows (see the module docstring)."""
+        wave = reached(rollout)
+        running = self.owner.intent
+        others = [pop for pop in running.pop_names if pop not in wave]
+        span = max(now - rollout.wave_started_ms, 1)
+        after = await self._window(now, span)
+        before = await self._window(rollout.wave_started_ms, span)
+        onsets = self._onsets(running.tier_actions)
+        return GateInputs(
+            nodes=self.acks.nodes(sorted(wave)),
+            nacks=self.acks.nacks(rollout.started_ms),
+            after=_windows(after, sorted(wave), onsets),
+            peers=_windows(after, others, onsets),
+            before=_windows(before, sorted(wave), {}),
+        )
+
+    # -- publishing --------------------------------------------------------------------------
+
+    async def _publish(self, after: Rollout, events: tuple[RolloutEvent, ...]) -> None:
+        async with self.owner.change(save=self._leading()) as change:
+            done = self._state(change, after, events, self._versions, self.failed)
+        done()
+
+    def _state(self, change: Change, rollout: Rollout, events: Iterable[RolloutEvent],
+               versions: Mapping[str, Version], failed: Mapping[str, str]) -> Callable[[], None]:
+        """`rollout` stated on `change`: which PoP serves which version, the rollout's records
+        in the store, its events as decision records. Returns what makes it this driver's
+        state once the change published."""
+        failed = dict(failed)
+        refused = failed_version(rollout)
+        if refused is not None:
+            failed[refused] = rollout.reason
+            for old in list(failed)[:-MAX_FAILED]:
+                del failed[old]
+        needed = {rollout.from_version, rollout.to_version} & set(versions)
+        kept = {digest: versions[digest] for digest in needed}
+        change.desired(kept[target_of(rollout)].desired, serving=serving_of(rollout, kept))
+        state = {"rollout": rollout.to_dict(), "failed": failed}
+        before = None if self.rollout is None else {"rollout": self.rollout.to_dict(),
+                                                    "failed": self.failed}
+        records: list[StoreRecord] = [(ROLLOUT_KIND, ROLLOUT_KEY, state)]
+        undo: list[StoreRecord] = [(ROLLOUT_KIND, ROLLOUT_KEY, before)]
+        for digest in sorted(needed - self._saved):
+            records.append((VERSION_KIND, digest, kept[digest].stored()))
+            undo.append((VERSION_KIND, digest, None))
+        for digest in sorted(self._saved - needed):
+            records.append((VERSION_KIND, digest, None))
+            if digest in self._versions:
+                undo.append((VERSION_KIND, digest, self._versions[digest].stored()))
+        change.keep(records, undo)
+        change.record([rollout_draft(event) for event in events])
+
+        def done() -> None:
+            moved = self.rollout is None or (rollout.wave, rollout.phase) != (
+                self.rollout.wave, self.rollout.phase)
+            self.rollout, self.failed, self._versions = rollout, failed, kept
+            self._saved = set(needed)
+            if moved:
+                self._note_wave()
+            self._gauges()
+            self._changed()
+
+        return done
+
+    # -- internals -----------------------------------------------------------------------------
+
+    async def _window(self, now: int, span: int) -> Signals:
+        try:
+            return await self.source.window(now, span)
+        except Exception as err:  # a broken source: no evidence (the gate waits)
+            log.warning("metric source failed for the rollout's gates: %s", err)
+            return {}
+
+    def _note_wave(self) -> None:
+        """The groups with tier actions per PoP when the wave started (onsets count from)."""
+        self._actions_at_wave = _active(self.owner.intent.tier_actions)
+
+    def _onsets(self, tier_actions: Mapping[tuple[str, str], Any]) -> dict[str, int]:
+        now = _active(tier_actions)
+        return {pop: len(groups - self._actions_at_wave.get(pop, frozenset()))
+                for pop, groups in now.items()}
+
+    def _gauges(self) -> None:
+        if self.metrics is None:
+            return
+        rollout = self.rollout
+        self.metrics.set_rollout(None if rollout is None else rollout.phase, PHASES,
+                                 0 if rollout is None else rollout.wave,
+                                 0 if rollout is None else len(rollout.waves),
+                                 self.owner.intent.versions())
+
+
+def rollout_draft(event: RolloutEvent) -> Draft:
+    """A rollout event as the decision record the one recorder writes."""
+    fields = event.record_fields()
+    pops = event.pops
+    return draft(event.kind, pop=pops[0] if len(pops) == 1 else None, **fields)
+
+
+def _active(tier_actions: Mapping[tuple[str, str], Any]) -> dict[str, frozenset[str]]:
+    active: dict[str, set[str]] = {}
+    for pop, group in tier_actions:
+        active.setdefault(pop, set()).add(group)
+    return {pop: frozenset(groups) for pop, groups in active.items()}
+
+
+def _windows(signals: Signals, pops: Iterable[str], onsets: Mapping[str, int]
+             ) -> tuple[PopWindow, ...]:
+    """The signals of `pops` as the gates' windows."""
+    by_pop: dict[str, list[tuple[str, str, Any]]] = {}
+    for (pop, group), origins in signals.items():
+        for origin, values in origins.items():
+            by_pop.setdefault(pop, []).append((group, origin, values))
+    return tuple(PopWindow(pop, tuple(sorted(by_pop.get(pop, []), key=lambda o: o[:2])),
+                           (), onsets.get(pop, 0)) for pop in pops)
+
