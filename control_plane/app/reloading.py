@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from control_plane.ads.snapshots import Prepared, SnapshotCache
+from control_plane.app.rollouts import Rollouts, Version
 from control_plane.app.server import BallastServer, translate_intent
 from control_plane.decisions.log import Draft, draft
 from control_plane.decisions.recorder import DecisionRecorder
@@ -54,6 +55,7 @@ class DesiredReload:
         *,
         leading: Callable[[], bool],
         followers: Callable[[Desired], None],
+        rollouts: Callable[[], Rollouts],
     ) -> None:
         self.path = path
         self.state_dir = state_dir
@@ -62,6 +64,7 @@ class DesiredReload:
         self.metrics = metrics
         self._leading = leading  # whether this process saves what changes (replicas: leader)
         self._followers = followers  # told of each applied desired state (sources, probes)
+        self._rollouts = rollouts  # the rollout driver each new version goes through
         self._lock = asyncio.Lock()
         self.error: str | None = None  # an internal error of the last reload attempt
 
@@ -75,15 +78,18 @@ class DesiredReload:
         self.error = f"{type(err).__name__}: {err}"[:300]
         self._reject("internal-error", [f"internal error while reloading: {self.error}"])
 
-    async def apply(self, data: bytes) -> bool:
-        """Validate and apply a new desired state; on any problem keep running as is.
+    async def apply(self, data: bytes, *, immediate: bool = False, by: str = "file change"
+                    ) -> bool:
+        """Validate a new desired state and start its rollout (`rollouts.py`: by its
+        `rollout:` policy, or on every PoP at once with `immediate`, the operator's `--now`);
+        on any problem keep running as is. `by`: who asked, for the records.
 
         Everything that grows with the desired state (parsing, the per-PoP diffs, translating
         every cached PoP) runs on a worker thread; the loop keeps answering Envoys meanwhile.
         """
         async with self._lock:
             try:
-                applied = await self._apply(data)
+                applied = await self._apply(data, immediate, by)
             except Exception as err:  # anything unforeseen: rejected, running state kept
                 log.exception("applying %s failed", self.path)
                 self.failed(err)
@@ -91,7 +97,7 @@ class DesiredReload:
             self.error = None
             return applied
 
-    async def _apply(self, data: bytes) -> bool:
+    async def _apply(self, data: bytes, immediate: bool, by: str) -> bool:
         source = str(self.path)
         digest = hashlib.sha256(data).hexdigest()
         try:
@@ -102,6 +108,13 @@ class DesiredReload:
         owner, cache = self.server.intent, self.server.cache
         if new.digest == owner.desired.digest:
             return False
+        rollouts = self._rollouts()
+        failed = rollouts.refused(new.digest)
+        if failed is not None and not immediate:  # the same bytes fail the same way
+            self._reject(digest, [f"{source}: version {new.digest[:16]} failed its rollout "
+                                  f"({failed}); not applied again: save a fixed file (new "
+                                  "bytes start a new rollout) or apply it with --now"])
+            return False
         free = _free_bytes(self.state_dir)
         if free < MIN_FREE_BYTES:  # a full disk rejects the apply: nothing half-done
             self._reject(digest, [f"{source}: only {free:,} bytes free where the state is saved "
@@ -109,13 +122,18 @@ class DesiredReload:
             return False
         try:
             # saved before it applies (replicas: by the leader; the others follow etcd)
-            async with owner.change(save=self._leading()) as change:
-                change.desired(new)
-                served = served_now(cache, owner.intent)  # read as the build reads the cache
-                await change.prepare()
-                diffs = pop_diffs(change.over, change.target, served, change.prepared())
-                changes = await asyncio.to_thread(diffs)
-                change.record(lambda pushed: [_applied_record(new, changes, pushed)])
+            # one rollout at a time: started (or superseding the one in progress) here
+            async with rollouts.lock:
+                async with owner.change(save=self._leading()) as change:
+                    begun = rollouts.begin(change, Version(new, data), immediate=immediate,
+                                           by=by)
+                    served = served_now(cache, owner.intent)  # as the build reads the cache
+                    await change.prepare()
+                    diffs = pop_diffs(change.over, change.target, served, change.prepared())
+                    changes = await asyncio.to_thread(diffs)
+                    change.record(lambda pushed: [_applied_record(new, changes, pushed)])
+                    change.record(begun.records)
+                begun.done()
         except (OSError, sqlite3.Error, StoreUnavailable, Deposed) as err:
             log.error("cannot save the desired state's digest: %s", err)
             self._reject(digest, [f"{source}: cannot save the state ({err}); not applied"])

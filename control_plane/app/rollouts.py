@@ -152,6 +152,15 @@ def restored(records: Mapping[str, Mapping[str, Any]], file: Version,
                     failed, versions, frozenset(records.get(VERSION_KIND, {})))
 
 
+@dataclass(frozen=True)
+class Begun:
+    """A rollout decision stated on a change: its records, and what to call once the change
+    published (the driver takes the new state then, not before)."""
+
+    records: tuple[Draft, ...]
+    done: Callable[[], None]
+
+
 class Rollouts:
     def __init__(
         self,
@@ -197,10 +206,10 @@ class Rollouts:
 
     # -- a new version (the reload) --------------------------------------------------------
 
-    def begin(self, change: Change, new: Version, *, immediate: bool, by: str
-              ) -> Callable[[], None]:
+    def begin(self, change: Change, new: Version, *, immediate: bool, by: str) -> Begun:
         """State on `change` (a reload's) the rollout of `new`: started, or superseding the
-        one in progress; returns what to call once the change published. Call under `lock`."""
+        one in progress; its records and what to call once the change published. Call under
+        `lock`."""
         now = self.clock()
         running = self.owner.intent
         versions = {**self._versions, new.digest: new}
@@ -280,14 +289,15 @@ class Rollouts:
 
     async def _publish(self, after: Rollout, events: tuple[RolloutEvent, ...]) -> None:
         async with self.owner.change(save=self._leading()) as change:
-            done = self._state(change, after, events, self._versions, self.failed)
-        done()
+            begun = self._state(change, after, events, self._versions, self.failed)
+            change.record(begun.records)
+        begun.done()
 
     def _state(self, change: Change, rollout: Rollout, events: Iterable[RolloutEvent],
-               versions: Mapping[str, Version], failed: Mapping[str, str]) -> Callable[[], None]:
+               versions: Mapping[str, Version], failed: Mapping[str, str]) -> Begun:
         """`rollout` stated on `change`: which PoP serves which version, the rollout's records
-        in the store, its events as decision records. Returns what makes it this driver's
-        state once the change published."""
+        in the store. Returns its events as decision records (for the change to record) and
+        what makes it this driver's state once the change published."""
         failed = dict(failed)
         refused = failed_version(rollout)
         if refused is not None:
@@ -310,7 +320,6 @@ class Rollouts:
             if digest in self._versions:
                 undo.append((VERSION_KIND, digest, self._versions[digest].stored()))
         change.keep(records, undo)
-        change.record([rollout_draft(event) for event in events])
 
         def done() -> None:
             moved = self.rollout is None or (rollout.wave, rollout.phase) != (
@@ -322,7 +331,7 @@ class Rollouts:
             self._gauges()
             self._changed()
 
-        return done
+        return Begun(tuple(rollout_draft(event) for event in events), done)
 
     # -- internals -----------------------------------------------------------------------------
 

@@ -37,6 +37,7 @@ from control_plane.app.reconcile import Reconciler
 from control_plane.app.reload import DesiredFileWatcher
 from control_plane.app.reloading import DesiredReload, log_warnings
 from control_plane.app.replication import Replication
+from control_plane.app.rollouts import Restored, Rollouts, Version, restored
 from control_plane.app.runnables import Runnables
 from control_plane.app.server import BallastServer
 from control_plane.app.status import controller_states, not_ready_reason, service_status
@@ -91,6 +92,7 @@ class ServiceConfig:
     probe_interval_ms: int | None = None  # default: the groups' health_check interval
     reconcile_interval_ms: int | None = None  # default: each group's failover interval
     reload_poll_s: float = 0.5
+    rollout_poll_ms: int = 1000  # how often a rollout in progress is looked at (its gates)
     debounce_s: float = 0.1
     seed: int = 0
     routine_records: BudgetConfig = DEFAULT_BUDGET
@@ -125,6 +127,7 @@ class BallastService:
         self._grace = 1.0  # how long `stop` lets open xDS streams finish
         self._runnables: Runnables
         self.reload: DesiredReload
+        self.rollouts: Rollouts
         self.watcher_task: asyncio.Task[None] | None = None
         self.server: BallastServer
         self.decisions: DecisionLog
@@ -179,6 +182,12 @@ class BallastService:
             self.store = StateStore(config.state_dir, history=history)
             runnables.hold(self.store.close)
             snapshot = self.store.load()
+        # a rollout the store held resumes: each PoP serves what it served before the stop
+        running = Version(desired, self._desired_bytes)
+        held = restored(snapshot.records, running, parse_desired, self._store_where())
+        if held is not None:
+            running = held.target
+            desired = running.desired
         self.server = BallastServer(
             desired,
             xds_address=config.xds_address,
@@ -190,6 +199,7 @@ class BallastService:
             store=self.store,
             recorder=self.recorder,
             allow_plaintext_secrets=config.allow_plaintext_secrets,
+            serving=None if held is None else held.serving,
         )
         await self._restore(snapshot)
         if snapshot.desired_digest != desired.digest:
@@ -211,15 +221,22 @@ class BallastService:
             interval_ms=config.reconcile_interval_ms,
             seed=config.seed,
         )
+        leading = self._leading
+        self.rollouts = Rollouts(
+            self.server.intent, self.server.acks, source, self.recorder, running,
+            metrics=self.metrics, leading=leading,
+            changed=lambda: self.reconciler.forget_missing(self.server.intent.intent))
+        if held is not None:
+            self._resume_rollout(held)
         self.reload = DesiredReload(
             config.desired_path, config.state_dir, self.server, self.recorder, self.metrics,
-            leading=lambda: self.replication is None or self.replication.term is not None,
-            followers=self._follow_desired)
+            leading=leading, followers=self._follow_desired, rollouts=lambda: self.rollouts)
         self.watcher = DesiredFileWatcher(
             config.desired_path,
             self.reload.apply,
             poll=config.reload_poll_s,
-            current=self._desired_bytes,
+            # a file that differs from the version restored is a new change: it rolls out
+            current=running.data,
             on_unreadable=self.reload.unreadable,
             on_error=self.reload.failed,
             also=lambda: watched_files(self.server.intent.intent.desired),
@@ -239,6 +256,7 @@ class BallastService:
         else:  # the reconcile loop runs while this replica leads
             replication = self.replication
             await runnables.start(replication.start, replication.stop)
+        runnables.spawn(self.rollouts.run(config.rollout_poll_ms))
         runnables.spawn(self._sync_decisions())
         self.watcher_task = runnables.spawn(self.watcher.run())
         if self.prober is not None:
@@ -256,6 +274,26 @@ class BallastService:
         if config.freeze_heap:  # what start-up built lives as long as the server
             settle_heap()
             runnables.hold(release_heap)
+
+    def _leading(self) -> bool:
+        """Whether this process saves what changes (replicas: while it leads)."""
+        return self.replication is None or self.replication.term is not None
+
+    def _resume_rollout(self, held: Restored) -> None:
+        """The rollout the store held, taken up where it was (a `state_restored` record)."""
+        self.rollouts.restore(held)
+        rollout = held.rollout
+        versions = self.server.intent.intent.versions()
+        self.recorder.record(
+            "state_restored",
+            config_version=rollout.to_version[:16],
+            rule=f"rollout of {rollout.to_version[:16]} from {rollout.from_version[:16]} "
+            f"restored ({rollout.phase.replace('_', ' ')}, wave {rollout.wave + 1} of "
+            f"{len(rollout.waves)}): each PoP serves what it served before the stop"
+            + ("; it goes on from here" if rollout.in_progress else ""),
+            detail={"rollout": rollout.to_dict(), "pop_versions": versions,
+                    "failed_versions": sorted(held.failed)},
+        )
 
     def _defaults_note(self) -> dict[str, str]:
         """What the `startup` record says when the state store held nothing: every weight,
