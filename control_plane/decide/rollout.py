@@ -63,6 +63,7 @@ NEXT_STEP_AFTER_ROLLBACK = (
     "not applied again); `ballast explain` shows this record")
 MAX_POPS = 10_000  # a stored rollout naming more PoPs is refused as corrupt
 MAX_REASON_CHARS = 2000
+MAX_VERSION_CHARS = 128
 
 
 class RolloutError(ValueError):
@@ -125,9 +126,12 @@ class Rollout:
         if not 0 <= wave < len(waves):
             raise ValueError(f"wave {wave} out of range 0..{len(waves) - 1}")
         gate = data.get("gate")
+        versions = str(data["from_version"]), str(data["to_version"])
+        if any(not 0 < len(version) <= MAX_VERSION_CHARS for version in versions):
+            raise ValueError(f"a version is a digest of 1 to {MAX_VERSION_CHARS} characters")
         return cls(
-            from_version=str(data["from_version"]),
-            to_version=str(data["to_version"]),
+            from_version=versions[0],
+            to_version=versions[1],
             waves=waves,
             wave=wave,
             phase=phase,  # type: ignore[arg-type]
