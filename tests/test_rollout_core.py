@@ -167,9 +167,12 @@ def test_every_kind_is_a_decision_kind_and_events_make_records() -> None:
 
 def test_a_good_change_goes_wave_by_wave_after_each_bake() -> None:
     rollout = begin()
+    rollout, events = step(rollout, healthy(rollout), BAKE - 2, POLICY)
+    assert [e.kind for e in events] == ["gate_reading"] and rollout.wave == 0
+    assert rollout.gate is not None and rollout.gate.verdict == "pass"
+    assert "wave 1: gate passes: 1 PoP(s) on the new version" in events[0].rule
     rollout, events = step(rollout, healthy(rollout), BAKE - 1, POLICY)
-    assert events == () and rollout.wave == 0 and rollout.gate is not None
-    assert rollout.gate.verdict == "pass"
+    assert events == ()  # the same verdict: no record
     rollout, events = step(rollout, healthy(rollout), BAKE, POLICY)
     assert [e.kind for e in events] == ["wave_passed", "wave_started"]
     assert rollout.wave == 1 and rollout.wave_started_ms == BAKE
@@ -275,12 +278,12 @@ def test_without_evidence_the_bake_extends_then_the_gates_pause() -> None:
     rollout = begin()
     quiet = healthy(rollout, ewr=signals(requests=3))
     rollout, events = step(rollout, quiet, BAKE, POLICY)
-    assert events == () and rollout.phase == "baking" and rollout.gate is not None
+    assert [e.kind for e in events] == ["gate_reading"] and rollout.phase == "baking"
+    assert rollout.gate is not None
     assert rollout.gate.verdict == "wait" and "pop ewr: no evidence yet" in rollout.gate.why[0]
     timeout = BAKE + GATES.evidence_timeout_ms
     rollout, events = step(rollout, quiet, timeout, POLICY)
-    assert rollout.phase == "paused" and [e.kind for e in events] == ["gate_reading",
-                                                                       "rollout_paused"]
+    assert rollout.phase == "paused" and [e.kind for e in events] == ["rollout_paused"]
     assert "resume to wait again, promote or abort" in rollout.reason
     assert version_of(rollout, "ewr") == NEW and version_of(rollout, "sjc") == OLD
 
@@ -298,7 +301,8 @@ def test_pause_holds_the_wave_resume_bakes_again_a_failure_still_rolls_back() ->
     assert rollout.phase == "paused" and events[0].kind == "rollout_paused"
     assert rollout.reason == "paused by alice in wave 1 of 3"
     held, events = step(rollout, healthy(rollout), 10 * BAKE, POLICY)
-    assert held.phase == "paused" and held.wave == 0 and events == ()
+    assert held.phase == "paused" and held.wave == 0
+    assert [e.kind for e in events] == ["gate_reading"]
     with pytest.raises(RolloutError, match="paused already"):
         pause(rollout, 20)
     resumed, events = resume(rollout, 100, by="alice")
@@ -356,7 +360,7 @@ def test_to_dict_round_trips_and_corrupt_state_is_refused() -> None:
     rollout, _ = step(begin(), healthy(begin(), ewr=signals(requests=3)), BAKE, POLICY)
     assert Rollout.from_dict(rollout.to_dict()) == rollout
     for bad in ({"phase": "gone"}, {"wave": 7}, {"waves": [["ewr"], []]},
-                {"waves": [["ewr"], ["ewr"]]}):
+                {"waves": [["ewr"], ["ewr"]]}, {"to_version": ""}, {"from_version": "x" * 129}):
         with pytest.raises(ValueError):
             Rollout.from_dict(rollout.to_dict() | bad)
 
@@ -476,3 +480,51 @@ def test_a_baseline_without_evidence_decides_nothing(after: OriginSignals,
     verdicts = {(r.signal, r.key): r.verdict for r in one.readings if r.signal != "tier_actions"}
     assert verdicts == {(r.signal, r.key): r.verdict for r in two.readings
                         if r.signal != "tier_actions"}
+
+
+STEPS = st.lists(st.tuples(
+    st.sampled_from(["pass", "fail", "wait", "pause", "resume", "abort", "promote", "edit",
+                     "edit_now"]),
+    st.integers(0, 2 * BAKE)), max_size=30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(pops=st.integers(1, 6), steps=STEPS)
+def test_every_pop_serves_the_last_passed_version_or_the_one_rolling_out(
+        pops: int, steps: list[tuple[str, int]]) -> None:
+    """Through edits (supersedes), gate results and operator actions: every PoP serves the last
+    version that passed or the one rolling out (only once its wave is reached); a rollback or
+    an abort puts every PoP on the last passed version; every step replays from its record."""
+    names = tuple(f"p{i}" for i in range(pops))
+    versions = iter(f"{n:064x}" for n in range(2, 100))
+    rollout, _ = start(POLICY, OLD, next(versions), names, names, 0)
+    good, now = OLD, 0
+    for action, wait in steps:
+        now += wait
+        if action in ("pass", "fail", "wait"):
+            gate = GateResult(action, ("why",))  # type: ignore[arg-type]
+            after, events = advance(rollout, gate, now, POLICY)
+            for event in events:
+                if event.detail is not None and "before" in event.detail:
+                    assert replay_step(event.detail, POLICY) == (after, events)
+            rollout = after
+        elif action in ("edit", "edit_now"):
+            _, rollout, _ = supersede(rollout, POLICY, next(versions), names, names, now,
+                                      immediate=action == "edit_now")
+        elif rollout.in_progress:
+            try:
+                rollout, _ = {"pause": pause, "resume": resume, "abort": abort,
+                              "promote": promote}[action](rollout, now)
+            except RolloutError:
+                assert (action, rollout.phase) in (("pause", "paused"), ("resume", "baking"))
+        if rollout.phase == "passed":
+            good = rollout.to_version
+        assert last_passed(rollout) == good
+        served = {version_of(rollout, pop) for pop in names}
+        assert served <= {good, rollout.to_version}
+        if rollout.phase in ("rolled_back", "aborted"):
+            assert served == {good} and failed_version(rollout) == rollout.to_version
+        for index, wave in enumerate(rollout.waves):
+            for pop in wave:
+                if version_of(rollout, pop) == rollout.to_version != good:
+                    assert rollout.phase == "passed" or index <= rollout.wave

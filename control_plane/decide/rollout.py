@@ -28,7 +28,8 @@ new version. A new version equal to the last passed one ends the rollout with ev
 
 Every transition returns `RolloutEvent`s, the decision records the shell writes (kinds in
 `ROLLOUT_KINDS`). A step's event carries the rollout before it, the time and the gate's result,
-so `replay_step` recomputes it from the record alone.
+so `replay_step` recomputes it from the record alone. A step records a `gate_reading` when the
+gate's verdict changes (a bake's readings are recorded as they turn, not every look).
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ NEXT_STEP_AFTER_ROLLBACK = (
     "not applied again); `ballast explain` shows this record")
 MAX_POPS = 10_000  # a stored rollout naming more PoPs is refused as corrupt
 MAX_REASON_CHARS = 2000
+MAX_VERSION_CHARS = 128
 
 
 class RolloutError(ValueError):
@@ -124,9 +126,12 @@ class Rollout:
         if not 0 <= wave < len(waves):
             raise ValueError(f"wave {wave} out of range 0..{len(waves) - 1}")
         gate = data.get("gate")
+        versions = str(data["from_version"]), str(data["to_version"])
+        if any(not 0 < len(version) <= MAX_VERSION_CHARS for version in versions):
+            raise ValueError(f"a version is a digest of 1 to {MAX_VERSION_CHARS} characters")
         return cls(
-            from_version=str(data["from_version"]),
-            to_version=str(data["to_version"]),
+            from_version=versions[0],
+            to_version=versions[1],
             waves=waves,
             wave=wave,
             phase=phase,  # type: ignore[arg-type]
@@ -295,8 +300,12 @@ def advance(rollout: Rollout, gate: GateResult, now_ms: int, policy: RolloutPoli
                 {"from_version": rollout.from_version, "failed_version": version,
                  "why": list(gate.why), "wave": rollout.wave, "next": NEXT_STEP_AFTER_ROLLBACK}),
         )
+    changed = rollout.gate is None or rollout.gate.verdict != gate.verdict
+    reading = RolloutEvent(
+        "gate_reading", f"wave {rollout.wave + 1}: gate {_verdict_words(gate)}: "
+        f"{'; '.join(gate.why)}", version, rollout.waves[rollout.wave], replay)
     if rollout.phase == "paused":
-        return replace(rollout, gate=gate), ()
+        return replace(rollout, gate=gate), (reading,) if changed else ()
     if gate.verdict == "pass" and baked:
         passed = RolloutEvent(
             "wave_passed",
@@ -321,17 +330,20 @@ def advance(rollout: Rollout, gate: GateResult, now_ms: int, policy: RolloutPoli
                   f"{'; '.join(gate.why)}; resume to wait again, promote or abort")
         after = replace(rollout, phase="paused", gate=gate, updated_ms=now_ms, reason=reason)
         return after, (
-            RolloutEvent("gate_reading", f"wave {rollout.wave + 1}: no verdict: "
-                         f"{'; '.join(gate.why)}", version, rollout.waves[rollout.wave], replay),
             RolloutEvent("rollout_paused", f"paused by the gates: {reason}", version,
-                         rollout.waves[rollout.wave], {"by": "gates"}),
+                         rollout.waves[rollout.wave], {"by": "gates", **replay}),
         )
-    return replace(rollout, gate=gate), ()
+    return replace(rollout, gate=gate), (reading,) if changed else ()
+
+
+def _verdict_words(gate: GateResult) -> str:
+    return {"pass": "passes", "fail": "failed", "wait": "waits"}[gate.verdict]
 
 
 def replay_step(detail: Mapping[str, Any], policy: RolloutPolicy
                 ) -> tuple[Rollout, tuple[RolloutEvent, ...]]:
-    """The step a `gate_reading` or `wave_passed` record's detail describes, computed again."""
+    """The step a `gate_reading`, `wave_passed` or gates' `rollout_paused` record's detail
+    describes (the rollout before it, the time, the gate's result), computed again."""
     return advance(Rollout.from_dict(detail["before"]), GateResult.from_dict(detail["gate"]),
                    int(detail["now_ms"]), policy)
 
