@@ -1,0 +1,145 @@
+"""Issue 23 end to end: a change of the desired state rolls out wave by wave through real Envoys
+in three PoPs (ewr the canary, then sjc, then lax), judged by its gates.
+
+- a good change: each PoP's Envoy gets it only when its wave starts, each wave after the
+  previous one baked; `ballast status` shows each PoP's version as it moves;
+- a change that makes the canary's origin answer 503: rolled back automatically before sjc or
+  lax get it, with a record naming the regressed signal; the same bytes are not applied again;
+- a change the Envoy NACKs: rolled back, the NACK's message in the record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.eventually import eventually
+from harness.rollout_fleet import POPS, RolloutFleet, rollout_fleet
+
+pytestmark = pytest.mark.envoy
+
+BAKE_S = 2.0
+ROUTES = "/config_dump?resource=dynamic_route_configs"
+ENDPOINTS = "/config_dump?include_eds"
+
+
+def _versions(fleet: RolloutFleet) -> dict[str, str]:
+    """PoP -> the version (digest) it serves, as `ballast status` shows it."""
+    assert fleet.service is not None
+    return {pop: shown["version"] for pop, shown in
+            fleet.service.status()["pop_versions"].items()}
+
+
+async def _synced(fleet: RolloutFleet) -> None:
+    assert fleet.service is not None
+    acks = fleet.service.server.acks
+    await eventually(lambda: all(acks.pop(pop).applied == 1 for pop in POPS), 20,
+                     "every Envoy synced")
+    await eventually(lambda: fleet.origins["primary"].total > 60, 20, "traffic on the primary")
+
+
+class Watch:
+    """What a rollout looks like over time: the versions `ballast status` shows, and when each
+    PoP's Envoy first holds `marker` in its config_dump (`path`)."""
+
+    def __init__(self, fleet: RolloutFleet, marker: str, path: str) -> None:
+        self.fleet, self.marker, self.path = fleet, marker, path
+        self.seen: dict[str, float] = {}
+        self.versions: list[dict[str, str]] = []
+
+    async def look(self) -> bool:
+        shown = _versions(self.fleet)
+        if not self.versions or self.versions[-1] != shown:
+            self.versions.append(shown)
+        dumps = await asyncio.to_thread(
+            lambda: {pop: envoy.admin(self.path) for pop, envoy in self.fleet.envoys.items()})
+        for pop, dump in dumps.items():
+            if pop not in self.seen and self.marker in dump:
+                self.seen[pop] = time.monotonic()
+        return len(self.seen) == len(POPS)
+
+    def on(self, version: str) -> list[list[str]]:
+        """The PoPs on `version` in each distinct state seen."""
+        return [sorted(pop for pop, v in shown.items() if v.startswith(version))
+                for shown in self.versions]
+
+
+async def test_a_good_change_rolls_out_wave_by_wave(tmp_path: Path) -> None:
+    async with rollout_fleet(tmp_path) as fleet:
+        await _synced(fleet)
+        old = _versions(fleet)
+        assert len(set(old.values())) == 1, old
+        fleet.write(marker="rollout-marker")
+        watch = Watch(fleet, "/rollout-marker", ROUTES)
+        await eventually(watch.look, 60, "every PoP's Envoy to get the change", interval=0.1)
+        await eventually(lambda: fleet.records("rollout_passed"), 30, "the rollout to pass")
+        records = fleet.records()
+        kinds = [r["kind"] for r in records if r["kind"].startswith(("rollout", "wave"))]
+        assert kinds[:2] == ["rollout_started", "wave_started"], kinds
+        assert kinds.count("wave_started") == 3 and kinds.count("wave_passed") == 3, kinds
+        waves = [r["detail"]["pops"] for r in records if r["kind"] == "wave_started"]
+        assert waves == [["ewr"], ["sjc"], ["lax"]], waves
+        # each PoP's Envoy switched only when its wave started, after the previous one baked
+        seen = watch.seen
+        assert seen["ewr"] < seen["sjc"] < seen["lax"], seen
+        assert seen["sjc"] - seen["ewr"] >= BAKE_S * 0.9, seen
+        assert seen["lax"] - seen["sjc"] >= BAKE_S * 0.9, seen
+        # `ballast status` over time: the canary alone first, then sjc, then every PoP
+        new = _versions(fleet)
+        assert len(set(new.values())) == 1 and new != old, new
+        on_new = watch.on(new["ewr"])
+        assert ["ewr"] in on_new and ["ewr", "sjc"] in on_new, watch.versions
+        assert on_new.index(["ewr"]) < on_new.index(["ewr", "sjc"]), watch.versions
+        assert fleet.statuses[0] == 0, fleet.statuses
+
+
+async def test_a_change_that_breaks_the_canary_is_rolled_back(tmp_path: Path) -> None:
+    async with rollout_fleet(tmp_path) as fleet:
+        await _synced(fleet)
+        old = _versions(fleet)
+        broken = fleet.origins["broken"].port
+        fleet.write(primary_port=broken)
+        watch = Watch(fleet, f'"port_value": {broken}', ENDPOINTS)
+
+        async def rolled_back() -> bool:
+            await watch.look()
+            return bool(fleet.records("rolled_back"))
+
+        await eventually(rolled_back, 60, "the rollback", interval=0.1)
+        rolled = fleet.records("rolled_back")[-1]
+        assert "5xx" in rolled["rule"], rolled["rule"]
+        assert "ewr" in rolled["rule"], rolled["rule"]
+        assert rolled["detail"]["next"], rolled
+        # sjc and lax never got it: no wave but the canary's started, and their Envoys never
+        # sent a request to the broken origin
+        waves = [r["detail"]["pops"] for r in fleet.records("wave_started")]
+        assert waves == [["ewr"]], waves
+        await eventually(lambda: _versions(fleet) == old, 10, "every PoP back on the old version")
+        assert list(watch.seen) == ["ewr"], watch.seen
+        assert all(on == ["ewr"] for on in watch.on(rolled["config_version"]) if on), \
+            watch.versions
+        # the same bytes are not applied again (SIGHUP re-reads the file)
+        assert fleet.service is not None
+        fleet.service.watcher.trigger()
+        await eventually(lambda: any("failed its rollout" in p for r in
+                                     fleet.records("config_rejected")
+                                     for p in r["detail"]["problems"]), 10, "refused again")
+        assert _versions(fleet) == old
+
+
+async def test_a_change_envoy_nacks_is_rolled_back_with_the_message(tmp_path: Path) -> None:
+    async with rollout_fleet(tmp_path) as fleet:
+        await _synced(fleet)
+        old = _versions(fleet)
+        fleet.write(bad_filter=True)
+        await eventually(lambda: fleet.records("rolled_back"), 30, "the rollback")
+        rolled = fleet.records("rolled_back")[-1]
+        assert "NACK" in rolled["rule"] or "nack" in rolled["rule"], rolled["rule"]
+        assert "ewr-edge-1" in rolled["rule"], rolled["rule"]
+        assert "compressor_library" in rolled["rule"] or "Compressor" in rolled["rule"], rolled
+        waves = [r["detail"]["pops"] for r in fleet.records("wave_started")]
+        assert waves == [["ewr"]], waves
+        await eventually(lambda: _versions(fleet) == old, 10, "every PoP back on the old version")
