@@ -37,6 +37,7 @@ from control_plane.app.reconcile import Reconciler
 from control_plane.app.reload import DesiredFileWatcher
 from control_plane.app.reloading import DesiredReload, log_warnings
 from control_plane.app.replication import Replication
+from control_plane.app.rollout_control import ServiceRollouts
 from control_plane.app.rollouts import Restored, Rollouts, Version, restored
 from control_plane.app.runnables import Runnables
 from control_plane.app.server import BallastServer
@@ -424,6 +425,7 @@ class BallastService:
             auth=auth,
             limits=self.config.admin_limits,
             host_names=self.config.admin_host_names,
+            rollouts=ServiceRollouts(self),
         )
         https = ReloadingSslContext(self.config.tls) if self.config.tls and auth.client_certs \
             else None
