@@ -5,17 +5,23 @@ in three PoPs (ewr the canary, then sjc, then lax), judged by its gates.
   previous one baked; `ballast status` shows each PoP's version as it moves;
 - a change that makes the canary's origin answer 503: rolled back automatically before sjc or
   lax get it, with a record naming the regressed signal; the same bytes are not applied again;
-- a change the Envoy NACKs: rolled back, the NACK's message in the record.
+- a change the Envoy NACKs: rolled back, the NACK's message in the record;
+- pause, resume, promote, abort and apply --now from the CLI and the admin API, behind the
+  admin token like every other route.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
 
+from control_plane.cli.main import main
 from harness.eventually import eventually
 from harness.rollout_fleet import POPS, RolloutFleet, rollout_fleet
 
@@ -143,3 +149,70 @@ async def test_a_change_envoy_nacks_is_rolled_back_with_the_message(tmp_path: Pa
         waves = [r["detail"]["pops"] for r in fleet.records("wave_started")]
         assert waves == [["ewr"]], waves
         await eventually(lambda: _versions(fleet) == old, 10, "every PoP back on the old version")
+
+
+def _post(url: str, token: str | None) -> tuple[int, dict[str, object]]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(url, method="POST", data=b"", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+async def _cli(*args: str) -> int:
+    return await asyncio.to_thread(main, ["rollout", *args])
+
+
+async def test_operators_pause_resume_promote_abort_and_apply_now(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    token = "rollout-test-token"
+    async with rollout_fleet(tmp_path, admin_token=token) as fleet:
+        assert fleet.service is not None and fleet.service.admin is not None
+        url = fleet.service.admin.url
+        token_file = str(tmp_path / "admin.token")
+        auth = ("--server", url, "--token-file", token_file)
+        await _synced(fleet)
+        old = _versions(fleet)
+        fleet.write(marker="first", bake="10m")
+        await eventually(lambda: fleet.records("wave_started"), 10, "the canary wave")
+        # every action needs the admin API's authentication
+        assert (await asyncio.to_thread(_post, f"{url}/rollout/pause", None))[0] == 401
+        assert await _cli("pause", "--server", url) == 1
+        assert await _cli("pause", *auth) == 0
+        paused = fleet.records("rollout_paused")[-1]
+        assert "token via the admin API" in paused["rule"], paused
+        capsys.readouterr()
+        assert await _cli("status", *auth) == 0
+        shown = capsys.readouterr().out
+        assert "paused" in shown and "* wave 1: ewr" in shown, shown
+        status, answer = await asyncio.to_thread(_post, f"{url}/rollout/pause", token)
+        assert status == 409 and "paused already" in str(answer["error"]), answer
+        status, answer = await asyncio.to_thread(_post, f"{url}/rollout/resume", token)
+        assert status == 200 and answer["rollout"]["phase"] == "baking", answer  # type: ignore[index]
+        assert (await asyncio.to_thread(_post, f"{url}/rollout/launch", token))[0] == 404
+        # promote: every PoP on the new version now, its waves skipped
+        assert await _cli("promote", *auth) == 0
+        watch = Watch(fleet, "/first", ROUTES)
+        await eventually(watch.look, 20, "every Envoy on the promoted version", interval=0.1)
+        promoted = _versions(fleet)
+        assert len(set(promoted.values())) == 1 and promoted != old, promoted
+        assert fleet.records("rollout_promoted")
+        # abort: the canary back on the last version that passed
+        fleet.write(marker="second", bake="10m")
+        await eventually(lambda: len(fleet.records("wave_started")) == 2, 10, "a new canary")
+        await eventually(lambda: _versions(fleet)["ewr"] != promoted["ewr"], 10, "ewr moved")
+        status, answer = await asyncio.to_thread(_post, f"{url}/rollout/abort", token)
+        assert status == 200 and answer["rollout"]["phase"] == "aborted", answer  # type: ignore[index]
+        assert _versions(fleet) == promoted
+        aborted = fleet.records("rollout_aborted")[-1]
+        assert "token via the admin API" in aborted["rule"], aborted
+        # apply --now: the aborted file, on every PoP at once, recorded as such
+        assert await _cli("apply", "--now", *auth) == 0
+        watch = Watch(fleet, "/second", ROUTES)
+        await eventually(watch.look, 20, "every Envoy on the version applied --now",
+                         interval=0.1)
+        started = fleet.records("rollout_started")[-1]
+        assert started["detail"]["immediate"] is True and "--now" in started["rule"], started
+        assert len(set(_versions(fleet).values())) == 1
