@@ -102,7 +102,8 @@ async def test_a_good_change_rolls_out_wave_by_wave(tmp_path: Path) -> None:
         assert fleet.statuses[0] == 0, fleet.statuses
 
 
-async def test_a_change_that_breaks_the_canary_is_rolled_back(tmp_path: Path) -> None:
+async def test_a_change_that_breaks_the_canary_is_rolled_back(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     async with rollout_fleet(tmp_path) as fleet:
         await _synced(fleet)
         old = _versions(fleet)
@@ -119,6 +120,13 @@ async def test_a_change_that_breaks_the_canary_is_rolled_back(tmp_path: Path) ->
         assert "5xx" in rolled["rule"], rolled["rule"]
         assert "ewr" in rolled["rule"], rolled["rule"]
         assert rolled["detail"]["next"], rolled
+        # `ballast explain` tells the story of the rollout, as it concerns the PoP
+        capsys.readouterr()
+        assert await asyncio.to_thread(main, ["explain", "--state-dir", str(fleet.state_dir),
+                                              "--pop", "ewr", "--group", "shop"]) == 0
+        explained = capsys.readouterr().out
+        assert "config rollout of" in explained and "rolled_back" in explained, explained
+        assert "wave_started" in explained and "5xx" in explained, explained
         # sjc and lax never got it: no wave but the canary's started, and their Envoys never
         # sent a request to the broken origin
         waves = [r["detail"]["pops"] for r in fleet.records("wave_started")]
