@@ -160,19 +160,20 @@ def test_a_saved_rollout_is_restored_with_its_versions() -> None:
                VERSION_KIND: {old.digest: old.stored(), new.digest: new.stored()}}
     # the file holds a third version (edited while the server was down): the rollout resumes
     # and the watcher applies the file afterwards
-    held = restored(records, version(secondary=7002), _parse, "state.db")
+    file = version(secondary=7002)
+    held = restored(records, {file.digest: file}, _parse, "state.db")
     assert held is not None
     assert held.target.digest == new.digest
     assert {pop: d.digest for pop, d in held.serving.items()} == {"sjc": old.digest,
                                                                   "lax": old.digest}
     assert held.serving == serving_of(rollout, held.versions)
-    assert restored({}, old, _parse, "state.db") is None
+    assert restored({}, {old.digest: old}, _parse, "state.db") is None
     broken = {**records, VERSION_KIND: {new.digest: new.stored()}}
     with pytest.raises(StateCorrupted, match="not stored"):
-        restored(broken, version(secondary=7002), _parse, "state.db")
+        restored(broken, {file.digest: file}, _parse, "state.db")
     swapped = {**records, VERSION_KIND: {old.digest: new.stored(), new.digest: new.stored()}}
     with pytest.raises(StateCorrupted, match="digest"):
-        restored(swapped, version(secondary=7002), _parse, "state.db")
+        restored(swapped, {file.digest: file}, _parse, "state.db")
 
 
 def test_a_node_has_applied_its_pops_output_only_when_it_acked_all_of_it() -> None:

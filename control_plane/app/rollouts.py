@@ -55,6 +55,7 @@ from control_plane.decide.rollout import (
 from control_plane.decide.rollout import step as rollout_step
 from control_plane.decisions.log import Draft, draft
 from control_plane.decisions.recorder import DecisionRecorder
+from control_plane.desired import parse_desired
 from control_plane.desired.model import Desired
 from control_plane.intent.change import Change
 from control_plane.intent.owner import IntentOwner
@@ -118,20 +119,21 @@ def serving_of(rollout: Rollout, versions: Mapping[str, Version]) -> dict[str, D
     return serving
 
 
-def restored(records: Mapping[str, Mapping[str, Any]], file: Version,
+def restored(records: Mapping[str, Mapping[str, Any]], known: Mapping[str, Version],
              parse: Callable[[bytes, str], Desired], where: str) -> Restored | None:
     """The rollout the store held (`records`: kind -> key -> JSON), with its versions parsed
-    again (`parse(bytes, source)`; the file's own version is `file`, the same object); None
-    when it held none. StateCorrupted (naming `where`) when it does not parse."""
+    again (`parse(bytes, source)`; a version in `known` — the file's, those held already — is
+    that same object); None when it held none. StateCorrupted (naming `where`) when it does
+    not parse."""
     held = records.get(ROLLOUT_KIND, {}).get(ROLLOUT_KEY)
     if held is None:
         return None
     try:
         rollout = Rollout.from_dict(held["rollout"])
         failed = {str(k): str(v) for k, v in dict(held.get("failed", {})).items()}
-        versions = {file.digest: file}
+        versions = dict(known)
         for digest, value in records.get(VERSION_KIND, {}).items():
-            if digest == file.digest:
+            if digest in versions:
                 continue
             data = str(value["yaml"]).encode("utf-8")
             desired = parse(data, str(value["source"]))
@@ -148,8 +150,10 @@ def restored(records: Mapping[str, Mapping[str, Any]], file: Version,
     if target_of(rollout) in missing or (rollout.in_progress and missing):
         raise StateCorrupted(f"{where}: rollout: the bytes of version(s) "
                              f"{', '.join(sorted(d[:16] for d in missing))} are not stored")
-    return Restored(versions[target_of(rollout)], serving_of(rollout, versions), rollout,
-                    failed, versions, frozenset(records.get(VERSION_KIND, {})))
+    needed = {d: v for d, v in versions.items()
+              if d in (rollout.from_version, rollout.to_version)}
+    return Restored(versions[target_of(rollout)], serving_of(rollout, needed), rollout,
+                    failed, needed, frozenset(records.get(VERSION_KIND, {})))
 
 
 @dataclass(frozen=True)
@@ -201,8 +205,19 @@ class Rollouts:
         self._note_wave()
         self._gauges()
 
-    def version(self, digest: str) -> Version | None:
-        return self._versions.get(digest)
+    async def follow(self, records: Mapping[str, Mapping[str, Any]], where: str) -> None:
+        """A replica taking the rollout its leader saved (`records`, read back from the shared
+        store): which PoP serves which version, made this replica's through the change
+        transaction (saving nothing: the leader saved it). A new leader starts from it."""
+        held = await asyncio.to_thread(restored, records, dict(self._versions), parse_desired,
+                                       where)
+        if held is None or (held.rollout == self.rollout and held.failed == self.failed):
+            return
+        async with self.lock:
+            async with self.owner.change(save=False) as change:
+                change.desired(held.target.desired, serving=held.serving)
+            self.restore(held)
+            self._changed()
 
     # -- a new version (the reload) --------------------------------------------------------
 

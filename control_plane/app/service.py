@@ -185,7 +185,8 @@ class BallastService:
             snapshot = self.store.load()
         # a rollout the store held resumes: each PoP serves what it served before the stop
         running = Version(desired, self._desired_bytes)
-        held = restored(snapshot.records, running, parse_desired, self._store_where())
+        held = restored(snapshot.records, {running.digest: running}, parse_desired,
+                        self._store_where())
         if held is not None:
             running = held.target
             desired = running.desired
@@ -355,6 +356,7 @@ class BallastService:
             owner=lambda: self.server.intent,
             recorder=self.recorder,
             reconciler=lambda: self.reconciler,
+            rollouts=lambda: self.rollouts,
             info={"id": replica, "xds": config.xds_address, "admin": config.admin_address},
             metrics=self.metrics,
         )
