@@ -408,11 +408,13 @@ class BallastService:
     async def _start_admin(self, address: str, auth: AdminAuth) -> None:
         host, _, port = address.rpartition(":")
         feed = DecisionFeed()
+        rollouts = ServiceRollouts(self)
         self.decisions.add_listener(feed.publish)
         dashboard = Dashboard(nodes=self.server.nodes, intent=self.server.intent, feed=feed,
                               state_dir=self.config.state_dir, clock=lambda: datetime.now(UTC),
                               controllers=lambda pop, group: controller_states(
-                                  self.server.intent, pop, group))
+                                  self.server.intent, pop, group),
+                              rollout=rollouts.shown)
         self.admin = AdminApi(
             nodes=self.server.nodes,
             intent=self.server.intent,
@@ -427,7 +429,7 @@ class BallastService:
             auth=auth,
             limits=self.config.admin_limits,
             host_names=self.config.admin_host_names,
-            rollouts=ServiceRollouts(self),
+            rollouts=rollouts,
         )
         https = ReloadingSslContext(self.config.tls) if self.config.tls and auth.client_certs \
             else None
