@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import urllib.error
+import urllib.request
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -116,6 +119,17 @@ def start_envoys(xds_port: int) -> dict[str, EnvoyProcess]:
             envoy.stop()
         raise
     return envoys
+
+
+def admin_post(url: str, token: str | None) -> tuple[int, dict[str, Any]]:
+    """`POST url` (no body) with the admin token, if any: the status and the JSON answer."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(url, method="POST", data=b"", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
 
 
 @dataclass

@@ -13,17 +13,14 @@ in three PoPs (ewr the canary, then sjc, then lax), judged by its gates.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from control_plane.cli.main import main
 from harness.eventually import eventually
-from harness.rollout_fleet import POPS, RolloutFleet, rollout_fleet
+from harness.rollout_fleet import POPS, RolloutFleet, admin_post, rollout_fleet
 
 pytestmark = pytest.mark.envoy
 
@@ -159,16 +156,6 @@ async def test_a_change_envoy_nacks_is_rolled_back_with_the_message(tmp_path: Pa
         await eventually(lambda: _versions(fleet) == old, 10, "every PoP back on the old version")
 
 
-def _post(url: str, token: str | None) -> tuple[int, dict[str, object]]:
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    request = urllib.request.Request(url, method="POST", data=b"", headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())
-
-
 async def _cli(*args: str) -> int:
     return await asyncio.to_thread(main, ["rollout", *args])
 
@@ -186,7 +173,7 @@ async def test_operators_pause_resume_promote_abort_and_apply_now(
         fleet.write(marker="first", bake="10m")
         await eventually(lambda: fleet.records("wave_started"), 10, "the canary wave")
         # every action needs the admin API's authentication
-        assert (await asyncio.to_thread(_post, f"{url}/rollout/pause", None))[0] == 401
+        assert (await asyncio.to_thread(admin_post, f"{url}/rollout/pause", None))[0] == 401
         assert await _cli("pause", "--server", url) == 1
         assert await _cli("pause", *auth) == 0
         paused = fleet.records("rollout_paused")[-1]
@@ -195,11 +182,11 @@ async def test_operators_pause_resume_promote_abort_and_apply_now(
         assert await _cli("status", *auth) == 0
         shown = capsys.readouterr().out
         assert "paused" in shown and "* wave 1: ewr" in shown, shown
-        status, answer = await asyncio.to_thread(_post, f"{url}/rollout/pause", token)
+        status, answer = await asyncio.to_thread(admin_post, f"{url}/rollout/pause", token)
         assert status == 409 and "paused already" in str(answer["error"]), answer
-        status, answer = await asyncio.to_thread(_post, f"{url}/rollout/resume", token)
-        assert status == 200 and answer["rollout"]["phase"] == "baking", answer  # type: ignore[index]
-        assert (await asyncio.to_thread(_post, f"{url}/rollout/launch", token))[0] == 404
+        status, answer = await asyncio.to_thread(admin_post, f"{url}/rollout/resume", token)
+        assert status == 200 and answer["rollout"]["phase"] == "baking", answer
+        assert (await asyncio.to_thread(admin_post, f"{url}/rollout/launch", token))[0] == 404
         # promote: every PoP on the new version now, its waves skipped
         assert await _cli("promote", *auth) == 0
         watch = Watch(fleet, "/first", ROUTES)
@@ -211,8 +198,8 @@ async def test_operators_pause_resume_promote_abort_and_apply_now(
         fleet.write(marker="second", bake="10m")
         await eventually(lambda: len(fleet.records("wave_started")) == 2, 10, "a new canary")
         await eventually(lambda: _versions(fleet)["ewr"] != promoted["ewr"], 10, "ewr moved")
-        status, answer = await asyncio.to_thread(_post, f"{url}/rollout/abort", token)
-        assert status == 200 and answer["rollout"]["phase"] == "aborted", answer  # type: ignore[index]
+        status, answer = await asyncio.to_thread(admin_post, f"{url}/rollout/abort", token)
+        assert status == 200 and answer["rollout"]["phase"] == "aborted", answer
         assert _versions(fleet) == promoted
         aborted = fleet.records("rollout_aborted")[-1]
         assert "token via the admin API" in aborted["rule"], aborted
