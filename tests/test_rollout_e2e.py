@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -97,6 +98,16 @@ async def test_a_good_change_rolls_out_wave_by_wave(tmp_path: Path) -> None:
         assert ["ewr"] in on_new and ["ewr", "sjc"] in on_new, watch.versions
         assert on_new.index(["ewr"]) < on_new.index(["ewr", "sjc"]), watch.versions
         assert fleet.statuses[0] == 0, fleet.statuses
+        # /metrics: the rollout's phase and wave, each PoP's version
+        assert fleet.service is not None and fleet.service.admin is not None
+        scrape = f"{fleet.service.admin.url}/metrics"
+        metrics = await asyncio.to_thread(
+            lambda: urllib.request.urlopen(scrape, timeout=10).read().decode())
+        assert 'ballast_rollout_phase{phase="passed"} 1.0' in metrics, metrics
+        assert 'ballast_rollout_wave{of="total"} 3.0' in metrics, metrics
+        for pop in POPS:
+            assert f'ballast_pop_config_version{{pop="{pop}",version="{new[pop][:16]}"}} 1.0' \
+                in metrics, metrics
 
 
 async def test_a_change_that_breaks_the_canary_is_rolled_back(

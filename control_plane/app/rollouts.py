@@ -193,6 +193,7 @@ class Rollouts:
         self._versions: dict[str, Version] = {running.digest: running}
         self._saved: set[str] = set()  # digests whose bytes the store holds
         self._actions_at_wave: dict[str, frozenset[str]] = {}  # PoP -> groups with actions
+        self._gauges()
 
     # -- start-up --------------------------------------------------------------------------
 
