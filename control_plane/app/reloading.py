@@ -7,9 +7,10 @@ transaction (`IntentOwner.change`): the carry-over rule over the intent running 
 is taken, the per-PoP diffs and the translation of the PoPs that move on a worker thread, the
 digest and the rollout's state saved (replicas: by the leader), the `config_applied` record
 (with the diff and the PoPs pushed to) and the rollout's records, and the swap. A version that
-failed its rollout is not applied again from the same bytes. Anything that fails — a file that does not parse, too little disk to save the
-state, a store that refuses the write, a translation that raises, a swap that fails — is a
-`config_rejected` record, and what runs stays as it was. One reload at a time (the file watcher
+failed its rollout is not applied again from the same bytes. Anything that fails — a file that
+does not parse, too little disk to save the state, a store that refuses the write, a
+translation that raises, a swap that fails — is a `config_rejected` record, and what runs stays
+as it was. One reload at a time (the file watcher
 and SIGHUP share it).
 """
 

@@ -163,6 +163,9 @@ class Replication:
         # the whole intent read back (a StoreUnavailable here drops the leadership again)
         snapshot = await self.store.read()
         await self._follow_rollout(snapshot.records)  # the new leader goes on from it
+        rollouts = self._rollouts()
+        if rollouts is not None:
+            rollouts.rebake(f"replica {self.replica_id} leads term {lead.term}")
         await self._owner().adopt(snapshot, where=self.store.where)
         reconciler = self._reconciler()
         reconciler.defer_all(reconciler.clock())

@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from control_plane.app.config_acks import ConfigAcks
@@ -206,6 +206,20 @@ class Rollouts:
         self._note_wave()
         self._gauges()
 
+    def rebake(self, why: str) -> None:
+        """The wave in progress bakes again from now (a restart, a new leader): the ACKs and
+        readings of before are gone with the process that had them, and nodes reconnect now;
+        its gate judges a fresh bake, its ACK timeout counts from now. Saved with the next
+        step."""
+        rollout = self.rollout
+        if rollout is None or not rollout.in_progress:
+            return
+        now = self.clock()
+        self.rollout = replace(rollout, wave_started_ms=now, gate=None, updated_ms=now,
+                               reason=f"{rollout.reason}; wave {rollout.wave + 1} bakes again "
+                               f"from now: {why}")
+        self._note_wave()
+
     async def follow(self, records: Mapping[str, Mapping[str, Any]], where: str) -> None:
         """A replica taking the rollout its leader saved (`records`, read back from the shared
         store): which PoP serves which version, made this replica's through the change
@@ -274,9 +288,12 @@ class Rollouts:
 
     async def act(self, action: str, by: str) -> Rollout:
         """An operator's `pause`, `resume`, `abort` or `promote`; RolloutError when it does not
-        apply (nothing changed)."""
+        apply (nothing changed), or on a replica that does not lead."""
         if action not in ACTIONS:
             raise RolloutError(f"unknown action {action!r}; known: {', '.join(ACTIONS)}")
+        if not self._leading():
+            raise RolloutError("this replica does not lead: act on the leader (`ballast status "
+                               "--json` names it)")
         async with self.lock:
             if self.rollout is None:
                 raise RolloutError("no rollout: nothing was applied since the start")

@@ -284,7 +284,8 @@ class BallastService:
     def _resume_rollout(self, held: Restored) -> None:
         """The rollout the store held, taken up where it was (a `state_restored` record)."""
         self.rollouts.restore(held)
-        rollout = held.rollout
+        self.rollouts.rebake("Ballast restarted")
+        rollout = self.rollouts.rollout or held.rollout
         versions = self.server.intent.intent.versions()
         self.recorder.record(
             "state_restored",
