@@ -71,7 +71,8 @@ class Watch:
                 for shown in self.versions]
 
 
-async def test_a_good_change_rolls_out_wave_by_wave(tmp_path: Path) -> None:
+async def test_a_good_change_rolls_out_wave_by_wave(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     async with rollout_fleet(tmp_path) as fleet:
         await _synced(fleet)
         old = _versions(fleet)
@@ -98,8 +99,16 @@ async def test_a_good_change_rolls_out_wave_by_wave(tmp_path: Path) -> None:
         assert ["ewr"] in on_new and ["ewr", "sjc"] in on_new, watch.versions
         assert on_new.index(["ewr"]) < on_new.index(["ewr", "sjc"]), watch.versions
         assert fleet.statuses[0] == 0, fleet.statuses
-        # /metrics: the rollout's phase and wave, each PoP's version
         assert fleet.service is not None and fleet.service.admin is not None
+        # `ballast status` (the CLI): each PoP's version, the rollout in a line
+        capsys.readouterr()
+        assert await asyncio.to_thread(main, ["status", "--server", fleet.service.admin.url]
+                                       ) == 0
+        shown = capsys.readouterr().out
+        for pop in POPS:
+            assert f"  {pop}  {new[pop][:16]}  1 applied, 0 pending, 0 NACKed" in shown, shown
+        assert f"rollout of {new['ewr'][:16]}: passed, wave 3 of 3 (lax)" in shown, shown
+        # /metrics: the rollout's phase and wave, each PoP's version
         scrape = f"{fleet.service.admin.url}/metrics"
         metrics = await asyncio.to_thread(
             lambda: urllib.request.urlopen(scrape, timeout=10).read().decode())
