@@ -237,6 +237,30 @@ def test_an_increase_the_old_pops_share_is_not_blamed_on_the_change() -> None:
     assert gate.verdict == "pass"
 
 
+def test_a_route_to_a_failing_new_group_fails_without_a_baseline_of_its_own() -> None:
+    """The change sends the canary's traffic to a group nothing served before, whose origin
+    answers 5xx: no per-origin baseline, so it is judged against a rate of 0 (the weight
+    controller's breach rule); the PoP's overall 5xx rate regresses too."""
+    wrong = PopWindow("ewr", (("shop", "primary", signals(requests=20)),
+                              ("wrong", "primary", signals(requests=180, errors=180))))
+    inputs = GateInputs(nodes=(NodeAck("ewr", "n1", NEW),), after=(wrong,),
+                        before=(window("ewr"),), peers=(window("sjc"),))
+    gate = evaluate(inputs, {"ewr"}, NEW, 0, BAKE, GATES)
+    failing = {r.key: r.text for r in gate.readings if r.verdict == "fail"}
+    assert set(failing) == {"all", "wrong/primary"}
+    assert "vs new, nothing before 0.0% of 10 (regressed)" in failing["wrong/primary"]
+    assert "5xx 90.0% (180 of 200" in failing["all"]
+
+
+def test_the_pops_overall_rate_gives_evidence_when_each_origin_is_thin() -> None:
+    thin = PopWindow("ewr", tuple(("shop", f"o{i}", signals(requests=5)) for i in range(4)))
+    inputs = GateInputs(nodes=(NodeAck("ewr", "n1", NEW),), after=(thin,),
+                        before=(replace(thin, pop="ewr"),))
+    gate = evaluate(inputs, {"ewr"}, NEW, 0, BAKE, GATES)
+    assert gate.verdict == "pass"
+    assert [r.key for r in gate.readings if r.verdict == "pass" and r.signal == "5xx"] == ["all"]
+
+
 @pytest.mark.parametrize(("after", "before", "peer", "verdict"), [
     (signals(p95=400), signals(p95=100), signals(p95=100), "fail"),
     # over the ratio but within the minimum increase

@@ -19,6 +19,11 @@
   (an origin incident raises the old PoPs' rates too: the change is blamed only when the wave
   is worse than what it can be compared with), and is **inconclusive** when no baseline
   comparison is conclusive. An inconclusive reading neither passes nor fails.
+- A (group, origin) or (group, tier) with no baseline at all (the change brought it, e.g. a
+  route to another origin group) is compared with a rate of 0: it fails as the weight
+  controller would breach it. The 5xx rate is also read over the whole PoP (key `all`), so a
+  change that moves traffic to another group or origin shows even without a per-origin
+  baseline.
 
 The gate's verdict: `fail` on a NACK, a missing ACK past the timeout or a failing reading;
 else `wait` while ACKs are missing or a reached PoP with nodes has no passing reading of 5xx,
@@ -232,6 +237,8 @@ def _acks(nodes: Iterable[NodeAck], pops: frozenset[str], version: str, waited_m
 def _signals(after: PopWindow, before: PopWindow | None, peers: Sequence[PopWindow],
              gates: RolloutGates) -> list[Reading]:
     readings: list[Reading] = []
+    if after.origins:
+        readings.append(_five_xx_all(after, before, peers, gates))
     before_origins = {(g, o): s for g, o, s in before.origins} if before else {}
     for group, origin, signals in after.origins:
         key = f"{group}/{origin}"
@@ -303,8 +310,35 @@ def _five_xx(pop: str, key: str, signals: OriginSignals, before: OriginSignals |
         baselines.append(("old PoPs", sum(c[0] for c in counts), sum(c[1] for c in counts)))
     if before is not None:
         baselines.append(("before", *error_counts(before, need)))
-    return _rate_reading(pop, "5xx", key, failed, total, baselines, gates.max_5xx_increase,
-                         need, "5xx")
+    return _rate_reading(pop, "5xx", key, failed, total, baselines or [_new(need)],
+                         gates.max_5xx_increase, need, "5xx")
+
+
+def _new(need: int) -> tuple[str, int, int]:
+    """The baseline of what nothing served before (a group or tier the change brings, e.g. a
+    route to another origin group): a rate of 0, so the wave's rate breaches as the weight
+    controller's would, by its lower bound."""
+    return ("new, nothing before", 0, need)
+
+
+def _sum_errors(windows: Iterable[PopWindow], need: int) -> tuple[int, int]:
+    counts = [error_counts(s, need) for w in windows for _, _, s in w.origins]
+    return sum(c[0] for c in counts), sum(c[1] for c in counts)
+
+
+def _five_xx_all(after: PopWindow, before: PopWindow | None, peers: Sequence[PopWindow],
+                 gates: RolloutGates) -> Reading:
+    """The PoP's 5xx rate over every group and origin: a change that moves traffic elsewhere
+    (another group, another origin) shows here even when no single origin has a baseline."""
+    need = gates.min_samples
+    failed, total = _sum_errors([after], need)
+    baselines = []
+    if any(w.origins for w in peers):
+        baselines.append(("old PoPs", *_sum_errors(peers, need)))
+    if before is not None and before.origins:
+        baselines.append(("before", *_sum_errors([before], need)))
+    return _rate_reading(after.pop, "5xx", "all", failed, total, baselines,
+                         gates.max_5xx_increase, need, "5xx")
 
 
 def _p95_of(signals: OriginSignals, need: int) -> float | None:
@@ -357,8 +391,9 @@ def _shed(pop: str, key: str, shed: TierShed, before: TierShed | None,
         baselines.append(("old PoPs", sum(s.shed for s in peers), sum(s.requests for s in peers)))
     if before is not None:
         baselines.append(("before", before.shed, before.requests))
-    return _rate_reading(pop, "shed", key, shed.shed, shed.requests, baselines,
-                         gates.max_shed_increase, gates.min_samples, "shed")
+    return _rate_reading(pop, "shed", key, shed.shed, shed.requests,
+                         baselines or [_new(gates.min_samples)], gates.max_shed_increase,
+                         gates.min_samples, "shed")
 
 
 def _onsets(after: PopWindow, before: PopWindow | None, peers: Sequence[PopWindow],
