@@ -225,6 +225,10 @@ def test_a_5xx_regression_against_both_baselines_rolls_back_naming_it() -> None:
     assert "pop ewr shop/primary: 5xx 20.0% (40 of 200, lower bound 15.0%) vs old PoPs 0.0% " \
            "of 800 (regressed); before 0.0% of 200 (regressed); max increase 2.0%" \
         in events[-1].rule
+    detail = events[-1].detail
+    assert detail is not None and detail["failed_version"] == NEW
+    assert {(r["signal"], r["key"]) for r in detail["failing"]} == {
+        ("5xx", "shop/primary"), ("5xx", "all")}
 
 
 def test_an_increase_the_old_pops_share_is_not_blamed_on_the_change() -> None:
@@ -552,3 +556,14 @@ def test_every_pop_serves_the_last_passed_version_or_the_one_rolling_out(
             for pop in wave:
                 if version_of(rollout, pop) == rollout.to_version != good:
                     assert rollout.phase == "passed" or index <= rollout.wave
+
+
+def test_the_reasons_stay_bounded_however_many_pops_fail() -> None:
+    pops = [f"p{i}" for i in range(40)]
+    inputs = GateInputs(nacks=tuple(Nack(p, f"{p}-1", NEW, "1.36.2", "t/Cluster", "no " * 400)
+                                    for p in pops))
+    gate = evaluate(inputs, pops, NEW, 0, 1, GATES)
+    assert gate.verdict == "fail" and len(gate.why) == 6
+    assert gate.why[-1] == "... and 35 more failing readings"
+    assert len(gate.readings) == 20 and dict(gate.counts) == {"fail": 40}
+    assert max(len(w) for w in gate.why) < 700

@@ -48,6 +48,7 @@ Comparison = Literal["regressed", "ok", "inconclusive"]
 SIGNALS: tuple[str, ...] = ("nack", "ack", "5xx", "p95", "shed", "tier_actions")
 EVIDENCE_SIGNALS = frozenset({"5xx", "p95", "shed"})  # what shows a PoP was measured
 SHOWN_READINGS = 20  # readings a gate result keeps for records and the store (failing first)
+SHOWN_WHY = 5  # reasons a gate result gives in words (rules of records stay short)
 MAX_MESSAGE_CHARS = 500  # of a NACK's message kept in a reading
 
 
@@ -181,12 +182,13 @@ def evaluate(inputs: GateInputs, reached: Iterable[str], version: str, wave_star
     waiting = [r for r in readings if r.verdict == "wait"]
     if failing:
         verdict: GateVerdict = "fail"
-        why = tuple(r.text for r in failing)
+        why = _bounded([r.text for r in failing], "failing readings")
     elif waiting or unmeasured:
         verdict = "wait"
-        why = tuple(r.text for r in waiting) + tuple(
+        why = _bounded([r.text for r in waiting] + [
             f"pop {pop}: no evidence yet (no 5xx, p95 or shed reading with "
-            f"{gates.min_samples} samples against a baseline)" for pop in unmeasured)
+            f"{gates.min_samples} samples against a baseline)" for pop in unmeasured],
+            "reasons to wait")
     else:
         verdict = "pass"
         why = (f"{len(pops)} PoP(s) on the new version: every node ACKed, no NACK, "
@@ -197,6 +199,13 @@ def evaluate(inputs: GateInputs, reached: Iterable[str], version: str, wave_star
     for reading in readings:
         counts[reading.verdict] = counts.get(reading.verdict, 0) + 1
     return GateResult(verdict, why, shown, tuple(sorted(counts.items())))
+
+
+def _bounded(texts: Sequence[str], what: str) -> tuple[str, ...]:
+    """The first SHOWN_WHY texts, and how many more there were (records stay bounded)."""
+    if len(texts) <= SHOWN_WHY:
+        return tuple(texts)
+    return (*texts[:SHOWN_WHY], f"... and {len(texts) - SHOWN_WHY} more {what}")
 
 
 def _nacks(nacks: Iterable[Nack], version: str) -> list[Reading]:

@@ -298,7 +298,8 @@ def advance(rollout: Rollout, gate: GateResult, now_ms: int, policy: RolloutPoli
                 f"{', '.join(got)}: {why}; next: {NEXT_STEP_AFTER_ROLLBACK}",
                 version, tuple(got),
                 {"from_version": rollout.from_version, "failed_version": version,
-                 "why": list(gate.why), "wave": rollout.wave, "next": NEXT_STEP_AFTER_ROLLBACK}),
+                 "why": list(gate.why), "wave": rollout.wave, "next": NEXT_STEP_AFTER_ROLLBACK,
+                 "failing": [r.to_dict() for r in gate.readings if r.verdict == "fail"]}),
         )
     changed = rollout.gate is None or rollout.gate.verdict != gate.verdict
     reading = RolloutEvent(
