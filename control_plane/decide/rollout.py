@@ -180,12 +180,12 @@ def plan_waves(policy: RolloutPolicy, pops: Sequence[str], old_pops: Sequence[st
     first = (*canary, *added)
     rest = [pop for pop in pops if pop not in first]
     waves: list[tuple[str, ...]] = [first] if first else []
-    reached = 0
+    covered = 0
     for percent in policy.waves:
         upto = math.ceil(len(rest) * percent / 100)
-        if upto > reached:
-            waves.append(tuple(rest[reached:upto]))
-            reached = upto
+        if upto > covered:
+            waves.append(tuple(rest[covered:upto]))
+            covered = upto
     if removed and len(waves) > 1:
         waves[-1] = (*waves[-1], *removed)
     elif removed:
