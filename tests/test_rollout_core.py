@@ -37,9 +37,11 @@ from control_plane.decide.rollout import (
     reached,
     replay_step,
     resume,
+    serving_since,
     start,
     step,
     supersede,
+    timeline,
     version_of,
 )
 from control_plane.decide.signals import OriginSignals
@@ -383,13 +385,34 @@ def test_supersede_edge_cases() -> None:
     assert now.phase == "passed" and now.immediate
 
 
+def test_timeline_and_when_each_pop_got_the_new_version() -> None:
+    rollout, _ = step(begin(), healthy(begin()), BAKE, POLICY)  # wave 2 started at BAKE
+    paused, _ = pause(rollout, BAKE + 10)
+    assert [(w["wave"], w["state"], w["started_ms"]) for w in timeline(paused)] == [
+        (1, "passed", 0), (2, "paused", BAKE), (3, "pending", None)]
+    resumed, _ = resume(paused, BAKE + 20)
+    assert timeline(resumed)[1]["started_ms"] == BAKE  # the first start, not the resume
+    assert [serving_since(resumed, p) for p in POPS] == [0, BAKE, BAKE, None, None]
+    promoted, _ = promote(resumed, BAKE + 30)
+    assert [(w["state"], w["started_ms"]) for w in timeline(promoted)] == [
+        ("passed", 0), ("promoted", BAKE), ("promoted", BAKE + 30)]
+    assert serving_since(promoted, "nrt") == BAKE + 30
+    failed, _ = step(resumed, healthy(resumed, sjc=signals(errors=90)), BAKE + 40, POLICY)
+    assert [w["state"] for w in timeline(failed)] == ["passed", "rolled_back", "pending"]
+    assert all(serving_since(failed, p) is None for p in POPS)
+    now, _ = start(POLICY, OLD, NEW, POPS, POPS, 7, immediate=True)
+    assert timeline(now) == [{"wave": 1, "pops": list(POPS), "state": "passed",
+                              "started_ms": 7}]
+
+
 # --- storage and replay ------------------------------------------------------------------------
 
 def test_to_dict_round_trips_and_corrupt_state_is_refused() -> None:
     rollout, _ = step(begin(), healthy(begin(), ewr=signals(requests=3)), BAKE, POLICY)
     assert Rollout.from_dict(rollout.to_dict()) == rollout
     for bad in ({"phase": "gone"}, {"wave": 7}, {"waves": [["ewr"], []]},
-                {"waves": [["ewr"], ["ewr"]]}, {"to_version": ""}, {"from_version": "x" * 129}):
+                {"waves": [["ewr"], ["ewr"]]}, {"to_version": ""}, {"from_version": "x" * 129},
+                {"wave_starts": [0, 1, 2]}):
         with pytest.raises(ValueError):
             Rollout.from_dict(rollout.to_dict() | bad)
 
