@@ -590,3 +590,58 @@ def test_the_reasons_stay_bounded_however_many_pops_fail() -> None:
     assert gate.why[-1] == "... and 35 more failing readings"
     assert len(gate.readings) == 20 and dict(gate.counts) == {"fail": 40}
     assert max(len(w) for w in gate.why) < 700
+
+
+@st.composite
+def any_signals(draw: st.DrawFn) -> OriginSignals:
+    requests = draw(st.integers(0, 500))
+    p95 = draw(st.none() | st.floats(0, 10_000))
+    return OriginSignals(
+        requests=requests, errors_5xx=draw(st.integers(0, requests)),
+        connect_failures=draw(st.integers(0, 50)),
+        p50_ms=None if p95 is None else p95 / 2, p95_ms=p95, pending_active=0,
+        queue_overflow=0, probe_success=draw(st.none() | st.floats(0, 1)),
+        observed_at_ms=0, latency_samples=draw(st.none() | st.integers(0, 500)),
+        p95_low_ms=None if p95 is None else draw(st.none() | st.floats(0, p95)),
+        probes=draw(st.integers(0, 12)))
+
+
+@st.composite
+def any_window(draw: st.DrawFn, pop: str) -> PopWindow:
+    origins = draw(st.lists(st.tuples(st.sampled_from(["shop", "api"]),
+                                      st.sampled_from(["primary", "secondary"]), any_signals()),
+                            max_size=4, unique_by=lambda o: o[:2]))
+    tiers = draw(st.lists(st.tuples(st.just("shop"), st.sampled_from(["normal", "background"]),
+                                    st.integers(0, 300).flatmap(lambda n: st.builds(
+                                        TierShed, st.just(n), st.integers(0, n)))),
+                          max_size=2, unique_by=lambda t: t[:2]))
+    return PopWindow(pop, tuple(origins), tuple(tiers), draw(st.integers(0, 3)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), reached_pops=st.sets(st.sampled_from(POPS), min_size=1),
+       now=st.integers(0, 3 * BAKE))
+def test_the_gate_verdict_follows_from_its_readings(data: st.DataObject,
+                                                    reached_pops: set[str], now: int) -> None:
+    """Whatever the windows hold: fail iff a reading fails; pass only with nothing to wait for
+    and evidence from every PoP with nodes; the counts cover every reading."""
+    nodes = tuple(NodeAck(p, f"{p}-1", data.draw(st.sampled_from([NEW, OLD, None])))
+                  for p in sorted(reached_pops) if data.draw(st.booleans()))
+    inputs = GateInputs(
+        nodes=nodes,
+        nacks=tuple(Nack(p, f"{p}-1", data.draw(st.sampled_from([NEW, OLD])), "1.36", "t/X",
+                         "m") for p in data.draw(st.sets(st.sampled_from(POPS), max_size=1))),
+        after=tuple(data.draw(any_window(p)) for p in sorted(reached_pops)),
+        peers=tuple(data.draw(any_window(p)) for p in POPS if p not in reached_pops),
+        before=tuple(data.draw(any_window(p)) for p in sorted(reached_pops)
+                     if data.draw(st.booleans())))
+    gate = evaluate(inputs, reached_pops, NEW, 0, now, GATES)
+    counts = dict(gate.counts)
+    assert (gate.verdict == "fail") == (counts.get("fail", 0) > 0)
+    if gate.verdict == "pass":
+        assert counts.get("wait", 0) == 0
+        assert all(n.acked == NEW for n in nodes)
+        measured = {r.pop for r in gate.readings if r.verdict == "pass"}
+        assert {n.pop for n in nodes} <= measured or sum(counts.values()) > len(gate.readings)
+    assert len(gate.readings) == min(sum(counts.values()), 20)
+    assert GateResult.from_dict(json.loads(json.dumps(gate.to_dict()))) == gate
