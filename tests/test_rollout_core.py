@@ -7,6 +7,7 @@ inconclusive window neither passes nor fails; pause stops progress; promote fini
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -36,9 +37,11 @@ from control_plane.decide.rollout import (
     reached,
     replay_step,
     resume,
+    serving_since,
     start,
     step,
     supersede,
+    timeline,
     version_of,
 )
 from control_plane.decide.signals import OriginSignals
@@ -225,6 +228,10 @@ def test_a_5xx_regression_against_both_baselines_rolls_back_naming_it() -> None:
     assert "pop ewr shop/primary: 5xx 20.0% (40 of 200, lower bound 15.0%) vs old PoPs 0.0% " \
            "of 800 (regressed); before 0.0% of 200 (regressed); max increase 2.0%" \
         in events[-1].rule
+    detail = events[-1].detail
+    assert detail is not None and detail["failed_version"] == NEW
+    assert {(r["signal"], r["key"]) for r in detail["failing"]} == {
+        ("5xx", "shop/primary"), ("5xx", "all")}
 
 
 def test_an_increase_the_old_pops_share_is_not_blamed_on_the_change() -> None:
@@ -235,6 +242,30 @@ def test_an_increase_the_old_pops_share_is_not_blamed_on_the_change() -> None:
                      peers=tuple(window(p, sick) for p in POPS[1:]))
     gate = evaluate(inputs, reached(rollout), NEW, 0, BAKE, GATES)
     assert gate.verdict == "pass"
+
+
+def test_a_route_to_a_failing_new_group_fails_without_a_baseline_of_its_own() -> None:
+    """The change sends the canary's traffic to a group nothing served before, whose origin
+    answers 5xx: no per-origin baseline, so it is judged against a rate of 0 (the weight
+    controller's breach rule); the PoP's overall 5xx rate regresses too."""
+    wrong = PopWindow("ewr", (("shop", "primary", signals(requests=20)),
+                              ("wrong", "primary", signals(requests=180, errors=180))))
+    inputs = GateInputs(nodes=(NodeAck("ewr", "n1", NEW),), after=(wrong,),
+                        before=(window("ewr"),), peers=(window("sjc"),))
+    gate = evaluate(inputs, {"ewr"}, NEW, 0, BAKE, GATES)
+    failing = {r.key: r.text for r in gate.readings if r.verdict == "fail"}
+    assert set(failing) == {"all", "wrong/primary"}
+    assert "vs new, nothing before 0.0% of 10 (regressed)" in failing["wrong/primary"]
+    assert "5xx 90.0% (180 of 200" in failing["all"]
+
+
+def test_the_pops_overall_rate_gives_evidence_when_each_origin_is_thin() -> None:
+    thin = PopWindow("ewr", tuple(("shop", f"o{i}", signals(requests=5)) for i in range(4)))
+    inputs = GateInputs(nodes=(NodeAck("ewr", "n1", NEW),), after=(thin,),
+                        before=(replace(thin, pop="ewr"),))
+    gate = evaluate(inputs, {"ewr"}, NEW, 0, BAKE, GATES)
+    assert gate.verdict == "pass"
+    assert [r.key for r in gate.readings if r.verdict == "pass" and r.signal == "5xx"] == ["all"]
 
 
 @pytest.mark.parametrize(("after", "before", "peer", "verdict"), [
@@ -354,13 +385,34 @@ def test_supersede_edge_cases() -> None:
     assert now.phase == "passed" and now.immediate
 
 
+def test_timeline_and_when_each_pop_got_the_new_version() -> None:
+    rollout, _ = step(begin(), healthy(begin()), BAKE, POLICY)  # wave 2 started at BAKE
+    paused, _ = pause(rollout, BAKE + 10)
+    assert [(w["wave"], w["state"], w["started_ms"]) for w in timeline(paused)] == [
+        (1, "passed", 0), (2, "paused", BAKE), (3, "pending", None)]
+    resumed, _ = resume(paused, BAKE + 20)
+    assert timeline(resumed)[1]["started_ms"] == BAKE  # the first start, not the resume
+    assert [serving_since(resumed, p) for p in POPS] == [0, BAKE, BAKE, None, None]
+    promoted, _ = promote(resumed, BAKE + 30)
+    assert [(w["state"], w["started_ms"]) for w in timeline(promoted)] == [
+        ("passed", 0), ("promoted", BAKE), ("promoted", BAKE + 30)]
+    assert serving_since(promoted, "nrt") == BAKE + 30
+    failed, _ = step(resumed, healthy(resumed, sjc=signals(errors=90)), BAKE + 40, POLICY)
+    assert [w["state"] for w in timeline(failed)] == ["passed", "rolled_back", "pending"]
+    assert all(serving_since(failed, p) is None for p in POPS)
+    now, _ = start(POLICY, OLD, NEW, POPS, POPS, 7, immediate=True)
+    assert timeline(now) == [{"wave": 1, "pops": list(POPS), "state": "passed",
+                              "started_ms": 7}]
+
+
 # --- storage and replay ------------------------------------------------------------------------
 
 def test_to_dict_round_trips_and_corrupt_state_is_refused() -> None:
     rollout, _ = step(begin(), healthy(begin(), ewr=signals(requests=3)), BAKE, POLICY)
     assert Rollout.from_dict(rollout.to_dict()) == rollout
     for bad in ({"phase": "gone"}, {"wave": 7}, {"waves": [["ewr"], []]},
-                {"waves": [["ewr"], ["ewr"]]}, {"to_version": ""}, {"from_version": "x" * 129}):
+                {"waves": [["ewr"], ["ewr"]]}, {"to_version": ""}, {"from_version": "x" * 129},
+                {"wave_starts": [0, 1, 2]}):
         with pytest.raises(ValueError):
             Rollout.from_dict(rollout.to_dict() | bad)
 
@@ -370,9 +422,8 @@ def test_a_step_is_replayed_from_its_record() -> None:
     for now, inputs in ((BAKE, healthy(rollout)), (2 * BAKE, None)):
         inputs = inputs or healthy(rollout, sjc=signals(errors=50))
         after, events = step(rollout, inputs, now, POLICY)
-        detail = events[0].detail
-        assert detail is not None
-        assert replay_step(detail, POLICY) == (after, events)
+        written = json.loads(json.dumps(events[0].record_fields()))  # as the log holds it
+        assert replay_step(written["detail"], POLICY) == (after, events)
         rollout = after
     assert rollout.phase == "rolled_back"
 
@@ -528,3 +579,69 @@ def test_every_pop_serves_the_last_passed_version_or_the_one_rolling_out(
             for pop in wave:
                 if version_of(rollout, pop) == rollout.to_version != good:
                     assert rollout.phase == "passed" or index <= rollout.wave
+
+
+def test_the_reasons_stay_bounded_however_many_pops_fail() -> None:
+    pops = [f"p{i}" for i in range(40)]
+    inputs = GateInputs(nacks=tuple(Nack(p, f"{p}-1", NEW, "1.36.2", "t/Cluster", "no " * 400)
+                                    for p in pops))
+    gate = evaluate(inputs, pops, NEW, 0, 1, GATES)
+    assert gate.verdict == "fail" and len(gate.why) == 6
+    assert gate.why[-1] == "... and 35 more failing readings"
+    assert len(gate.readings) == 20 and dict(gate.counts) == {"fail": 40}
+    assert max(len(w) for w in gate.why) < 700
+
+
+@st.composite
+def any_signals(draw: st.DrawFn) -> OriginSignals:
+    requests = draw(st.integers(0, 500))
+    p95 = draw(st.none() | st.floats(0, 10_000))
+    return OriginSignals(
+        requests=requests, errors_5xx=draw(st.integers(0, requests)),
+        connect_failures=draw(st.integers(0, 50)),
+        p50_ms=None if p95 is None else p95 / 2, p95_ms=p95, pending_active=0,
+        queue_overflow=0, probe_success=draw(st.none() | st.floats(0, 1)),
+        observed_at_ms=0, latency_samples=draw(st.none() | st.integers(0, 500)),
+        p95_low_ms=None if p95 is None else draw(st.none() | st.floats(0, p95)),
+        probes=draw(st.integers(0, 12)))
+
+
+@st.composite
+def any_window(draw: st.DrawFn, pop: str) -> PopWindow:
+    origins = draw(st.lists(st.tuples(st.sampled_from(["shop", "api"]),
+                                      st.sampled_from(["primary", "secondary"]), any_signals()),
+                            max_size=4, unique_by=lambda o: o[:2]))
+    tiers = draw(st.lists(st.tuples(st.just("shop"), st.sampled_from(["normal", "background"]),
+                                    st.integers(0, 300).flatmap(lambda n: st.builds(
+                                        TierShed, st.just(n), st.integers(0, n)))),
+                          max_size=2, unique_by=lambda t: t[:2]))
+    return PopWindow(pop, tuple(origins), tuple(tiers), draw(st.integers(0, 3)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), reached_pops=st.sets(st.sampled_from(POPS), min_size=1),
+       now=st.integers(0, 3 * BAKE))
+def test_the_gate_verdict_follows_from_its_readings(data: st.DataObject,
+                                                    reached_pops: set[str], now: int) -> None:
+    """Whatever the windows hold: fail iff a reading fails; pass only with nothing to wait for
+    and evidence from every PoP with nodes; the counts cover every reading."""
+    nodes = tuple(NodeAck(p, f"{p}-1", data.draw(st.sampled_from([NEW, OLD, None])))
+                  for p in sorted(reached_pops) if data.draw(st.booleans()))
+    inputs = GateInputs(
+        nodes=nodes,
+        nacks=tuple(Nack(p, f"{p}-1", data.draw(st.sampled_from([NEW, OLD])), "1.36", "t/X",
+                         "m") for p in data.draw(st.sets(st.sampled_from(POPS), max_size=1))),
+        after=tuple(data.draw(any_window(p)) for p in sorted(reached_pops)),
+        peers=tuple(data.draw(any_window(p)) for p in POPS if p not in reached_pops),
+        before=tuple(data.draw(any_window(p)) for p in sorted(reached_pops)
+                     if data.draw(st.booleans())))
+    gate = evaluate(inputs, reached_pops, NEW, 0, now, GATES)
+    counts = dict(gate.counts)
+    assert (gate.verdict == "fail") == (counts.get("fail", 0) > 0)
+    if gate.verdict == "pass":
+        assert counts.get("wait", 0) == 0
+        assert all(n.acked == NEW for n in nodes)
+        measured = {r.pop for r in gate.readings if r.verdict == "pass"}
+        assert {n.pop for n in nodes} <= measured or sum(counts.values()) > len(gate.readings)
+    assert len(gate.readings) == min(sum(counts.values()), 20)
+    assert GateResult.from_dict(json.loads(json.dumps(gate.to_dict()))) == gate

@@ -19,6 +19,11 @@
   (an origin incident raises the old PoPs' rates too: the change is blamed only when the wave
   is worse than what it can be compared with), and is **inconclusive** when no baseline
   comparison is conclusive. An inconclusive reading neither passes nor fails.
+- A (group, origin) or (group, tier) with no baseline at all (the change brought it, e.g. a
+  route to another origin group) is compared with a rate of 0: it fails as the weight
+  controller would breach it. The 5xx rate is also read over the whole PoP (key `all`), so a
+  change that moves traffic to another group or origin shows even without a per-origin
+  baseline.
 
 The gate's verdict: `fail` on a NACK, a missing ACK past the timeout or a failing reading;
 else `wait` while ACKs are missing or a reached PoP with nodes has no passing reading of 5xx,
@@ -43,6 +48,7 @@ Comparison = Literal["regressed", "ok", "inconclusive"]
 SIGNALS: tuple[str, ...] = ("nack", "ack", "5xx", "p95", "shed", "tier_actions")
 EVIDENCE_SIGNALS = frozenset({"5xx", "p95", "shed"})  # what shows a PoP was measured
 SHOWN_READINGS = 20  # readings a gate result keeps for records and the store (failing first)
+SHOWN_WHY = 5  # reasons a gate result gives in words (rules of records stay short)
 MAX_MESSAGE_CHARS = 500  # of a NACK's message kept in a reading
 
 
@@ -164,7 +170,7 @@ def evaluate(inputs: GateInputs, reached: Iterable[str], version: str, wave_star
     readings.extend(_nacks(inputs.nacks, version))
     waited = now_ms - wave_started_ms
     readings.extend(_acks(inputs.nodes, pops, version, waited, gates))
-    peers = [w for w in inputs.peers if w.pop not in pops]
+    peers = _index_peers([w for w in inputs.peers if w.pop not in pops], gates.min_samples)
     before = {w.pop: w for w in inputs.before if w.pop in pops}
     for window in inputs.after:
         if window.pop in pops:
@@ -176,12 +182,13 @@ def evaluate(inputs: GateInputs, reached: Iterable[str], version: str, wave_star
     waiting = [r for r in readings if r.verdict == "wait"]
     if failing:
         verdict: GateVerdict = "fail"
-        why = tuple(r.text for r in failing)
+        why = _bounded([r.text for r in failing], "failing readings")
     elif waiting or unmeasured:
         verdict = "wait"
-        why = tuple(r.text for r in waiting) + tuple(
+        why = _bounded([r.text for r in waiting] + [
             f"pop {pop}: no evidence yet (no 5xx, p95 or shed reading with "
-            f"{gates.min_samples} samples against a baseline)" for pop in unmeasured)
+            f"{gates.min_samples} samples against a baseline)" for pop in unmeasured],
+            "reasons to wait")
     else:
         verdict = "pass"
         why = (f"{len(pops)} PoP(s) on the new version: every node ACKed, no NACK, "
@@ -192,6 +199,13 @@ def evaluate(inputs: GateInputs, reached: Iterable[str], version: str, wave_star
     for reading in readings:
         counts[reading.verdict] = counts.get(reading.verdict, 0) + 1
     return GateResult(verdict, why, shown, tuple(sorted(counts.items())))
+
+
+def _bounded(texts: Sequence[str], what: str) -> tuple[str, ...]:
+    """The first SHOWN_WHY texts, and how many more there were (records stay bounded)."""
+    if len(texts) <= SHOWN_WHY:
+        return tuple(texts)
+    return (*texts[:SHOWN_WHY], f"... and {len(texts) - SHOWN_WHY} more {what}")
 
 
 def _nacks(nacks: Iterable[Nack], version: str) -> list[Reading]:
@@ -229,23 +243,65 @@ def _acks(nodes: Iterable[NodeAck], pops: frozenset[str], version: str, waited_m
     return readings
 
 
-def _signals(after: PopWindow, before: PopWindow | None, peers: Sequence[PopWindow],
+@dataclass(frozen=True)
+class _Peers:
+    """The PoPs still on the previous version, merged once per evaluation: per (group,
+    origin) the summed error counts and the median p95 of those with evidence, per (group,
+    tier) the summed sheds, over the whole fleet the summed errors and the median onsets."""
+
+    errors: Mapping[tuple[str, str], tuple[int, int]]
+    p95: Mapping[tuple[str, str], float | None]
+    sheds: Mapping[tuple[str, str], tuple[int, int]]
+    all_errors: tuple[int, int] | None  # None: no peer has any origin
+    onsets: float | None  # None: no peer PoP
+
+
+def _index_peers(peers: Sequence[PopWindow], need: int) -> _Peers:
+    errors: dict[tuple[str, str], tuple[int, int]] = {}
+    latencies: dict[tuple[str, str], list[float]] = {}
+    sheds: dict[tuple[str, str], tuple[int, int]] = {}
+    for window in peers:
+        for group, origin, signals in window.origins:
+            failed, total = error_counts(signals, need)
+            was = errors.get((group, origin), (0, 0))
+            errors[(group, origin)] = (was[0] + failed, was[1] + total)
+            p95 = _p95_of(signals, need)
+            values = latencies.setdefault((group, origin), [])
+            if p95 is not None:
+                values.append(p95)
+        for group, tier, shed in window.tiers:
+            was = sheds.get((group, tier), (0, 0))
+            sheds[(group, tier)] = (was[0] + shed.shed, was[1] + shed.requests)
+    has_origins = any(w.origins for w in peers)
+    return _Peers(
+        errors=errors,
+        p95={key: statistics.median(values) if values else None
+             for key, values in latencies.items()},
+        sheds=sheds,
+        all_errors=(sum(f for f, _ in errors.values()), sum(t for _, t in errors.values()))
+        if has_origins else None,
+        onsets=statistics.median(w.tier_action_onsets for w in peers) if peers else None,
+    )
+
+
+def _signals(after: PopWindow, before: PopWindow | None, peers: _Peers,
              gates: RolloutGates) -> list[Reading]:
     readings: list[Reading] = []
+    if after.origins:
+        readings.append(_five_xx_all(after, before, peers, gates))
     before_origins = {(g, o): s for g, o, s in before.origins} if before else {}
     for group, origin, signals in after.origins:
-        key = f"{group}/{origin}"
-        peer_signals = [s for w in peers for g, o, s in w.origins if (g, o) == (group, origin)]
-        readings.append(_five_xx(after.pop, key, signals, before_origins.get((group, origin)),
-                                 peer_signals, gates))
-        readings.append(_p95(after.pop, key, signals, before_origins.get((group, origin)),
-                             peer_signals, gates))
+        key = (group, origin)
+        readings.append(_five_xx(after.pop, f"{group}/{origin}", signals,
+                                 before_origins.get(key), peers.errors.get(key), gates))
+        readings.append(_p95(after.pop, f"{group}/{origin}", signals, before_origins.get(key),
+                             key in peers.p95, peers.p95.get(key), gates))
     before_tiers = {(g, t): s for g, t, s in before.tiers} if before else {}
     for group, tier, shed in after.tiers:
-        peer_sheds = [s for w in peers for g, t, s in w.tiers if (g, t) == (group, tier)]
         readings.append(_shed(after.pop, f"{group}/{tier}", shed,
-                              before_tiers.get((group, tier)), peer_sheds, gates))
-    readings.append(_onsets(after, before, peers, gates))
+                              before_tiers.get((group, tier)), peers.sheds.get((group, tier)),
+                              gates))
+    readings.append(_onsets(after, before, peers.onsets, gates))
     return readings
 
 
@@ -294,17 +350,43 @@ def _rate_reading(pop: str, signal: str, key: str, failed: int, total: int,
 
 
 def _five_xx(pop: str, key: str, signals: OriginSignals, before: OriginSignals | None,
-             peers: Sequence[OriginSignals], gates: RolloutGates) -> Reading:
+             peers: tuple[int, int] | None, gates: RolloutGates) -> Reading:
     need = gates.min_samples
     failed, total = error_counts(signals, need)
     baselines = []
-    if peers:
-        counts = [error_counts(s, need) for s in peers]
-        baselines.append(("old PoPs", sum(c[0] for c in counts), sum(c[1] for c in counts)))
+    if peers is not None:
+        baselines.append(("old PoPs", *peers))
     if before is not None:
         baselines.append(("before", *error_counts(before, need)))
-    return _rate_reading(pop, "5xx", key, failed, total, baselines, gates.max_5xx_increase,
-                         need, "5xx")
+    return _rate_reading(pop, "5xx", key, failed, total, baselines or [_new(need)],
+                         gates.max_5xx_increase, need, "5xx")
+
+
+def _new(need: int) -> tuple[str, int, int]:
+    """The baseline of what nothing served before (a group or tier the change brings, e.g. a
+    route to another origin group): a rate of 0, so the wave's rate breaches as the weight
+    controller's would, by its lower bound."""
+    return ("new, nothing before", 0, need)
+
+
+def _sum_errors(window: PopWindow, need: int) -> tuple[int, int]:
+    counts = [error_counts(signals, need) for _, _, signals in window.origins]
+    return sum(c[0] for c in counts), sum(c[1] for c in counts)
+
+
+def _five_xx_all(after: PopWindow, before: PopWindow | None, peers: _Peers,
+                 gates: RolloutGates) -> Reading:
+    """The PoP's 5xx rate over every group and origin: a change that moves traffic elsewhere
+    (another group, another origin) shows here even when no single origin has a baseline."""
+    need = gates.min_samples
+    failed, total = _sum_errors(after, need)
+    baselines = []
+    if peers.all_errors is not None:
+        baselines.append(("old PoPs", *peers.all_errors))
+    if before is not None and before.origins:
+        baselines.append(("before", *_sum_errors(before, need)))
+    return _rate_reading(after.pop, "5xx", "all", failed, total, baselines,
+                         gates.max_5xx_increase, need, "5xx")
 
 
 def _p95_of(signals: OriginSignals, need: int) -> float | None:
@@ -326,7 +408,7 @@ def _p95_comparison(p95: float, low: float, base: float | None, gates: RolloutGa
 
 
 def _p95(pop: str, key: str, signals: OriginSignals, before: OriginSignals | None,
-         peers: Sequence[OriginSignals], gates: RolloutGates) -> Reading:
+         has_peers: bool, peer_p95: float | None, gates: RolloutGates) -> Reading:
     need = gates.min_samples
     p95 = _p95_of(signals, need)
     if p95 is None:
@@ -334,10 +416,9 @@ def _p95(pop: str, key: str, signals: OriginSignals, before: OriginSignals | Non
                        f"pop {pop} {key}: p95 from {latency_samples(signals)} samples "
                        f"< min_samples {need}")
     low = signals.p95_low_ms if signals.p95_low_ms is not None else p95
-    peer_values = [v for v in (_p95_of(s, need) for s in peers) if v is not None]
     baselines: list[tuple[str, float | None]] = []
-    if peers:
-        baselines.append(("old PoPs", statistics.median(peer_values) if peer_values else None))
+    if has_peers:
+        baselines.append(("old PoPs", peer_p95))
     if before is not None:
         baselines.append(("before", _p95_of(before, need)))
     comparisons = [_p95_comparison(p95, low, base, gates) for _, base in baselines]
@@ -351,21 +432,22 @@ def _p95(pop: str, key: str, signals: OriginSignals, before: OriginSignals | Non
 
 
 def _shed(pop: str, key: str, shed: TierShed, before: TierShed | None,
-          peers: Sequence[TierShed], gates: RolloutGates) -> Reading:
+          peers: tuple[int, int] | None, gates: RolloutGates) -> Reading:
     baselines = []
-    if peers:
-        baselines.append(("old PoPs", sum(s.shed for s in peers), sum(s.requests for s in peers)))
+    if peers is not None:
+        baselines.append(("old PoPs", *peers))
     if before is not None:
         baselines.append(("before", before.shed, before.requests))
-    return _rate_reading(pop, "shed", key, shed.shed, shed.requests, baselines,
-                         gates.max_shed_increase, gates.min_samples, "shed")
+    return _rate_reading(pop, "shed", key, shed.shed, shed.requests,
+                         baselines or [_new(gates.min_samples)], gates.max_shed_increase,
+                         gates.min_samples, "shed")
 
 
-def _onsets(after: PopWindow, before: PopWindow | None, peers: Sequence[PopWindow],
+def _onsets(after: PopWindow, before: PopWindow | None, peers: float | None,
             gates: RolloutGates) -> Reading:
     baselines: list[tuple[str, float]] = []
-    if peers:
-        baselines.append(("old PoPs", statistics.median(w.tier_action_onsets for w in peers)))
+    if peers is not None:
+        baselines.append(("old PoPs", peers))
     if before is not None:
         baselines.append(("before", float(before.tier_action_onsets)))
     count = after.tier_action_onsets

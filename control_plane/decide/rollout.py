@@ -26,6 +26,9 @@ back to the last passed version, except those in the new rollout's first wave, w
 new version. A new version equal to the last passed one ends the rollout with every PoP on it
 (a revert); the same version as the one rolling out changes nothing.
 
+For the faces and the shell: `timeline` (each wave's PoPs, state and start), `serving_since`
+(when a PoP got the new version: where its own window before the change ends).
+
 Every transition returns `RolloutEvent`s, the decision records the shell writes (kinds in
 `ROLLOUT_KINDS`). A step's event carries the rollout before it, the time and the gate's result,
 so `replay_step` recomputes it from the record alone. A step records a `gate_reading` when the
@@ -85,6 +88,8 @@ class Rollout:
     reason: str = ""  # why the phase, in words
     gate: GateResult | None = None  # the last gate result of the current wave
     updated_ms: int = 0  # when the phase or wave last changed
+    wave_starts: tuple[int, ...] = ()  # when each wave reached so far first started
+    promoted: bool = False  # passed by the operator's promote, not by the gates
 
     @property
     def in_progress(self) -> bool:
@@ -107,6 +112,8 @@ class Rollout:
             "reason": self.reason,
             "gate": None if self.gate is None else self.gate.to_dict(),
             "updated_ms": self.updated_ms,
+            "wave_starts": list(self.wave_starts),
+            "promoted": self.promoted,
         }
 
     @classmethod
@@ -126,6 +133,9 @@ class Rollout:
         if not 0 <= wave < len(waves):
             raise ValueError(f"wave {wave} out of range 0..{len(waves) - 1}")
         gate = data.get("gate")
+        starts = tuple(int(at) for at in data.get("wave_starts", ()))
+        if len(starts) > wave + 1:
+            raise ValueError(f"{len(starts)} wave starts for {wave + 1} wave(s) reached")
         versions = str(data["from_version"]), str(data["to_version"])
         if any(not 0 < len(version) <= MAX_VERSION_CHARS for version in versions):
             raise ValueError(f"a version is a digest of 1 to {MAX_VERSION_CHARS} characters")
@@ -141,6 +151,8 @@ class Rollout:
             reason=str(data.get("reason", ""))[:MAX_REASON_CHARS],
             gate=None if gate is None else GateResult.from_dict(gate),
             updated_ms=int(data.get("updated_ms", 0)),
+            wave_starts=starts,
+            promoted=bool(data.get("promoted", False)),
         )
 
 
@@ -180,12 +192,12 @@ def plan_waves(policy: RolloutPolicy, pops: Sequence[str], old_pops: Sequence[st
     first = (*canary, *added)
     rest = [pop for pop in pops if pop not in first]
     waves: list[tuple[str, ...]] = [first] if first else []
-    reached = 0
+    covered = 0
     for percent in policy.waves:
         upto = math.ceil(len(rest) * percent / 100)
-        if upto > reached:
-            waves.append(tuple(rest[reached:upto]))
-            reached = upto
+        if upto > covered:
+            waves.append(tuple(rest[covered:upto]))
+            covered = upto
     if removed and len(waves) > 1:
         waves[-1] = (*waves[-1], *removed)
     elif removed:
@@ -206,6 +218,44 @@ def version_of(rollout: Rollout, pop: str) -> str:
     """The version `pop` serves: `to_version` once its wave was reached (and after a pass),
     `from_version` before, and after a rollback, an abort or a supersede."""
     return rollout.to_version if pop in reached(rollout) else rollout.from_version
+
+
+def serving_since(rollout: Rollout, pop: str) -> int | None:
+    """When `pop` started serving `to_version` (its wave's first start; the start of the
+    rollout for an immediate one or a promote's skipped waves), None when it does not serve it:
+    where the PoP's own window before the change ends."""
+    if pop not in reached(rollout):
+        return None
+    index = next(i for i, wave in enumerate(rollout.waves) if pop in wave)
+    if index < len(rollout.wave_starts):
+        return rollout.wave_starts[index]
+    return rollout.updated_ms if rollout.promoted else rollout.started_ms
+
+
+WaveState = Literal["passed", "baking", "paused", "pending", "promoted", "rolled_back",
+                    "aborted", "superseded"]
+
+
+def timeline(rollout: Rollout) -> list[dict[str, Any]]:
+    """Each wave: its PoPs, its state and when it started (None: not yet); JSON-ready, for
+    the faces (status, dashboard)."""
+    waves = []
+    for index, pops in enumerate(rollout.waves):
+        state: WaveState
+        if rollout.phase == "passed":
+            state = "promoted" if rollout.promoted and index >= rollout.wave else "passed"
+        elif index < rollout.wave:
+            state = "passed"
+        elif index > rollout.wave:
+            state = "pending"
+        else:
+            state = rollout.phase
+        started = rollout.wave_starts[index] if index < len(rollout.wave_starts) else None
+        if started is None and state == "promoted":
+            started = rollout.updated_ms
+        waves.append({"wave": index + 1, "pops": list(pops), "state": state,
+                      "started_ms": started})
+    return waves
 
 
 def last_passed(rollout: Rollout) -> str:
@@ -239,7 +289,8 @@ def start(policy: RolloutPolicy, from_version: str, to_version: str, pops: Seque
     who = f" ({by})" if by else ""
     rollout = Rollout(from_version, to_version, waves, 0, "passed" if now_all else "baking",
                       now_ms, now_ms, immediate=immediate,
-                      reason=why or f"wave 1 of {len(waves)} baking", updated_ms=now_ms)
+                      reason=why or f"wave 1 of {len(waves)} baking", updated_ms=now_ms,
+                      wave_starts=(now_ms,))
     started = RolloutEvent(
         "rollout_started",
         f"rollout of {to_version[:16]} from {from_version[:16]}{who}: "
@@ -298,7 +349,8 @@ def advance(rollout: Rollout, gate: GateResult, now_ms: int, policy: RolloutPoli
                 f"{', '.join(got)}: {why}; next: {NEXT_STEP_AFTER_ROLLBACK}",
                 version, tuple(got),
                 {"from_version": rollout.from_version, "failed_version": version,
-                 "why": list(gate.why), "wave": rollout.wave, "next": NEXT_STEP_AFTER_ROLLBACK}),
+                 "why": list(gate.why), "wave": rollout.wave, "next": NEXT_STEP_AFTER_ROLLBACK,
+                 "failing": [r.to_dict() for r in gate.readings if r.verdict == "fail"]}),
         )
     changed = rollout.gate is None or rollout.gate.verdict != gate.verdict
     reading = RolloutEvent(
@@ -320,7 +372,7 @@ def advance(rollout: Rollout, gate: GateResult, now_ms: int, policy: RolloutPoli
                 f"({len(rollout.pops)} in {len(rollout.waves)} waves)", version, rollout.pops,
                 {"from_version": rollout.from_version}))
         after = replace(rollout, wave=rollout.wave + 1, wave_started_ms=now_ms, gate=None,
-                        updated_ms=now_ms,
+                        updated_ms=now_ms, wave_starts=(*rollout.wave_starts, now_ms),
                         reason=f"wave {rollout.wave + 2} of {len(rollout.waves)} baking")
         return after, (passed, _wave_started(after, policy))
     overdue = now_ms - rollout.wave_started_ms - policy.bake_ms
@@ -405,7 +457,7 @@ def promote(rollout: Rollout, now_ms: int, by: str = ""
     rest = sorted(set(rollout.pops) - reached(rollout))
     reason = (f"promoted{_who(by)} in wave {rollout.wave + 1} of {len(rollout.waves)}: "
               f"{', '.join(rest) or 'no PoP'} get {rollout.to_version[:16]} without their waves")
-    after = replace(rollout, phase="passed", reason=reason, updated_ms=now_ms)
+    after = replace(rollout, phase="passed", reason=reason, updated_ms=now_ms, promoted=True)
     return after, (RolloutEvent("rollout_promoted", reason, rollout.to_version, tuple(rest),
                                 {"by": by, "skipped_waves": rollout.waves[rollout.wave + 1:]}),)
 

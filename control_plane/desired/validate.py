@@ -212,8 +212,7 @@ class _Document:
         and the gates' thresholds; every key optional."""
         fields = Fields(doc.node_of("rollout"), "rollout", self.sink)
         layer = read_layer(fields, ROLLOUT_FIELDS, GLOBAL)
-        gates_node = fields.node_of("gates")
-        gates = Fields(None if is_null(gates_node) else gates_node, "rollout.gates", self.sink)
+        gates = Fields(fields.node_of("gates"), "rollout.gates", self.sink)
         gate_layer = read_layer(gates, ROLLOUT_GATE_FIELDS, GLOBAL)
         gates.finish()
         fields.finish()
