@@ -3,7 +3,7 @@ Envoys (Ballast in-process, admin token required).
 
 A change starts rolling out: the panel shows its waves with the canary's baking, the gate's
 reading and each PoP's version; paused and aborted through the admin API, the page left open
-follows without a reload (wave 1 rolled back, the failed version named)."""
+follows without a reload (wave 1 aborted, the failed version named)."""
 
 from __future__ import annotations
 
@@ -46,8 +46,8 @@ async def test_the_rollout_panel_follows_a_rollout_live(tmp_path: Path) -> None:
         new = fleet.service.server.intent.desired.digest[:16]
         await expect(panel).to_have_attribute("data-phase", "baking", timeout=FOLLOW_MS)
         await expect(panel.locator('li.wave.baking[data-wave="1"]')).to_contain_text("ewr")
-        await expect(panel.locator('li.wave.waiting[data-wave="2"]')).to_contain_text("sjc")
-        await expect(panel.locator('li.wave.waiting[data-wave="3"]')).to_contain_text("lax")
+        await expect(panel.locator('li.wave.pending[data-wave="2"]')).to_contain_text("sjc")
+        await expect(panel.locator('li.wave.pending[data-wave="3"]')).to_contain_text("lax")
         await expect(panel.locator('table.pop-versions tr[data-pop="ewr"]')).to_contain_text(new)
         await expect(panel.locator('table.pop-versions tr[data-pop="sjc"]')).to_contain_text(old)
         # the gate's reading, taken while the canary bakes (shown at the next refresh)
@@ -66,7 +66,7 @@ async def test_the_rollout_panel_follows_a_rollout_live(tmp_path: Path) -> None:
         status, _ = await asyncio.to_thread(admin_post, f"{url}/rollout/abort", TOKEN)
         assert status == 200
         await expect(panel).to_have_attribute("data-phase", "aborted", timeout=FOLLOW_MS)
-        await expect(panel.locator('li.wave.rolled-back[data-wave="1"]')).to_contain_text("ewr")
+        await expect(panel.locator('li.wave.aborted[data-wave="1"]')).to_contain_text("ewr")
         await expect(panel.locator(".failed-version")).to_contain_text(new)
         await expect(panel.locator('table.pop-versions tr[data-pop="ewr"]')).to_contain_text(old)
         assert await page.evaluate("window.sameDocument") is True, "the page was reloaded"

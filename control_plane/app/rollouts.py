@@ -48,6 +48,7 @@ from control_plane.decide.rollout import (
     promote,
     reached,
     resume,
+    serving_since,
     start,
     supersede,
     version_of,
@@ -279,7 +280,9 @@ class Rollouts:
             now = self.clock() if now_ms is None else now_ms
             target = self._versions[rollout.to_version].desired
             inputs = await self.inputs(rollout, now)
-            after, events = rollout_step(rollout, inputs, now, target.rollout)
+            # off the loop: the gates compare every reached PoP's keys (a large fleet's work)
+            after, events = await asyncio.to_thread(rollout_step, rollout, inputs, now,
+                                                    target.rollout)
             if not events:  # the latest gate reading, shown by the faces
                 self.rollout = after
                 return ()
@@ -308,14 +311,20 @@ class Rollouts:
         others = [pop for pop in running.pop_names if pop not in wave]
         span = max(now - rollout.wave_started_ms, 1)
         after = await self._window(now, span)
-        before = await self._window(rollout.wave_started_ms, span)
         onsets = self._onsets(running.tier_actions)
+        # each reached PoP's own window before it got the new version (its wave's first start)
+        since: dict[int, list[str]] = {}
+        for pop in sorted(wave):
+            since.setdefault(serving_since(rollout, pop) or rollout.wave_started_ms,
+                             []).append(pop)
+        before = [window for at, pops in sorted(since.items())
+                  for window in _windows(await self._window(at, span), pops, {})]
         return GateInputs(
             nodes=self.acks.nodes(sorted(wave)),
             nacks=self.acks.nacks(rollout.started_ms),
             after=_windows(after, sorted(wave), onsets),
             peers=_windows(after, others, onsets),
-            before=_windows(before, sorted(wave), {}),
+            before=tuple(before),
         )
 
     # -- publishing --------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from control_plane.decide import damping
+from control_plane.decide.rollout import timeline
 from control_plane.intent.owner import IntentOwner
 from control_plane.observe.certificates import served_certificates
 from control_plane.observe.source import wall_ms
@@ -71,7 +72,8 @@ def rollout_status(service: BallastService) -> dict[str, Any] | None:
     rollout = rollouts.rollout
     if rollout is None:
         return None
-    return {**rollout.to_dict(), "failed_versions": dict(rollouts.failed)}
+    return {**rollout.to_dict(), "timeline": timeline(rollout),
+            "failed_versions": dict(rollouts.failed)}
 
 
 def controller_states(owner: IntentOwner, pop: str, group: str

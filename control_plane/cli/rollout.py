@@ -52,10 +52,10 @@ def lines(shown: dict[str, Any]) -> list[str]:
                    + (" (immediate)" if rollout.get("immediate") else ""))
         if rollout.get("reason"):
             out.append(f"  {rollout['reason']}")
-        for index, wave in enumerate(rollout["waves"]):
-            mark = "*" if index == rollout["wave"] and rollout["phase"] in (
-                "baking", "paused") else " "
-            out.append(f" {mark} wave {index + 1}: {', '.join(wave)}")
+        for wave in rollout["timeline"]:
+            mark = "*" if wave["state"] in ("baking", "paused") else " "
+            out.append(f" {mark} wave {wave['wave']}: {', '.join(wave['pops'])} "
+                       f"({wave['state'].replace('_', ' ')})")
         gate = rollout.get("gate")
         if gate is not None:
             out.append(f"  gate: {gate['verdict']}")

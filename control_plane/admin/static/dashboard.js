@@ -232,8 +232,8 @@ async function renderOverview(route) {
     servedCertificatesPanel(data.served_certificates || []));
 }
 
-// the latest rollout of a desired-state version: its waves in order (done, baking or paused,
-// waiting, or rolled back), the last gate reading with its readings, each PoP's version
+// the latest rollout of a desired-state version: its waves in order with their state and start
+// (decide/rollout.py's timeline), the last gate reading with its readings, each PoP's version
 function rolloutPanel(shown) {
   if (!shown) return [];
   const rollout = shown.rollout;
@@ -248,17 +248,11 @@ function rolloutPanel(shown) {
     return h("section", { class: "panel rollout", "data-phase": "none" }, h("h2", {}, "Rollout"),
       h("p", { class: "muted" }, "no rollout since the state was new"), versions);
   }
-  const open = rollout.phase === "baking" || rollout.phase === "paused";
-  const waveState = (index) => {
-    if (rollout.phase === "passed") return "done";
-    if (!open) return index <= rollout.wave ? "rolled-back" : "skipped";
-    if (index < rollout.wave) return "done";
-    return index === rollout.wave ? rollout.phase : "waiting";
-  };
-  const waves = h("ol", { class: "waves" }, rollout.waves.map((pops, index) =>
-    h("li", { class: `wave ${waveState(index)}`, "data-wave": String(index + 1) },
-      h("strong", {}, `wave ${index + 1}`), " ", pops.join(", "), " ",
-      h("span", { class: "muted" }, waveState(index).replace("-", " ")))));
+  const waves = h("ol", { class: "waves" }, rollout.timeline.map((wave) =>
+    h("li", { class: `wave ${wave.state.replace("_", "-")}`, "data-wave": String(wave.wave) },
+      h("strong", {}, `wave ${wave.wave}`), " ", wave.pops.join(", "), " ",
+      h("span", { class: "muted" }, wave.state.replace("_", " "),
+        wave.started_ms ? ` since ${new Date(wave.started_ms).toLocaleTimeString()}` : ""))));
   const gate = rollout.gate;
   const readings = gate ? h("details", { class: "gate", open: gate.verdict === "fail" },
     h("summary", {}, h("span", { class: `verdict ${gate.verdict}` }, `gate: ${gate.verdict}`), " ",
