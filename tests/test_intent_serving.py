@@ -5,21 +5,32 @@ driver's restore from what the store held, and a node's ACK of its PoP's current
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from control_plane.ads.nodes import NodeRegistry
-from control_plane.app.rollouts import ROLLOUT_KEY, Version, restored, serving_of
+from control_plane.app.rollouts import (
+    ROLLOUT_KEY,
+    Version,
+    restored,
+    serving_of,
+    window_from_json,
+    window_json,
+)
 from control_plane.app.server import intent_and_cache, translate_intent
 from control_plane.decide.controller import ControllerState
+from control_plane.decide.gates import PopWindow, TierShed
 from control_plane.decide.rollout import start
+from control_plane.decide.signals import OriginSignals
 from control_plane.desired import parse_desired
 from control_plane.desired.model import Desired
 from control_plane.intent.carry_over import carry_over
 from control_plane.intent.running import RunningIntent
 from control_plane.intent.sqlite_store import StateStore
 from control_plane.intent.store import (
+    ROLLOUT_BEFORE_KIND,
     ROLLOUT_KIND,
     SERVING_KIND,
     VERSION_KIND,
@@ -167,6 +178,19 @@ def test_a_saved_rollout_is_restored_with_its_versions() -> None:
     assert {pop: d.digest for pop, d in held.serving.items()} == {"sjc": old.digest,
                                                                   "lax": old.digest}
     assert held.serving == serving_of(rollout, held.versions)
+    assert held.before == {}
+    # the canary's window before its wave, saved with the rollout, comes back as it was
+    window = PopWindow("ewr", (("shop", "primary", OriginSignals(
+        100, 2, 0, 10.0, 40.0, 0.0, 0, None, 1000, latency_samples=100, p95_low_ms=35.0)),),
+        (("shop", "background", TierShed(50, 5)),), 0)
+    with_before = {**records, ROLLOUT_BEFORE_KIND: {"ewr": window_json(window)}}
+    held = restored(with_before, {file.digest: file}, _parse, "state.db")
+    assert held is not None and held.before == {"ewr": window}
+    assert window_from_json("ewr", json.loads(json.dumps(window_json(window)))) == window
+    bad = {**records, ROLLOUT_BEFORE_KIND: {"ewr": {"origins": [["shop", "primary", {"x": 1}]],
+                                                     "tiers": [], "tier_action_onsets": 0}}}
+    with pytest.raises(StateCorrupted, match="baseline"):
+        restored(bad, {file.digest: file}, _parse, "state.db")
     assert restored({}, {old.digest: old}, _parse, "state.db") is None
     broken = {**records, VERSION_KIND: {new.digest: new.stored()}}
     with pytest.raises(StateCorrupted, match="not stored"):

@@ -43,6 +43,15 @@ async def _synced(fleet: RolloutFleet) -> None:
     await eventually(lambda: all(acks.pop(pop).applied == 1 for pop in POPS), 20,
                      "every Envoy synced")
     await eventually(lambda: fleet.origins["primary"].total > 60, 20, "traffic on the primary")
+    # what each PoP's Envoy reported before the change: its own baseline for the gates
+    source = fleet.service.rollouts.source
+
+    async def reported() -> bool:
+        window = await source.window(int(time.time() * 1000), int(BAKE_S * 1000))
+        return all(sum(s.requests for s in window.get((pop, "shop"), {}).values()) >= 10
+                   for pop in POPS)
+
+    await eventually(reported, 20, "every PoP's Envoy reporting its traffic")
 
 
 class Watch:

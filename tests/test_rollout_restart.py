@@ -87,6 +87,10 @@ async def test_kill_9_mid_rollout_resumes_where_it_was(tmp_path: Path) -> None:
                                          _rollout(admin_url)["pop_versions"].values()),
                              20, "every Envoy synced", in_thread=True, ignore=UNREACHABLE)
             old = {pop: v["version"] for pop, v in _rollout(admin_url)["pop_versions"].items()}
+            # a few seconds of traffic reported before the change: each PoP's own baseline
+            # (taken when its wave starts and saved with the rollout: it outlives the kill)
+            await eventually(lambda: fleet.origins["primary"].total > 240, 20,
+                             "traffic through every PoP")
             watcher = asyncio.create_task(watch())
             fleet.write(marker=MARKER.strip("/"), bake="6s")
             await eventually(lambda: _on_marker(fleet)["ewr"], 20, "the canary on the change",

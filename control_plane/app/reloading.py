@@ -128,8 +128,8 @@ class DesiredReload:
             # one rollout at a time: started (or superseding the one in progress) here
             async with rollouts.lock:
                 async with owner.change(save=self._leading()) as change:
-                    begun = rollouts.begin(change, Version(new, data), immediate=immediate,
-                                           by=by)
+                    begun = await rollouts.begin(change, Version(new, data),
+                                                 immediate=immediate, by=by)
                     served = served_now(cache, owner.intent)  # as the build reads the cache
                     await change.prepare()
                     diffs = pop_diffs(change.over, change.target, served, change.prepared())

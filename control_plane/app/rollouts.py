@@ -31,11 +31,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from control_plane.app.config_acks import ConfigAcks
-from control_plane.decide.gates import GateInputs, PopWindow
+from control_plane.decide.gates import GateInputs, PopWindow, TierShed
 from control_plane.decide.rollout import (
     PHASES,
     Rollout,
@@ -54,13 +54,20 @@ from control_plane.decide.rollout import (
     version_of,
 )
 from control_plane.decide.rollout import step as rollout_step
+from control_plane.decide.signals import OriginSignals
 from control_plane.decisions.log import Draft, draft
 from control_plane.decisions.recorder import DecisionRecorder
 from control_plane.desired import parse_desired
-from control_plane.desired.model import Desired
+from control_plane.desired.model import Desired, TierActions
 from control_plane.intent.change import Change
 from control_plane.intent.owner import IntentOwner
-from control_plane.intent.store import ROLLOUT_KIND, VERSION_KIND, StateCorrupted, StoreRecord
+from control_plane.intent.store import (
+    ROLLOUT_BEFORE_KIND,
+    ROLLOUT_KIND,
+    VERSION_KIND,
+    StateCorrupted,
+    StoreRecord,
+)
 from control_plane.observe.source import MetricSource, Signals, wall_ms
 from control_plane.own_metrics.registry import BallastMetrics
 
@@ -99,6 +106,7 @@ class Restored:
     failed: dict[str, str]
     versions: dict[str, Version]
     saved: frozenset[str]  # the digests whose bytes the store holds
+    before: dict[str, PopWindow]  # reached PoP -> its window before its wave (gate baseline)
 
 
 def target_of(rollout: Rollout) -> str:
@@ -151,10 +159,16 @@ def restored(records: Mapping[str, Mapping[str, Any]], known: Mapping[str, Versi
     if target_of(rollout) in missing or (rollout.in_progress and missing):
         raise StateCorrupted(f"{where}: rollout: the bytes of version(s) "
                              f"{', '.join(sorted(d[:16] for d in missing))} are not stored")
+    try:
+        before = {str(pop): window_from_json(str(pop), value)
+                  for pop, value in records.get(ROLLOUT_BEFORE_KIND, {}).items()}
+    except (KeyError, TypeError, ValueError) as err:
+        raise StateCorrupted(f"{where}: rollout baseline: {type(err).__name__}: {err}") from err
     needed = {d: v for d, v in versions.items()
               if d in (rollout.from_version, rollout.to_version)}
     return Restored(versions[target_of(rollout)], serving_of(rollout, needed), rollout,
-                    failed, needed, frozenset(records.get(VERSION_KIND, {})))
+                    failed, needed, frozenset(records.get(VERSION_KIND, {})),
+                    before if rollout.in_progress else {})
 
 
 @dataclass(frozen=True)
@@ -193,7 +207,9 @@ class Rollouts:
         self.failed: dict[str, str] = {}  # digest -> why it failed
         self._versions: dict[str, Version] = {running.digest: running}
         self._saved: set[str] = set()  # digests whose bytes the store holds
-        self._actions_at_wave: dict[str, frozenset[str]] = {}  # PoP -> groups with actions
+        # PoP -> its groups demoting or shedding when the wave started (onsets count from it)
+        self._actions_at_wave: dict[str, frozenset[str]] = {}
+        self._before: dict[str, PopWindow] = {}  # reached PoP -> its window before its wave
         self._gauges()
 
     # -- start-up --------------------------------------------------------------------------
@@ -204,6 +220,7 @@ class Rollouts:
         self.failed = dict(held.failed)
         self._versions = dict(held.versions)
         self._saved = set(held.saved)
+        self._before = dict(held.before)
         self._note_wave()
         self._gauges()
 
@@ -237,7 +254,7 @@ class Rollouts:
 
     # -- a new version (the reload) --------------------------------------------------------
 
-    def begin(self, change: Change, new: Version, *, immediate: bool, by: str) -> Begun:
+    async def begin(self, change: Change, new: Version, *, immediate: bool, by: str) -> Begun:
         """State on `change` (a reload's) the rollout of `new`: started, or superseding the
         one in progress; its records and what to call once the change published. Call under
         `lock`."""
@@ -254,7 +271,8 @@ class Rollouts:
             _, rollout, events = supersede(self.rollout, new.desired.rollout, new.digest,
                                            new.desired.pop_names, last.pop_names, now,
                                            immediate=immediate, by=by)
-        return self._state(change, rollout, events, versions, self.failed)
+        captured = await self._capture(None, rollout, new.desired)
+        return self._state(change, rollout, events, versions, self.failed, captured)
 
     def refused(self, digest: str) -> str | None:
         """Why a version's bytes are not applied again (it failed its rollout), or None."""
@@ -312,13 +330,15 @@ class Rollouts:
         span = max(now - rollout.wave_started_ms, 1)
         after = await self._window(now, span)
         onsets = self._onsets(running.tier_actions)
-        # each reached PoP's own window before it got the new version (its wave's first start)
+        # each reached PoP's own window before it got the new version: taken when its wave
+        # started (the source may keep less than a rollout lasts), else read back now
         since: dict[int, list[str]] = {}
-        for pop in sorted(wave):
+        for pop in sorted(wave - set(self._before)):
             since.setdefault(serving_since(rollout, pop) or rollout.wave_started_ms,
                              []).append(pop)
-        before = [window for at, pops in sorted(since.items())
-                  for window in _windows(await self._window(at, span), pops, {})]
+        before = [self._before[pop] for pop in sorted(wave) if pop in self._before]
+        before += [window for at, pops in sorted(since.items())
+                   for window in _windows(await self._window(at, span), pops, {})]
         return GateInputs(
             nodes=self.acks.nodes(sorted(wave)),
             nacks=self.acks.nacks(rollout.started_ms),
@@ -330,13 +350,31 @@ class Rollouts:
     # -- publishing --------------------------------------------------------------------------
 
     async def _publish(self, after: Rollout, events: tuple[RolloutEvent, ...]) -> None:
+        captured = await self._capture(self.rollout, after,
+                                       self._versions[after.to_version].desired)
         async with self.owner.change(save=self._leading()) as change:
-            begun = self._state(change, after, events, self._versions, self.failed)
+            begun = self._state(change, after, events, self._versions, self.failed, captured)
             change.record(begun.records)
         begun.done()
 
+    async def _capture(self, before: Rollout | None, after: Rollout, target: Desired
+                       ) -> dict[str, PopWindow]:
+        """The signals over the bake before now of the PoPs `after` reaches that `before` had
+        not (they get the new version with this change): their own baseline for the gates,
+        kept (and saved) while the rollout is in progress."""
+        if not after.in_progress:
+            return {}
+        entering = sorted(reached(after) - (reached(before) if before is not None
+                                            and before.to_version == after.to_version
+                                            else frozenset()))
+        if not entering:
+            return {}
+        signals = await self._window(self.clock(), target.rollout.bake_ms)
+        return {window.pop: window for window in _windows(signals, entering, {})}
+
     def _state(self, change: Change, rollout: Rollout, events: Iterable[RolloutEvent],
-               versions: Mapping[str, Version], failed: Mapping[str, str]) -> Begun:
+               versions: Mapping[str, Version], failed: Mapping[str, str],
+               captured: Mapping[str, PopWindow]) -> Begun:
         """`rollout` stated on `change`: which PoP serves which version, the rollout's records
         in the store. Returns its events as decision records (for the change to record) and
         what makes it this driver's state once the change published."""
@@ -361,12 +399,23 @@ class Rollouts:
             records.append((VERSION_KIND, digest, None))
             if digest in self._versions:
                 undo.append((VERSION_KIND, digest, self._versions[digest].stored()))
+        same = self.rollout is not None and self.rollout.to_version == rollout.to_version \
+            and self.rollout.started_ms == rollout.started_ms
+        baselines = {} if not rollout.in_progress else {
+            **(self._before if same else {}), **captured}
+        for pop in sorted(set(self._before) | set(baselines)):
+            if pop in captured or pop not in baselines:
+                records.append((ROLLOUT_BEFORE_KIND, pop, None if pop not in baselines
+                                else window_json(baselines[pop])))
+                undo.append((ROLLOUT_BEFORE_KIND, pop, None if pop not in self._before
+                             else window_json(self._before[pop])))
         change.keep(records, undo)
 
         def done() -> None:
             moved = self.rollout is None or (rollout.wave, rollout.phase) != (
                 self.rollout.wave, self.rollout.phase)
             self.rollout, self.failed, self._versions = rollout, failed, kept
+            self._before = baselines
             self._saved = set(needed)
             if moved:
                 self._note_wave()
@@ -388,7 +437,7 @@ class Rollouts:
         """The groups with tier actions per PoP when the wave started (onsets count from)."""
         self._actions_at_wave = _active(self.owner.intent.tier_actions)
 
-    def _onsets(self, tier_actions: Mapping[tuple[str, str], Any]) -> dict[str, int]:
+    def _onsets(self, tier_actions: Mapping[tuple[str, str], TierActions]) -> dict[str, int]:
         now = _active(tier_actions)
         return {pop: len(groups - self._actions_at_wave.get(pop, frozenset()))
                 for pop, groups in now.items()}
@@ -410,10 +459,13 @@ def rollout_draft(event: RolloutEvent) -> Draft:
     return draft(event.kind, pop=pops[0] if len(pops) == 1 else None, **fields)
 
 
-def _active(tier_actions: Mapping[tuple[str, str], Any]) -> dict[str, frozenset[str]]:
+def _active(tier_actions: Mapping[tuple[str, str], TierActions]) -> dict[str, frozenset[str]]:
+    """PoP -> the groups whose tier actions demote or shed (lending's limits and bounded
+    queues alone are capacity bookkeeping, not an incident's onset)."""
     active: dict[str, set[str]] = {}
-    for pop, group in tier_actions:
-        active.setdefault(pop, set()).add(group)
+    for (pop, group), actions in tier_actions.items():
+        if actions.shed or (actions.demote_tier and actions.demote_to and actions.demote_share):
+            active.setdefault(pop, set()).add(group)
     return {pop: frozenset(groups) for pop, groups in active.items()}
 
 
@@ -427,3 +479,25 @@ def _windows(signals: Signals, pops: Iterable[str], onsets: Mapping[str, int]
     return tuple(PopWindow(pop, tuple(sorted(by_pop.get(pop, []), key=lambda o: o[:2])),
                            (), onsets.get(pop, 0)) for pop in pops)
 
+
+
+def window_json(window: PopWindow) -> dict[str, Any]:
+    """A PoP's window as the store keeps it (a rollout's baseline)."""
+    return {"origins": [[group, origin, asdict(signals)]
+                        for group, origin, signals in window.origins],
+            "tiers": [[group, tier, shed.requests, shed.shed]
+                      for group, tier, shed in window.tiers],
+            "tier_action_onsets": window.tier_action_onsets}
+
+
+def window_from_json(pop: str, data: Mapping[str, Any]) -> PopWindow:
+    """`window_json` read back; ValueError (KeyError, TypeError) when it is not one."""
+    known = {f.name for f in fields(OriginSignals)}
+    origins = []
+    for group, origin, values in data["origins"]:
+        if not isinstance(values, dict) or set(values) - known:
+            raise ValueError(f"origin {origin!r}: not the signals of an origin")
+        origins.append((str(group), str(origin), OriginSignals(**values)))
+    tiers = tuple((str(group), str(tier), TierShed(int(requests), int(shed)))
+                  for group, tier, requests, shed in data["tiers"])
+    return PopWindow(pop, tuple(origins), tiers, int(data["tier_action_onsets"]))

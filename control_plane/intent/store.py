@@ -27,6 +27,8 @@ SERVING_KIND = "serving"
 # the bytes of each desired-state version some PoP serves or a rollback needs, keyed by digest
 VERSION_KIND = "desired_version"
 ROLLOUT_KIND = "rollout"  # the rollout's state, key "current"
+# a reached PoP's signals over the bake before its wave started (a gate's baseline), key the PoP
+ROLLOUT_BEFORE_KIND = "rollout_before"
 StoreRecord = tuple[str, str, Any]  # (kind, key, JSON value or None: delete)
 
 
