@@ -32,6 +32,7 @@ from control_plane.intent.sqlite_store import StateStore
 from control_plane.intent.store import (
     ROLLOUT_BEFORE_KIND,
     ROLLOUT_KIND,
+    SERVING_KEY,
     SERVING_KIND,
     VERSION_KIND,
     StateCorrupted,
@@ -116,14 +117,14 @@ async def test_a_wave_moves_only_its_pops_and_saves_who_serves_what(tmp_path: Pa
     assert cache.resources("ewr", CAPS) is not before["ewr"]
     stored = store.load()
     assert stored.desired_digest == new.digest
-    assert stored.records[SERVING_KIND] == {"sjc": old.digest, "lax": old.digest}
+    assert stored.records[SERVING_KIND] == {SERVING_KEY: {"sjc": old.digest, "lax": old.digest}}
     # the next wave: sjc joins; the rollout's own records go in the same write
     async with owner.change() as change:
         change.desired(new, serving={"lax": old})
         change.keep([(ROLLOUT_KIND, ROLLOUT_KEY, {"wave": 1})], [(ROLLOUT_KIND, ROLLOUT_KEY, None)])
     assert change.pushed == frozenset({"sjc"})
     stored = store.load()
-    assert stored.records[SERVING_KIND] == {"lax": old.digest}
+    assert stored.records[SERVING_KIND] == {SERVING_KEY: {"lax": old.digest}}
     assert stored.records[ROLLOUT_KIND] == {ROLLOUT_KEY: {"wave": 1}}
     # a rollback: every PoP on the old version, nothing left in `serving`
     async with owner.change() as change:
@@ -153,7 +154,7 @@ async def test_a_failed_swap_puts_back_who_served_what(tmp_path: Path,
             change.keep([(ROLLOUT_KIND, ROLLOUT_KEY, {"wave": 1})],
                         [(ROLLOUT_KIND, ROLLOUT_KEY, None)])
     stored = store.load()
-    assert stored.records[SERVING_KIND] == {"sjc": old.digest, "lax": old.digest}
+    assert stored.records[SERVING_KIND] == {SERVING_KEY: {"sjc": old.digest, "lax": old.digest}}
     assert ROLLOUT_KIND not in stored.records
     assert owner.intent.serving == {"sjc": old, "lax": old}
     store.close()
@@ -168,7 +169,8 @@ def test_a_saved_rollout_is_restored_with_its_versions() -> None:
     rollout, _ = start(new.desired.rollout, old.digest, new.digest, new.desired.pop_names,
                        old.desired.pop_names, 1000)
     records = {ROLLOUT_KIND: {ROLLOUT_KEY: {"rollout": rollout.to_dict(), "failed": {}}},
-               VERSION_KIND: {old.digest: old.stored(), new.digest: new.stored()}}
+               VERSION_KIND: {old.digest: old.stored(), new.digest: new.stored()},
+               SERVING_KIND: {SERVING_KEY: {"sjc": old.digest, "lax": old.digest}}}
     # the file holds a third version (edited while the server was down): the rollout resumes
     # and the watcher applies the file afterwards
     file = version(secondary=7002)
@@ -192,6 +194,9 @@ def test_a_saved_rollout_is_restored_with_its_versions() -> None:
     with pytest.raises(StateCorrupted, match="baseline"):
         restored(bad, {file.digest: file}, _parse, "state.db")
     assert restored({}, {old.digest: old}, _parse, "state.db") is None
+    unknown = {**records, SERVING_KIND: {SERVING_KEY: {"sjc": "f" * 64}}}
+    with pytest.raises(StateCorrupted, match="serving"):
+        restored(unknown, {file.digest: file}, _parse, "state.db")
     broken = {**records, VERSION_KIND: {new.digest: new.stored()}}
     with pytest.raises(StateCorrupted, match="not stored"):
         restored(broken, {file.digest: file}, _parse, "state.db")

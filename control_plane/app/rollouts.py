@@ -64,6 +64,8 @@ from control_plane.intent.owner import IntentOwner
 from control_plane.intent.store import (
     ROLLOUT_BEFORE_KIND,
     ROLLOUT_KIND,
+    SERVING_KEY,
+    SERVING_KIND,
     VERSION_KIND,
     StateCorrupted,
     StoreRecord,
@@ -166,7 +168,13 @@ def restored(records: Mapping[str, Mapping[str, Any]], known: Mapping[str, Versi
         raise StateCorrupted(f"{where}: rollout baseline: {type(err).__name__}: {err}") from err
     needed = {d: v for d, v in versions.items()
               if d in (rollout.from_version, rollout.to_version)}
-    return Restored(versions[target_of(rollout)], serving_of(rollout, needed), rollout,
+    # which PoP serves which version, as the change that saved the rollout stated it
+    held_serving = records.get(SERVING_KIND, {}).get(SERVING_KEY) or {}
+    if not isinstance(held_serving, dict) or set(map(str, held_serving.values())) - set(needed):
+        raise StateCorrupted(f"{where}: serving: {held_serving!r} names versions the rollout "
+                             "does not hold")
+    serving = {str(pop): needed[str(digest)].desired for pop, digest in held_serving.items()}
+    return Restored(versions[target_of(rollout)], serving, rollout,
                     failed, needed, frozenset(records.get(VERSION_KIND, {})),
                     before if rollout.in_progress else {})
 

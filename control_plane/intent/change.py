@@ -47,6 +47,7 @@ from control_plane.intent.running import RunningIntent, tier_key
 from control_plane.intent.steps import TickChanges, applied
 from control_plane.intent.store import (
     RAMP_KIND,
+    SERVING_KEY,
     SERVING_KIND,
     TIER_KIND,
     IntentBatch,
@@ -166,11 +167,11 @@ class Change:
                 forget_groups=tuple(gone),
                 records=(*((kind, tier_key(*key), None)
                            for key in gone for kind in (TIER_KIND, RAMP_KIND)),
-                         *serving_records(after, base)),
+                         *serving_record(after, base)),
                 desired_digest=desired.digest,
             )
             undo = saved_as(base, gone, base.desired.digest)
-            undo = replace(undo, records=(*undo.records, *serving_records(base, after)))
+            undo = replace(undo, records=(*undo.records, *serving_record(base, after)))
             return _Stated(after, moved, save, undo)
 
         self._state(state)
@@ -275,13 +276,15 @@ class Change:
                 for made in (records(changed) if callable(records) else records)]
 
 
-def serving_records(intent: RunningIntent, other: RunningIntent) -> tuple[StoreRecord, ...]:
-    """The store records (kind `serving`, key the PoP, value the digest it serves; None: on
-    the target) that make the store hold which PoP of `intent` (and of `other`, so PoPs only
-    it has are cleared) serves which desired state."""
-    pops = sorted({*intent.serving, *other.serving})
-    return tuple((SERVING_KIND, pop, None if pop not in intent.serving
-                  else intent.serving[pop].digest) for pop in pops)
+def serving_record(intent: RunningIntent, other: RunningIntent) -> tuple[StoreRecord, ...]:
+    """The store record (kind `serving`, key `SERVING_KEY`: PoP -> the digest it serves, for
+    the PoPs not on the target; None when every PoP is) that makes the store hold which PoP of
+    `intent` serves which desired state; none when neither `intent` nor `other` has such PoPs.
+    One record, not one per PoP: a wave of a large fleet stays one small transaction."""
+    if not intent.serving and not other.serving:
+        return ()
+    held = {pop: desired.digest for pop, desired in sorted(intent.serving.items())}
+    return ((SERVING_KIND, SERVING_KEY, held or None),)
 
 
 def saved_as(intent: RunningIntent, pairs: Iterable[PairKey], digest: str | None = None
