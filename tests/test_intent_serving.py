@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from control_plane.ads.nodes import NodeRegistry
+from control_plane.app.reconcile import Reconciler
 from control_plane.app.rollouts import (
     ROLLOUT_KEY,
     Version,
@@ -24,6 +25,9 @@ from control_plane.decide.controller import ControllerState
 from control_plane.decide.gates import PopWindow, TierShed
 from control_plane.decide.rollout import start
 from control_plane.decide.signals import OriginSignals
+from control_plane.decisions.log import DecisionLog
+from control_plane.decisions.read import iter_records
+from control_plane.decisions.recorder import DecisionRecorder
 from control_plane.desired import parse_desired
 from control_plane.desired.model import Desired
 from control_plane.intent.carry_over import carry_over
@@ -37,10 +41,12 @@ from control_plane.intent.store import (
     VERSION_KIND,
     StateCorrupted,
 )
+from control_plane.observe.source import Signals
 from control_plane.translate import render_json
 from control_plane.translate.resources import Capabilities
 
 CAPS = Capabilities()
+T0 = 1_800_000_000_000
 
 YAML = """\
 pops:
@@ -220,3 +226,37 @@ def test_a_node_has_applied_its_pops_output_only_when_it_acked_all_of_it() -> No
     assert not entry.applied(None)
     entry.nacked("type.googleapis.com/envoy.config.cluster.v3.Cluster", "v1", "bad")
     assert not entry.applied(current)
+
+
+class SjcPrimaryFails:
+    """sjc's primary answers 30 % errors; every other origin is healthy."""
+
+    async def window(self, now_ms: int, window_ms: int) -> Signals:
+        def origin(errors: int) -> OriginSignals:
+            return OriginSignals(1000, errors, 0, 20.0, 60.0, 0.0, 0, 1.0, now_ms)
+
+        return {(pop, "shop"): {"primary": origin(300 if pop == "sjc" else 0),
+                                "secondary": origin(0), "third": origin(0)}
+                for pop in ("ewr", "sjc", "lax")}
+
+
+async def test_weights_keep_moving_in_a_pop_on_the_old_version(tmp_path: Path) -> None:
+    """A tick during a rollout: sjc, still on the old version (two origins), shifts away from
+    its failing primary under that version's policy; ewr, on the new one (a third origin),
+    holds; each record names the version its PoP serves."""
+    old, new = version().desired, version(third=True).desired
+    log = DecisionLog(tmp_path)
+    owner, _ = intent_and_cache(new, recorder=DecisionRecorder(log),
+                                serving={"sjc": old, "lax": old})
+    reconciler = Reconciler(owner, SjcPrimaryFails(), seed=3)
+    for tick in range(6):
+        await reconciler.tick(T0 + tick * 20_000)
+    log.close()
+    assert set(owner.weights("sjc", "shop")) == {"primary", "secondary"}
+    assert owner.weights("sjc", "shop")["primary"] < old.group("shop").home_weights(
+        "sjc")["primary"]
+    assert owner.weights("ewr", "shop") == new.group("shop").home_weights("ewr")
+    shifts = [r for r in iter_records(tmp_path) if r["kind"] == "weight_shift"]
+    assert shifts and {r["pop"] for r in shifts} == {"sjc"}
+    assert {r["config_version"] for r in shifts} == {old.digest[:16]}
+    assert owner.intent.serving == {"sjc": old, "lax": old}  # ticks move no PoP
