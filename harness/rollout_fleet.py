@@ -1,5 +1,6 @@
 """Three PoPs on loopback for the rollout tests: Ballast in-process (or as `ballast serve`),
-one real Envoy per PoP, demo origins and steady traffic through every PoP.
+one real Envoy per PoP (lax's on delta xDS, the others SotW), demo origins and steady traffic
+through every PoP.
 
 The desired state's `rollout:` policy takes ewr as the canary, then sjc (50 % of the rest),
 then lax; each wave bakes `bake`. `write_rollout_desired` writes versions of it: `marker` adds
@@ -110,9 +111,11 @@ def start_envoys(xds_port: int) -> dict[str, EnvoyProcess]:
     try:
         for pop in POPS:
             admin = free_port()
+            # lax's Envoy speaks delta xDS, the others SotW: ACKs and NACKs of both count
             bootstrap = ads_bootstrap(node_id=f"{pop}-edge-1", pop=pop, xds_port=xds_port,
                                       admin_port=admin, metrics_sink=True,
-                                      needed_stats_only=True, stats_flush_interval_ms=1000)
+                                      needed_stats_only=True, stats_flush_interval_ms=1000,
+                                      delta=pop == "lax")
             envoys[pop] = EnvoyProcess(bootstrap, admin).start()
     except BaseException:
         for envoy in envoys.values():
