@@ -159,10 +159,13 @@ class Change:
             carried = carry_over(base, desired, serving)
             gone = sorted(set(base.pairs()) - set(carried.intent.pairs()))
             after = carried.intent
-            moved = None if serving is None and not base.serving else frozenset(
-                pop for pop in {*base.pop_names, *after.pop_names}
+            every = {*base.pop_names, *after.pop_names}
+            moved: frozenset[str] | None = frozenset(
+                pop for pop in every
                 if pop not in base.pop_names or pop not in after.pop_names
                 or base.desired_of(pop) is not after.desired_of(pop))
+            if moved == every:
+                moved = None  # every PoP
             save = IntentBatch(
                 forget_groups=tuple(gone),
                 records=(*((kind, tier_key(*key), None)
