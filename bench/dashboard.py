@@ -33,12 +33,16 @@ from control_plane.admin.dashboard import Dashboard
 from control_plane.admin.decision_feed import DecisionFeed
 from control_plane.ads.nodes import NodeRegistry
 from control_plane.app.server import intent_and_cache
+from control_plane.decide.controller import ControllerState
+from control_plane.decide.tiers import TierState
 from control_plane.decisions.log import DEFAULT_KEEP, DEFAULT_MAX_BYTES, DecisionLog, log_files
 from control_plane.decisions.read import FileSource, Query
 from control_plane.desired import Desired, parse_desired
 from control_plane.desired.model import TierActions
+from control_plane.intent.pair_changes import PairChange
 from control_plane.own_metrics.registry import BallastMetrics
 from control_plane.translate.resources import CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE
+from harness.intent_changes import apply_pair_changes
 
 POPS, GROUPS, NODES_PER_POP = 100, 50, 100
 CPU_MS = web.AppKey("handler_cpu_ms", list)
@@ -147,10 +151,10 @@ async def measure(rounds: int, nodes_per_pop: int) -> dict[str, Any]:
     intent, cache = intent_and_cache(desired)
     away = rng.sample([(p, g.name) for p in desired.pop_names for g in desired.origin_groups],
                       int(POPS * GROUPS * AWAY_SHARE))
-    for pop, group in away:
-        intent.update_weights(pop, group, {"a": 50, "b": 50})
-    for pop, group in away[:20]:
-        intent.set_tier_actions(pop, group, TierActions())
+    await apply_pair_changes(intent, [  # away from home; the first 20 with tier actions on
+        PairChange((pop, group), {"a": 50, "b": 50}, ControllerState(),
+                   TierState() if n < 20 else None, tier_actions=TierActions() if n < 20 else None)
+        for n, (pop, group) in enumerate(away)])
     registry = NodeRegistry()
     connect_nodes(registry, desired, nodes_per_pop)
     with tempfile.TemporaryDirectory(prefix="ballast-dash-bench-") as tmp:

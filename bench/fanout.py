@@ -2,8 +2,9 @@
 
 Per (mode, N): start a fresh server, connect N nodes split across the PoPs ewr and sjc (many
 streams multiplexed over few TCP connections), time the initial sync, then change one PoP's
-weights R times and time each push from `intent.update_weights` to the last ACK of that PoP's
-nodes (both timestamps taken in the server). Server CPU and RSS come from /proc/<pid>.
+weights R times (through the change transaction) and time each push from the change to the last
+ACK of that PoP's nodes (both timestamps taken in the server). Server CPU and RSS come from
+/proc/<pid>.
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ from control_plane.translate.resources import (
     STARTUP_TYPES,
     Capabilities,
 )
+from harness.intent_changes import set_weights
 
 
 class AckTracker:
@@ -141,7 +142,7 @@ async def push(
     tracker.done = asyncio.get_running_loop().create_future()
     cpu0 = time.process_time()
     start = time.monotonic()
-    ballast.intent.update_weights(pop, group, weights)
+    await set_weights(ballast.intent, pop, group, weights)
     version = ballast.cache.resources(pop, Capabilities()).type_version(ENDPOINT_TYPE)
     tracker.target = (pop, ENDPOINT_TYPE, version)
     updated = time.monotonic()

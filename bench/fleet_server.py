@@ -43,7 +43,7 @@ from control_plane.ads import nodes as nodes_module
 from control_plane.app.heap import settle_heap
 from control_plane.app.server import BallastServer
 from control_plane.desired.model import Desired, GroupWeights
-from control_plane.intent.steps import PairStep, changes_of
+from control_plane.intent.pair_changes import PairChange, changes_of
 from control_plane.translate.pop import PopIntent, translate_pop
 from control_plane.translate.resources import (
     ENDPOINT_TYPE,
@@ -156,12 +156,12 @@ class BallastSide:
     async def push(self, pops: list[str], step: int, started: Callable[[], None]
                    ) -> dict[str, str]:
         """The change translated before the push, off the loop, as a reconcile tick does; then
-        `started()` and the rest of the change transaction, whose last step is the swap."""
+        `started()` and the rest of the change transaction, whose last stage is the swap."""
         intent = self.server.intent
         async with intent.change() as change:
-            change.steps(changes_of(change.base, [
-                PairStep((pop, PUSHED_GROUP), shifted(self.desired, pop, step),
-                         intent.controller((pop, PUSHED_GROUP))) for pop in pops]),
+            change.tick(changes_of(change.base, [
+                PairChange((pop, PUSHED_GROUP), shifted(self.desired, pop, step),
+                           intent.controller((pop, PUSHED_GROUP))) for pop in pops]),
                 planned_for=change.base.desired)
             await change.prepare()
             await asyncio.sleep(0.05)

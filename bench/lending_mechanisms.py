@@ -27,6 +27,7 @@ from control_plane.desired.model import Desired, TierActions
 from control_plane.translate.bootstrap import ads_bootstrap
 from harness.demo_origin import DemoOrigin, Fault
 from harness.envoy_process import EnvoyProcess, free_port
+from harness.intent_changes import set_desired, set_tier_actions
 from harness.models import example_desired, shop_group
 
 LIMIT = 41
@@ -83,9 +84,9 @@ async def run(mechanism: str) -> dict[str, Any]:
         connections_before = len(origin.connections)
         changed = time.monotonic()
         if mechanism == "cds":
-            ballast.cache.update_desired(with_background_share(desired, 34))
+            await set_desired(ballast.intent, with_background_share(desired, 34))
         else:
-            ballast.cache.set_tier_actions("ewr", "shop", TierActions(
+            await set_tier_actions(ballast.intent, "ewr", "shop", TierActions(
                 demote_tier=None, demote_to=None, demote_share=0, shed_tier=None,
                 limits=(("background", LIMIT),)))
         applied = None

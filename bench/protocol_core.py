@@ -3,7 +3,7 @@
 N streams of one PoP go through Envoy's start-up exchange (CDS wildcard, EDS for every cluster,
 LDS wildcard, RDS by name) and ACK everything; then the PoP's snapshot alternates between two
 generations that differ in one origin group's weights (what `bench.fanout` pushes), and each
-round times `on_snapshot` for every stream, then the ACK of every response it produced.
+round times `on_resources` for every stream, then the ACK of every response it produced.
 
 Two implementations run interleaved in one process, so their ratio is not skewed by the load
 of the (shared, noisy) machine: `control_plane.ads.protocol` (current: per-snapshot index, views
@@ -15,6 +15,7 @@ stream on every push and ACK). `python -m bench.protocol_core [--streams N] [--r
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gc
 import time
 from types import ModuleType
@@ -34,6 +35,7 @@ from control_plane.translate.resources import (
     PopResources,
 )
 from harness import protocol_baseline
+from harness.intent_changes import set_weights
 
 IMPLEMENTATIONS: dict[str, ModuleType] = {
     "baseline": protocol_baseline,
@@ -52,7 +54,7 @@ def generations(desired_name: str, pop: str = "ewr") -> tuple[PopResources, PopR
     moved = dict(weights)
     moved[names[0]] -= 10
     moved[names[-1]] += 10
-    intent.update_weights(pop, group.name, moved)
+    asyncio.run(set_weights(intent, pop, group.name, moved))
     second = cache.resources(pop, Capabilities())
     assert second is not first
     return first, second
@@ -113,7 +115,7 @@ def one_round(
     """(push seconds, ACK seconds, responses, resources sent) over all streams."""
     clock = time.perf_counter
     start = clock()
-    steps = [stream.on_snapshot(snapshot) for stream in streams]
+    steps = [stream.on_resources(snapshot) for stream in streams]
     push = clock() - start
     acks = [[ack_for(mode, r, subs) for r in step.responses] for step in steps]  # not timed
     start = clock()

@@ -19,10 +19,10 @@ from harness.demo_origin import DemoOrigin
 from harness.envoy_process import EnvoyProcess, free_port
 from harness.traffic import steady_traffic, stop_tasks
 
-FAST_FAILOVER = """\
+_FAST_FAILOVER = """\
 pops:
-  ewr: {{listen_address: 127.0.0.1, port_offset: 0}}
-  sjc: {{listen_address: 127.0.0.1, port_offset: {sjc_offset}}}
+  ewr: {{listen_address: {listen_address}, port_offset: 0}}
+  sjc: {{listen_address: {listen_address}, port_offset: {sjc_offset}}}
 failover:
   interval: 1s
   window: 3s
@@ -31,8 +31,8 @@ failover:
 origin_groups:
   shop:
     origins:
-      primary: {{address: 127.0.0.1, port: {primary}}}
-      secondary: {{address: 127.0.0.1, port: {secondary}}}
+      primary: {{address: {origin_address}, port: {primary}}}
+      secondary: {{address: {origin_address}, port: {secondary}}}
     preference:
       ewr: [primary, secondary]
       sjc: [primary, secondary]
@@ -53,18 +53,25 @@ listeners:
 """
 
 
+def fast_desired(
+    *, listener: int, primary: int, secondary: int, sjc_offset: int = 1,
+    listen_address: str = "127.0.0.1", origin_address: str = "127.0.0.1",
+) -> str:
+    """The end-to-end tests' desired state: PoPs ewr and sjc (sjc's listeners `sjc_offset`
+    ports up: 0 where each PoP has its own host), group `shop` of origins primary and
+    secondary (at `origin_address`), failover ticking every second over 3 s windows."""
+    return _FAST_FAILOVER.format(
+        listener=listener, primary=primary, secondary=secondary, sjc_offset=sjc_offset,
+        listen_address=listen_address, origin_address=origin_address)
+
+
 def write_fast_desired(
     path: Path, origins: dict[str, DemoOrigin], listener: int, sjc_listener: int
 ) -> Path:
-    """Two PoPs, origins primary/secondary, failover ticking every second over 3 s windows."""
-    path.write_text(
-        FAST_FAILOVER.format(
-            sjc_offset=sjc_listener - listener,
-            primary=origins["primary"].port,
-            secondary=origins["secondary"].port,
-            listener=listener,
-        )
-    )
+    """`fast_desired` on loopback, for `origins`, written to `path`."""
+    path.write_text(fast_desired(listener=listener, primary=origins["primary"].port,
+                                 secondary=origins["secondary"].port,
+                                 sjc_offset=sjc_listener - listener))
     return path
 
 
@@ -110,6 +117,50 @@ def envoy_locality_weights(envoy: EnvoyProcess, cluster: str = "shop.critical") 
                 for locality in assignment.get("endpoints", [])
             }
     return {}
+
+
+@dataclass
+class Edge:
+    """One PoP's edge: Ballast, its origins and one Envoy of ewr listening on `listener`."""
+
+    service: BallastService
+    envoy: EnvoyProcess
+    origins: dict[str, DemoOrigin]
+    listener: int
+
+
+@contextlib.asynccontextmanager
+async def ewr_edge(tmp_path: Path, edit: Callable[[str], str] = str) -> AsyncIterator[Edge]:
+    """Ballast serving the fast desired state (`write_fast_desired`, its text passed through
+    `edit`) with origins primary/secondary and one real Envoy of ewr (node `ewr-1`). The
+    reconcile loop ticks once at start-up and then not for an hour, with no probes and no admin
+    API: for tests that set the running intent themselves (`harness/intent_changes.py`) and
+    look at what the Envoy does with it."""
+    origins = {
+        "primary": await DemoOrigin("primary", free_port()).start(),
+        "secondary": await DemoOrigin("secondary", free_port()).start(),
+    }
+    listener, sjc_listener = sorted((free_port(), free_port()))
+    desired = write_fast_desired(tmp_path / "desired.yaml", origins, listener, sjc_listener)
+    desired.write_text(edit(desired.read_text()))
+    xds_port, admin = free_port(), free_port()
+    service = BallastService(ServiceConfig(
+        desired_path=desired, state_dir=tmp_path / "state", xds_address=f"127.0.0.1:{xds_port}",
+        admin_address=None, probes=False, reconcile_interval_ms=3_600_000,
+    ))
+    envoy = EnvoyProcess(ads_bootstrap(node_id="ewr-1", pop="ewr", xds_port=xds_port,
+                                       admin_port=admin), admin)
+    try:
+        await service.start()
+        envoy.start()
+        await asyncio.to_thread(envoy.wait_ready, 20)
+        yield Edge(service, envoy, origins, listener)
+    finally:
+        envoy.stop()
+        if service.ready:
+            await service.stop(0.5)
+        for origin in origins.values():
+            await origin.stop()
 
 
 TRAFFIC_PATHS = ("/api/checkout/cart", "/", "/img/a.png")

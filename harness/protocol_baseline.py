@@ -1,18 +1,19 @@
 """BASELINE for benchmarks only: `control_plane/ads/protocol.py` as it was before the
 per-snapshot index (`control_plane/ads/index.py`), kept verbatim except that the response and
-event types are imported from the current module (so `bench.fanout_server --protocol baseline`
+event types are imported from the current module and named as there (`StreamOutput`,
+`on_resources`) (so `bench.fanout_server --protocol baseline`
 can run it inside the real server). It copies, sorts and hashes every resource of a type per
 stream on every push and every ACK. Compared against the current core in
 `bench/protocol_core.py` and `bench.run --compare-protocol`; not used by the service.
 
 The original module docstring follows.
 
-The sans-I/O core of one ADS stream: requests and snapshots in, responses and events out.
+The sans-I/O core of one ADS stream: requests and new resources in, responses and events out.
 
 Nothing here touches gRPC, sockets or clocks. A stream object is fed each DiscoveryRequest (or
-DeltaDiscoveryRequest) with the node's current `PopResources`, and each new snapshot; it returns
-a `Step`: the responses to write, in order, and the ACK/NACK events seen. Rules (xDS protocol,
-and the Envoy 1.40 traps in docs/architecture.md, "xDS behaviour of Envoy 1.40"):
+DeltaDiscoveryRequest) with the node's current `PopResources`, and each newer `PopResources`; it
+returns a `StreamOutput`: the responses to write, in order, and the ACK/NACK events seen. Rules
+(xDS protocol, and the Envoy 1.40 traps in docs/architecture.md, "xDS behaviour of Envoy 1.40"):
 
 - nonces are per stream; in SotW a request whose nonce is not the type's latest is stale and
   ignored; a request with `error_detail` is a NACK of the response with that nonce;
@@ -37,7 +38,7 @@ from control_plane.ads.protocol import (
     Nack,
     ProtocolError,
     SotwResponse,
-    Step,
+    StreamOutput,
 )
 from control_plane.translate.resources import (
     CLUSTER_TYPE,
@@ -110,14 +111,14 @@ class SotwStream:
     def subscribed(self, type_url: str) -> bool:
         return type_url in self._types
 
-    def on_request(self, request: DiscoveryRequest, snapshot: PopResources) -> Step:
+    def on_request(self, request: DiscoveryRequest, resources: PopResources) -> StreamOutput:
         _check_type(request.type_url)
         type_url = request.type_url
-        step = Step()
+        out = StreamOutput()
         state = self._types.get(type_url)
         nonce = request.response_nonce
         if state is not None and nonce and nonce != state.nonce:
-            return step  # stale: answers a response that has since been superseded
+            return out  # stale: answers a response that has since been superseded
         first = state is None
         if state is None:
             state = self._types[type_url] = _SotwType()
@@ -130,52 +131,54 @@ class SotwStream:
         if nonce and nonce == state.nonce and state.sent_version is not None:
             version = state.sent_version
             if request.HasField("error_detail"):
-                step.events.append(Nack(type_url, version, nonce, request.error_detail.message))
+                out.events.append(Nack(type_url, version, nonce, request.error_detail.message))
             else:
-                step.events.append(Ack(type_url, version, nonce))
-        wanted = state.sub.wanted(dict(snapshot.of_type(type_url)))
+                out.events.append(Ack(type_url, version, nonce))
+        wanted = state.sub.wanted(dict(resources.of_type(type_url)))
         must_answer = first and (state.sub.wildcard or bool(wanted))
-        changed = self._send_if_needed(step, type_url, wanted, force=must_answer)
+        changed = self._send_if_needed(out, type_url, wanted, force=must_answer)
         if type_url == CLUSTER_TYPE:
-            self._resend_endpoints(step, changed, snapshot)
-        return step
+            self._resend_endpoints(out, changed, resources)
+        return out
 
-    def on_snapshot(self, snapshot: PopResources) -> Step:
-        step = Step()
+    def on_resources(self, resources: PopResources) -> StreamOutput:
+        out = StreamOutput()
         removals: list[tuple[str, dict[str, Resource]]] = []
         for type_url in PUSH_ORDER:
             state = self._types.get(type_url)
             if state is None:
                 continue
-            wanted = state.sub.wanted(dict(snapshot.of_type(type_url)))
+            wanted = state.sub.wanted(dict(resources.of_type(type_url)))
             gone = set(state.sent) - set(wanted)
             if type_url in WILDCARD_TYPES and gone:
                 # make before break: keep what goes away until everything else moved over
                 keep = {name: state.sent[name] for name in gone}
-                changed = self._send_if_needed(step, type_url, {**keep, **wanted})
+                changed = self._send_if_needed(out, type_url, {**keep, **wanted})
                 removals.append((type_url, wanted))
             elif type_url == ENDPOINT_TYPE and any(
-                r.type_url == CLUSTER_TYPE for r in step.responses
+                r.type_url == CLUSTER_TYPE for r in out.responses
             ):
                 continue  # already sent by _resend_endpoints right after the clusters
             else:
-                changed = self._send_if_needed(step, type_url, wanted)
+                changed = self._send_if_needed(out, type_url, wanted)
             if type_url == CLUSTER_TYPE:
-                self._resend_endpoints(step, changed, snapshot)
+                self._resend_endpoints(out, changed, resources)
         for type_url, wanted in reversed(removals):
-            self._send_if_needed(step, type_url, wanted)
-        return step
+            self._send_if_needed(out, type_url, wanted)
+        return out
 
-    def _resend_endpoints(self, step: Step, clusters: set[str], snapshot: PopResources) -> None:
+    def _resend_endpoints(
+        self, out: StreamOutput, clusters: set[str], resources: PopResources
+    ) -> None:
         """Clusters changed: send EDS now, even unchanged (Envoy warms them until it arrives)."""
         state = self._types.get(ENDPOINT_TYPE)
         if state is None:
             return
-        wanted = state.sub.wanted(dict(snapshot.of_type(ENDPOINT_TYPE)))
-        self._send_if_needed(step, ENDPOINT_TYPE, wanted, force=bool(clusters & set(wanted)))
+        wanted = state.sub.wanted(dict(resources.of_type(ENDPOINT_TYPE)))
+        self._send_if_needed(out, ENDPOINT_TYPE, wanted, force=bool(clusters & set(wanted)))
 
     def _send_if_needed(
-        self, step: Step, type_url: str, wanted: dict[str, Resource], *, force: bool = False
+        self, out: StreamOutput, type_url: str, wanted: dict[str, Resource], *, force: bool = False
     ) -> set[str]:
         """Send `wanted` unless the node was sent exactly that; the names that changed."""
         state = self._types[type_url]
@@ -191,7 +194,7 @@ class SotwStream:
             for name, r in wanted.items()
             if name not in state.sent or state.sent[name].version != r.version
         }
-        step.responses.append(SotwResponse(type_url, version, nonce, tuple(wanted.values())))
+        out.responses.append(SotwResponse(type_url, version, nonce, tuple(wanted.values())))
         state.nonce = nonce
         state.sent = wanted
         state.sent_version = version
@@ -221,10 +224,10 @@ class DeltaStream:
     def subscribed(self, type_url: str) -> bool:
         return type_url in self._types
 
-    def on_request(self, request: DeltaDiscoveryRequest, snapshot: PopResources) -> Step:
+    def on_request(self, request: DeltaDiscoveryRequest, resources: PopResources) -> StreamOutput:
         _check_type(request.type_url)
         type_url = request.type_url
-        step = Step()
+        out = StreamOutput()
         nonce = request.response_nonce
         answered = self._pending.pop(nonce, None) if nonce else None
         if answered is not None and answered.type_url != type_url:
@@ -237,11 +240,11 @@ class DeltaStream:
         state = self._types.setdefault(type_url, _DeltaType())
         if answered is not None:
             if request.HasField("error_detail"):
-                step.events.append(
+                out.events.append(
                     Nack(type_url, answered.version, nonce, request.error_detail.message)
                 )
             else:
-                step.events.append(Ack(type_url, answered.version, nonce))
+                out.events.append(Ack(type_url, answered.version, nonce))
         subscribe = set(request.resource_names_subscribe)
         unsubscribe = set(request.resource_names_unsubscribe)
         if first:
@@ -257,35 +260,35 @@ class DeltaStream:
         state.sub.names -= unsubscribe
         for name in unsubscribe:
             state.has.pop(name, None)
-        self._push_type(step, type_url, snapshot, force=first and state.sub.wildcard)
+        self._push_type(out, type_url, resources, force=first and state.sub.wildcard)
         if type_url == CLUSTER_TYPE and ENDPOINT_TYPE in self._types:
-            self._push_type(step, ENDPOINT_TYPE, snapshot, removals=False)
-        return step
+            self._push_type(out, ENDPOINT_TYPE, resources, removals=False)
+        return out
 
-    def on_snapshot(self, snapshot: PopResources) -> Step:
-        step = Step()
+    def on_resources(self, resources: PopResources) -> StreamOutput:
+        out = StreamOutput()
         for type_url in PUSH_ORDER:
             if type_url in self._types:
-                self._push_type(step, type_url, snapshot, removals=False)
+                self._push_type(out, type_url, resources, removals=False)
         for type_url in reversed(PUSH_ORDER):
             if type_url in self._types:
-                self._push_type(step, type_url, snapshot, updates=False)
-        return step
+                self._push_type(out, type_url, resources, updates=False)
+        return out
 
     def _push_type(
         self,
-        step: Step,
+        out: StreamOutput,
         type_url: str,
-        snapshot: PopResources,
+        resources: PopResources,
         *,
         updates: bool = True,
         removals: bool = True,
         force: bool = False,
     ) -> None:
         state = self._types[type_url]
-        available = dict(snapshot.of_type(type_url))
+        available = dict(resources.of_type(type_url))
         wanted = state.sub.wanted(available)
-        resend = self._warming_names(step) if type_url == ENDPOINT_TYPE else set()
+        resend = self._warming_names(out) if type_url == ENDPOINT_TYPE else set()
         send: tuple[Resource, ...] = ()
         if updates:
             send = tuple(
@@ -307,14 +310,14 @@ class DeltaStream:
         nonce = str(self._counter)
         response = DeltaResponse(type_url, items_version(state.has), nonce, send, removed)
         self._pending[nonce] = response
-        step.responses.append(response)
+        out.responses.append(response)
 
     @staticmethod
-    def _warming_names(step: Step) -> set[str]:
-        """Clusters sent earlier in this step: their endpoints go again (Envoy warming)."""
+    def _warming_names(out: StreamOutput) -> set[str]:
+        """Clusters sent earlier in this output: their endpoints go again (Envoy warming)."""
         return {
             item.name
-            for response in step.responses
+            for response in out.responses
             if response.type_url == CLUSTER_TYPE
             for item in response.resources
         }

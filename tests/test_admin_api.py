@@ -18,6 +18,7 @@ from control_plane.translate import render_json
 from control_plane.translate.resources import CLUSTER_TYPE, Capabilities
 from harness.ads_desired import desired
 from harness.eventually import eventually
+from harness.intent_changes import set_tier_actions, set_weights
 from tests.support.admin_stack import (
     AdminStack,
     Samples,
@@ -115,7 +116,7 @@ async def test_weights_and_resources_match_the_cache(
 ) -> None:
     cache = stack.ballast.cache
     intent = stack.ballast.intent
-    intent.update_weights("ewr", "shop", {"primary": 60, "secondary": 40})
+    await set_weights(intent, "ewr", "shop", {"primary": 60, "secondary": 40})
     weights = (await get(http, "/weights"))["weights"]
     assert weights == intent.all_weights()
     assert weights["ewr"]["shop"] == {"primary": 60, "secondary": 40}
@@ -225,7 +226,7 @@ async def test_metrics_move_with_pushes_acks_and_nacks(
             parsed, "ballast_origin_weight", pop="ewr", group="shop", origin="primary"
         ) == 95
 
-        stack.ballast.intent.update_weights("ewr", "shop", {"primary": 70, "secondary": 30})
+        await set_weights(stack.ballast.intent, "ewr", "shop", {"primary": 70, "secondary": 30})
         await good.wait_for(lambda c: len(c.responses(
             "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment")) >= 2)
         parsed = await scrape(http)
@@ -276,7 +277,7 @@ async def test_tier_actions_in_the_api_status_and_gauge(
     assert gauge(parsed, "ewr", "demote", "normal") == 0
     assert gauge(parsed, "ewr", "shed", "background") == 0
 
-    intent.set_tier_actions("ewr", "shop", TierActions())
+    await set_tier_actions(intent, "ewr", "shop", TierActions())
     every = await get(http, "/tier-actions")
     assert every == {"tier_actions": {"ewr": {"shop": SEED_000}, "sjc": {}}}
     assert (await get(http, "/status"))["tier_actions"] == every["tier_actions"]
@@ -292,7 +293,7 @@ async def test_tier_actions_in_the_api_status_and_gauge(
     assert gauge(parsed, "sjc", "shed", "background") == 0
 
     shed_only = TierActions(demote_tier=None, demote_to=None, demote_share=0, retry_after_s=30)
-    intent.set_tier_actions("ewr", "shop", shed_only)
+    await set_tier_actions(intent, "ewr", "shop", shed_only)
     shop = (await get(http, "/tier-actions?pop=ewr"))["tier_actions"]["ewr"]["shop"]
     assert shop["description"] == "background: shed (503, retry-after 30 s)"
     parsed = await scrape(http)
@@ -307,7 +308,7 @@ async def test_tier_actions_in_the_api_status_and_gauge(
     for path, (status, message) in bad.items():
         assert message in (await get(http, path, status))["error"], path
 
-    intent.set_tier_actions("ewr", "shop", None)
+    await set_tier_actions(intent, "ewr", "shop", None)
     assert await get(http, "/tier-actions") == {"tier_actions": {"ewr": {}, "sjc": {}}}
     parsed = await scrape(http)
     assert gauge(parsed, "ewr", "shed", "background") == 0

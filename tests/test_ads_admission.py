@@ -16,6 +16,7 @@ from control_plane.translate.resources import ENDPOINT_TYPE as EDS
 from control_plane.translate.resources import Capabilities
 from harness.ads_desired import desired
 from harness.eventually import eventually
+from harness.intent_changes import set_weights
 from harness.xds_client import XdsClient, connect, local_channel, make_node
 
 
@@ -54,7 +55,7 @@ async def test_start_ups_wait_for_a_slot_while_synced_nodes_get_their_pushes() -
         # listed once admitted, not while it waits (145 listings of one id waited before)
         assert len(ballast.nodes) == 3 and not ballast.nodes.by_node("waiting")
 
-        ballast.intent.update_weights("ewr", "shop", {"primary": 60, "secondary": 40})
+        await set_weights(ballast.intent, "ewr", "shop", {"primary": 60, "secondary": 40})
         want = ballast.cache.resources("ewr", Capabilities()).of_type(EDS)["shop.critical"].payload
         await synced.wait_for(lambda c: c.state.resources[EDS]["shop.critical"][1] == want)
         assert not waiting.responses(), "a start-up got a slot it should not have"

@@ -133,7 +133,7 @@ def test_shared_body_is_built_once_for_many_streams(monkeypatch):
             wires.append(encoder.encode(response))
     assert serialized == 2  # CDS and EDS bodies, not 200
     assert len(wires) == 200
-    pushed = [encoder.encode(r) for s in streams for r in s.on_snapshot(second).responses]
+    pushed = [encoder.encode(r) for s in streams for r in s.on_resources(second).responses]
     assert len(pushed) == 100  # the new EDS, once per stream
     assert serialized == 3 and encoder.builds == 3
     messages = [DiscoveryResponse.FromString(w) for w in pushed]
@@ -152,7 +152,7 @@ def test_delta_shared_body_is_built_once_for_many_streams():
         for response in stream.on_request(eds, first).responses:
             encoder.encode(response)
     assert encoder.builds == 2
-    pushed = [r for s in streams for r in s.on_snapshot(second).responses]
+    pushed = [r for s in streams for r in s.on_resources(second).responses]
     for response in pushed:
         assert len(response.resources) == 3  # only the changed endpoints
         assert DeltaDiscoveryResponse.FromString(encoder.encode(response)) == encode_delta(

@@ -21,6 +21,7 @@ from harness.background_loop import BackgroundLoop
 from harness.demo_origin import DemoOrigin
 from harness.envoy_process import EnvoyProcess, free_port
 from harness.eventually import eventually_blocking
+from harness.intent_changes import set_desired, set_weights
 
 pytestmark = pytest.mark.envoy
 
@@ -174,7 +175,7 @@ def test_weight_change_applies_within_a_second_and_shifts_traffic(stack: Stack) 
             ({"primary": 0, "secondary": 100}, "secondary"),
             ({"primary": 100, "secondary": 0}, "primary"),
         ):
-            stack.bg.call(lambda w=weights: stack.ballast.intent.update_weights("ewr", "shop", w))
+            stack.bg.run(set_weights(stack.ballast.intent, "ewr", "shop", weights))
             expected = {name: w for name, w in weights.items() if w}
             eventually_blocking(
                 lambda e=expected: {
@@ -188,20 +189,14 @@ def test_weight_change_applies_within_a_second_and_shifts_traffic(stack: Stack) 
         sjc = applied_weights(stack.envoys["sjc"], "shop.critical")
         assert sjc == {"primary": 95, "secondary": 5}  # the other PoP did not move
     finally:
-        stack.bg.call(
-            lambda: stack.ballast.intent.update_weights(
-                "ewr", "shop", {"primary": 95, "secondary": 5}
-            )
-        )
+        stack.bg.run(set_weights(stack.ballast.intent, "ewr", "shop",
+                                 {"primary": 95, "secondary": 5}))
 
 
 def test_cds_change_does_not_leave_clusters_warming(stack: Stack) -> None:
     for concurrency in (200, 120):
-        stack.bg.call(
-            lambda c=concurrency: stack.ballast.intent.update_desired(
-                stack.build(max_origin_concurrency=c)
-            )
-        )
+        stack.bg.run(set_desired(stack.ballast.intent,
+                                 stack.build(max_origin_concurrency=concurrency)))
         version = stack.bg.call(
             lambda: stack.ballast.cache.resources("ewr", Capabilities()).type_version(
                 CLUSTER_TYPE
@@ -234,7 +229,7 @@ def test_rejected_config_one_nack_no_loop_other_pop_unaffected(stack: Stack) -> 
         # A barrier instead of a pause: a weight change goes down the same stream after the
         # NACK; once Envoy has applied it, a resend loop of the rejected CDS would have shown.
         moved = {"primary": 90, "secondary": 10}
-        stack.bg.call(lambda: stack.ballast.intent.update_weights("ewr", "shop", moved))
+        stack.bg.run(set_weights(stack.ballast.intent, "ewr", "shop", moved))
         eventually_blocking(lambda: applied_weights(stack.envoys["ewr"], "shop.critical") == moved,
                             5, "ewr applies the EDS change sent after the NACK")
         nacks = [f for kind, f in stack.records if kind == "nack"][before_nacks:]
@@ -249,6 +244,6 @@ def test_rejected_config_one_nack_no_loop_other_pop_unaffected(stack: Stack) -> 
         assert sjc["status"] == "SYNCED" and sjc["types"] == sjc_before["types"]
     finally:
         stack.bg.call(lambda: stack.ballast.cache.override_capabilities("ewr", None))
-        stack.bg.call(lambda: stack.ballast.intent.update_weights(
-            "ewr", "shop", {"primary": 95, "secondary": 5}))
+        stack.bg.run(set_weights(stack.ballast.intent, "ewr", "shop",
+                                 {"primary": 95, "secondary": 5}))
     eventually_blocking(lambda: stack.node("ewr")["status"] == "SYNCED", 2, "ewr back in sync")

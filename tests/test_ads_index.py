@@ -116,8 +116,8 @@ def test_many_streams_share_views_and_hash_each_set_once(monkeypatch: Any) -> No
             stream.on_request(delta_request(type_url, nonce=response.nonce), first)
     connected = len(calls)
     assert connected <= 8  # one version per (type, subscription), not per stream
-    sotw_steps = [stream.on_snapshot(second) for stream in sotw]
-    delta_steps = [stream.on_snapshot(second) for stream in delta]
+    sotw_steps = [stream.on_resources(second) for stream in sotw]
+    delta_steps = [stream.on_resources(second) for stream in delta]
     assert len(calls) - connected <= 8
     # every stream's response holds the very same tuple of resources
     cds = {id(step.responses[0].resources) for step in sotw_steps}
@@ -254,7 +254,7 @@ def replay(
     for op in ops:
         if op[0] == "snapshot":
             current = snaps[op[1]]
-            a, b = new.on_snapshot(current), old.on_snapshot(current)
+            a, b = new.on_resources(current), old.on_resources(current)
         elif not same_errors:
             request = request_for(op, current, nonces)
             a, b = new.on_request(request, current), old.on_request(request, current)

@@ -109,7 +109,7 @@ def test_sotw_ack_nack_and_stale_nonce() -> None:
     step = stream.on_request(sotw_request(CDS, nonce=first.nonce), s)
     assert step.events == [Ack(CDS, first.version, first.nonce)] and step.responses == []
     s2 = snap({"a": 2, "b": 1})
-    (second,) = stream.on_snapshot(s2).responses
+    (second,) = stream.on_resources(s2).responses
     assert second.nonce != first.nonce
     stale = stream.on_request(sotw_request(CDS, nonce=first.nonce, error="late"), s2)
     assert stale.events == [] and stale.responses == []  # ignored entirely
@@ -122,14 +122,14 @@ def test_sotw_nacked_version_is_not_resent_until_content_changes() -> None:
     s = snap()
     stream, _ = sotw_connected(s)
     bad = snap({"a": 2, "b": 1})
-    step = stream.on_snapshot(bad)
+    step = stream.on_resources(bad)
     cds = next(r for r in step.responses if r.type_url == CDS)
     stream.on_request(sotw_request(CDS, nonce=cds.nonce, error="no"), bad)
     for _ in range(5):  # same snapshot again and again: nothing goes out
-        assert stream.on_snapshot(bad).responses == []
+        assert stream.on_resources(bad).responses == []
         assert stream.on_request(sotw_request(CDS, nonce=cds.nonce), bad).responses == []
     fixed = snap({"a": 3, "b": 1})
-    assert [r.type_url for r in stream.on_snapshot(fixed).responses] == [CDS, EDS]
+    assert [r.type_url for r in stream.on_resources(fixed).responses] == [CDS, EDS]
 
 
 def test_sotw_unknown_names_are_remembered_and_sent_when_they_appear() -> None:
@@ -138,7 +138,7 @@ def test_sotw_unknown_names_are_remembered_and_sent_when_they_appear() -> None:
     step = stream.on_request(sotw_request(EDS, ("a", "b", "c"), nonces[EDS]), s)
     assert step.responses == []  # "c" does not exist yet, nothing else changed
     grown = snap({"a": 1, "b": 1, "c": 1})
-    responses = stream.on_snapshot(grown).responses
+    responses = stream.on_resources(grown).responses
     assert [r.type_url for r in responses] == [CDS, EDS]
     assert names(responses[1]) == ["a", "b", "c"]
 
@@ -146,7 +146,7 @@ def test_sotw_unknown_names_are_remembered_and_sent_when_they_appear() -> None:
 def test_sotw_weight_change_pushes_only_eds() -> None:
     s = snap()
     stream, _ = sotw_connected(s)
-    (eds,) = stream.on_snapshot(snap(weights={"a": 30})).responses
+    (eds,) = stream.on_resources(snap(weights={"a": 30})).responses
     assert eds.type_url == EDS and sorted(names(eds)) == ["a", "b"]
 
 
@@ -155,7 +155,7 @@ def test_sotw_cds_change_resends_unchanged_eds_warming() -> None:
     stream, nonces = sotw_connected(s)
     changed = snap({"a": 5, "b": 1})  # cluster a changes, its endpoints do not
     assert changed.type_version(EDS) == s.type_version(EDS)
-    cds, eds = stream.on_snapshot(changed).responses
+    cds, eds = stream.on_resources(changed).responses
     assert (cds.type_url, eds.type_url) == (CDS, EDS) and "a" in names(eds)
     # Envoy's re-request with the old EDS nonce is stale: no second EDS
     assert stream.on_request(sotw_request(EDS, ("a", "b"), nonces[EDS]), changed).responses == []
@@ -166,7 +166,7 @@ def test_sotw_make_before_break_order() -> None:
     stream, _ = sotw_connected(s)
     # b goes away, c arrives, listener edge2 added
     new = snap({"a": 1, "c": 1}, listeners=("edge", "edge2"))
-    responses = stream.on_snapshot(new).responses
+    responses = stream.on_resources(new).responses
     assert [r.type_url for r in responses] == [CDS, EDS, LDS, CDS]
     assert sorted(names(responses[0])) == ["a", "b", "c"]  # b kept while routes move
     assert sorted(names(responses[-1])) == ["a", "c"]  # removed last
@@ -195,7 +195,7 @@ def test_sotw_empty_wildcard_is_answered_named_empty_is_not() -> None:
 def test_delta_weight_change_sends_only_that_cla() -> None:
     s = snap()
     stream = delta_connected(s)
-    (eds,) = stream.on_snapshot(snap(weights={"b": 40})).responses
+    (eds,) = stream.on_resources(snap(weights={"b": 40})).responses
     assert isinstance(eds, DeltaResponse)
     assert eds.type_url == EDS and names(eds) == ["b"] and eds.removed == ()
 
@@ -216,7 +216,7 @@ def test_delta_removals_come_last_in_reverse_order() -> None:
     for type_url, subscribed in ((CDS, ()), (EDS, ("a", "b")), (LDS, ()), (RDS, ("edge", "old"))):
         stream.on_request(delta_request(type_url, subscribed), s)
     new = snap({"a": 1, "c": 1}, listeners=("edge",))
-    responses = stream.on_snapshot(new).responses
+    responses = stream.on_resources(new).responses
     order = [(r.type_url, names(r), list(r.removed)) for r in responses]
     assert order == [
         (CDS, ["c"], []),
@@ -231,14 +231,14 @@ def test_delta_ack_nack_and_no_resend_loop() -> None:
     s = snap()
     stream = delta_connected(s)
     bad = snap({"a": 9, "b": 1})
-    cds, eds = stream.on_snapshot(bad).responses
+    cds, eds = stream.on_resources(bad).responses
     assert names(cds) == ["a"] and names(eds) == ["a"]  # warming: a's CLA again
     nack = stream.on_request(delta_request(CDS, nonce=cds.nonce, error="nope"), bad)
     assert nack.events == [Nack(CDS, cds.version, cds.nonce, "nope")] and nack.responses == []
     ack = stream.on_request(delta_request(EDS, nonce=eds.nonce), bad)
     assert ack.events == [Ack(EDS, eds.version, eds.nonce)]
-    assert stream.on_snapshot(bad).responses == []
-    assert [names(r) for r in stream.on_snapshot(snap({"a": 10, "b": 1})).responses] == [
+    assert stream.on_resources(bad).responses == []
+    assert [names(r) for r in stream.on_resources(snap({"a": 10, "b": 1})).responses] == [
         ["a"],
         ["a"],
     ]
@@ -249,7 +249,7 @@ def test_delta_subscribe_later_and_unsubscribe() -> None:
     stream = delta_connected(s)
     assert stream.on_request(delta_request(EDS, ("z",)), s).responses == []  # remembered
     grown = snap({"a": 1, "b": 1, "z": 1})
-    responses = stream.on_snapshot(grown).responses
+    responses = stream.on_resources(grown).responses
     assert [(r.type_url, names(r)) for r in responses] == [(CDS, ["z"]), (EDS, ["z"])]
     assert stream.on_request(delta_request(EDS, unsubscribe=("z",)), grown).responses == []
     (again,) = stream.on_request(delta_request(EDS, ("z",)), grown).responses
@@ -272,9 +272,9 @@ def test_sotw_nacked_version_goes_again_after_another_version() -> None:
     s = snap()
     stream, _ = sotw_connected(s)
     bad, good = snap({"a": 2, "b": 1}), snap({"a": 3, "b": 1})
-    cds = stream.on_snapshot(bad).responses[0]
+    cds = stream.on_resources(bad).responses[0]
     stream.on_request(sotw_request(CDS, nonce=cds.nonce, error="no"), bad)
-    cds2 = stream.on_snapshot(good).responses[0]
+    cds2 = stream.on_resources(good).responses[0]
     stream.on_request(sotw_request(CDS, nonce=cds2.nonce), good)
-    again = stream.on_snapshot(bad).responses[0]  # the content changed back: send it
+    again = stream.on_resources(bad).responses[0]  # the content changed back: send it
     assert again.type_url == CDS and again.version == cds.version

@@ -30,6 +30,7 @@ from control_plane.translate.resources import (
 )
 from harness.ads_desired import desired
 from harness.eventually import eventually
+from harness.intent_changes import set_weights
 from harness.xds_client import XdsClient, local_channel, make_node
 
 SHOP = ["shop.background", "shop.critical", "shop.normal"]
@@ -129,7 +130,7 @@ async def test_weight_burst_pushes_once_to_that_pop_only_changed_clusters(server
         started = time.monotonic()
         for primary in (90, 80, 70, 60, 50):  # a burst within the debounce window
             weights = {"primary": primary, "secondary": 100 - primary}
-            ballast.intent.update_weights("ewr", "shop", weights)
+            await set_weights(ballast.intent, "ewr", "shop", weights)
         assert ballast.intent.weights("ewr", "shop") == {"primary": 50, "secondary": 50}
         ewr = [c for pop, c, _, _ in nodes if pop == "ewr"]
         wanted = ballast.cache.resources("ewr", Capabilities()).of_type(EDS)

@@ -19,6 +19,7 @@ from control_plane.intent.running import RunningIntent
 from control_plane.translate import PopIntent, UnknownPop, WeightsError, translate_pop
 from control_plane.translate.resources import ENDPOINT_TYPE, Capabilities, PopResources
 from harness.ads_desired import desired
+from harness.intent_changes import set_desired, set_weights
 from harness.models import fleet_desired
 from tests.support.fake_clock import FakeClock
 
@@ -78,20 +79,20 @@ def test_a_failing_build_leaves_the_source_and_every_entry() -> None:
     assert cache.resources("ewr", FIFO) is ewr and cache.source is served
 
 
-def test_weights_rebuild_only_that_pop() -> None:
+async def test_weights_rebuild_only_that_pop() -> None:
     intent, cache = make()
     seen: list[frozenset[str]] = []
     cache.add_listener(seen.append)
     sjc = cache.resources("sjc", FIFO)
     ewr = cache.resources("ewr", FIFO)
     assert intent.weights("ewr", "shop") == {"primary": 95, "secondary": 5}
-    assert intent.update_weights("ewr", "shop", {"primary": 50, "secondary": 50})
+    assert await set_weights(intent, "ewr", "shop", {"primary": 50, "secondary": 50})
     assert seen == [frozenset({"ewr"})]
     assert cache.resources("sjc", FIFO) is sjc
     assert cache.resources("ewr", FIFO).type_version(ENDPOINT_TYPE) != ewr.type_version(
         ENDPOINT_TYPE
     )
-    assert not intent.update_weights("ewr", "shop", {"primary": 50, "secondary": 50})
+    assert not await set_weights(intent, "ewr", "shop", {"primary": 50, "secondary": 50})
     assert seen == [frozenset({"ewr"})]  # same weights: nothing announced
     assert intent.all_weights()["sjc"]["shop"] == {"primary": 95, "secondary": 5}
 
@@ -104,32 +105,33 @@ def test_weights_rebuild_only_that_pop() -> None:
         ("ewr", "shop", {"primary": 60, "secondary": 60}, WeightsError, "sum to 120"),
     ],
 )
-def test_bad_weights_leave_state_intact(
+async def test_bad_weights_leave_state_intact(
     pop: str, group: str, weights: dict[str, int], error: type[Exception], message: str
 ) -> None:
     intent, cache = make()
     before = cache.resources("ewr", FIFO)
     with pytest.raises(error, match=message):
-        intent.update_weights(pop, group, weights)
+        await set_weights(intent, pop, group, weights)
     assert cache.resources("ewr", FIFO) is before
     assert intent.weights("ewr", "shop") == {"primary": 95, "secondary": 5}
 
 
-def test_update_desired_announces_only_changed_pops_and_keeps_weights() -> None:
+async def test_a_new_desired_state_announces_only_changed_pops_and_keeps_weights() -> None:
     intent, cache = make()
     seen: list[frozenset[str]] = []
     cache.add_listener(seen.append)
     cache.resources("ewr", FIFO)
     cache.resources("sjc", FIFO)
-    intent.update_weights("sjc", "shop", {"primary": 30, "secondary": 70})
+    await set_weights(intent, "sjc", "shop", {"primary": 30, "secondary": 70})
     seen.clear()
     # only sjc's listener port moves
-    changed = intent.update_desired(
+    changed = await set_desired(
+        intent,
         desired(listener_port=10000, primary_port=8081, secondary_port=8082, sjc_offset=5)
     )
     assert changed == frozenset({"sjc"}) and seen == [changed]
     assert intent.weights("sjc", "shop") == {"primary": 30, "secondary": 70}
-    assert intent.update_desired(intent.desired) == frozenset()
+    assert await set_desired(intent, intent.desired) == frozenset()
 
 
 async def test_hub_coalesces_bursts_with_a_max_delay() -> None:
@@ -166,7 +168,7 @@ async def test_hub_accepts_changes_from_another_thread() -> None:
     assert woke.is_set() and hub.flushes == 1
 
 
-def test_a_desired_state_prepared_off_the_cache_keeps_changes_made_meanwhile() -> None:
+async def test_a_desired_state_prepared_off_the_cache_keeps_changes_made_meanwhile() -> None:
     desired = fleet_desired(pops=3, groups=4)
     intent, cache = intent_and_cache(desired)
     caps = Capabilities()
@@ -177,7 +179,7 @@ def test_a_desired_state_prepared_off_the_cache_keeps_changes_made_meanwhile() -
     before = intent.intent
     prepare = cache.prepare(carry_over(before, new).intent)  # the work could run on a thread
     moved = {"o0": 30, "o1": 70}
-    assert intent.update_weights("p001", "g002", moved)  # the loop keeps pushing meanwhile
+    assert await set_weights(intent, "p001", "g002", moved)  # the loop keeps pushing meanwhile
     lifo = cache.resources("p002", Capabilities(adaptive_lifo=True))  # a new node meanwhile
     prepared = prepare()
     assert intent.desired is desired and intent.weights("p001", "g002") == moved  # untouched
@@ -195,11 +197,11 @@ def test_a_desired_state_prepared_off_the_cache_keeps_changes_made_meanwhile() -
     assert after == translate_pop(new, "p002", Capabilities(adaptive_lifo=True))
 
 
-def test_entries_translated_ahead_are_kept_only_while_they_hold() -> None:
+async def test_entries_translated_ahead_are_kept_only_while_they_hold() -> None:
     intent, cache = intent_and_cache(fleet_desired(pops=3, groups=2))
     caps = Capabilities()
     warm = cache.prepare_entries(caps)
-    intent.update_weights("p001", "g000", {"o0": 40, "o1": 60})  # p001 changed meanwhile
+    await set_weights(intent, "p001", "g000", {"o0": 40, "o1": 60})  # p001 changed meanwhile
     assert cache.commit_entries(warm()) == 2
     assert cache.cached("p000", caps) is not None and cache.cached("p001", caps) is None
     assert cache.resources("p001", caps).of_type(ENDPOINT_TYPE)

@@ -9,7 +9,6 @@ state are saved through the intent owner as the loop's tick would save them.
 
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -26,14 +25,13 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import (
 )
 from envoy.extensions.http.stateful_session.cookie.v3.cookie_pb2 import CookieBasedSessionState
 
-from control_plane.app.service import BallastService, ServiceConfig
+from control_plane.app.service import BallastService
 from control_plane.decide.controller import ControllerState
 from control_plane.desired import DesiredStateError, parse_desired
 from control_plane.desired.model import Affinity
-from control_plane.intent.steps import PairStep
+from control_plane.intent.pair_changes import PairChange
 from control_plane.translate import translate_pop
 from control_plane.translate.affinity import STATEFUL_SESSION_FILTER
-from control_plane.translate.bootstrap import ads_bootstrap
 from control_plane.translate.pop import PopIntent
 from control_plane.translate.resources import (
     CLUSTER_TYPE,
@@ -42,11 +40,10 @@ from control_plane.translate.resources import (
     ROUTE_TYPE,
     Capabilities,
 )
-from harness.demo_origin import DemoOrigin
-from harness.envoy_process import EnvoyProcess, free_port
+from harness.envoy_process import EnvoyProcess
 from harness.eventually import eventually
-from harness.fleet import FAST_FAILOVER, envoy_locality_weights, write_fast_desired
-from tests.support.ticks import apply_steps
+from harness.fleet import envoy_locality_weights, ewr_edge, fast_desired
+from harness.intent_changes import apply_pair_changes
 
 COOKIE = "ballast-shop"
 AFFINITY_YAML = f"    affinity: {{cookie: {COOKIE}}}\n"
@@ -54,7 +51,7 @@ USERS = 200
 
 
 def _desired_text(affinity: str = AFFINITY_YAML) -> str:
-    text = FAST_FAILOVER.format(sjc_offset=1, primary=8081, secondary=8082, listener=10000)
+    text = fast_desired(primary=8081, secondary=8082, listener=10000)
     return text.replace("    health_check:", affinity + "    health_check:")
 
 
@@ -106,32 +103,11 @@ def test_translation_turns_sessions_on_and_marks_only_healthy_origins() -> None:
 
 @pytest_asyncio.fixture
 async def edge(tmp_path: Path) -> AsyncIterator[tuple[BallastService, EnvoyProcess, int]]:
-    origins = {
-        "primary": await DemoOrigin("primary", free_port()).start(),
-        "secondary": await DemoOrigin("secondary", free_port()).start(),
-    }
-    listener, sjc_listener = sorted((free_port(), free_port()))
-    desired = write_fast_desired(tmp_path / "desired.yaml", origins, listener, sjc_listener)
-    desired.write_text(desired.read_text().replace("    health_check:",
-                                                   AFFINITY_YAML + "    health_check:"))
-    xds_port, admin = free_port(), free_port()
-    service = BallastService(ServiceConfig(
-        desired_path=desired, state_dir=tmp_path / "state", xds_address=f"127.0.0.1:{xds_port}",
-        admin_address=None, probes=False, reconcile_interval_ms=3_600_000,
-    ))
-    envoy = EnvoyProcess(ads_bootstrap(node_id="ewr-1", pop="ewr", xds_port=xds_port,
-                                       admin_port=admin), admin)
-    try:
-        await service.start()
-        envoy.start()
-        await asyncio.to_thread(envoy.wait_ready, 20)
-        yield service, envoy, listener
-    finally:
-        envoy.stop()
-        if service.ready:
-            await service.stop(0.5)
-        for origin in origins.values():
-            await origin.stop()
+    def with_affinity(text: str) -> str:
+        return text.replace("    health_check:", AFFINITY_YAML + "    health_check:")
+
+    async with ewr_edge(tmp_path, with_affinity) as edge:
+        yield edge.service, edge.envoy, edge.listener
 
 
 async def visit(port: int, cookies: list[str | None]) -> list[tuple[str, str | None]]:
@@ -154,7 +130,7 @@ async def visit(port: int, cookies: list[str | None]) -> list[tuple[str, str | N
 async def set_pair(service: BallastService, weights: dict[str, int],
                    controller: ControllerState) -> None:
     owner = service.server.intent
-    await apply_steps(owner, [PairStep(("ewr", "shop"), weights, controller)])
+    await apply_pair_changes(owner, [PairChange(("ewr", "shop"), weights, controller)])
 
 
 @pytest.mark.envoy

@@ -32,6 +32,7 @@ from control_plane.observe.source import Signals, TierSignals
 from control_plane.translate import render_json
 from control_plane.translate.resources import Capabilities, PopResources
 from harness.envoy_process import free_port
+from harness.intent_changes import set_desired
 from harness.models import example_desired, fleet_desired, shop_group
 from tests.support.example_service import example_service
 
@@ -279,7 +280,7 @@ async def test_a_reload_during_the_metrics_read_skips_the_tick(
 
     class ReloadingSource(ScriptedSource):
         async def window(self, now_ms: int, window_ms: int) -> Signals:
-            reconciler.intent.update_desired(replaced)  # as if a reload landed meanwhile
+            await set_desired(reconciler.intent, replaced)  # as if a reload landed meanwhile
             return await super().window(now_ms, window_ms)
 
     reconciler.source = ReloadingSource()

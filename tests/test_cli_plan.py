@@ -13,6 +13,7 @@ from control_plane.desired import load_desired
 from harness.ads_desired import write_desired
 from harness.background_loop import BackgroundLoop
 from harness.envoy_process import free_port
+from harness.intent_changes import set_weights
 from tests.support.admin_stack import AdminStack, serving
 
 Running = tuple[BackgroundLoop, AdminStack]
@@ -46,11 +47,11 @@ def test_same_file_has_no_changes_even_after_weights_moved(
     assert out.rstrip().endswith(f"No changes: {same} matches {stack.url} in 2 PoP(s).")
     intent = stack.ballast.intent
     try:
-        bg.call(lambda: intent.update_weights("ewr", "shop", {"primary": 50, "secondary": 50}))
+        bg.run(set_weights(intent, "ewr", "shop", {"primary": 50, "secondary": 50}))
         code, out, _ = plan(capsys, str(same), "--server", stack.url)
         assert code == 0, out  # planned with the running weights, so they are no change
     finally:
-        bg.call(lambda: intent.update_weights("ewr", "shop", {"primary": 95, "secondary": 5}))
+        bg.run(set_weights(intent, "ewr", "shop", {"primary": 95, "secondary": 5}))
 
 
 def test_changed_breaker_shows_field_old_and_new(

@@ -27,6 +27,7 @@ from harness.ads_desired import desired
 from harness.background_loop import BackgroundLoop
 from harness.envoy_process import EnvoyProcess, free_port
 from harness.eventually import eventually_blocking
+from harness.intent_changes import set_tier_actions
 from harness.xds_client import XdsClient
 from tests.support.admin_stack import (
     AdminStack,
@@ -168,7 +169,7 @@ def test_pops_with_active_tier_actions(
 ) -> None:
     intent = fleet.stack.ballast.intent
     shed_only = TierActions(demote_tier=None, demote_to=None, demote_share=0)
-    fleet.bg.call(lambda: intent.set_tier_actions("sjc", "shop", TierActions()))
+    fleet.bg.run(set_tier_actions(intent, "sjc", "shop", TierActions()))
     try:
         assert main(["status", "--server", fleet.stack.url]) == 0
         out = capsys.readouterr().out
@@ -183,7 +184,7 @@ def test_pops_with_active_tier_actions(
         assert main(["status", "ewr-1", "--server", fleet.stack.url]) == 0
         assert "  tier actions:  none active\n" in capsys.readouterr().out
 
-        fleet.bg.call(lambda: intent.set_tier_actions("ewr", "shop", shed_only))
+        fleet.bg.run(set_tier_actions(intent, "ewr", "shop", shed_only))
         assert main(["status", "--server", fleet.stack.url]) == 0
         assert capsys.readouterr().out.splitlines()[-3:] == [
             "tier actions active:",
@@ -192,8 +193,8 @@ def test_pops_with_active_tier_actions(
             "retry-after 60 s)",
         ]
     finally:
-        fleet.bg.call(lambda: intent.set_tier_actions("sjc", "shop", None))
-        fleet.bg.call(lambda: intent.set_tier_actions("ewr", "shop", None))
+        fleet.bg.run(set_tier_actions(intent, "sjc", "shop", None))
+        fleet.bg.run(set_tier_actions(intent, "ewr", "shop", None))
         eventually_blocking(lambda: fleet.node("sjc-sim")["status"] == "SYNCED", 5,
                             "sim node synced")
     assert main(["status", "--server", fleet.stack.url]) == 0

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from harness.envoy_process import free_port
-from harness.fleet import FAST_FAILOVER
+from harness.fleet import fast_desired
 
 pytestmark = pytest.mark.envoy
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,7 +39,7 @@ def _wait_for_line(proc: subprocess.Popen[str], text: str, timeout: float) -> st
 def test_demo_serves_both_pops_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
     listener, sjc_listener = sorted((free_port(), free_port()))
     desired = tmp_path / "desired.yaml"
-    desired.write_text(FAST_FAILOVER.format(
+    desired.write_text(fast_desired(
         sjc_offset=sjc_listener - listener, primary=free_port(), secondary=free_port(),
         listener=listener,
     ))

@@ -43,6 +43,7 @@ from typing import Any
 
 import pytest
 
+from harness.fleet import fast_desired
 from tests.support.host_shims import alive, stop_pid
 from tests.support.netns import Host, HostNetwork
 from tests.support.replicas import until
@@ -70,7 +71,7 @@ SITE = {
     "REPLICAS": " ".join(ADDRESSES[h] for h in CONTROL),
     "PROMETHEUS": ADDRESSES["prometheus"],
     "EDGE_EWR": ADDRESSES["edge-ewr"], "EDGE_SJC": ADDRESSES["edge-sjc"],
-    "SCRAPE_INTERVAL": "1s",  # the desired state below decides over 3 s windows
+    "SCRAPE_INTERVAL": "1s",  # the desired state (DESIRED) decides over 3 s windows
 }
 # nearest first: ewr prefers ballast-a, sjc ballast-b
 XDS_ORDER = {"edge-ewr": ("ballast-a", "ballast-b", "ballast-c"),
@@ -78,33 +79,8 @@ XDS_ORDER = {"edge-ewr": ("ballast-a", "ballast-b", "ballast-c"),
 LEASE_S = 5  # the unit's --leader-ttl
 ETCD_ELECTION_S = 2  # etcd's default election timeout (1 s) and its campaign
 LISTENER = 10000
-DESIRED = f"""\
-pops:
-  ewr: {{listen_address: 0.0.0.0}}
-  sjc: {{listen_address: 0.0.0.0}}
-failover:
-  interval: 1s
-  window: 3s
-  stale_after: 10s
-origin_groups:
-  shop:
-    origins:
-      primary: {{address: {ADDRESSES["origins"]}, port: 8081}}
-      secondary: {{address: {ADDRESSES["origins"]}, port: 8082}}
-    preference:
-      ewr: [primary, secondary]
-      sjc: [primary, secondary]
-    health_check: {{interval: 1s, connect_timeout: 500ms, read_timeout: 1s}}
-classification:
-  default_tier: critical
-  rules:
-    - {{name: checkout, path_prefix: /api/checkout, tier: critical}}
-listeners:
-  - name: edge
-    port: {LISTENER}
-    virtual_hosts:
-      - {{name: shop, domains: ["*"], origin_group: shop}}
-"""
+DESIRED = fast_desired(listener=LISTENER, primary=8081, secondary=8082, sjc_offset=0,
+                       listen_address="0.0.0.0", origin_address=ADDRESSES["origins"])
 SHIMS = ("systemctl", "scp", "useradd", "apt-get", "chown", "install")
 
 

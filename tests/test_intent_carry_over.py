@@ -23,18 +23,18 @@ from control_plane.desired import parse_desired
 from control_plane.desired.model import Desired, Origin, TierActions
 from control_plane.intent.carry_over import carry_over
 from control_plane.intent.change import StaleChange
+from control_plane.intent.pair_changes import PairChange
 from control_plane.intent.running import RunningIntent
 from control_plane.intent.shown import intent_from_json, intent_json
 from control_plane.intent.sqlite_store import StateStore
-from control_plane.intent.steps import PairStep
 from control_plane.intent.store import IntentBatch
 from control_plane.translate import render_json
 from control_plane.translate.diff import diff_renderings, format_changes
 from control_plane.translate.resources import Capabilities
 from harness.envoy_process import free_port
+from harness.intent_changes import apply_pair_changes
 from harness.models import example_desired, shop_group
 from tests.support.example_service import example_service
-from tests.support.ticks import apply_steps
 
 EWR, SJC = ("ewr", "shop"), ("sjc", "shop")
 STREAK = ControllerState(unhealthy_windows={"primary": 1}, healthy_windows={"secondary": 3})
@@ -146,11 +146,9 @@ async def test_config_applied_diff_equals_what_is_served_tier_actions_included(
         intent, cache, fifo = service.server.intent, service.server.cache, Capabilities()
         # as after ticks that shifted weights and switched the tier actions on in ewr
         moved = {"primary": 70, "secondary": 30}
-        await apply_steps(intent, [PairStep(EWR, moved, STREAK, ACTIVE)])
-        intent.update_weights("ewr", "shop", moved)
         on = actions_in_force(intent.desired.group("shop"), ACTIVE)
         assert on is not None and on.demote_share == 50
-        intent.set_tier_actions("ewr", "shop", on)
+        await apply_pair_changes(intent, [PairChange(EWR, moved, STREAK, ACTIVE, tier_actions=on)])
         before = {pop: render_json(cache.resources(pop, fifo)) for pop in ("ewr", "sjc")}
         # the policy's demote share changes: the active actions are pushed with the new one
         edited = text.replace("demote_share: 50%", "demote_share: 30%")
@@ -180,10 +178,8 @@ async def test_plan_against_the_server_predicts_exactly_what_the_reload_records(
     async with example_service(tmp_path, admin_address=f"127.0.0.1:{admin}") as (service, text):
         intent = service.server.intent
         moved = {"primary": 70, "secondary": 30}
-        await apply_steps(intent, [PairStep(EWR, moved, STREAK, ACTIVE)])
-        intent.update_weights("ewr", "shop", moved)
         on = actions_in_force(intent.desired.group("shop"), ACTIVE)
-        intent.set_tier_actions("ewr", "shop", on)
+        await apply_pair_changes(intent, [PairChange(EWR, moved, STREAK, ACTIVE, tier_actions=on)])
         edited = text.replace("demote_share: 50%", "demote_share: 30%")
         new = parse_desired(edited.encode(), str(service.config.desired_path))
         client = AdminClient(f"http://127.0.0.1:{admin}")
@@ -206,7 +202,7 @@ async def test_plan_against_the_server_during_a_ramp_predicts_exactly_what_the_r
     async with example_service(tmp_path, admin_address=f"127.0.0.1:{admin}",
                                reconcile_interval_ms=3_600_000) as (service, text):
         intent, cache = service.server.intent, service.server.cache
-        await apply_steps(intent, [PairStep(EWR, {"primary": 70, "secondary": 30}, STREAK,
+        await apply_pair_changes(intent, [PairChange(EWR, {"primary": 70, "secondary": 30}, STREAK,
                                             ramp=RAMP)])
         assert intent.intent.mirror(*EWR) is not None  # the ramp's mirror is on
         caps = Capabilities()
@@ -258,8 +254,8 @@ async def test_a_step_arriving_while_a_reload_saves_waits_and_is_dropped_as_stal
 
         async def write_while_a_step_arrives(batch: IntentBatch) -> None:
             if batch.desired_digest is not None and not steps:  # the reload's save
-                steps.append(asyncio.create_task(apply_steps(
-                    intent, [PairStep(EWR, moved, STREAK)])))
+                steps.append(asyncio.create_task(apply_pair_changes(
+                    intent, [PairChange(EWR, moved, STREAK)])))
                 await asyncio.sleep(0.05)  # the step prepares, and waits for the lock
                 assert not steps[0].done()
             await write(batch)
@@ -271,7 +267,7 @@ async def test_a_step_arriving_while_a_reload_saves_waits_and_is_dropped_as_stal
             await steps[0]
         assert intent.desired.group("shop").tier_actions.demote_share == 30
         assert intent.weights("ewr", "shop") != moved
-        await apply_steps(intent, [PairStep(EWR, moved, STREAK)])  # planned for what runs
+        await apply_pair_changes(intent, [PairChange(EWR, moved, STREAK)])  # planned for what runs
         assert intent.weights("ewr", "shop") == moved
         assert store.load().groups[EWR].weights == moved
         served = service.server.cache.resources("ewr", Capabilities())  # what Envoys get

@@ -1,15 +1,16 @@
 """The change transaction with a fault injected at each stage — the store write fails, the
-decision log cannot be written (a full disk), the swap fails — for a reconcile tick and a hot
-reload: afterwards what is served and what is stored agree (a restart would serve exactly what
-Envoys have now), and the records say what happened.
+decision log cannot be written (a full disk), the swap fails — for a reconcile tick, a hot
+reload and a replica adopting its leader's intent: afterwards what is served and what is stored
+agree (a restart would serve exactly what Envoys have now), and the records say what happened.
 
-Real output cache, real SQLite store, real decision log; the faults are injected where the disk
-or the translation would fail.
+Real output cache, real SQLite store (real etcd for the replicas), real decision log; the faults
+are injected where the disk or the translation would fail.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import threading
 from pathlib import Path
@@ -18,7 +19,9 @@ from typing import Any
 import pytest
 
 from control_plane.ads.snapshots import SnapshotCache
+from control_plane.app.leadership import LeaderElection
 from control_plane.app.reconcile import Reconciler
+from control_plane.app.replication import Replication
 from control_plane.app.server import intent_and_cache, translate_intent
 from control_plane.decide.controller import ControllerState
 from control_plane.decide.signals import OriginSignals
@@ -26,16 +29,21 @@ from control_plane.decisions.log import DecisionLog
 from control_plane.decisions.read import iter_records
 from control_plane.decisions.recorder import DecisionRecorder
 from control_plane.desired.model import Desired
+from control_plane.intent.etcd_store import EtcdStore, Leadership
 from control_plane.intent.owner import IntentOwner
+from control_plane.intent.pair_changes import PairChange
+from control_plane.intent.replicated_store import ReplicatedStore
 from control_plane.intent.running import RunningIntent
 from control_plane.intent.sqlite_store import StateStore
-from control_plane.intent.steps import PairStep
+from control_plane.intent.store import IntentBatch, StoredIntent
 from control_plane.observe.source import Signals
 from control_plane.translate import render_json
 from control_plane.translate.resources import Capabilities
+from harness.eventually import eventually
+from harness.intent_changes import apply_pair_changes
 from harness.models import example_desired
+from tests.support.etcd import EtcdServer, etcd_binary
 from tests.support.example_service import example_service
-from tests.support.ticks import apply_steps
 
 T0 = 1_800_000_000_000
 FAULTS = ["save", "record", "swap"]
@@ -63,20 +71,21 @@ def broken_swap(*args: Any, **kwargs: Any) -> Any:
 
 
 def assert_served_is_stored(cache: SnapshotCache[RunningIntent], owner: IntentOwner,
-                            store: StateStore, desired: Desired) -> None:
+                            store: StateStore | StoredIntent, desired: Desired) -> None:
     """What a restart would restore from the store, translated, is what is served now, and the
     owner's intent is what is served."""
+    stored = store.load() if isinstance(store, StateStore) else store
     restored = IntentOwner(desired)
-    restored.restore(store.load(), where="test")
-    assert store.load().desired_digest in (None, desired.digest)
+    restored.restore(stored, where="test")
+    assert stored.desired_digest in (None, desired.digest)
     for pop in desired.pop_names:
         served = render_json(cache.resources(pop, CAPS))
         assert served == render_json(translate_intent(owner.intent, pop, CAPS)), pop
         assert served == render_json(translate_intent(restored.intent, pop, CAPS)), pop
 
 
-def inject(fault: str, monkeypatch: pytest.MonkeyPatch, store: StateStore, log: DecisionLog,
-           cache: SnapshotCache[RunningIntent]) -> None:
+def inject(fault: str, monkeypatch: pytest.MonkeyPatch, store: StateStore | ReplicatedStore,
+           log: DecisionLog, cache: SnapshotCache[RunningIntent]) -> None:
     target, name, fails = {"save": (store, "write", full_disk),
                            "record": (log, "write_drafts", full_disk),
                            "swap": (cache, "commit", broken_swap)}[fault]
@@ -191,9 +200,84 @@ async def test_a_step_during_a_reloads_translation_is_not_held_up_nor_lost(
         reload = asyncio.create_task(service.reload.apply(edited.encode()))
         assert await asyncio.to_thread(building.wait, 30)
         moved = {"primary": 70, "secondary": 30}
-        assert await apply_steps(owner, [PairStep(("ewr", "shop"), moved, ControllerState())])
+        assert await apply_pair_changes(
+            owner, [PairChange(("ewr", "shop"), moved, ControllerState())])
         assert not reload.done() and owner.weights("ewr", "shop") == moved
         release.set()
         assert await reload
         assert owner.weights("ewr", "shop") == moved  # the step survived the reload's swap
         assert_served_is_stored(cache, owner, store, owner.desired)
+
+
+@pytest.mark.etcd
+@pytest.mark.skipif(etcd_binary() is None, reason="etcd not installed")
+@pytest.mark.parametrize("fault", FAULTS)
+async def test_an_adopt_with_a_fault_leaves_served_and_stored_agreeing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str
+) -> None:
+    """A follower adopts what its leader saved in etcd through the same transaction. It saves
+    and records nothing of it, so a store it cannot write or a full log does not hold it up; a
+    swap that fails keeps what it served (its intent and its output agree), and the mirror
+    tries again until what it serves is what etcd holds — with no further change in etcd."""
+    desired = example_desired()
+    etcd = EtcdServer().start()
+    host, port = etcd.endpoint.split(":")
+    leader_etcd = EtcdStore([(host, int(port))], timeout_s=1)
+    leader = LeaderElection(leader_etcd, "a", 2, info={"id": "a"}, on_change=_nothing,
+                            retry_s=0.2)
+    leading = asyncio.create_task(leader.run())
+    log = DecisionLog(tmp_path)
+    recorder = DecisionRecorder(log)
+    owner, cache = intent_and_cache(desired, recorder=recorder)
+    for pop in desired.pop_names:
+        cache.resources(pop, CAPS)
+    follower = Replication(
+        EtcdStore([(host, int(port))], timeout_s=1), "f", ttl_s=2, owner=lambda: owner,
+        recorder=recorder, reconciler=lambda: pytest.fail("a follower does not reconcile"),
+        info={"id": "f"})
+    owner.store = follower.store  # as the service wires a replica's owner
+    shared = ReplicatedStore(leader_etcd, leader.leading)
+    tried: list[str] = []
+    commit = cache.commit
+    try:
+        await eventually(lambda: leader.leading() is not None, 10, "a leads")
+        await follower.start()
+        with monkeypatch.context() as patched:
+            inject(fault, patched, follower.store, log, cache)
+            if fault == "swap":
+                def broken(*args: Any, **kwargs: Any) -> Any:
+                    tried.append("commit")
+                    return broken_swap()
+
+                patched.setattr(cache, "commit", broken)
+            moved = {"primary": 70, "secondary": 30}  # the leader's tick shifted ewr
+            await shared.write(IntentBatch(groups=(("ewr", "shop", moved, ControllerState()),),
+                                           desired_digest=desired.digest))
+            stored = await shared.read()
+            if fault == "swap":
+                await eventually(lambda: len(tried) >= 2, 10, "the adopt tried again")
+                assert owner.weights("ewr", "shop") != moved  # kept what it served: the
+                assert_served_is_stored(cache, owner, StoredIntent(), desired)  # home weights
+            else:
+                await eventually(lambda: owner.weights("ewr", "shop") == moved, 10,
+                                 "the follower adopts the leader's weights")
+                assert_served_is_stored(cache, owner, stored, desired)
+        if fault == "swap":  # publishing works again: the retry lands, nothing new in etcd
+            assert cache.commit == commit
+            await eventually(lambda: owner.weights("ewr", "shop") == moved, 10,
+                             "the follower catches up")
+            assert_served_is_stored(cache, owner, stored, desired)
+    finally:
+        await follower.stop()
+        await follower.etcd.close()
+        leading.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await leading
+        await leader.resign()
+        await leader_etcd.close()
+        log.close()
+        etcd.cleanup()
+
+
+async def _nothing(lead: Leadership | None, why: str) -> None:
+    """The leader's election only: its tick is played by writing what it would save."""

@@ -1,4 +1,4 @@
-"""The etcd layout of the running intent: pure mapping both ways (batch -> keys -> snapshot)."""
+"""The etcd layout of the running intent: pure mapping both ways (batch -> keys -> stored)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from control_plane.decide.controller import ControllerState
 from control_plane.intent.etcd_store import IntentWrite
-from control_plane.intent.replicated_store import batch_to_write, snapshot_of
+from control_plane.intent.replicated_store import batch_to_write, stored_intent_of
 from control_plane.intent.store import RAMP_KIND, TIER_KIND, IntentBatch, StateCorrupted
 
 names = st.sampled_from(["ewr", "sjc", "fra"])
@@ -57,13 +57,13 @@ def test_a_sequence_of_batches_reads_back_as_the_last_word_on_each_key(seq: list
             else:
                 expected_records.setdefault(kind, {})[key] = value
         digest = batch.desired_digest if batch.desired_digest is not None else digest
-    snapshot = snapshot_of(values, where="etcd://test/")
-    assert {k: (g.weights, g.controller) for k, g in snapshot.groups.items()} == expected_groups
-    assert snapshot.tier_decisions == expected_records.get(TIER_KIND, {})
-    assert snapshot.ramps == expected_records.get(RAMP_KIND, {})
+    stored = stored_intent_of(values, where="etcd://test/")
+    assert {k: (g.weights, g.controller) for k, g in stored.groups.items()} == expected_groups
+    assert stored.tier_decisions == expected_records.get(TIER_KIND, {})
+    assert stored.ramps == expected_records.get(RAMP_KIND, {})
     others = {k: v for k, v in expected_records.items() if k not in (TIER_KIND, RAMP_KIND) and v}
-    assert {k: v for k, v in snapshot.records.items() if v} == others
-    assert snapshot.desired_digest == digest
+    assert {k: v for k, v in stored.records.items() if v} == others
+    assert stored.desired_digest == digest
 
 
 @pytest.mark.parametrize(("key", "value", "why"), [
@@ -78,6 +78,6 @@ def test_anything_that_does_not_parse_is_corrupted_state_naming_the_key(
     key: str, value: Any, why: str
 ) -> None:
     with pytest.raises(StateCorrupted) as err:
-        snapshot_of({key: value}, where="etcd://h:1/ballast/")
+        stored_intent_of({key: value}, where="etcd://h:1/ballast/")
     assert f"etcd://h:1/ballast/: intent/{key}:" in str(err.value)
     assert why in str(err.value)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from control_plane.decide.controller import ControllerState
-from control_plane.intent.sqlite_store import GroupState, Snapshot, StateCorrupted, StateStore
+from control_plane.intent.sqlite_store import GroupState, StateCorrupted, StateStore, StoredIntent
 from control_plane.intent.store import IntentBatch
 
 STATE = ControllerState({"a": 2, "b": 0}, {"a": 0, "b": 7})
@@ -21,7 +21,7 @@ STATE = ControllerState({"a": 2, "b": 0}, {"a": 0, "b": 7})
 
 def test_empty_store_loads_empty(tmp_path: Path) -> None:
     with StateStore(tmp_path / "state") as store:
-        assert store.load() == Snapshot()
+        assert store.load() == StoredIntent()
 
 
 def test_round_trip_survives_reopen(tmp_path: Path) -> None:
@@ -33,13 +33,13 @@ def test_round_trip_survives_reopen(tmp_path: Path) -> None:
         store.set_tier_decision("ewr/api/normal", "demote")
         store.clear_tier_decision("ewr/api/normal")
     with StateStore(tmp_path) as store:
-        snapshot = store.load()
-    assert snapshot.groups == {
+        stored = store.load()
+    assert stored.groups == {
         ("ewr", "api"): GroupState({"a": 75, "b": 25}, STATE),
         ("sjc", "api"): GroupState({"a": 95, "b": 5}, ControllerState()),
     }
-    assert snapshot.tier_decisions == {"ewr/api/background": {"action": "shed", "since_ms": 5}}
-    assert snapshot.desired_digest == "d1"
+    assert stored.tier_decisions == {"ewr/api/background": {"action": "shed", "since_ms": 5}}
+    assert stored.desired_digest == "d1"
 
 
 def test_wal_and_full_sync(tmp_path: Path) -> None:
@@ -57,9 +57,9 @@ def test_bad_weights_are_refused_and_state_kept(tmp_path: Path, weights: dict) -
         with pytest.raises(ValueError, match="summing to 100"):
             store.save_groups([("sjc", "api", {"a": 95, "b": 5}, STATE),
                                ("ewr", "api", weights, STATE)], desired_digest="new")
-        snapshot = store.load()
-    assert set(snapshot.groups) == {("ewr", "api")}
-    assert snapshot.desired_digest is None
+        stored = store.load()
+    assert set(stored.groups) == {("ewr", "api")}
+    assert stored.desired_digest is None
 
 
 def test_not_a_database(tmp_path: Path) -> None:
@@ -149,11 +149,11 @@ def test_kill_9_in_the_middle_of_a_write_loop(tmp_path: Path) -> None:
     child.wait()
     assert acknowledged >= 200
     with StateStore(tmp_path) as store:
-        snapshot = store.load()
-    count = int(snapshot.desired_digest or 0)
+        stored = store.load()
+    count = int(stored.desired_digest or 0)
     assert count >= acknowledged  # every acknowledged save is durable
     for key in (("ewr", "api"), ("sjc", "api")):  # and each save is all-or-nothing
-        group = snapshot.groups[key]
+        group = stored.groups[key]
         shift = count % 91
         assert group.weights == {"primary": 95 - shift, "secondary": 5 + shift}
         assert group.controller == ControllerState({"primary": count}, {"secondary": count})
@@ -165,9 +165,9 @@ def test_forget_group_and_digest(tmp_path: Path) -> None:
         store.save_group("ewr", "img", {"a": 95, "b": 5}, STATE)
         store.forget_group("ewr", "img")
         store.set_desired_digest("sha256:abc")
-        snapshot = store.load()
-    assert set(snapshot.groups) == {("ewr", "api")}
-    assert snapshot.desired_digest == "sha256:abc"
+        stored = store.load()
+    assert set(stored.groups) == {("ewr", "api")}
+    assert stored.desired_digest == "sha256:abc"
 
 
 async def test_intent_batches_are_atomic_and_keep_any_record_kind(tmp_path: Path) -> None:
@@ -188,8 +188,8 @@ async def test_intent_batches_are_atomic_and_keep_any_record_kind(tmp_path: Path
                                       records=(("mirror", "ewr/api", None),
                                                ("lend", "sjc/api", "on"))))
     with StateStore(tmp_path) as store:
-        snapshot = await store.read()
-    assert snapshot == Snapshot(
+        stored = await store.read()
+    assert stored == StoredIntent(
         groups={("ewr", "api"): GroupState({"a": 85, "b": 15}, STATE)},
         tier_decisions={"ewr/api": {"active": True}},
         desired_digest="d1",

@@ -21,17 +21,16 @@ import pytest
 import pytest_asyncio
 
 from control_plane.admin.capability_keys import capabilities_for_key
-from control_plane.app.service import BallastService, ServiceConfig
+from control_plane.app.service import BallastService
 from control_plane.decide.ramp import RampState
 from control_plane.desired.model import Mirror
-from control_plane.intent.steps import PairStep
-from control_plane.translate.bootstrap import ads_bootstrap
+from control_plane.intent.pair_changes import PairChange
 from control_plane.translate.resources import CLUSTER_TYPE, ROUTE_TYPE, Capabilities
 from harness.demo_origin import DemoOrigin
-from harness.envoy_process import EnvoyProcess, free_port
+from harness.envoy_process import EnvoyProcess
 from harness.eventually import eventually
-from harness.fleet import write_fast_desired
-from tests.support.ticks import apply_steps
+from harness.fleet import ewr_edge
+from harness.intent_changes import apply_pair_changes
 
 pytestmark = pytest.mark.envoy
 
@@ -43,32 +42,11 @@ MIRROR = "shop.mirror-secondary"  # the mirror cluster of the standby (translate
 @pytest_asyncio.fixture
 async def edge(tmp_path: Path) -> AsyncIterator[tuple[BallastService, EnvoyProcess,
                                                       dict[str, DemoOrigin], int]]:
-    origins = {
-        "primary": await DemoOrigin("primary", free_port()).start(),
-        "secondary": await DemoOrigin("secondary", free_port()).start(),
-    }
-    listener, sjc_listener = sorted((free_port(), free_port()))
-    desired = write_fast_desired(tmp_path / "desired.yaml", origins, listener, sjc_listener)
-    desired.write_text(desired.read_text().replace(
-        "  stale_after: 10s\n", "  stale_after: 10s\n  min_warm_pool: 0\n"))
-    xds_port, admin = free_port(), free_port()
-    service = BallastService(ServiceConfig(
-        desired_path=desired, state_dir=tmp_path / "state", xds_address=f"127.0.0.1:{xds_port}",
-        admin_address=None, probes=False, reconcile_interval_ms=3_600_000,
-    ))
-    envoy = EnvoyProcess(ads_bootstrap(node_id="ewr-1", pop="ewr", xds_port=xds_port,
-                                       admin_port=admin), admin)
-    try:
-        await service.start()
-        envoy.start()
-        await asyncio.to_thread(envoy.wait_ready, 20)
-        yield service, envoy, origins, listener
-    finally:
-        envoy.stop()
-        if service.ready:
-            await service.stop(0.5)
-        for origin in origins.values():
-            await origin.stop()
+    def all_on_the_primary(text: str) -> str:
+        return text.replace("  stale_after: 10s\n", "  stale_after: 10s\n  min_warm_pool: 0\n")
+
+    async with ewr_edge(tmp_path, all_on_the_primary) as edge:
+        yield edge.service, edge.envoy, edge.origins, edge.listener
 
 
 async def send(port: int, count: int, method: str = "GET") -> Counter[str]:
@@ -156,7 +134,8 @@ async def set_ramp(service: BallastService, ramp: RampState) -> None:
     """Save a ramp state for (ewr, shop), as the reconcile loop's tick does."""
     owner = service.server.intent
     key = ("ewr", "shop")
-    await apply_steps(owner, [PairStep(key, owner.weights(*key), owner.controller(key), ramp=ramp)])
+    await apply_pair_changes(
+        owner, [PairChange(key, owner.weights(*key), owner.controller(key), ramp=ramp)])
 
 
 def node_capabilities(service: BallastService) -> Capabilities:

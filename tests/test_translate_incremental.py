@@ -18,6 +18,7 @@ from control_plane.translate.resources import (
     Capabilities,
     PopResources,
 )
+from harness.intent_changes import set_weights
 from harness.models import fleet_desired
 
 FIFO, LIFO = Capabilities(), Capabilities(adaptive_lifo=True)
@@ -181,15 +182,15 @@ def test_incremental_translation_is_byte_identical_to_the_full_one(
         previous = incremental
 
 
-def test_the_snapshot_cache_translates_a_weight_change_incrementally() -> None:
+async def test_the_snapshot_cache_translates_a_weight_change_incrementally() -> None:
     intent, cache = intent_and_cache(fleet_desired(pops=3, groups=50))
     before = cache.resources("p002", FIFO)
-    assert intent.update_weights("p002", "g040", {"o0": 50, "o1": 50})
+    assert await set_weights(intent, "p002", "g040", {"o0": 50, "o1": 50})
     after = cache.resources("p002", FIFO)
     assert sorted(built_resources(after)) == [
         (ENDPOINT_TYPE, f"g040.{tier}") for tier in ("background", "critical", "normal")]
     assert after.of_type(CLUSTER_TYPE)["g040.critical"] is before.of_type(CLUSTER_TYPE)[
         "g040.critical"]
     unchanged = cache.resources("p001", FIFO)
-    assert not intent.update_weights("p001", "g040", intent.weights("p001", "g040"))
+    assert not await set_weights(intent, "p001", "g040", intent.weights("p001", "g040"))
     assert cache.resources("p001", FIFO) is unchanged  # nothing changed: the same snapshot

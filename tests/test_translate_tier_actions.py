@@ -17,6 +17,7 @@ from control_plane.translate.resources import (
     RUNTIME_TYPE,
     Capabilities,
 )
+from harness.intent_changes import set_tier_actions
 from harness.models import example_desired, shop_group
 
 
@@ -92,7 +93,7 @@ def test_unknown_tier_in_actions_is_refused() -> None:
         routes(actions={"shop": TierActions(shed_tier="bulk")})
 
 
-def test_intent_owner_sets_actions_for_one_pop_and_pushes_it() -> None:
+async def test_intent_owner_sets_actions_for_one_pop_and_pushes_it() -> None:
     intent, cache = intent_and_cache(example_desired())
     for pop in ("ewr", "sjc"):
         cache.resources(pop, Capabilities())
@@ -100,7 +101,7 @@ def test_intent_owner_sets_actions_for_one_pop_and_pushes_it() -> None:
     cache.add_listener(announced.append)
     sjc_before = cache.resources("sjc", Capabilities())
     translations = cache.translations
-    assert intent.set_tier_actions("ewr", "shop", TierActions()) is True
+    assert await set_tier_actions(intent, "ewr", "shop", TierActions()) is True
     assert announced == [frozenset({"ewr"})]
     assert cache.translations == translations + 1  # only ewr re-translated
     assert intent.tier_actions("ewr", "shop") == TierActions()
@@ -108,11 +109,11 @@ def test_intent_owner_sets_actions_for_one_pop_and_pushes_it() -> None:
     assert cache.resources("sjc", Capabilities()) is sjc_before
     ewr = cache.resources("ewr", Capabilities()).of_type(ROUTE_TYPE)["edge"].message
     assert ewr.virtual_hosts[0].routes[2].direct_response.status == 503
-    assert intent.set_tier_actions("ewr", "shop", TierActions()) is False  # same: no push
-    assert intent.set_tier_actions("ewr", "shop", None) is True
+    assert await set_tier_actions(intent, "ewr", "shop", TierActions()) is False  # same: no push
+    assert await set_tier_actions(intent, "ewr", "shop", None) is True
     assert announced == [frozenset({"ewr"})] * 2
     with pytest.raises(ValueError):
-        intent.set_tier_actions("ewr", "shop", TierActions(demote_to="bulk"))
+        await set_tier_actions(intent, "ewr", "shop", TierActions(demote_to="bulk"))
     assert intent.tier_actions("ewr", "shop") is None
 
 

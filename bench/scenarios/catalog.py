@@ -189,13 +189,15 @@ SMOKE_S = 24.0
 
 
 def _smoke_bleed(share: float, pops: tuple[str, ...] = ()) -> dict[str, Behaviour]:
-    """A bleed in seconds: 0 → 30 % 5xx (TTFB +300 ms) from 20 % to 60 % of the run, then the
-    primary fails hard (95 %) so that every variant acts."""
+    """A bleed in seconds: 0 → 30 % 5xx (TTFB +300 ms) from 20 % to 50 % of the run, then the
+    primary fails hard (95 %) so that every variant acts. The hard half lasts 12 s: the binary
+    baseline's outlier detection first ejected the primary 0.7 to 4.7 s into it (12 runs), so
+    with 9.6 s a loaded run could end before the baseline flipped."""
     if share < 0.2:
         return {"primary": HEALTHY, "secondary": HEALTHY}
-    x = min(1.0, (share - 0.2) / 0.4)
+    x = min(1.0, (share - 0.2) / 0.3)
     primary = Behaviour(p50_ms=30.0 + 300.0 * x, error_rate=0.3 * x, pops=pops)
-    if share >= 0.6:
+    if share >= 0.5:
         primary = Behaviour(p50_ms=330.0, error_rate=0.95, pops=pops)
     return {"primary": primary, "secondary": HEALTHY}
 

@@ -73,7 +73,7 @@ STATUSES = ("SYNCED", "STALE", "NACKED")
 DECISION_PARAMS = frozenset({"pop", "group", "kind", "since", "limit", "after"})
 RESOURCE_PARAMS = frozenset({"pop", "caps"})
 TIER_ACTION_PARAMS = frozenset({"pop", "group"})
-DECISIONS_BATCH = 500  # records read and written per step of a /decisions answer
+DECISIONS_BATCH = 500  # records read and written per batch of a /decisions answer
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

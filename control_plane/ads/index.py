@@ -46,7 +46,7 @@ class ResourceSet:
     """An immutable set of resources (name -> Resource, in response order), shared by streams.
 
     `wildcard`/`scope` say which subscription it is the view of (None for sets that are no
-    view, e.g. what a node holds after a make-before-break step); they decide which vanished
+    view, e.g. what a node holds after a make-before-break push); they decide which vanished
     names a delta stream announces as removed.
     """
 

@@ -1,9 +1,10 @@
-"""The sans-I/O core of one ADS stream: requests and snapshots in, responses and events out.
+"""The sans-I/O core of one ADS stream: requests and new resources in, responses and events out.
 
 Nothing here touches gRPC, sockets or clocks. A stream object is fed each DiscoveryRequest (or
-DeltaDiscoveryRequest) with the node's current `PopResources`, and each new snapshot; it returns
-a `Step`: the responses to write, in order, and the ACK/NACK events seen. Rules (xDS protocol,
-and the Envoy 1.40 traps in docs/architecture.md, "xDS behaviour of Envoy 1.40"):
+DeltaDiscoveryRequest) with the node's current `PopResources` (`on_request`), and each newer
+`PopResources` of its PoP (`on_resources`); it returns a `StreamOutput`: the responses to write,
+in order, and the ACK/NACK events seen. Rules (xDS protocol, and the Envoy 1.40 traps in
+docs/architecture.md, "xDS behaviour of Envoy 1.40"):
 
 - nonces are per stream; in SotW a request whose nonce is not the type's latest is stale and
   ignored; a request with `error_detail` is a NACK of the response with that nonce;
@@ -16,9 +17,10 @@ and the Envoy 1.40 traps in docs/architecture.md, "xDS behaviour of Envoy 1.40")
 - delta: `initial_resource_versions` are what the node already has; removals are announced.
 
 Cost: everything that is the same for every stream of a PoP — a type's resources per
-subscription, their versions, the diff between two snapshot generations — is computed once per
-snapshot in `index.py` and shared. Per stream, a push or an ACK that changes nothing compares
-object identities and version strings; a push that changes k resources touches those k.
+subscription, their versions, the diff between two generations of a PoP's resources — is
+computed once per generation in `index.py` and shared. Per stream, a push or an ACK that
+changes nothing compares object identities and version strings; a push that changes k resources
+touches those k.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from control_plane.translate.resources import (
 
 __all__ = [
     "WILDCARD", "Ack", "DeltaResponse", "DeltaStream", "Nack", "ProtocolError", "SotwResponse",
-    "SotwStream", "Step", "items_version", "short_name",
+    "SotwStream", "StreamOutput", "items_version", "short_name",
 ]
 
 WILDCARD = "*"
@@ -95,7 +97,9 @@ class Nack:
 
 
 @dataclass(slots=True)
-class Step:
+class StreamOutput:
+    """What a stream does with one request or one new generation of its PoP's resources."""
+
     responses: list[SotwResponse | DeltaResponse] = field(default_factory=list)
     events: list[Ack | Nack] = field(default_factory=list)
 
@@ -145,11 +149,11 @@ def _check_names(names: Iterable[str], count: int, what: str, limits: AdsLimits)
 _NO_NAMES: frozenset[str] = frozenset()
 
 
-def _wanted(snapshot: PopResources, type_url: str, state: _SotwType | _DeltaType) -> ResourceSet:
-    """What a type's subscription gets of `snapshot`: one shared object per (snapshot, type,
+def _wanted(resources: PopResources, type_url: str, state: _SotwType | _DeltaType) -> ResourceSet:
+    """What a type's subscription gets of `resources`: one shared object per (resources, type,
     subscription). The state then holds the view's own name set, so later lookups match by
     identity."""
-    view = index(snapshot, type_url).view(state.wildcard, state.names)
+    view = index(resources, type_url).view(state.wildcard, state.names)
     if not state.wildcard and view.scope is not None:
         state.names = view.scope
     return view
@@ -222,14 +226,14 @@ class SotwStream:
     def subscribed(self, type_url: str) -> bool:
         return type_url in self._types
 
-    def on_request(self, request: DiscoveryRequest, snapshot: PopResources) -> Step:
+    def on_request(self, request: DiscoveryRequest, resources: PopResources) -> StreamOutput:
         type_url = _check_type(request.type_url, self.limits)
         _check_nonce(request.response_nonce, self.limits)
-        step = Step()
+        out = StreamOutput()
         state = self._types.get(type_url)
         nonce = request.response_nonce
         if state is not None and nonce and nonce != state.nonce:
-            return step  # stale: answers a response that has since been superseded
+            return out  # stale: answers a response that has since been superseded
         first = state is None
         if state is None:
             state = self._types[type_url] = _SotwType()
@@ -244,55 +248,55 @@ class SotwStream:
         if nonce and nonce == state.nonce and state.sent_version is not None:
             version = state.sent_version
             if request.HasField("error_detail"):
-                step.events.append(Nack(type_url, version, nonce, request.error_detail.message))
+                out.events.append(Nack(type_url, version, nonce, request.error_detail.message))
             else:
-                step.events.append(Ack(type_url, version, nonce))
-        wanted = _wanted(snapshot, type_url, state)
+                out.events.append(Ack(type_url, version, nonce))
+        wanted = _wanted(resources, type_url, state)
         must_answer = first and (state.wildcard or bool(wanted.items))
-        changed = self._send_if_needed(step, type_url, wanted, force=must_answer)
+        changed = self._send_if_needed(out, type_url, wanted, force=must_answer)
         if type_url == CLUSTER_TYPE:
-            self._resend_endpoints(step, changed, snapshot)
-        return step
+            self._resend_endpoints(out, changed, resources)
+        return out
 
-    def on_snapshot(self, snapshot: PopResources) -> Step:
-        step = Step()
+    def on_resources(self, resources: PopResources) -> StreamOutput:
+        out = StreamOutput()
         removals: list[tuple[str, ResourceSet]] = []
         for type_url in PUSH_ORDER:
             state = self._types.get(type_url)
             if state is None:
                 continue
-            wanted = _wanted(snapshot, type_url, state)
+            wanted = _wanted(resources, type_url, state)
             sent = state.sent
             gone = sent is not wanted and bool(wanted.diff_from(sent).gone)
             if type_url in WILDCARD_TYPES and gone:
                 # make before break: keep what goes away until everything else moved over
-                changed = self._send_if_needed(step, type_url, wanted.diff_from(sent).kept)
+                changed = self._send_if_needed(out, type_url, wanted.diff_from(sent).kept)
                 removals.append((type_url, wanted))
             elif type_url == ENDPOINT_TYPE and any(
-                r.type_url == CLUSTER_TYPE for r in step.responses
+                r.type_url == CLUSTER_TYPE for r in out.responses
             ):
                 continue  # already sent by _resend_endpoints right after the clusters
             else:
-                changed = self._send_if_needed(step, type_url, wanted)
+                changed = self._send_if_needed(out, type_url, wanted)
             if type_url == CLUSTER_TYPE:
-                self._resend_endpoints(step, changed, snapshot)
+                self._resend_endpoints(out, changed, resources)
         for type_url, wanted in reversed(removals):
-            self._send_if_needed(step, type_url, wanted)
-        return step
+            self._send_if_needed(out, type_url, wanted)
+        return out
 
     def _resend_endpoints(
-        self, step: Step, clusters: frozenset[str], snapshot: PopResources
+        self, out: StreamOutput, clusters: frozenset[str], resources: PopResources
     ) -> None:
         """Clusters changed: send EDS now, even unchanged (Envoy warms them until it arrives)."""
         state = self._types.get(ENDPOINT_TYPE)
         if state is None:
             return
-        wanted = _wanted(snapshot, ENDPOINT_TYPE, state)
+        wanted = _wanted(resources, ENDPOINT_TYPE, state)
         force = bool(clusters) and any(name in wanted.items for name in clusters)
-        self._send_if_needed(step, ENDPOINT_TYPE, wanted, force=force)
+        self._send_if_needed(out, ENDPOINT_TYPE, wanted, force=force)
 
     def _send_if_needed(
-        self, step: Step, type_url: str, wanted: ResourceSet, *, force: bool = False
+        self, out: StreamOutput, type_url: str, wanted: ResourceSet, *, force: bool = False
     ) -> frozenset[str]:
         """Send `wanted` unless the node was sent exactly that; the names that changed."""
         state = self._types[type_url]
@@ -306,7 +310,7 @@ class SotwStream:
         changed = (
             frozenset() if wanted is state.sent else wanted.diff_from(state.sent).changed_names
         )
-        step.responses.append(SotwResponse(type_url, version, nonce, wanted.resources))
+        out.responses.append(SotwResponse(type_url, version, nonce, wanted.resources))
         state.nonce = nonce
         state.sent = wanted
         state.sent_version = version
@@ -344,7 +348,7 @@ class DeltaStream:
     def subscribed(self, type_url: str) -> bool:
         return type_url in self._types
 
-    def on_request(self, request: DeltaDiscoveryRequest, snapshot: PopResources) -> Step:
+    def on_request(self, request: DeltaDiscoveryRequest, resources: PopResources) -> StreamOutput:
         limits = self.limits
         type_url = _check_type(request.type_url, limits)
         _check_nonce(request.response_nonce, limits)
@@ -364,7 +368,7 @@ class DeltaStream:
                     f"{short_name(type_url)} subscription would hold {len(after):,} names; "
                     f"the limit is {limits.names_per_subscription:,}"
                 )
-        step = Step()
+        out = StreamOutput()
         nonce = request.response_nonce
         answered = self._pending.pop(nonce, None) if nonce else None
         if answered is not None and answered.type_url != type_url:
@@ -379,11 +383,11 @@ class DeltaStream:
             state = self._types[type_url] = _DeltaType()
         if answered is not None:
             if request.HasField("error_detail"):
-                step.events.append(
+                out.events.append(
                     Nack(type_url, answered.version, nonce, request.error_detail.message)
                 )
             else:
-                step.events.append(Ack(type_url, answered.version, nonce))
+                out.events.append(Ack(type_url, answered.version, nonce))
         subscribe = set(request.resource_names_subscribe)
         unsubscribe = set(request.resource_names_unsubscribe)
         wildcard = state.wildcard
@@ -402,34 +406,34 @@ class DeltaStream:
         for name in unsubscribe:
             if state.has.pop(name, None) is not None:
                 state.holds = None
-        self._push_type(step, type_url, snapshot, force=first and state.wildcard)
+        self._push_type(out, type_url, resources, force=first and state.wildcard)
         if type_url == CLUSTER_TYPE and ENDPOINT_TYPE in self._types:
-            self._push_type(step, ENDPOINT_TYPE, snapshot, removals=False)
-        return step
+            self._push_type(out, ENDPOINT_TYPE, resources, removals=False)
+        return out
 
-    def on_snapshot(self, snapshot: PopResources) -> Step:
-        step = Step()
+    def on_resources(self, resources: PopResources) -> StreamOutput:
+        out = StreamOutput()
         for type_url in PUSH_ORDER:
             if type_url in self._types:
-                self._push_type(step, type_url, snapshot, removals=False)
+                self._push_type(out, type_url, resources, removals=False)
         for type_url in reversed(PUSH_ORDER):
             if type_url in self._types:
-                self._push_type(step, type_url, snapshot, updates=False)
-        return step
+                self._push_type(out, type_url, resources, updates=False)
+        return out
 
     def _push_type(
         self,
-        step: Step,
+        out: StreamOutput,
         type_url: str,
-        snapshot: PopResources,
+        resources: PopResources,
         *,
         updates: bool = True,
         removals: bool = True,
         force: bool = False,
     ) -> None:
         state = self._types[type_url]
-        wanted = _wanted(snapshot, type_url, state)
-        resend = self._warming_names(step) if type_url == ENDPOINT_TYPE else set()
+        wanted = _wanted(resources, type_url, state)
+        resend = self._warming_names(out) if type_url == ENDPOINT_TYPE else set()
         holds = state.holds
         if holds is not None:
             # `has` is exactly `holds`: the shared diff says what to send and remove
@@ -450,7 +454,7 @@ class DeltaStream:
             after = diff.after(updates=updates, removals=removals) if diff else holds
         else:
             # `has` came from the node (initial versions) or lost names: compare name by name
-            send, removed = self._compare(state, wanted, type_url, snapshot, resend,
+            send, removed = self._compare(state, wanted, type_url, resources, resend,
                                           updates=updates, removals=removals)
             if not send and not removed and not force:
                 if updates and wanted.same_items(state.has):
@@ -471,14 +475,14 @@ class DeltaStream:
         self._pending[nonce] = response
         if len(self._pending) > MAX_UNANSWERED:  # a client that never answers: forget the oldest
             del self._pending[next(iter(self._pending))]
-        step.responses.append(response)
+        out.responses.append(response)
 
     @staticmethod
     def _compare(
         state: _DeltaType,
         wanted: ResourceSet,
         type_url: str,
-        snapshot: PopResources,
+        resources: PopResources,
         resend: set[str],
         *,
         updates: bool,
@@ -495,17 +499,17 @@ class DeltaStream:
             )
         removed: tuple[str, ...] = ()
         if removals:
-            available = index(snapshot, type_url).items
+            available = index(resources, type_url).items
             scope = set(has) if state.wildcard else state.names & set(has)
             removed = tuple(sorted(name for name in scope if name not in available))
         return send, removed
 
     @staticmethod
-    def _warming_names(step: Step) -> set[str]:
-        """Clusters sent earlier in this step: their endpoints go again (Envoy warming)."""
+    def _warming_names(out: StreamOutput) -> set[str]:
+        """Clusters sent earlier in this output: their endpoints go again (Envoy warming)."""
         return {
             item.name
-            for response in step.responses
+            for response in out.responses
             if response.type_url == CLUSTER_TYPE
             for item in response.resources
         }

@@ -62,7 +62,7 @@ from control_plane.ads.protocol import (
     DeltaStream,
     ProtocolError,
     SotwStream,
-    Step,
+    StreamOutput,
     short_name,
 )
 from control_plane.ads.snapshots import SnapshotCache
@@ -240,10 +240,10 @@ class _Stream:
     """One open stream, as the servicer serves it: what it answers (the protocol core and the
     node's registry entry), whose turn it is to write, and its initial-sync slot.
 
-    The stream's own task reads a request and handles it (computes the step, writes its
+    The stream's own task reads a request and handles it (computes the output, writes its
     responses) before it reads the next, so a stream whose writes are blocked (a client not
     reading) stops being read. A push runs in a short task of its own, started when the PoP
-    changes. The two take turns (FIFO) to compute and write steps, so responses go out in the
+    changes. The two take turns (FIFO) to compute and write outputs, so responses go out in the
     order their nonces were given. An ending from outside (shutdown, a newer stream of the
     same id, the PoP gone) interrupts the stream's task if it is waiting for a request.
     Nothing else lives per stream: a reader task, a queue, events, a lock and closures per
@@ -285,9 +285,9 @@ class _Stream:
         assert task is not None, "a stream is served by a task"
         self.task: asyncio.Task[Any] = task
         self._waiting: list[asyncio.Future[None]] | None = None  # tasks waiting for a turn
-        self.busy = False  # a task is computing or writing a step
+        self.busy = False  # a task is computing or writing a output
         self.reading = False  # the stream's task waits for the next request
-        self.push_due = False  # a push task was started and has not begun its step yet
+        self.push_due = False  # a push task was started and has not begun its output yet
         self.push: asyncio.Task[None] | None = None  # the latest push task
         self.ending: _Signal | None = None  # how the stream ends, once known
         self.admitted = False  # holds an initial-sync slot
@@ -322,7 +322,7 @@ class _Stream:
             "(the client does not read)"))
 
     async def turn(self) -> None:
-        """Wait until no other step is being computed or written (tasks take turns, FIFO)."""
+        """Wait until no other output is being computed or written (tasks take turns, FIFO)."""
         if not self.busy:
             self.busy = True
             return
@@ -340,7 +340,7 @@ class _Stream:
             raise
 
     def done(self) -> None:
-        """The step is written: the next waiting task (if any) takes its turn."""
+        """The output is written: the next waiting task (if any) takes its turn."""
         waiting = self._waiting
         while waiting:
             waiter = waiting.pop(0)
@@ -467,7 +467,7 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                                 f"no first request within {self.limits.first_request_s:g} s")
         if first is grpc.aio.EOF:
             return None
-        held = first.ByteSize()  # the first request, held until its step is done
+        held = first.ByteSize()  # the first request, held until its output is done
         refusal = self.ledger.hold(identity, held)
         if refusal is not None:
             self._over_budget(identity, refusal)
@@ -546,7 +546,7 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             await context.send_initial_metadata(())
             await state.turn()
             try:
-                ending = await self._step(state, first)
+                ending = await self._answer(state, first)
             finally:
                 state.done()
             del first
@@ -576,7 +576,7 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                 try:
                     await state.turn()
                     try:
-                        ending = await self._step(state, request)
+                        ending = await self._answer(state, request)
                     finally:
                         state.done()
                 finally:
@@ -586,7 +586,7 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                     state.end(ending)
             if state.ending is not None:
                 signal = state.ending
-                await state.turn()  # an ending waits for the step being written (a push)
+                await state.turn()  # an ending waits for the output being written (a push)
                 state.done()
         except _Interrupted:
             assert state.ending is not None
@@ -630,7 +630,7 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         try:
             state.push_due = False  # a change from now on needs another push
             if state.ending is None:
-                ending = await self._step(state, None)
+                ending = await self._answer(state, None)
                 if ending is not None:
                     state.end(ending)
         except _Interrupted:
@@ -640,7 +640,7 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         finally:
             state.done()
 
-    async def _step(self, state: _Stream, request: Any) -> _Signal | None:
+    async def _answer(self, state: _Stream, request: Any) -> _Signal | None:
         """Handle one request (or, with None, a push) and write the responses; how the stream
         must end, if it must."""
         entry = state.entry
@@ -653,17 +653,17 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             return None
         snapshot = self._snapshot(entry, state.advertised)
         if request is None:
-            step = state.core.on_snapshot(snapshot)
+            output = state.core.on_resources(snapshot)
         else:
             self._notify(self.callbacks.on_request, entry, request)
             try:
-                step = state.core.on_request(request, snapshot)
+                output = state.core.on_request(request, snapshot)
             except ProtocolError as err:
                 log.warning("node %r: bad request: %s", entry.node_id, err)
                 return _Signal(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-        await self._apply(state, step)
+        await self._apply(state, output)
         entry.snapshot = snapshot  # what the node has been answered from (all of it written)
-        if state.admitted and step.events and _initial_sync_done(entry):
+        if state.admitted and output.events and _initial_sync_done(entry):
             self.end_admission(state)
         return None
 
@@ -723,9 +723,9 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                              caps.capabilities.key, version, snapshot.notes)
         return snapshot
 
-    async def _apply(self, state: _Stream, step: Step) -> None:
+    async def _apply(self, state: _Stream, output: StreamOutput) -> None:
         entry = state.entry
-        for event in step.events:
+        for event in output.events:
             if isinstance(event, Ack):
                 entry.acked(event.type_url, event.version)
                 self._notify(self.callbacks.on_ack, entry, event)
@@ -737,7 +737,7 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                     log.warning("node %r NACKed %s version %s: %r", entry.node_id,
                                 short_name(nack.type_url), nack.version, nack.message)
                 self._notify(self.callbacks.on_nack, entry, nack)
-        for response in step.responses:
+        for response in output.responses:
             if state.ending is not None:
                 raise _Interrupted
             data = self.encoder.encode(response)

@@ -21,7 +21,7 @@ recorder keeps the records until it can.
 
 The event loop does only what costs what changed. On a worker thread: every pair's steps, the
 quiet-run bookkeeping and the records to write (`PairDecision`), what changes in the running
-intent (`intent/steps.changes_of`: in a steady fleet, nothing). Then the change transaction
+intent (`intent/pair_changes.changes_of`: in a steady fleet, nothing). Then the change transaction
 (`IntentOwner.change`, `intent/change.py`) publishes it: the output of the PoPs that changed
 (an incremental translation, on a worker thread), one store write of the changed pairs, the
 records (only decisions and the ends of quiet runs) with one fsync (on a thread, awaited), and
@@ -46,8 +46,8 @@ from control_plane.decisions.log import Draft, draft
 from control_plane.desired.model import Desired, OriginGroup
 from control_plane.intent.change import Change, StaleChange, SwapFailed
 from control_plane.intent.owner import IntentOwner
+from control_plane.intent.pair_changes import PairChange, TickChanges, changes_of
 from control_plane.intent.running import RunningIntent
-from control_plane.intent.steps import PairStep, TickChanges, changes_of
 from control_plane.observe.source import (
     MetricSource,
     Signals,
@@ -94,7 +94,7 @@ class PairDecision:
     """Everything a tick decided for one (PoP, group), made off the event loop."""
 
     outcome: TickOutcome
-    step: PairStep  # what the intent owner is given
+    pair: PairChange  # what the intent owner is given
     records: tuple[Draft, ...]  # what the decision log gets, in order
     run: QuietRun | None  # the pair's quiet run after this tick
 
@@ -221,7 +221,7 @@ class Reconciler:
         failed = [r for r in results if isinstance(r, PairFailure)]
         runs = {**self._runs, **{(d.outcome.pop, d.outcome.group): d.run for d in decided}}
         drafts = [made for decision in decided for made in decision.records]
-        return TickPlan(decided, failed, changes_of(running, [d.step for d in decided]), runs,
+        return TickPlan(decided, failed, changes_of(running, [d.pair for d in decided]), runs,
                         drafts, schedule)
 
     async def _prepared(self, change: Change, running: RunningIntent, plan: TickPlan
@@ -229,8 +229,7 @@ class Reconciler:
         """The tick's changes stated on `change` and their output built (on a worker thread).
         A PoP whose translation raises fails its pairs (phase push: nothing of them saved or
         pushed) and the others go on."""
-        change.steps(plan.changes, planned_for=running.desired,
-                     serving=running.serving)
+        change.tick(plan.changes, planned_for=running.desired, serving=running.serving)
         try:
             await change.prepare()
             return plan
@@ -239,8 +238,8 @@ class Reconciler:
         broken: dict[str, str] = {}
         for pop in sorted(plan.changes.pops):
             alone = [d for d in plan.decided if d.outcome.pop == pop]
-            change.steps(changes_of(running, [d.step for d in alone]),
-                         planned_for=running.desired, serving=running.serving)
+            change.tick(changes_of(running, [d.pair for d in alone]),
+                        planned_for=running.desired, serving=running.serving)
             try:
                 await change.prepare()
             except Exception as err:
@@ -251,8 +250,7 @@ class Reconciler:
                                   for d in plan.decided if d.outcome.pop in broken)]
         plan = await asyncio.to_thread(lambda: self._plan([*kept, *failed], running,
                                                           plan.schedule))
-        change.steps(plan.changes, planned_for=running.desired,
-                     serving=running.serving)
+        change.tick(plan.changes, planned_for=running.desired, serving=running.serving)
         return plan
 
     async def _tier_signals(self, now: int, window: int) -> TierSignals | None:
@@ -283,9 +281,9 @@ class Reconciler:
             if self.metrics is not None and key not in self._runs:  # first tick: gauges set
                 for origin, weight in running.weights_of(pop, group.name).items():
                     self.metrics.weight.labels(pop, group.name, origin).set(weight)
-            decided = PairStep(key, weights, outcome.result.state,
-                             None if outcome.tiers is None else outcome.tiers.state,
-                             None if outcome.ramp is None else outcome.ramp.state, actions)
+            decided = PairChange(key, weights, outcome.result.state,
+                                 None if outcome.tiers is None else outcome.tiers.state,
+                                 None if outcome.ramp is None else outcome.ramp.state, actions)
             records, run = self._records(outcome, desired, now)
             return PairDecision(outcome, decided, records, run)
         except Exception as err:

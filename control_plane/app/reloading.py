@@ -17,11 +17,13 @@ and SIGHUP share it).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import os
 import sqlite3
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 from control_plane.ads.snapshots import Prepared, SnapshotCache
@@ -59,6 +61,7 @@ class DesiredReload:
         leading: Callable[[], bool],
         followers: Callable[[Desired], None],
         rollouts: Callable[[], Rollouts],
+        heap: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
     ) -> None:
         self.path = path
         self.state_dir = state_dir
@@ -68,6 +71,7 @@ class DesiredReload:
         self._leading = leading  # whether this process saves what changes (replicas: leader)
         self._followers = followers  # told of each applied desired state (sources, probes)
         self._rollouts = rollouts  # the rollout driver each new version goes through
+        self._heap = heap  # around the apply: `heap.reload_heap` in `ballast serve`
         self._lock = asyncio.Lock()
         self.error: str | None = None  # an internal error of the last reload attempt
 
@@ -92,7 +96,8 @@ class DesiredReload:
         """
         async with self._lock:
             try:
-                applied = await self._apply(data, immediate, by)
+                with self._heap():
+                    applied = await self._apply(data, immediate, by)
             except Exception as err:  # anything unforeseen: rejected, running state kept
                 log.exception("applying %s failed", self.path)
                 self.failed(err)

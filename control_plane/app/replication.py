@@ -34,12 +34,13 @@ from control_plane.app.tasks import cancel_all
 from control_plane.decisions.recorder import DecisionRecorder
 from control_plane.intent.etcd_store import EtcdStore, Leadership, StoreUnavailable
 from control_plane.intent.owner import IntentOwner
-from control_plane.intent.replicated_store import ReplicatedStore, snapshot_of
+from control_plane.intent.replicated_store import ReplicatedStore, stored_intent_of
 from control_plane.own_metrics.registry import BallastMetrics
 
 log = logging.getLogger(__name__)
 
 MAX_FORWARD_QUEUE = 10_000
+ADOPT_RETRY_S = 1.0  # a follower whose adopt failed tries again this often until it lands
 
 
 class Replication:
@@ -82,6 +83,7 @@ class Replication:
         self._dropped = 0
         self._values: dict[str, Any] = {}
         self._membership_changed = asyncio.Event()
+        self._behind = False  # the last adopt failed: what is served lags what etcd holds
         self.decisions.origin = {"replica": replica_id}
         self.decisions.add_listener(self._queue_record)
 
@@ -161,19 +163,19 @@ class Replication:
         self.term = lead.term
         self.decisions.origin = {"replica": self.replica_id, "term": lead.term}
         # the whole intent read back (a StoreUnavailable here drops the leadership again)
-        snapshot = await self.store.read()
-        await self._follow_rollout(snapshot.records)  # the new leader goes on from it
+        stored = await self.store.read()
+        await self._follow_rollout(stored.records)  # the new leader goes on from it
         rollouts = self._rollouts()
         if rollouts is not None:
             rollouts.rebake(f"replica {self.replica_id} leads term {lead.term}")
-        await self._owner().adopt(snapshot, where=self.store.where)
+        await self._owner().adopt(stored, where=self.store.where)
         reconciler = self._reconciler()
         reconciler.defer_all(reconciler.clock())
         self.recorder.record(
             "leader_elected", rule=f"replica {self.replica_id} leads term {lead.term}: "
             "reconciling from the intent in etcd", detail={
                 "replica": self.replica_id, "term": lead.term,
-                "pairs_restored": len(snapshot.groups)})
+                "pairs_restored": len(stored.groups)})
         self._loop_task = asyncio.create_task(reconciler.run())
 
     async def _adopt_after_leading(self) -> None:
@@ -205,7 +207,10 @@ class Replication:
             await asyncio.sleep(0.5)
 
     async def _follow(self, start_revision: int) -> None:
-        """Adopt the watched changes, once per burst (one leader commit is several events)."""
+        """Adopt the watched changes, once per burst (one leader commit is several events).
+        While the last adopt failed (`_behind`: a swap that raised), it is tried again every
+        `ADOPT_RETRY_S` until it lands, so what is served catches up with what is stored even
+        when nothing more changes in etcd."""
         queue: asyncio.Queue[Any] = asyncio.Queue()
 
         async def read() -> None:
@@ -219,7 +224,10 @@ class Replication:
         reader = asyncio.create_task(read())
         try:
             while True:
-                burst = [await queue.get()]
+                burst = []
+                with contextlib.suppress(TimeoutError):  # behind: adopt again
+                    burst.append(await asyncio.wait_for(
+                        queue.get(), ADOPT_RETRY_S if self._behind else None))
                 while not queue.empty():
                     burst.append(queue.get_nowait())
                 changed = False
@@ -227,7 +235,7 @@ class Replication:
                     if isinstance(item, StoreUnavailable):
                         raise item
                     changed = self._take(item) or changed
-                if changed:
+                if changed or self._behind:
                     await self._adopt()
         finally:  # bounded: the watch's clean-up talks to etcd, which may be gone
             reader.cancel()
@@ -256,18 +264,22 @@ class Replication:
 
     async def _adopt(self) -> None:
         """Followers only: the leader's own intent is ahead of what its watch has delivered.
-        Through the change transaction, which saves nothing here (the leader saved it)."""
+        Through the change transaction, which saves nothing here (the leader saved it). If it
+        fails, the last intent is kept and `_behind` set (the mirror tries again)."""
+        behind, self._behind = self._behind, False
         if self.term is not None:
             return
         try:
-            snapshot = snapshot_of(self._values, where=self.store.where)
+            stored = stored_intent_of(self._values, where=self.store.where)
             # which PoP serves which version first, then the intent under those versions
-            await self._follow_rollout(snapshot.records)
-            pops = await self._owner().adopt(snapshot, where=self.store.where)
+            await self._follow_rollout(stored.records)
+            pops = await self._owner().adopt(stored, where=self.store.where)
             log.debug("adopted the intent from etcd; output changed in %s",
                       ", ".join(sorted(pops)) or "no PoP")
         except Exception:  # a bad key in etcd must not stop the mirror: keep the last intent
-            log.exception("could not adopt the intent from etcd; keeping the last one")
+            if not behind:  # once, not at every retry
+                log.exception("could not adopt the intent from etcd; keeping the last one")
+            self._behind = True
 
     async def _follow_rollout(self, records: dict[str, dict[str, Any]]) -> None:
         rollouts = self._rollouts()

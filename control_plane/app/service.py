@@ -19,6 +19,7 @@ decision log, the state store and the state directory's lock. Hot reloads are
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ from control_plane.admin.connections import DEFAULT_ADMIN_LIMITS, AdminLimits
 from control_plane.admin.dashboard import Dashboard
 from control_plane.admin.decision_feed import DecisionFeed
 from control_plane.ads.limits import DEFAULT_LIMITS, AdsLimits
-from control_plane.app.heap import release_heap, settle_heap
+from control_plane.app.heap import release_heap, reload_heap, settle_heap
 from control_plane.app.reconcile import Reconciler
 from control_plane.app.reload import DesiredFileWatcher
 from control_plane.app.reloading import DesiredReload, log_warnings
@@ -55,7 +56,7 @@ from control_plane.intent.replicated_store import ReplicatedStore
 from control_plane.intent.running import ramp_key, tier_key
 from control_plane.intent.sqlite_store import StateStore
 from control_plane.intent.state_dir_lock import StateDirLock
-from control_plane.intent.store import RAMP_KIND, Snapshot
+from control_plane.intent.store import RAMP_KIND, StoredIntent
 from control_plane.observe.access_log import (
     AccessLogStore,
     WithAttemptLatency,
@@ -177,15 +178,15 @@ class BallastService:
             runnables.hold_async(self.replication.etcd.close)
             self.store = self.replication.store
             runnables.hold(self.store.close)
-            snapshot = await self.store.read()
+            stored = await self.store.read()
         else:
             history = None if config.accept_empty_state else _log_history(config.state_dir)
             self.store = StateStore(config.state_dir, history=history)
             runnables.hold(self.store.close)
-            snapshot = self.store.load()
+            stored = self.store.load()
         # a rollout the store held resumes: each PoP serves what it served before the stop
         running = Version(desired, self._desired_bytes)
-        held = restored(snapshot.records, {running.digest: running}, parse_desired,
+        held = restored(stored.records, {running.digest: running}, parse_desired,
                         self._store_where())
         if held is not None:
             running = held.target
@@ -203,8 +204,8 @@ class BallastService:
             allow_plaintext_secrets=config.allow_plaintext_secrets,
             serving=None if held is None else held.serving,
         )
-        await self._restore(snapshot)
-        if snapshot.desired_digest != desired.digest:
+        await self._restore(stored)
+        if stored.desired_digest != desired.digest:
             self.recorder.record(
                 "config_applied",
                 config_version=desired.digest[:16],
@@ -232,7 +233,8 @@ class BallastService:
             self._resume_rollout(held)
         self.reload = DesiredReload(
             config.desired_path, config.state_dir, self.server, self.recorder, self.metrics,
-            leading=leading, followers=self._follow_desired, rollouts=lambda: self.rollouts)
+            leading=leading, followers=self._follow_desired, rollouts=lambda: self.rollouts,
+            heap=reload_heap if config.freeze_heap else contextlib.nullcontext)
         self.watcher = DesiredFileWatcher(
             config.desired_path,
             self.reload.apply,
@@ -309,26 +311,26 @@ class BallastService:
             note["empty_state_accepted"] = str(self.store.path)
         return note
 
-    async def _restore(self, snapshot: Snapshot) -> None:
+    async def _restore(self, stored: StoredIntent) -> None:
         """What the store held, under the carry-over rule; a `state_restored` record says what
         was restored and what was dropped (pairs the desired state no longer has, or whose
         weights no longer fit). Ramp states of pairs that are gone leave the store."""
         owner = self.server.intent
-        carried = owner.restore(snapshot, where=self._store_where())
+        carried = owner.restore(stored, where=self._store_where())
         intent = carried.intent
         restored = sorted(intent.weights)
         active = sorted(tier_key(*key) for key in intent.tier_actions)
-        skipped = [tier_key(*key) for key in sorted(set(snapshot.groups) - set(intent.weights))]
+        skipped = [tier_key(*key) for key in sorted(set(stored.groups) - set(intent.weights))]
         kept_tiers = {tier_key(*key) for key in intent.tier_states}
-        skipped += sorted(set(snapshot.tier_decisions) - kept_tiers - set(skipped))
+        skipped += sorted(set(stored.tier_decisions) - kept_tiers - set(skipped))
         ramps = sorted(intent.ramps.items())
         if self.replication is None:  # replicas: only the leader writes
             await owner.forget_records(
-                RAMP_KIND, sorted(set(snapshot.ramps) - {ramp_key(*key) for key, _ in ramps}))
+                RAMP_KIND, sorted(set(stored.ramps) - {ramp_key(*key) for key, _ in ramps}))
         ramping = [f"{ramp_key(*key)} ({', '.join(s.ramping)})" for key, s in ramps if s.ramping]
         self.restored_groups = len(restored)
         self.restored_tier_actions = len(active)
-        if snapshot.groups or snapshot.tier_decisions:
+        if stored.groups or stored.tier_decisions:
             self.recorder.record(
                 "state_restored",
                 rule=f"restored weights and streaks of {len(restored)} (PoP, group) pairs; tier "

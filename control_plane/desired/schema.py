@@ -112,10 +112,10 @@ def ramp_schedule(node: yaml.Node) -> tuple[int, ...]:
     """The standby's share ceilings, e.g. [5, 10, 20, 40]: 1 to 10 percents, strictly rising."""
     if not isinstance(node, yaml.SequenceNode) or not 1 <= len(node.value) <= MAX_RAMP_STEPS:
         raise Bad(f"must be a list of 1 to {MAX_RAMP_STEPS} percents, e.g. [5, 10, 20, 40]")
-    steps = tuple(percent(1, 100)(item) for item in node.value)
-    if any(b <= a for a, b in itertools.pairwise(steps)):
-        raise Bad(f"must rise step by step, got {list(steps)}")
-    return steps
+    ceilings = tuple(percent(1, 100)(item) for item in node.value)
+    if any(b <= a for a, b in itertools.pairwise(ceilings)):
+        raise Bad(f"must be strictly rising, got {list(ceilings)}")
+    return ceilings
 
 
 MAX_CACHEABLE_ROUTES = 1000

@@ -1,12 +1,12 @@
 """The change transaction: the one way what is served changes.
 
-Every change of the running intent that Envoys may see — a reconcile tick's steps, a hot
+Every change of the running intent that Envoys may see — a reconcile tick's pair changes, a hot
 reload's new desired state, a replica adopting what another one decided, and anything later
 (staged rollouts) — is stated in a `Change` and published by `IntentOwner.change`:
 
     async with owner.change() as change:
-        change.steps(tick_changes, planned_for=desired)   # or .desired(new) / .replace(build)
-        change.record(drafts)               # or a function of the PoPs whose output changes
+        change.tick(tick_changes, planned_for=desired)  # or .desired(new) / .replace(build)
+        change.record(drafts)              # or a function of the PoPs whose output changes
 
 The caller says *what* changes; the transaction does the *how*, always in this order:
 
@@ -43,8 +43,8 @@ from control_plane.decide.controller import ControllerState
 from control_plane.decisions.log import Draft
 from control_plane.desired.model import Desired
 from control_plane.intent.carry_over import CarryOver, carry_over
+from control_plane.intent.pair_changes import TickChanges, applied
 from control_plane.intent.running import RunningIntent, tier_key
-from control_plane.intent.steps import TickChanges, applied
 from control_plane.intent.store import (
     RAMP_KIND,
     SERVING_KEY,
@@ -81,7 +81,7 @@ class Publisher(Protocol[P]):
 
     def update(self, source: RunningIntent, pops: Collection[str] | None) -> frozenset[str]:
         """Rebuild the output of `pops` (None: all) from `source` at once, on the loop (a
-        restore before serving; the owner's setters for tests); the PoPs that changed."""
+        restore before serving); the PoPs that changed."""
         ...
 
 
@@ -127,8 +127,8 @@ class Change:
 
     # -- what changes ----------------------------------------------------------------------
 
-    def steps(self, changes: TickChanges, *, planned_for: Desired,
-              serving: Mapping[str, Desired] | None = None) -> None:
+    def tick(self, changes: TickChanges, *, planned_for: Desired,
+             serving: Mapping[str, Desired] | None = None) -> None:
         """A reconcile tick's changes, laid pair by pair over the running intent; decided under
         `planned_for` with the PoPs of `serving` on their own desired states (when given), so
         the change is stale (`StaleChange`) once another desired state runs or a rollout moved

@@ -5,7 +5,7 @@ Keys, all under one prefix (default ``/ballast/``):
 - ``leader`` — the elected replica's id, attached to its lease. The key's create revision is the
   leader's **term**: it grows with every election, and a write is fenced by comparing it (etcd's
   own election recipe), so a leader whose lease expired — paused, partitioned — can never write
-  again: its transaction's compare fails and it steps down.
+  again: its transaction's compare fails and it stops leading.
 - ``intent/groups/<pop>/<group>`` — weights and controller streaks of a (PoP, origin group).
 - ``intent/tiers/<pop>/<group>`` — an active tier state.
 - ``intent/digest`` — the digest of the desired state the intent was decided for.

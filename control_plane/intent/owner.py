@@ -1,7 +1,7 @@
 """`IntentOwner`: the one holder of the running intent, and the only writer of its store.
 
 Everything that changes what runs goes through here. What Envoys may see changes through the
-change transaction (`change()`, `change.py`): a reconcile tick's steps, a hot reload's new
+change transaction (`change()`, `change.py`): a reconcile tick's pair changes, a hot reload's new
 desired state (the `carry_over` rule), a replica adopting what the store holds — each takes the
 lock, prepares the output off the loop, saves, records and swaps, in that order. The start-up
 restore (`restore`, the same carry-over rule applied to what the store held) runs before
@@ -9,9 +9,9 @@ anything is served. The owner keeps one immutable `RunningIntent` and swaps it w
 
 The output is published through a `Publisher` (the app's ADS output cache), which rebuilds the
 output of the PoPs concerned from the new intent. If that raises (a translation failed), the
-owner keeps the intent it had: a change is never half-applied. The synchronous setters
-(`update_weights`, `set_tier_actions`, `update_desired`) publish at once without saving or
-recording: for tests and benchmarks that set a state, never for the product's own changes.
+owner keeps the intent it had: a change is never half-applied. There is no other way to change
+what is served: tests and benchmarks that set a state use the same transaction
+(`harness/intent_changes.py`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from dataclasses import replace
 from typing import Any
 
 from control_plane.decide.controller import ControllerState
@@ -34,12 +33,11 @@ from control_plane.intent.store import (
     IntentBatch,
     IntentStore,
     PairKey,
-    Snapshot,
     StateCorrupted,
+    StoredIntent,
 )
 from control_plane.translate import UnknownPop
-from control_plane.translate.routes import check_tier_actions
-from control_plane.translate.weights import WeightsError, check_group_weights
+from control_plane.translate.weights import WeightsError
 
 
 class IntentOwner:
@@ -94,10 +92,8 @@ class IntentOwner:
                 await self.recorder.sync()  # durable before anything is pushed
             if stated is None:
                 return
-            old = self._intent
+            old = self._intent  # `change.over`: only a change changes it, under this lock
             try:
-                if old is not change.over:  # a setter ran during the save (tests, benchmarks)
-                    stated = change.restate(old)
                 self._intent = stated.target
                 if prepared is not None and self._output is not None:
                     change.pushed = self._output.commit(prepared, stated.target)
@@ -163,57 +159,24 @@ class IntentOwner:
     def ramp_state(self, key: PairKey) -> RampState:
         return self._intent.ramps.get(key, RampState())
 
-    # -- what Envoys get -------------------------------------------------------------------
+    # -- restore and adopt ----------------------------------------------------------------
 
-    def update_weights(self, pop: str, group: str, weights: Mapping[str, int]) -> bool:
-        """Set one (PoP, group)'s weights; True if the PoP's output changed.
-
-        Raises `UnknownPop` / `WeightsError` (intent untouched) for weights that do not fit.
-        """
-        self._check_pop(pop)
-        check_group_weights(self._group(group, pop), weights)
-        held = {**self._intent.weights, (pop, group): dict(weights)}
-        return bool(self._swap(replace(self._intent, weights=held), {pop}))
-
-    def set_tier_actions(self, pop: str, group: str, actions: TierActions | None) -> bool:
-        """Set (or with None, lift) one (PoP, group)'s active tier actions; True if the PoP's
-        output changed (only its routes can).
-
-        Raises `UnknownPop` / `WeightsError` / ValueError (intent untouched) when they do not fit.
-        """
-        self._check_pop(pop)
-        if actions is not None:
-            check_tier_actions(self._group(group, pop), actions)
-        if self._intent.tier_actions.get((pop, group)) == actions:
-            return False
-        active = dict(self._intent.tier_actions)
-        if actions is None:
-            active.pop((pop, group), None)
-        else:
-            active[(pop, group)] = actions
-        return bool(self._swap(replace(self._intent, tier_actions=active), {pop}))
-
-    def update_desired(self, desired: Desired) -> frozenset[str]:
-        """Swap in a new desired state under the carry-over rule; the PoPs whose output changed
-        (PoPs that disappeared count as changed, so their streams can be told)."""
-        return self._swap(carry_over(self._intent, desired).intent, None)
-
-    def restore(self, snapshot: Snapshot, *, where: str) -> CarryOver:
+    def restore(self, stored: StoredIntent, *, where: str) -> CarryOver:
         """What the store held, carried over to the current desired state, made the running
         intent. A tier or ramp state that does not parse raises StateCorrupted (naming
         `where`)."""
-        carried = carry_over(self._stored(snapshot, where), self._intent.desired,
+        carried = carry_over(self._stored(stored, where), self._intent.desired,
                              self._intent.serving)
         self._swap(carried.intent, None)
         return carried
 
-    async def adopt(self, snapshot: Snapshot, *, where: str) -> frozenset[str]:
+    async def adopt(self, stored: StoredIntent, *, where: str) -> frozenset[str]:
         """What a shared store holds now (another replica decided it), made the running intent
         under the same rule as `restore`, through the change transaction (saved by the
         replica that decided it, not here); only the PoPs whose weights, tier actions or
         mirrors differ are re-built. The PoPs whose output changed."""
         def adopted(old: RunningIntent) -> tuple[RunningIntent, set[str]]:
-            new = carry_over(self._stored(snapshot, where), old.desired, old.serving).intent
+            new = carry_over(self._stored(stored, where), old.desired, old.serving).intent
             return new, {
                 pop for pop, group in old.pairs()
                 if new.weights_of(pop, group) != old.weights_of(pop, group)
@@ -224,18 +187,18 @@ class IntentOwner:
             change.replace(adopted)
         return change.pushed
 
-    def _stored(self, snapshot: Snapshot, where: str) -> RunningIntent:
-        """A store's snapshot as a running intent under the current desired state (before the
+    def _stored(self, stored: StoredIntent, where: str) -> RunningIntent:
+        """What a store holds as a running intent under the current desired state (before the
         carry-over rule); StateCorrupted for a tier or ramp state that does not parse."""
         keys = {tier_key(*k): k for k in self._intent.pairs()}
-        tier_states = _parsed(snapshot.tier_decisions, TierState.from_dict, keys,
+        tier_states = _parsed(stored.tier_decisions, TierState.from_dict, keys,
                               f"{where}: tier decision")
-        ramps = _parsed(snapshot.ramps, RampState.from_dict, keys, f"{where}: ramp")
+        ramps = _parsed(stored.ramps, RampState.from_dict, keys, f"{where}: ramp")
         return RunningIntent(
             desired=self._intent.desired,
             serving=self._intent.serving,
-            weights={k: dict(s.weights) for k, s in sorted(snapshot.groups.items())},
-            controllers={k: s.controller for k, s in sorted(snapshot.groups.items())},
+            weights={k: dict(s.weights) for k, s in sorted(stored.groups.items())},
+            controllers={k: s.controller for k, s in sorted(stored.groups.items())},
             tier_states=tier_states,
             ramps=ramps,
         )
@@ -262,11 +225,6 @@ class IntentOwner:
         except BaseException:
             self._intent = old
             raise
-
-    def _set(self, new: RunningIntent) -> frozenset[str]:
-        """A change that alters no output."""
-        self._intent = new
-        return frozenset()
 
     def _check_pop(self, pop: str) -> None:
         if not self.has_pop(pop):

@@ -10,7 +10,7 @@ Layout under ``<prefix>intent/`` (values are JSON):
 ``groups/<pop>/<group>`` ``{"weights": ..., "controller": ...}``; ``kinds/<kind>/<key>`` any
 record of another kind of intent (the tier controller's and the standby ramp's states are kinds
 ``tier`` and ``ramp``, keys ``<pop>/<group>``); ``digest`` the desired-state digest decided
-under. The mapping both ways is pure (`batch_to_write`, `snapshot_of`).
+under. The mapping both ways is pure (`batch_to_write`, `stored_intent_of`).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from control_plane.intent.store import (
     TIER_KIND,
     GroupState,
     IntentBatch,
-    Snapshot,
     StateCorrupted,
+    StoredIntent,
     check_weights,
 )
 
@@ -57,7 +57,7 @@ def batch_to_write(batch: IntentBatch) -> IntentWrite:
     )
 
 
-def snapshot_of(values: Mapping[str, Any], *, where: str) -> Snapshot:
+def stored_intent_of(values: Mapping[str, Any], *, where: str) -> StoredIntent:
     """What the intent keys hold, checked; StateCorrupted (naming `where` and the key) otherwise."""
     groups: dict[tuple[str, str], GroupState] = {}
     records: dict[str, dict[str, Any]] = {}
@@ -87,7 +87,7 @@ def snapshot_of(values: Mapping[str, Any], *, where: str) -> Snapshot:
             raise StateCorrupted(f"{where}: intent/{key}: {exc}") from exc
     tiers = records.pop(TIER_KIND, {})
     ramps = records.pop(RAMP_KIND, {})
-    return Snapshot(groups, tiers, digest, ramps, records)
+    return StoredIntent(groups, tiers, digest, ramps, records)
 
 
 class ReplicatedStore:
@@ -99,9 +99,9 @@ class ReplicatedStore:
         self.revision = 0  # the store revision the last `read` saw
         self.where = f"etcd://{','.join(f'{h}:{p}' for h, p in etcd.endpoints)}{etcd.prefix}"
 
-    async def read(self) -> Snapshot:
+    async def read(self) -> StoredIntent:
         self.revision, values = await self.etcd.load()
-        return snapshot_of(values, where=self.where)
+        return stored_intent_of(values, where=self.where)
 
     async def write(self, batch: IntentBatch) -> None:
         if not batch:

@@ -34,13 +34,18 @@ from control_plane.intent.store import (
     TIER_KIND,
     GroupState,
     IntentBatch,
-    Snapshot,
     StateCorrupted,
+    StoredIntent,
     check_weights,
 )
 
 __all__ = [
-    "STATE_FILE", "GroupState", "Snapshot", "StateCorrupted", "StateStore", "StateSuspicious",
+    "STATE_FILE",
+    "GroupState",
+    "StateCorrupted",
+    "StateStore",
+    "StateSuspicious",
+    "StoredIntent",
 ]
 
 STATE_FILE = "state.db"
@@ -199,7 +204,7 @@ class StateStore:
         with self._transaction() as db:
             db.execute("DELETE FROM ramps WHERE key = ?", (key,))
 
-    def load(self) -> Snapshot:
+    def load(self) -> StoredIntent:
         """Everything stored; raises StateCorrupted on any row that does not parse."""
         try:
             with self._transaction() as db:
@@ -242,11 +247,11 @@ class StateStore:
             except (TypeError, ValueError) as exc:
                 raise StateCorrupted(f"{self.path}: {kind} record {key!r}: {exc}") from exc
         digest = digest_row[0] if digest_row is not None else None
-        return Snapshot(groups, tiers, digest, ramps, records)
+        return StoredIntent(groups, tiers, digest, ramps, records)
 
     # -- the IntentStore interface ---------------------------------------------------------
 
-    async def read(self) -> Snapshot:
+    async def read(self) -> StoredIntent:
         return self.load()
 
     async def write(self, batch: IntentBatch) -> None:

@@ -45,8 +45,8 @@ class GroupState:
 
 
 @dataclass(frozen=True)
-class Snapshot:
-    """Everything a store holds."""
+class StoredIntent:
+    """The running intent as a store holds it: everything a store holds."""
 
     groups: dict[PairKey, GroupState] = field(default_factory=dict)
     tier_decisions: dict[str, Any] = field(default_factory=dict)  # the records of kind `tier`
@@ -69,7 +69,7 @@ class IntentBatch:
 
 
 class IntentStore(Protocol):
-    async def read(self) -> Snapshot:
+    async def read(self) -> StoredIntent:
         """Everything stored; raises StateCorrupted on anything that does not parse."""
         ...
 

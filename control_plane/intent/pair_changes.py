@@ -1,12 +1,13 @@
 """What one reconcile tick changes in the running intent, pair by pair. Pure.
 
-A tick decides something for every (PoP, origin group) it steps (`PairStep`), but in a steady
-fleet almost nothing changes: streaks stop counting at their thresholds, weights and tier
-actions hold. `changes_of` keeps only what differs from the running intent (`TickChanges`), so
-everything done with a tick afterwards — the store write, the swap of the running intent, the
-PoPs re-translated and pushed — costs what changed, not what was stepped. `applied` lays the
-changes onto a running intent (the one they were computed from, or a newer one: each change is
-per pair and replaces that pair's value).
+A tick decides something for every (PoP, origin group) it steps (`PairChange`: the pair's
+weights, streaks, tier and ramp states after the tick's steps), but in a steady fleet almost
+nothing changes: streaks stop counting at their thresholds, weights and tier actions hold.
+`changes_of` keeps only what differs from the running intent (`TickChanges`), so everything
+done with a tick afterwards — the store write, the swap of the running intent, the PoPs
+re-translated and pushed — costs what changed, not what was stepped. `applied` lays the changes
+onto a running intent (the one they were computed from, or a newer one: each change is per pair
+and replaces that pair's value).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from control_plane.intent.store import RAMP_KIND, TIER_KIND, IntentBatch, PairKe
 
 
 @dataclass(frozen=True)
-class PairStep:
+class PairChange:
     """What one reconcile tick decided for a (PoP, group)."""
 
     key: PairKey
@@ -64,8 +65,8 @@ class TickChanges:
         return IntentBatch(groups=self.rows, records=records, desired_digest=desired_digest)
 
 
-def changes_of(running: RunningIntent, steps: Sequence[PairStep]) -> TickChanges:
-    """What `steps` change in `running`: only the pairs, and the parts, that differ."""
+def changes_of(running: RunningIntent, decided: Sequence[PairChange]) -> TickChanges:
+    """What `decided` changes in `running`: only the pairs, and the parts, that differ."""
     weights: dict[PairKey, GroupWeights] = {}
     controllers: dict[PairKey, ControllerState] = {}
     tiers: dict[PairKey, TierState | None] = {}
@@ -73,25 +74,25 @@ def changes_of(running: RunningIntent, steps: Sequence[PairStep]) -> TickChanges
     actions: dict[PairKey, TierActions | None] = {}
     rows: list[tuple[str, str, GroupWeights, ControllerState]] = []
     pops: set[str] = set()
-    for step in steps:
-        key = step.key
+    for pair in decided:
+        key = pair.key
         held = running.weights_of(*key)
-        moved = step.weights != held
+        moved = pair.weights != held
         if moved:
-            weights[key] = dict(step.weights)
+            weights[key] = dict(pair.weights)
             pops.add(key[0])
-        if step.controller != running.controllers.get(key, ControllerState()):
-            controllers[key] = step.controller
+        if pair.controller != running.controllers.get(key, ControllerState()):
+            controllers[key] = pair.controller
         if moved or key in controllers:
-            rows.append((*key, dict(step.weights), step.controller))
-        if step.tier_state is not None:
-            if step.tier_state != running.tier_states.get(key, TierState()):
-                tiers[key] = None if step.tier_state.idle else step.tier_state
-            if step.tier_actions != running.tier_actions.get(key):
-                actions[key] = step.tier_actions
+            rows.append((*key, dict(pair.weights), pair.controller))
+        if pair.tier_state is not None:
+            if pair.tier_state != running.tier_states.get(key, TierState()):
+                tiers[key] = None if pair.tier_state.idle else pair.tier_state
+            if pair.tier_actions != running.tier_actions.get(key):
+                actions[key] = pair.tier_actions
                 pops.add(key[0])
-        if step.ramp is not None and step.ramp != running.ramps.get(key, RampState()):
-            ramps[key] = None if step.ramp == RampState() else step.ramp
+        if pair.ramp is not None and pair.ramp != running.ramps.get(key, RampState()):
+            ramps[key] = None if pair.ramp == RampState() else pair.ramp
     after = applied(running, TickChanges(ramps=ramps, controllers=controllers))
     pops.update(key[0] for key in ramps if running.mirror(*key) != after.mirror(*key))
     pops.update(key[0] for key in controllers if running.sick(*key) != after.sick(*key))

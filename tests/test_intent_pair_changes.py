@@ -1,4 +1,4 @@
-"""What a reconcile tick changes in the running intent (`intent/steps.py`, pure): only what
+"""What a reconcile tick changes in the running intent (`intent/pair_changes.py`, pure): only what
 differs, laid over the intent pair by pair; a step that changes nothing costs nothing."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from control_plane.decide.controller import ControllerState
 from control_plane.decide.ramp import RampState
 from control_plane.decide.tiers import TierState
 from control_plane.desired.model import TierActions
+from control_plane.intent.pair_changes import PairChange, TickChanges, applied, changes_of
 from control_plane.intent.running import RunningIntent
-from control_plane.intent.steps import PairStep, TickChanges, applied, changes_of
 from control_plane.intent.store import RAMP_KIND, TIER_KIND
 from harness.models import example_desired
 
@@ -44,10 +44,10 @@ def intents(draw: st.DrawFn) -> RunningIntent:
 
 
 @st.composite
-def step_lists(draw: st.DrawFn) -> list[PairStep]:
+def step_lists(draw: st.DrawFn) -> list[PairChange]:
     pairs = draw(st.lists(st.sampled_from(PAIRS), unique=True))
-    return [PairStep(pair, draw(weights), draw(streaks), draw(st.none() | tier_states),
-                     draw(st.none() | ramps), draw(actions)) for pair in pairs]
+    return [PairChange(pair, draw(weights), draw(streaks), draw(st.none() | tier_states),
+                       draw(st.none() | ramps), draw(actions)) for pair in pairs]
 
 
 def view(intent: RunningIntent) -> dict[tuple[str, str], tuple[object, ...]]:
@@ -63,7 +63,7 @@ def view(intent: RunningIntent) -> dict[tuple[str, str], tuple[object, ...]]:
 
 @given(intents(), step_lists())
 def test_applying_a_ticks_changes_gives_what_the_steps_say_and_nothing_else(
-    running: RunningIntent, steps: list[PairStep]
+    running: RunningIntent, steps: list[PairChange]
 ) -> None:
     after = applied(running, changes_of(running, steps))
     expected = view(running)
@@ -80,7 +80,7 @@ def test_applying_a_ticks_changes_gives_what_the_steps_say_and_nothing_else(
 
 @given(intents(), step_lists())
 def test_the_same_steps_again_change_nothing(
-    running: RunningIntent, steps: list[PairStep]
+    running: RunningIntent, steps: list[PairChange]
 ) -> None:
     after = applied(running, changes_of(running, steps))
     again = changes_of(after, steps)
@@ -91,7 +91,7 @@ def test_the_same_steps_again_change_nothing(
 
 @given(intents(), step_lists())
 def test_only_pops_whose_output_moves_are_named(
-    running: RunningIntent, steps: list[PairStep]
+    running: RunningIntent, steps: list[PairChange]
 ) -> None:
     """A PoP is re-translated when its weights, tier actions or mirror change — never for a
     streak, a tier state or a ramp that leaves the mirror as it was."""
@@ -107,16 +107,16 @@ def test_a_steady_pair_writes_nothing_and_a_changed_one_writes_its_row_and_recor
     running = RunningIntent(DESIRED, controllers={PAIRS[0]: ControllerState(
         unhealthy_windows={"primary": 0}, healthy_windows={"primary": 3})})
     home = running.weights_of(*PAIRS[0])
-    steady = PairStep(PAIRS[0], home, running.controllers[PAIRS[0]], TierState(), RampState())
+    steady = PairChange(PAIRS[0], home, running.controllers[PAIRS[0]], TierState(), RampState())
     assert changes_of(running, [steady]) == TickChanges()
     moved = {"primary": 85, "secondary": 15}
     ramp = RampState(ramps={"secondary": 1})
-    changes = changes_of(running, [PairStep(PAIRS[1], moved, ControllerState(), ramp=ramp)])
+    changes = changes_of(running, [PairChange(PAIRS[1], moved, ControllerState(), ramp=ramp)])
     batch = changes.batch(DESIRED.digest)
     assert batch.groups == (("sjc", "shop", moved, ControllerState()),)
     assert batch.records == ((RAMP_KIND, "sjc/shop", ramp.to_dict()),)
     assert changes.pops == {"sjc"}
     ended = changes_of(applied(running, changes),
-                       [PairStep(PAIRS[1], moved, ControllerState(), TierState(), RampState())])
+                       [PairChange(PAIRS[1], moved, ControllerState(), TierState(), RampState())])
     assert ended.batch(DESIRED.digest).records == ((RAMP_KIND, "sjc/shop", None),)
     assert TIER_KIND not in {kind for kind, _, _ in ended.batch(DESIRED.digest).records}
