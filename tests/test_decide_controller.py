@@ -215,6 +215,31 @@ def test_everyone_breaching_holds() -> None:
     assert result.weights_after == {"primary": 95, "secondary": 5}
 
 
+@pytest.mark.parametrize("mode", ["health_proportional", "linear", "exponential"])
+@pytest.mark.parametrize(("primary", "secondary", "loser"), [
+    (950, 600, "primary"),  # 95 % vs 60 % 5xx: both far past dead, 60 % is the better place
+    (600, 950, None),  # the primary is the better one: nothing moves towards the worse
+    (610, 605, None),  # 61 % vs 60.5 %: 0.05 apart, within the compare margin 0.1: a hold
+])
+def test_two_failing_origins_compare(mode: str, primary: int, secondary: int,
+                                     loser: str | None) -> None:
+    """Compare, don't only threshold, at the bad end too: the scores of 60 % and 95 % 5xx do
+    not both saturate at 0, so weight leaves the worse for the better by the margin."""
+    policy = replace(POLICY, mode=mode)
+    windows = [{"primary": bad(t * TICK, errors=primary),
+                "secondary": bad(t * TICK, errors=secondary)} for t in (1, 2)]
+    result = run(windows, policy)[-1]
+    if loser is None:
+        assert result.kind == "hold"
+        assert result.weights_after == {"primary": 95, "secondary": 5}
+        if primary > secondary:
+            assert "nowhere better" in result.rule
+    else:
+        assert result.kind == "weight_shift", result.rule
+        assert result.weights_after[loser] < result.weights_before[loser]
+        assert "breaches too" in result.rule and "nowhere better" not in result.rule
+
+
 def test_single_origin_group_is_steady_or_holds() -> None:
     results = run([{"only": bad(t * TICK)} for t in (1, 2, 3)], pref=("only",))
     assert [r.kind for r in results] == ["threshold_breach", "hold", "hold"]

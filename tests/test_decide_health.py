@@ -38,9 +38,13 @@ def sig(
         (sig(errors=20), "errors", 0.8),  # exactly at the threshold
         (sig(errors=100), "errors", 0.0),  # five times the threshold
         (sig(requests=90, connect=10), "errors", 0.0),  # connect failures count as errors
+        (sig(errors=600), "errors", -5.0),  # past dead: 30 thresholds, -0.2 each past 5
+        (sig(errors=950), "errors", -8.5),
         (sig(p95=800.0), "latency", 0.8),
         (sig(p95=4000.0), "latency", 0.0),
+        (sig(p95=8000.0), "latency", -1.0),
         (sig(pending=80.0), "saturation", 0.8),  # at the adaptive-LIFO high watermark
+        (sig(pending=800.0), "saturation", 0.0),  # saturation stays in 0..1
         (sig(requests=980, overflow=20), "saturation", 0.8),  # 2 % refused by the queue
         (sig(probe=0.25), "probe", 0.25),
     ],
@@ -108,8 +112,58 @@ def test_composite_is_the_smallest_weighted_term(
     signals = sig(min(requests, 10_000), min(errors, requests), connect, p95, p95, pending,
                   overflow, probe)
     score = score_origin(signals, POLICY)
-    assert 0.0 <= score.composite <= 1.0
+    assert score.composite <= 1.0
+    assert 0.0 <= score.saturation <= 1.0
+    assert score.probe is None or 0.0 <= score.probe <= 1.0
     assert score.composite == min(score.terms().values())
     assert score.terms()[score.limiting] == score.composite
     evidence = [value for value in score.sub_scores().values() if value is not None]
     assert score.composite >= min(evidence) - 1e-12  # weights only soften a signal
+
+
+@settings(max_examples=300)
+@given(
+    requests=st.integers(1, 10_000),
+    data=st.data(),
+    p95=st.floats(0, 100_000),
+    connect=st.integers(0, 1000),
+)
+def test_a_strictly_lower_5xx_rate_scores_strictly_better(
+    requests: int, data: st.DataObject, p95: float, connect: int,
+) -> None:
+    """Over the whole range, not only up to five times the threshold: fewer 5xx (the same
+    attempts and everything else) is a strictly better errors sub-score, and a composite at
+    least as good (strictly better where errors was the minimum)."""
+    better = data.draw(st.integers(0, requests - 1))
+    worse = data.draw(st.integers(better + 1, requests))
+    good = score_origin(sig(requests, better, connect, 40.0, p95), POLICY)
+    bad = score_origin(sig(requests, worse, connect, 40.0, p95), POLICY)
+    assert good.errors is not None and bad.errors is not None
+    assert good.errors > bad.errors
+    assert good.composite >= bad.composite
+    if bad.limiting == "errors":
+        assert good.composite > bad.composite
+
+
+@settings(max_examples=300)
+@given(low=st.floats(0, 1_000_000), gap=st.floats(0.001, 1_000_000),
+       errors=st.integers(0, 1000))
+def test_a_strictly_lower_p95_scores_strictly_better(low: float, gap: float, errors: int
+                                                     ) -> None:
+    """A p95 lower by a thousandth of a millisecond or more scores strictly better, at any p95."""
+    high = low + gap
+    good = score_origin(sig(errors=errors, p95=low), POLICY)
+    bad = score_origin(sig(errors=errors, p95=high), POLICY)
+    assert good.latency is not None and bad.latency is not None
+    assert good.latency > bad.latency
+    assert good.composite >= bad.composite
+    if bad.limiting == "latency":
+        assert good.composite > bad.composite
+
+
+def test_two_failing_origins_still_order() -> None:
+    """60 % and 95 % 5xx are both far past dead (10 %), yet 60 % scores better by more than the
+    compare margin: weight can leave the worse one for it (`test_decide_controller.py`)."""
+    sixty = score_origin(sig(errors=600), POLICY)
+    ninety_five = score_origin(sig(errors=950), POLICY)
+    assert sixty.composite - ninety_five.composite >= POLICY.compare_margin

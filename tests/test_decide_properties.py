@@ -27,6 +27,10 @@ SHAPES: dict[str, tuple[int, int, int, float | None, float | None]] = {
     "borderline": (1000, 21, 0, 200.0, 700.0),  # 2.1 % 5xx: over the line, not surely
     "slow_p95": (1000, 0, 0, 200.0, 900.0),
     "bad": (1000, 79, 0, 200.0, 1200.0),
+    # far past dead (10 % 5xx scores 0), where scores used to saturate: 60 % must still beat
+    # 95 % by more than the compare margin
+    "failing": (1000, 600, 0, 200.0, 1200.0),
+    "failing_worse": (1000, 950, 0, 200.0, 1200.0),
     "dead": (100, 0, 900, None, None),
     "idle": (0, 0, 0, None, None),
 }
@@ -394,3 +398,38 @@ def test_a_penalty_always_decays(value: float, at: int, t1: int, t2: int) -> Non
     # four half-lives past the ceiling, nothing is suppressed any more
     top = damping.onset(Flap(damping.ceiling(DAMPED), at), DAMPED, at)
     assert not damping.suppressed(top, DAMPED, at + 4 * DAMPED.damping_half_life_ms + 1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    mode=st.sampled_from(MODES),
+    worse=st.integers(30, 1000),
+    data=st.data(),
+    p95=st.floats(0, 800),
+)
+def test_a_sick_primary_loses_weight_to_a_strictly_better_origin_at_any_rate(
+    mode: str, worse: int, data: st.DataObject, p95: float,
+) -> None:
+    """Over the whole range of 5xx rates (scores no longer saturate at 0): the primary failing
+    `worse` of 1000 and a secondary failing at least ten fewer (one point: half a threshold,
+    the compare margin) with the same latency within its threshold, both for two windows:
+    weight leaves the primary (95, far above its warm pool), whether or not the secondary
+    breaches too."""
+    policy = replace(POLICY, mode=mode)
+    better = data.draw(st.integers(0, worse - 10))
+    weights = home_weights(NAMES[:2], policy.min_warm_pool)
+    state, result = ControllerState(), None
+    for tick in (1, 2):
+        signals = {
+            "primary": OriginSignals(1000, worse, 0, 200.0, p95, 0.0, 0, None, tick * TICK),
+            "secondary": OriginSignals(1000, better, 0, 200.0, p95, 0.0, 0, None, tick * TICK),
+        }
+        result = step(policy, NAMES[:2], weights, state, signals, tick * TICK, 0)
+        weights, state = result.weights_after, result.state
+    assert result is not None
+    scores = result.scores
+    assert (scores["secondary"].composite
+            >= scores["primary"].composite + policy.compare_margin - 1e-9)
+    assert result.kind == "weight_shift", result.rule
+    assert result.weights_after["primary"] < 95, result.rule
+    assert "nowhere better" not in result.rule

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from control_plane.decide.signals import OriginSignals
 from control_plane.observe.prometheus import PrometheusSource
 from control_plane.observe.source import Signals, wall_ms
 from harness.demo_origin import Fault
@@ -89,6 +90,75 @@ async def test_retried_errors_reach_the_sink_and_prometheus_per_origin():
     assert secondary.errors_5xx == 0 and secondary.connect_failures == 0
     assert dead.connect_failures > 0 and dead.error_rate == 1.0
     assert primary.p50_ms is not None
+    # the latency's own sample count (the zone histogram's observations: one per request, at
+    # the origin that answered last), not the attempts: every client request once, and the
+    # primary's attempts retried elsewhere are none of its observations
+    observed = [prom[name].latency_samples for name in ("primary", "secondary", "dead")]
+    assert all(count is not None for count in observed), observed
+    assert sum(count or 0 for count in observed) == pytest.approx(len(statuses), rel=0.25)
+    assert primary.latency_samples is not None and primary.latency_samples < primary.requests
+    assert primary.p95_low_ms is not None and primary.p95_ms is not None
+    assert primary.p95_low_ms <= primary.p95_ms
+
+
+def _row(labels: dict[str, str], value: float) -> dict:
+    return {"metric": labels, "value": [0, str(value)]}
+
+
+def _buckets(counts: dict[str, float]) -> list[dict]:
+    where = {"local_zone": "ewr", "ballast_group": "shop", "upstream_zone": "primary"}
+    return [_row({**where, "le": le}, count) for le, count in counts.items()]
+
+
+def test_a_prometheus_p95_of_too_few_observations_is_inconclusive() -> None:
+    """Evidence on the Prometheus path as on the sink's: 40 attempts (enough for the 5xx
+    verdict) but three latency observations, all slow, is no latency breach; 20 slow ones are.
+    Before the count was read, the 40 attempts stood in for it and the three breached."""
+    from control_plane.decide.evidence import judge
+    from control_plane.desired.model import FailoverPolicy
+    from control_plane.observe.prometheus import assemble
+
+    zone = {"local_zone": "ewr", "ballast_cluster": "shop.critical", "upstream_zone": "primary"}
+    counters = {"requests": [_row(zone, 40)], "errors_5xx": [_row(zone, 0)],
+                "observed_at": [_row(zone, 5)]}
+    policy = FailoverPolicy()
+    few = assemble({**counters, "latency_buckets": _buckets(
+        {"100": 0, "1000": 0, "5000": 3, "+Inf": 3})})[("ewr", "shop")]["primary"]
+    assert few.requests == 40 and few.latency_samples == 3
+    assert few.p95_ms is not None and few.p95_ms > policy.p95_threshold_ms
+    judged = judge(few, policy)
+    assert judged.verdict == "inconclusive" and judged.breaches == ()
+    assert "latency: 3 samples < min_samples 10" in judged.notes
+    many = assemble({**counters, "latency_buckets": _buckets(
+        {"100": 0, "1000": 0, "5000": 20, "+Inf": 20})})[("ewr", "shop")]["primary"]
+    assert many.latency_samples == 20 and many.p95_low_ms is not None
+    assert many.p95_low_ms > policy.p95_threshold_ms
+    assert judge(many, policy).breaches == (f"p95 {many.p95_ms:.0f} ms > 800 ms",)
+
+
+def test_prometheus_latency_buckets_become_the_sinks_quantiles() -> None:
+    """The bucket increases are read as the sink reads its histograms (`window.quantile`):
+    made non-decreasing (increase() extrapolates each bucket alone), counted by +Inf, and
+    without a +Inf bucket (no count) there is no latency; with no observation none either."""
+    from control_plane.observe.prometheus import assemble
+
+    zone = {"local_zone": "ewr", "ballast_cluster": "shop.critical", "upstream_zone": "primary"}
+    counters = {"requests": [_row(zone, 10)], "errors_5xx": [_row(zone, 0)],
+                "observed_at": [_row(zone, 5)]}
+
+    def primary(counts: dict[str, float]) -> OriginSignals:
+        results = {**counters, "latency_buckets": _buckets(counts)}
+        return assemble(results)[("ewr", "shop")]["primary"]
+
+    got = primary({"10": 6.0, "50": 5.9, "100": 10.2, "+Inf": 10.2})  # 5.9: extrapolated
+    assert got.latency_samples == 10
+    assert got.p50_ms == pytest.approx(10 * 5.1 / 6.0)  # rank 5.1 of 10.2, in the first bucket
+    assert got.p95_ms == pytest.approx(50 + 50 * (0.95 * 10.2 - 6.0) / 4.2)
+    none = primary({"10": 5.0, "100": 10.0})  # no +Inf
+    assert (none.p50_ms, none.p95_ms, none.latency_samples) == (None, None, 0)
+    idle = primary({"10": 0.0, "+Inf": 0.0})
+    assert (idle.p50_ms, idle.p95_ms, idle.p95_low_ms, idle.latency_samples) == (
+        None, None, None, 0)
 
 
 def test_endpoint_origins_maps_every_tier_cluster_address() -> None:

@@ -68,6 +68,12 @@ async def test_prometheus_source_matches_the_origins_and_the_sink():
     assert primary.p95_ms is not None and primary.p95_ms < 50
     assert secondary.p50_ms is not None and 100 <= secondary.p50_ms <= 250
     assert secondary.p50_ms > 4 * primary.p95_ms
+    # the observations behind the quantiles (no retries here: one per request) and the p95's
+    # lower confidence bound, as the sink gives them (decide/evidence.py reads both)
+    assert primary.latency_samples == pytest.approx(sent_primary, rel=0.25)
+    assert secondary.latency_samples == pytest.approx(sent_secondary, rel=0.25)
+    assert secondary.p95_low_ms is not None and secondary.p95_ms is not None
+    assert 100 <= secondary.p95_low_ms <= secondary.p95_ms
     assert primary.pending_active == 0.0 and primary.queue_overflow == 0
     assert now - primary.observed_at_ms < 3000
     # per-tier pending (tier actions): the edge fleet's tier cluster, nothing queued

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
@@ -35,6 +35,12 @@ class RunResult:
     decision_examples: dict[str, str] = field(default_factory=dict)  # kind → its first rule
     # restart: the span from the kill to Ballast's next shift in this run's Ballast variant
     focus: tuple[float, float] | None = None
+    # the issue-21 checks on Ballast's records (`held_though_better`, `shed_while_idle`):
+    # how many records each check looked at, and the words of each record that failed it
+    nowhere_better: int = 0  # "nowhere better" holds recorded
+    held_though_better: list[str] = field(default_factory=list)
+    shed_onsets: int = 0  # tier_action on (with a shed tier) and tier_shed on
+    shed_with_idle_slots: list[str] = field(default_factory=list)
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -203,3 +209,73 @@ def mean_weight(run: RunResult, origin: str, start: float, end: float) -> float:
     """The origin's weight averaged over the PoPs' samples in [start, end)."""
     values = [w.get(origin, 0) for t, _, w in run.weights if w and start <= t < end]
     return sum(values) / len(values) if values else math.nan
+
+
+# --- checks on the decision records (issue 21: "compare, don't only threshold"; "no shed while
+# the shedding tier's origin has idle slots") -----------------------------------------------
+
+Record = Mapping[str, Any]
+
+
+def is_nowhere_better(record: Record) -> bool:
+    return record.get("kind") == "hold" and "nowhere better" in str(record.get("rule", ""))
+
+
+def held_though_better(record: Record, margin: float, breach_windows: int) -> str | None:
+    """For a "nowhere better" hold: the words of an origin whose composite score was better
+    than a sick origin's (breach streak at ``breach_windows`` or more) by ``margin`` in the
+    record's own inputs; None when none was (what the controller promises)."""
+    if not is_nowhere_better(record):
+        return None
+    scores = {name: float(score["composite"])
+              for name, score in ((record.get("inputs") or {}).get("scores") or {}).items()}
+    streaks = ((record.get("detail") or {}).get("state") or {}).get("unhealthy_windows") or {}
+    sick = [name for name, count in streaks.items() if count >= breach_windows]
+    for name in sick:
+        for other, score in scores.items():
+            if other != name and name in scores and score - scores[name] >= margin - 1e-9:
+                return (f"{record.get('pop', '')}: {other} scored {score:.2f}, sick {name} "
+                        f"{scores[name]:.2f} (margin {margin:g})")
+    return None
+
+
+def is_shed_onset(record: Record) -> bool:
+    """A record that starts shedding: re-prioritization on with a shed tier, or utilization
+    shedding on."""
+    detail = record.get("detail") or {}
+    if detail.get("change") != "on":
+        return False
+    if record.get("kind") == "tier_shed":
+        return True
+    actions = detail.get("actions") or {}
+    return record.get("kind") == "tier_action" and bool(
+        actions.get("shed_tier") or actions.get("shed_tiers"))
+
+
+def shed_while_idle(record: Record, guarantees: Mapping[str, int]) -> str | None:
+    """For a shed onset: words saying how the origin had idle slots in the record's window;
+    None when it had none. Re-prioritization (`tier_action`) sheds to relieve its trigger
+    tier's queue: idle means that tier's worst Envoy peaked below its slots (guarantee plus
+    borrowed slots) with nothing pending and no queue overloaded. Utilization shedding
+    (`tier_shed`): idle means the utilization it read was at or below ``shed_threshold``."""
+    if not is_shed_onset(record):
+        return None
+    inputs = record.get("inputs") or {}
+    detail = record.get("detail") or {}
+    pop = record.get("pop", "")
+    if record.get("kind") == "tier_shed":
+        used, threshold = float(detail.get("utilization", 0.0)), inputs.get("shed_threshold", 1.0)
+        return (f"{pop}: utilization {used:.2f} <= shed_threshold {threshold:g}"
+                if used <= threshold else None)
+    tier = str(inputs.get("trigger_tier", ""))
+    reading = (inputs.get("readings") or {}).get(tier)
+    if reading is None or tier not in guarantees:
+        return None
+    lent = ((inputs.get("state_before") or {}).get("lent") or {}).get(tier, 0)
+    slots = guarantees[tier] + lent
+    active = max((float(peak) for _, peak in reading.get("active_by_node") or ()), default=0.0)
+    demand = active + float(reading.get("pending_max", 0.0))
+    if demand < slots and not reading.get("overloaded_max"):
+        return (f"{pop}: {tier} peaked at {demand:g} of its {slots} slots, nothing pending "
+                f"(trigger {inputs.get('trigger')})")
+    return None

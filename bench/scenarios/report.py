@@ -120,7 +120,10 @@ def _kind_metrics(kind: str, quantiles: tuple[int, ...]) -> list[Metric]:
 def metrics(scenario: Scenario) -> list[Metric]:
     rows = [Metric("error rate during the incident, every cause (%)",
                    lambda sc, r: 100 * error_rate(_during(sc, r)))]
-    rows += _kind_metrics("checkout", (50, 95, 99)) + _kind_metrics("html", (50, 95))
+    rows += _kind_metrics("checkout", (50, 95, 99))
+    rows.append(Metric("checkout: shed by the edge (%)",
+                       lambda sc, r: 100 * shed_rate(_during(sc, r, "checkout"))))
+    rows += _kind_metrics("html", (50, 95))
     rows += [Metric("image: error rate (%)",
                     lambda sc, r: 100 * error_rate(_during(sc, r, "image"))),
              Metric("image: shed by the edge (%)",
@@ -307,6 +310,39 @@ def decisions(runs: dict[str, list[RunResult]]) -> list[str]:
     return [*lines, ""]
 
 
+def record_checks(runs: dict[str, list[RunResult]]) -> list[str]:
+    """Issue 21's two checks, counted over every decision record of every Ballast run."""
+    ours = runs["ballast"]
+
+    def per_run(values: Sequence[int]) -> str:
+        return " / ".join(str(v) for v in values)
+
+    found = [text for r in ours for text in (*r.held_though_better, *r.shed_with_idle_slots)]
+    lines = [
+        "## Checks on Ballast's decision records", "",
+        "Counted over every record of every run (seeds " + ", ".join(str(r.seed) for r in ours)
+        + "), each with the run's own desired state. A \"nowhere better\" hold fails the first "
+        "check when its own inputs show an origin whose composite score was better than a sick "
+        "origin's by `compare_margin`. A shed onset (re-prioritization with a shed tier, or "
+        "utilization shedding) fails the second when its window shows idle slots: the trigger "
+        "tier's worst Envoy peaked below its slots (guarantee plus borrowed) with nothing "
+        "pending and no queue overloaded, or the utilization read was at or below "
+        "`shed_threshold`. (Requests answered by a tier's bounded queue overflowing are "
+        "Envoy's, not records; a queue overflows only with every slot of its pool busy.)", "",
+        "| check | per run |", "|---|---|",
+        f"| \"nowhere better\" holds recorded | {per_run([r.nowhere_better for r in ours])} |",
+        "| ... while an origin scored better than a sick one by the margin | "
+        f"{per_run([len(r.held_though_better) for r in ours])} |",
+        f"| shed onsets recorded | {per_run([r.shed_onsets for r in ours])} |",
+        "| ... while the shedding tier's origin had idle slots | "
+        f"{per_run([len(r.shed_with_idle_slots) for r in ours])} |",
+        "",
+    ]
+    if found:
+        lines += ["The records that failed a check:", "", "```", *found[:20], "```", ""]
+    return lines
+
+
 def configs(scenario: Scenario) -> list[str]:
     """Every variant's configuration in full (PoP ewr; ports as placeholders)."""
     origins = {name: [8001 + 10 * i + k for k in range(spec.endpoints)]
@@ -456,10 +492,12 @@ def plot_standby(scenario: Scenario, runs: dict[str, RunResult], path: Path) -> 
 # list gives this report's numbers for it)
 WHY = {
     "image: shed": (
-        "the tier controller sheds the background tier at the edge (503 with "
-        "`x-ballast-shed`) while checkout's measured pool wait is over its trigger (35 ms) or "
-        "the origin's utilization over 85 % (seed 000: shed P2 to protect P0); every shed "
-        "counts as a failed request here"),
+        "background requests are answered at the edge (503 with `x-ballast-shed`) two ways: "
+        "the tier controller sheds the background tier while checkout's measured pool wait is "
+        "over its trigger (35 ms) or the origin's utilization over 85 % (seed 000: shed P2 to "
+        "protect P0; \"shed onsets recorded\" in the checks below), and the background "
+        "tier's queue, bounded in time (its slots x 3000 ms / the origins' p50, `tier_queue`), "
+        "overflows; every shed counts as a failed request here"),
     "image": (
         "background requests are shed at the edge or wait behind the background tier's 5 % "
         "share of the origin's slots; the baselines give them the same pool as everything else"),
@@ -468,6 +506,12 @@ WHY = {
         "normal tier) where the failover baselines time out at 4 s, so a slow request is "
         "answered late (in the latencies) instead of failing (in the error rate); and during "
         "a shift part of the traffic stays on the slow primary"),
+    "checkout: shed": (
+        "the critical tier's queue is bounded in time (seed 000's 800 ms `queue_timeout`): its "
+        "pending limit is slots x 800 ms / the origins' measured p50 (`tier_queue` records), so "
+        "while the origin is slow a checkout request that finds the queue at that limit is "
+        "answered 503 at the edge (`x-ballast-shed: critical`, the tier's `shed_action`) "
+        "instead of waiting up to its route timeout as the baselines' requests do"),
     "checkout": (
         "during the shift Ballast keeps most traffic on the primary, whose time to first byte "
         "rises by up to 600 ms (the evidence line gives its standby's mean weight), and its "
@@ -489,15 +533,23 @@ WHY = {
 WHY_PRIORITY = {
     "html": (
         "while the tier controller acts (`tier_action`) half of the normal tier's requests are "
-        "demoted into the background tier's pool, where they wait or fail; one FIFO queue lets "
-        "HTML compete on equal terms (most of FIFO's requests fail at its 4 s timeout, so the "
-        "HTML it does answer is answered sooner), and static tiers keep HTML in its own pool "
-        "with a 9.5 s route timeout (fewer fail, later)"),
+        "demoted into the background tier's pool, and both pools' queues are bounded in time "
+        "(`tier_queue`: normal 5 slots x 1500 ms / 480 ms, about 15 waiting; background 1 "
+        "slot plus borrowed x 3000 ms / 480 ms): HTML past those limits is answered 503 at the "
+        "edge at once (the shed column of the breakdown below) instead of after a wait; one "
+        "FIFO queue lets HTML compete on equal terms (most of FIFO's requests fail at its 4 s "
+        "timeout, so the HTML it does answer is answered sooner), and static tiers keep HTML "
+        "in its own pool with a 9.5 s route timeout (fewer fail, later)"),
     "checkout": (
-        "no mechanism verified. Ballast's records show it lending critical's idle slots to "
-        "normal and background before the slowdown (`tier_lend`); while borrowed slots are "
-        "busy the origin's 20 workers are oversubscribed and checkout can wait at the origin "
-        "until they are reclaimed"),
+        "the critical tier's queue is bounded in time: while the origin answers in 480 ms its "
+        "pending limit is its 14 slots (more while it borrows) x 800 ms / 480 ms, about 23 "
+        "(`tier_queue` records), and checkout "
+        "requests past it are answered 503 at the edge (\"checkout: shed by the edge\"), where "
+        "static tiers let them wait up to the 6.8 s route timeout and answer most of them late. "
+        "Ballast's records also show it lending critical's idle slots to normal and background "
+        "before the slowdown (`tier_lend`); while borrowed slots are busy the origin's 20 "
+        "workers are oversubscribed and checkout can wait at the origin until they are "
+        "reclaimed"),
     "error rate": (
         "the tier controller answers background requests at the edge with 503 (shed, counted "
         "as failed) and demotes half of the normal tier into the background tier's pool, "
@@ -514,8 +566,12 @@ def _evidence(scenario: Scenario, runs: dict[str, list[RunResult]]) -> str:
         return "/".join(str(r.decisions.get(kind, 0)) for r in ours)
 
     shed = Spread(tuple(100 * shed_rate(_during(scenario, r, "image")) for r in ours)).median
+    checkout = Spread(tuple(100 * shed_rate(_during(scenario, r, "checkout"))
+                            for r in ours)).median
     parts = [f"in these runs the tier controller shed {_num(shed)} % of background requests "
-             f"(`tier_action` records per run: {per_run('tier_action')})"]
+             f"(`tier_action` records per run: {per_run('tier_action')}), and the critical "
+             f"tier's time-bounded queue answered {_num(checkout)} % of checkout requests at "
+             f"the edge (`tier_queue` records per run: {per_run('tier_queue')})"]
     if scenario.standby:
         weight = Spread(tuple(mean_weight(r, scenario.standby, *window(scenario))
                               for r in ours)).median
@@ -600,6 +656,7 @@ def write_report(
         *breakdown(scenario, runs),
         *standby_section(scenario, runs),
         *decisions(runs),
+        *record_checks(runs),
         *extra,
         *timer_table(),
         "## Plots (first run of each variant)",

@@ -10,7 +10,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from bench.scenarios.analysis import RunResult
+from bench.scenarios.analysis import (
+    Record,
+    RunResult,
+    held_though_better,
+    is_nowhere_better,
+    is_shed_onset,
+    shed_while_idle,
+)
 from bench.scenarios.load import MIX, Surge, run_load, schedule
 from bench.scenarios.origin import Behaviour, OriginSpec, ScriptedOrigin
 from bench.scenarios.stack import (
@@ -22,6 +29,7 @@ from bench.scenarios.stack import (
     priority_bootstrap,
 )
 from control_plane.decisions.read import iter_records, record_time
+from control_plane.desired.loader import load_desired
 from harness.envoy_process import free_port
 
 # decision records drawn on the time axis (weights, ramps, tier actions); routine ones are not
@@ -167,6 +175,7 @@ async def run_variant(scenario: Scenario, variant: str, workdir: Path, seed: int
                 kind = str(r["kind"])
                 result.decisions[kind] += 1
                 result.decision_examples.setdefault(kind, str(r.get("rule", ""))[:300])
+            _check_records(result, [r for _, r in everything], edge.desired)
             if len(result.events) >= 2:  # what the restarted Ballast said first, per PoP
                 restarted = result.events[1][0]
                 result.after_restart = [
@@ -183,3 +192,23 @@ async def run_variant(scenario: Scenario, variant: str, workdir: Path, seed: int
         edge.stop()
         for origin in origins.values():
             await origin.stop()
+
+
+def _check_records(result: RunResult, records: list[Record], desired_path: Path) -> None:
+    """Issue 21's checks on every record of the run (`analysis.held_though_better`,
+    `analysis.shed_while_idle`), with the run's own desired state's margin and slots."""
+    desired = load_desired(desired_path)
+    group = desired.group("shop")
+    policy = group.failover
+    guarantees = {tier.name: group.guarantee(tier) for tier in group.tiers}
+    for record in records:
+        if is_nowhere_better(record):
+            result.nowhere_better += 1
+            found = held_though_better(record, policy.compare_margin, policy.breach_windows)
+            if found is not None:
+                result.held_though_better.append(found)
+        if is_shed_onset(record):
+            result.shed_onsets += 1
+            idle = shed_while_idle(record, guarantees)
+            if idle is not None:
+                result.shed_with_idle_slots.append(idle)

@@ -15,7 +15,10 @@ from bench.scenarios.analysis import (
     answered,
     causes,
     error_rate,
+    held_though_better,
+    is_shed_onset,
     latencies,
+    shed_while_idle,
     statuses,
     verdict,
 )
@@ -24,6 +27,9 @@ from bench.scenarios.load import REQUEST_HEADER, Sample, Surge, schedule
 from bench.scenarios.origin import Behaviour, OriginSpec, ScriptedOrigin
 from bench.scenarios.stack import ballast_desired, failover_bootstrap
 from bench.scenarios.timers import COMPRESSION
+from control_plane.decide.controller import ControllerState, step
+from control_plane.decide.signals import OriginSignals
+from control_plane.desired.model import FailoverPolicy
 from harness.envoy_process import free_port
 
 
@@ -129,3 +135,64 @@ async def test_the_origin_stops_working_for_a_client_that_left() -> None:
     finally:
         await origin.stop()
         await asyncio.sleep(0)
+
+
+def _failing(errors: int, at: int) -> OriginSignals:
+    return OriginSignals(1000, errors, 0, 200.0, 300.0, 0.0, 0, 1.0, at)
+
+
+def test_a_nowhere_better_hold_is_checked_against_its_own_scores() -> None:
+    """The check reads the record as the log holds it: a real controller hold with both
+    origins failing alike passes; the same record with a secondary scoring better by the
+    margin fails, with words naming both scores."""
+    policy, pref = FailoverPolicy(), ("primary", "secondary")
+    weights, state, record = {"primary": 95, "secondary": 5}, ControllerState(), {}
+    for tick in (1, 2, 3):
+        result = step(policy, pref, weights, state,
+                      {"primary": _failing(600, tick), "secondary": _failing(603, tick)},
+                      tick, 0)
+        weights, state = result.weights_after, result.state
+        record = {"kind": result.kind, "pop": "ewr", **result.record_fields()}
+    assert "nowhere better" in record["rule"]
+    assert held_though_better(record, policy.compare_margin, policy.breach_windows) is None
+    record["inputs"]["scores"]["secondary"]["composite"] = (
+        record["inputs"]["scores"]["primary"]["composite"] + policy.compare_margin)
+    found = held_though_better(record, policy.compare_margin, policy.breach_windows)
+    assert found is not None and found.startswith("ewr: secondary scored")
+    steady = {**record, "kind": "steady", "rule": "all origins within thresholds"}
+    assert held_though_better(steady, policy.compare_margin, policy.breach_windows) is None
+
+
+def _shed_record(active: list[list[object]], pending: float, lent: int = 0,
+                 overloaded: float | None = None) -> dict[str, object]:
+    reading = {"pending_max": pending, "observed_at_ms": 1, "active_by_node": active,
+               "overloaded_max": overloaded, "wait": None}
+    return {
+        "kind": "tier_action", "pop": "ewr", "rule": "p95 wait 40 ms > 35 ms for 30 s",
+        "inputs": {"trigger": "wait", "trigger_tier": "critical", "shed_threshold": 0.85,
+                   "readings": {"critical": reading},
+                   "state_before": {"lent": {"critical": lent} if lent else {}}},
+        "detail": {"change": "on", "actions": {"shed_tier": "background", "shed_tiers": []}},
+    }
+
+
+def test_a_shed_onset_with_idle_slots_is_found() -> None:
+    """A re-prioritization shed whose trigger tier peaked below its slots with nothing pending
+    had idle slots (issue 21: "shed while all 84 critical slots sit idle"); one whose tier was
+    full, queued or overloaded did not. Utilization shedding at or below its threshold had
+    idle slots too. A record that stops shedding is no onset."""
+    slots = {"critical": 84}
+    idle = shed_while_idle(_shed_record([["e1", 3.0], ["e2", 1.0]], 0.0), slots)
+    assert idle is not None and "3 of its 84 slots" in idle
+    assert shed_while_idle(_shed_record([["e1", 84.0]], 5.0), slots) is None  # full and queued
+    assert shed_while_idle(_shed_record([["e1", 80.0]], 0.0, overloaded=1.0), slots) is None
+    # borrowed slots count: 90 active of 84 + 10 is still idle capacity
+    assert shed_while_idle(_shed_record([["e1", 90.0]], 0.0, lent=10), slots) is not None
+    off = _shed_record([["e1", 3.0]], 0.0)
+    off["detail"] = {"change": "off", "actions": None}
+    assert not is_shed_onset(off) and shed_while_idle(off, slots) is None
+    utilization = {"kind": "tier_shed", "pop": "ewr", "inputs": {"shed_threshold": 0.85},
+                   "detail": {"change": "on", "utilization": 0.9}}
+    assert is_shed_onset(utilization) and shed_while_idle(utilization, slots) is None
+    utilization["detail"] = {"change": "on", "utilization": 0.5}
+    assert shed_while_idle(utilization, slots) is not None

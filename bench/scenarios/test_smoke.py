@@ -40,6 +40,12 @@ async def _run(name: str, tmp_path: Path) -> tuple[Path, dict[str, RunResult]]:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"]({name}-{plot}.png)" in report
     runs = {"baseline" if v != "ballast" else v: rs[0] for v, rs in repeated.items()}
+    # issue 21's checks over every decision record: no "nowhere better" hold while an origin
+    # scored better by the margin, no shed while the shedding tier's origin had idle slots
+    assert "## Checks on Ballast's decision records" in report
+    ballast = runs["ballast"]
+    assert ballast.held_though_better == [], ballast.held_though_better
+    assert ballast.shed_with_idle_slots == [], ballast.shed_with_idle_slots
     # the same seed gave both variants the same request schedule, and every request was sent
     assert runs["ballast"].schedule == runs["baseline"].schedule
     assert len(runs["ballast"].schedule) > 100

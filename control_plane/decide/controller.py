@@ -120,7 +120,8 @@ class StepResult:
     state: ControllerState  # the new state
     inputs: LazyInputs  # signals, scores, jitter, time, preference, state before (JSON-ready)
     # why the weights did not move, for runs of quiet ticks (`decide/runs.py`): "fail_static",
-    # "sick_held", "return_wait" or "steady"; the kind itself when they moved
+    # "sick_held" (at its target or warm pool), "nowhere_better" (no origin better by the
+    # margin), "return_wait" or "steady"; the kind itself when they moved
     reason: str = ""
     # origin -> its flap penalty now and whether it is suppressed (origins that flapped only)
     damping: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -430,7 +431,8 @@ def _no_move(tick: _Tick) -> tuple[StepKind, str, str, str]:
             + ("s" if left > 1 else ""),
         )
     if sick:
-        if any(_receivers_of(tick, name) for name in sick):
+        somewhere = any(_receivers_of(tick, name) for name in sick)
+        if somewhere:
             where = ", ".join(
                 f"{name} at {tick.current[name]}, target "
                 f"{_leave_target(policy, tick.current[name], tick.scores[name].composite)} "
@@ -442,7 +444,7 @@ def _no_move(tick: _Tick) -> tuple[StepKind, str, str, str]:
                      f"{policy.compare_margin:g}: nowhere better to send traffic")
         return (
             "hold",
-            "sick_held",
+            "sick_held" if somewhere else "nowhere_better",
             f"{'; '.join(tick.why(name) for name in sick)}; held: {where}",
             f"moves when {', '.join(sick)} gets worse or another origin gets healthier",
         )

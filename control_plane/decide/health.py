@@ -1,16 +1,24 @@
 """Health score of one origin as seen from one PoP: a pure function of its signals.
 
-Each signal maps to a sub-score in 0..1 (1 = perfect). A "badness ratio" q = value / threshold is
-turned into a sub-score by ``1 - q / 5`` clamped to 0..1: at the threshold the sub-score is 0.8,
-at five times the threshold it is 0.
+Each signal maps to a sub-score (1 = perfect). A "badness ratio" q = value / threshold is turned
+into a sub-score by ``1 - q / 5`` (at most 1): at the threshold the sub-score is 0.8, at twice
+it 0.6, at five times it 0 (seed 002's "0.0 (dead)").
 
 - ``errors``: 5xx + connect failures over all attempts, against ``error_rate_threshold``
   (so 7.9 % against 2 % scores 0.21).
 - ``latency``: p95 against ``p95_threshold_ms``.
 - ``saturation``: the worse of pending requests against the adaptive-LIFO high watermark
   (seed 001: 80) and the share of requests refused by ``max_pending_requests`` against
-  ``error_rate_threshold`` (a refused request is a failed request).
-- ``probe``: the share of active probes that passed.
+  ``error_rate_threshold`` (a refused request is a failed request); clamped to 0..1.
+- ``probe``: the share of active probes that passed (0..1).
+
+Errors and latency are not clamped at 0: past five times the threshold they go on falling, one
+threshold's worth (0.2) per threshold, so two origins failing past "dead" still order (60 % 5xx
+scores -5, 95 % -8.5: seed 002's "an origin that's 70% healthy shouldn't be treated the same as
+one that's 0% healthy") and the failover ``compare_margin`` (0.1: half a threshold's worth)
+means the same at both ends. A strictly lower 5xx rate or p95 gives a strictly lower badness and,
+where that signal is the composite's minimum, a strictly better composite. A composite below 0
+is a health-proportional target of 0 (the warm pool holds), and the dashboard draws it at 0.
 
 Seed 002 combines them with the **weighted minimum**, not the average, so one failing signal pulls
 the whole score down::
@@ -18,9 +26,10 @@ the whole score down::
     composite = min over signals with evidence of (1 - w_i * (1 - s_i))
 
 ``w_i`` in 0..1 (``SIGNAL_WEIGHTS``) says how far signal i alone can pull the composite down: with
-w = 1 a dead signal makes the composite 0, with w = 0.8 it makes it 0.2. A signal without evidence
-(no completed request, no probe) is left out: an idle origin is not an unhealthy one. Saturation
-always has evidence (the pending gauge), so an idle origin with an empty queue scores 1.
+w = 1 a dead signal makes the composite 0 (and below, past dead), with w = 0.8 it makes it 0.2.
+A signal without evidence (no completed request, no probe) is left out: an idle origin is not an
+unhealthy one. Saturation always has evidence (the pending gauge), so an idle origin with an
+empty queue scores 1.
 """
 
 from __future__ import annotations
@@ -57,8 +66,9 @@ def weighted_terms(sub_scores: dict[str, float | None]) -> dict[str, float]:
 
 
 def ratio_score(value: float, threshold: float) -> float:
-    """1 - (value / threshold) / 5, clamped to 0..1."""
-    return _clamp01(1.0 - (value / threshold) / ZERO_AT_RATIO)
+    """1 - (value / threshold) / 5, at most 1: 0 at five times the threshold, below 0 past it
+    (errors and latency keep their order at the bad end; see the module docstring)."""
+    return min(1.0, 1.0 - (value / threshold) / ZERO_AT_RATIO)
 
 
 @dataclass(frozen=True)
@@ -114,10 +124,10 @@ def score_origin(
     )
     offered = attempts + signals.queue_overflow
     overflow_rate = signals.queue_overflow / offered if offered else 0.0
-    saturation = min(
+    saturation = _clamp01(min(
         ratio_score(signals.pending_active, pending_watermark),
         ratio_score(overflow_rate, policy.error_rate_threshold),
-    )
+    ))
     probe = _clamp01(signals.probe_success) if signals.probe_success is not None else None
     terms = weighted_terms(
         {"errors": errors, "latency": latency, "saturation": saturation, "probe": probe}

@@ -8,7 +8,8 @@ per tick: with 100 PoPs x 50 groups and no metrics, the log grows by 5,000 recor
 5,000 per tick.
 
 A run is identified by the step's kind and its `reason` (``fail_static``, ``sick_held``,
-``return_wait``, ``steady``): a hold that changes its reason ends one run and starts another.
+``nowhere_better``, ``return_wait``, ``steady``): a hold that changes its reason ends one run and
+starts another (so every run of "nowhere better" holds starts with a record of its scores).
 The run a process finds at its first tick when it is steady is not logged (nothing happened),
 so its end is not logged either.
 """

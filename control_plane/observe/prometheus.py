@@ -22,7 +22,15 @@ Envoys do not set that tag must give every scrape target a `ballast_pop` target 
 when host series exist in the window: `requests` = increase of `rq_total` (attempts),
 `errors_5xx` = of `rq_error` minus `cx_connect_fail` (every failed attempt: 5xx, reset, timeout;
 Envoy counts a connect failure as an `rq_error` too), `connect_failures` = of `cx_connect_fail`;
-otherwise the zone counters as before. Quantiles stay on the zone histogram.
+otherwise the zone counters as before.
+
+Latency comes from the zone histogram, its tiers merged per (PoP, group, origin): the window's
+increase of every bucket (`latency_buckets`, one query) and, from those buckets, the same
+arithmetic as the sink's (`observe/window.py` `quantile`, PromQL's `histogram_quantile` rule):
+p50, p95, the observation count behind them (`latency_samples`: the `le="+Inf"` bucket, i.e.
+the increase of `_rq_time_count`) and the p95's lower confidence bound, so the evidence rules
+(`decide/evidence.py`: `min_samples`, the bound) judge a Prometheus window as they judge a sink
+window: a p95 of too few observations is inconclusive, not a breach.
 
 For the tier controller, `tier_pending` asks `max_over_time` of the pending gauge per (PoP, tier
 cluster), the worst Envoy's (`max by`: breakers and queue policies act per Envoy), each Envoy's
@@ -41,11 +49,12 @@ from typing import Any
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
 from requests import RequestException
 
+from control_plane.decide.evidence import quantile_lower_rank
 from control_plane.decide.signals import OriginSignals, TierPending
 from control_plane.desired.model import Desired
 from control_plane.observe.endpoints import EndpointOrigins, endpoint_origins
 from control_plane.observe.source import Signals, TierSignals
-from control_plane.observe.window import split_cluster
+from control_plane.observe.window import Buckets, quantile, split_cluster
 
 log = logging.getLogger(__name__)
 
@@ -74,13 +83,11 @@ def queries(window_ms: int) -> dict[str, str]:
         f"label_replace(increase(envoy_cluster_zone_upstream_rq_time_bucket{r}), "
         '"ballast_group", "$1", "ballast_cluster", "(.+)[.][^.]+")'
     )
-    buckets = f"sum by (local_zone, ballast_group, upstream_zone, le) ({grown})"
     return {
         "requests": f"sum by ({by}) (increase(envoy_cluster_zone_upstream_rq_completed{r}))",
         "errors_5xx": f"sum by ({by}) "
         f'(increase(envoy_cluster_zone_upstream_rq_xx{{envoy_response_code_class="5"}}{r}))',
-        "p50_ms": f"histogram_quantile(0.5, {buckets})",
-        "p95_ms": f"histogram_quantile(0.95, {buckets})",
+        "latency_buckets": f"sum by (local_zone, ballast_group, upstream_zone, le) ({grown})",
         "observed_at": f"max by ({by}) "
         f"(timestamp(envoy_cluster_zone_upstream_rq_completed) "
         f"and last_over_time(envoy_cluster_zone_upstream_rq_completed{r}))",
@@ -146,16 +153,12 @@ def assemble_tiers(results: dict[str, Vector]) -> TierSignals:
 def assemble(results: dict[str, Vector], endpoints: EndpointOrigins | None = None) -> Signals:
     """Instant vectors by signal -> OriginSignals per (PoP, group) -> origin (pure).
 
-    Requests and 5xx are summed over the group's tiers (the quantiles already merge them in
-    PromQL); pending is the max over tiers and queue overflow the sum, both group-wide numbers
-    every origin of the group carries. NaN quantiles (no request in the window) become None.
+    Requests and 5xx are summed over the group's tiers (the latency buckets already merge them
+    in PromQL); pending is the max over tiers and queue overflow the sum, both group-wide numbers
+    every origin of the group carries. No observation in the window: p50 / p95 None, 0 samples.
     Host series that `endpoints` maps to an origin replace its zone counters (module docstring).
     """
-    quantiles: dict[tuple[str, str, str], dict[str, float]] = defaultdict(dict)
-    for name in ("p50_ms", "p95_ms"):
-        for labels, value in _series(results.get(name, [])):
-            pop, group, origin = (labels.get(k, "") for k in QUANTILE)
-            quantiles[pop, group, origin][name] = value
+    latency = _latency(results.get("latency_buckets", []))
     per_tier: dict[tuple[str, str, str, str], dict[str, float]] = defaultdict(dict)
     for name in ("requests", "errors_5xx", "observed_at"):
         for labels, value in _series(results.get(name, [])):
@@ -187,18 +190,50 @@ def assemble(results: dict[str, Vector], endpoints: EndpointOrigins | None = Non
         host = hosts.get((pop, group, origin))
         rows = zone_rows if host is None else [*host, *({"observed_at": row["observed_at"]}
                                                           for row in zone_rows)]
+        buckets = latency.get((pop, group, origin), ())
+        observed = round(buckets[-1][1]) if buckets else 0
+        rank = quantile_lower_rank(observed)
         signals.setdefault((pop, group), {})[origin] = OriginSignals(
             requests=round(sum(row.get("requests", 0.0) for row in rows)),
             errors_5xx=round(sum(row.get("errors_5xx", 0.0) for row in rows)),
             connect_failures=round(sum(row.get("connect_failures", 0.0) for row in rows)),
-            p50_ms=quantiles[pop, group, origin].get("p50_ms"),
-            p95_ms=quantiles[pop, group, origin].get("p95_ms"),
+            p50_ms=quantile(0.5, buckets),
+            p95_ms=quantile(0.95, buckets),
             pending_active=pending.get((pop, group), 0.0),
             queue_overflow=round(overflow.get((pop, group), 0.0)),
             probe_success=None,
             observed_at_ms=round(max(row["observed_at"] for row in rows) * 1000),
+            latency_samples=observed,
+            p95_low_ms=quantile(rank / observed, buckets) if rank else None,
         )
     return signals
+
+
+def _latency(vector: Vector) -> dict[tuple[str, str, str], Buckets]:
+    """The window's bucket increases -> cumulative buckets per (PoP, group, origin), bounds
+    ascending, ending in +Inf (Envoy exports it). `increase()` extrapolates each bucket on its
+    own, so a bucket may read a hair below the one before it: counts are made non-decreasing,
+    as `histogram_quantile` does."""
+    raw: dict[tuple[str, str, str], list[tuple[float, float]]] = defaultdict(list)
+    for labels, value in _series(vector):
+        try:
+            bound = float(labels.get("le", ""))
+        except ValueError:
+            log.warning("latency bucket without a readable le ignored: %r", labels)
+            continue
+        key = tuple(labels.get(k, "") for k in QUANTILE)
+        raw[key[0], key[1], key[2]].append((bound, value))
+    out: dict[tuple[str, str, str], Buckets] = {}
+    for key, pairs in raw.items():
+        pairs.sort()
+        if not math.isinf(pairs[-1][0]):
+            continue  # no +Inf bucket: no count of the observations; no latency
+        cumulative, top = [], 0.0
+        for bound, count in pairs:
+            top = max(top, count)
+            cumulative.append((bound, top))
+        out[key] = tuple(cumulative)
+    return out
 
 
 def _hosts(

@@ -396,7 +396,9 @@ function healthChart(data) {
   const W = 860, H = 170, M = { l: 44, r: 12, t: 16, b: 24 };
   const width = W - M.l - M.r, height = H - M.t - M.b;
   const x = timeScale(data, width);
-  const y = (v) => height - v * height;
+  // a score below 0 (an origin failing past five times a threshold) is drawn at 0; its
+  // point's title keeps the number (decide/health.py)
+  const y = (v) => height - Math.max(0, v) * height;
   const g = s("g", { transform: `translate(${M.l},${M.t})` });
   axes(g, data, width, height, [0, 0.5, 1].map((v) => [v.toFixed(1), y(v)]), "health");
   const t = data.thresholds;
