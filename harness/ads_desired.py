@@ -64,9 +64,10 @@ def write_desired(path: Path, **kwargs: int) -> Path:
 
 
 def fleet_yaml(*, pops: int, groups: int, listener_port: int = 10000,
-               max_origin_concurrency: int = 120) -> str:
+               max_origin_concurrency: int = 120, rollout: str | None = None) -> str:
     """`pops` PoPs (p000…) and `groups` origin groups (g000…) of two origins, one virtual host
-    per group: the YAML twin of `harness.models.fleet_desired`, for scale tests."""
+    per group: the YAML twin of `harness.models.fleet_desired`, for scale tests. `rollout`:
+    the rollout strategy written (`immediate`: a reload reaches every PoP at once)."""
     pop_names = [f"p{p:03d}" for p in range(pops)]
     lines = ["pops:"]
     lines += [f"  {name}: {{listen_address: 127.0.0.1, port_offset: {p}}}"
@@ -83,6 +84,8 @@ def fleet_yaml(*, pops: int, groups: int, listener_port: int = 10000,
             f"      o1: {{address: 10.{g // 250}.{g % 250}.2, port: 8080}}",
             "    preference: {" + ", ".join(f"{k}: {v}" for k, v in order.items()) + "}",
         ]
+    if rollout is not None:
+        lines.append(f"rollout: {{strategy: {rollout}}}")
     lines += ["listeners:", "  - name: edge", f"    port: {listener_port}", "    virtual_hosts:"]
     lines += [f"      - {{name: g{g:03d}, domains: [g{g:03d}.example], origin_group: g{g:03d}}}"
               for g in range(groups)]

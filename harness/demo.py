@@ -62,6 +62,11 @@ def _guide(
         f"--group {group.name}",
         f"  Nodes:      .venv/bin/ballast status --server http://127.0.0.1:{admin_port} "
         f"--token-file {token}",
+        f"  Roll out:   edit {desired.source} (e.g. a classification rule), then "
+        f".venv/bin/ballast rollout status --server http://127.0.0.1:{admin_port} "
+        f"--token-file {token}",
+        f"              {pop} (the canary) gets it first, the others after its bake and "
+        "gate; `ballast rollout promote|abort|pause` there too",
         f"  Admin API:  curl -H \"Authorization: Bearer $(cat {token})\" "
         f"http://127.0.0.1:{admin_port}/status   (/metrics /weights ...)",
         f"  Dashboard:  http://127.0.0.1:{admin_port}/login with the token in {token}, "

@@ -37,6 +37,9 @@ origin_groups:
       ewr: [primary, secondary]
       sjc: [primary, secondary]
     health_check: {{interval: 1s, connect_timeout: 500ms, read_timeout: 1s}}
+# a reload reaches both PoPs at once: what these tests look at (rollouts in waves are
+# tests/test_rollout_e2e.py's)
+rollout: {{strategy: immediate}}
 classification:
   default_tier: critical
   rules:

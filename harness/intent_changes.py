@@ -36,7 +36,7 @@ async def set_weights(owner: IntentOwner, pop: str, group: str, weights: Mapping
     `WeightsError` (nothing changed) for a pair or weights that do not fit."""
     key = (pop, group)
     owner.weights(pop, group)  # the pair exists
-    check_group_weights(owner.desired.group(group), weights)
+    check_group_weights(owner.intent.desired_of(pop).group(group), weights)
     return await _set(owner, lambda: PairChange(key, dict(weights), owner.controller(key)))
 
 
@@ -48,7 +48,7 @@ async def set_tier_actions(owner: IntentOwner, pop: str, group: str,
     key = (pop, group)
     owner.weights(pop, group)  # the pair exists
     if actions is not None:
-        check_tier_actions(owner.desired.group(group), actions)
+        check_tier_actions(owner.intent.desired_of(pop).group(group), actions)
     return await _set(owner, lambda: PairChange(
         key, owner.weights(pop, group), owner.controller(key), owner.tier_state(key),
         tier_actions=actions))

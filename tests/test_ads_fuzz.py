@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -73,10 +72,20 @@ class Server:
         return int(line.split()[1]) / 1024
 
 
+# each change reaches sjc at once (the change-to-ACK bound is the subject, not a rollout's waves)
+IMMEDIATE = "rollout: {strategy: immediate}\n"
+
+
+def _example(sjc_offset: int = 1) -> str:
+    """The example desired state, every change immediate, sjc's port offset `sjc_offset`."""
+    return (EXAMPLE.read_text() + IMMEDIATE).replace("port_offset: 1}",
+                                                     f"port_offset: {sjc_offset}}}")
+
+
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[Server]:
     desired = tmp_path / "desired.yaml"
-    shutil.copy(EXAMPLE, desired)
+    desired.write_text(_example())
     xds, admin = free_port(), free_port()
     log = open(tmp_path / "serve.log", "w")  # noqa: SIM115 - the server writes it
     proc = subprocess.Popen(
@@ -231,8 +240,7 @@ async def _change_and_wait(server: Server, client: XdsClient, offset: int) -> fl
     """Move sjc's listeners (a new LDS for every sjc node); seconds from SIGHUP until the polite
     node has received and ACKed it."""
     seen = len(client.responses(LISTENER_TYPE))
-    server.desired.write_text(
-        EXAMPLE.read_text().replace("port_offset: 1}", f"port_offset: {offset}}}"))
+    server.desired.write_text(_example(offset))
     started = time.monotonic()
     server.proc.send_signal(signal.SIGHUP)
 

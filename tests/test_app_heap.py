@@ -40,7 +40,7 @@ def test_start_up_objects_are_frozen_and_later_cycles_are_still_collected() -> N
     assert kept() is None
 
 
-def test_a_reload_runs_without_collections_and_what_it_built_is_frozen_after() -> None:
+def test_a_reload_runs_without_collections_and_keeps_no_garbage_after() -> None:
     collections: list[int] = []
 
     def counted(phase: str, info: dict[str, int]) -> None:
@@ -53,12 +53,12 @@ def test_a_reload_runs_without_collections_and_what_it_built_is_frozen_after() -
             assert not gc.isenabled()
             built = [Node() for _ in range(50_000)]  # would set off collections otherwise
             kept = weakref.ref(built[0])
+            assert collections == []
             raise RuntimeError("a reload that fails still turns the collector back on")
-        assert collections == []
-        assert gc.isenabled() and gc.get_freeze_count() > 0
+        assert gc.isenabled()
         del built
         gc.collect()
-        assert kept() is not None  # frozen with the output the reload built
+        assert kept() is None  # a cycle that died during the reload is not kept
     finally:
         gc.callbacks.remove(counted)
         release_heap()

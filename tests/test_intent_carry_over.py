@@ -207,7 +207,10 @@ async def test_plan_against_the_server_during_a_ramp_predicts_exactly_what_the_r
         assert intent.intent.mirror(*EWR) is not None  # the ramp's mirror is on
         caps = Capabilities()
         served_before = {pop: render_json(cache.resources(pop, caps)) for pop in ("ewr", "sjc")}
-        edited = text.replace("read_timeout: 4s", "read_timeout: 5s")  # routes of every PoP
+        # routes of every PoP, reaching every PoP at once (a rollout's waves are not the
+        # subject: the new file's rollout: policy governs its own rollout)
+        edited = text.replace("read_timeout: 4s", "read_timeout: 5s") + \
+            "rollout: {strategy: immediate}\n"
         assert edited != text
         new = parse_desired(edited.encode(), str(service.config.desired_path))
         client = AdminClient(f"http://127.0.0.1:{admin}")

@@ -48,6 +48,7 @@ from tests.support.example_service import example_service
 T0 = 1_800_000_000_000
 FAULTS = ["save", "record", "swap"]
 CAPS = Capabilities()
+IMMEDIATE = "rollout: {strategy: immediate}\n"  # a reload reaches every PoP at once
 
 
 class EwrPrimaryFails:
@@ -143,7 +144,8 @@ async def test_a_reload_with_a_fault_leaves_served_and_stored_agreeing(
         for pop in owner.desired.pop_names:
             cache.resources(pop, CAPS)
         before = owner.desired
-        edited = text.replace("port_offset: 1}", "port_offset: 2}")
+        # every PoP at once: the transaction is the subject, not a rollout's waves
+        edited = text.replace("port_offset: 1}", "port_offset: 2}") + IMMEDIATE
         with monkeypatch.context() as patched:
             inject(fault, patched, store, service.decisions, cache)
             applied = await service.reload.apply(edited.encode())
@@ -194,7 +196,7 @@ async def test_a_step_during_a_reloads_translation_is_not_held_up_nor_lost(
             return held
 
         monkeypatch.setattr(cache, "prepare", slow_prepare)
-        edited = text.replace("read_timeout: 4s", "read_timeout: 5s")
+        edited = text.replace("read_timeout: 4s", "read_timeout: 5s") + IMMEDIATE
         reload = asyncio.create_task(service.reload.apply(edited.encode()))
         assert await asyncio.to_thread(building.wait, 30)
         moved = {"primary": 70, "secondary": 30}

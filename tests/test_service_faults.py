@@ -75,7 +75,7 @@ async def test_watcher_survives_bad_files_and_failing_code(service: BallastServi
     # failing code while applying: rejected with an internal error, /readyz says so
     real_apply = service.reload._apply
 
-    async def failing(data: bytes) -> bool:
+    async def failing(data: bytes, *_: object) -> bool:
         raise RecursionError("maximum recursion depth exceeded")
 
     service.reload._apply = failing  # type: ignore[method-assign]

@@ -56,7 +56,8 @@ class LagProbe:
 
 async def test_a_full_retranslation_does_not_delay_a_small_pops_push(tmp_path: Path) -> None:
     path = tmp_path / "desired.yaml"
-    path.write_text(fleet_yaml(pops=POPS, groups=GROUPS))
+    # a full retranslation: the reload reaches every PoP at once
+    path.write_text(fleet_yaml(pops=POPS, groups=GROUPS, rollout="immediate"))
     service = BallastService(ServiceConfig(
         desired_path=path, state_dir=tmp_path / "state", xds_address=f"127.0.0.1:{free_port()}",
         admin_address=f"127.0.0.1:{free_port()}", probes=False,
@@ -96,7 +97,8 @@ async def test_a_full_retranslation_does_not_delay_a_small_pops_push(tmp_path: P
         assert service.admin is not None
         healthz = HealthzProbe(f"{service.admin.url}/healthz")
         healthz.start()
-        edited = fleet_yaml(pops=POPS, groups=GROUPS, max_origin_concurrency=100).encode()
+        edited = fleet_yaml(pops=POPS, groups=GROUPS, max_origin_concurrency=100,
+                            rollout="immediate").encode()
         started = time.perf_counter()
         reload = asyncio.create_task(service.reload.apply(edited))
         during: list[float] = []

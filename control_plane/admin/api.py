@@ -3,13 +3,20 @@
 Built from explicit parts — node registry, intent owner, output cache, decision-log source,
 metrics and two callables for readiness and the server summary — so it runs against any of them
 in tests.
-Every handler only reads; a bad query parameter gets HTTP 400 and an unknown name 404, both as
-`{"error": "..."}`.
+Every handler but the rollout's actions only reads; a bad query parameter gets HTTP 400 and an
+unknown name 404, both as `{"error": "..."}`.
 
 Endpoints: `/healthz`, `/readyz`, `/status`, `/nodes`, `/nodes/{id}`, `/decisions`, `/weights`,
 `/tier-actions[?pop=P][&group=G]`, `/intent` (the running intent as `intent/shown.py` writes it,
 what `ballast plan` carries over), `/resources?pop=P[&caps=fifo|lifo]`, `/metrics`, and when
 given a `Dashboard`, the on-call page under `/dashboard/` (see `admin/dashboard.py`).
+
+Rollouts (`app/rollouts.py`), given a `RolloutControl`: `GET /rollout` (the latest rollout, its
+last gate reading, each PoP's version and its nodes' ACKs) and `POST /rollout/<action>` for
+`pause`, `resume`, `abort`, `promote` and `apply` (`?now=1`: the desired-state file applied on
+every PoP at once, the operator's `--now`); an action that does not apply to the rollout's
+phase answers 409 and changes nothing. Each action is recorded with who asked (`token`,
+`cookie`, `cert:<name>`, or `loopback` without authentication).
 
 Authentication (`admin/auth.py`): one middleware in front of every route — a bearer token, its
 cookie, or an admin client certificate, for all but `/healthz` and `/readyz`.
@@ -30,7 +37,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
@@ -202,6 +209,19 @@ def _sorted_nodes(statuses: list[NodeStatus]) -> list[dict[str, Any]]:
     ]
 
 
+class RolloutControl(Protocol):
+    """The rollout's face for the admin API (the service's `app/rollout_control.py`)."""
+
+    def shown(self) -> dict[str, Any]:
+        """The latest rollout, its gate reading, each PoP's version (JSON)."""
+        ...
+
+    async def act(self, action: str, by: str, *, now: bool = False) -> dict[str, Any]:
+        """`pause`, `resume`, `abort`, `promote`, `apply`; ValueError (RolloutError) when it
+        does not apply, KeyError for an unknown action."""
+        ...
+
+
 class AdminApi:
     def __init__(
         self,
@@ -220,6 +240,7 @@ class AdminApi:
         auth: AdminAuth | None = None,
         limits: AdminLimits = DEFAULT_ADMIN_LIMITS,
         host_names: tuple[str, ...] = (),
+        rollouts: RolloutControl | None = None,
     ) -> None:
         """`limits`: connection timeouts and cap (`connections.py`); `host_names`: names
         besides IP literals and localhost that requests may give as `Host` (`host_check.py`)."""
@@ -235,6 +256,7 @@ class AdminApi:
         self._not_ready_reason = not_ready_reason
         self._degraded = degraded
         self._clock = clock
+        self.rollouts = rollouts
         # connection bookkeeping, the Host check, then authentication: every route below (and
         # any added later) goes through them
         self.app = web.Application(middlewares=[
@@ -253,6 +275,9 @@ class AdminApi:
         self.app.router.add_get("/intent", self.running_intent)
         self.app.router.add_get("/resources", self.resources)
         self.app.router.add_get("/metrics", self.scrape)
+        if rollouts is not None:
+            self.app.router.add_get("/rollout", self.rollout)
+            self.app.router.add_post("/rollout/{action}", self.rollout_action)
         if dashboard is not None:
             dashboard.register(self.app)
         self._runner: web.AppRunner | None = None
@@ -345,6 +370,28 @@ class AdminApi:
 
     async def weights(self, request: web.Request) -> web.Response:
         return web.json_response({"weights": self.intent.all_weights()})
+
+    async def rollout(self, request: web.Request) -> web.Response:
+        """The latest rollout, its gate reading, each PoP's version."""
+        assert self.rollouts is not None
+        return web.json_response(self.rollouts.shown())
+
+    async def rollout_action(self, request: web.Request) -> web.Response:
+        """An operator's action on the rollout (409 when it does not apply)."""
+        assert self.rollouts is not None
+        action = request.match_info["action"]
+        now = request.query.get("now", "0")
+        if now not in ("0", "1"):
+            raise BadQuery(f"now must be 0 or 1, got {now[:20]!r}")
+        by = f"{self.auth.who(request) or 'loopback'} via the admin API"
+        try:
+            shown = await self.rollouts.act(action, by, now=now == "1")
+        except KeyError:
+            return error(404, f"unknown rollout action {action[:40]!r}; known: pause, resume, "
+                              "abort, promote, apply")
+        except ValueError as err:
+            return error(409, str(err))
+        return web.json_response(shown)
 
     async def running_intent(self, request: web.Request) -> web.Response:
         check_params(request.query, frozenset())

@@ -4,8 +4,10 @@ Routes (on the admin API's application, so its bind and its authentication apply
 
 - ``/dashboard/`` the page; ``/dashboard/static/{name}`` its script and style, shipped inside the
   package (nothing is fetched from anywhere else: the page's Content-Security-Policy says so).
-- ``/dashboard/api/overview`` fleet cards (see ``dashboard_views.overview``), and the
-  certificates the TLS listeners serve with their days to expiry.
+- ``/dashboard/api/overview`` fleet cards (see ``dashboard_views.overview``), the
+  certificates the TLS listeners serve with their days to expiry, and the latest rollout of a
+  desired-state version (its waves, the wave baking, the last gate reading, each PoP's version
+  and its nodes' ACKs).
 - ``/dashboard/api/pops/{pop}`` one PoP's nodes and groups.
 - ``/dashboard/api/timeline?pop=P&group=G&range=15m|1h|6h|24h`` one group's weights over time,
   with its active tier actions and whatever ``controllers`` (given by the server) report for it.
@@ -108,8 +110,12 @@ class Dashboard:
         state_dir: Path,
         clock: Callable[[], datetime],
         controllers: Controllers | None = None,
+        rollout: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
+        """`rollout`: the latest rollout of a desired-state version, its gate reading and each
+        PoP's version (`RolloutControl.shown`), for the overview's rollout panel."""
         self.nodes = nodes
+        self._rollout = rollout
         self._controllers = controllers
         self.intent = intent
         self.feed = feed
@@ -181,6 +187,7 @@ class Dashboard:
         body["kinds"] = list(KINDS)
         now_ms = int(self._clock().timestamp() * 1000)
         body["served_certificates"] = [s.as_dict() for s in served_certificates(desired, now_ms)]
+        body["rollout"] = None if self._rollout is None else self._rollout()
         return web.json_response(body)
 
     def _known_pop(self, pop: str) -> web.Response | None:

@@ -10,10 +10,12 @@ import heapq
 import itertools
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from control_plane.ads.protocol import short_name
+from control_plane.translate.resources import PopResources
 
 Status = Literal["SYNCED", "STALE", "NACKED"]
 
@@ -103,6 +105,9 @@ class NodeEntry:
     fallback_version: str | None = None  # CDS version whose capability fallback was reported
     repeated_nacks: dict[str, int] = field(default_factory=dict)  # type -> NACKs after the first
     secrets_refused: str | None = None  # why its SDS requests go unanswered (not mTLS)
+    # the PoP output the stream last answered from (a push or a request): with every type
+    # SYNCED, the node has applied it (`applied`)
+    snapshot: PopResources | None = None
 
     def _record(self, type_url: str) -> _TypeRecord:
         record = self.types.get(type_url)
@@ -134,6 +139,11 @@ class NodeEntry:
         if version == record.last_sent:
             record.outcome = "NACKED"
         return count
+
+    def applied(self, snapshot: PopResources | None) -> bool:
+        """Whether the node ACKed everything `snapshot` (its PoP's current output) holds: the
+        stream last answered from it and every type's last response was ACKed."""
+        return snapshot is not None and self.snapshot is snapshot and self.overall == "SYNCED"
 
     def nack_count(self, type_url: str) -> int:
         """NACKs in a row of the latest NACKed version of `type_url` (0: none)."""
@@ -240,6 +250,10 @@ class NodeRegistry:
                     nacked, (e for e, status in overall if status == "NACKED"), key=_by_node_id)],
             )
         return census
+
+    def entries(self, pop: str) -> Iterator[NodeEntry]:
+        """The live entries of `pop`'s streams (read, never kept: the registry owns them)."""
+        return (e for e in self._entries.values() if e.pop == pop)
 
     def by_node(self, node_id: str) -> list[NodeStatus]:
         return [e.status() for e in self._entries.values() if e.node_id == node_id]

@@ -153,6 +153,10 @@ class SnapshotCache(Generic[S]):
         """The PoP's resources for `caps` if they were built already (never builds)."""
         return self._entries.get((pop, caps.key))
 
+    def entry(self, pop: str, capability_key: str) -> PopResources | None:
+        """The PoP's current resources for nodes of `capability_key`, if built (never builds)."""
+        return self._entries.get((pop, capability_key))
+
     # -- changing --------------------------------------------------------------------------
 
     def add_listener(self, listener: ChangeListener) -> None:

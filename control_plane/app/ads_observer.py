@@ -30,8 +30,10 @@ class AdsObserver(Callbacks):
         record: Record | None = None,
         metrics: BallastMetrics | None = None,
         monotonic: Callable[[], float] = time.monotonic,
+        nacked: Callable[[NodeEntry, Nack], None] | None = None,
     ) -> None:
         self._record = record
+        self._nacked = nacked  # every NACK, repeats too (a rollout's gates: `config_acks.py`)
         self.metrics = metrics
         self._monotonic = monotonic
         # (stream, type_url) -> (nonce, monotonic time) of the last response not yet answered
@@ -75,6 +77,8 @@ class AdsObserver(Callbacks):
 
     def on_nack(self, node: NodeEntry, nack: Nack) -> None:
         self._count_answer(node, nack)
+        if self._nacked is not None:
+            self._nacked(node, nack)
         if node.nack_count(nack.type_url) > 1:
             return  # counted in node.repeated_nacks, recorded with the disconnect
         self._emit("nack", node=node.node_id, pop=node.pop, type=short_name(nack.type_url),

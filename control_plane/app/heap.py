@@ -17,8 +17,10 @@ A hot reload builds every PoP's output anew on a worker thread (`reload_heap`). 
 leaves the collector's count of long-lived objects small, so the build's allocations set off a
 full collection every second or so, each walking what the build made so far while it holds the
 GIL: at 100 PoPs x 50 groups, 85-160 ms each, the event loop stalled meanwhile (docs/
-benchmarks.md). During a reload the collector is off, and what the reload built — the new
-output, which lives as long as the server — is frozen after it like start-up's heap.
+benchmarks.md). During a reload the collector is off. What the reload built is not frozen after
+it: everything alive then would be, the garbage cycles of clients that left during the reload
+among it, kept for good (a fuzz run with a desired-state change every wave: peak RSS 575 MB
+against its 400 MB bound; 296 MB without that freeze).
 """
 
 from __future__ import annotations
@@ -36,15 +38,13 @@ def settle_heap() -> None:
 
 @contextlib.contextmanager
 def reload_heap() -> Iterator[None]:
-    """No cyclic collection while the body (a reload) runs; then what exists is frozen, without
-    a collection first (that would be the pause avoided): the few cycles that became garbage
-    during the reload stay, bounded by the number of reloads — operators' edits."""
+    """No cyclic collection while the body (a reload) runs; the collector is on again after it,
+    and what became garbage meanwhile is collected as usual."""
     was = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
-        gc.freeze()
         if was:
             gc.enable()
 

@@ -152,12 +152,14 @@ class Reconciler:
         if only_due and now < self._next_due:
             return []
         started = time.perf_counter()
-        desired = self.intent.desired
+        running = self.intent.intent
+        # each PoP's groups of the desired state it serves (during a rollout, maybe not the
+        # target): weight shifts and tier actions run in every PoP throughout
         due = [
-            (pop.name, group)
-            for pop in desired.pops
-            for group in desired.origin_groups
-            if not only_due or self._due.get((pop.name, group.name), 0) <= now
+            (pop, group)
+            for pop in running.pop_names
+            for group in running.desired_of(pop).origin_groups
+            if not only_due or self._due.get((pop, group.name), 0) <= now
         ]
         if not due:
             return []
@@ -174,23 +176,25 @@ class Reconciler:
         # worker thread while the loop keeps serving, from the running intent as it is now;
         # only this reconciler changes streaks and states, and a reload (a new desired state
         # since `desired` was read) makes the tick's change stale: it is dropped
-        running = self.intent.intent
         plan = await asyncio.to_thread(lambda: self._plan([
             self._decide_one(running, pop, group, signals_by_window[group.failover.window_ms],
-                             tiers_by_window[group.failover.window_ms], now, desired)
+                             tiers_by_window[group.failover.window_ms], now,
+                             running.desired_of(pop))
             for pop, group in due
         ], running, self._schedule(due, now)))
         try:
             async with self.intent.change() as change:
-                plan = await self._prepared(change, running, plan, desired)
-                change.record([*(self._failure(f, desired) for f in plan.failed),
+                plan = await self._prepared(change, running, plan)
+                change.record([*(self._failure(f, running.desired_of(f.pop))
+                                 for f in plan.failed),
                                *plan.drafts])
         except StaleChange:  # a reload landed since `desired` was read: the tick is void
             return []
         except SwapFailed as err:  # saved, logged, not pushed: the store was put back
             log.exception("pushing the tick's changes failed")
             changes = plan.changes
-            self.recorder.write([self._failure(PairFailure(pop, group, "push", str(err)), desired)
+            self.recorder.write([self._failure(PairFailure(pop, group, "push", str(err)),
+                                               running.desired_of(pop))
                                  for pop, group in sorted({*changes.weights,
                                                            *changes.tier_actions})])
             await self.recorder.sync()
@@ -220,12 +224,12 @@ class Reconciler:
         return TickPlan(decided, failed, changes_of(running, [d.pair for d in decided]), runs,
                         drafts, schedule)
 
-    async def _prepared(self, change: Change, running: RunningIntent, plan: TickPlan,
-                        desired: Desired) -> TickPlan:
+    async def _prepared(self, change: Change, running: RunningIntent, plan: TickPlan
+                        ) -> TickPlan:
         """The tick's changes stated on `change` and their output built (on a worker thread).
         A PoP whose translation raises fails its pairs (phase push: nothing of them saved or
         pushed) and the others go on."""
-        change.tick(plan.changes, planned_for=desired)
+        change.tick(plan.changes, planned_for=running.desired, serving=running.serving)
         try:
             await change.prepare()
             return plan
@@ -234,7 +238,8 @@ class Reconciler:
         broken: dict[str, str] = {}
         for pop in sorted(plan.changes.pops):
             alone = [d for d in plan.decided if d.outcome.pop == pop]
-            change.tick(changes_of(running, [d.pair for d in alone]), planned_for=desired)
+            change.tick(changes_of(running, [d.pair for d in alone]),
+                        planned_for=running.desired, serving=running.serving)
             try:
                 await change.prepare()
             except Exception as err:
@@ -245,7 +250,7 @@ class Reconciler:
                                   for d in plan.decided if d.outcome.pop in broken)]
         plan = await asyncio.to_thread(lambda: self._plan([*kept, *failed], running,
                                                           plan.schedule))
-        change.tick(plan.changes, planned_for=desired)
+        change.tick(plan.changes, planned_for=running.desired, serving=running.serving)
         return plan
 
     async def _tier_signals(self, now: int, window: int) -> TierSignals | None:
@@ -368,16 +373,17 @@ class Reconciler:
     def defer_all(self, now_ms: int) -> None:
         """Every pair's next step one interval from `now_ms` (a new leader: the last one may
         have stepped just before it went, so no step comes early)."""
-        desired = self.intent.desired
-        for pop in desired.pop_names:
-            for group in desired.origin_groups:
+        running = self.intent.intent
+        for pop in running.pop_names:
+            for group in running.desired_of(pop).origin_groups:
                 self._due[(pop, group.name)] = now_ms + self.interval_ms(group)
         self._next_due = min(self._due.values(), default=0)
 
-    def forget_missing(self, desired: Desired) -> None:
-        """Drop the schedule and quiet runs of (PoP, group) pairs the new desired state no
-        longer has (their intent is dropped by the intent owner's carry-over)."""
-        keep = {(p.name, g.name) for p in desired.pops for g in desired.origin_groups}
+    def forget_missing(self, running: RunningIntent) -> None:
+        """Drop the schedule and quiet runs of (PoP, group) pairs the running intent no longer
+        has (a new desired state, or a rollout wave: their intent is dropped by the intent
+        owner's carry-over)."""
+        keep = set(running.pairs())
         self._next_due = 0  # pairs it adds are due at once
         for key in [*self._due, *self._runs]:
             if key not in keep:

@@ -1,13 +1,16 @@
 """`DesiredReload`: a new desired state applied while running — or rejected with the running
 state kept.
 
-Parsing and validating run on a worker thread; a valid file goes through the change transaction
-(`IntentOwner.change`): the carry-over rule over the intent running when the lock is taken, the
-per-PoP diffs and the translation of every cached PoP on a worker thread, the digest saved
-(replicas: by the leader), the `config_applied` record (with the diff and the PoPs pushed to)
-and the swap. Anything that fails — a file that does not parse, too little disk to save the
-state, a store that refuses the write, a translation that raises, a swap that fails — is a
-`config_rejected` record, and what runs stays as it was. One reload at a time (the file watcher
+Parsing and validating run on a worker thread; a valid file starts a rollout (`rollouts.py`:
+by the file's `rollout:` policy, or every PoP at once with `--now`) through the change
+transaction (`IntentOwner.change`): the carry-over rule over the intent running when the lock
+is taken, the per-PoP diffs and the translation of the PoPs that move on a worker thread, the
+digest and the rollout's state saved (replicas: by the leader), the `config_applied` record
+(with the diff and the PoPs pushed to) and the rollout's records, and the swap. A version that
+failed its rollout is not applied again from the same bytes. Anything that fails — a file that
+does not parse, too little disk to save the state, a store that refuses the write, a
+translation that raises, a swap that fails — is a `config_rejected` record, and what runs stays
+as it was. One reload at a time (the file watcher
 and SIGHUP share it).
 """
 
@@ -24,6 +27,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 from control_plane.ads.snapshots import Prepared, SnapshotCache
+from control_plane.app.rollouts import Rollouts, Version
 from control_plane.app.server import BallastServer, translate_intent
 from control_plane.decisions.log import Draft, draft
 from control_plane.decisions.recorder import DecisionRecorder
@@ -56,6 +60,7 @@ class DesiredReload:
         *,
         leading: Callable[[], bool],
         followers: Callable[[Desired], None],
+        rollouts: Callable[[], Rollouts],
         heap: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
     ) -> None:
         self.path = path
@@ -65,6 +70,7 @@ class DesiredReload:
         self.metrics = metrics
         self._leading = leading  # whether this process saves what changes (replicas: leader)
         self._followers = followers  # told of each applied desired state (sources, probes)
+        self._rollouts = rollouts  # the rollout driver each new version goes through
         self._heap = heap  # around the apply: `heap.reload_heap` in `ballast serve`
         self._lock = asyncio.Lock()
         self.error: str | None = None  # an internal error of the last reload attempt
@@ -79,8 +85,11 @@ class DesiredReload:
         self.error = f"{type(err).__name__}: {err}"[:300]
         self._reject("internal-error", [f"internal error while reloading: {self.error}"])
 
-    async def apply(self, data: bytes) -> bool:
-        """Validate and apply a new desired state; on any problem keep running as is.
+    async def apply(self, data: bytes, *, immediate: bool = False, by: str = "file change"
+                    ) -> bool:
+        """Validate a new desired state and start its rollout (`rollouts.py`: by its
+        `rollout:` policy, or on every PoP at once with `immediate`, the operator's `--now`);
+        on any problem keep running as is. `by`: who asked, for the records.
 
         Everything that grows with the desired state (parsing, the per-PoP diffs, translating
         every cached PoP) runs on a worker thread; the loop keeps answering Envoys meanwhile.
@@ -88,7 +97,7 @@ class DesiredReload:
         async with self._lock:
             try:
                 with self._heap():
-                    applied = await self._apply(data)
+                    applied = await self._apply(data, immediate, by)
             except Exception as err:  # anything unforeseen: rejected, running state kept
                 log.exception("applying %s failed", self.path)
                 self.failed(err)
@@ -96,7 +105,7 @@ class DesiredReload:
             self.error = None
             return applied
 
-    async def _apply(self, data: bytes) -> bool:
+    async def _apply(self, data: bytes, immediate: bool, by: str) -> bool:
         source = str(self.path)
         digest = hashlib.sha256(data).hexdigest()
         try:
@@ -107,6 +116,13 @@ class DesiredReload:
         owner, cache = self.server.intent, self.server.cache
         if new.digest == owner.desired.digest:
             return False
+        rollouts = self._rollouts()
+        failed = rollouts.refused(new.digest)
+        if failed is not None and not immediate:  # the same bytes fail the same way
+            self._reject(digest, [f"{source}: version {new.digest[:16]} failed its rollout "
+                                  f"({failed}); not applied again: save a fixed file (new "
+                                  "bytes start a new rollout) or apply it with --now"])
+            return False
         free = _free_bytes(self.state_dir)
         if free < MIN_FREE_BYTES:  # a full disk rejects the apply: nothing half-done
             self._reject(digest, [f"{source}: only {free:,} bytes free where the state is saved "
@@ -114,13 +130,18 @@ class DesiredReload:
             return False
         try:
             # saved before it applies (replicas: by the leader; the others follow etcd)
-            async with owner.change(save=self._leading()) as change:
-                change.desired(new)
-                served = served_now(cache, owner.desired)  # read as the build reads the cache
-                await change.prepare()
-                diffs = pop_diffs(change.over, change.target, served, change.prepared())
-                changes = await asyncio.to_thread(diffs)
-                change.record(lambda pushed: [_applied_record(new, changes, pushed)])
+            # one rollout at a time: started (or superseding the one in progress) here
+            async with rollouts.lock:
+                async with owner.change(save=self._leading()) as change:
+                    begun = await rollouts.begin(change, Version(new, data),
+                                                 immediate=immediate, by=by)
+                    served = served_now(cache, owner.intent)  # as the build reads the cache
+                    await change.prepare()
+                    diffs = pop_diffs(change.over, change.target, served, change.prepared())
+                    changes = await asyncio.to_thread(diffs)
+                    change.record(lambda pushed: [_applied_record(new, changes, pushed)])
+                    change.record(begun.records)
+                begun.done()
         except (OSError, sqlite3.Error, StoreUnavailable, Deposed) as err:
             log.error("cannot save the desired state's digest: %s", err)
             self._reject(digest, [f"{source}: cannot save the state ({err}); not applied"])
@@ -179,15 +200,15 @@ def _free_bytes(directory: Path) -> int:
     return status.f_bavail * status.f_frsize
 
 
-def _pops(old: Desired, new: Desired) -> list[str]:
+def _pops(old: RunningIntent, new: RunningIntent) -> list[str]:
     return sorted(set(old.pop_names) | set(new.pop_names))
 
 
-def served_now(cache: SnapshotCache[RunningIntent], desired: Desired
+def served_now(cache: SnapshotCache[RunningIntent], intent: RunningIntent
                ) -> dict[str, PopResources | None]:
     """What each PoP's Envoys without adaptive LIFO are served now, where it was built."""
     caps = Capabilities()
-    return {pop: cache.cached(pop, caps) for pop in desired.pop_names}
+    return {pop: cache.cached(pop, caps) for pop in intent.pop_names}
 
 
 def pop_diffs(
@@ -205,7 +226,7 @@ def pop_diffs(
 
     def diffs() -> dict[str, list[ResourceChange]]:
         return {pop: diff_pop(before, after, pop, served.get(pop), built.get(pop))
-                for pop in _pops(before.desired, after.desired)}
+                for pop in _pops(before, after)}
 
     return diffs
 
@@ -219,8 +240,8 @@ def diff_pop(
     its resources under each, when at hand (else translated). Only resources whose bytes
     differ are rendered."""
     caps = Capabilities()
-    old = None if pop not in before.desired.pop_names else (
+    old = None if pop not in before.pop_names else (
         before_resources or translate_intent(before, pop, caps))
-    new = None if pop not in after.desired.pop_names else (
+    new = None if pop not in after.pop_names else (
         after_resources or translate_intent(after, pop, caps))
     return diff_renderings(*render_differing(old, new))

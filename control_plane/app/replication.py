@@ -6,7 +6,8 @@ how decision records reach every replica's log.
   from where the last leader left it) and waits one reconcile interval before its first step (the
   last leader may have stepped just before it died: no step is repeated early). When it loses the
   lease (or etcd), the loop stops; its writes would be refused anyway (fenced by term).
-- **Mirror**: every replica watches ``intent/`` and adopts each change into its own intent owner,
+- **Mirror**: every replica watches ``intent/`` and adopts each change into its own intent owner
+  (a rollout's state first: which PoP serves which desired-state version, `rollouts.follow`),
   which publishes to its own output cache, so an Envoy of a PoP gets the same versions whichever
   replica it is connected to. The leader adopts too (its own writes come back equal: nothing to
   do), which also covers a write whose answer was lost.
@@ -28,6 +29,7 @@ from typing import Any
 
 from control_plane.app.leadership import LeaderElection
 from control_plane.app.reconcile import Reconciler
+from control_plane.app.rollouts import Rollouts
 from control_plane.app.tasks import cancel_all
 from control_plane.decisions.recorder import DecisionRecorder
 from control_plane.intent.etcd_store import EtcdStore, Leadership, StoreUnavailable
@@ -54,7 +56,10 @@ class Replication:
         info: dict[str, Any],
         metrics: BallastMetrics | None = None,
         survey_s: float = 1.0,
+        rollouts: Callable[[], Rollouts | None] = lambda: None,
     ) -> None:
+        """`rollouts`: the service's rollout driver, which follows the rollout the leader saved
+        (None: the intent alone is adopted)."""
         self.etcd = etcd
         self.survey_s = survey_s
         self.replica_id = replica_id
@@ -62,6 +67,7 @@ class Replication:
         self.recorder = recorder
         self.decisions = recorder.log
         self._reconciler = reconciler
+        self._rollouts = rollouts
         self._metrics = metrics
         self.election = LeaderElection(
             etcd, replica_id, ttl_s, info=info, on_change=self._leadership_changed
@@ -158,6 +164,10 @@ class Replication:
         self.decisions.origin = {"replica": self.replica_id, "term": lead.term}
         # the whole intent read back (a StoreUnavailable here drops the leadership again)
         stored = await self.store.read()
+        await self._follow_rollout(stored.records)  # the new leader goes on from it
+        rollouts = self._rollouts()
+        if rollouts is not None:
+            rollouts.rebake(f"replica {self.replica_id} leads term {lead.term}")
         await self._owner().adopt(stored, where=self.store.where)
         reconciler = self._reconciler()
         reconciler.defer_all(reconciler.clock())
@@ -260,14 +270,21 @@ class Replication:
         if self.term is not None:
             return
         try:
-            pops = await self._owner().adopt(stored_intent_of(self._values, where=self.store.where),
-                                             where=self.store.where)
+            stored = stored_intent_of(self._values, where=self.store.where)
+            # which PoP serves which version first, then the intent under those versions
+            await self._follow_rollout(stored.records)
+            pops = await self._owner().adopt(stored, where=self.store.where)
             log.debug("adopted the intent from etcd; output changed in %s",
                       ", ".join(sorted(pops)) or "no PoP")
         except Exception:  # a bad key in etcd must not stop the mirror: keep the last intent
             if not behind:  # once, not at every retry
                 log.exception("could not adopt the intent from etcd; keeping the last one")
             self._behind = True
+
+    async def _follow_rollout(self, records: dict[str, dict[str, Any]]) -> None:
+        rollouts = self._rollouts()
+        if rollouts is not None:
+            await rollouts.follow(records, self.store.where)
 
     # -- decision hand-off -----------------------------------------------------------------
 

@@ -11,7 +11,7 @@ no stream, or with `allow_plaintext_secrets` only to peers on loopback (`ads/ser
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -24,6 +24,7 @@ from control_plane.ads.nodes import NodeRegistry
 from control_plane.ads.server import AdsServicer, plaintext_key_gate, server_options
 from control_plane.ads.snapshots import SnapshotCache
 from control_plane.app.ads_observer import AdsObserver, Record
+from control_plane.app.config_acks import ConfigAcks
 from control_plane.decisions.recorder import DecisionRecorder
 from control_plane.desired.model import Desired
 from control_plane.intent.owner import IntentOwner
@@ -41,14 +42,16 @@ log = logging.getLogger(__name__)
 def translate_intent(
     intent: RunningIntent, pop: str, caps: Capabilities, previous: PopResources | None = None
 ) -> PopResources:
-    """What nodes of `pop` with `caps` get under `intent`: its desired state, the weights, tier
-    actions and cache-warming mirrors it holds for `pop`, translated (incrementally from
-    `previous`, when given: byte-identical to the full translation)."""
-    return translate_pop(intent.desired, pop, caps, intent.for_pop(pop), previous=previous)
+    """What nodes of `pop` with `caps` get under `intent`: the desired state `pop` serves
+    (during a rollout, maybe not the target), the weights, tier actions and cache-warming
+    mirrors it holds for `pop`, translated (incrementally from `previous`, when given:
+    byte-identical to the full translation)."""
+    return translate_pop(intent.desired_of(pop), pop, caps, intent.for_pop(pop),
+                         previous=previous)
 
 
 def intent_pops(intent: RunningIntent) -> tuple[str, ...]:
-    return intent.desired.pop_names
+    return intent.pop_names
 
 
 def used_capabilities(intent: RunningIntent, caps: Capabilities) -> Capabilities:
@@ -57,17 +60,20 @@ def used_capabilities(intent: RunningIntent, caps: Capabilities) -> Capabilities
     nobody added share one translation with those that have them)."""
     if not caps.missing_filters:
         return caps
-    used = caps.missing_filters & intent.desired.extra_filter_types
+    added = intent.desired.extra_filter_types.union(
+        *(desired.extra_filter_types for desired in intent.serving.values()))
+    used = caps.missing_filters & added
     return caps if used == caps.missing_filters else replace(caps, missing_filters=used)
 
 
 def intent_and_cache(
     desired: Desired, *, store: IntentStore | None = None,
-    recorder: DecisionRecorder | None = None,
+    recorder: DecisionRecorder | None = None, serving: Mapping[str, Desired] | None = None,
 ) -> tuple[IntentOwner, SnapshotCache[RunningIntent]]:
-    """The intent owner (saving to `store`, recording to `recorder`) and the output cache it
-    publishes to, whose entries are the running intent translated (`translate_intent`)."""
-    owner = IntentOwner(desired, store=store, recorder=recorder)
+    """The intent owner (saving to `store`, recording to `recorder`; the PoPs of `serving` on
+    their own desired states: a rollout restored) and the output cache it publishes to, whose
+    entries are the running intent translated (`translate_intent`)."""
+    owner = IntentOwner(desired, store=store, recorder=recorder, serving=serving)
     cache = SnapshotCache(translate_intent, intent_pops, owner.intent, used_capabilities)
     owner.connect(cache)
     return owner, cache
@@ -94,17 +100,22 @@ class BallastServer:
         store: IntentStore | None = None,
         recorder: DecisionRecorder | None = None,
         allow_plaintext_secrets: bool = False,
+        serving: Mapping[str, Desired] | None = None,
     ) -> None:
         self.xds_address = xds_address
         self.limits = limits
         self.tls = tls
-        self.intent, self.cache = intent_and_cache(desired, store=store, recorder=recorder)
+        self.intent, self.cache = intent_and_cache(desired, store=store, recorder=recorder,
+                                                   serving=serving)
         self.hub = PushHub(quiet=debounce, max_delay=max_delay)
         self.cache.add_listener(self.hub.changed)
         self.nodes = NodeRegistry()
+        self.acks = ConfigAcks(self.nodes, self.cache,
+                               lambda pop: self.intent.intent.desired_of(pop).digest)
         self.ads = AdsServicer(
             self.cache, self.hub, self.nodes,
-            callbacks=AdsObserver(record=record, metrics=metrics), limits=limits,
+            callbacks=AdsObserver(record=record, metrics=metrics, nacked=self.acks.nacked),
+            limits=limits,
             verify_peer=check_node_peer if tls is not None else None,
             identify=_certificate_or_address if tls is not None else None,
             key_gate=None if tls is not None else plaintext_key_gate(allow_plaintext_secrets),

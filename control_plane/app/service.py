@@ -38,6 +38,8 @@ from control_plane.app.reconcile import Reconciler
 from control_plane.app.reload import DesiredFileWatcher
 from control_plane.app.reloading import DesiredReload, log_warnings
 from control_plane.app.replication import Replication
+from control_plane.app.rollout_control import ServiceRollouts
+from control_plane.app.rollouts import Restored, Rollouts, Version, restored
 from control_plane.app.runnables import Runnables
 from control_plane.app.server import BallastServer
 from control_plane.app.status import controller_states, not_ready_reason, service_status
@@ -92,6 +94,7 @@ class ServiceConfig:
     probe_interval_ms: int | None = None  # default: the groups' health_check interval
     reconcile_interval_ms: int | None = None  # default: each group's failover interval
     reload_poll_s: float = 0.5
+    rollout_poll_ms: int = 1000  # how often a rollout in progress is looked at (its gates)
     debounce_s: float = 0.1
     seed: int = 0
     routine_records: BudgetConfig = DEFAULT_BUDGET
@@ -126,6 +129,7 @@ class BallastService:
         self._grace = 1.0  # how long `stop` lets open xDS streams finish
         self._runnables: Runnables
         self.reload: DesiredReload
+        self.rollouts: Rollouts
         self.watcher_task: asyncio.Task[None] | None = None
         self.server: BallastServer
         self.decisions: DecisionLog
@@ -180,6 +184,13 @@ class BallastService:
             self.store = StateStore(config.state_dir, history=history)
             runnables.hold(self.store.close)
             stored = self.store.load()
+        # a rollout the store held resumes: each PoP serves what it served before the stop
+        running = Version(desired, self._desired_bytes)
+        held = restored(stored.records, {running.digest: running}, parse_desired,
+                        self._store_where())
+        if held is not None:
+            running = held.target
+            desired = running.desired
         self.server = BallastServer(
             desired,
             xds_address=config.xds_address,
@@ -191,6 +202,7 @@ class BallastService:
             store=self.store,
             recorder=self.recorder,
             allow_plaintext_secrets=config.allow_plaintext_secrets,
+            serving=None if held is None else held.serving,
         )
         await self._restore(stored)
         if stored.desired_digest != desired.digest:
@@ -212,16 +224,23 @@ class BallastService:
             interval_ms=config.reconcile_interval_ms,
             seed=config.seed,
         )
+        leading = self._leading
+        self.rollouts = Rollouts(
+            self.server.intent, self.server.acks, source, self.recorder, running,
+            metrics=self.metrics, leading=leading,
+            changed=lambda: self.reconciler.forget_missing(self.server.intent.intent))
+        if held is not None:
+            self._resume_rollout(held)
         self.reload = DesiredReload(
             config.desired_path, config.state_dir, self.server, self.recorder, self.metrics,
-            leading=lambda: self.replication is None or self.replication.term is not None,
-            followers=self._follow_desired,
+            leading=leading, followers=self._follow_desired, rollouts=lambda: self.rollouts,
             heap=reload_heap if config.freeze_heap else contextlib.nullcontext)
         self.watcher = DesiredFileWatcher(
             config.desired_path,
             self.reload.apply,
             poll=config.reload_poll_s,
-            current=self._desired_bytes,
+            # a file that differs from the version restored is a new change: it rolls out
+            current=running.data,
             on_unreadable=self.reload.unreadable,
             on_error=self.reload.failed,
             also=lambda: watched_files(self.server.intent.intent.desired),
@@ -241,6 +260,7 @@ class BallastService:
         else:  # the reconcile loop runs while this replica leads
             replication = self.replication
             await runnables.start(replication.start, replication.stop)
+        runnables.spawn(self.rollouts.run(config.rollout_poll_ms))
         runnables.spawn(self._sync_decisions())
         self.watcher_task = runnables.spawn(self.watcher.run())
         if self.prober is not None:
@@ -258,6 +278,27 @@ class BallastService:
         if config.freeze_heap:  # what start-up built lives as long as the server
             settle_heap()
             runnables.hold(release_heap)
+
+    def _leading(self) -> bool:
+        """Whether this process saves what changes (replicas: while it leads)."""
+        return self.replication is None or self.replication.term is not None
+
+    def _resume_rollout(self, held: Restored) -> None:
+        """The rollout the store held, taken up where it was (a `state_restored` record)."""
+        self.rollouts.restore(held)
+        self.rollouts.rebake("Ballast restarted")
+        rollout = self.rollouts.rollout or held.rollout
+        versions = self.server.intent.intent.versions()
+        self.recorder.record(
+            "state_restored",
+            config_version=rollout.to_version[:16],
+            rule=f"rollout of {rollout.to_version[:16]} from {rollout.from_version[:16]} "
+            f"restored ({rollout.phase.replace('_', ' ')}, wave {rollout.wave + 1} of "
+            f"{len(rollout.waves)}): each PoP serves what it served before the stop"
+            + ("; it goes on from here" if rollout.in_progress else ""),
+            detail={"rollout": rollout.to_dict(), "pop_versions": versions,
+                    "failed_versions": sorted(held.failed)},
+        )
 
     def _defaults_note(self) -> dict[str, str]:
         """What the `startup` record says when the state store held nothing: every weight,
@@ -318,6 +359,7 @@ class BallastService:
             owner=lambda: self.server.intent,
             recorder=self.recorder,
             reconciler=lambda: self.reconciler,
+            rollouts=lambda: self.rollouts,
             info={"id": replica, "xds": config.xds_address, "admin": config.admin_address},
             metrics=self.metrics,
         )
@@ -369,11 +411,13 @@ class BallastService:
     async def _start_admin(self, address: str, auth: AdminAuth) -> None:
         host, _, port = address.rpartition(":")
         feed = DecisionFeed()
+        rollouts = ServiceRollouts(self)
         self.decisions.add_listener(feed.publish)
         dashboard = Dashboard(nodes=self.server.nodes, intent=self.server.intent, feed=feed,
                               state_dir=self.config.state_dir, clock=lambda: datetime.now(UTC),
                               controllers=lambda pop, group: controller_states(
-                                  self.server.intent, pop, group))
+                                  self.server.intent, pop, group),
+                              rollout=rollouts.shown)
         self.admin = AdminApi(
             nodes=self.server.nodes,
             intent=self.server.intent,
@@ -388,6 +432,7 @@ class BallastService:
             auth=auth,
             limits=self.config.admin_limits,
             host_names=self.config.admin_host_names,
+            rollouts=rollouts,
         )
         https = ReloadingSslContext(self.config.tls) if self.config.tls and auth.client_certs \
             else None
@@ -401,7 +446,7 @@ class BallastService:
     def _follow_desired(self, new: Desired) -> None:
         """What follows an applied desired state besides the intent: the reconcile schedule,
         the metric sources' origin maps, the probes' targets."""
-        self.reconciler.forget_missing(new)
+        self.reconciler.forget_missing(self.server.intent.intent)
         if self._passive is not None:
             self._passive.update_desired(new)
             self.access_logs.update_desired(new)

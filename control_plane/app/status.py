@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from control_plane.decide import damping
+from control_plane.decide.rollout import timeline
 from control_plane.intent.owner import IntentOwner
 from control_plane.observe.certificates import served_certificates
 from control_plane.observe.source import wall_ms
@@ -52,7 +53,27 @@ def service_status(service: BallastService) -> dict[str, Any]:
         "certificates": service.prober.certificates_json() if service.prober else [],
         "served_certificates": [c.as_dict() for c in served_certificates(desired, wall_ms())],
         **({"replication": service.replication.status()} if service.replication else {}),
+        "pop_versions": pop_versions(service),
+        "rollout": rollout_status(service),
     }
+
+
+def pop_versions(service: BallastService) -> dict[str, dict[str, Any]]:
+    """PoP -> the desired-state version (digest) it serves and its nodes against it: applied
+    (ACKed all of it), pending, NACKed."""
+    acks = service.server.acks
+    return {pop: acks.pop(pop).as_dict() for pop in service.server.intent.intent.pop_names}
+
+
+def rollout_status(service: BallastService) -> dict[str, Any] | None:
+    """The latest rollout (None: nothing applied since the state was new), the versions that
+    failed theirs."""
+    rollouts = service.rollouts
+    rollout = rollouts.rollout
+    if rollout is None:
+        return None
+    return {**rollout.to_dict(), "timeline": timeline(rollout),
+            "failed_versions": dict(rollouts.failed)}
 
 
 def controller_states(owner: IntentOwner, pop: str, group: str

@@ -165,7 +165,15 @@ class AdminClient:
 
     def get(self, path: str, params: Mapping[str, str] | None = None) -> Any:
         """The JSON body of `GET path?params`; AdminError on any failure."""
-        with self._open(path, params) as (url, response):
+        return self._json(path, params, "GET")
+
+    def post(self, path: str, params: Mapping[str, str] | None = None) -> Any:
+        """The JSON body of `POST path?params` (no body: the path and parameters say it all);
+        AdminError on any failure."""
+        return self._json(path, params, "POST")
+
+    def _json(self, path: str, params: Mapping[str, str] | None, method: str) -> Any:
+        with self._open(path, params, method) as (url, response):
             try:
                 body = response.read()
             except OSError as err:
@@ -187,12 +195,13 @@ class AdminClient:
 
     @contextlib.contextmanager
     def _open(
-        self, path: str, params: Mapping[str, str] | None
+        self, path: str, params: Mapping[str, str] | None, method: str = "GET"
     ) -> Iterator[tuple[str, http.client.HTTPResponse]]:
         url = self.base_url + path
         if params:
             url += "?" + urllib.parse.urlencode(params)
-        request = urllib.request.Request(url, headers=self._headers)
+        request = urllib.request.Request(url, headers=self._headers, method=method,
+                                         data=b"" if method == "POST" else None)
         try:
             response = urllib.request.urlopen(request, timeout=self.timeout, context=self._tls)
         except urllib.error.HTTPError as err:

@@ -1,5 +1,7 @@
 """`ballast explain`: why the weights of one (PoP, origin group) are what they are now, and which
-tier actions (demote, shed) are active there, what switched them on and what lifts them."""
+tier actions (demote, shed) are active there, what switched them on and what lifts them; then
+the latest rollout of a desired-state version as it concerns the PoP (its wave, the gates, how
+it ended and why)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,8 @@ import sys
 
 from control_plane.cli.admin_client import AdminError
 from control_plane.cli.decisions import NOT_FOUND, add_state_dir, source_for
-from control_plane.decisions.explain import explain
+from control_plane.decide.rollout import ROLLOUT_KINDS
+from control_plane.decisions.explain import explain, explain_rollout
 from control_plane.decisions.read import Query
 
 HELP = (
@@ -35,4 +38,11 @@ def run(args: argparse.Namespace) -> int:
               f"{args.group!r} in {source}", file=sys.stderr)
         return NOT_FOUND
     print(explain(records, args.pop, args.group))
+    try:  # the latest rollout of the desired state, as it concerns the PoP
+        rollout = explain_rollout(source.query(Query(kinds=frozenset(ROLLOUT_KINDS))), args.pop)
+    except AdminError as err:
+        print(f"ballast explain: {err}", file=sys.stderr)
+        return 1
+    if rollout:
+        print("\n".join(rollout))
     return 0

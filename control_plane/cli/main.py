@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "explain": "control_plane.cli.explain",
     "plan": "control_plane.cli.plan",
     "status": "control_plane.cli.status",
+    "rollout": "control_plane.cli.rollout",
     "prometheus-config": "control_plane.cli.prometheus_config",
 }
 

@@ -31,7 +31,9 @@ from control_plane.cli.translate_options import (
     load_or_report,
     release_capabilities,
 )
+from control_plane.decide.rollout import plan_waves
 from control_plane.desired import Desired
+from control_plane.desired.model import RolloutPolicy
 from control_plane.intent.carry_over import carry_over
 from control_plane.intent.shown import intent_from_json
 from control_plane.translate import PopIntent, render_json, translate_pop
@@ -109,15 +111,17 @@ def run(args: argparse.Namespace) -> int:
             if old is None:
                 return ERROR
             source = args.against
+            old_pops: Sequence[str] = old.pop_names
             plans = plan_files(old, new, args.pop)
         else:
             client = client_for(args)
             source = str(client)
-            plans = plan_against_server(client, new, args.pop)
+            old_pops, plans = plan_server(client, new, args.pop)
     except (PlanError, AdminError) as err:
         print(f"ballast plan: {err}", file=sys.stderr)
         return ERROR
-    print(report(args.file, source, plans))
+    waves = rollout_plan(new.rollout, new.pop_names, old_pops, plans)
+    print(report(args.file, source, plans, waves))
     return CHANGES if any(plan.changes for plan in plans) else NO_CHANGES
 
 
@@ -145,6 +149,12 @@ def plan_files(old: Desired, new: Desired, pop: str | None) -> list[PopPlan]:
 def plan_against_server(client: AdminClient, new: Desired, pop: str | None) -> list[PopPlan]:
     """`new` rendered with the server's running intent carried over (the rule a reload
     applies) and its capability key, against what it serves."""
+    return plan_server(client, new, pop)[1]
+
+
+def plan_server(client: AdminClient, new: Desired, pop: str | None
+                ) -> tuple[list[str], list[PopPlan]]:
+    """`plan_against_server`, with the PoPs the server serves."""
     shown = client.get("/intent")
     try:
         running = intent_from_json(shown, new)
@@ -170,7 +180,7 @@ def plan_against_server(client: AdminClient, new: Desired, pop: str | None) -> l
         )
         after = _render(new, name, caps, carried.intent.for_pop(name))
         plans.append(PopPlan(name, basis, diff_renderings(before, after), notes))
-    return plans
+    return serving, plans
 
 
 def _render(desired: Desired, pop: str, caps: Capabilities, intent: PopIntent | None = None
@@ -182,7 +192,96 @@ def _render(desired: Desired, pop: str, caps: Capabilities, intent: PopIntent | 
     return render_json(translate_pop(desired, pop, caps, intent))
 
 
-def report(file: str, source: str, plans: list[PopPlan]) -> str:
+def rollout_plan(policy: RolloutPolicy, pops: Sequence[str], old_pops: Sequence[str],
+                 plans: Sequence[PopPlan]) -> dict[str, Any]:
+    """The waves applying the file would go through (`decide/rollout.py`'s `plan_waves`, the
+    new file's `rollout:` policy) and what each PoP gets in its wave; JSON-ready."""
+    waves = plan_waves(policy, pops, old_pops)
+    immediate = policy.strategy == "immediate"
+    planned = {plan.pop: plan for plan in plans}
+    gates = policy.gates
+    return {
+        "strategy": policy.strategy,
+        "bake_ms": 0 if immediate else policy.bake_ms,
+        "gates": None if immediate else {
+            "ack_timeout_ms": gates.ack_timeout_ms,
+            "max_5xx_increase": gates.max_5xx_increase,
+            "max_p95_ratio": gates.max_p95_ratio,
+            "min_p95_increase_ms": gates.min_p95_increase_ms,
+            "max_shed_increase": gates.max_shed_increase,
+            "max_tier_action_onsets": gates.max_tier_action_onsets,
+            "min_samples": gates.min_samples,
+        },
+        "waves": [
+            {
+                "wave": index + 1,
+                "starts_after_ms": 0 if immediate else index * policy.bake_ms,
+                "pops": [_pop_gets(pop, pops, old_pops, planned.get(pop)) for pop in wave],
+            }
+            for index, wave in enumerate(waves)
+        ],
+        "passes_after_ms": 0 if immediate else len(waves) * policy.bake_ms,
+    }
+
+
+def _pop_gets(pop: str, pops: Sequence[str], old_pops: Sequence[str],
+              plan: PopPlan | None) -> dict[str, Any]:
+    if pop not in pops:
+        gets = "removed: its resources are withdrawn"
+    elif old_pops and pop not in old_pops:
+        gets = "added: served for the first time"
+    else:
+        gets = "the new version"
+    if plan is None:
+        changes = "not planned (--pop)"
+    elif plan.changes:
+        changes = summarize(plan.changes)
+    else:
+        changes = "no changes to its resources"
+    return {"pop": pop, "gets": gets, "changes": changes}
+
+
+def rollout_lines(rollout: dict[str, Any]) -> list[str]:
+    """`rollout_plan`'s result in words."""
+    waves = rollout["waves"]
+    if rollout["strategy"] == "immediate":
+        head = "Rollout: every PoP at once (rollout strategy immediate: no bake, no gate)"
+    else:
+        gates = rollout["gates"]
+        head = (f"Rollout: {len(waves)} wave(s), each baked {_duration(rollout['bake_ms'])}, "
+                "then passed by its gate; a failing gate rolls back every PoP that got the "
+                "change")
+        head += (f"\n  gate: every node ACKs within {_duration(gates['ack_timeout_ms'])}, no "
+                 f"NACK, no regression (min {gates['min_samples']} samples): 5xx "
+                 f"+{gates['max_5xx_increase']:.1%}, p95 x{gates['max_p95_ratio']:g} and "
+                 f"+{gates['min_p95_increase_ms']} ms, shed +{gates['max_shed_increase']:.1%}, "
+                 f"tier-action onsets +{gates['max_tier_action_onsets']}")
+    lines = head.split("\n")
+    for wave in waves:
+        when = ("starts at once" if wave["starts_after_ms"] == 0
+                else f"starts at the earliest {_duration(wave['starts_after_ms'])} after "
+                     "wave 1")
+        name = " (canary)" if wave["wave"] == 1 and len(waves) > 1 else ""
+        lines.append(f"  wave {wave['wave']}{name}: {when}")
+        lines.extend(f"    {pop['pop']}: {pop['gets']} ({pop['changes']})"
+                     for pop in wave["pops"])
+    if rollout["strategy"] != "immediate":
+        lines.append(f"  passes at the earliest {_duration(rollout['passes_after_ms'])} "
+                     "after wave 1; PoPs not yet in a wave keep the running version")
+    return lines
+
+
+def _duration(millis: int) -> str:
+    for unit, size in (("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if millis and millis % size == 0:
+            return f"{millis // size}{unit}"
+    return f"{millis}ms"
+
+
+def report(file: str, source: str, plans: list[PopPlan],
+           rollout: dict[str, Any] | None = None) -> str:
+    """The plan in words: each PoP's changes, the rollout's waves (when anything changes) and
+    the summary line last."""
     lines = [f"ballast plan: {file} against {source}", ""]
     changed = [plan for plan in plans if plan.changes]
     for plan in plans:
@@ -192,6 +291,9 @@ def report(file: str, source: str, plans: list[PopPlan]) -> str:
         lines.append(f"pop {plan.pop}: {summarize(plan.changes)} ({plan.basis})")
         lines.extend(f"  note: {note}" for note in plan.notes)
         lines.extend(format_changes(plan.changes))
+    if changed and rollout is not None:
+        lines.append("")
+        lines.extend(rollout_lines(rollout))
     lines.append("")
     if not changed:
         lines.append(f"No changes: {file} matches {source} in {len(plans)} PoP(s).")

@@ -1,7 +1,8 @@
 """`ballast status [NODE]`: every connected Envoy and how in sync it is (istioctl proxy-status).
 
 The table shows, per node, the version sent and ACKed of each type (short hashes) and
-SYNCED/STALE/NACKED, then the message of every NACK, then the PoPs with adaptive tier actions
+SYNCED/STALE/NACKED, then the message of every NACK, then each PoP's desired-state version (and
+the latest rollout in a line), then the PoPs with adaptive tier actions
 active (demote, shed), then each TLS origin's certificate (and each certificate the TLS listeners
 serve): days to expiry, whether it
 verifies. With a NODE id: that node in detail, with its last NACKs, which queue policy it gets
@@ -222,6 +223,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"\n{node['node_id']} NACKED:")
         for line in lines:
             print(f"  {line}")
+    versions = version_lines(client)
+    if versions:
+        print()
+        print("\n".join(versions))
     if tier_actions is not None:
         print()
         print("\n".join(tier_action_lines(tier_actions)))
@@ -234,6 +239,27 @@ def run(args: argparse.Namespace) -> int:
         print()
         print("\n".join(served_certificate_lines(served)))
     return 0
+
+
+def version_lines(client: AdminClient) -> list[str]:
+    """Each PoP's desired-state version and its nodes against it, then the latest rollout in
+    a line (`ballast rollout status` has the rest); nothing when the server does not say."""
+    try:
+        status = client.get("/status")
+        versions: dict[str, dict[str, Any]] = status["pop_versions"]
+        rollout: dict[str, Any] | None = status.get("rollout")
+    except (AdminError, KeyError, TypeError):
+        return []
+    width = max((len(pop) for pop in versions), default=3)
+    lines = ["config versions:", *(
+        f"  {pop:<{width}}  {v['version'][:16]}  {v['applied']} applied, {v['pending']} "
+        f"pending, {v['nacked']} NACKed" for pop, v in versions.items())]
+    if rollout is not None:
+        lines.append(f"rollout of {rollout['to_version'][:16]}: "
+                     f"{rollout['phase'].replace('_', ' ')}, wave {rollout['wave'] + 1} of "
+                     f"{len(rollout['waves'])} ({', '.join(rollout['waves'][rollout['wave']])})"
+                     " — `ballast rollout status` for the gate")
+    return lines
 
 
 def _replication(client: AdminClient) -> dict[str, Any] | None:

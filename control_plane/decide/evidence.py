@@ -94,18 +94,27 @@ def latency_samples(signals: OriginSignals) -> int:
     return signals.latency_samples
 
 
+def error_counts(signals: OriginSignals, min_samples: int) -> tuple[int, int]:
+    """(failed, total) behind a window's error verdict: the attempts the origin served, with
+    the window's active probes filling in when the attempts are fewer than `min_samples`."""
+    total = signals.requests + signals.connect_failures
+    failed = signals.errors_5xx + signals.connect_failures
+    if total < min_samples and signals.probes and signals.probe_success is not None:
+        total += signals.probes
+        failed += round((1 - signals.probe_success) * signals.probes)
+    return failed, total
+
+
 def judge(signals: OriginSignals, policy: FailoverPolicy) -> WindowEvidence:
     """The verdict of one window (see the module docstring)."""
     need = policy.min_samples
-    total = signals.requests + signals.connect_failures
-    failed = signals.errors_5xx + signals.connect_failures
+    failed, total = error_counts(signals, need)
     notes: list[str] = []
-    if total < need and signals.probes and signals.probe_success is not None:
-        probe_failed = round((1 - signals.probe_success) * signals.probes)
-        notes.append(f"errors: {total} attempts < {need}; {signals.probes} probes "
-                     f"({probe_failed} failed) filled in")
-        total += signals.probes
-        failed += probe_failed
+    attempts = signals.requests + signals.connect_failures
+    if total > attempts:
+        notes.append(f"errors: {attempts} attempts < {need}; {signals.probes} probes "
+                     f"({failed - signals.errors_5xx - signals.connect_failures} failed) "
+                     "filled in")
     breaches: list[str] = []
     errors_known = total >= need
     rate = failed / total if total else 0.0

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from typing import Any
 
+from control_plane.decide.rollout import ROLLOUT_KINDS
 from control_plane.decisions.read import Record, record_time
 
 MAX_CHAIN = 20
@@ -283,6 +284,24 @@ def explain_damping(records: Iterable[Record]) -> list[str]:
             parts.append(f"{name} penalty {flap['penalty']:g}, below the suppress level: a "
                          f"return needs {flap['return_windows']} healthy windows")
     return [f"flap damping (as of {_clock(latest)}, seq {latest['seq']}): {'; '.join(parts)}"]
+
+
+def explain_rollout(records: Iterable[Record], pop: str) -> list[str]:
+    """The latest rollout of a desired-state version as it concerns `pop`: how it started,
+    `pop`'s wave, the gate readings, and how it ended (passed, rolled back with why, aborted,
+    promoted, superseded) — every operator action with who asked."""
+    rollout = [r for r in records if r.get("kind") in ROLLOUT_KINDS]
+    starts = [i for i, r in enumerate(rollout) if r["kind"] == "rollout_started"]
+    if not starts:
+        return []
+    latest = rollout[starts[-1]:]
+    out = [f"config rollout of {latest[0].get('config_version')} (latest):"]
+    for record in latest:
+        detail = record.get("detail")
+        pops = detail.get("pops", []) if isinstance(detail, dict) else []
+        if record["kind"] != "wave_started" or pop in pops:
+            out.append(f"  {_clock(record)} {record['kind']}: {record.get('rule', '')}")
+    return out
 
 
 def explain(records: Iterable[Record], pop: str, group: str) -> str:

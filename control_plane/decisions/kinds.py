@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from control_plane.decide.controller import STEP_KINDS
 from control_plane.decide.ramp import RAMP_KINDS
+from control_plane.decide.rollout import ROLLOUT_KINDS
 from control_plane.decide.runs import END_KINDS
 
 CONTROLLER_KINDS: tuple[str, ...] = STEP_KINDS
@@ -11,6 +12,7 @@ KINDS: tuple[str, ...] = (
     *CONTROLLER_KINDS,
     *END_KINDS.values(),
     *RAMP_KINDS,
+    *ROLLOUT_KINDS,
     "config_applied",
     "config_rejected",
     "nack",

@@ -449,6 +449,62 @@ class AccessLog:
     sample_rate: float = 0.1  # share of requests each Envoy logs (independent per request)
 
 
+RolloutStrategy = Literal["waves", "immediate"]
+
+
+@dataclass(frozen=True)
+class RolloutGates:
+    """What a wave of a rollout must show over its bake time to pass (`decide/gates.py`).
+
+    A signal regresses when the wave's PoPs are worse by more than its threshold, with evidence
+    (the weight controller's rules, `decide/evidence.py`), than every baseline that has
+    evidence: the PoPs still on the previous version over the same time, and the wave's PoPs'
+    own window before the change.
+    """
+
+    # 5xx rate: the lower confidence bound of the wave's rate above a baseline's rate by more
+    # than this; seed 002's error_rate_threshold (2 %), the rate the weight controller leaves at
+    max_5xx_increase: float = 0.02
+    # p95: the wave's p95 above a baseline's p95 times this AND by at least
+    # `min_p95_increase_ms` (a 5 ms p95 doubling to 10 ms is no regression)
+    max_p95_ratio: float = 1.5
+    min_p95_increase_ms: int = 100
+    # shed rate per tier (requests answered at the edge by tier actions): the lower bound of the
+    # wave's rate above a baseline's by more than this (5 %: a tier action sheds whole tiers, so
+    # a change that makes one fire moves the rate by far more)
+    max_shed_increase: float = 0.05
+    # tier-action onsets (a group's tier actions going from none to active) in a wave PoP beyond
+    # a baseline's count: 0, any onset the baselines did not have regresses
+    max_tier_action_onsets: int = 0
+    # every node of the wave's PoPs ACKs the new version within this of the wave's start:
+    # the measured sync of 10,000 nodes took 25 s (docs/architecture.md), warming 15 s
+    ack_timeout_ms: int = 60_000
+    # samples a window needs to count (FailoverPolicy.min_samples, the same evidence rule)
+    min_samples: int = 10
+    # a wave still without evidence this long after its bake ended pauses the rollout for the
+    # operator (resume waits again, promote finishes, abort rolls back)
+    evidence_timeout_ms: int = 600_000
+
+
+@dataclass(frozen=True)
+class RolloutPolicy:
+    """How a new desired-state version reaches the PoPs (`decide/rollout.py`): a canary wave,
+    then growing waves, each baked and judged by the gates; or all at once (`immediate`).
+
+    Not served configuration: a change of this section alone changes no PoP's resources.
+    """
+
+    strategy: RolloutStrategy = "waves"
+    canary: tuple[str, ...] = ()  # PoP names; (): the first PoP of the file
+    # the other PoPs reached after each later wave, cumulative percents ending at 100
+    waves: tuple[int, ...] = (50, 100)
+    # each wave serves the new version this long before its gates can pass it: the weight
+    # controller judges 30 s windows and needs breach_windows (2) of them to see a regression,
+    # tier actions hold 30 s before they act; 5 min covers ten windows
+    bake_ms: int = 300_000
+    gates: RolloutGates = field(default_factory=RolloutGates)
+
+
 @dataclass(frozen=True)
 class Desired:
     pops: tuple[Pop, ...]
@@ -461,6 +517,7 @@ class Desired:
     # sub-requests carry the parent's tier. Empty: the header is never believed.
     trusted_priority_sources: tuple[str, ...] = ()
     access_log: AccessLog = field(default_factory=AccessLog)
+    rollout: RolloutPolicy = field(default_factory=RolloutPolicy)  # how changes reach the PoPs
     source: str = "<memory>"  # file it came from
     digest: str = ""  # sha256 of the source bytes; identifies a desired-state version
     # when its certificate files were read and judged (unix s; 0: none were)

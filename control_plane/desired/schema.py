@@ -174,6 +174,56 @@ TIER_ACTION_FIELDS: FieldTable = {
     "damping_reuse": ("damping_reuse", integer(0, 1_000_000)),
     "damping_return_windows": ("damping_return_windows", integer(1, 100)),
 }
+MAX_WAVES = 10
+
+
+def rollout_waves(node: yaml.Node) -> tuple[int, ...]:
+    """The waves after the canary, as cumulative percents of the other PoPs: 1 to 10 percents,
+    strictly rising, the last 100 (every PoP is reached), e.g. [50%, 100%]."""
+    if not isinstance(node, yaml.SequenceNode) or not 1 <= len(node.value) <= MAX_WAVES:
+        raise Bad(f"must be a list of 1 to {MAX_WAVES} percents of the PoPs after the canary, "
+                  "cumulative, e.g. [50%, 100%]")
+    waves = tuple(percent(1, 100)(item) for item in node.value)
+    if any(b <= a for a, b in itertools.pairwise(waves)):
+        raise Bad(f"must rise wave by wave, got {list(waves)}")
+    if waves[-1] != 100:
+        raise Bad(f"must end at 100% (the last wave reaches every PoP), got {list(waves)}")
+    return waves
+
+
+MAX_CANARY_POPS = 100
+
+
+def pop_names(node: yaml.Node) -> tuple[str, ...]:
+    """A list of PoP names (whether each exists is checked later), e.g. [fra]."""
+    if not isinstance(node, yaml.SequenceNode) or not 1 <= len(node.value) <= MAX_CANARY_POPS:
+        raise Bad(f"must be a list of 1 to {MAX_CANARY_POPS} PoP names, e.g. [fra]")
+    names = tuple(text(item) for item in node.value)
+    for value in names:
+        check_name(value, "pop")
+    if len(set(names)) != len(names):
+        raise Bad(f"lists a PoP twice: {list(names)}")
+    return names
+
+
+ROLLOUT_FIELDS: FieldTable = {
+    "strategy": ("strategy", choice("waves", "immediate")),
+    "canary": ("canary", pop_names),
+    "waves": ("waves", rollout_waves),
+    "bake": ("bake_ms", duration(1000, 86_400_000)),
+}
+
+ROLLOUT_GATE_FIELDS: FieldTable = {
+    "max_5xx_increase": ("max_5xx_increase", fraction(0, 1)),
+    "max_p95_ratio": ("max_p95_ratio", number(1, 100)),
+    "min_p95_increase": ("min_p95_increase_ms", duration(0, 600_000)),
+    "max_shed_increase": ("max_shed_increase", fraction(0, 1)),
+    "max_tier_action_onsets": ("max_tier_action_onsets", integer(0, 1000)),
+    "ack_timeout": ("ack_timeout_ms", duration(1000, 3_600_000)),
+    "min_samples": ("min_samples", integer(1, 1_000_000)),
+    "evidence_timeout": ("evidence_timeout_ms", duration(0, 86_400_000)),
+}
+
 ACCESS_LOG_FIELDS: FieldTable = {
     "sample_rate": ("sample_rate", fraction(0, 1)),
 }

@@ -61,6 +61,8 @@ from control_plane.desired.model import (
     OriginGroup,
     OriginTlsPolicy,
     Pop,
+    RolloutGates,
+    RolloutPolicy,
     ServedCertificate,
     StandbyRampPolicy,
     Tier,
@@ -77,6 +79,8 @@ from control_plane.desired.schema import (
     LISTENER_TLS_FIELDS,
     NEW_TIER_DEFAULTS,
     NO_TIER,
+    ROLLOUT_FIELDS,
+    ROLLOUT_GATE_FIELDS,
     STANDBY_RAMP_DEFAULTS,
     STANDBY_RAMP_FIELDS,
     TIER_ACTION_DEFAULTS,
@@ -183,6 +187,7 @@ class _Document:
         default_tier, rules, trusted = self._classification(doc)
         self._check_cacheable_routes({rule.name for rule in rules} | {CATCH_ALL_ROUTE_NAME})
         listeners = self._listeners(doc)
+        rollout = self._rollout(doc)
         doc.finish()
         if self.sink.problems:
             return None
@@ -194,10 +199,34 @@ class _Document:
             listeners=tuple(listeners),
             trusted_priority_sources=trusted,
             access_log=AccessLog(**{k: v.value for k, v in access_log.items()}),
+            rollout=rollout,
             source=self.sink.source,
             digest=digest,
             loaded_at_s=self.files.now_s,
         )
+
+    # --- rollout -----------------------------------------------------------------------------
+
+    def _rollout(self, doc: Fields) -> RolloutPolicy:
+        """The `rollout:` section: strategy, canary PoPs (which must exist), waves, bake time
+        and the gates' thresholds; every key optional."""
+        fields = Fields(doc.node_of("rollout"), "rollout", self.sink)
+        layer = read_layer(fields, ROLLOUT_FIELDS, GLOBAL)
+        gates = Fields(fields.node_of("gates"), "rollout.gates", self.sink)
+        gate_layer = read_layer(gates, ROLLOUT_GATE_FIELDS, GLOBAL)
+        gates.finish()
+        fields.finish()
+        canary = layer.get("canary")
+        if canary is not None and canary.value and "pops" not in self.broken:
+            for pop in canary.value:
+                if pop not in self.pops and canary.at is not None:
+                    self.sink.add(canary.at, f"unknown pop '{pop}'"
+                                  + did_you_mean(pop, list(self.pops)))
+        written = {key: located.value for key, located in layer.items()
+                   if located.value is not None}
+        gate_values = {key: located.value for key, located in gate_layer.items()
+                       if located.value is not None}
+        return RolloutPolicy(**written, gates=RolloutGates(**gate_values))
 
     # --- standby ramp ------------------------------------------------------------------------
 

@@ -10,6 +10,8 @@ from it, so what a reload says it changes is what is pushed. Per (PoP, origin gr
   reason is in `notes`;
 - the controller's streaks, the tier controller's state and the standby ramp's state survive
   with the pair;
+- during a rollout each PoP's pairs are judged against the desired state that PoP serves
+  afterwards (`serving`: PoP -> its desired state while that is not `new`);
 - tier actions are what the *new* policy makes of the pair's tier state (`actions_in_force`, as
   the next reconcile tick would); actions set without a tier state (by hand) survive while the
   group still has the tiers they name.
@@ -17,6 +19,7 @@ from it, so what a reload says it changes is what is pushed. Per (PoP, origin gr
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from control_plane.decide.tiers import actions_in_force
@@ -36,13 +39,19 @@ class CarryOver:
         return sorted(set(before.weights) - set(self.intent.weights))
 
 
-def carry_over(intent: RunningIntent, new: Desired) -> CarryOver:
-    groups = {group.name: group for group in new.origin_groups}
-    pops = set(new.pop_names)
+def carry_over(intent: RunningIntent, new: Desired,
+               serving: Mapping[str, Desired] | None = None) -> CarryOver:
+    """`intent` carried over to the target `new`, each PoP of `serving` on its own desired
+    state (None: every PoP on `new`)."""
+    on_own = {pop: desired for pop, desired in (serving or {}).items()
+              if desired.digest != new.digest}
+    groups = {d.digest: {group.name: group for group in d.origin_groups}
+              for d in (new, *on_own.values())}
 
     def kept(key: PairKey) -> OriginGroup | None:
         pop, name = key
-        return groups.get(name) if pop in pops else None
+        desired = on_own.get(pop, new)
+        return groups[desired.digest].get(name) if pop in desired.pop_names else None
 
     weights: dict[PairKey, GroupWeights] = {}
     notes: dict[PairKey, str] = {}
@@ -79,6 +88,7 @@ def carry_over(intent: RunningIntent, new: Desired) -> CarryOver:
             controllers={k: s for k, s in intent.controllers.items() if kept(k) is not None},
             tier_states={k: s for k, s in intent.tier_states.items() if kept(k) is not None},
             ramps={k: s for k, s in intent.ramps.items() if kept(k) is not None},
+            serving=on_own,
         ),
         notes,
     )

@@ -35,8 +35,8 @@ the store back (`undo`, one write of the old values of what was saved) and keeps
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Collection, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
 
 from control_plane.decide.controller import ControllerState
@@ -45,7 +45,15 @@ from control_plane.desired.model import Desired
 from control_plane.intent.carry_over import CarryOver, carry_over
 from control_plane.intent.pair_changes import TickChanges, applied
 from control_plane.intent.running import RunningIntent, tier_key
-from control_plane.intent.store import RAMP_KIND, TIER_KIND, IntentBatch, PairKey
+from control_plane.intent.store import (
+    RAMP_KIND,
+    SERVING_KEY,
+    SERVING_KIND,
+    TIER_KIND,
+    IntentBatch,
+    PairKey,
+    StoreRecord,
+)
 
 P = TypeVar("P")
 
@@ -113,19 +121,24 @@ class Change:
         self._stated: _Stated | None = None
         self.over = self.base  # the intent what is stated now is laid over
         self._records: list[Records] = []
+        self._kept: tuple[tuple[StoreRecord, ...], tuple[StoreRecord, ...]] = ((), ())
         self._prepared: tuple[_Stated, Any] | None = None
         self.pushed: frozenset[str] = frozenset()  # after the swap: the PoPs whose output changed
 
     # -- what changes ----------------------------------------------------------------------
 
-    def tick(self, changes: TickChanges, *, planned_for: Desired) -> None:
+    def tick(self, changes: TickChanges, *, planned_for: Desired,
+             serving: Mapping[str, Desired] | None = None) -> None:
         """A reconcile tick's changes, laid pair by pair over the running intent; decided under
-        `planned_for` (the change is stale, `StaleChange`, once another desired state runs)."""
+        `planned_for` with the PoPs of `serving` on their own desired states (when given), so
+        the change is stale (`StaleChange`) once another desired state runs or a rollout moved
+        a PoP to another one."""
         pairs = sorted({*changes.weights, *changes.controllers, *changes.tier_states,
                         *changes.ramps, *changes.tier_actions})
 
         def state(base: RunningIntent) -> _Stated:
-            if base.desired is not planned_for:
+            if base.desired is not planned_for or (
+                    serving is not None and base.serving is not serving):
                 raise StaleChange("a new desired state was applied since the tick planned")
             return _Stated(applied(base, changes), changes.pops,
                            changes.batch(base.desired.digest),
@@ -133,25 +146,49 @@ class Change:
 
         self._state(state)
 
-    def desired(self, desired: Desired) -> CarryOver:
+    def desired(self, desired: Desired, *, serving: Mapping[str, Desired] | None = None
+                ) -> CarryOver:
         """A new desired state, under the carry-over rule (`carry_over.py`): saved as its
-        digest, the pairs it no longer has forgotten. The carry-over of `base` (stated again
-        over a newer intent if one lands before the swap)."""
+        digest, the pairs it no longer has forgotten. With `serving` (a rollout: PoP -> the
+        desired state it keeps serving while that is not `desired`), only the PoPs whose
+        desired state changes are re-built, and which PoP serves which version is saved (kind
+        `serving`). The carry-over of `base` (stated again over a newer intent if one lands
+        before the swap)."""
 
         def state(base: RunningIntent) -> _Stated:
-            carried = carry_over(base, desired)
+            carried = carry_over(base, desired, serving)
             gone = sorted(set(base.pairs()) - set(carried.intent.pairs()))
+            after = carried.intent
+            every = {*base.pop_names, *after.pop_names}
+            moved: frozenset[str] | None = frozenset(
+                pop for pop in every
+                if pop not in base.pop_names or pop not in after.pop_names
+                or base.desired_of(pop) is not after.desired_of(pop))
+            if moved == every:
+                moved = None  # every PoP
             save = IntentBatch(
                 forget_groups=tuple(gone),
-                records=tuple((kind, tier_key(*key), None)
-                              for key in gone for kind in (TIER_KIND, RAMP_KIND)),
+                records=(*((kind, tier_key(*key), None)
+                           for key in gone for kind in (TIER_KIND, RAMP_KIND)),
+                         *serving_record(after, base)),
                 desired_digest=desired.digest,
             )
-            return _Stated(carried.intent, None, save,
-                           saved_as(base, gone, base.desired.digest))
+            undo = saved_as(base, gone, base.desired.digest)
+            undo = replace(undo, records=(*undo.records, *serving_record(base, after)))
+            return _Stated(after, moved, save, undo)
 
         self._state(state)
-        return carry_over(self.over, desired)
+        return carry_over(self.over, desired, serving)
+
+    def keep(self, records: Sequence[StoreRecord], undo: Sequence[StoreRecord]) -> None:
+        """Store records (kind, key, JSON value or None) saved in the change's one write, with
+        what puts them back if the swap fails (`undo`): a rollout's own state and the desired
+        states its PoPs serve. Alone, a change that saves them and serves nothing new."""
+        self._kept = (tuple(records), tuple(undo))
+        if self._statement is None:
+            self._state(lambda base: _Stated(base, frozenset(), IntentBatch(), IntentBatch()))
+        else:
+            self._restate(self.over)
 
     def replace(self, build: Callable[[RunningIntent], tuple[RunningIntent, Iterable[str] | None]]
                 ) -> None:
@@ -217,7 +254,13 @@ class Change:
 
     def _restate(self, base: RunningIntent) -> _Stated:
         assert self._statement is not None
-        self._stated, self.over = self._statement(base), base
+        stated = self._statement(base)
+        kept, undo = self._kept
+        if kept:
+            stated = replace(stated, save=replace(stated.save, records=(*stated.save.records,
+                                                                          *kept)),
+                             undo=replace(stated.undo, records=(*stated.undo.records, *undo)))
+        self._stated, self.over = stated, base
         return self._stated
 
     def _changed(self) -> frozenset[str]:
@@ -234,6 +277,17 @@ class Change:
     def drafts(self, changed: frozenset[str]) -> list[Draft]:
         return [made for records in self._records
                 for made in (records(changed) if callable(records) else records)]
+
+
+def serving_record(intent: RunningIntent, other: RunningIntent) -> tuple[StoreRecord, ...]:
+    """The store record (kind `serving`, key `SERVING_KEY`: PoP -> the digest it serves, for
+    the PoPs not on the target; None when every PoP is) that makes the store hold which PoP of
+    `intent` serves which desired state; none when neither `intent` nor `other` has such PoPs.
+    One record, not one per PoP: a wave of a large fleet stays one small transaction."""
+    if not intent.serving and not other.serving:
+        return ()
+    held = {pop: desired.digest for pop, desired in sorted(intent.serving.items())}
+    return ((SERVING_KIND, SERVING_KEY, held or None),)
 
 
 def saved_as(intent: RunningIntent, pairs: Iterable[PairKey], digest: str | None = None

@@ -48,8 +48,9 @@ class IntentOwner:
         store: IntentStore | None = None,
         output: Publisher[Any] | None = None,
         recorder: DecisionRecorder | None = None,
+        serving: Mapping[str, Desired] | None = None,
     ) -> None:
-        self._intent = RunningIntent(desired)
+        self._intent = RunningIntent(desired, serving=dict(serving or {}))
         self.store = store
         self._output = output
         self.recorder = recorder
@@ -113,12 +114,12 @@ class IntentOwner:
         return self._intent.desired
 
     def has_pop(self, pop: str) -> bool:
-        return pop in self._intent.desired.pop_names
+        return pop in self._intent.pop_names
 
     def weights(self, pop: str, group: str) -> GroupWeights:
         """Current weights of (PoP, origin group): the controller's, else the home weights."""
         self._check_pop(pop)
-        self._group(group)
+        self._group(group, pop)
         return self._intent.weights_of(pop, group)
 
     def tier_actions(self, pop: str, group: str) -> TierActions | None:
@@ -127,10 +128,11 @@ class IntentOwner:
         return self._intent.tier_actions.get((pop, group))
 
     def all_weights(self) -> dict[str, dict[str, GroupWeights]]:
-        desired = self._intent.desired
+        intent = self._intent
         return {
-            pop: {g.name: self._intent.weights_of(pop, g.name) for g in desired.origin_groups}
-            for pop in desired.pop_names
+            pop: {g.name: intent.weights_of(pop, g.name)
+                  for g in intent.desired_of(pop).origin_groups}
+            for pop in intent.pop_names
         }
 
     def pushed_weights(self) -> dict[str, dict[str, GroupWeights]]:
@@ -163,7 +165,8 @@ class IntentOwner:
         """What the store held, carried over to the current desired state, made the running
         intent. A tier or ramp state that does not parse raises StateCorrupted (naming
         `where`)."""
-        carried = carry_over(self._stored(stored, where), self._intent.desired)
+        carried = carry_over(self._stored(stored, where), self._intent.desired,
+                             self._intent.serving)
         self._swap(carried.intent, None)
         return carried
 
@@ -173,7 +176,7 @@ class IntentOwner:
         replica that decided it, not here); only the PoPs whose weights, tier actions or
         mirrors differ are re-built. The PoPs whose output changed."""
         def adopted(old: RunningIntent) -> tuple[RunningIntent, set[str]]:
-            new = carry_over(self._stored(stored, where), old.desired).intent
+            new = carry_over(self._stored(stored, where), old.desired, old.serving).intent
             return new, {
                 pop for pop, group in old.pairs()
                 if new.weights_of(pop, group) != old.weights_of(pop, group)
@@ -193,6 +196,7 @@ class IntentOwner:
         ramps = _parsed(stored.ramps, RampState.from_dict, keys, f"{where}: ramp")
         return RunningIntent(
             desired=self._intent.desired,
+            serving=self._intent.serving,
             weights={k: dict(s.weights) for k, s in sorted(stored.groups.items())},
             controllers={k: s.controller for k, s in sorted(stored.groups.items())},
             tier_states=tier_states,
@@ -224,14 +228,15 @@ class IntentOwner:
 
     def _check_pop(self, pop: str) -> None:
         if not self.has_pop(pop):
-            known = ", ".join(self._intent.desired.pop_names)
+            known = ", ".join(self._intent.pop_names)
             raise UnknownPop(f"unknown PoP {pop!r}; known: {known}")
 
-    def _group(self, name: str) -> OriginGroup:
-        for group in self._intent.desired.origin_groups:
+    def _group(self, name: str, pop: str) -> OriginGroup:
+        groups = self._intent.desired_of(pop).origin_groups
+        for group in groups:
             if group.name == name:
                 return group
-        known = ", ".join(g.name for g in self._intent.desired.origin_groups)
+        known = ", ".join(g.name for g in groups)
         raise WeightsError(f"unknown origin group {name!r}; known: {known}")
 
 

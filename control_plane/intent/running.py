@@ -7,6 +7,12 @@ state (which also says whether a cache-warming mirror runs: `mirror`). The owner
 (`owner.py`) swaps whole values; the pure carry-over rule (`carry_over.py`) maps one to the next
 across a desired-state change.
 
+During a rollout PoPs serve different desired states at once: `desired` is the rollout's target,
+and `serving` holds, per PoP not (yet, or no longer) on the target, the desired state that PoP
+serves (`desired_of(pop)`). Everything per PoP — its translation (`for_pop` with
+`desired_of`), its pairs, home weights, tier policies and mirrors — reads that PoP's own desired
+state, so a PoP outside the rollout's waves gets byte-identical resources.
+
 A new kind of intent (say, a ramp per (PoP, group)) is a new field here, its line in
 `carry_over`, and a record kind in the store (`IntentBatch.records`: kind -> key -> JSON value,
 saved and read back by every store without a schema change).
@@ -33,17 +39,41 @@ class RunningIntent:
     controllers: Mapping[PairKey, ControllerState] = field(default_factory=dict)
     tier_states: Mapping[PairKey, TierState] = field(default_factory=dict)
     ramps: Mapping[PairKey, RampState] = field(default_factory=dict)
+    # PoP -> the desired state it serves while that is not `desired` (a rollout in progress)
+    serving: Mapping[str, Desired] = field(default_factory=dict)
+
+    def desired_of(self, pop: str) -> Desired:
+        """The desired state `pop` serves: its own during a rollout, else `desired`."""
+        return self.serving.get(pop, self.desired)
+
+    @property
+    def pop_names(self) -> tuple[str, ...]:
+        """Every PoP served: the target's, then those only an older desired state still has."""
+        if not self.serving:
+            return self.desired.pop_names
+        extra = [p for p in self.serving if p not in self.desired.pop_names]
+        return (*self.desired.pop_names, *sorted(extra))
+
+    def versions(self) -> dict[str, str]:
+        """PoP -> the digest of the desired state it serves."""
+        return {pop: self.desired_of(pop).digest for pop in self.pop_names}
 
     def pairs(self) -> list[PairKey]:
-        """Every (PoP, group) of the desired state, PoPs in order, groups in order."""
-        return [(p, g.name) for p in self.desired.pop_names for g in self.desired.origin_groups]
+        """Every (PoP, group) served, PoPs in order, each PoP's groups (of the desired state it
+        serves) in order."""
+        return [(p, g.name) for p in self.pop_names
+                for g in self.desired_of(p).origin_groups]
+
+    def pops_on(self, desired: Desired) -> list[str]:
+        """The PoPs serving `desired` (by digest)."""
+        return [p for p in self.pop_names if self.desired_of(p).digest == desired.digest]
 
     def weights_of(self, pop: str, group: str) -> GroupWeights:
         """The weights in force: the controller's, else the group's home weights in `pop`."""
         held = self.weights.get((pop, group))
         if held is not None:
             return dict(held)
-        return self.desired.group(group).home_weights(pop)
+        return self.desired_of(pop).group(group).home_weights(pop)
 
     def pop_weights(self, pop: str) -> dict[str, GroupWeights]:
         """group -> weights the controller set in `pop` (the others are at home)."""
@@ -59,13 +89,13 @@ class RunningIntent:
         state = self.ramps.get((pop, group))
         if state is None:
             return None
-        return active_mirror(self.desired.group(group), state)
+        return active_mirror(self.desired_of(pop).group(group), state)
 
     def sick(self, pop: str, group: str) -> frozenset[str]:
         """The origins of a group with session affinity that the controller holds sick in
         `pop` (a session may not stay on them); empty for a group without affinity."""
         state = self.controllers.get((pop, group))
-        found = self.desired.group(group)
+        found = self.desired_of(pop).group(group)
         if state is None or found.affinity is None:
             return frozenset()
         need = found.failover.breach_windows

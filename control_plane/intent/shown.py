@@ -25,7 +25,9 @@ def intent_json(intent: RunningIntent) -> dict[str, Any]:
 
     return {
         "digest": intent.desired.digest,
-        "pops": list(intent.desired.pop_names),
+        "pops": list(intent.pop_names),
+        # during a rollout: PoP -> the digest of the desired state it serves (not the target)
+        "serving": {pop: desired.digest for pop, desired in sorted(intent.serving.items())},
         "weights": by_key(intent.weights, dict),
         "tier_actions": by_key(intent.tier_actions, TierActions.to_dict),
         "controllers": by_key(intent.controllers, ControllerState.to_dict),

@@ -22,6 +22,16 @@ from control_plane.desired.model import GroupWeights
 PairKey = tuple[str, str]  # (PoP, origin group)
 TIER_KIND = "tier"  # records of the tier controller's state, keyed "<pop>/<group>"
 RAMP_KIND = "ramp"  # records of the standby ramp's state, keyed "<pop>/<group>"
+# during a rollout: PoP -> the digest of the desired state it serves while not the target (one
+# record, key SERVING_KEY)
+SERVING_KIND = "serving"
+SERVING_KEY = "pops"
+# the bytes of each desired-state version some PoP serves or a rollback needs, keyed by digest
+VERSION_KIND = "desired_version"
+ROLLOUT_KIND = "rollout"  # the rollout's state, key "current"
+# a reached PoP's signals over the bake before its wave started (a gate's baseline), key the PoP
+ROLLOUT_BEFORE_KIND = "rollout_before"
+StoreRecord = tuple[str, str, Any]  # (kind, key, JSON value or None: delete)
 
 
 class StateCorrupted(Exception):

@@ -106,6 +106,22 @@ class BallastMetrics:
             registry=r,
         )
 
+        self.rollout_phase = Gauge(
+            "ballast_rollout_phase",
+            "1 for the phase of the latest rollout of a desired-state version (baking, paused, "
+            "passed, rolled_back, aborted, superseded), 0 for the others",
+            ["phase"], registry=r,
+        )
+        self.rollout_wave = Gauge(
+            "ballast_rollout_wave", "The wave of the latest rollout (1-based) and how many it "
+            "has", ["of"], registry=r,
+        )
+        self.pop_config_version = Gauge(
+            "ballast_pop_config_version",
+            "1 for the desired-state version (digest, 16 hex digits) each PoP serves",
+            ["pop", "version"], registry=r,
+        )
+
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -131,6 +147,20 @@ class BallastMetrics:
                     for action, tier in tier_action_parts(actions):
                         self.tier_action_active.labels(pop, group, action, tier).set(value)
 
+
+    def set_rollout(self, phase: str | None, phases: Iterable[str], wave: int, waves: int,
+                    versions: Mapping[str, str]) -> None:
+        """The rollout gauges: `phase` of `phases` (None: no rollout yet), the wave (0-based)
+        of `waves`, and each PoP's version (PoP -> digest)."""
+        self.rollout_phase.clear()
+        if phase is not None:
+            for name in phases:
+                self.rollout_phase.labels(name).set(int(name == phase))
+            self.rollout_wave.labels("current").set(wave + 1)
+            self.rollout_wave.labels("total").set(waves)
+        self.pop_config_version.clear()
+        for pop, digest in versions.items():
+            self.pop_config_version.labels(pop, digest[:16]).set(1)
 
     def set_certificates(self, checks: Iterable[tuple[str, str, float | None, bool]]) -> None:
         """Make the certificate gauges exactly these checks: (group, origin, days to expiry or

@@ -228,8 +228,48 @@ async function renderOverview(route) {
       Object.keys(pop.tier_actions).length ? h("div", { class: "tiers" }, h("strong", {}, "Tier actions: "),
         Object.entries(pop.tier_actions).map(([g, a]) => h("div", {}, groupLink(pop.name, g), `: ${a.description}`))) : null);
   });
-  setView(configPanel(data.config), h("section", { class: "pops" }, cards),
+  setView(configPanel(data.config), rolloutPanel(data.rollout), h("section", { class: "pops" }, cards),
     servedCertificatesPanel(data.served_certificates || []));
+}
+
+// the latest rollout of a desired-state version: its waves in order with their state and start
+// (decide/rollout.py's timeline), the last gate reading with its readings, each PoP's version
+function rolloutPanel(shown) {
+  if (!shown) return [];
+  const rollout = shown.rollout;
+  const versions = h("table", { class: "pop-versions" },
+    h("tr", {}, h("th", {}, "PoP"), h("th", {}, "version"), h("th", {}, "applied"),
+      h("th", {}, "pending"), h("th", {}, "NACKed")),
+    Object.entries(shown.pop_versions).map(([pop, v]) => h("tr", { "data-pop": pop },
+      h("td", {}, popLink(pop)), h("td", {}, h("code", {}, v.version.slice(0, 16))),
+      h("td", {}, String(v.applied)), h("td", {}, String(v.pending)),
+      h("td", { class: v.nacked ? "warn" : "" }, String(v.nacked)))));
+  if (!rollout) {
+    return h("section", { class: "panel rollout", "data-phase": "none" }, h("h2", {}, "Rollout"),
+      h("p", { class: "muted" }, "no rollout since the state was new"), versions);
+  }
+  const waves = h("ol", { class: "waves" }, rollout.timeline.map((wave) =>
+    h("li", { class: `wave ${wave.state.replace("_", "-")}`, "data-wave": String(wave.wave) },
+      h("strong", {}, `wave ${wave.wave}`), " ", wave.pops.join(", "), " ",
+      h("span", { class: "muted" }, wave.state.replace("_", " "),
+        wave.started_ms ? ` since ${new Date(wave.started_ms).toLocaleTimeString()}` : ""))));
+  const gate = rollout.gate;
+  const readings = gate ? h("details", { class: "gate", open: gate.verdict === "fail" },
+    h("summary", {}, h("span", { class: `verdict ${gate.verdict}` }, `gate: ${gate.verdict}`), " ",
+      gate.why.join("; ")),
+    h("table", {}, h("tr", {}, h("th", {}, "PoP"), h("th", {}, "signal"), h("th", {}, "key"),
+      h("th", {}, "verdict"), h("th", {}, "reading")),
+    gate.readings.map((r) => h("tr", { class: r.verdict }, h("td", {}, r.pop), h("td", {}, r.signal),
+      h("td", {}, r.key), h("td", {}, r.verdict), h("td", {}, r.text))))) : h("p", { class: "muted" },
+    "no gate reading yet");
+  const failed = Object.entries(rollout.failed_versions || {}).map(([digest, why]) =>
+    h("div", { class: "warn failed-version" }, h("code", {}, digest.slice(0, 16)), ` failed: ${why}`));
+  return h("section", { class: "panel rollout", "data-phase": rollout.phase },
+    h("h2", {}, "Rollout ", h("code", {}, rollout.to_version.slice(0, 16)),
+      h("span", { class: "muted" }, ` from ${rollout.from_version.slice(0, 16)}: `),
+      h("span", { class: `phase ${rollout.phase}` }, rollout.phase.replace("_", " ")),
+      rollout.immediate ? h("span", { class: "muted" }, " (immediate)") : null),
+    h("p", { class: "reason" }, rollout.reason), waves, readings, failed, versions);
 }
 
 function servedCertificatesPanel(certs) {

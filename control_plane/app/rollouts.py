@@ -1,0 +1,511 @@
+"""`Rollouts`: the shell of a rollout — what moves PoPs from one desired-state version to the next.
+
+The decisions are the pure core's (`decide/rollout.py`: waves, bake, gates, rollback,
+supersede, the operator's actions); this module feeds it and publishes what it decides:
+
+- **inputs**: the clock, the ACKs and NACKs of the reached PoPs' nodes (`config_acks.py`, read
+  from the ADS streams) and the signal windows from the metric source the weight controller
+  reads (per PoP, group and origin: the wave's PoPs since the wave started, the PoPs still on
+  the previous version over the same time, the wave's PoPs before it started), with the
+  tier-action onsets since the wave started;
+- **publishing**: every rollout decision that changes which PoP serves which version — a reload
+  starting (or superseding) one, a wave starting, a rollback, an abort, a promote — is one
+  change through the change transaction (`change.desired(target, serving=...)`): the output of
+  the PoPs that move built off the loop, then one store write (the rollout's state, the bytes
+  of the versions it needs, which PoP serves which version), the records (the core's events,
+  through the one decision recorder), the swap. A decision that moves no PoP (a pause) is the
+  same transaction with nothing served changing (`change.keep`).
+
+Versions: the bytes of every version a PoP serves, or a rollback may need (the rollout's
+`from_version` and `to_version`), are kept in memory and in the store (kind
+`desired_version`), so a restart (`restored`) serves exactly what was served before it: the
+rollout resumes from its saved state. A version that failed (rolled back, aborted) is kept by
+digest (`failed`): the reload does not apply the same bytes again.
+
+One rollout at a time: `lock` is held by every step, operator action and the reload that
+starts or supersedes one, so each reads the rollout it changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+from control_plane.app.config_acks import ConfigAcks
+from control_plane.decide.gates import GateInputs, PopWindow, TierShed
+from control_plane.decide.rollout import (
+    PHASES,
+    Rollout,
+    RolloutError,
+    RolloutEvent,
+    abort,
+    failed_version,
+    last_passed,
+    pause,
+    promote,
+    reached,
+    resume,
+    serving_since,
+    start,
+    supersede,
+    version_of,
+)
+from control_plane.decide.rollout import step as rollout_step
+from control_plane.decide.signals import OriginSignals
+from control_plane.decisions.log import Draft, draft
+from control_plane.decisions.recorder import DecisionRecorder
+from control_plane.desired import parse_desired
+from control_plane.desired.model import Desired, TierActions
+from control_plane.intent.change import Change
+from control_plane.intent.owner import IntentOwner
+from control_plane.intent.store import (
+    ROLLOUT_BEFORE_KIND,
+    ROLLOUT_KIND,
+    SERVING_KEY,
+    SERVING_KIND,
+    VERSION_KIND,
+    StateCorrupted,
+    StoreRecord,
+)
+from control_plane.observe.source import MetricSource, Signals, wall_ms
+from control_plane.own_metrics.registry import BallastMetrics
+
+log = logging.getLogger(__name__)
+
+ROLLOUT_KEY = "current"
+MAX_FAILED = 32  # failed versions remembered (the oldest forgotten first)
+IN_FORCE = ("baking", "paused", "passed")  # phases in which the target is `to_version`
+ACTIONS: dict[str, Callable[[Rollout, int, str], tuple[Rollout, tuple[RolloutEvent, ...]]]] = {
+    "pause": pause, "resume": resume, "abort": abort, "promote": promote}
+
+
+@dataclass(frozen=True)
+class Version:
+    """A desired-state version: the model, and the bytes it was parsed from (saved)."""
+
+    desired: Desired
+    data: bytes
+
+    @property
+    def digest(self) -> str:
+        return self.desired.digest
+
+    def stored(self) -> dict[str, str]:
+        return {"source": self.desired.source, "yaml": self.data.decode("utf-8")}
+
+
+@dataclass(frozen=True)
+class Restored:
+    """What the store held of a rollout: the running intent's target and which PoP serves
+    which other version, the rollout, the failed versions, the versions' bytes."""
+
+    target: Version
+    serving: dict[str, Desired]
+    rollout: Rollout
+    failed: dict[str, str]
+    versions: dict[str, Version]
+    saved: frozenset[str]  # the digests whose bytes the store holds
+    before: dict[str, PopWindow]  # reached PoP -> its window before its wave (gate baseline)
+
+
+def target_of(rollout: Rollout) -> str:
+    """The version the running intent's target is: `to_version` while the rollout is in
+    progress or passed, `from_version` after a rollback, an abort or a supersede."""
+    return rollout.to_version if rollout.phase in IN_FORCE else rollout.from_version
+
+
+def serving_of(rollout: Rollout, versions: Mapping[str, Version]) -> dict[str, Desired]:
+    """PoP -> the desired state it serves while that is not the target's (`version_of`)."""
+    target = target_of(rollout)
+    pops = {pop for digest in {rollout.from_version, rollout.to_version} if digest in versions
+            for pop in versions[digest].desired.pop_names}
+    serving: dict[str, Desired] = {}
+    for pop in sorted(pops):
+        digest = version_of(rollout, pop)
+        if digest != target and pop in versions[digest].desired.pop_names:
+            serving[pop] = versions[digest].desired
+    return serving
+
+
+def restored(records: Mapping[str, Mapping[str, Any]], known: Mapping[str, Version],
+             parse: Callable[[bytes, str], Desired], where: str) -> Restored | None:
+    """The rollout the store held (`records`: kind -> key -> JSON), with its versions parsed
+    again (`parse(bytes, source)`; a version in `known` — the file's, those held already — is
+    that same object); None when it held none. StateCorrupted (naming `where`) when it does
+    not parse."""
+    held = records.get(ROLLOUT_KIND, {}).get(ROLLOUT_KEY)
+    if held is None:
+        return None
+    try:
+        rollout = Rollout.from_dict(held["rollout"])
+        failed = {str(k): str(v) for k, v in dict(held.get("failed", {})).items()}
+        versions = dict(known)
+        for digest, value in records.get(VERSION_KIND, {}).items():
+            if digest in versions:
+                continue
+            data = str(value["yaml"]).encode("utf-8")
+            desired = parse(data, str(value["source"]))
+            if desired.digest != digest:
+                raise ValueError(f"version {digest[:16]}: its bytes have digest "
+                                 f"{desired.digest[:16]}")
+            versions[digest] = Version(desired, data)
+    except (KeyError, TypeError, ValueError) as err:
+        raise StateCorrupted(f"{where}: rollout: {type(err).__name__}: {err}") from err
+    except Exception as err:  # a stored version that no longer validates (DesiredStateError)
+        raise StateCorrupted(f"{where}: a desired-state version of the rollout does not "
+                             f"parse: {err}") from err
+    missing = {rollout.from_version, rollout.to_version} - set(versions)
+    if target_of(rollout) in missing or (rollout.in_progress and missing):
+        raise StateCorrupted(f"{where}: rollout: the bytes of version(s) "
+                             f"{', '.join(sorted(d[:16] for d in missing))} are not stored")
+    try:
+        before = {str(pop): window_from_json(str(pop), value)
+                  for pop, value in records.get(ROLLOUT_BEFORE_KIND, {}).items()}
+    except (KeyError, TypeError, ValueError) as err:
+        raise StateCorrupted(f"{where}: rollout baseline: {type(err).__name__}: {err}") from err
+    needed = {d: v for d, v in versions.items()
+              if d in (rollout.from_version, rollout.to_version)}
+    # which PoP serves which version, as the change that saved the rollout stated it
+    held_serving = records.get(SERVING_KIND, {}).get(SERVING_KEY) or {}
+    if not isinstance(held_serving, dict) or set(map(str, held_serving.values())) - set(needed):
+        raise StateCorrupted(f"{where}: serving: {held_serving!r} names versions the rollout "
+                             "does not hold")
+    serving = {str(pop): needed[str(digest)].desired for pop, digest in held_serving.items()}
+    return Restored(versions[target_of(rollout)], serving, rollout,
+                    failed, needed, frozenset(records.get(VERSION_KIND, {})),
+                    before if rollout.in_progress else {})
+
+
+@dataclass(frozen=True)
+class Begun:
+    """A rollout decision stated on a change: its records, and what to call once the change
+    published (the driver takes the new state then, not before)."""
+
+    records: tuple[Draft, ...]
+    done: Callable[[], None]
+
+
+class Rollouts:
+    def __init__(
+        self,
+        owner: IntentOwner,
+        acks: ConfigAcks,
+        source: MetricSource,
+        recorder: DecisionRecorder,
+        running: Version,
+        *,
+        metrics: BallastMetrics | None = None,
+        clock: Callable[[], int] = wall_ms,
+        leading: Callable[[], bool] = lambda: True,
+        changed: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.owner = owner
+        self.acks = acks
+        self.source = source
+        self.recorder = recorder
+        self.metrics = metrics
+        self.clock = clock
+        self._leading = leading  # whether this process saves (replicas: the leader)
+        self._changed = changed  # told after each change of which PoP serves what
+        self.lock = asyncio.Lock()
+        self.rollout: Rollout | None = None
+        self.failed: dict[str, str] = {}  # digest -> why it failed
+        self._versions: dict[str, Version] = {running.digest: running}
+        self._saved: set[str] = set()  # digests whose bytes the store holds
+        # PoP -> its groups demoting or shedding when the wave started (onsets count from it)
+        self._actions_at_wave: dict[str, frozenset[str]] = {}
+        self._before: dict[str, PopWindow] = {}  # reached PoP -> its window before its wave
+        self._gauges()
+
+    # -- start-up --------------------------------------------------------------------------
+
+    def restore(self, held: Restored) -> None:
+        """What the store held (`restored`) taken as the driver's state (before serving)."""
+        self.rollout = held.rollout
+        self.failed = dict(held.failed)
+        self._versions = dict(held.versions)
+        self._saved = set(held.saved)
+        self._before = dict(held.before)
+        self._note_wave()
+        self._gauges()
+
+    def rebake(self, why: str) -> None:
+        """The wave in progress bakes again from now (a restart, a new leader): the ACKs and
+        readings of before are gone with the process that had them, and nodes reconnect now;
+        its gate judges a fresh bake, its ACK timeout counts from now. Saved with the next
+        step."""
+        rollout = self.rollout
+        if rollout is None or not rollout.in_progress:
+            return
+        now = self.clock()
+        self.rollout = replace(rollout, wave_started_ms=now, gate=None, updated_ms=now,
+                               reason=f"{rollout.reason}; wave {rollout.wave + 1} bakes again "
+                               f"from now: {why}")
+        self._note_wave()
+
+    async def follow(self, records: Mapping[str, Mapping[str, Any]], where: str) -> None:
+        """A replica taking the rollout its leader saved (`records`, read back from the shared
+        store): which PoP serves which version, made this replica's through the change
+        transaction (saving nothing: the leader saved it). A new leader starts from it."""
+        held = await asyncio.to_thread(restored, records, dict(self._versions), parse_desired,
+                                       where)
+        if held is None or (held.rollout == self.rollout and held.failed == self.failed):
+            return
+        async with self.lock:
+            async with self.owner.change(save=False) as change:
+                change.desired(held.target.desired, serving=held.serving)
+            self.restore(held)
+            self._changed()
+
+    # -- a new version (the reload) --------------------------------------------------------
+
+    async def begin(self, change: Change, new: Version, *, immediate: bool, by: str) -> Begun:
+        """State on `change` (a reload's) the rollout of `new`: started, or superseding the
+        one in progress; its records and what to call once the change published. Call under
+        `lock`."""
+        now = self.clock()
+        running = self.owner.intent
+        versions = {**self._versions, new.digest: new}
+        if self.rollout is None:
+            last = running.desired
+            rollout, events = start(new.desired.rollout, last.digest, new.digest,
+                                    new.desired.pop_names, last.pop_names, now,
+                                    immediate=immediate, by=by)
+        else:
+            last = versions[last_passed(self.rollout)].desired
+            _, rollout, events = supersede(self.rollout, new.desired.rollout, new.digest,
+                                           new.desired.pop_names, last.pop_names, now,
+                                           immediate=immediate, by=by)
+        captured = await self._capture(None, rollout, new.desired)
+        return self._state(change, rollout, events, versions, self.failed, captured)
+
+    def refused(self, digest: str) -> str | None:
+        """Why a version's bytes are not applied again (it failed its rollout), or None."""
+        return self.failed.get(digest)
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    async def run(self, poll_ms: int = 1000) -> None:
+        """Step the rollout in progress every `poll_ms` until cancelled."""
+        while True:
+            try:
+                await self.step()
+            except Exception:  # the next look starts from the saved state
+                log.exception("rollout step failed")
+            await asyncio.sleep(poll_ms / 1000)
+
+    async def step(self, now_ms: int | None = None) -> tuple[RolloutEvent, ...]:
+        """One look at the rollout in progress: its gate judged, what it decides published."""
+        async with self.lock:
+            rollout = self.rollout
+            if rollout is None or not rollout.in_progress or not self._leading():
+                return ()
+            now = self.clock() if now_ms is None else now_ms
+            target = self._versions[rollout.to_version].desired
+            inputs = await self.inputs(rollout, now)
+            # off the loop: the gates compare every reached PoP's keys (a large fleet's work)
+            after, events = await asyncio.to_thread(rollout_step, rollout, inputs, now,
+                                                    target.rollout)
+            if not events:  # the latest gate reading, shown by the faces
+                self.rollout = after
+                return ()
+            await self._publish(after, events)
+            return events
+
+    async def act(self, action: str, by: str) -> Rollout:
+        """An operator's `pause`, `resume`, `abort` or `promote`; RolloutError when it does not
+        apply (nothing changed), or on a replica that does not lead."""
+        if action not in ACTIONS:
+            raise RolloutError(f"unknown action {action!r}; known: {', '.join(ACTIONS)}")
+        if not self._leading():
+            raise RolloutError("this replica does not lead: act on the leader (`ballast status "
+                               "--json` names it)")
+        async with self.lock:
+            if self.rollout is None:
+                raise RolloutError("no rollout: nothing was applied since the start")
+            after, events = ACTIONS[action](self.rollout, self.clock(), by)
+            await self._publish(after, events)
+            return after
+
+    async def inputs(self, rollout: Rollout, now: int) -> GateInputs:
+        """What the gates judge now: ACKs, NACKs, the windows (see the module docstring)."""
+        wave = reached(rollout)
+        running = self.owner.intent
+        others = [pop for pop in running.pop_names if pop not in wave]
+        span = max(now - rollout.wave_started_ms, 1)
+        after = await self._window(now, span)
+        onsets = self._onsets(running.tier_actions)
+        # each reached PoP's own window before it got the new version: taken when its wave
+        # started (the source may keep less than a rollout lasts), else read back now
+        since: dict[int, list[str]] = {}
+        for pop in sorted(wave - set(self._before)):
+            since.setdefault(serving_since(rollout, pop) or rollout.wave_started_ms,
+                             []).append(pop)
+        before = [self._before[pop] for pop in sorted(wave) if pop in self._before]
+        before += [window for at, pops in sorted(since.items())
+                   for window in _windows(await self._window(at, span), pops, {})]
+        return GateInputs(
+            nodes=self.acks.nodes(sorted(wave)),
+            nacks=self.acks.nacks(rollout.started_ms),
+            after=_windows(after, sorted(wave), onsets),
+            peers=_windows(after, others, onsets),
+            before=tuple(before),
+        )
+
+    # -- publishing --------------------------------------------------------------------------
+
+    async def _publish(self, after: Rollout, events: tuple[RolloutEvent, ...]) -> None:
+        captured = await self._capture(self.rollout, after,
+                                       self._versions[after.to_version].desired)
+        async with self.owner.change(save=self._leading()) as change:
+            begun = self._state(change, after, events, self._versions, self.failed, captured)
+            change.record(begun.records)
+        begun.done()
+
+    async def _capture(self, before: Rollout | None, after: Rollout, target: Desired
+                       ) -> dict[str, PopWindow]:
+        """The signals over the bake before now of the PoPs `after` reaches that `before` had
+        not (they get the new version with this change): their own baseline for the gates,
+        kept (and saved) while the rollout is in progress."""
+        if not after.in_progress:
+            return {}
+        entering = sorted(reached(after) - (reached(before) if before is not None
+                                            and before.to_version == after.to_version
+                                            else frozenset()))
+        if not entering:
+            return {}
+        signals = await self._window(self.clock(), target.rollout.bake_ms)
+        return {window.pop: window for window in _windows(signals, entering, {})}
+
+    def _state(self, change: Change, rollout: Rollout, events: Iterable[RolloutEvent],
+               versions: Mapping[str, Version], failed: Mapping[str, str],
+               captured: Mapping[str, PopWindow]) -> Begun:
+        """`rollout` stated on `change`: which PoP serves which version, the rollout's records
+        in the store. Returns its events as decision records (for the change to record) and
+        what makes it this driver's state once the change published."""
+        failed = dict(failed)
+        refused = failed_version(rollout)
+        if refused is not None:
+            failed[refused] = rollout.reason
+            for old in list(failed)[:-MAX_FAILED]:
+                del failed[old]
+        needed = {rollout.from_version, rollout.to_version} & set(versions)
+        kept = {digest: versions[digest] for digest in needed}
+        change.desired(kept[target_of(rollout)].desired, serving=serving_of(rollout, kept))
+        state = {"rollout": rollout.to_dict(), "failed": failed}
+        before = None if self.rollout is None else {"rollout": self.rollout.to_dict(),
+                                                    "failed": self.failed}
+        records: list[StoreRecord] = [(ROLLOUT_KIND, ROLLOUT_KEY, state)]
+        undo: list[StoreRecord] = [(ROLLOUT_KIND, ROLLOUT_KEY, before)]
+        for digest in sorted(needed - self._saved):
+            records.append((VERSION_KIND, digest, kept[digest].stored()))
+            undo.append((VERSION_KIND, digest, None))
+        for digest in sorted(self._saved - needed):
+            records.append((VERSION_KIND, digest, None))
+            if digest in self._versions:
+                undo.append((VERSION_KIND, digest, self._versions[digest].stored()))
+        same = self.rollout is not None and self.rollout.to_version == rollout.to_version \
+            and self.rollout.started_ms == rollout.started_ms
+        baselines = {} if not rollout.in_progress else {
+            **(self._before if same else {}), **captured}
+        for pop in sorted(set(self._before) | set(baselines)):
+            if pop in captured or pop not in baselines:
+                records.append((ROLLOUT_BEFORE_KIND, pop, None if pop not in baselines
+                                else window_json(baselines[pop])))
+                undo.append((ROLLOUT_BEFORE_KIND, pop, None if pop not in self._before
+                             else window_json(self._before[pop])))
+        change.keep(records, undo)
+
+        def done() -> None:
+            moved = self.rollout is None or (rollout.wave, rollout.phase) != (
+                self.rollout.wave, self.rollout.phase)
+            self.rollout, self.failed, self._versions = rollout, failed, kept
+            self._before = baselines
+            self._saved = set(needed)
+            if moved:
+                self._note_wave()
+            self._gauges()
+            self._changed()
+
+        return Begun(tuple(rollout_draft(event) for event in events), done)
+
+    # -- internals -----------------------------------------------------------------------------
+
+    async def _window(self, now: int, span: int) -> Signals:
+        try:
+            return await self.source.window(now, span)
+        except Exception as err:  # a broken source: no evidence (the gate waits)
+            log.warning("metric source failed for the rollout's gates: %s", err)
+            return {}
+
+    def _note_wave(self) -> None:
+        """The groups with tier actions per PoP when the wave started (onsets count from)."""
+        self._actions_at_wave = _active(self.owner.intent.tier_actions)
+
+    def _onsets(self, tier_actions: Mapping[tuple[str, str], TierActions]) -> dict[str, int]:
+        now = _active(tier_actions)
+        return {pop: len(groups - self._actions_at_wave.get(pop, frozenset()))
+                for pop, groups in now.items()}
+
+    def _gauges(self) -> None:
+        if self.metrics is None:
+            return
+        rollout = self.rollout
+        self.metrics.set_rollout(None if rollout is None else rollout.phase, PHASES,
+                                 0 if rollout is None else rollout.wave,
+                                 0 if rollout is None else len(rollout.waves),
+                                 self.owner.intent.versions())
+
+
+def rollout_draft(event: RolloutEvent) -> Draft:
+    """A rollout event as the decision record the one recorder writes."""
+    fields = event.record_fields()
+    pops = event.pops
+    return draft(event.kind, pop=pops[0] if len(pops) == 1 else None, **fields)
+
+
+def _active(tier_actions: Mapping[tuple[str, str], TierActions]) -> dict[str, frozenset[str]]:
+    """PoP -> the groups whose tier actions demote or shed (lending's limits and bounded
+    queues alone are capacity bookkeeping, not an incident's onset)."""
+    active: dict[str, set[str]] = {}
+    for (pop, group), actions in tier_actions.items():
+        if actions.shed or (actions.demote_tier and actions.demote_to and actions.demote_share):
+            active.setdefault(pop, set()).add(group)
+    return {pop: frozenset(groups) for pop, groups in active.items()}
+
+
+def _windows(signals: Signals, pops: Iterable[str], onsets: Mapping[str, int]
+             ) -> tuple[PopWindow, ...]:
+    """The signals of `pops` as the gates' windows."""
+    by_pop: dict[str, list[tuple[str, str, Any]]] = {}
+    for (pop, group), origins in signals.items():
+        for origin, values in origins.items():
+            by_pop.setdefault(pop, []).append((group, origin, values))
+    return tuple(PopWindow(pop, tuple(sorted(by_pop.get(pop, []), key=lambda o: o[:2])),
+                           (), onsets.get(pop, 0)) for pop in pops)
+
+
+
+def window_json(window: PopWindow) -> dict[str, Any]:
+    """A PoP's window as the store keeps it (a rollout's baseline)."""
+    return {"origins": [[group, origin, asdict(signals)]
+                        for group, origin, signals in window.origins],
+            "tiers": [[group, tier, shed.requests, shed.shed]
+                      for group, tier, shed in window.tiers],
+            "tier_action_onsets": window.tier_action_onsets}
+
+
+def window_from_json(pop: str, data: Mapping[str, Any]) -> PopWindow:
+    """`window_json` read back; ValueError (KeyError, TypeError) when it is not one."""
+    known = {f.name for f in fields(OriginSignals)}
+    origins = []
+    for group, origin, values in data["origins"]:
+        if not isinstance(values, dict) or set(values) - known:
+            raise ValueError(f"origin {origin!r}: not the signals of an origin")
+        origins.append((str(group), str(origin), OriginSignals(**values)))
+    tiers = tuple((str(group), str(tier), TierShed(int(requests), int(shed)))
+                  for group, tier, requests, shed in data["tiers"])
+    return PopWindow(pop, tuple(origins), tiers, int(data["tier_action_onsets"]))

@@ -1,0 +1,247 @@
+"""Issue 23 end to end: a change of the desired state rolls out wave by wave through real Envoys
+in three PoPs (ewr the canary, then sjc, then lax), judged by its gates.
+
+- a good change: each PoP's Envoy gets it only when its wave starts, each wave after the
+  previous one baked; `ballast status` shows each PoP's version as it moves;
+- a change that makes the canary's origin answer 503: rolled back automatically before sjc or
+  lax get it, with a record naming the regressed signal; the same bytes are not applied again;
+- a change the Envoy NACKs: rolled back, the NACK's message in the record;
+- pause, resume, promote, abort and apply --now from the CLI and the admin API, behind the
+  admin token like every other route.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from control_plane.cli.main import main
+from control_plane.decisions.read import record_time
+from harness.eventually import eventually
+from harness.rollout_fleet import POPS, RolloutFleet, admin_post, rollout_fleet
+
+pytestmark = pytest.mark.envoy
+
+BAKE_S = 2.0
+ROUTES = "/config_dump?resource=dynamic_route_configs"
+ENDPOINTS = "/config_dump?include_eds"
+
+
+def _versions(fleet: RolloutFleet) -> dict[str, str]:
+    """PoP -> the version (digest) it serves, as `ballast status` shows it."""
+    assert fleet.service is not None
+    return {pop: shown["version"] for pop, shown in
+            fleet.service.status()["pop_versions"].items()}
+
+
+async def _synced(fleet: RolloutFleet) -> None:
+    assert fleet.service is not None
+    acks = fleet.service.server.acks
+    await eventually(lambda: all(acks.pop(pop).applied == 1 for pop in POPS), 20,
+                     "every Envoy synced")
+    await eventually(lambda: fleet.origins["primary"].total > 60, 20, "traffic on the primary")
+    # what each PoP's Envoy reported before the change: its own baseline for the gates
+    source = fleet.service.rollouts.source
+
+    async def reported() -> bool:
+        window = await source.window(int(time.time() * 1000), int(BAKE_S * 1000))
+        return all(sum(s.requests for s in window.get((pop, "shop"), {}).values()) >= 10
+                   for pop in POPS)
+
+    await eventually(reported, 20, "every PoP's Envoy reporting its traffic")
+
+
+class Watch:
+    """What a rollout looks like over time: the versions `ballast status` shows, and when each
+    PoP's Envoy first holds `marker` in its config_dump (`path`)."""
+
+    def __init__(self, fleet: RolloutFleet, marker: str, path: str) -> None:
+        self.fleet, self.marker, self.path = fleet, marker, path
+        self.seen: dict[str, float] = {}
+        self.versions: list[dict[str, str]] = []
+
+    async def look(self) -> bool:
+        shown = _versions(self.fleet)
+        if not self.versions or self.versions[-1] != shown:
+            self.versions.append(shown)
+        dumps = await asyncio.to_thread(
+            lambda: {pop: envoy.admin(self.path) for pop, envoy in self.fleet.envoys.items()})
+        for pop, dump in dumps.items():
+            if pop not in self.seen and self.marker in dump:
+                self.seen[pop] = time.time()
+        return len(self.seen) == len(POPS)
+
+    def on(self, version: str) -> list[list[str]]:
+        """The PoPs on `version` in each distinct state seen."""
+        return [sorted(pop for pop, v in shown.items() if v.startswith(version))
+                for shown in self.versions]
+
+
+async def test_a_good_change_rolls_out_wave_by_wave(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    async with rollout_fleet(tmp_path) as fleet:
+        await _synced(fleet)
+        old = _versions(fleet)
+        assert len(set(old.values())) == 1, old
+        fleet.write(marker="rollout-marker")
+        watch = Watch(fleet, "/rollout-marker", ROUTES)
+        await eventually(watch.look, 60, "every PoP's Envoy to get the change", interval=0.1)
+        await eventually(lambda: fleet.records("rollout_passed"), 30, "the rollout to pass")
+        records = fleet.records()
+        kinds = [r["kind"] for r in records if r["kind"].startswith(("rollout", "wave"))]
+        assert kinds[:2] == ["rollout_started", "wave_started"], kinds
+        assert kinds.count("wave_started") == 3 and kinds.count("wave_passed") == 3, kinds
+        waves = [r["detail"]["pops"] for r in records if r["kind"] == "wave_started"]
+        assert waves == [["ewr"], ["sjc"], ["lax"]], waves
+        # each wave started after the previous one baked, and each PoP's Envoy got the change
+        # only once its wave had started (the record's time; the Envoy is asked every 0.1 s)
+        starts = {r["detail"]["pops"][0]: record_time(r).timestamp()
+                  for r in records if r["kind"] == "wave_started"}
+        assert starts["sjc"] - starts["ewr"] >= BAKE_S, starts
+        assert starts["lax"] - starts["sjc"] >= BAKE_S, starts
+        seen = watch.seen
+        assert seen["ewr"] < seen["sjc"] < seen["lax"], seen
+        assert all(seen[pop] >= starts[pop] for pop in POPS), (seen, starts)
+        # `ballast status` over time: the canary alone first, then sjc, then every PoP
+        new = _versions(fleet)
+        assert len(set(new.values())) == 1 and new != old, new
+        on_new = watch.on(new["ewr"])
+        assert ["ewr"] in on_new and ["ewr", "sjc"] in on_new, watch.versions
+        assert on_new.index(["ewr"]) < on_new.index(["ewr", "sjc"]), watch.versions
+        assert fleet.statuses[0] == 0, fleet.statuses
+        assert fleet.service is not None and fleet.service.admin is not None
+        # `ballast status` (the CLI): each PoP's version, the rollout in a line
+        capsys.readouterr()
+        assert await asyncio.to_thread(main, ["status", "--server", fleet.service.admin.url]
+                                       ) == 0
+        shown = capsys.readouterr().out
+        for pop in POPS:
+            assert f"  {pop}  {new[pop][:16]}  1 applied, 0 pending, 0 NACKed" in shown, shown
+        assert f"rollout of {new['ewr'][:16]}: passed, wave 3 of 3 (lax)" in shown, shown
+        # /metrics: the rollout's phase and wave, each PoP's version
+        scrape = f"{fleet.service.admin.url}/metrics"
+        metrics = await asyncio.to_thread(
+            lambda: urllib.request.urlopen(scrape, timeout=10).read().decode())
+        assert 'ballast_rollout_phase{phase="passed"} 1.0' in metrics, metrics
+        assert 'ballast_rollout_wave{of="total"} 3.0' in metrics, metrics
+        for pop in POPS:
+            assert f'ballast_pop_config_version{{pop="{pop}",version="{new[pop][:16]}"}} 1.0' \
+                in metrics, metrics
+
+
+async def test_a_change_that_breaks_the_canary_is_rolled_back(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    async with rollout_fleet(tmp_path) as fleet:
+        await _synced(fleet)
+        old = _versions(fleet)
+        broken = fleet.origins["broken"].port
+        fleet.write(primary_port=broken)
+        watch = Watch(fleet, f'"port_value": {broken}', ENDPOINTS)
+
+        async def rolled_back() -> bool:
+            await watch.look()
+            return bool(fleet.records("rolled_back"))
+
+        await eventually(rolled_back, 60, "the rollback", interval=0.1)
+        rolled = fleet.records("rolled_back")[-1]
+        assert "5xx" in rolled["rule"], rolled["rule"]
+        assert "ewr" in rolled["rule"], rolled["rule"]
+        assert rolled["detail"]["next"], rolled
+        # `ballast explain` tells the story of the rollout, as it concerns the PoP
+        capsys.readouterr()
+        assert await asyncio.to_thread(main, ["explain", "--state-dir", str(fleet.state_dir),
+                                              "--pop", "ewr", "--group", "shop"]) == 0
+        explained = capsys.readouterr().out
+        assert "config rollout of" in explained and "rolled_back" in explained, explained
+        assert "wave_started" in explained and "5xx" in explained, explained
+        # sjc and lax never got it: no wave but the canary's started, and their Envoys never
+        # sent a request to the broken origin
+        waves = [r["detail"]["pops"] for r in fleet.records("wave_started")]
+        assert waves == [["ewr"]], waves
+        await eventually(lambda: _versions(fleet) == old, 10, "every PoP back on the old version")
+        assert list(watch.seen) == ["ewr"], watch.seen
+        assert all(on == ["ewr"] for on in watch.on(rolled["config_version"]) if on), \
+            watch.versions
+        # the same bytes are not applied again (SIGHUP re-reads the file)
+        assert fleet.service is not None
+        fleet.service.watcher.trigger()
+        await eventually(lambda: any("failed its rollout" in p for r in
+                                     fleet.records("config_rejected")
+                                     for p in r["detail"]["problems"]), 10, "refused again")
+        assert _versions(fleet) == old
+
+
+async def test_a_change_envoy_nacks_is_rolled_back_with_the_message(tmp_path: Path) -> None:
+    async with rollout_fleet(tmp_path) as fleet:
+        await _synced(fleet)
+        old = _versions(fleet)
+        fleet.write(bad_filter=True)
+        await eventually(lambda: fleet.records("rolled_back"), 30, "the rollback")
+        rolled = fleet.records("rolled_back")[-1]
+        assert "NACK" in rolled["rule"] or "nack" in rolled["rule"], rolled["rule"]
+        assert "ewr-edge-1" in rolled["rule"], rolled["rule"]
+        assert "compressor_library" in rolled["rule"] or "Compressor" in rolled["rule"], rolled
+        waves = [r["detail"]["pops"] for r in fleet.records("wave_started")]
+        assert waves == [["ewr"]], waves
+        await eventually(lambda: _versions(fleet) == old, 10, "every PoP back on the old version")
+
+
+async def _cli(*args: str) -> int:
+    return await asyncio.to_thread(main, ["rollout", *args])
+
+
+async def test_operators_pause_resume_promote_abort_and_apply_now(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    token = "rollout-test-token"
+    async with rollout_fleet(tmp_path, admin_token=token) as fleet:
+        assert fleet.service is not None and fleet.service.admin is not None
+        url = fleet.service.admin.url
+        token_file = str(tmp_path / "admin.token")
+        auth = ("--server", url, "--token-file", token_file)
+        await _synced(fleet)
+        old = _versions(fleet)
+        fleet.write(marker="first", bake="10m")
+        await eventually(lambda: fleet.records("wave_started"), 10, "the canary wave")
+        # every action needs the admin API's authentication
+        assert (await asyncio.to_thread(admin_post, f"{url}/rollout/pause", None))[0] == 401
+        assert await _cli("pause", "--server", url) == 1
+        assert await _cli("pause", *auth) == 0
+        paused = fleet.records("rollout_paused")[-1]
+        assert "token via the admin API" in paused["rule"], paused
+        capsys.readouterr()
+        assert await _cli("status", *auth) == 0
+        shown = capsys.readouterr().out
+        assert "paused" in shown and "* wave 1: ewr" in shown, shown
+        status, answer = await asyncio.to_thread(admin_post, f"{url}/rollout/pause", token)
+        assert status == 409 and "paused already" in str(answer["error"]), answer
+        status, answer = await asyncio.to_thread(admin_post, f"{url}/rollout/resume", token)
+        assert status == 200 and answer["rollout"]["phase"] == "baking", answer
+        assert (await asyncio.to_thread(admin_post, f"{url}/rollout/launch", token))[0] == 404
+        # promote: every PoP on the new version now, its waves skipped
+        assert await _cli("promote", *auth) == 0
+        watch = Watch(fleet, "/first", ROUTES)
+        await eventually(watch.look, 20, "every Envoy on the promoted version", interval=0.1)
+        promoted = _versions(fleet)
+        assert len(set(promoted.values())) == 1 and promoted != old, promoted
+        assert fleet.records("rollout_promoted")
+        # abort: the canary back on the last version that passed
+        fleet.write(marker="second", bake="10m")
+        await eventually(lambda: len(fleet.records("wave_started")) == 2, 10, "a new canary")
+        await eventually(lambda: _versions(fleet)["ewr"] != promoted["ewr"], 10, "ewr moved")
+        status, answer = await asyncio.to_thread(admin_post, f"{url}/rollout/abort", token)
+        assert status == 200 and answer["rollout"]["phase"] == "aborted", answer
+        assert _versions(fleet) == promoted
+        aborted = fleet.records("rollout_aborted")[-1]
+        assert "token via the admin API" in aborted["rule"], aborted
+        # apply --now: the aborted file, on every PoP at once, recorded as such
+        assert await _cli("apply", "--now", *auth) == 0
+        watch = Watch(fleet, "/second", ROUTES)
+        await eventually(watch.look, 20, "every Envoy on the version applied --now",
+                         interval=0.1)
+        started = fleet.records("rollout_started")[-1]
+        assert started["detail"]["immediate"] is True and "--now" in started["rule"], started
+        assert len(set(_versions(fleet).values())) == 1
