@@ -34,8 +34,10 @@ class HealthzProbe:
         self._thread.join()
 
     def worst(self, start: float = float("-inf"), end: float = float("inf")) -> float:
-        """The longest answer that was under way at some time between `start` and `end`."""
-        return max(took for asked, took in self.answers if asked + took >= start and asked <= end)
+        """The longest answer that was under way at some time between `start` and `end` (0
+        when none was)."""
+        return max((took for asked, took in self.answers
+                    if asked + took >= start and asked <= end), default=0.0)
 
     def during(self, start: float, end: float) -> int:
         """How many answers were asked between `start` and `end`."""

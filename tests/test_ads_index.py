@@ -136,6 +136,54 @@ def test_many_streams_share_views_and_hash_each_set_once(monkeypatch: Any) -> No
     assert len(calls) == before
 
 
+def test_a_snapshot_warmed_like_the_one_served_is_pushed_without_computing(
+        monkeypatch: Any) -> None:
+    """`warm_like(new, old)` (the output cache's prepare, on a worker thread) computes what the
+    push of `new` to streams holding `old` asks: the push then hashes and diffs nothing, and
+    sends what the push of an unwarmed equal snapshot sends."""
+    computed: list[str] = []
+    real_version, real_diff = index_module.items_version, index_module.Diff
+
+    def counting_version(items: Any) -> str:
+        computed.append("version")
+        return real_version(items)
+
+    class CountingDiff(real_diff):  # type: ignore[misc,valid-type]
+        def __init__(self, old: ResourceSet, new: ResourceSet) -> None:
+            computed.append("diff")
+            super().__init__(old, new)
+
+    monkeypatch.setattr(index_module, "items_version", counting_version)
+    monkeypatch.setattr(index_module, "Diff", CountingDiff)
+    first = plain_snapshot(dict.fromkeys(CLUSTERS, 1), ("l1", "l2"))
+    later = {**dict.fromkeys(CLUSTERS[1:], 1), "a": 2, "f": 1}  # a changed, f added, e kept
+    warm, cold = plain_snapshot(later), plain_snapshot(later)  # l2 gone from both
+    streams: dict[str, list[SotwStream | DeltaStream]] = {"warm": [], "cold": []}
+    for kind in streams:
+        for stream in (SotwStream(), DeltaStream()):
+            for type_url, names in ((CDS, ()), (EDS, CLUSTERS), (LDS, ()), (RDS, ("l1",))):
+                if isinstance(stream, SotwStream):
+                    (r,) = stream.on_request(sotw_request(type_url, names), first).responses
+                    stream.on_request(sotw_request(type_url, names, r.nonce), first)
+                else:
+                    (r,) = stream.on_request(delta_request(type_url, names), first).responses
+                    stream.on_request(delta_request(type_url, nonce=r.nonce), first)
+            streams[kind].append(stream)
+    index_module.warm_like(warm, first)
+    computed.clear()
+    warm_steps = [stream.on_resources(warm) for stream in streams["warm"]]
+    assert computed == []  # no hash, no diff: looked up
+    cold_steps = [stream.on_resources(cold) for stream in streams["cold"]]
+    assert "diff" in computed and "version" in computed  # what the warming spared
+
+    def sent(step: Any) -> list[tuple[Any, ...]]:
+        return [(r.type_url, r.version, [(x.name, x.version) for x in r.resources],
+                 getattr(r, "removed", ())) for r in step.responses]
+
+    assert [sent(s) for s in warm_steps] == [sent(s) for s in cold_steps]
+    assert all(step.responses for step in warm_steps)
+
+
 def test_diffs_are_kept_per_pair_and_weakly() -> None:
     old = ResourceSet.of([make(CDS, "a", 1), make(CDS, "b", 1)])
     new = index(plain_snapshot({"a": 2, "c": 1}), CDS).view(True, frozenset())

@@ -182,6 +182,11 @@ class TypeIndex:
         self._views: dict[frozenset[str], ResourceSet] = {}
         self._view_names = 0  # names held by the keys of `_views`
 
+    def subscriptions(self) -> list[tuple[bool, frozenset[str], ResourceSet]]:
+        """(wildcard, names, view) of every view kept: a copy, safe while the loop adds."""
+        views = [(False, names, view) for names, view in list(self._views.items())]
+        return views if self._all is None else [(True, frozenset(), self._all), *views]
+
     def view(self, wildcard: bool, names: frozenset[str]) -> ResourceSet:
         """What a subscription gets: everything (wildcard, in snapshot order) or the existing
         resources among `names`, sorted by name. The same object for equal subscriptions."""
@@ -203,6 +208,29 @@ class TypeIndex:
                 self._views[names] = view
                 self._view_names += len(names)
         return view
+
+
+def warm_like(new: PopResources, old: PopResources) -> None:
+    """Compute now, for `new` (a snapshot no stream has yet), what the streams holding `old`
+    will ask of it when it is pushed: its type versions, its indexes with the views of the
+    subscriptions `old`'s indexes hold, their versions and the diffs from `old`'s views.
+
+    The output cache calls this where it prepares a new output (a worker thread, before the
+    swap), so the push after the swap finds these computed and only compares and writes: at
+    one node per PoP nothing of a new snapshot is shared, and computing it on the loop for
+    every PoP at once held the loop for the whole push (docs/benchmarks.md). `old` may be
+    served meanwhile: of it only what exists is read, nothing is added.
+    """
+    for type_url in new.by_type:
+        new.type_version(type_url)
+    old_indexes: dict[str, TypeIndex] | None = old.derived_if_built(_INDEXES)
+    for type_url, old_index in list((old_indexes or {}).items()):
+        new_index = index(new, type_url)
+        for wildcard, names, old_view in old_index.subscriptions():
+            view = new_index.view(wildcard, names)
+            diff = view.diff_from(old_view)
+            for updates, removals in ((True, True), (True, False), (False, True)):
+                _ = diff.after(updates=updates, removals=removals).version
 
 
 def index(snapshot: PopResources, type_url: str) -> TypeIndex:

@@ -450,6 +450,8 @@ class DeltaStream:
                     send = changed
             removed = diff.removed if diff is not None and removals else ()
             if not send and not removed and not force:
+                if diff is not None and not diff.changed and not diff.gone:
+                    state.holds = wanted  # the same content: the next diff is from this view
                 return
             after = diff.after(updates=updates, removals=removals) if diff else holds
         else:

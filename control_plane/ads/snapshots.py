@@ -24,6 +24,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
+from control_plane.ads.index import warm_like
 from control_plane.translate import UnknownPop
 from control_plane.translate.resources import Capabilities, PopResources
 
@@ -206,6 +207,7 @@ class SnapshotCache(Generic[S]):
                 if same_content(new, old):
                     fresh[(pop, cap_key)] = old
                 else:
+                    warm_like(new, old)  # what the push asks of it, computed here, not on the loop
                     fresh[(pop, cap_key)] = new
                     changed.add(pop)
             return Prepared(source, fresh, frozenset(changed), base, built, wanted)

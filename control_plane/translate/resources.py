@@ -107,6 +107,11 @@ class PopResources:
         items = sorted((n, r.version) for n, r in self.of_type(type_url).items())
         return content_version(repr(items).encode())
 
+    def derived_if_built(self, key: str) -> Any:
+        """What `derived` keeps under `key`, or None if nothing asked for it yet (never builds:
+        readers of a snapshot other threads serve may not add to it)."""
+        return self._derived.get(key)
+
     def derived(self, key: str, build: Callable[[PopResources], T]) -> T:
         """`build(self)`, computed the first time `key` is asked for and kept with this snapshot.
 
