@@ -80,6 +80,15 @@ TIER_REQUIRED = ("priority", "share", "max_queue_depth", "queue_timeout", "conne
                  "read_timeout", "retries")
 QUEUE_KINDS = ("fifo", "adaptive_lifo")
 
+# flap damping's knobs (decide/damping.py), the same for origins (failover) and tier actions
+DAMPING_FIELDS: FieldTable = {
+    "damping_penalty": ("damping_penalty", integer(0, 100_000)),
+    "damping_half_life": ("damping_half_life_ms", duration(1000, 86_400_000)),
+    "damping_suppress": ("damping_suppress", integer(1, 1_000_000)),
+    "damping_reuse": ("damping_reuse", integer(0, 1_000_000)),
+    "damping_return_windows": ("damping_return_windows", integer(1, 100)),
+}
+
 FAILOVER_FIELDS: FieldTable = {
     "mode": ("mode", choice("health_proportional", "linear", "exponential")),
     "interval": ("interval_ms", duration(1000, 3_600_000)),
@@ -98,11 +107,7 @@ FAILOVER_FIELDS: FieldTable = {
     "stale_after": ("stale_after_ms", duration(1000, 86_400_000)),
     "min_samples": ("min_samples", integer(1, 1_000_000)),
     "compare_margin": ("compare_margin", number(0, 1)),
-    "damping_penalty": ("damping_penalty", integer(0, 100_000)),
-    "damping_half_life": ("damping_half_life_ms", duration(1000, 86_400_000)),
-    "damping_suppress": ("damping_suppress", integer(1, 1_000_000)),
-    "damping_reuse": ("damping_reuse", integer(0, 1_000_000)),
-    "damping_return_windows": ("damping_return_windows", integer(1, 100)),
+    **DAMPING_FIELDS,
 }
 
 MAX_RAMP_STEPS = 10
@@ -168,11 +173,7 @@ TIER_ACTION_FIELDS: FieldTable = {
     "recover_after": ("recover_after_ms", duration(0, 3_600_000)),
     "stale_after": ("stale_after_ms", duration(1000, 86_400_000)),
     "compare_margin": ("compare_margin", number(0, 1)),
-    "damping_penalty": ("damping_penalty", integer(0, 100_000)),
-    "damping_half_life": ("damping_half_life_ms", duration(1000, 86_400_000)),
-    "damping_suppress": ("damping_suppress", integer(1, 1_000_000)),
-    "damping_reuse": ("damping_reuse", integer(0, 1_000_000)),
-    "damping_return_windows": ("damping_return_windows", integer(1, 100)),
+    **DAMPING_FIELDS,
 }
 MAX_WAVES = 10
 
