@@ -155,8 +155,11 @@ class Change:
         `serving`). The carry-over of `base` (stated again over a newer intent if one lands
         before the swap)."""
 
+        last: list[CarryOver] = []  # the carry-over of the base stated last (`self.over`)
+
         def state(base: RunningIntent) -> _Stated:
             carried = carry_over(base, desired, serving)
+            last[:] = [carried]
             gone = sorted(set(base.pairs()) - set(carried.intent.pairs()))
             after = carried.intent
             every = {*base.pop_names, *after.pop_names}
@@ -178,7 +181,7 @@ class Change:
             return _Stated(after, moved, save, undo)
 
         self._state(state)
-        return carry_over(self.over, desired, serving)
+        return last[0]
 
     def keep(self, records: Sequence[StoreRecord], undo: Sequence[StoreRecord]) -> None:
         """Store records (kind, key, JSON value or None) saved in the change's one write, with
