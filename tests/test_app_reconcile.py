@@ -592,3 +592,28 @@ async def test_a_reload_waits_for_a_tick_between_its_save_and_its_swap(
             served = service.server.cache.resources(pop, Capabilities())
             assert render_json(served) == render_json(
                 translate_intent(intent.intent, pop, Capabilities()))
+
+
+async def test_a_poll_with_nothing_due_after_a_reload_does_not_read_the_intent_again(
+    loop_parts: tuple[Reconciler, ScriptedSource, SnapshotCache, StateStore],
+) -> None:
+    """After `forget_missing` (a reload) a tick with no pair due sleeps until the next one is
+    due: the polls before it return without walking every (PoP, group) pair again."""
+    reconciler, _, _, _ = loop_parts
+    await reconciler.tick(T0)  # every pair scheduled one interval later
+    owner = reconciler.intent
+    reads = 0
+
+    class Counting:
+        def __getattr__(self, name: str) -> Any:
+            nonlocal reads
+            reads += name == "intent"
+            return getattr(owner, name)
+
+    reconciler.intent = Counting()  # type: ignore[assignment]
+    reconciler.forget_missing(owner.intent)
+    assert await reconciler.tick(T0 + 1_000, only_due=True) == []
+    assert reads == 1  # that poll walked the pairs: none is due
+    for later in (2_000, 3_000, 4_000):
+        assert await reconciler.tick(T0 + later, only_due=True) == []
+    assert reads == 1  # the next polls knew nothing is due before the schedule's first

@@ -161,7 +161,8 @@ class Reconciler:
             for group in running.desired_of(pop).origin_groups
             if not only_due or self._due.get((pop, group.name), 0) <= now
         ]
-        if not due:
+        if not due:  # every pair is scheduled later (after `forget_missing`, say): sleep till then
+            self._next_due = min(self._due.values(), default=0)
             return []
         windows = {group.failover.window_ms for _, group in due}
         signals_by_window: dict[int, Signals] = {}
