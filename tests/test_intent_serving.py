@@ -260,3 +260,70 @@ async def test_weights_keep_moving_in_a_pop_on_the_old_version(tmp_path: Path) -
     assert shifts and {r["pop"] for r in shifts} == {"sjc"}
     assert {r["config_version"] for r in shifts} == {old.digest[:16]}
     assert owner.intent.serving == {"sjc": old, "lax": old}  # ticks move no PoP
+
+
+def test_each_pops_host_stats_map_through_the_version_it_serves() -> None:
+    from control_plane.observe.endpoints import served_endpoints
+    from control_plane.observe.prometheus import assemble
+
+    old, new = version(third=True).desired, version(secondary=9002).desired
+    served = served_endpoints(new, {"sjc": old, "lax": old})
+    # sjc and lax still route to `third` and to `secondary` at its old port
+    for pop in ("sjc", "lax"):
+        assert served.of(pop)[("shop.critical", "127.0.0.1:8003")] == ("shop", "third")
+        assert served.of(pop)[("shop.critical", "127.0.0.1:8002")] == ("shop", "secondary")
+        assert ("shop.critical", "127.0.0.1:9002") not in served.of(pop)
+    assert served.of("ewr")[("shop.critical", "127.0.0.1:9002")] == ("shop", "secondary")
+    assert ("shop.critical", "127.0.0.1:8003") not in served.of("ewr")
+    assert served.of("a-pop-added-later") is served.of("ewr")  # the target's
+    assert served.tier_clusters("sjc") == served.tier_clusters("ewr")
+
+    def row(pop: str, address: str, value: float) -> dict:
+        labels = {"ballast_pop": pop, "envoy_cluster_name": "shop.critical",
+                  "envoy_endpoint_address": address}
+        return {"metric": labels, "value": [0, str(value)]}
+
+    host = {"host_requests": [row("sjc", "127.0.0.1:8003", 20), row("ewr", "127.0.0.1:8003", 20)],
+            "host_errors": [row("sjc", "127.0.0.1:8003", 5), row("ewr", "127.0.0.1:8003", 5)],
+            "host_observed_at": [row("sjc", "127.0.0.1:8003", 6),
+                                 row("ewr", "127.0.0.1:8003", 6)]}
+    signals = assemble(host, served)
+    assert signals[("sjc", "shop")]["third"].errors_5xx == 5  # judged on the PoP's own version
+    assert "third" not in signals.get(("ewr", "shop"), {})  # ewr's version has no such origin
+
+
+def test_origins_of_every_served_version_are_probed_the_target_first() -> None:
+    from control_plane.observe.probes import probe_targets
+
+    old, new = version(third=True).desired, version(secondary=9002).desired
+    during = {(t.group, t.origin): t.port for t in probe_targets(new, {"sjc": old})}
+    assert during == {("shop", "primary"): 8001, ("shop", "secondary"): 9002,
+                      ("shop", "third"): 8003}
+    after = {(t.group, t.origin) for t in probe_targets(new, {})}
+    assert after == {("shop", "primary"), ("shop", "secondary")}
+
+
+async def test_the_service_follows_each_wave_with_its_probes(tmp_path: Path) -> None:
+    """The sources' maps and the probes follow what is served, wave by wave: a PoP still on the
+    previous version keeps its origin probed until no PoP serves it (a real service, its
+    reload and the operator's abort)."""
+    from tests.support.example_service import example_service
+
+    async with example_service(tmp_path, probes=True) as (service, text):
+        assert service.prober is not None
+
+        def probed() -> set[str]:
+            assert service.prober is not None
+            return {t.origin for t in service.prober.targets}
+
+        assert probed() == {"primary", "secondary"}
+        renamed = text.replace("secondary: {address: 127.0.0.1, port: 8082, tls: false}",
+                               "standby: {address: 127.0.0.1, port: 8083, tls: false}")
+        renamed = renamed.replace("[primary, secondary]", "[primary, standby]")
+        assert await service.reload.apply(renamed.encode())  # the canary wave (ewr) only
+        running = service.server.intent.intent
+        assert running.serving and "sjc" in running.serving
+        assert probed() == {"primary", "secondary", "standby"}
+        await service.rollouts.act("abort", "test")
+        assert not service.server.intent.intent.serving
+        assert probed() == {"primary", "secondary"}

@@ -35,7 +35,7 @@ def shop(signals: Signals) -> dict:
 async def test_retried_errors_reach_the_sink_and_prometheus_per_origin():
     async with running_sink() as (store, port), translated_fleet(port, WEIGHTS) as fleet:
         assert fleet.desired is not None
-        store.update_desired(fleet.desired)  # the hot-reload path
+        store.update_served(fleet.desired, {})  # the hot-reload path
         prometheus = await asyncio.to_thread(PrometheusServer([fleet.envoy.admin_port]).start)
         try:
             source = PrometheusSource(prometheus.url, desired=fleet.desired)
@@ -174,7 +174,7 @@ def test_endpoint_origins_maps_every_tier_cluster_address() -> None:
 
 
 def test_host_rows_replace_zone_counters_and_unmapped_hosts_fall_back() -> None:
-    from control_plane.observe.endpoints import endpoint_origins
+    from control_plane.observe.endpoints import served_endpoints
     from control_plane.observe.prometheus import assemble
     from harness.models import example_desired
 
@@ -191,6 +191,6 @@ def test_host_rows_replace_zone_counters_and_unmapped_hosts_fall_back() -> None:
     }
     without = assemble(results)[("ewr", "shop")]["primary"]
     assert (without.requests, without.errors_5xx, without.connect_failures) == (10, 0, 0)
-    got = assemble(results, endpoint_origins(example_desired()))[("ewr", "shop")]["primary"]
+    got = assemble(results, served_endpoints(example_desired()))[("ewr", "shop")]["primary"]
     assert (got.requests, got.errors_5xx, got.connect_failures) == (16, 8, 1)
     assert got.observed_at_ms == 6000 and got.error_rate == 9 / 17

@@ -59,7 +59,6 @@ class DesiredReload:
         metrics: BallastMetrics,
         *,
         leading: Callable[[], bool],
-        followers: Callable[[Desired], None],
         rollouts: Callable[[], Rollouts],
         heap: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
     ) -> None:
@@ -69,7 +68,6 @@ class DesiredReload:
         self.recorder = recorder
         self.metrics = metrics
         self._leading = leading  # whether this process saves what changes (replicas: leader)
-        self._followers = followers  # told of each applied desired state (sources, probes)
         self._rollouts = rollouts  # the rollout driver each new version goes through
         self._heap = heap  # around the apply: `heap.reload_heap` in `ballast serve`
         self._lock = asyncio.Lock()
@@ -154,7 +152,6 @@ class DesiredReload:
             log.exception("applying %s failed", source)
             self._reject(digest, [f"{source}: cannot translate: {err}"])
             return False
-        self._followers(new)
         log_warnings(new)
         self.metrics.config_reloads.labels("applied").inc()
         log.info("applied %s: %s", source, "; ".join(

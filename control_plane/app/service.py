@@ -228,12 +228,13 @@ class BallastService:
         self.rollouts = Rollouts(
             self.server.intent, self.server.acks, source, self.recorder, running,
             metrics=self.metrics, leading=leading,
-            changed=lambda: self.reconciler.forget_missing(self.server.intent.intent))
+            changed=self._follow_served)
         if held is not None:
             self._resume_rollout(held)
+        self._follow_served()  # a rollout restored: PoPs on its previous version too
         self.reload = DesiredReload(
             config.desired_path, config.state_dir, self.server, self.recorder, self.metrics,
-            leading=leading, followers=self._follow_desired, rollouts=lambda: self.rollouts,
+            leading=leading, rollouts=lambda: self.rollouts,
             heap=reload_heap if config.freeze_heap else contextlib.nullcontext)
         self.watcher = DesiredFileWatcher(
             config.desired_path,
@@ -443,15 +444,18 @@ class BallastService:
         if self.admin is not None:
             await self.admin.stop()
 
-    def _follow_desired(self, new: Desired) -> None:
-        """What follows an applied desired state besides the intent: the reconcile schedule,
-        the metric sources' origin maps, the probes' targets."""
-        self.reconciler.forget_missing(self.server.intent.intent)
+    def _follow_served(self) -> None:
+        """What follows each change of which PoP serves which desired state (a reload, a
+        rollout's wave, rollback, supersede or a follower's adopt — the rollout driver's
+        `changed`) besides the intent: the reconcile schedule, the metric sources' origin maps
+        and the probes' targets, for every version some PoP serves."""
+        running = self.server.intent.intent
+        self.reconciler.forget_missing(running)
         if self._passive is not None:
-            self._passive.update_desired(new)
-            self.access_logs.update_desired(new)
+            self._passive.update_served(running.desired, running.serving)
+            self.access_logs.update_served(running.desired, running.serving)
         if self.prober is not None:
-            self.prober.retarget(probe_targets(new))
+            self.prober.retarget(probe_targets(running.desired, running.serving))
 
     async def _sync_decisions(self, every_s: float = 1.0) -> None:
         while True:

@@ -48,7 +48,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 import grpc
@@ -59,7 +59,7 @@ from google.protobuf.message import DecodeError
 from control_plane.decide.evidence import quantile_lower
 from control_plane.decide.signals import WaitQuantiles
 from control_plane.desired.model import Desired
-from control_plane.observe.endpoints import EndpointOrigins, endpoint_address, endpoint_origins
+from control_plane.observe.endpoints import endpoint_address, served_endpoints
 from control_plane.observe.source import (
     MetricSource,
     PopGroup,
@@ -160,7 +160,7 @@ class AccessLogStore:
                  desired: Desired | None = None) -> None:
         self.retention_ms = retention_ms
         self.max_samples = max_samples
-        self._endpoints: EndpointOrigins = endpoint_origins(desired)
+        self._served = served_endpoints(desired)
         self._samples: dict[tuple[str, str], deque[WaitSample]] = {}
         self.received = 0  # entries seen, samples or not
         self.dropped = 0  # samples of (PoP, cluster) pairs over the bounds
@@ -202,9 +202,10 @@ class AccessLogStore:
             for key, queue in self._samples.items()
         }
 
-    def update_desired(self, desired: Desired) -> None:
-        """New desired state (hot reload): hosts map to its origins from now on."""
-        self._endpoints = endpoint_origins(desired)
+    def update_served(self, desired: Desired, serving: Mapping[str, Desired]) -> None:
+        """What is served changed (a reload, a rollout's step): each PoP's hosts map to the
+        origins of the desired state it serves from now on (`served_endpoints`)."""
+        self._served = served_endpoints(desired, serving)
 
     def waits(self, now_ms: int, window_ms: int) -> dict[PopGroup, dict[str, WaitQuantiles]]:
         """(PoP, group) -> tier -> pool-wait quantiles of the window's single-attempt requests
@@ -225,7 +226,7 @@ class AccessLogStore:
         result: dict[tuple[str, str, str], list[float]] = {}
         for (pop, cluster), found in self.samples(now_ms, window_ms).items():
             for sample in found:
-                owner = self._endpoints.get((cluster, sample.host))
+                owner = self._served.of(pop).get((cluster, sample.host))
                 if owner is not None and sample.served_ms is not None:
                     result.setdefault((pop, *owner), []).append(sample.served_ms)
         return result

@@ -3,10 +3,16 @@
 Per-endpoint stats (`track_cluster_stats.per_endpoint_stats`, set on every tier cluster) name a
 host by its cluster and socket address only, e.g. `envoy.cluster_name="shop.critical"`,
 `envoy.endpoint_address="10.0.0.5:443"`; the desired state is what says that address is origin
-`primary` of group `shop`. Pure: the sources rebuild the map whenever the desired state changes.
+`primary` of group `shop`. During a rollout PoPs serve different desired states (an origin only
+the previous version has, an address that moved), so a PoP's stats map through the desired state
+that PoP serves (`ServedEndpoints`). Pure: the sources rebuild the maps whenever what is served
+changes (a reload, a rollout's wave, rollback or supersede).
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from control_plane.desired.model import Desired
 from control_plane.translate.clusters import cluster_name
@@ -38,3 +44,46 @@ def endpoint_origins(desired: Desired | None) -> EndpointOrigins:
                 key = (cluster, endpoint_address(origin.address, origin.port))
                 mapping.setdefault(key, (group.name, origin.name))
     return mapping
+
+
+def tier_clusters(desired: Desired) -> tuple[str, ...]:
+    """Every tier cluster (`<group>.<tier>`) of the desired state."""
+    return tuple(cluster_name(g.name, t.name) for g in desired.origin_groups for t in g.tiers)
+
+
+@dataclass(frozen=True)
+class ServedEndpoints:
+    """Per PoP, the endpoint map and tier clusters of the desired state it serves: the target's
+    for every PoP but those a rollout has not reached (or rolled back), which have their own."""
+
+    endpoints: EndpointOrigins = field(default_factory=dict)
+    clusters: tuple[str, ...] = ()
+    by_pop: Mapping[str, tuple[EndpointOrigins, tuple[str, ...]]] = field(default_factory=dict)
+
+    def of(self, pop: str) -> EndpointOrigins:
+        """(tier cluster, address) -> (group, origin) for `pop`'s host stats."""
+        held = self.by_pop.get(pop)
+        return self.endpoints if held is None else held[0]
+
+    def tier_clusters(self, pop: str) -> tuple[str, ...]:
+        """`pop`'s tier clusters."""
+        held = self.by_pop.get(pop)
+        return self.clusters if held is None else held[1]
+
+
+def served_endpoints(desired: Desired | None,
+                     serving: Mapping[str, Desired] | None = None) -> ServedEndpoints:
+    """The maps of `desired` (the target) and of each PoP in `serving` (PoP -> the desired state
+    it serves instead, as the running intent holds it), each version's built once."""
+    if desired is None:
+        return ServedEndpoints()
+    built: dict[str, tuple[EndpointOrigins, tuple[str, ...]]] = {}
+
+    def maps(version: Desired) -> tuple[EndpointOrigins, tuple[str, ...]]:
+        if version.digest not in built:
+            built[version.digest] = (endpoint_origins(version), tier_clusters(version))
+        return built[version.digest]
+
+    endpoints, clusters = maps(desired)
+    return ServedEndpoints(endpoints, clusters,
+                           {pop: maps(version) for pop, version in (serving or {}).items()})

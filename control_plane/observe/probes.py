@@ -26,7 +26,7 @@ import logging
 import ssl
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import aiohttp
@@ -56,8 +56,22 @@ class ProbeTarget:
 CertificateListener = Callable[[CertificateStatus, CertificateStatus | None], None]
 
 
-def probe_targets(desired: Desired) -> list[ProbeTarget]:
-    """One target per (group, origin) of the desired state."""
+def probe_targets(desired: Desired, serving: Mapping[str, Desired] | None = None
+                  ) -> list[ProbeTarget]:
+    """One target per (group, origin) of the desired state and of each other one a PoP still
+    serves (`serving`, a rollout in progress): PoPs on the previous version keep their origins
+    probed. Results are per (group, origin) for every PoP, so an origin both versions name is
+    probed as the target (`desired`) has it (an address that moved: the new one; the PoPs
+    still on the old one are judged at it by their passive signals)."""
+    targets: dict[tuple[str, str], ProbeTarget] = {}
+    versions = {desired.digest: desired} | {v.digest: v for v in (serving or {}).values()}
+    for version in versions.values():
+        for target in _targets(version):
+            targets.setdefault((target.group, target.origin), target)
+    return list(targets.values())
+
+
+def _targets(desired: Desired) -> list[ProbeTarget]:
     return [
         ProbeTarget(
             group=group.name,

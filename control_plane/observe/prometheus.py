@@ -18,7 +18,7 @@ the fixed `ballast_pop` tag of the edge bootstrap template is applied to host st
 Operators whose
 Envoys do not set that tag must give every scrape target a `ballast_pop` target label (e.g.
 `static_configs: [{targets: [...], labels: {ballast_pop: ewr}}]`). The desired state
-(constructor / `update_desired`) maps (cluster, address) to the origin. Per (PoP, group, origin),
+(constructor / `update_served`) maps (cluster, address) to the origin. Per (PoP, group, origin),
 when host series exist in the window: `requests` = increase of `rq_total` (attempts),
 `errors_5xx` = of `rq_error` minus `cx_connect_fail` (every failed attempt: 5xx, reset, timeout;
 Envoy counts a connect failure as an `rq_error` too), `connect_failures` = of `cx_connect_fail`;
@@ -44,6 +44,7 @@ import asyncio
 import logging
 import math
 from collections import defaultdict
+from collections.abc import Mapping
 from typing import Any
 
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
@@ -52,7 +53,7 @@ from requests import RequestException
 from control_plane.decide.evidence import quantile_lower_rank
 from control_plane.decide.signals import OriginSignals, TierPending
 from control_plane.desired.model import Desired
-from control_plane.observe.endpoints import EndpointOrigins, endpoint_origins
+from control_plane.observe.endpoints import ServedEndpoints, served_endpoints
 from control_plane.observe.source import Signals, TierSignals
 from control_plane.observe.window import Buckets, quantile, split_cluster
 
@@ -150,13 +151,14 @@ def assemble_tiers(results: dict[str, Vector]) -> TierSignals:
     return signals
 
 
-def assemble(results: dict[str, Vector], endpoints: EndpointOrigins | None = None) -> Signals:
+def assemble(results: dict[str, Vector], endpoints: ServedEndpoints | None = None) -> Signals:
     """Instant vectors by signal -> OriginSignals per (PoP, group) -> origin (pure).
 
     Requests and 5xx are summed over the group's tiers (the latency buckets already merge them
     in PromQL); pending is the max over tiers and queue overflow the sum, both group-wide numbers
     every origin of the group carries. No observation in the window: p50 / p95 None, 0 samples.
-    Host series that `endpoints` maps to an origin replace its zone counters (module docstring).
+    Host series that `endpoints` maps to an origin (through the desired state their PoP serves)
+    replace its zone counters (module docstring).
     """
     latency = _latency(results.get("latency_buckets", []))
     per_tier: dict[tuple[str, str, str, str], dict[str, float]] = defaultdict(dict)
@@ -182,7 +184,7 @@ def assemble(results: dict[str, Vector], endpoints: EndpointOrigins | None = Non
     for (pop, group, _, origin), values in per_tier.items():
         if "observed_at" in values:
             tiers[pop, group, origin].append(values)
-    hosts = _hosts(results, endpoints or {})
+    hosts = _hosts(results, endpoints or ServedEndpoints())
     for key in hosts:
         tiers.setdefault(key, [])
     signals: Signals = {}
@@ -237,21 +239,21 @@ def _latency(vector: Vector) -> dict[tuple[str, str, str], Buckets]:
 
 
 def _hosts(
-    results: dict[str, Vector], endpoints: EndpointOrigins
+    results: dict[str, Vector], endpoints: ServedEndpoints
 ) -> dict[tuple[str, str, str], list[dict[str, float]]]:
     """Host series -> rows per (PoP, group, origin), one per (cluster, address) seen."""
     per_host: dict[tuple[str, str, str], dict[str, float]] = defaultdict(dict)
     for query, name in HOST_SIGNALS.items():
         for labels, value in _series(results.get(query, [])):
             pop, cluster, address = (labels.get(k, "") for k in HOST)
-            if pop and (cluster, address) in endpoints:
+            if pop and (cluster, address) in endpoints.of(pop):
                 per_host[pop, cluster, address][name] = value
     hosts: dict[tuple[str, str, str], list[dict[str, float]]] = defaultdict(list)
     for (pop, cluster, address), values in per_host.items():
         if "observed_at" in values:
             failed = values.get("errors_5xx", 0.0) - values.get("connect_failures", 0.0)
             values["errors_5xx"] = max(0.0, failed)
-            hosts[(pop, *endpoints[cluster, address])].append(values)
+            hosts[(pop, *endpoints.of(pop)[cluster, address])].append(values)
     return hosts
 
 
@@ -274,11 +276,12 @@ class PrometheusSource:
     def __init__(self, url: str, timeout_ms: int = 5000, desired: Desired | None = None) -> None:
         self._client = PrometheusConnect(url=url, disable_ssl=True)
         self._timeout_ms = timeout_ms
-        self._endpoints: EndpointOrigins = endpoint_origins(desired)
+        self._served = served_endpoints(desired)
 
-    def update_desired(self, desired: Desired) -> None:
-        """New desired state (hot reload): host series map to its origins from now on."""
-        self._endpoints = endpoint_origins(desired)
+    def update_served(self, desired: Desired, serving: Mapping[str, Desired]) -> None:
+        """What is served changed (a reload, a rollout's step): each PoP's host series map to
+        the origins of the desired state it serves from now on (`served_endpoints`)."""
+        self._served = served_endpoints(desired, serving)
 
     def _query(self, promql: str, at_s: float) -> Vector:
         try:
@@ -296,7 +299,7 @@ class PrometheusSource:
             *(asyncio.to_thread(self._query, promql, at_s) for promql in named.values())
         )
         # one series per (PoP, origin) and stat: a fleet's worth of parsing, off the loop too
-        endpoints = self._endpoints
+        endpoints = self._served
         return await asyncio.to_thread(
             assemble, dict(zip(named, vectors, strict=True)), endpoints)
 

@@ -21,7 +21,7 @@ the metrics_service sink does not carry them in Envoy 1.40; the OpenTelemetry st
 So the same gRPC port also hosts OTLP `opentelemetry.proto.collector.metrics.v1.MetricsService/
 Export`, fed by the `envoy.stat_sinks.open_telemetry` sink of `ads_bootstrap(metrics_sink=True)`
 (endpoint stats only, cumulative counters). Those points name a host by (cluster, address:port)
-and carry the PoP as `ballast_pop`; the desired state (constructor / `update_desired`) maps them
+and carry the PoP as `ballast_pop`; the desired state (constructor / `update_served`) maps them
 to origins. OTLP exports are unary and carry no node, so one Envoy is one gRPC connection
 (`context.peer()`): its series are cumulative, a series' first sample is a baseline and a drop is
 a reset (`window.counter_increase`), exactly like the metrics_service streams. Per (PoP, group,
@@ -59,7 +59,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 import grpc
@@ -70,7 +70,7 @@ from control_plane.decide.evidence import quantile_lower_rank
 from control_plane.decide.signals import OriginSignals, TierPending
 from control_plane.desired.model import Desired
 from control_plane.gen.ballast.v1 import metrics_service_pb2, prometheus_metrics_pb2
-from control_plane.observe.endpoints import EndpointOrigins, endpoint_origins
+from control_plane.observe.endpoints import served_endpoints
 from control_plane.observe.envoy_stats import (
     GAUGES,
     BadMetric,
@@ -123,13 +123,6 @@ class _Stream:
     warned: set[str] = field(default_factory=set)
 
 
-def tier_clusters(desired: Desired | None) -> tuple[str, ...]:
-    """Every tier cluster (`<group>.<tier>`) of the desired state."""
-    if desired is None:
-        return ()
-    return tuple(f"{g.name}.{t.name}" for g in desired.origin_groups for t in g.tiers)
-
-
 class SinkStore:
     """Samples from every metrics stream, and the windows computed from them (a MetricSource)."""
 
@@ -137,16 +130,15 @@ class SinkStore:
         self.retention_ms = retention_ms
         self._streams: dict[int, _Stream] = {}
         self._ids = itertools.count(1)
-        self._endpoints: EndpointOrigins = endpoint_origins(desired)
-        self._tier_clusters = tier_clusters(desired)
+        self._served = served_endpoints(desired)
         # (connection, PoP, cluster, address, stat) -> cumulative samples
         self._hosts: dict[tuple[str, str, str, str, str], list[Sample]] = {}
         self._host_warned: set[str] = set()
 
-    def update_desired(self, desired: Desired) -> None:
-        """New desired state (hot reload): host stats map to its origins from now on."""
-        self._endpoints = endpoint_origins(desired)
-        self._tier_clusters = tier_clusters(desired)
+    def update_served(self, desired: Desired, serving: Mapping[str, Desired]) -> None:
+        """What is served changed (a reload, a rollout's step): each PoP's host stats map to
+        the origins of the desired state it serves from now on (`served_endpoints`)."""
+        self._served = served_endpoints(desired, serving)
 
     def ingest_hosts(
         self, connection: str, found: Iterable[HostPoint | BadMetric], received_ms: int
@@ -367,7 +359,7 @@ class SinkStore:
                 newest[stream.pop, cluster] = max(newest.get((stream.pop, cluster), 0),
                                                   *(t for t, _ in recent))
         for (pop, node), at in flushed.items():  # unused gauges of a flushing Envoy read 0
-            for cluster in self._tier_clusters:
+            for cluster in self._served.tier_clusters(pop):
                 by_stat = peaks[pop, cluster].setdefault(node, {})
                 by_stat.setdefault("pending_active", 0.0)
                 by_stat.setdefault("active", 0.0)
@@ -396,7 +388,7 @@ class SinkStore:
             lambda: dict.fromkeys(("rq_total", "rq_error", "cx_connect_fail", "seen"), 0.0)
         )
         for (_, pop, cluster, address, stat), samples in self._hosts.items():
-            owner = self._endpoints.get((cluster, address))
+            owner = self._served.of(pop).get((cluster, address))
             seen = [t for t, _ in samples if start_ms < t <= end_ms]
             if owner is None or not seen:
                 continue
