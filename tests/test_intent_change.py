@@ -28,7 +28,10 @@ from control_plane.decide.signals import OriginSignals
 from control_plane.decisions.log import DecisionLog
 from control_plane.decisions.read import iter_records
 from control_plane.decisions.recorder import DecisionRecorder
+from control_plane.desired import parse_desired
 from control_plane.desired.model import Desired
+from control_plane.intent import change as change_module
+from control_plane.intent.carry_over import CarryOver, carry_over
 from control_plane.intent.etcd_store import EtcdStore, Leadership
 from control_plane.intent.owner import IntentOwner
 from control_plane.intent.pair_changes import PairChange
@@ -206,6 +209,45 @@ async def test_a_step_during_a_reloads_translation_is_not_held_up_nor_lost(
         release.set()
         assert await reload
         assert owner.weights("ewr", "shop") == moved  # the step survived the reload's swap
+        assert_served_is_stored(cache, owner, store, owner.desired)
+
+
+async def test_a_reloads_carry_over_runs_off_the_loop_and_keeps_a_step_landing_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new desired state's carry-over walks every (PoP, group) pair: it runs where the
+    change prepares, on a worker thread, so the loop goes on meanwhile. A step that lands while
+    it runs is kept (the carry-over runs again over it). Served and stored agree, byte for
+    byte what translating the intent running afterwards from scratch gives."""
+    async with example_service(tmp_path, reconcile_interval_ms=3_600_000) as (service, text):
+        assert isinstance(service.store, StateStore)
+        owner, cache, store = service.server.intent, service.server.cache, service.store
+        for pop in owner.desired.pop_names:
+            cache.resources(pop, CAPS)
+        threads: list[threading.Thread] = []
+        carrying, release = threading.Event(), threading.Event()
+
+        def held_carry_over(*args: Any, **kwargs: Any) -> CarryOver:
+            threads.append(threading.current_thread())
+            if len(threads) == 1:  # the first one waits for the step (not the loop's turn)
+                carrying.set()
+                release.wait(10)
+            return carry_over(*args, **kwargs)
+
+        monkeypatch.setattr(change_module, "carry_over", held_carry_over)
+        edited = text.replace("read_timeout: 4s", "read_timeout: 5s") + IMMEDIATE
+        reload = asyncio.create_task(service.reload.apply(edited.encode()))
+        assert await asyncio.to_thread(carrying.wait, 30)
+        moved = {"primary": 70, "secondary": 30}
+        assert await apply_pair_changes(
+            owner, [PairChange(("ewr", "shop"), moved, ControllerState())])
+        assert not reload.done() and owner.weights("ewr", "shop") == moved
+        release.set()
+        assert await reload
+        assert threading.main_thread() not in threads, threads  # never on the loop's thread
+        assert len(threads) == 2  # stated once more, over the step
+        assert owner.weights("ewr", "shop") == moved  # the step survived the reload's swap
+        assert owner.desired.digest == parse_desired(edited.encode(), "edited").digest
         assert_served_is_stored(cache, owner, store, owner.desired)
 
 

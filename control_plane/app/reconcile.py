@@ -234,6 +234,8 @@ class Reconciler:
         try:
             await change.prepare()
             return plan
+        except StaleChange:  # a reload landed: the whole tick is void, not one PoP
+            raise
         except Exception:
             log.exception("building the output of the tick's PoPs failed; trying each PoP")
         broken: dict[str, str] = {}
@@ -243,6 +245,8 @@ class Reconciler:
                         planned_for=running.desired, serving=running.serving)
             try:
                 await change.prepare()
+            except StaleChange:
+                raise
             except Exception as err:
                 broken[pop] = f"{type(err).__name__}: {err}"
         kept = [d for d in plan.decided if d.outcome.pop not in broken]

@@ -10,12 +10,15 @@ reload's new desired state, a replica adopting what another one decided, and any
 
 The caller says *what* changes; the transaction does the *how*, always in this order:
 
-1. **prepare**: the output of the PoPs concerned is built for the new intent on a worker thread
-   (`Publisher.prepare`), touching nothing served (`await change.prepare()` in the body does it
-   early: to learn the PoPs that will change, or to handle a translation that raises);
+1. **prepare**: what is stated is laid over the running intent (for a new desired state, the
+   carry-over of every (PoP, group) pair) and the output of the PoPs concerned is built for the
+   new intent (`Publisher.prepare`), both on a worker thread, touching nothing served (`await
+   change.prepare()` in the body does it early: to learn the PoPs that will change, or to
+   handle a translation that raises);
 2. **lock**: `owner.changing`, held until the swap, so two changes never interleave between
    their save and their swap. A change that landed while this one was prepared is not lost:
-   what is stated is laid again over the intent running now (`restate`; the output cache
+   what is stated is laid again over the intent running now (`Change.stated`, on a worker
+   thread while the lock is held; the output cache
    re-builds, at the swap, the PoPs that change touched). A tick planned for a desired state
    that a reload replaced meanwhile is stale (`StaleChange`) and dropped whole. The long work
    (the build) is done before the lock, so a tick never waits for a reload's translation;
@@ -42,7 +45,7 @@ from typing import Any, Protocol, TypeVar
 from control_plane.decide.controller import ControllerState
 from control_plane.decisions.log import Draft
 from control_plane.desired.model import Desired
-from control_plane.intent.carry_over import CarryOver, carry_over
+from control_plane.intent.carry_over import carry_over
 from control_plane.intent.pair_changes import TickChanges, applied
 from control_plane.intent.running import RunningIntent, tier_key
 from control_plane.intent.store import (
@@ -110,7 +113,9 @@ class Change:
 
     What is stated is kept as a function of the intent it lays over, so that when another
     change landed between this one's start (`base`) and its turn under the lock, it is stated
-    again over the intent running then (`restate`): nothing that landed meanwhile is lost."""
+    again over the intent running then (`stated`): nothing that landed meanwhile is lost.
+    Stating (`tick`, `desired`, `keep`, `replace`) only keeps the function; it runs where the
+    change prepares, on a worker thread."""
 
     def __init__(self, current: Callable[[], RunningIntent], publisher: Publisher[Any] | None
                  ) -> None:
@@ -147,21 +152,17 @@ class Change:
         self._state(state)
 
     def desired(self, desired: Desired, *, serving: Mapping[str, Desired] | None = None
-                ) -> CarryOver:
+                ) -> None:
         """A new desired state, under the carry-over rule (`carry_over.py`): saved as its
         digest, the pairs it no longer has forgotten. With `serving` (a rollout: PoP -> the
         desired state it keeps serving while that is not `desired`), only the PoPs whose
         desired state changes are re-built, and which PoP serves which version is saved (kind
-        `serving`). The carry-over of `base` (stated again over a newer intent if one lands
-        before the swap)."""
-
-        last: list[CarryOver] = []  # the carry-over of the base stated last (`self.over`)
+        `serving`). The carry-over walks every pair: it runs where the change prepares (a
+        worker thread), not here."""
 
         def state(base: RunningIntent) -> _Stated:
-            carried = carry_over(base, desired, serving)
-            last[:] = [carried]
-            gone = sorted(set(base.pairs()) - set(carried.intent.pairs()))
-            after = carried.intent
+            after = carry_over(base, desired, serving).intent
+            gone = sorted(set(base.pairs()) - set(after.pairs()))
             every = {*base.pop_names, *after.pop_names}
             moved: frozenset[str] | None = frozenset(
                 pop for pop in every
@@ -181,7 +182,6 @@ class Change:
             return _Stated(after, moved, save, undo)
 
         self._state(state)
-        return last[0]
 
     def keep(self, records: Sequence[StoreRecord], undo: Sequence[StoreRecord]) -> None:
         """Store records (kind, key, JSON value or None) saved in the change's one write, with
@@ -190,8 +190,7 @@ class Change:
         self._kept = (tuple(records), tuple(undo))
         if self._statement is None:
             self._state(lambda base: _Stated(base, frozenset(), IntentBatch(), IntentBatch()))
-        else:
-            self._restate(self.over)
+        self._stated = None  # stated again with them when the change prepares
 
     def replace(self, build: Callable[[RunningIntent], tuple[RunningIntent, Iterable[str] | None]]
                 ) -> None:
@@ -213,23 +212,23 @@ class Change:
 
     @property
     def target(self) -> RunningIntent:
-        """The intent running after the change (the base while nothing is stated)."""
+        """The intent running after the change, as `prepare` stated it (the base before)."""
         return self.base if self._stated is None else self._stated.target
 
     # -- how it is published ---------------------------------------------------------------
 
     async def prepare(self) -> frozenset[str]:
-        """Build the output of what is stated, over the intent running now, on a worker thread
-        (what it raises — a translation that fails — changes nothing); the PoPs whose output
-        changes."""
-        if self._prepared is not None and self._prepared[0] is self._stated:
+        """Lay what is stated over the intent running now and build its output, both on a
+        worker thread (what they raise — a stale tick, a translation that fails — changes
+        nothing); the PoPs whose output changes."""
+        if self._stated is not None and self._prepared is not None \
+                and self._prepared[0] is self._stated:
             return self._changed()  # built already: what lands later is re-stated at the swap
-        if self._statement is not None and self._current() is not self.over:
-            self._restate(self._current())  # the build reads the cache as it is now
-        stated = self._stated
+        stated = await self.stated()
         if stated is None or self._publisher is None or stated.pops == frozenset():
             self._prepared = None if stated is None else (stated, None)
             return frozenset()
+        # the build reads the cache as it is now: over the intent `stated` was laid over
         build = self._publisher.prepare(stated.target, stated.pops)
         self._prepared = (stated, await asyncio.to_thread(build))
         return self._changed()
@@ -249,21 +248,22 @@ class Change:
             return None, None, frozenset()
         return self._prepared[0], self._prepared[1], changed
 
-    def restate(self, base: RunningIntent) -> _Stated:
-        """What is stated, laid over `base` instead (another change landed after the output
-        was prepared): the prepared output still holds for every PoP the other change did not
-        touch, and the output cache re-builds the others at the swap (`Publisher.commit`)."""
-        return self._restate(base)
-
-    def _restate(self, base: RunningIntent) -> _Stated:
-        assert self._statement is not None
-        stated = self._statement(base)
-        kept, undo = self._kept
-        if kept:
-            stated = replace(stated, save=replace(stated.save, records=(*stated.save.records,
-                                                                          *kept)),
-                             undo=replace(stated.undo, records=(*stated.undo.records, *undo)))
-        self._stated, self.over = stated, base
+    async def stated(self) -> _Stated | None:
+        """What is stated, laid over the intent running now (None: nothing is stated). The
+        statement runs on a worker thread (a new desired state's carry-over walks every pair);
+        if another change landed meanwhile it runs again over that one, so what it returns
+        is laid over the intent running when it returns. Under the owner's lock (another
+        change landed after the output was prepared), the prepared output still holds for
+        every PoP the other change did not touch, and the output cache re-builds the others
+        at the swap (`Publisher.commit`)."""
+        statement = self._statement
+        if statement is None:
+            return None
+        while self._stated is None or self.over is not self._current():
+            base = self._current()
+            stated = await asyncio.to_thread(_laid, statement, self._kept, base)
+            if self._current() is base:
+                self._stated, self.over = stated, base
         return self._stated
 
     def _changed(self) -> frozenset[str]:
@@ -275,11 +275,23 @@ class Change:
 
     def _state(self, statement: Statement) -> None:
         self._statement = statement
-        self._restate(self._current())
+        self._stated = None  # laid over the running intent when the change prepares
 
     def drafts(self, changed: frozenset[str]) -> list[Draft]:
         return [made for records in self._records
                 for made in (records(changed) if callable(records) else records)]
+
+
+def _laid(statement: Statement,
+          kept: tuple[tuple[StoreRecord, ...], tuple[StoreRecord, ...]],
+          base: RunningIntent) -> _Stated:
+    """`statement` laid over `base`, with the store records kept with it (`Change.keep`)."""
+    stated = statement(base)
+    records, undo = kept
+    if not records:
+        return stated
+    return replace(stated, save=replace(stated.save, records=(*stated.save.records, *records)),
+                   undo=replace(stated.undo, records=(*stated.undo.records, *undo)))
 
 
 def serving_record(intent: RunningIntent, other: RunningIntent) -> tuple[StoreRecord, ...]:

@@ -79,7 +79,7 @@ class IntentOwner:
         stated, prepared, changed = await change.outcome()
         async with self.changing:
             if stated is not None and self._intent is not change.over:
-                stated = change.restate(self._intent)  # over what landed since the prepare
+                stated = await change.stated()  # over what landed since the prepare
             saved = False
             if stated is not None and save and self.store is not None and stated.save:
                 await self.store.write(stated.save)
