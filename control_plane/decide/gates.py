@@ -213,13 +213,23 @@ def _nacks(nacks: Iterable[Nack], version: str) -> list[Reading]:
     for nack in nacks:
         if nack.version != version:
             continue
-        message = nack.message[:MAX_MESSAGE_CHARS]
+        message = _clipped(nack.message)
         readings.append(Reading(
             nack.pop, "nack", nack.node, "fail",
             f"pop {nack.pop}: node {nack.node} (Envoy {nack.envoy or 'unknown'}) NACKed "
             f"{_type_name(nack.type_url)} of version {version[:16]}: "
             f"{message}"))
     return readings
+
+
+def _clipped(message: str) -> str:
+    """A NACK's message within MAX_MESSAGE_CHARS: its start (what Envoy refused) and its end
+    (why: Envoy echoes the refused config between the two)."""
+    if len(message) <= MAX_MESSAGE_CHARS:
+        return message
+    head = MAX_MESSAGE_CHARS // 4
+    return (f"{message[:head]} … [{len(message) - MAX_MESSAGE_CHARS:,} characters cut] … "
+            f"{message[len(message) - (MAX_MESSAGE_CHARS - head):]}")
 
 
 def _type_name(type_url: str) -> str:
