@@ -165,3 +165,24 @@ async def test_an_operator_action_retried_after_a_failed_swap_is_recorded_once(
     assert driver.owner.intent.versions()["ewr"] == driver.old.digest
     aborted = [r for r in iter_records(driver.path) if r["kind"] == "rollout_aborted"]
     assert len(aborted) == 1, aborted
+
+
+async def test_an_operator_action_whose_swap_failed_is_carried_out_by_the_next_step(
+        driver: Driver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The log says the rollout was aborted: the next look makes it so (once)."""
+    await driver.apply_new()
+    commit = driver.cache.commit
+
+    def broken(*args: object, **kwargs: object) -> frozenset[str]:
+        raise RuntimeError("swap broke")
+
+    monkeypatch.setattr(driver.cache, "commit", broken)
+    with pytest.raises(SwapFailed):
+        await driver.rollouts.act("abort", "ops")
+    monkeypatch.setattr(driver.cache, "commit", commit)
+    driver.clock.now = T0 + BAKE_MS + 1  # baked: without the abort, its wave would pass
+    await driver.rollouts.step()
+    assert driver.rollouts.rollout is not None and driver.rollouts.rollout.phase == "aborted"
+    assert driver.owner.intent.versions()["ewr"] == driver.old.digest
+    kinds = [r["kind"] for r in iter_records(driver.path)]
+    assert kinds.count("rollout_aborted") == 1 and "wave_passed" not in kinds, kinds

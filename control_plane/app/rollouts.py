@@ -28,9 +28,10 @@ starts or supersedes one, so each reads the rollout it changes.
 A decision whose swap failed (`SwapFailed`: the store was put back, nothing served changed) had
 its records written already (the transaction writes them before the swap). It is kept
 (`Unpublished`) and carried out as decided — its times, its records not written again — by the
-next step, or by the same operator action asked again, while the rollout is still the one it
-was decided from; any other published change of the rollout (an operator's other action, a
-new version) drops it, its records then followed in the log by what was published instead.
+next step (an operator's action too: the log says it was asked, and so it is done), or by the
+same action asked again, while the rollout is still the one it was decided from; any other
+published change of the rollout (an operator's other action, a new version) drops it, its
+records then followed in the log by what was published instead.
 """
 
 from __future__ import annotations
