@@ -208,10 +208,10 @@ def transactions(write: IntentWrite) -> list[list[Operation]]:
     then the other deletes, each transaction within `MAX_TXN_OPS` and `MAX_REQUEST_BYTES`.
     TooLarge when one value does not fit in a request, or the `last` keys not in one."""
     puts: list[Operation] = [(key, _dump(value)) for key, value in write.put.items()]
-    for op in puts:
-        if _size(op) > MAX_REQUEST_BYTES:
-            raise TooLarge(f"intent/{op[0]} is {_size(op):,} bytes; one etcd request carries "
-                           f"at most {MAX_REQUEST_BYTES:,}: nothing was written")
+    for key, data in puts:
+        if _size((key, data)) > MAX_REQUEST_BYTES:
+            raise TooLarge(f"intent/{key} is {len(data or b''):,} bytes of JSON; one etcd "
+                           f"request carries at most {MAX_REQUEST_BYTES:,}: nothing was written")
     deletes: list[Operation] = [(key, None) for key in write.delete]
     every = [*puts, *deletes]
     if len(every) <= MAX_TXN_OPS and sum(map(_size, every)) <= MAX_REQUEST_BYTES:
