@@ -208,6 +208,16 @@ def _bounded(texts: Sequence[str], what: str) -> tuple[str, ...]:
     return (*texts[:SHOWN_WHY], f"... and {len(texts) - SHOWN_WHY} more {what}")
 
 
+def _clipped(message: str) -> str:
+    """A NACK's message within MAX_MESSAGE_CHARS: its start (what Envoy refused) and its end
+    (why: Envoy echoes the refused config between the two)."""
+    if len(message) <= MAX_MESSAGE_CHARS:
+        return message
+    head = MAX_MESSAGE_CHARS // 4
+    return (f"{message[:head]} … [{len(message) - MAX_MESSAGE_CHARS:,} characters cut] … "
+            f"{message[len(message) - (MAX_MESSAGE_CHARS - head):]}")
+
+
 def _nacks(nacks: Iterable[Nack], version: str) -> list[Reading]:
     readings = []
     for nack in nacks:
@@ -220,16 +230,6 @@ def _nacks(nacks: Iterable[Nack], version: str) -> list[Reading]:
             f"{_type_name(nack.type_url)} of version {version[:16]}: "
             f"{message}"))
     return readings
-
-
-def _clipped(message: str) -> str:
-    """A NACK's message within MAX_MESSAGE_CHARS: its start (what Envoy refused) and its end
-    (why: Envoy echoes the refused config between the two)."""
-    if len(message) <= MAX_MESSAGE_CHARS:
-        return message
-    head = MAX_MESSAGE_CHARS // 4
-    return (f"{message[:head]} … [{len(message) - MAX_MESSAGE_CHARS:,} characters cut] … "
-            f"{message[len(message) - (MAX_MESSAGE_CHARS - head):]}")
 
 
 def _type_name(type_url: str) -> str:
