@@ -1,12 +1,13 @@
 """Three PoPs on loopback for the rollout tests: Ballast in-process (or as `ballast serve`),
 one real Envoy per PoP (lax's on delta xDS, the others SotW), demo origins and steady traffic
-through every PoP.
+through every PoP. The canary PoP (ewr) may have more Envoys beside its own, each of an older
+release (`canary_builds`: release -> binary; node `ewr-<release>`), sharing its listener port.
 
 The desired state's `rollout:` policy takes ewr as the canary, then sjc (50 % of the rest),
-then lax; each wave bakes `bake`. `write_rollout_desired` writes versions of it: `marker` adds
-a classification rule (a route every PoP gets: a harmless change), `primary_port` moves the
-primary origin (to a broken one: a harmful change), `bad_filter` adds an HTTP filter Envoy
-refuses (a required field missing: `ballast validate`'s schema check passes it, Envoy NACKs).
+then lax; each wave bakes `bake`. `rollout_desired` writes versions of it: `marker` adds a
+classification rule (a route every PoP gets: a harmless change), `primary_port` moves the
+primary origin (to a broken one: a harmful change), `newer_filter` adds an HTTP filter whose
+config only Envoy 1.37 and later accept (`NEWER_FILTER`: Envoy 1.36 NACKs it, 1.40 ACKs it).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import json
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from typing import Any
 from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.decisions.read import iter_records
 from control_plane.translate.bootstrap import ads_bootstrap
+from control_plane.translate.capabilities import NEWEST_RELEASE
 from harness.demo_origin import DemoOrigin, Fault
 from harness.envoy_process import EnvoyProcess, free_port
 from harness.traffic import steady_traffic, stop_tasks
@@ -68,13 +70,25 @@ classification:
     port: {listener}
     virtual_hosts:
       - {{name: shop, domains: ["*"], origin_group: shop}}
-{bad_filter}"""
+{newer_filter}"""
 
-BAD_FILTER = """\
+# An external processor whose request bodies go over gRPC (`request_body_mode: GRPC`, a
+# BodySendMode value added in Envoy 1.37): Envoy 1.36 knows the filter (its node lists it, so
+# Ballast's filter gate sends it) but not the value, and its proto validation refuses the
+# listener ("value must be one of the defined enum values"). Harmless where accepted: headers
+# are skipped, the traffic's GETs have no body, and a processor that cannot be reached (none
+# is) lets requests through.
+NEWER_FILTER = """\
     http_filters:
-      - name: envoy.filters.http.compressor
+      - name: ext-proc
         typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.http.compressor.v3.Compressor
+          "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
+          grpc_service: {envoy_grpc: {cluster_name: ext-proc}}
+          failure_mode_allow: true
+          processing_mode:
+            request_header_mode: SKIP
+            response_header_mode: SKIP
+            request_body_mode: GRPC
 """
 
 
@@ -93,7 +107,7 @@ class Ports:
 
 
 def rollout_desired(ports: Ports, *, marker: str | None = None, primary_port: int | None = None,
-                    bad_filter: bool = False, bake: str = "2s") -> str:
+                    newer_filter: bool = False, bake: str = "2s") -> str:
     listener = ports.listeners["ewr"]
     return DESIRED.format(
         sjc_offset=ports.listeners["sjc"] - listener,
@@ -104,26 +118,34 @@ def rollout_desired(ports: Ports, *, marker: str | None = None, primary_port: in
         listener=listener,
         marker="" if marker is None else
         f"    - {{name: {marker}, path_prefix: /{marker}, tier: critical}}\n",
-        bad_filter=BAD_FILTER if bad_filter else "",
+        newer_filter=NEWER_FILTER if newer_filter else "",
     )
 
 
-def start_envoys(xds_port: int) -> dict[str, EnvoyProcess]:
-    envoys: dict[str, EnvoyProcess] = {}
+def start_envoys(xds_port: int, canary_builds: Mapping[str, str] | None = None
+                 ) -> tuple[dict[str, EnvoyProcess], dict[str, EnvoyProcess]]:
+    """(PoP -> its Envoy, node `<pop>-edge-1`, the installed release; release -> the canary
+    PoP's Envoy of that build, node `ewr-<release>`)."""
+    canary = POPS[0]
+    nodes = [(pop, pop, f"{pop}-edge-1", NEWEST_RELEASE, None) for pop in POPS]
+    nodes += [(release, canary, f"{canary}-{release}", release, binary)
+              for release, binary in (canary_builds or {}).items()]
+    started: dict[str, EnvoyProcess] = {}
     try:
-        for pop in POPS:
+        for key, pop, node, release, binary in nodes:
             admin = free_port()
             # lax's Envoy speaks delta xDS, the others SotW: ACKs and NACKs of both count
-            bootstrap = ads_bootstrap(node_id=f"{pop}-edge-1", pop=pop, xds_port=xds_port,
+            bootstrap = ads_bootstrap(node_id=node, pop=pop, xds_port=xds_port,
                                       admin_port=admin, metrics_sink=True,
                                       needed_stats_only=True, stats_flush_interval_ms=1000,
-                                      delta=pop == "lax")
-            envoys[pop] = EnvoyProcess(bootstrap, admin).start()
+                                      delta=pop == "lax", envoy_release=release)
+            started[key] = EnvoyProcess(bootstrap, admin, binary=binary).start()
     except BaseException:
-        for envoy in envoys.values():
+        for envoy in started.values():
             envoy.stop()
         raise
-    return envoys
+    return ({pop: started[pop] for pop in POPS},
+            {release: started[release] for release in canary_builds or {}})
 
 
 def admin_post(url: str, token: str | None) -> tuple[int, dict[str, Any]]:
@@ -141,13 +163,21 @@ def admin_post(url: str, token: str | None) -> tuple[int, dict[str, Any]]:
 class RolloutFleet:
     service: BallastService | None
     origins: dict[str, DemoOrigin]
-    envoys: dict[str, EnvoyProcess]
+    envoys: dict[str, EnvoyProcess]  # PoP -> its Envoy (the installed release)
     ports: Ports
     path: Path
     state_dir: Path
     traffic: list[asyncio.Task[None]]
     stop: asyncio.Event
     statuses: Counter[int] = field(default_factory=Counter)
+    canary_builds: dict[str, EnvoyProcess] = field(default_factory=dict)  # release -> Envoy
+
+    def every_envoy(self) -> list[EnvoyProcess]:
+        return [*self.envoys.values(), *self.canary_builds.values()]
+
+    def nodes(self, pop: str) -> int:
+        """How many Envoys `pop` has."""
+        return 1 + (len(self.canary_builds) if pop == POPS[0] else 0)
 
     def start_traffic(self, rps: float = 20.0) -> None:
         """Steady traffic through every PoP's listener until the fleet stops (Envoys ready)."""
@@ -167,34 +197,37 @@ class RolloutFleet:
 
 
 @contextlib.asynccontextmanager
-async def origins_and_envoys(tmp_path: Path) -> AsyncIterator[RolloutFleet]:
+async def origins_and_envoys(tmp_path: Path, canary_builds: Mapping[str, str] | None = None
+                             ) -> AsyncIterator[RolloutFleet]:
     """Demo origins (primary, secondary, broken: every answer a 503), the first desired state
-    and an Envoy per PoP, pointed at a free xDS port. The caller starts Ballast on
-    `ports.xds`, then the traffic (`start_traffic`)."""
+    and an Envoy per PoP (and the canary PoP's `canary_builds`), pointed at a free xDS port.
+    The caller starts Ballast on `ports.xds`, then the traffic (`start_traffic`)."""
     origins = {name: await DemoOrigin(name, free_port()).start()
                for name in ("primary", "secondary", "broken")}
     stop = asyncio.Event()
     tasks: list[asyncio.Task[None]] = []
     envoys: dict[str, EnvoyProcess] = {}
+    builds: dict[str, EnvoyProcess] = {}
     try:
         origins["broken"].set_fault(Fault(error_rate=1.0, status=503, fail_health=True))
         ports = Ports.free(origins)
         path = tmp_path / "desired.yaml"
         path.write_text(rollout_desired(ports))
-        envoys = start_envoys(ports.xds)
+        envoys, builds = start_envoys(ports.xds, canary_builds)
         fleet = RolloutFleet(None, origins, envoys, ports, path, tmp_path / "state",
-                             traffic=tasks, stop=stop)
+                             traffic=tasks, stop=stop, canary_builds=builds)
         yield fleet
     finally:
         await stop_tasks(stop, tasks)
-        for envoy in envoys.values():
+        for envoy in [*envoys.values(), *builds.values()]:
             envoy.stop()
         for origin in origins.values():
             await origin.stop()
 
 
 @contextlib.asynccontextmanager
-async def rollout_fleet(tmp_path: Path, *, admin_token: str | None = None
+async def rollout_fleet(tmp_path: Path, *, admin_token: str | None = None,
+                        canary_builds: Mapping[str, str] | None = None
                         ) -> AsyncIterator[RolloutFleet]:
     """`origins_and_envoys` with Ballast in-process (no active probes: the gates judge what
     Envoys report; the rollout looked at every 200 ms)."""
@@ -203,7 +236,7 @@ async def rollout_fleet(tmp_path: Path, *, admin_token: str | None = None
         token_file = tmp_path / "admin.token"
         token_file.write_text(admin_token + "\n")
         token_file.chmod(0o600)
-    async with origins_and_envoys(tmp_path) as fleet:
+    async with origins_and_envoys(tmp_path, canary_builds) as fleet:
         service = BallastService(ServiceConfig(
             desired_path=fleet.path, state_dir=fleet.state_dir,
             xds_address=f"127.0.0.1:{fleet.ports.xds}", admin_address="127.0.0.1:0",
@@ -211,7 +244,7 @@ async def rollout_fleet(tmp_path: Path, *, admin_token: str | None = None
         await service.start()
         fleet.service = service
         try:
-            for envoy in fleet.envoys.values():
+            for envoy in fleet.every_envoy():
                 await asyncio.to_thread(envoy.wait_ready, 20)
             fleet.start_traffic()
             yield fleet

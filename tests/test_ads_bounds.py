@@ -85,6 +85,15 @@ def test_clip_keeps_short_text_and_notes_the_length_of_long_text() -> None:
     assert len(clipped) < 150
 
 
+def test_clip_with_a_tail_keeps_the_start_and_the_end() -> None:
+    text = "Error adding/updating listener(s) edge: " + "config " * 1000 + ": the reason"
+    clipped = clip(text, 200, tail=100)
+    assert clipped.startswith("Error adding/updating listener(s) edge: config")
+    assert clipped.endswith(": the reason") and f"{len(text):,} characters" in clipped
+    assert len(clipped) < 250
+    assert clip(text, len(text), tail=100) == text
+
+
 async def test_a_node_id_of_megabytes_is_refused_and_never_recorded(server: Any) -> None:
     ballast, records = server
     details = await refused(ballast, "n" * 3_000_000, None, delta=False)
@@ -160,7 +169,7 @@ def test_distinct_name_lists_do_not_grow_the_shared_caches() -> None:
 
 async def test_nack_storm_is_recorded_once_clipped_and_counted(server: Any) -> None:
     ballast, records = server
-    huge = "bad cluster " * 100_000
+    huge = "bad cluster " * 100_000 + ": why Envoy refused it"  # Envoy gives the reason last
     rejecting = True
 
     def reject(type_url: str, names: list[str]) -> str | None:
@@ -187,6 +196,7 @@ async def test_nack_storm_is_recorded_once_clipped_and_counted(server: Any) -> N
         assert len(nacks) == 1
         assert len(nacks[0]["message"]) < SMALL.message_chars + 100
         assert f"{len(huge):,} characters" in nacks[0]["message"]
+        assert nacks[0]["message"].endswith(": why Envoy refused it")
         (status,) = ballast.nodes.statuses()
         kept = {t.type: t for t in status.types}["CDS"].last_nack
         assert kept is not None and len(kept.message) < SMALL.message_chars + 100

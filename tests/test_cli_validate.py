@@ -1,4 +1,5 @@
-"""`ballast validate`: schema problems, then real Envoy 1.40's verdict per PoP."""
+"""`ballast validate`: schema problems, then real Envoy 1.40's verdict per PoP (or an older
+release's, rendered for that release, with `--envoy`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from control_plane.cli.main import main
-from control_plane.cli.validate import envoy_error
+from control_plane.cli.validate import envoy_error, rendered_release
+from tests.support.envoy_releases import envoy_binary
 
 EXAMPLE = "examples/desired.yaml"
 
@@ -43,6 +45,46 @@ def test_node_with_adaptive_lifo_is_rejected_by_envoy_1_40(capsys, tmp_path: Pat
         line = next(x for x in out.splitlines() if x.startswith(f"pop {pop}: "))
         assert "rejected by envoy 1.40" in line
         assert line.endswith("AdaptiveLifoQueuePolicyConfig')")  # Envoy's echoed config is cut
+
+
+# an ext_proc filter sending request bodies over gRPC: a BodySendMode value Envoy 1.37 added
+NEWER_FILTER = """\
+    http_filters:
+      - name: ext-proc
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
+          grpc_service: {envoy_grpc: {cluster_name: ext-proc}}
+          processing_mode: {request_body_mode: GRPC}
+"""
+
+
+@pytest.mark.envoy
+def test_an_older_envoy_judges_what_its_release_is_served(capsys, tmp_path: Path) -> None:
+    """`--envoy` Envoy 1.36: the file is rendered as a 1.36 node gets it (no queue policies,
+    which 1.36 does not know), so the example passes; a value only 1.37 and later know is
+    rejected by 1.36 and passes 1.40 (what a rollout's canary of 1.36 would NACK)."""
+    old = envoy_binary("1.36")
+    code, out, err = validate(capsys, EXAMPLE, "--envoy", old)
+    assert code == 0, out + err
+    assert "rendered as served to an Envoy 1.36 node" in out
+    assert re.search(r"^pop ewr: OK \(envoy 1\.36\.\d+\)$", out, re.M), out
+    newer = tmp_path / "desired.yaml"
+    newer.write_text(Path(EXAMPLE).read_text().replace(
+        "      - {name: shop, domains: [\"*\"], origin_group: shop}\n",
+        "      - {name: shop, domains: [\"*\"], origin_group: shop}\n" + NEWER_FILTER, 1))
+    code, out, _ = validate(capsys, str(newer), "--envoy", old)
+    assert code == 1
+    line = next(x for x in out.splitlines() if x.startswith("pop ewr: "))
+    assert "rejected by envoy 1.36" in line and "'GRPC'" in line, line
+    code, out, err = validate(capsys, str(newer))
+    assert code == 0, out + err
+
+
+def test_the_release_rendered_for_is_the_binarys_when_known() -> None:
+    assert rendered_release("1.36.4") == "1.36"
+    assert rendered_release("1.40.0") == "1.40"
+    assert rendered_release("1.41.0") == "1.40"
+    assert rendered_release("unknown version") == "1.40"
 
 
 def test_no_envoy_skips_the_envoy_check(capsys) -> None:

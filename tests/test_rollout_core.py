@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from control_plane.decide.gates import (
+    MAX_MESSAGE_CHARS,
     GateInputs,
     GateResult,
     Nack,
@@ -24,6 +25,7 @@ from control_plane.decide.gates import (
     evaluate,
 )
 from control_plane.decide.rollout import (
+    NEXT_STEP_AFTER_ROLLBACK,
     ROLLOUT_KINDS,
     Rollout,
     RolloutError,
@@ -200,6 +202,24 @@ def test_a_nack_rolls_back_at_once_with_the_message() -> None:
     rule = events[1].rule
     assert "node ewr-136 (Envoy 1.36.2) NACKed Cluster" in rule
     assert "Proto constraint validation failed" in rule and "next: fix the desired state" in rule
+
+
+def test_a_long_nack_keeps_what_envoy_refused_and_why() -> None:
+    """Envoy's message names the resource, echoes the refused config, then gives the reason:
+    a record keeps the start and the end of it, bounded."""
+    rollout = begin()
+    message = ("Error adding/updating listener(s) edge: "
+               + "processing_mode {\n  request_header_mode: SKIP\n}\n" * 60
+               + ": Proto constraint validation failed (ProcessingModeValidationError."
+               "RequestBodyMode: value must be one of the defined enum values)")
+    nack = Nack("ewr", "ewr-136", NEW, "1.36.4", "t/Listener", message)
+    _, events = step(rollout, replace(healthy(rollout), nacks=(nack,)), 1000, POLICY)
+    rule = events[1].rule
+    assert "NACKed Listener of version" in rule
+    assert "Error adding/updating listener(s) edge:" in rule
+    assert "value must be one of the defined enum values)" in rule
+    assert f"[{len(message) - MAX_MESSAGE_CHARS:,} characters cut]" in rule
+    assert len(rule) < len(NEXT_STEP_AFTER_ROLLBACK) + MAX_MESSAGE_CHARS + 250
 
 
 def test_a_nack_of_another_version_does_not_count() -> None:

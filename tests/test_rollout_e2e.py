@@ -5,7 +5,9 @@ in three PoPs (ewr the canary, then sjc, then lax), judged by its gates.
   previous one baked; `ballast status` shows each PoP's version as it moves;
 - a change that makes the canary's origin answer 503: rolled back automatically before sjc or
   lax get it, with a record naming the regressed signal; the same bytes are not applied again;
-- a change the Envoy NACKs: rolled back, the NACK's message in the record;
+- a change one Envoy build NACKs (a value only Envoy 1.37 and later know, in the canary PoP
+  beside a 1.40 Envoy that ACKs it): rolled back before sjc or lax get it, the node, its build
+  and the NACK's message in the record;
 - pause, resume, promote, abort and apply --now from the CLI and the admin API, behind the
   admin token like every other route.
 """
@@ -21,14 +23,17 @@ import pytest
 
 from control_plane.cli.main import main
 from control_plane.decisions.read import record_time
+from harness.envoy_process import EnvoyProcess
 from harness.eventually import eventually
 from harness.rollout_fleet import POPS, RolloutFleet, admin_post, rollout_fleet
+from tests.support.envoy_releases import envoy_binary
 
 pytestmark = pytest.mark.envoy
 
 BAKE_S = 2.0
 ROUTES = "/config_dump?resource=dynamic_route_configs"
 ENDPOINTS = "/config_dump?include_eds"
+LISTENERS = "/config_dump?resource=dynamic_listeners"
 
 
 def _versions(fleet: RolloutFleet) -> dict[str, str]:
@@ -41,7 +46,7 @@ def _versions(fleet: RolloutFleet) -> dict[str, str]:
 async def _synced(fleet: RolloutFleet) -> None:
     assert fleet.service is not None
     acks = fleet.service.server.acks
-    await eventually(lambda: all(acks.pop(pop).applied == 1 for pop in POPS), 20,
+    await eventually(lambda: all(acks.pop(pop).applied == fleet.nodes(pop) for pop in POPS), 20,
                      "every Envoy synced")
     await eventually(lambda: fleet.origins["primary"].total > 60, 20, "traffic on the primary")
     # what each PoP's Envoy reported before the change: its own baseline for the gates
@@ -175,19 +180,51 @@ async def test_a_change_that_breaks_the_canary_is_rolled_back(
         assert _versions(fleet) == old
 
 
-async def test_a_change_envoy_nacks_is_rolled_back_with_the_message(tmp_path: Path) -> None:
-    async with rollout_fleet(tmp_path) as fleet:
+def _lds(envoy: EnvoyProcess) -> dict[str, int]:
+    """The Envoy's LDS update counters (update_success, update_rejected)."""
+    stats = envoy.admin("/stats?filter=^listener_manager\\.lds\\.update_(success|rejected)$")
+    return {line.split(": ")[0].rsplit(".", 1)[-1]: int(line.split(": ")[1])
+            for line in stats.splitlines() if ": " in line}
+
+
+async def test_a_change_an_older_envoy_nacks_is_rolled_back_with_its_message(
+        tmp_path: Path) -> None:
+    """The canary PoP ewr runs Envoy 1.40 (ewr-edge-1) and 1.36 (ewr-1.36). The change adds an
+    ext_proc filter with `request_body_mode: GRPC`: Ballast's filter gate sends it to both (1.36
+    lists ext_proc), 1.40 applies it, 1.36's proto validation refuses the value. The gate fails
+    on the NACK although ewr's other node ACKed, and the rollback names the node, its build and
+    what Envoy said."""
+    async with rollout_fleet(tmp_path, canary_builds={"1.36": envoy_binary("1.36")}) as fleet:
         await _synced(fleet)
         old = _versions(fleet)
-        fleet.write(bad_filter=True)
+        newest, oldest = fleet.envoys["ewr"], fleet.canary_builds["1.36"]
+        before = {"1.40": _lds(newest), "1.36": _lds(oldest)}
+        fleet.write(newer_filter=True)
         await eventually(lambda: fleet.records("rolled_back"), 30, "the rollback")
         rolled = fleet.records("rolled_back")[-1]
-        assert "NACK" in rolled["rule"] or "nack" in rolled["rule"], rolled["rule"]
-        assert "ewr-edge-1" in rolled["rule"], rolled["rule"]
-        assert "compressor_library" in rolled["rule"] or "Compressor" in rolled["rule"], rolled
+        rule = rolled["rule"]
+        assert "pop ewr: node ewr-1.36 (Envoy 1.36.4) NACKed Listener" in rule, rule
+        assert "request_body_mode" in rule.lower() and \
+            "value must be one of the defined enum values" in rule, rule
+        assert [r["signal"] for r in rolled["detail"]["failing"]] == ["nack"], rolled
+        # before sjc or lax got it: only the canary's wave started, none passed
         waves = [r["detail"]["pops"] for r in fleet.records("wave_started")]
         assert waves == [["ewr"]], waves
+        assert not fleet.records("wave_passed"), fleet.records("wave_passed")
         await eventually(lambda: _versions(fleet) == old, 10, "every PoP back on the old version")
+        # ewr's 1.40 took the change and then the rollback (two LDS updates, nothing refused):
+        # its ACK did not pass the gate; the 1.36 refused it
+        await eventually(lambda: _lds(newest)["update_success"]
+                         >= before["1.40"]["update_success"] + 2, 10, "1.40 took both")
+        assert _lds(newest)["update_rejected"] == before["1.40"]["update_rejected"]
+        assert _lds(oldest)["update_rejected"] > before["1.36"]["update_rejected"]
+        for pop in ("sjc", "lax"):
+            dump = await asyncio.to_thread(fleet.envoys[pop].admin, LISTENERS)
+            assert "ExternalProcessor" not in dump, pop
+        # every node of ewr applied the old version again
+        assert fleet.service is not None
+        await eventually(lambda: fleet.service.server.acks.pop("ewr").applied == 2, 10,
+                         "both ewr nodes on the old version")
 
 
 async def _cli(*args: str) -> int:

@@ -55,8 +55,12 @@ class AdsLimits:
 DEFAULT_LIMITS = AdsLimits()
 
 
-def clip(text: str, limit: int) -> str:
-    """`text`, or its first `limit` characters and the original length when it is longer."""
+def clip(text: str, limit: int, *, tail: int = 0) -> str:
+    """`text`, or `limit` of its characters and the original length when it is longer: the
+    first `limit - tail` and the last `tail` (an Envoy NACK echoes the refused config first
+    and gives the reason last)."""
     if len(text) <= limit:
         return text
-    return f"{text[:limit]}… [truncated: {len(text):,} characters]"
+    tail = min(max(tail, 0), limit)
+    end = f" … {text[len(text) - tail:]}" if tail else ""
+    return f"{text[:limit - tail]}… [truncated: {len(text):,} characters]{end}"

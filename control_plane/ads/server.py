@@ -730,8 +730,9 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                 entry.acked(event.type_url, event.version)
                 self._notify(self.callbacks.on_ack, entry, event)
             else:
+                limit = self.limits.message_chars
                 nack = dataclasses.replace(
-                    event, message=clip(event.message, self.limits.message_chars)
+                    event, message=clip(event.message, limit, tail=limit // 2)
                 )
                 if entry.nacked(nack.type_url, nack.version, nack.message) == 1:
                     log.warning("node %r NACKed %s version %s: %r", entry.node_id,

@@ -35,7 +35,7 @@ from control_plane.desired import DesiredStateError, parse_desired
 from control_plane.desired.model import Desired
 from control_plane.desired.warnings import desired_warnings
 from control_plane.intent.change import SwapFailed
-from control_plane.intent.etcd_store import Deposed, StoreUnavailable
+from control_plane.intent.etcd_store import Deposed, StoreUnavailable, TooLarge
 from control_plane.intent.running import RunningIntent
 from control_plane.own_metrics.registry import BallastMetrics
 from control_plane.translate.diff import ResourceChange, diff_renderings, format_changes, summarize
@@ -140,7 +140,7 @@ class DesiredReload:
                     change.record(lambda pushed: [_applied_record(new, changes, pushed)])
                     change.record(begun.records)
                 begun.done()
-        except (OSError, sqlite3.Error, StoreUnavailable, Deposed) as err:
+        except (OSError, sqlite3.Error, StoreUnavailable, Deposed, TooLarge) as err:
             log.error("cannot save the desired state's digest: %s", err)
             self._reject(digest, [f"{source}: cannot save the state ({err}); not applied"])
             return False

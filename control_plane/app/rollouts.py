@@ -24,6 +24,14 @@ digest (`failed`): the reload does not apply the same bytes again.
 
 One rollout at a time: `lock` is held by every step, operator action and the reload that
 starts or supersedes one, so each reads the rollout it changes.
+
+A decision whose swap failed (`SwapFailed`: the store was put back, nothing served changed) had
+its records written already (the transaction writes them before the swap). It is kept
+(`Unpublished`) and carried out as decided — its times, its records not written again — by the
+next step (an operator's action too: the log says it was asked, and so it is done), or by the
+same action asked again, while the rollout is still the one it was decided from; any other
+published change of the rollout (an operator's other action, a new version) drops it, its
+records then followed in the log by what was published instead.
 """
 
 from __future__ import annotations
@@ -59,7 +67,7 @@ from control_plane.decisions.log import Draft, draft
 from control_plane.decisions.recorder import DecisionRecorder
 from control_plane.desired import parse_desired
 from control_plane.desired.model import Desired, TierActions
-from control_plane.intent.change import Change
+from control_plane.intent.change import Change, SwapFailed
 from control_plane.intent.owner import IntentOwner
 from control_plane.intent.store import (
     ROLLOUT_BEFORE_KIND,
@@ -180,6 +188,24 @@ def restored(records: Mapping[str, Mapping[str, Any]], known: Mapping[str, Versi
 
 
 @dataclass(frozen=True)
+class Unpublished:
+    """A decision recorded whose swap failed: the rollout it was decided from, the rollout it
+    makes, its events (recorded already) and the baselines captured for it."""
+
+    before: Rollout
+    after: Rollout
+    events: tuple[RolloutEvent, ...]
+    captured: Mapping[str, PopWindow]
+
+    def carries(self, before: Rollout | None, after: Rollout,
+                events: Iterable[RolloutEvent]) -> bool:
+        """Whether deciding `after` (`events`) from `before` is this decision again."""
+        return (before == self.before and (after.phase, after.wave) == (
+            self.after.phase, self.after.wave)
+            and [e.kind for e in events] == [e.kind for e in self.events])
+
+
+@dataclass(frozen=True)
 class Begun:
     """A rollout decision stated on a change: its records, and what to call once the change
     published (the driver takes the new state then, not before)."""
@@ -218,6 +244,7 @@ class Rollouts:
         # PoP -> its groups demoting or shedding when the wave started (onsets count from it)
         self._actions_at_wave: dict[str, frozenset[str]] = {}
         self._before: dict[str, PopWindow] = {}  # reached PoP -> its window before its wave
+        self._unpublished: Unpublished | None = None  # recorded, its swap failed
         self._gauges()
 
     # -- start-up --------------------------------------------------------------------------
@@ -303,6 +330,10 @@ class Rollouts:
             rollout = self.rollout
             if rollout is None or not rollout.in_progress or not self._leading():
                 return ()
+            unpublished = self._unpublished
+            if unpublished is not None and unpublished.before == rollout:
+                await self._publish(unpublished.after, unpublished.events)  # as decided
+                return unpublished.events
             now = self.clock() if now_ms is None else now_ms
             target = self._versions[rollout.to_version].desired
             inputs = await self.inputs(rollout, now)
@@ -358,11 +389,25 @@ class Rollouts:
     # -- publishing --------------------------------------------------------------------------
 
     async def _publish(self, after: Rollout, events: tuple[RolloutEvent, ...]) -> None:
-        captured = await self._capture(self.rollout, after,
-                                       self._versions[after.to_version].desired)
-        async with self.owner.change(save=self._leading()) as change:
-            begun = self._state(change, after, events, self._versions, self.failed, captured)
-            change.record(begun.records)
+        """`after` published; the decision kept (`Unpublished`) when its swap fails, carried
+        out as it was decided, its records not written again, when it is decided again."""
+        before, unpublished = self.rollout, self._unpublished
+        again = unpublished is not None and unpublished.carries(before, after, events)
+        if unpublished is not None and again:
+            after, events, captured = unpublished.after, unpublished.events, unpublished.captured
+        else:
+            captured = await self._capture(before, after,
+                                           self._versions[after.to_version].desired)
+        try:
+            async with self.owner.change(save=self._leading()) as change:
+                begun = self._state(change, after, events, self._versions, self.failed,
+                                    captured)
+                if not again:
+                    change.record(begun.records)
+        except SwapFailed:
+            if before is not None:
+                self._unpublished = Unpublished(before, after, events, captured)
+            raise
         begun.done()
 
     async def _capture(self, before: Rollout | None, after: Rollout, target: Desired
@@ -423,6 +468,7 @@ class Rollouts:
             moved = self.rollout is None or (rollout.wave, rollout.phase) != (
                 self.rollout.wave, self.rollout.phase)
             self.rollout, self.failed, self._versions = rollout, failed, kept
+            self._unpublished = None  # what was decided from the rollout before is void
             self._before = baselines
             self._saved = set(needed)
             if moved:

@@ -1,10 +1,16 @@
 """`ballast validate FILE`: check the desired state, then let a real Envoy judge every PoP.
 
-After the schema check, each PoP is rendered (Envoy 1.40's extensions unless a node file says
-otherwise) into a static bootstrap and run through `envoy --mode validate`; Envoy's own verdict
-is printed per PoP. Exit 0 only when the file loads and every PoP passes (or, with `--no-envoy`,
-when the file loads); 1 otherwise, also when no envoy binary is found (the Envoy check would be
-skipped silently otherwise); 2 for bad arguments.
+After the schema check, each PoP is rendered into a static bootstrap and run through
+`envoy --mode validate`; Envoy's own verdict is printed per PoP. It is rendered as Ballast
+serves a node of the binary's release (`--envoy` an older Envoy: what that release accepts,
+e.g. no queue policies for 1.36; a release Ballast does not know: 1.40's), or the node
+`--extensions-from-node` gives (also the HTTP filter types it lists: Ballast does not send an
+added filter of a type the node lacks). Validating with each Envoy build a fleet runs finds a
+field, value or rule newer than its oldest build before a rollout does (its canary would NACK
+it); the schema check knows only the API Ballast was built with. Exit 0 only when the file
+loads and every PoP passes (or, with `--no-envoy`, when the file loads); 1 otherwise, also
+when no envoy binary is found (the Envoy check would be skipped silently otherwise); 2 for bad
+arguments.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from control_plane.cli.translate_options import (
 )
 from control_plane.desired.warnings import desired_warnings
 from control_plane.security.certs import make_ca
-from control_plane.translate import PopIntent, static_bootstrap, translate_pop
+from control_plane.translate import ENVOY_RELEASES, PopIntent, static_bootstrap, translate_pop
 
 HELP = "check a desired-state file; with an envoy binary, have Envoy validate every PoP"
 ENVOY_ERROR_CHARS = 600  # Envoy echoes the whole config in its error; keep the message part
@@ -48,10 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        caps = (
-            node_capabilities(args.extensions_from_node)
-            if args.extensions_from_node
-            else release_capabilities(DEFAULT_ENVOY_RELEASE)
+        from_node = (
+            node_capabilities(args.extensions_from_node) if args.extensions_from_node else None
         )
         binary = None if args.no_envoy else _envoy_binary(args.envoy)
     except OptionError as err:
@@ -80,6 +84,12 @@ def run(args: argparse.Namespace) -> int:
         )
         return 1
     version = envoy_version(binary)
+    if from_node is None:
+        release = rendered_release(version)
+        caps = release_capabilities(release)
+        print(f"rendered as served to an Envoy {release} node")
+    else:
+        caps = from_node
     # Every PoP as it starts, and as it is while adaptive tier actions are on (other routes).
     actions = {g.name: g.tier_actions.actions() for g in desired.origin_groups
                if g.tier_actions.enabled}
@@ -100,6 +110,13 @@ def run(args: argparse.Namespace) -> int:
                 for note in resources.notes:
                     print(f"  note: {note}")
     return 1 if failed else 0
+
+
+def rendered_release(version: str) -> str:
+    """The release whose node a binary of `version` (`1.36.4`) is rendered for: its own when
+    Ballast knows it, else the one Ballast ships with."""
+    release = ".".join(version.split(".")[:2])
+    return release if release in ENVOY_RELEASES else DEFAULT_ENVOY_RELEASE
 
 
 def stand_in_pair() -> tuple[bytes, bytes]:

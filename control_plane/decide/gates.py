@@ -208,12 +208,22 @@ def _bounded(texts: Sequence[str], what: str) -> tuple[str, ...]:
     return (*texts[:SHOWN_WHY], f"... and {len(texts) - SHOWN_WHY} more {what}")
 
 
+def _clipped(message: str) -> str:
+    """A NACK's message within MAX_MESSAGE_CHARS: its start (what Envoy refused) and its end
+    (why: Envoy echoes the refused config between the two)."""
+    if len(message) <= MAX_MESSAGE_CHARS:
+        return message
+    head = MAX_MESSAGE_CHARS // 4
+    return (f"{message[:head]} … [{len(message) - MAX_MESSAGE_CHARS:,} characters cut] … "
+            f"{message[len(message) - (MAX_MESSAGE_CHARS - head):]}")
+
+
 def _nacks(nacks: Iterable[Nack], version: str) -> list[Reading]:
     readings = []
     for nack in nacks:
         if nack.version != version:
             continue
-        message = nack.message[:MAX_MESSAGE_CHARS]
+        message = _clipped(nack.message)
         readings.append(Reading(
             nack.pop, "nack", nack.node, "fail",
             f"pop {nack.pop}: node {nack.node} (Envoy {nack.envoy or 'unknown'}) NACKed "

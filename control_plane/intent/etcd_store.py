@@ -15,6 +15,18 @@ Keys, all under one prefix (default ``/ballast/``):
   archive.
 - ``replicas/<id>`` — each replica's registration (admin URL, xDS address), on its own lease.
 
+An intent write is one transaction fenced by the leader's term when it fits in one etcd request
+(at most `MAX_TXN_OPS` operations and `MAX_REQUEST_BYTES`: etcd's `--max-txn-ops` 128 and
+`--max-request-bytes` 1.5 MiB by default). A larger one — a tick moving every pair of a large
+fleet, a rollout saving two desired-state versions of up to 1 MiB, the baselines of a wave of
+100+ PoPs — is split (`transactions`) into several, each fenced, applied in an order whose every
+prefix reads back as a consistent intent: the values first, then the keys a reader starts from
+(`IntentWrite.last`: the digest, the rollout, which PoP serves which version) in one
+transaction, the other deletes last. A crash between two leaves some values written (a
+version's bytes, a PoP's baseline, some pairs' weights) beside the rollout and versions of
+before, or deletes of what nothing names any more not yet done. One value larger than a request
+is refused (`TooLarge`) before anything is written.
+
 Reaching etcd (`StoreCredentials`): client TLS (the CA etcd's certificate chains to; a client
 certificate and key, whose CN etcd takes as the user with ``--client-cert-auth``) and/or a user
 and password (etcd's simple-token authentication). aetcd 1.0 dials plaintext only: `_Client`
@@ -43,6 +55,9 @@ log = logging.getLogger(__name__)
 MAX_ENDPOINTS = 16
 RECORDS_TTL_S = 3600
 MAX_TXN_OPS = 100  # etcd refuses a transaction of more than 128 operations
+# etcd refuses a request of more than 1.5 MiB (1,572,864 bytes); the rest is room for the
+# transaction's own framing (the fence, each operation's ~10 bytes)
+MAX_REQUEST_BYTES = 1_500_000
 MAX_CREDENTIAL_FILE = 1 << 20
 
 T = TypeVar("T")
@@ -54,6 +69,10 @@ class StoreUnavailable(Exception):
 
 class Deposed(Exception):
     """A fenced write was refused: this replica is not the leader of that term any more."""
+
+
+class TooLarge(ValueError):
+    """An intent value larger than one etcd request: nothing was written."""
 
 
 def parse_store_url(url: str) -> list[tuple[str, int]]:
@@ -172,10 +191,63 @@ class IntentEvent:
 
 @dataclass
 class IntentWrite:
-    """What one intent batch changes under ``intent/``, committed atomically."""
+    """What one intent batch changes under ``intent/``: one transaction, or several in a safe
+    order when it does not fit in one (see the module docstring)."""
 
     put: dict[str, Any] = field(default_factory=dict)  # relative key -> JSON value
     delete: list[str] = field(default_factory=list)
+    last: frozenset[str] = frozenset()  # keys a reader starts from: put/deleted together
+
+
+Operation = tuple[str, bytes | None]  # relative key, the value to put (None: delete)
+
+
+def transactions(write: IntentWrite) -> list[list[Operation]]:
+    """The transactions `write` is committed in: one when it fits in an etcd request, else the
+    puts of keys not in `last`, then the puts and deletes of those in `last` (one transaction),
+    then the other deletes, each transaction within `MAX_TXN_OPS` and `MAX_REQUEST_BYTES`.
+    TooLarge when one value does not fit in a request, or the `last` keys not in one."""
+    puts: list[Operation] = [(key, _dump(value)) for key, value in write.put.items()]
+    for key, data in puts:
+        if _size((key, data)) > MAX_REQUEST_BYTES:
+            raise TooLarge(f"intent/{key} is {len(data or b''):,} bytes of JSON; one etcd "
+                           f"request carries at most {MAX_REQUEST_BYTES:,}: nothing was written")
+    deletes: list[Operation] = [(key, None) for key in write.delete]
+    every = [*puts, *deletes]
+    if len(every) <= MAX_TXN_OPS and sum(map(_size, every)) <= MAX_REQUEST_BYTES:
+        return [every] if every else []
+    last = [op for op in every if op[0] in write.last]
+    if len(last) > MAX_TXN_OPS or sum(map(_size, last)) > MAX_REQUEST_BYTES:
+        raise TooLarge(f"intent/{', '.join(key for key, _ in last)}: {sum(map(_size, last)):,} "
+                       f"bytes together, more than one etcd request carries "
+                       f"({MAX_REQUEST_BYTES:,}): nothing was written")
+    chunks = _packed([op for op in puts if op[0] not in write.last], [])
+    if chunks and len(chunks[-1]) + len(last) <= MAX_TXN_OPS and sum(
+            map(_size, chunks[-1] + last)) <= MAX_REQUEST_BYTES:
+        chunks[-1].extend(last)
+    elif last:
+        chunks.append(last)
+    return _packed([op for op in deletes if op[0] not in write.last], chunks)
+
+
+def _packed(ops: list[Operation], chunks: list[list[Operation]]) -> list[list[Operation]]:
+    """`ops` appended in order to `chunks` (the last one filled up first), a new one started
+    whenever the next operation would not fit."""
+    size = sum(map(_size, chunks[-1])) if chunks else 0
+    for op in ops:
+        if not chunks or len(chunks[-1]) >= MAX_TXN_OPS or size + _size(op) > MAX_REQUEST_BYTES:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(op)
+        size += _size(op)
+    return chunks
+
+
+def _size(op: Operation) -> int:
+    """What one operation takes of an etcd request (its full key under a prefix of up to 256
+    bytes, its value)."""
+    key, value = op
+    return 256 + len(key.encode()) + (0 if value is None else len(value))
 
 
 class EtcdStore:
@@ -329,22 +401,23 @@ class EtcdStore:
         return int(result.header.revision), values
 
     async def commit(self, leadership: Leadership, write: IntentWrite) -> None:
-        """Apply ``write`` in one transaction fenced by the leader's term.
+        """Apply ``write`` in transactions fenced by the leader's term (one when it fits:
+        `transactions`).
 
-        Raises Deposed when the leader key is not this term's any more (nothing written)."""
+        Raises Deposed when the leader key is not this term's any more (nothing more written),
+        TooLarge when a value does not fit in an etcd request (nothing written)."""
+        split = transactions(write)
         client = await self._connected()
         tx = client.transactions
-        ops: list[Any] = [
-            tx.put(self._key("intent/" + key), _dump(value)) for key, value in write.put.items()
-        ]
-        ops += [tx.delete(self._key("intent/" + key)) for key in write.delete]
-        ok, _ = await self._rpc(client.transaction(
-            compare=[tx.create(self._key("leader")) == leadership.term],
-            success=ops,
-            failure=[],
-        ))
-        if not ok:
-            raise Deposed(f"leader key is no longer term {leadership.term}")
+        for chunk in split:
+            ok, _ = await self._rpc(client.transaction(
+                compare=[tx.create(self._key("leader")) == leadership.term],
+                success=[tx.delete(self._key("intent/" + key)) if value is None
+                         else tx.put(self._key("intent/" + key), value) for key, value in chunk],
+                failure=[],
+            ))
+            if not ok:
+                raise Deposed(f"leader key is no longer term {leadership.term}")
 
     async def publish_records(self, source: str, records: Sequence[Mapping[str, Any]]) -> None:
         """Hand decision records to the other replicas (``decisions/<source>/<n>``, on a lease of
@@ -354,13 +427,14 @@ class EtcdStore:
         try:
             if self._records_lease is None:
                 self._records_lease = int((await client.lease(RECORDS_TTL_S)).id)
-            for start in range(0, len(records), MAX_TXN_OPS):
-                ops = []
-                for record in records[start:start + MAX_TXN_OPS]:
-                    self._record_counter += 1
-                    name = f"decisions/{source}/{self._record_counter:012x}"
-                    ops.append(tx.put(self._key(name), _dump(record), lease=self._records_lease))
-                await client.transaction(compare=[], success=ops, failure=[])
+            named: list[Operation] = []
+            for record in records:
+                self._record_counter += 1
+                named.append((f"decisions/{source}/{self._record_counter:012x}", _dump(record)))
+            for chunk in _packed(named, []):
+                await client.transaction(compare=[], success=[
+                    tx.put(self._key(name), data, lease=self._records_lease)
+                    for name, data in chunk], failure=[])
         except Exception as err:  # any failure to talk to etcd (gRPC, socket, timeout)
             self._records_lease = None
             _honour_cancellation()
@@ -412,5 +486,6 @@ def _honour_cancellation() -> None:
 
 
 def _dump(value: Any) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+    """JSON in UTF-8 (not \\u-escaped: a desired-state file's text keeps its size)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 

@@ -10,7 +10,10 @@ Layout under ``<prefix>intent/`` (values are JSON):
 ``groups/<pop>/<group>`` ``{"weights": ..., "controller": ...}``; ``kinds/<kind>/<key>`` any
 record of another kind of intent (the tier controller's and the standby ramp's states are kinds
 ``tier`` and ``ramp``, keys ``<pop>/<group>``); ``digest`` the desired-state digest decided
-under. The mapping both ways is pure (`batch_to_write`, `stored_intent_of`).
+under. The mapping both ways is pure (`batch_to_write`, `stored_intent_of`). A write too large
+for one etcd transaction is split (`etcd_store.transactions`): the keys a reader starts from —
+the digest, the rollout's state, which PoP serves which version (`LAST_KINDS`) — go last and
+together, after the values they name (desired-state versions, baselines, pairs).
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from control_plane.decide.controller import ControllerState
 from control_plane.intent.etcd_store import Deposed, EtcdStore, IntentWrite, Leadership
 from control_plane.intent.store import (
     RAMP_KIND,
+    ROLLOUT_KIND,
+    SERVING_KIND,
     TIER_KIND,
     GroupState,
     IntentBatch,
@@ -33,6 +38,7 @@ from control_plane.intent.store import (
 GROUPS = "groups/"
 KINDS = "kinds/"
 DIGEST = "digest"
+LAST_KINDS = (ROLLOUT_KIND, SERVING_KIND)  # records that name other records (versions)
 
 
 def batch_to_write(batch: IntentBatch) -> IntentWrite:
@@ -51,9 +57,11 @@ def batch_to_write(batch: IntentBatch) -> IntentWrite:
         final[f"{KINDS}{kind}/{key}"] = value
     if batch.desired_digest is not None:
         final[DIGEST] = batch.desired_digest
+    named = tuple(f"{KINDS}{kind}/" for kind in LAST_KINDS)
     return IntentWrite(
         put={key: value for key, value in final.items() if value is not None},
         delete=[key for key, value in final.items() if value is None],
+        last=frozenset(key for key in final if key == DIGEST or key.startswith(named)),
     )
 
 

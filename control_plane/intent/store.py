@@ -74,7 +74,8 @@ class IntentStore(Protocol):
         ...
 
     async def write(self, batch: IntentBatch) -> None:
-        """Apply `batch` atomically; durable when this returns."""
+        """Apply `batch` atomically (etcd: in several transactions in a safe order when it does
+        not fit in one, `etcd_store.transactions`); durable when this returns."""
         ...
 
     def close(self) -> None: ...

@@ -1,0 +1,188 @@
+"""The rollout driver publishing its decisions (`app/rollouts.py`) through the change
+transaction on a real store and decision log: a decision whose swap failed after its records
+were written is carried out on the next look without writing them again."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from control_plane.ads.nodes import NodeRegistry
+from control_plane.app.config_acks import ConfigAcks
+from control_plane.app.rollouts import Rollouts, Version
+from control_plane.app.server import intent_and_cache
+from control_plane.decide.signals import OriginSignals
+from control_plane.decisions.log import DecisionLog
+from control_plane.decisions.read import iter_records
+from control_plane.decisions.recorder import DecisionRecorder
+from control_plane.desired import parse_desired
+from control_plane.intent.change import SwapFailed
+from control_plane.intent.owner import IntentOwner
+from control_plane.intent.sqlite_store import StateStore
+from control_plane.observe.source import Signals
+
+T0 = 1_800_000_000_000
+BAKE_MS = 60_000
+POPS = ("ewr", "sjc", "lax")
+
+YAML = """\
+pops:
+  ewr: {{listen_address: 127.0.0.1, port_offset: 0}}
+  sjc: {{listen_address: 127.0.0.1, port_offset: 1}}
+  lax: {{listen_address: 127.0.0.1, port_offset: 2}}
+origin_groups:
+  shop:
+    origins:
+      primary: {{address: 127.0.0.1, port: 8001}}
+      secondary: {{address: 127.0.0.1, port: {secondary}}}
+    preference:
+      ewr: [primary, secondary]
+      sjc: [primary, secondary]
+      lax: [primary, secondary]
+rollout: {{canary: [ewr], waves: [50%, 100%], bake: 1m, gates: {{min_samples: 5}}}}
+listeners:
+  - name: edge
+    port: 10000
+    virtual_hosts:
+      - {{name: shop, domains: ["*"], origin_group: shop}}
+"""
+
+
+def version(secondary: int) -> Version:
+    data = YAML.format(secondary=secondary).encode()
+    return Version(parse_desired(data, "desired.yaml"), data)
+
+
+class Healthy:
+    """Every PoP's origins answer well, before and after: the gates pass after the bake."""
+
+    async def window(self, now_ms: int, window_ms: int) -> Signals:
+        def origin() -> OriginSignals:
+            return OriginSignals(1000, 0, 0, 20.0, 60.0, 0.0, 0, 1.0, now_ms)
+
+        return {(pop, "shop"): {"primary": origin(), "secondary": origin()} for pop in POPS}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> int:
+        return self.now
+
+
+class Driver:
+    def __init__(self, tmp_path: Path) -> None:
+        self.old, self.new = version(8002), version(9002)
+        self.store = StateStore(tmp_path)
+        self.log = DecisionLog(tmp_path)
+        self.recorder = DecisionRecorder(self.log)
+        self.owner, self.cache = intent_and_cache(self.old.desired, store=self.store,
+                                                  recorder=self.recorder)
+        owner: IntentOwner = self.owner
+        acks = ConfigAcks(NodeRegistry(), self.cache,
+                          lambda pop: owner.intent.desired_of(pop).digest)
+        self.clock = Clock()
+        self.rollouts = Rollouts(owner, acks, Healthy(), self.recorder, self.old,
+                                 clock=self.clock)
+        self.path = tmp_path
+
+    async def apply_new(self) -> None:
+        """What a reload does: the new version's rollout started in one change."""
+        async with self.rollouts.lock:
+            async with self.owner.change() as change:
+                begun = await self.rollouts.begin(change, self.new, immediate=False, by="test")
+                change.record(begun.records)
+            begun.done()
+
+    def kinds(self) -> list[tuple[str, list[str]]]:
+        return [(r["kind"], r["detail"]["pops"]) for r in iter_records(self.path)
+                if r["kind"] in ("wave_started", "wave_passed", "rollout_passed")]
+
+    def close(self) -> None:
+        self.log.close()
+        self.store.close()
+
+
+@pytest.fixture
+def driver(tmp_path: Path) -> Iterator[Driver]:
+    made = Driver(tmp_path)
+    yield made
+    made.close()
+
+
+async def test_a_step_whose_swap_failed_is_carried_out_without_its_records_again(
+        driver: Driver, monkeypatch: pytest.MonkeyPatch) -> None:
+    await driver.apply_new()
+    assert driver.owner.intent.versions()["sjc"] == driver.old.digest
+    commit = driver.cache.commit
+
+    def broken(*args: object, **kwargs: object) -> frozenset[str]:
+        raise RuntimeError("swap broke")
+
+    # the canary baked: its wave passes and sjc's starts, but the swap fails
+    driver.clock.now = T0 + BAKE_MS + 1
+    monkeypatch.setattr(driver.cache, "commit", broken)
+    with pytest.raises(SwapFailed):
+        await driver.rollouts.step()
+    assert driver.kinds() == [("wave_started", ["ewr"]), ("wave_passed", ["ewr"]),
+                              ("wave_started", ["sjc"])]  # written before the swap
+    assert driver.owner.intent.versions()["sjc"] == driver.old.digest
+    assert driver.rollouts.rollout is not None and driver.rollouts.rollout.wave == 0
+    # the next look carries that decision out (its wave start's time) and writes nothing again
+    monkeypatch.setattr(driver.cache, "commit", commit)
+    driver.clock.now += 1000
+    await driver.rollouts.step()
+    assert driver.owner.intent.versions()["sjc"] == driver.new.digest
+    rollout = driver.rollouts.rollout
+    assert rollout is not None and rollout.wave == 1
+    assert rollout.wave_started_ms == T0 + BAKE_MS + 1
+    assert driver.kinds() == [("wave_started", ["ewr"]), ("wave_passed", ["ewr"]),
+                              ("wave_started", ["sjc"])]
+    # and the rollout goes on from there as usual
+    driver.clock.now = T0 + 2 * BAKE_MS + 2
+    await driver.rollouts.step()
+    assert driver.kinds()[-2:] == [("wave_passed", ["sjc"]), ("wave_started", ["lax"])]
+
+
+async def test_an_operator_action_retried_after_a_failed_swap_is_recorded_once(
+        driver: Driver, monkeypatch: pytest.MonkeyPatch) -> None:
+    await driver.apply_new()
+    commit = driver.cache.commit
+
+    def broken(*args: object, **kwargs: object) -> frozenset[str]:
+        raise RuntimeError("swap broke")
+
+    monkeypatch.setattr(driver.cache, "commit", broken)
+    with pytest.raises(SwapFailed):
+        await driver.rollouts.act("abort", "ops")
+    monkeypatch.setattr(driver.cache, "commit", commit)
+    driver.clock.now += 5000
+    after = await driver.rollouts.act("abort", "ops")
+    assert after.phase == "aborted"
+    assert driver.owner.intent.versions()["ewr"] == driver.old.digest
+    aborted = [r for r in iter_records(driver.path) if r["kind"] == "rollout_aborted"]
+    assert len(aborted) == 1, aborted
+
+
+async def test_an_operator_action_whose_swap_failed_is_carried_out_by_the_next_step(
+        driver: Driver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The log says the rollout was aborted: the next look makes it so (once)."""
+    await driver.apply_new()
+    commit = driver.cache.commit
+
+    def broken(*args: object, **kwargs: object) -> frozenset[str]:
+        raise RuntimeError("swap broke")
+
+    monkeypatch.setattr(driver.cache, "commit", broken)
+    with pytest.raises(SwapFailed):
+        await driver.rollouts.act("abort", "ops")
+    monkeypatch.setattr(driver.cache, "commit", commit)
+    driver.clock.now = T0 + BAKE_MS + 1  # baked: without the abort, its wave would pass
+    await driver.rollouts.step()
+    assert driver.rollouts.rollout is not None and driver.rollouts.rollout.phase == "aborted"
+    assert driver.owner.intent.versions()["ewr"] == driver.old.digest
+    kinds = [r["kind"] for r in iter_records(driver.path)]
+    assert kinds.count("rollout_aborted") == 1 and "wave_passed" not in kinds, kinds
