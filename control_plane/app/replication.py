@@ -57,9 +57,11 @@ class Replication:
         metrics: BallastMetrics | None = None,
         survey_s: float = 1.0,
         rollouts: Callable[[], Rollouts | None] = lambda: None,
+        elected: Callable[[], None] = lambda: None,
     ) -> None:
         """`rollouts`: the service's rollout driver, which follows the rollout the leader saved
-        (None: the intent alone is adopted)."""
+        (None: the intent alone is adopted); `elected`: told once this replica leads and took
+        the intent from etcd (the service reads its desired-state file again)."""
         self.etcd = etcd
         self.survey_s = survey_s
         self.replica_id = replica_id
@@ -68,6 +70,7 @@ class Replication:
         self.decisions = recorder.log
         self._reconciler = reconciler
         self._rollouts = rollouts
+        self._elected = elected
         self._metrics = metrics
         self.election = LeaderElection(
             etcd, replica_id, ttl_s, info=info, on_change=self._leadership_changed
@@ -177,6 +180,7 @@ class Replication:
                 "replica": self.replica_id, "term": lead.term,
                 "pairs_restored": len(stored.groups)})
         self._loop_task = asyncio.create_task(reconciler.run())
+        self._elected()
 
     async def _adopt_after_leading(self) -> None:
         """A former leader takes what etcd holds (its own last writes, or a new leader's)."""

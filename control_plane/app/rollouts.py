@@ -23,7 +23,9 @@ rollout resumes from its saved state. A version that failed (rolled back, aborte
 digest (`failed`): the reload does not apply the same bytes again.
 
 One rollout at a time: `lock` is held by every step, operator action and the reload that
-starts or supersedes one, so each reads the rollout it changes.
+starts or supersedes one, so each reads the rollout it changes. With replicas only the leader
+starts, steps or supersedes a rollout, or acts on it (`begin`, `step` and `act` refuse
+elsewhere); the others `follow` what it saved.
 """
 
 from __future__ import annotations
@@ -265,7 +267,11 @@ class Rollouts:
     async def begin(self, change: Change, new: Version, *, immediate: bool, by: str) -> Begun:
         """State on `change` (a reload's) the rollout of `new`: started, or superseding the
         one in progress; its records and what to call once the change published. Call under
-        `lock`."""
+        `lock`. RolloutError on a replica that does not lead: only the leader starts or
+        supersedes a rollout (the others follow what it saved)."""
+        if not self._leading():
+            raise RolloutError("this replica does not lead: the leader applies the file it "
+                               "reads")
         now = self.clock()
         running = self.owner.intent
         versions = {**self._versions, new.digest: new}

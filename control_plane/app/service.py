@@ -233,7 +233,8 @@ class BallastService:
             self._resume_rollout(held)
         self.reload = DesiredReload(
             config.desired_path, config.state_dir, self.server, self.recorder, self.metrics,
-            leading=leading, followers=self._follow_desired, rollouts=lambda: self.rollouts,
+            leading=leading, follower=self._follower, followers=self._follow_desired,
+            rollouts=lambda: self.rollouts,
             heap=reload_heap if config.freeze_heap else contextlib.nullcontext)
         self.watcher = DesiredFileWatcher(
             config.desired_path,
@@ -282,6 +283,16 @@ class BallastService:
     def _leading(self) -> bool:
         """Whether this process saves what changes (replicas: while it leads)."""
         return self.replication is None or self.replication.term is not None
+
+    def _follower(self) -> str | None:
+        """Why this replica leaves applying a desired-state file to the leader (None: it leads,
+        or is alone)."""
+        replication = self.replication
+        if replication is None or replication.term is not None:
+            return None
+        leader = replication.leader
+        return (f"replica {replication.replica_id} does not lead (leader: "
+                f"{'none elected' if leader is None else f'{leader[0]}, term {leader[1]}'})")
 
     def _resume_rollout(self, held: Restored) -> None:
         """The rollout the store held, taken up where it was (a `state_restored` record)."""
@@ -360,6 +371,9 @@ class BallastService:
             recorder=self.recorder,
             reconciler=lambda: self.reconciler,
             rollouts=lambda: self.rollouts,
+            # the leader applies the file it reads: read again once elected (a file a follower
+            # left to the old leader, or one edited on this host only, rolls out now)
+            elected=lambda: self.watcher.trigger(),
             info={"id": replica, "xds": config.xds_address, "admin": config.admin_address},
             metrics=self.metrics,
         )
