@@ -4,8 +4,9 @@ The decisions are the pure core's (`decide/rollout.py`: waves, bake, gates, roll
 supersede, the operator's actions); this module feeds it and publishes what it decides:
 
 - **inputs**: the clock, the ACKs and NACKs of the reached PoPs' nodes (`config_acks.py`, read
-  from the ADS streams) and the signal windows from the metric source the weight controller
-  reads (per PoP, group and origin: the wave's PoPs since the wave started, the PoPs still on
+  from the ADS streams; with replicas, of every live replica's streams, shared through etcd)
+  and the signal windows from the metric source the weight controller reads (per PoP, group
+  and origin: the wave's PoPs since the wave started, the PoPs still on
   the previous version over the same time, the wave's PoPs before it started), with the
   tier-action onsets since the wave started;
 - **publishing**: every rollout decision that changes which PoP serves which version — a reload
