@@ -187,7 +187,8 @@ class Replication:
                 await self.etcd.share_acks(self.replica_id, value, lease)
             except StoreUnavailable as err:
                 log.debug("sharing the nodes' ACKs: %s", err)
-                seen = -1  # looked at again next time
+                seen = -1  # looked at again after a second (as records are: `_forward`)
+                await asyncio.sleep(1)
                 continue
             shared = (lease, value)
 
