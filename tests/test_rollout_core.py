@@ -240,6 +240,18 @@ def test_missing_acks_wait_then_fail_after_the_ack_timeout() -> None:
     assert "node ewr-2 not ACKed 60 s after the wave started" in events[-1].rule
 
 
+def test_readings_name_the_replica_a_node_is_connected_to() -> None:
+    rollout = begin()
+    inputs = replace(healthy(rollout), nodes=(NodeAck("ewr", "ewr-1", NEW, "a"),
+                                              NodeAck("ewr", "ewr-2", None, "b")))
+    gate = evaluate(inputs, reached(rollout), NEW, 0, 1, GATES)
+    assert gate.verdict == "wait" and "node ewr-2 (on replica b) not ACKed yet" in gate.why[0]
+    nack = Nack("ewr", "ewr-2", NEW, "1.36.2", "t/Listener", "refused", replica="b")
+    gate = evaluate(replace(inputs, nacks=(nack,)), reached(rollout), NEW, 0, 1, GATES)
+    assert gate.verdict == "fail"
+    assert "node ewr-2 (Envoy 1.36.2, on replica b) NACKed Listener" in gate.why[0], gate.why
+
+
 def test_a_5xx_regression_against_both_baselines_rolls_back_naming_it() -> None:
     rollout = begin()
     inputs = healthy(rollout, ewr=signals(errors=40))

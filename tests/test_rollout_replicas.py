@@ -1,15 +1,26 @@
-"""Issue 23 with replicas on a real etcd: the leader's rollout is every replica's, and a new
-leader goes on from it.
+"""Issue 23 with replicas on a real etcd: the leader's rollout is every replica's, a new
+leader goes on from it, the leader's gates hear the nodes of every replica, and only the leader
+starts a rollout.
 
-Two Ballast replicas in-process share the intent in etcd (no Envoys: a PoP without nodes needs
-no evidence, so a wave passes once baked). A change rolls out; the follower serves what the
-leader decided, PoP by PoP. The leader stops while the canary bakes; the follower takes over,
-bakes the canary again from its election and carries the rollout to the end.
+Two Ballast replicas in-process share the intent in etcd.
+
+- No Envoys (a PoP without nodes needs no evidence, so a wave passes once baked): a change
+  rolls out; the follower serves what the leader decided, PoP by PoP. The leader stops while
+  the canary bakes; the follower takes over, bakes the canary again from its election and
+  carries the rollout to the end.
+- A real Envoy of the canary PoP connected to the follower only: its NACK rolls the leader's
+  rollout back, the message in the record; while it has not ACKed (stopped), the wave waits
+  for it, and the leader's status counts it, on the follower.
+- A SIGHUP on a follower with another file: validated and left to the leader (no rollout, no
+  PoP moves); once the follower is elected, it applies the file it reads.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import os
+import signal
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -17,13 +28,15 @@ import pytest
 
 from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.decisions.read import iter_records
-from harness.envoy_process import free_port
+from control_plane.translate.bootstrap import ads_bootstrap
+from harness.envoy_process import EnvoyProcess, free_port
 from harness.eventually import eventually
 from harness.rollout_fleet import Ports, rollout_desired
 from tests.support.etcd import EtcdServer, etcd_binary
 
 pytestmark = [pytest.mark.etcd,
               pytest.mark.skipif(etcd_binary() is None, reason="etcd not installed")]
+NODE = "ewr-edge-1"  # the canary PoP's Envoy, connected to the follower only
 
 
 @pytest.fixture
@@ -34,11 +47,11 @@ def etcd() -> Iterator[EtcdServer]:
 
 
 @contextlib.asynccontextmanager
-async def replica(etcd: EtcdServer, tmp_path: Path, name: str, desired: Path
-                  ) -> AsyncIterator[BallastService]:
+async def replica(etcd: EtcdServer, tmp_path: Path, name: str, desired: Path,
+                  reload_poll_s: float = 0.1) -> AsyncIterator[BallastService]:
     service = BallastService(ServiceConfig(
         desired_path=desired, state_dir=tmp_path / name, xds_address=f"127.0.0.1:{free_port()}",
-        admin_address=None, probes=False, reload_poll_s=0.1, rollout_poll_ms=100,
+        admin_address=None, probes=False, reload_poll_s=reload_poll_s, rollout_poll_ms=100,
         store_url=f"etcd://{etcd.endpoint}", replica_id=name, leader_ttl_s=2))
     await service.start()
     try:
@@ -81,3 +94,142 @@ async def test_a_new_leader_carries_the_rollout_on(etcd: EtcdServer, tmp_path: P
             assert waves[-2:] == [["sjc"], ["lax"]], waves
             passed = [r for r in records if r["kind"] == "rollout_passed" and r["seq"] > elected]
             assert passed and passed[-1]["replica"] == "b", passed
+
+
+def _free_ports() -> Ports:
+    """Listener ports for the three PoPs (ascending: the desired state offsets them from
+    ewr's) and origins nobody answers on (the subjects here are ACKs and NACKs)."""
+    ewr, sjc, lax = sorted(free_port() for _ in range(3))
+    return Ports({"ewr": ewr, "sjc": sjc, "lax": lax}, free_port(), free_port(), 0)
+
+
+@contextlib.asynccontextmanager
+async def canary_envoy(follower: BallastService) -> AsyncIterator[EnvoyProcess]:
+    """A real Envoy of ewr (the canary PoP) streaming from `follower` only; continued (if it
+    was stopped) and stopped at the end."""
+    admin = free_port()
+    envoy = EnvoyProcess(ads_bootstrap(node_id=NODE, pop="ewr", xds_port=follower.server.port,
+                                       admin_port=admin), admin).start()
+    try:
+        await asyncio.to_thread(envoy.wait_ready, 20)
+        yield envoy
+    finally:
+        if envoy.proc is not None and envoy.proc.poll() is None:
+            os.kill(envoy.proc.pid, signal.SIGCONT)
+        envoy.stop()
+
+
+@contextlib.asynccontextmanager
+async def leader_and_follower(etcd: EtcdServer, tmp_path: Path, desired: Path
+                              ) -> AsyncIterator[tuple[BallastService, BallastService, int]]:
+    """Replica a leading, replica b following, the canary's Envoy on b (its pid), and a
+    counting it (applied) through what b shares in etcd."""
+    async with replica(etcd, tmp_path, "a", desired) as a:
+        await eventually(lambda: _leading(a), 10, "a leads")
+        async with replica(etcd, tmp_path, "b", desired) as b, canary_envoy(b) as envoy:
+            await eventually(lambda: a.server.acks.pop("ewr").applied == 1, 10,
+                             "a counts b's Envoy of ewr")
+            assert envoy.proc is not None
+            yield a, b, envoy.proc.pid
+
+
+async def test_a_nack_on_a_followers_node_rolls_the_leader_back(
+        etcd: EtcdServer, tmp_path: Path) -> None:
+    ports = _free_ports()
+    desired = tmp_path / "desired.yaml"
+    desired.write_text(rollout_desired(ports))
+    async with leader_and_follower(etcd, tmp_path, desired) as (a, b, _):
+        old = a.server.intent.intent.versions()
+        assert a.server.nodes.pops() == set(), "the Envoy is on the follower only"
+        desired.write_text(rollout_desired(ports, bad_filter=True))
+        records = tmp_path / "a"
+        rolled = await eventually(
+            lambda: [r for r in iter_records(records) if r["kind"] == "rolled_back"], 30,
+            "the leader rolls back")
+        rule = rolled[-1]["rule"]
+        assert rolled[-1]["replica"] == "a", rolled
+        assert f"node {NODE} (Envoy " in rule and "on replica b) NACKed" in rule, rule
+        assert "compressor" in rule.lower(), rule
+        waves = [r["detail"]["pops"] for r in iter_records(records) if r["kind"] == "wave_started"]
+        assert waves == [["ewr"]], waves
+        await eventually(lambda: b.server.intent.intent.versions() == old, 10,
+                         "the follower serves the last passed version again")
+
+
+async def test_the_wave_waits_for_a_followers_node_to_ack(
+        etcd: EtcdServer, tmp_path: Path) -> None:
+    ports = _free_ports()
+    desired = tmp_path / "desired.yaml"
+    desired.write_text(rollout_desired(ports))
+    async with leader_and_follower(etcd, tmp_path, desired) as (a, b, process):
+        assert len(b.server.nodes) == 1 and len(a.server.nodes) == 0
+        os.kill(process, signal.SIGSTOP)  # it cannot ACK what the wave sends it
+        desired.write_text(rollout_desired(ports, marker="waits", bake="1s"))
+
+        def waiting_past_the_bake() -> bool:
+            rollout = a.rollouts.rollout
+            if rollout is None or rollout.gate is None:
+                return False
+            assert rollout.wave == 0 and rollout.phase == "baking", rollout
+            baked = a.rollouts.clock() - rollout.wave_started_ms >= 1000
+            return baked and rollout.gate.verdict == "wait" and any(
+                f"node {NODE} (on replica b) not ACKed yet" in why for why in rollout.gate.why)
+
+        await eventually(waiting_past_the_bake, 20, "the canary waits for b's node")
+        shown = a.status()["pop_versions"]["ewr"]
+        assert shown["pending"] == 1 and shown["replicas"]["b"]["pending"] == 1, shown
+        assert shown["replicas"]["a"] == {"version": shown["version"], "applied": 0,
+                                          "pending": 0, "nacked": 0}, shown
+        os.kill(process, signal.SIGCONT)
+        await eventually(lambda: a.status()["pop_versions"]["ewr"]["applied"] == 1, 20,
+                         "a counts b's node as applied")
+        shown = a.status()["pop_versions"]["ewr"]
+        assert shown["replicas"]["b"]["applied"] == 1, shown
+        assert shown["version"] == a.rollouts.rollout.to_version, shown
+
+        def acked() -> bool:
+            gate = a.rollouts.rollout.gate
+            return gate is not None and not any("not ACKed" in why for why in gate.why)
+
+        await eventually(acked, 10, "the gate no longer waits for the node's ACK")
+        rollout = a.rollouts.rollout
+        assert rollout.wave == 0 and rollout.in_progress, rollout  # now: evidence (none on a)
+
+
+async def test_a_sighup_on_a_follower_starts_no_rollout(etcd: EtcdServer, tmp_path: Path
+                                                        ) -> None:
+    ports = _free_ports()
+    first = rollout_desired(ports)
+    files = {name: tmp_path / f"{name}.yaml" for name in ("a", "b")}
+    for path in files.values():
+        path.write_text(first)
+    async with replica(etcd, tmp_path, "a", files["a"]) as a:
+        await eventually(lambda: _leading(a), 10, "a leads")
+        # b's watcher polls once an hour: only the SIGHUP reads its file
+        async with replica(etcd, tmp_path, "b", files["b"], reload_poll_s=3600) as b:
+            old = a.server.intent.intent.versions()
+            await eventually(lambda: b.replication is not None
+                             and b.replication.leader is not None, 10, "b knows its leader")
+            files["b"].write_text(rollout_desired(ports, marker="only-on-b"))
+            loop = asyncio.get_running_loop()
+            b.install_signal_handlers(asyncio.Event())
+            try:
+                os.kill(os.getpid(), signal.SIGHUP)
+                deferred = await eventually(
+                    lambda: [r for r in iter_records(tmp_path / "b")
+                             if r["kind"] == "config_deferred"], 10, "b leaves it to a")
+            finally:
+                for signum in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
+                    loop.remove_signal_handler(signum)
+            assert "replica b does not lead (leader: a, term" in deferred[-1]["rule"], deferred
+            assert b.rollouts.rollout is None and a.rollouts.rollout is None
+            assert b.server.intent.intent.versions() == old == a.server.intent.intent.versions()
+            assert not [r for r in iter_records(tmp_path / "b")
+                        if r["kind"] in ("rollout_started", "wave_started")]
+            # the leader applies the file it reads: b, elected, rolls its own file out
+            await a.stop(0.1)
+            await eventually(lambda: _leading(b), 10, "b leads")
+            new = deferred[-1]["detail"]["digest"]
+            await eventually(lambda: b.rollouts.rollout is not None
+                             and b.rollouts.rollout.to_version == new, 10,
+                             "b rolls out the file it reads")

@@ -251,6 +251,10 @@ class NodeRegistry:
             )
         return census
 
+    def pops(self) -> set[str]:
+        """The PoPs with a stream connected."""
+        return {e.pop for e in self._entries.values()}
+
     def entries(self, pop: str) -> Iterator[NodeEntry]:
         """The live entries of `pop`'s streams (read, never kept: the registry owns them)."""
         return (e for e in self._entries.values() if e.pop == pop)

@@ -31,15 +31,18 @@ class AdsObserver(Callbacks):
         metrics: BallastMetrics | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         nacked: Callable[[NodeEntry, Nack], None] | None = None,
+        answered: Callable[[], None] | None = None,
     ) -> None:
         self._record = record
         self._nacked = nacked  # every NACK, repeats too (a rollout's gates: `config_acks.py`)
+        self._answered = answered  # a stream opened or closed, an ACK came (`config_acks.py`)
         self.metrics = metrics
         self._monotonic = monotonic
         # (stream, type_url) -> (nonce, monotonic time) of the last response not yet answered
         self._pushed: dict[tuple[int, str], tuple[str, float]] = {}
 
     def on_stream_open(self, node: NodeEntry) -> None:
+        self._touch()
         if self.metrics is not None:
             self.metrics.connected_nodes.labels(node.pop).inc()
         self._emit("node_connected", node=node.node_id, pop=node.pop, mode=node.mode,
@@ -47,6 +50,7 @@ class AdsObserver(Callbacks):
                    capability_reason=node.capability_reason)
 
     def on_stream_closed(self, node: NodeEntry, status: str, details: str) -> None:
+        self._touch()
         if self.metrics is not None:
             self.metrics.connected_nodes.labels(node.pop).dec()
         for key in [key for key in self._pushed if key[0] == node.stream]:
@@ -73,6 +77,7 @@ class AdsObserver(Callbacks):
         self._pushed[(node.stream, response.type_url)] = (response.nonce, self._monotonic())
 
     def on_ack(self, node: NodeEntry, ack: Ack) -> None:
+        self._touch()
         self._count_answer(node, ack)
 
     def on_nack(self, node: NodeEntry, nack: Nack) -> None:
@@ -108,6 +113,10 @@ class AdsObserver(Callbacks):
             self.metrics.acks.labels(kind).inc()
         else:
             self.metrics.nacks.labels(kind).inc()
+
+    def _touch(self) -> None:
+        if self._answered is not None:
+            self._answered()
 
     def _emit(self, kind: str, **fields: Any) -> None:
         if self._record is not None:

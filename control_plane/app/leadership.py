@@ -48,6 +48,7 @@ class LeaderElection:
         self.clock = clock
         self.retry_s = retry_s
         self.leadership: Leadership | None = None
+        self.lease: int | None = None  # this session's lease (its registration's), while held
         self.reachable = False
         self.unreachable_since: float | None = None
         self._refreshed_at = 0.0
@@ -79,9 +80,11 @@ class LeaderElection:
                 await self.store.revoke_lease(lead.lease_id)
 
     async def _session(self) -> None:
+        self.lease = None
         lease = await self.store.grant_lease(self.ttl_s)
         self._refreshed_at = self.clock()
         await self.store.register(self.replica_id, self.info, lease)
+        self.lease = lease
         self._reachable()
         while True:
             lead = await self.store.campaign(self.replica_id, lease)

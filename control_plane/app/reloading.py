@@ -12,6 +12,14 @@ does not parse, too little disk to save the state, a store that refuses the writ
 translation that raises, a swap that fails — is a `config_rejected` record, and what runs stays
 as it was. One reload at a time (the file watcher
 and SIGHUP share it).
+
+With replicas on etcd only the leader applies a file: a rollout is started, stepped and
+superseded by the leader alone, and every replica serves what the leader saved
+(`rollouts.follow`). A follower's reload (its file watcher, SIGHUP) validates the file and,
+when it differs from the version the replicas serve, records `config_deferred` — valid, left to
+the leader, which applies the file it reads — and changes nothing; an invalid one is a
+`config_rejected` record as anywhere. When a follower is elected it reads its file again
+(`service.py`): a file that differs from what the replicas serve then rolls out like any edit.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from pathlib import Path
 from control_plane.ads.snapshots import Prepared, SnapshotCache
 from control_plane.app.rollouts import Rollouts, Version
 from control_plane.app.server import BallastServer, translate_intent
+from control_plane.decide.rollout import RolloutError
 from control_plane.decisions.log import Draft, draft
 from control_plane.decisions.recorder import DecisionRecorder
 from control_plane.desired import DesiredStateError, parse_desired
@@ -59,6 +68,7 @@ class DesiredReload:
         metrics: BallastMetrics,
         *,
         leading: Callable[[], bool],
+        follower: Callable[[], str | None] = lambda: None,
         rollouts: Callable[[], Rollouts],
         heap: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
     ) -> None:
@@ -68,6 +78,7 @@ class DesiredReload:
         self.recorder = recorder
         self.metrics = metrics
         self._leading = leading  # whether this process saves what changes (replicas: leader)
+        self.follower = follower  # why a replica leaves the file to the leader (None: leads)
         self._rollouts = rollouts  # the rollout driver each new version goes through
         self._heap = heap  # around the apply: `heap.reload_heap` in `ballast serve`
         self._lock = asyncio.Lock()
@@ -114,6 +125,10 @@ class DesiredReload:
         owner, cache = self.server.intent, self.server.cache
         if new.digest == owner.desired.digest:
             return False
+        follower = self.follower()
+        if follower is not None:  # the leader applies the file it reads; this one serves its
+            self._defer(new, follower, by)
+            return False
         rollouts = self._rollouts()
         failed = rollouts.refused(new.digest)
         if failed is not None and not immediate:  # the same bytes fail the same way
@@ -140,6 +155,9 @@ class DesiredReload:
                     change.record(lambda pushed: [_applied_record(new, changes, pushed)])
                     change.record(begun.records)
                 begun.done()
+        except RolloutError as err:  # leadership lost since the check: the new leader applies
+            self._defer(new, str(err), by)
+            return False
         except (OSError, sqlite3.Error, StoreUnavailable, Deposed, TooLarge) as err:
             log.error("cannot save the desired state's digest: %s", err)
             self._reject(digest, [f"{source}: cannot save the state ({err}); not applied"])
@@ -157,6 +175,19 @@ class DesiredReload:
         log.info("applied %s: %s", source, "; ".join(
             f"pop {pop}: {summarize(c)}" for pop, c in sorted(changes.items())))
         return True
+
+    def _defer(self, new: Desired, why: str, by: str) -> None:
+        """A valid file a follower leaves to the leader: recorded, nothing changed."""
+        self.recorder.record(
+            "config_deferred",
+            config_version=new.digest[:16],
+            rule=f"desired state {new.source} (version {new.digest[:16]}, {by}) is valid; not "
+            f"applied here: {why}. The leader applies the file it reads: keep the file the "
+            "same on every replica (this one applies its file if it is elected)",
+            detail={"digest": new.digest, "by": by, "why": why,
+                    "serving": self.server.intent.desired.digest},
+        )
+        log.info("%s: valid, left to the leader: %s", new.source, why)
 
     def _reject(self, digest: str, problems: list[str]) -> None:
         self.recorder.record(

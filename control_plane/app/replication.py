@@ -13,6 +13,12 @@ how decision records reach every replica's log.
   do), which also covers a write whose answer was lost.
 - **Decision hand-off**: records this replica writes are stamped with its id (and term, while
   leading) and published under ``decisions/<replica>/``; the others append them to their logs.
+- **Node ACKs**: an Envoy streams from one replica, so each replica publishes its nodes' ACK
+  state and newest NACKs (`config_acks.py`, `SharedAcks`) under ``acks/<replica>``, on its
+  registration's lease (a dead replica's nodes drop out when it expires), when they changed
+  (looked at every `SHARE_POLL_S`: one write per change burst, whatever the number of ACKs),
+  and takes the others' from the same watch: the leader's rollout gates, and every replica's
+  status, count the nodes of every live replica.
 - **Fail static**: while etcd is unreachable nobody reconciles, every replica keeps serving the
   intent it holds, and `/readyz` says degraded (still 200: Envoys are better served by a replica
   with the last intent than by none).
@@ -27,6 +33,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from control_plane.app.config_acks import ConfigAcks, SharedAcks
 from control_plane.app.leadership import LeaderElection
 from control_plane.app.reconcile import Reconciler
 from control_plane.app.rollouts import Rollouts
@@ -41,6 +48,7 @@ log = logging.getLogger(__name__)
 
 MAX_FORWARD_QUEUE = 10_000
 ADOPT_RETRY_S = 1.0  # a follower whose adopt failed tries again this often until it lands
+SHARE_POLL_S = 0.25  # how often a replica looks whether its nodes' ACK state changed
 
 
 class Replication:
@@ -57,9 +65,13 @@ class Replication:
         metrics: BallastMetrics | None = None,
         survey_s: float = 1.0,
         rollouts: Callable[[], Rollouts | None] = lambda: None,
+        acks: Callable[[], ConfigAcks | None] = lambda: None,
+        elected: Callable[[], None] = lambda: None,
     ) -> None:
         """`rollouts`: the service's rollout driver, which follows the rollout the leader saved
-        (None: the intent alone is adopted)."""
+        (None: the intent alone is adopted); `acks`: this replica's nodes' ACK state, shared
+        with the others (None: nothing shared); `elected`: told once this replica leads and
+        took the intent from etcd (the service reads its desired-state file again)."""
         self.etcd = etcd
         self.survey_s = survey_s
         self.replica_id = replica_id
@@ -68,6 +80,8 @@ class Replication:
         self.decisions = recorder.log
         self._reconciler = reconciler
         self._rollouts = rollouts
+        self._acks = acks
+        self._elected = elected
         self._metrics = metrics
         self.election = LeaderElection(
             etcd, replica_id, ttl_s, info=info, on_change=self._leadership_changed
@@ -84,6 +98,7 @@ class Replication:
         self._values: dict[str, Any] = {}
         self._membership_changed = asyncio.Event()
         self._behind = False  # the last adopt failed: what is served lags what etcd holds
+        self.peer_acks: dict[str, SharedAcks] = {}  # the other replicas' nodes (`acks/`)
         self.decisions.origin = {"replica": replica_id}
         self.decisions.add_listener(self._queue_record)
 
@@ -119,6 +134,7 @@ class Replication:
         self._spawn(self._mirror())
         self._spawn(self._forward())
         self._spawn(self._survey(self.survey_s))
+        self._spawn(self._share_acks())
 
     async def _survey(self, every_s: float) -> None:
         """Who leads and which replicas are registered, for status (never awaited by it), and
@@ -143,7 +159,38 @@ class Replication:
         await self._stop_reconciling()
         await cancel_all(self._tasks)
         await self._flush()
+        lease = self.election.lease
+        if lease is not None:  # its nodes reconnect elsewhere: they are not this one's now
+            with contextlib.suppress(StoreUnavailable):
+                await self.etcd.share_acks(self.replica_id, None, lease)
         await self.election.resign()
+
+    async def _share_acks(self) -> None:
+        """This replica's nodes' ACK state into etcd whenever it changed (see the module
+        docstring), again on a new session's lease; kept for the next look when etcd fails."""
+        acks = self._acks()
+        if acks is None:
+            return
+        shared: tuple[int, dict[str, Any]] | None = None  # (lease, value) etcd holds
+        seen = -1
+        while True:
+            await asyncio.sleep(SHARE_POLL_S)
+            lease = self.election.lease
+            if lease is None or (acks.generation == seen and shared is not None
+                                 and shared[0] == lease):
+                continue
+            seen = acks.generation
+            value = acks.shared().to_json()
+            if shared == (lease, value):
+                continue
+            try:
+                await self.etcd.share_acks(self.replica_id, value, lease)
+            except StoreUnavailable as err:
+                log.debug("sharing the nodes' ACKs: %s", err)
+                seen = -1  # looked at again after a second (as records are: `_forward`)
+                await asyncio.sleep(1)
+                continue
+            shared = (lease, value)
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         self._tasks.append(asyncio.create_task(coroutine))
@@ -177,6 +224,7 @@ class Replication:
                 "replica": self.replica_id, "term": lead.term,
                 "pairs_restored": len(stored.groups)})
         self._loop_task = asyncio.create_task(reconciler.run())
+        self._elected()
 
     async def _adopt_after_leading(self) -> None:
         """A former leader takes what etcd holds (its own last writes, or a new leader's)."""
@@ -197,6 +245,9 @@ class Replication:
             try:
                 revision, values = await self.etcd.load()
                 self._values = values
+                self.peer_acks = {}
+                for replica, value in (await self.etcd.shared_acks()).items():
+                    self._take_acks(replica, value)
                 self._membership_changed.set()  # what changed before the watch: surveyed now
                 await self._adopt()
                 await self._follow(revision + 1)
@@ -246,6 +297,9 @@ class Replication:
         if event.key == "leader" or event.key.startswith("replicas/"):
             self._membership_changed.set()  # status shows the new leader or replica at once
             return False
+        if event.key.startswith("acks/"):
+            self._take_acks(event.key.removeprefix("acks/"), event.value)
+            return False
         if event.key.startswith("decisions/"):
             source = event.key.split("/")[1]
             if event.value is not None and source != self.replica_id:
@@ -261,6 +315,20 @@ class Replication:
             return False
         self._values[key] = event.value
         return True
+
+    def _take_acks(self, replica: str, value: Any) -> None:
+        """Another replica's nodes (None: its key went, with its lease or its stop)."""
+        if replica == self.replica_id:
+            return
+        if value is None:
+            self.peer_acks.pop(replica, None)
+            return
+        try:
+            self.peer_acks[replica] = SharedAcks.from_json(replica, value)
+        except (KeyError, TypeError, ValueError) as err:
+            self.peer_acks.pop(replica, None)
+            log.warning("ignored the nodes' ACKs replica %s shared: %s: %s", replica[:64],
+                        type(err).__name__, err)
 
     async def _adopt(self) -> None:
         """Followers only: the leader's own intent is ahead of what its watch has delivered.

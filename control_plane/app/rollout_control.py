@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from control_plane.app.rollouts import ACTIONS
 from control_plane.app.status import pop_versions, rollout_status
+from control_plane.decide.rollout import RolloutError
 from control_plane.desired import DesiredStateError, read_desired_bytes
 
 if TYPE_CHECKING:
@@ -34,6 +35,10 @@ class ServiceRollouts:
     async def act(self, action: str, by: str, *, now: bool = False) -> dict[str, Any]:
         service = self._service
         if action == "apply":
+            follower = service.reload.follower()
+            if follower is not None:  # only the leader starts a rollout
+                raise RolloutError(f"{follower}: apply on the leader (`ballast status --json` "
+                                   "names it)")
             try:
                 data = await asyncio.to_thread(read_desired_bytes, service.config.desired_path)
             except DesiredStateError as err:

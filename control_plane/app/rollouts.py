@@ -4,8 +4,9 @@ The decisions are the pure core's (`decide/rollout.py`: waves, bake, gates, roll
 supersede, the operator's actions); this module feeds it and publishes what it decides:
 
 - **inputs**: the clock, the ACKs and NACKs of the reached PoPs' nodes (`config_acks.py`, read
-  from the ADS streams) and the signal windows from the metric source the weight controller
-  reads (per PoP, group and origin: the wave's PoPs since the wave started, the PoPs still on
+  from the ADS streams; with replicas, of every live replica's streams, shared through etcd)
+  and the signal windows from the metric source the weight controller reads (per PoP, group
+  and origin: the wave's PoPs since the wave started, the PoPs still on
   the previous version over the same time, the wave's PoPs before it started), with the
   tier-action onsets since the wave started;
 - **publishing**: every rollout decision that changes which PoP serves which version — a reload
@@ -23,7 +24,9 @@ rollout resumes from its saved state. A version that failed (rolled back, aborte
 digest (`failed`): the reload does not apply the same bytes again.
 
 One rollout at a time: `lock` is held by every step, operator action and the reload that
-starts or supersedes one, so each reads the rollout it changes.
+starts or supersedes one, so each reads the rollout it changes. With replicas only the leader
+starts, steps or supersedes a rollout, or acts on it (`begin`, `step` and `act` refuse
+elsewhere); the others `follow` what it saved.
 
 A decision whose swap failed (`SwapFailed`: the store was put back, nothing served changed) had
 its records written already (the transaction writes them before the swap). It is kept
@@ -292,7 +295,11 @@ class Rollouts:
     async def begin(self, change: Change, new: Version, *, immediate: bool, by: str) -> Begun:
         """State on `change` (a reload's) the rollout of `new`: started, or superseding the
         one in progress; its records and what to call once the change published. Call under
-        `lock`."""
+        `lock`. RolloutError on a replica that does not lead: only the leader starts or
+        supersedes a rollout (the others follow what it saved)."""
+        if not self._leading():
+            raise RolloutError("this replica does not lead: the leader applies the file it "
+                               "reads")
         now = self.clock()
         running = self.owner.intent
         versions = {**self._versions, new.digest: new}

@@ -24,7 +24,7 @@ from control_plane.ads.nodes import NodeRegistry
 from control_plane.ads.server import AdsServicer, plaintext_key_gate, server_options
 from control_plane.ads.snapshots import SnapshotCache
 from control_plane.app.ads_observer import AdsObserver, Record
-from control_plane.app.config_acks import ConfigAcks
+from control_plane.app.config_acks import ConfigAcks, SharedAcks
 from control_plane.decisions.recorder import DecisionRecorder
 from control_plane.desired.model import Desired
 from control_plane.intent.owner import IntentOwner
@@ -101,7 +101,11 @@ class BallastServer:
         recorder: DecisionRecorder | None = None,
         allow_plaintext_secrets: bool = False,
         serving: Mapping[str, Desired] | None = None,
+        replica: str = "",
+        peer_acks: Callable[[], Mapping[str, SharedAcks]] = dict,
     ) -> None:
+        """`replica`, `peer_acks`: this replica's id among several and what the others share
+        of their nodes (`config_acks.py`; alone: "" and nothing)."""
         self.xds_address = xds_address
         self.limits = limits
         self.tls = tls
@@ -111,10 +115,13 @@ class BallastServer:
         self.cache.add_listener(self.hub.changed)
         self.nodes = NodeRegistry()
         self.acks = ConfigAcks(self.nodes, self.cache,
-                               lambda pop: self.intent.intent.desired_of(pop).digest)
+                               lambda pop: self.intent.intent.desired_of(pop).digest,
+                               replica=replica, peers=peer_acks)
+        self.cache.add_listener(self.acks.touch)
         self.ads = AdsServicer(
             self.cache, self.hub, self.nodes,
-            callbacks=AdsObserver(record=record, metrics=metrics, nacked=self.acks.nacked),
+            callbacks=AdsObserver(record=record, metrics=metrics, nacked=self.acks.nacked,
+                                  answered=self.acks.touch),
             limits=limits,
             verify_peer=check_node_peer if tls is not None else None,
             identify=_certificate_or_address if tls is not None else None,

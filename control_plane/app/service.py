@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -33,6 +34,7 @@ from control_plane.admin.connections import DEFAULT_ADMIN_LIMITS, AdminLimits
 from control_plane.admin.dashboard import Dashboard
 from control_plane.admin.decision_feed import DecisionFeed
 from control_plane.ads.limits import DEFAULT_LIMITS, AdsLimits
+from control_plane.app.config_acks import SharedAcks
 from control_plane.app.heap import release_heap, reload_heap, settle_heap
 from control_plane.app.reconcile import Reconciler
 from control_plane.app.reload import DesiredFileWatcher
@@ -203,6 +205,8 @@ class BallastService:
             recorder=self.recorder,
             allow_plaintext_secrets=config.allow_plaintext_secrets,
             serving=None if held is None else held.serving,
+            replica="" if self.replication is None else self.replication.replica_id,
+            peer_acks=dict if self.replication is None else self._peer_acks,
         )
         await self._restore(stored)
         if stored.desired_digest != desired.digest:
@@ -234,7 +238,7 @@ class BallastService:
         self._follow_served()  # a rollout restored: PoPs on its previous version too
         self.reload = DesiredReload(
             config.desired_path, config.state_dir, self.server, self.recorder, self.metrics,
-            leading=leading, rollouts=lambda: self.rollouts,
+            leading=leading, follower=self._follower, rollouts=lambda: self.rollouts,
             heap=reload_heap if config.freeze_heap else contextlib.nullcontext)
         self.watcher = DesiredFileWatcher(
             config.desired_path,
@@ -283,6 +287,19 @@ class BallastService:
     def _leading(self) -> bool:
         """Whether this process saves what changes (replicas: while it leads)."""
         return self.replication is None or self.replication.term is not None
+
+    def _follower(self) -> str | None:
+        """Why this replica leaves applying a desired-state file to the leader (None: it leads,
+        or is alone)."""
+        replication = self.replication
+        if replication is None or replication.term is not None:
+            return None
+        leader = replication.leader
+        return (f"replica {replication.replica_id} does not lead (leader: "
+                f"{'none elected' if leader is None else f'{leader[0]}, term {leader[1]}'})")
+
+    def _peer_acks(self) -> Mapping[str, SharedAcks]:
+        return {} if self.replication is None else self.replication.peer_acks
 
     def _resume_rollout(self, held: Restored) -> None:
         """The rollout the store held, taken up where it was (a `state_restored` record)."""
@@ -361,6 +378,10 @@ class BallastService:
             recorder=self.recorder,
             reconciler=lambda: self.reconciler,
             rollouts=lambda: self.rollouts,
+            acks=lambda: self.server.acks,
+            # the leader applies the file it reads: read again once elected (a file a follower
+            # left to the old leader, or one edited on this host only, rolls out now)
+            elected=lambda: self.watcher.trigger(),
             info={"id": replica, "xds": config.xds_address, "admin": config.admin_address},
             metrics=self.metrics,
         )

@@ -3,7 +3,8 @@ desired-state change on a running server, through its admin API (the same authen
 every other route).
 
 `status` shows the latest rollout — its phase, the waves (the one baking marked), the last gate
-reading — and each PoP's version with its nodes' ACKs. `pause` holds the next wave (a failing
+reading — and each PoP's version with its nodes' ACKs (with replicas: of every replica's nodes,
+then each replica's own). `pause` holds the next wave (a failing
 gate still rolls back), `resume` bakes the current wave again from now, `abort` rolls every PoP
 back to the last version that passed, `promote` puts every PoP on the new version now. `apply`
 reads the server's desired-state file now (as its watcher would); `--now` sends it to every PoP
@@ -68,7 +69,20 @@ def lines(shown: dict[str, Any]) -> list[str]:
     for pop, acks in shown["pop_versions"].items():
         out.append(f"{pop.ljust(width)}  {acks['version'][:SHORT]}  {acks['applied']:>7}  "
                    f"{acks['pending']:>7}  {acks['nacked']:>6}")
+        out.extend(f"{''.ljust(width)}    {line}" for line in replica_counts(acks))
     return out
+
+
+def replica_counts(acks: dict[str, Any]) -> list[str]:
+    """With replicas: a PoP's nodes on each one (a replica serving the PoP another version
+    says which), one line each; none alone."""
+    lines = []
+    for replica, held in acks.get("replicas", {}).items():
+        other = "" if held["version"] == acks["version"] else \
+            f" (it serves {held['version'][:SHORT]})"
+        lines.append(f"on replica {replica}: {held['applied']} applied, {held['pending']} "
+                     f"pending, {held['nacked']} NACKed{other}")
+    return lines
 
 
 def run(args: argparse.Namespace) -> int:

@@ -27,6 +27,7 @@ from control_plane.cli.admin_client import (
     add_server_option,
     client_for,
 )
+from control_plane.cli.rollout import replica_counts
 from control_plane.decisions.explain import describe_active
 
 HELP = "show every connected Envoy node: versions sent and ACKed per type, NACKs, queue policy"
@@ -242,8 +243,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def version_lines(client: AdminClient) -> list[str]:
-    """Each PoP's desired-state version and its nodes against it, then the latest rollout in
-    a line (`ballast rollout status` has the rest); nothing when the server does not say."""
+    """Each PoP's desired-state version and its nodes against it (with replicas: every
+    replica's nodes, then each one's), then the latest rollout in a line (`ballast rollout
+    status` has the rest); nothing when the server does not say."""
     try:
         status = client.get("/status")
         versions: dict[str, dict[str, Any]] = status["pop_versions"]
@@ -251,9 +253,11 @@ def version_lines(client: AdminClient) -> list[str]:
     except (AdminError, KeyError, TypeError):
         return []
     width = max((len(pop) for pop in versions), default=3)
-    lines = ["config versions:", *(
-        f"  {pop:<{width}}  {v['version'][:16]}  {v['applied']} applied, {v['pending']} "
-        f"pending, {v['nacked']} NACKed" for pop, v in versions.items())]
+    lines = ["config versions:"]
+    for pop, v in versions.items():
+        lines.append(f"  {pop:<{width}}  {v['version'][:16]}  {v['applied']} applied, "
+                     f"{v['pending']} pending, {v['nacked']} NACKed")
+        lines.extend(f"  {'':<{width}}    {line}" for line in replica_counts(v))
     if rollout is not None:
         lines.append(f"rollout of {rollout['to_version'][:16]}: "
                      f"{rollout['phase'].replace('_', ' ')}, wave {rollout['wave'] + 1} of "

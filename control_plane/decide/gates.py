@@ -3,9 +3,11 @@
 `evaluate` judges the PoPs a rollout has reached (`reached`), on:
 
 - **NACKs**: any node NACKing the new version fails the gate at once, with the node, its Envoy
-  build and the message (a config that passed `validate` can still be refused by an Envoy).
-- **ACKs**: every node of the reached PoPs ACKs the new version; one that has not by
-  `ack_timeout` after the wave started fails the gate (before that, the gate waits).
+  build, the replica it is connected to (with replicas) and the message (a config that passed
+  `validate` can still be refused by an Envoy).
+- **ACKs**: every node of the reached PoPs, whichever replica it is connected to, ACKs the new
+  version; one that has not by `ack_timeout` after the wave started fails the gate (before
+  that, the gate waits).
 - **Regressions**, per signal, the weight controller's signals and evidence rules
   (`decide/evidence.py`): the 5xx rate and the p95 per (PoP, origin group, origin), the shed
   rate per (PoP, group, tier), the tier-action onsets per PoP. The window of a reached PoP
@@ -73,11 +75,13 @@ class PopWindow:
 
 @dataclass(frozen=True)
 class NodeAck:
-    """A node of a PoP and the desired-state version (digest) its last ACK applied, if any."""
+    """A node of a PoP and the desired-state version (digest) its last ACK applied, if any;
+    `replica`: the Ballast replica it is connected to ("" without replicas)."""
 
     pop: str
     node: str
     acked: str | None
+    replica: str = ""
 
 
 @dataclass(frozen=True)
@@ -90,12 +94,14 @@ class Nack:
     envoy: str  # the node's Envoy build, e.g. 1.36.2
     type_url: str
     message: str
+    replica: str = ""  # the Ballast replica the node is connected to ("" without replicas)
 
 
 @dataclass(frozen=True)
 class GateInputs:
-    """What the shell observed for the gates (`nodes`: the nodes connected in the reached
-    PoPs; `nacks`: NACKs since the rollout started; the windows as in the module docstring)."""
+    """What the shell observed for the gates (`nodes`: the nodes of the reached PoPs connected
+    to any replica; `nacks`: NACKs since the rollout started; the windows as in the module
+    docstring)."""
 
     nodes: tuple[NodeAck, ...] = ()
     nacks: tuple[Nack, ...] = ()
@@ -226,10 +232,16 @@ def _nacks(nacks: Iterable[Nack], version: str) -> list[Reading]:
         message = _clipped(nack.message)
         readings.append(Reading(
             nack.pop, "nack", nack.node, "fail",
-            f"pop {nack.pop}: node {nack.node} (Envoy {nack.envoy or 'unknown'}) NACKed "
+            f"pop {nack.pop}: node {nack.node} (Envoy {nack.envoy or 'unknown'}"
+            f"{_on(nack.replica)}) NACKed "
             f"{_type_name(nack.type_url)} of version {version[:16]}: "
             f"{message}"))
     return readings
+
+
+def _on(replica: str) -> str:
+    """Where a node is connected, in a reading's words ("" without replicas)."""
+    return f", on replica {replica}" if replica else ""
 
 
 def _type_name(type_url: str) -> str:
@@ -239,17 +251,19 @@ def _type_name(type_url: str) -> str:
 
 def _acks(nodes: Iterable[NodeAck], pops: frozenset[str], version: str, waited_ms: int,
           gates: RolloutGates) -> list[Reading]:
-    missing = sorted((n.pop, n.node) for n in nodes if n.pop in pops and n.acked != version)
+    missing = sorted((n.pop, n.node, n.replica) for n in nodes
+                     if n.pop in pops and n.acked != version)
     if not missing:
         return []
     late = waited_ms >= gates.ack_timeout_ms
     verdict: ReadingVerdict = "fail" if late else "wait"
     readings = []
-    for pop, node in missing:
+    for pop, node, replica in missing:
         how = (f"not ACKed {gates.ack_timeout_ms / 1000:g} s after the wave started" if late
                else f"not ACKed yet ({waited_ms / 1000:g} s of {gates.ack_timeout_ms / 1000:g} s)")
+        where = f" (on replica {replica})" if replica else ""
         readings.append(Reading(pop, "ack", node, verdict,
-                                f"pop {pop}: node {node} {how} version {version[:16]}"))
+                                f"pop {pop}: node {node}{where} {how} version {version[:16]}"))
     return readings
 
 

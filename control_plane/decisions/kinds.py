@@ -15,6 +15,7 @@ KINDS: tuple[str, ...] = (
     *ROLLOUT_KINDS,
     "config_applied",
     "config_rejected",
+    "config_deferred",
     "nack",
     "node_connected",
     "node_disconnected",

@@ -14,6 +14,9 @@ Keys, all under one prefix (default ``/ballast/``):
   same history from any replica. They carry a lease of an hour: etcd is the hand-off, not the
   archive.
 - ``replicas/<id>`` — each replica's registration (admin URL, xDS address), on its own lease.
+- ``acks/<id>`` — the ACK state of the nodes connected to that replica (`app/config_acks.py`,
+  `SharedAcks`), on the same lease as its registration: a replica that dies takes its nodes
+  with it when the lease expires.
 
 An intent write is one transaction fenced by the leader's term when it fits in one etcd request
 (at most `MAX_TXN_OPS` operations and `MAX_REQUEST_BYTES`: etcd's `--max-txn-ops` 128 and
@@ -442,8 +445,9 @@ class EtcdStore:
         _honour_cancellation()
 
     async def watch_intent(self, start_revision: int) -> AsyncIterator[IntentEvent]:
-        """Every change under ``intent/`` and ``decisions/`` from ``start_revision`` on, and of
-        the membership (the ``leader`` key, ``replicas/``: value None, only that it changed)."""
+        """Every change under ``intent/``, ``decisions/`` and ``acks/`` from ``start_revision``
+        on, and of the membership (the ``leader`` key, ``replicas/``: value None, only that it
+        changed)."""
         client = await self._connected()
         watch = await self._rpc(client.watch_prefix(self.prefix.encode(),
                                                     start_revision=start_revision))
@@ -453,7 +457,7 @@ class EtcdStore:
                 if key == "leader" or key.startswith("replicas/"):  # membership: that it changed
                     yield IntentEvent(int(event.kv.mod_revision), key, None)
                     continue
-                if not key.startswith(("intent/", "decisions/")):
+                if not key.startswith(("intent/", "decisions/", "acks/")):
                     continue
                 deleted = event.kind == aetcd.rtypes.EventKind.DELETE
                 value = None if deleted else json.loads(event.kv.value)
@@ -471,6 +475,21 @@ class EtcdStore:
     async def replicas(self) -> list[dict[str, Any]]:
         result = await self._call("get_prefix", self._key("replicas/"))
         return [json.loads(kv.value) for kv in result]
+
+    async def share_acks(self, replica_id: str, value: Mapping[str, Any] | None,
+                         lease_id: int) -> None:
+        """This replica's nodes' ACK state (``acks/<id>``, on its registration's lease), or
+        none (None: the key deleted)."""
+        key = self._key(f"acks/{replica_id}")
+        if value is None:
+            await self._call("delete", key)
+        else:
+            await self._call("put", key, _dump(value), lease=lease_id)
+
+    async def shared_acks(self) -> dict[str, Any]:
+        """Replica id -> the ACK state it shares (every live replica's ``acks/<id>``)."""
+        result = await self._call("get_prefix", self._key("acks/"))
+        return {self._relative(kv.key, "acks/"): json.loads(kv.value) for kv in result}
 
 
 def _honour_cancellation() -> None:
