@@ -78,6 +78,13 @@ classification:
 # listener ("value must be one of the defined enum values"). Harmless where accepted: headers
 # are skipped, the traffic's GETs have no body, and a processor that cannot be reached (none
 # is) lets requests through.
+BAD_FILTER = """\
+    http_filters:
+      - name: envoy.filters.http.compressor
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.http.compressor.v3.Compressor
+"""  # no compressor library: every Envoy build NACKs it
+
 NEWER_FILTER = """\
     http_filters:
       - name: ext-proc
@@ -107,7 +114,8 @@ class Ports:
 
 
 def rollout_desired(ports: Ports, *, marker: str | None = None, primary_port: int | None = None,
-                    newer_filter: bool = False, bake: str = "2s") -> str:
+                    newer_filter: bool = False, bad_filter: bool = False,
+                    bake: str = "2s") -> str:
     listener = ports.listeners["ewr"]
     return DESIRED.format(
         sjc_offset=ports.listeners["sjc"] - listener,
@@ -118,7 +126,7 @@ def rollout_desired(ports: Ports, *, marker: str | None = None, primary_port: in
         listener=listener,
         marker="" if marker is None else
         f"    - {{name: {marker}, path_prefix: /{marker}, tier: critical}}\n",
-        newer_filter=NEWER_FILTER if newer_filter else "",
+        newer_filter=(NEWER_FILTER if newer_filter else BAD_FILTER if bad_filter else ""),
     )
 
 
