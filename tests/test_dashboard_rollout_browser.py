@@ -42,8 +42,11 @@ async def test_the_rollout_panel_follows_a_rollout_live(tmp_path: Path) -> None:
         old = fleet.service.server.intent.desired.digest[:16]
 
         fleet.write(marker="dashboard-marker", bake="10m")
-        await eventually(lambda: fleet.records("wave_started"), 10, "the canary wave")
-        new = fleet.service.server.intent.desired.digest[:16]
+        # the version the canary got, as its record names it (the record is written before the
+        # swap, so the running intent may still hold the old version at this moment)
+        [started] = await eventually(lambda: fleet.records("wave_started"), 10, "the canary wave")
+        new = started["config_version"]
+        assert new != old
         await expect(panel).to_have_attribute("data-phase", "baking", timeout=FOLLOW_MS)
         await expect(panel.locator('li.wave.baking[data-wave="1"]')).to_contain_text("ewr")
         await expect(panel.locator('li.wave.pending[data-wave="2"]')).to_contain_text("sjc")
