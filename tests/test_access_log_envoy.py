@@ -23,6 +23,7 @@ from control_plane.translate.bootstrap import ads_bootstrap
 from control_plane.translate.resources import Capabilities
 from harness.demo_origin import DemoOrigin, Fault
 from harness.envoy_process import EnvoyProcess, free_port
+from harness.eventually import eventually
 from harness.models import example_desired, shop_group
 
 pytestmark = pytest.mark.envoy
@@ -81,9 +82,7 @@ async def measured(
     started_ms, before = time.time_ns() // 1_000_000, store.received
     latencies = await clients(url, count, seconds)
     expected = before + len(latencies)
-    deadline = time.monotonic() + 5
-    while store.received < expected and time.monotonic() < deadline:
-        await asyncio.sleep(0.1)
+    await eventually(lambda: store.received >= expected, 10, "every request's access log entry")
     now_ms = time.time_ns() // 1_000_000
     found = store.samples(now_ms, now_ms - started_ms).get(("ewr", "shop.critical"), [])
     return latencies, [s.wait_ms for s in found], started_ms

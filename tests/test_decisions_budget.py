@@ -3,7 +3,6 @@ never suppressed (issue 8: "a handful of such connections rotated away all earli
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 from control_plane.app.service import BallastService, ServiceConfig
@@ -11,6 +10,7 @@ from control_plane.decisions.budget import BudgetConfig, RecordBudget
 from control_plane.decisions.log import log_files
 from control_plane.decisions.read import iter_records
 from control_plane.translate.resources import CLUSTER_TYPE as CDS
+from harness.eventually import eventually
 from harness.xds_client import XdsClient, local_channel, make_node
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "desired.yaml"
@@ -61,7 +61,8 @@ async def test_a_connection_storm_cannot_rotate_the_log_and_decisions_are_kept(
                 await client.close()
         finally:
             await channel.close()
-        await asyncio.sleep(0.2)
+        # each stream's node_disconnected is recorded as its node leaves the registry
+        await eventually(lambda: len(service.server.nodes) == 0, 10, "the storm's nodes gone")
         text = EXAMPLE.read_text().replace("port_offset: 1}", "port_offset: 2}")
         assert await service.reload.apply(text.encode())  # a decision, mid-storm
     finally:
