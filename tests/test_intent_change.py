@@ -32,7 +32,7 @@ from control_plane.desired import parse_desired
 from control_plane.desired.model import Desired
 from control_plane.intent import change as change_module
 from control_plane.intent.carry_over import CarryOver, carry_over
-from control_plane.intent.etcd_store import EtcdStore, Leadership
+from control_plane.intent.etcd_store import Deposed, EtcdStore, Leadership
 from control_plane.intent.owner import IntentOwner
 from control_plane.intent.pair_changes import PairChange
 from control_plane.intent.replicated_store import ReplicatedStore
@@ -169,6 +169,27 @@ async def test_a_reload_with_a_fault_leaves_served_and_stored_agreeing(
             reason = {"save": "cannot save the state", "swap": "cannot publish"}[fault]
             assert reason in rejected["detail"]["problems"][0]
         assert service.is_ready()  # the log took the kept records: nothing left to say
+
+
+async def test_a_reload_whose_save_finds_the_lead_lost_is_left_to_the_leader(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replica that led when the reload checked, deposed before its fenced save: the file is
+    valid, so it is deferred to the leader (recorded as such), not rejected; nothing changes."""
+    async with example_service(tmp_path, reconcile_interval_ms=3_600_000) as (service, text):
+        owner, before = service.server.intent, service.server.intent.desired
+
+        async def fenced(batch: IntentBatch) -> None:
+            raise Deposed("term 4 ended: replica r1 leads")
+
+        monkeypatch.setattr(service.store, "write", fenced)
+        edited = text.replace("port_offset: 1}", "port_offset: 2}") + IMMEDIATE
+        assert await service.reload.apply(edited.encode()) is False
+        assert owner.desired is before
+        records = list(iter_records(service.config.state_dir))
+        assert "config_rejected" not in [r["kind"] for r in records]
+        (deferred,) = [r for r in records if r["kind"] == "config_deferred"]
+        assert "term 4 ended" in deferred["detail"]["why"], deferred
 
 
 

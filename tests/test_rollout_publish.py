@@ -1,6 +1,7 @@
 """The rollout driver publishing its decisions (`app/rollouts.py`) through the change
 transaction on a real store and decision log: a decision whose swap failed after its records
-were written is carried out on the next look without writing them again."""
+were written is carried out on the next look without writing them again; a replica deposed
+while it looked publishes nothing."""
 
 from __future__ import annotations
 
@@ -13,14 +14,17 @@ from control_plane.ads.nodes import NodeRegistry
 from control_plane.app.config_acks import ConfigAcks
 from control_plane.app.rollouts import Rollouts, Version
 from control_plane.app.server import intent_and_cache
+from control_plane.decide.rollout import RolloutError
 from control_plane.decide.signals import OriginSignals
 from control_plane.decisions.log import DecisionLog
 from control_plane.decisions.read import iter_records
 from control_plane.decisions.recorder import DecisionRecorder
 from control_plane.desired import parse_desired
 from control_plane.intent.change import SwapFailed
+from control_plane.intent.etcd_store import Deposed
 from control_plane.intent.owner import IntentOwner
 from control_plane.intent.sqlite_store import StateStore
+from control_plane.intent.store import IntentBatch
 from control_plane.observe.source import Signals
 
 T0 = 1_800_000_000_000
@@ -186,3 +190,23 @@ async def test_an_operator_action_whose_swap_failed_is_carried_out_by_the_next_s
     assert driver.owner.intent.versions()["ewr"] == driver.old.digest
     kinds = [r["kind"] for r in iter_records(driver.path)]
     assert kinds.count("rollout_aborted") == 1 and "wave_passed" not in kinds, kinds
+
+
+async def test_a_replica_deposed_while_its_step_looked_records_and_swaps_nothing(
+        driver: Driver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """It led when the step began; by the time the decision is published another replica leads,
+    and the fenced write says so: no record, no swap, the new leader carries the rollout on."""
+    await driver.apply_new()
+    lead = iter([True])  # leads at the step's look, not after
+    monkeypatch.setattr(driver.rollouts, "_leading", lambda: next(lead, False))
+
+    async def fenced(batch: IntentBatch) -> None:
+        raise Deposed("term 7 ended: replica r1 leads")
+
+    monkeypatch.setattr(driver.store, "write", fenced)
+    driver.clock.now = T0 + BAKE_MS + 1  # baked: its wave would pass and sjc's start
+    with pytest.raises(RolloutError, match="no longer leads"):
+        await driver.rollouts.step()
+    assert driver.kinds() == [("wave_started", ["ewr"])]
+    assert driver.owner.intent.versions()["sjc"] == driver.old.digest
+    assert driver.rollouts.rollout is not None and driver.rollouts.rollout.wave == 0

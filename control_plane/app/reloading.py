@@ -155,10 +155,10 @@ class DesiredReload:
                     change.record(lambda pushed: [_applied_record(new, changes, pushed)])
                     change.record(begun.records)
                 begun.done()
-        except RolloutError as err:  # leadership lost since the check: the new leader applies
-            self._defer(new, str(err), by)
+        except (RolloutError, Deposed) as err:  # the lead lost since the check: the new
+            self._defer(new, str(err), by)       # leader applies the file it reads
             return False
-        except (OSError, sqlite3.Error, StoreUnavailable, Deposed, TooLarge) as err:
+        except (OSError, sqlite3.Error, StoreUnavailable, TooLarge) as err:
             log.error("cannot save the desired state's digest: %s", err)
             self._reject(digest, [f"{source}: cannot save the state ({err}); not applied"])
             return False

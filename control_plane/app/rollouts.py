@@ -71,6 +71,7 @@ from control_plane.decisions.recorder import DecisionRecorder
 from control_plane.desired import parse_desired
 from control_plane.desired.model import Desired, TierActions
 from control_plane.intent.change import Change, SwapFailed
+from control_plane.intent.etcd_store import Deposed
 from control_plane.intent.owner import IntentOwner
 from control_plane.intent.store import (
     ROLLOUT_BEFORE_KIND,
@@ -237,7 +238,7 @@ class Rollouts:
         self.recorder = recorder
         self.metrics = metrics
         self.clock = clock
-        self._leading = leading  # whether this process saves (replicas: the leader)
+        self._leading = leading  # replicas: only the leader starts, steps and acts on a rollout
         self._changed = changed  # told after each change of which PoP serves what
         self.lock = asyncio.Lock()
         self.rollout: Rollout | None = None
@@ -406,7 +407,10 @@ class Rollouts:
             captured = await self._capture(before, after,
                                            self._versions[after.to_version].desired)
         try:
-            async with self.owner.change(save=self._leading()) as change:
+            # always saved: a replica that lost the lead since `step` or `act` looked gets
+            # Deposed from the fenced write, so nothing is recorded or swapped here that the
+            # fleet's store does not hold
+            async with self.owner.change() as change:
                 begun = self._state(change, after, events, self._versions, self.failed,
                                     captured)
                 if not again:
@@ -415,6 +419,9 @@ class Rollouts:
             if before is not None:
                 self._unpublished = Unpublished(before, after, events, captured)
             raise
+        except Deposed as err:
+            raise RolloutError(f"this replica no longer leads ({err}): the leader carries the "
+                               "rollout on") from err
         begun.done()
 
     async def _capture(self, before: Rollout | None, after: Rollout, target: Desired
