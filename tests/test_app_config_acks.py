@@ -1,9 +1,12 @@
 """`ConfigAcks` with replicas: what a replica shares of its nodes (bounded, those not applied
-listed first, every node counted), how a peer's value is read back (every field bounded, a bad
-one refused), and the union the leader's gates and the faces read."""
+listed first, every node counted), how a peer's value is read back (its size bounded before
+parsing, every field after, whatever is wrong a ValueError), the union the leader's gates and the
+faces read, a peer that cannot be read failing the gates closed, and a peer's NACKs dated by this
+replica's clock."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -127,10 +130,66 @@ def test_a_peers_value_that_is_not_one_is_refused(bad: Any) -> None:
         SharedAcks.from_json("b", value)
 
 
-def test_a_peers_long_text_is_clipped() -> None:
+@pytest.mark.parametrize("raw", [
+    b"not json",
+    b"\xff\xfe",
+    b'{"pops": {}, "nacks": [{"at_ms": 1e999}]}',  # json reads inf: int() would overflow
+    json.dumps({**good(), "nacks": [{**good()["nacks"][0], "at_ms": 1e999}]}).encode(),
+    json.dumps({**good(), "nacks": [{**good()["nacks"][0], "at_ms": -5}]}).encode(),
+    b"[" * 100_000 + b"]" * 100_000,  # deeper than the parser recurses
+    b'{"pops": {}, "nacks": []' + b" " * config_acks.MAX_SHARED_BYTES + b"}",
+    b'{"pops": {"ewr": {"version": "v", "nodes": [["e1", "applied"]], "applied": 1,'
+    b' "pending": 0, "nacked": 0}}, "nacks": []}',
+])
+def test_whatever_is_wrong_with_a_peers_bytes_is_a_value_error(raw: bytes) -> None:
+    with pytest.raises(ValueError):
+        SharedAcks.parse("b", raw)
+
+
+def test_a_peers_good_bytes_read_back() -> None:
+    shared = SharedAcks.parse("b", json.dumps(good()).encode())
+    assert shared.pops["ewr"].nodes == (("e1", "applied", "1.40.0"),)
+
+
+def test_a_peers_long_text_is_clipped_keeping_the_reason_at_its_end() -> None:
     value = good()
-    value["nacks"][0]["message"] = "x" * 100_000
+    value["nacks"][0]["message"] = "refused: " + "x" * 100_000 + " because: no such field"
     value["pops"]["ewr"]["nodes"][0][0] = "n" * 100_000
     shared = SharedAcks.from_json("b", value)
-    assert len(shared.nacks[0][1].message) == config_acks.MAX_MESSAGE_CHARS
+    message = shared.nacks[0][1].message
+    assert message.startswith("refused: ") and message.endswith(" because: no such field")
+    assert len(message) < config_acks.MAX_PEER_MESSAGE_CHARS + 100
     assert len(shared.pops["ewr"].nodes[0][0]) == config_acks.MAX_NODE_CHARS
+
+
+def test_what_ads_keeps_of_a_nack_is_shared_and_read_back_whole() -> None:
+    peer, nodes, cache = acks(replica="b")
+    connect(nodes, cache, "ewr", "e1", "nacked")
+    message = "x" * 2048 + "… [truncated: 90,000 characters] … " + "y" * 1024
+    peer.nacked(next(nodes.entries("ewr")), StreamNack(CDS, "1", "n", message))
+    shared = SharedAcks.parse("b", json.dumps(peer.shared().to_json()).encode())
+    assert shared.nacks[0][1].message == message
+
+
+def test_a_peer_that_cannot_be_read_holds_every_pop_not_applied() -> None:
+    leader, nodes, cache = acks({"b": SharedAcks.unknown("its shared value is unreadable")})
+    connect(nodes, cache, "ewr", "e1", "applied")
+    assert leader.nodes(["ewr", "sjc"]) == (
+        NodeAck("ewr", "e1", NEW, "a"),
+        NodeAck("ewr", "the nodes on replica b: its shared value is unreadable", None, "b"),
+        NodeAck("sjc", "the nodes on replica b: its shared value is unreadable", None, "b"))
+
+
+def test_a_peers_nacks_are_dated_when_this_replica_first_read_them() -> None:
+    """The peer's clock is an hour behind: its NACK still counts from the rollout's start."""
+    value = good()
+    value["nacks"][0]["at_ms"] = 1000  # an hour before the leader's clock
+    first = SharedAcks.from_json("b", value).received(None, 3_601_000)
+    leader, _, _ = acks({"b": first})
+    assert [n.node for n in leader.nacks(3_600_500)] == ["e1"]
+    # read again later (the peer shared a second NACK): the first keeps its time
+    value["nacks"].append({**value["nacks"][0], "at_ms": 2000, "node": "e2"})
+    again = SharedAcks.from_json("b", value).received(first, 3_700_000)
+    assert again.read_ms == (3_601_000, 3_700_000)
+    leader, _, _ = acks({"b": again})
+    assert [n.node for n in leader.nacks(3_650_000)] == ["e2"]

@@ -11,6 +11,9 @@ Two Ballast replicas in-process share the intent in etcd.
 - A real Envoy of the canary PoP connected to the follower only: its NACK rolls the leader's
   rollout back, the message in the record; while it has not ACKed (stopped), the wave waits
   for it, and the leader's status counts it, on the follower.
+- Another writer's values under ``acks/`` (not JSON, an overflowing time, a registered replica
+  that shares none or an unreadable one): every replica's mirror goes on, and the leader's
+  gate waits for the replica it cannot read (fails closed) until it goes.
 - A SIGHUP on a follower with another file: validated and left to the leader (no rollout, no
   PoP moves); once the follower is elected, it applies the file it reads.
 """
@@ -20,7 +23,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
+import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -35,7 +40,8 @@ from harness.rollout_fleet import Ports, rollout_desired
 from tests.support.etcd import EtcdServer, etcd_binary
 
 pytestmark = [pytest.mark.etcd,
-              pytest.mark.skipif(etcd_binary() is None, reason="etcd not installed")]
+              pytest.mark.skipif(etcd_binary() is None or shutil.which("etcdctl") is None,
+                                 reason="etcd and etcdctl needed")]
 NODE = "ewr-edge-1"  # the canary PoP's Envoy, connected to the follower only
 
 
@@ -94,6 +100,55 @@ async def test_a_new_leader_carries_the_rollout_on(etcd: EtcdServer, tmp_path: P
             assert waves[-2:] == [["sjc"], ["lax"]], waves
             passed = [r for r in records if r["kind"] == "rollout_passed" and r["seq"] > elected]
             assert passed and passed[-1]["replica"] == "b", passed
+
+
+async def test_a_peer_value_that_cannot_be_read_holds_the_wave_and_stops_no_mirror(
+        etcd: EtcdServer, tmp_path: Path) -> None:
+    def etcdctl(*args: str) -> None:
+        subprocess.run(["etcdctl", f"--endpoints={etcd.endpoint}", *args], check=True,
+                       capture_output=True, timeout=20, env={**os.environ, "ETCDCTL_API": "3"})
+
+    # another writer's values, there before any replica reads them, and under no registration
+    await asyncio.to_thread(etcdctl, "put", "/ballast/acks/junk", "not json")
+    await asyncio.to_thread(etcdctl, "put", "/ballast/acks/rogue",
+                            '{"pops": {}, "nacks": [{"at_ms": 1e999}]}')
+    ports = Ports({"ewr": 10000, "sjc": 10001, "lax": 10002}, 8001, 8002, 0)
+    desired = tmp_path / "desired.yaml"
+    desired.write_text(rollout_desired(ports))
+    async with replica(etcd, tmp_path, "a", desired) as a:
+        await eventually(lambda: _leading(a), 10, "a leads")
+        async with replica(etcd, tmp_path, "b", desired) as b:
+            await eventually(lambda: b.replication is not None
+                             and b.replication.leader is not None, 10, "b knows its leader")
+            # a live replica that shares nothing: its nodes cannot be told
+            await asyncio.to_thread(etcdctl, "put", "/ballast/replicas/ghost", '{"id": "ghost"}')
+            await eventually(lambda: "ghost" in a.replication.peer_acks(), 10,
+                             "a sees the ghost registered")
+            desired.write_text(rollout_desired(ports, marker="held", bake="1s"))
+
+            def held(why: str) -> bool:
+                rollout = a.rollouts.rollout
+                if rollout is None or rollout.gate is None:
+                    return False
+                assert rollout.wave == 0, rollout
+                return rollout.gate.verdict == "wait" and any(
+                    f"the nodes on replica ghost: {why}" in reason for reason in rollout.gate.why)
+
+            await eventually(lambda: held("registered, but shares no ACK state"), 20,
+                             "the canary waits for the ghost's nodes")
+            # b's mirror goes on through the bad values: it follows a's rollout
+            await eventually(lambda: b.rollouts.rollout == a.rollouts.rollout, 10,
+                             "b follows a's rollout")
+            await asyncio.to_thread(etcdctl, "put", "/ballast/acks/ghost", '{"pops": 7}')
+            await eventually(lambda: held("its shared value is unreadable"), 10,
+                             "the canary waits: the ghost's value cannot be read")
+            # the ghost goes: the rollout passes, on both replicas
+            await asyncio.to_thread(etcdctl, "del", "--prefix", "/ballast/replicas/ghost")
+            await eventually(lambda: a.rollouts.rollout.phase == "passed", 30,
+                             "the rollout passes once the ghost is gone")
+            new = a.rollouts.rollout.to_version
+            await eventually(lambda: set(b.server.intent.intent.versions().values()) == {new},
+                             10, "b serves the new version in every PoP")
 
 
 def _free_ports() -> Ports:

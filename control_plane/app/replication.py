@@ -18,7 +18,8 @@ how decision records reach every replica's log.
   registration's lease (a dead replica's nodes drop out when it expires), when they changed
   (looked at every `SHARE_POLL_S`: one write per change burst, whatever the number of ACKs),
   and takes the others' from the same watch: the leader's rollout gates, and every replica's
-  status, count the nodes of every live replica.
+  status, count the nodes of every live replica (`peer_acks`: a registered replica whose value
+  is missing or unreadable stands there as unknown, and the gates wait for it).
 - **Fail static**: while etcd is unreachable nobody reconciles, every replica keeps serving the
   intent it holds, and `/readyz` says degraded (still 200: Envoys are better served by a replica
   with the last intent than by none).
@@ -33,7 +34,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from control_plane.app.config_acks import ConfigAcks, SharedAcks
+from control_plane.app.config_acks import MAX_PEERS, MAX_TEXT_CHARS, ConfigAcks, SharedAcks
 from control_plane.app.leadership import LeaderElection
 from control_plane.app.reconcile import Reconciler
 from control_plane.app.rollouts import Rollouts
@@ -42,6 +43,7 @@ from control_plane.decisions.recorder import DecisionRecorder
 from control_plane.intent.etcd_store import EtcdStore, Leadership, StoreUnavailable
 from control_plane.intent.owner import IntentOwner
 from control_plane.intent.replicated_store import ReplicatedStore, stored_intent_of
+from control_plane.observe.source import wall_ms
 from control_plane.own_metrics.registry import BallastMetrics
 
 log = logging.getLogger(__name__)
@@ -67,11 +69,13 @@ class Replication:
         rollouts: Callable[[], Rollouts | None] = lambda: None,
         acks: Callable[[], ConfigAcks | None] = lambda: None,
         elected: Callable[[], None] = lambda: None,
+        clock: Callable[[], int] = wall_ms,
     ) -> None:
         """`rollouts`: the service's rollout driver, which follows the rollout the leader saved
         (None: the intent alone is adopted); `acks`: this replica's nodes' ACK state, shared
         with the others (None: nothing shared); `elected`: told once this replica leads and
-        took the intent from etcd (the service reads its desired-state file again)."""
+        took the intent from etcd (the service reads its desired-state file again); `clock`:
+        wall ms, the time a peer's NACK is first read."""
         self.etcd = etcd
         self.survey_s = survey_s
         self.replica_id = replica_id
@@ -83,6 +87,7 @@ class Replication:
         self._acks = acks
         self._elected = elected
         self._metrics = metrics
+        self._clock = clock
         self.election = LeaderElection(
             etcd, replica_id, ttl_s, info=info, on_change=self._leadership_changed
         )
@@ -98,11 +103,27 @@ class Replication:
         self._values: dict[str, Any] = {}
         self._membership_changed = asyncio.Event()
         self._behind = False  # the last adopt failed: what is served lags what etcd holds
-        self.peer_acks: dict[str, SharedAcks] = {}  # the other replicas' nodes (`acks/`)
+        self._peer_values: dict[str, SharedAcks] = {}  # the other replicas' `acks/` values
         self.decisions.origin = {"replica": replica_id}
         self.decisions.add_listener(self._queue_record)
 
     # -- the faces -------------------------------------------------------------------------
+
+    def peer_acks(self) -> dict[str, SharedAcks]:
+        """The nodes of every other registered replica (live: its registration is on its
+        lease): what it shares, or unknown when its value is unreadable or it shares none yet
+        — the gates fail closed on it (`config_acks.py`). A value under an id no replica is
+        registered with counts for nothing."""
+        peers: dict[str, SharedAcks] = {}
+        for registered in self.replicas:
+            replica = str(registered.get("id"))
+            if replica == self.replica_id:
+                continue
+            if len(peers) >= MAX_PEERS:
+                break
+            peers[replica] = self._peer_values.get(replica) or SharedAcks.unknown(
+                "registered, but shares no ACK state")
+        return peers
 
     def degraded(self) -> str | None:
         """Why this replica is degraded (etcd unreachable), or None."""
@@ -245,9 +266,9 @@ class Replication:
             try:
                 revision, values = await self.etcd.load()
                 self._values = values
-                self.peer_acks = {}
+                before, self._peer_values = self._peer_values, {}
                 for replica, value in (await self.etcd.shared_acks()).items():
-                    self._take_acks(replica, value)
+                    self._take_acks(replica, value, before.get(replica))
                 self._membership_changed.set()  # what changed before the watch: surveyed now
                 await self._adopt()
                 await self._follow(revision + 1)
@@ -298,7 +319,8 @@ class Replication:
             self._membership_changed.set()  # status shows the new leader or replica at once
             return False
         if event.key.startswith("acks/"):
-            self._take_acks(event.key.removeprefix("acks/"), event.value)
+            replica = event.key.removeprefix("acks/")
+            self._take_acks(replica, event.value, self._peer_values.get(replica))
             return False
         if event.key.startswith("decisions/"):
             source = event.key.split("/")[1]
@@ -316,19 +338,28 @@ class Replication:
         self._values[key] = event.value
         return True
 
-    def _take_acks(self, replica: str, value: Any) -> None:
-        """Another replica's nodes (None: its key went, with its lease or its stop)."""
+    def _take_acks(self, replica: str, raw: bytes | None, before: SharedAcks | None) -> None:
+        """Another replica's nodes, as etcd holds them (None: its key went, with its lease or
+        its stop); `before`: what was last read of them (its NACKs keep their time)."""
         if replica == self.replica_id:
             return
-        if value is None:
-            self.peer_acks.pop(replica, None)
+        if raw is None:
+            self._peer_values.pop(replica, None)
+            return
+        if len(replica) > MAX_TEXT_CHARS or (replica not in self._peer_values
+                                             and len(self._peer_values) >= MAX_PEERS):
+            log.warning("ignored the nodes' ACKs shared under %r: more than %d replicas, or "
+                        "the id is longer than %d characters", replica[:64], MAX_PEERS,
+                        MAX_TEXT_CHARS)
             return
         try:
-            self.peer_acks[replica] = SharedAcks.from_json(replica, value)
-        except (KeyError, TypeError, ValueError) as err:
-            self.peer_acks.pop(replica, None)
-            log.warning("ignored the nodes' ACKs replica %s shared: %s: %s", replica[:64],
-                        type(err).__name__, err)
+            self._peer_values[replica] = SharedAcks.parse(replica, raw).received(
+                before, self._clock())
+        except ValueError as err:
+            self._peer_values[replica] = SharedAcks.unknown(f"its shared value is unreadable "
+                                                            f"({err})")
+            log.warning("the nodes' ACKs replica %s shared are unreadable: %s", replica[:64],
+                        err)
 
     async def _adopt(self) -> None:
         """Followers only: the leader's own intent is ahead of what its watch has delivered.

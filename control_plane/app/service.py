@@ -299,7 +299,7 @@ class BallastService:
                 f"{'none elected' if leader is None else f'{leader[0]}, term {leader[1]}'})")
 
     def _peer_acks(self) -> Mapping[str, SharedAcks]:
-        return {} if self.replication is None else self.replication.peer_acks
+        return {} if self.replication is None else self.replication.peer_acks()
 
     def _resume_rollout(self, held: Restored) -> None:
         """The rollout the store held, taken up where it was (a `state_restored` record)."""

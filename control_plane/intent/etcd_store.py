@@ -42,6 +42,7 @@ This module is the thin I/O adapter (aetcd over grpc.aio); what the keys hold is
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
@@ -54,6 +55,8 @@ import grpc
 from aetcd import rpc, watcher
 
 log = logging.getLogger(__name__)
+
+MAX_REGISTRATION_BYTES = 64 * 1024  # a replica's info under ``replicas/<id>``
 
 MAX_ENDPOINTS = 16
 RECORDS_TTL_S = 3600
@@ -185,7 +188,8 @@ class Leadership:
 
 @dataclass(frozen=True)
 class IntentEvent:
-    """One change seen by a watch: ``value`` is None when the key was deleted."""
+    """One change seen by a watch: ``value`` is None when the key was deleted; under ``acks/``
+    the stored bytes (another replica's, parsed by their reader), else the parsed JSON."""
 
     revision: int
     key: str  # relative to the intent prefix, e.g. "groups/ewr/shop"
@@ -446,8 +450,8 @@ class EtcdStore:
 
     async def watch_intent(self, start_revision: int) -> AsyncIterator[IntentEvent]:
         """Every change under ``intent/``, ``decisions/`` and ``acks/`` from ``start_revision``
-        on, and of the membership (the ``leader`` key, ``replicas/``: value None, only that it
-        changed)."""
+        on (an ``acks/`` value as stored: `IntentEvent`), and of the membership (the ``leader``
+        key, ``replicas/``: value None, only that it changed)."""
         client = await self._connected()
         watch = await self._rpc(client.watch_prefix(self.prefix.encode(),
                                                     start_revision=start_revision))
@@ -460,7 +464,12 @@ class EtcdStore:
                 if not key.startswith(("intent/", "decisions/", "acks/")):
                     continue
                 deleted = event.kind == aetcd.rtypes.EventKind.DELETE
-                value = None if deleted else json.loads(event.kv.value)
+                if deleted:
+                    value = None
+                elif key.startswith("acks/"):  # a peer's, read bounded by `SharedAcks.parse`
+                    value = bytes(event.kv.value)
+                else:
+                    value = json.loads(event.kv.value)
                 yield IntentEvent(int(event.kv.mod_revision), key, value)
         except Exception as err:  # any failure to talk to etcd (gRPC, socket, timeout)
             raise await self._failed(err) from err
@@ -473,8 +482,11 @@ class EtcdStore:
         await self._call("put", self._key(f"replicas/{replica_id}"), _dump(info), lease=lease_id)
 
     async def replicas(self) -> list[dict[str, Any]]:
+        """Every registered replica's info, its id the key's (a value that is not a JSON
+        object of at most `MAX_REGISTRATION_BYTES` is another writer's: the id alone)."""
         result = await self._call("get_prefix", self._key("replicas/"))
-        return [json.loads(kv.value) for kv in result]
+        return [_registration(self._relative(kv.key, "replicas/"), bytes(kv.value))
+                for kv in result]
 
     async def share_acks(self, replica_id: str, value: Mapping[str, Any] | None,
                          lease_id: int) -> None:
@@ -486,10 +498,12 @@ class EtcdStore:
         else:
             await self._call("put", key, _dump(value), lease=lease_id)
 
-    async def shared_acks(self) -> dict[str, Any]:
-        """Replica id -> the ACK state it shares (every live replica's ``acks/<id>``)."""
+    async def shared_acks(self) -> dict[str, bytes]:
+        """Replica id -> the ACK state it shares (every live replica's ``acks/<id>``), as
+        stored: another replica's value is outside input, parsed by its reader
+        (`SharedAcks.parse`)."""
         result = await self._call("get_prefix", self._key("acks/"))
-        return {self._relative(kv.key, "acks/"): json.loads(kv.value) for kv in result}
+        return {self._relative(kv.key, "acks/"): bytes(kv.value) for kv in result}
 
 
 def _honour_cancellation() -> None:
@@ -502,6 +516,18 @@ def _honour_cancellation() -> None:
     task = asyncio.current_task()
     if task is not None and task.cancelling():
         raise asyncio.CancelledError
+
+
+def _registration(replica_id: str, raw: bytes) -> dict[str, Any]:
+    info: Any = None
+    if len(raw) <= MAX_REGISTRATION_BYTES:
+        with contextlib.suppress(ValueError, RecursionError):
+            info = json.loads(raw)
+    if not isinstance(info, dict):
+        log.warning("replica %r registered a value that is not one (%d bytes)",
+                    replica_id[:64], len(raw))
+        info = {}
+    return {**info, "id": replica_id}
 
 
 def _dump(value: Any) -> bytes:
