@@ -3,12 +3,17 @@
 It behaves like a well-mannered Envoy: subscribes per type, ACKs every response (or NACKs the
 ones `reject` names), keeps what it received, and logs every response for assertions. Used by
 the tests and by `bench/`.
+
+`python -m harness.xds_client PORT COUNT [POPS]`: COUNT nodes (every other one on delta, spread
+over POPS PoPs p000…) connected to 127.0.0.1:PORT with every type subscribed, in a process of
+their own; prints "ready" once all hold their resources and closes them when stdin closes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -298,3 +303,21 @@ _FULL_STATE = {
     "type.googleapis.com/envoy.config.cluster.v3.Cluster",
     "type.googleapis.com/envoy.config.listener.v3.Listener",
 }
+
+
+async def _serve_nodes(port: int, count: int, pops: int) -> None:
+    channels = [local_channel(f"127.0.0.1:{port}") for _ in range(count)]
+    clients = [XdsClient(channel, make_node(f"n{i:05d}", f"p{i % pops:03d}"), delta=i % 2 == 1)
+               for i, channel in enumerate(channels)]
+    await asyncio.gather(*(connect(client, 120) for client in clients))
+    print("ready", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    for client in clients:
+        await client.close()
+    for channel in channels:
+        await channel.close()
+
+
+if __name__ == "__main__":
+    port, count, *pops = (int(arg) for arg in sys.argv[1:])
+    asyncio.run(_serve_nodes(port, count, pops[0] if pops else 1))
