@@ -31,8 +31,15 @@ from control_plane.decisions.recorder import DecisionRecorder
 from control_plane.desired import parse_desired
 from control_plane.desired.model import Desired
 from control_plane.intent import change as change_module
+from control_plane.intent import etcd_store
 from control_plane.intent.carry_over import CarryOver, carry_over
-from control_plane.intent.etcd_store import Deposed, EtcdStore, Leadership
+from control_plane.intent.etcd_store import (
+    Deposed,
+    EtcdStore,
+    Leadership,
+    StoreUnavailable,
+    UnavailableMidWrite,
+)
 from control_plane.intent.owner import IntentOwner
 from control_plane.intent.pair_changes import PairChange
 from control_plane.intent.replicated_store import ReplicatedStore
@@ -333,6 +340,64 @@ async def test_an_adopt_with_a_fault_leaves_served_and_stored_agreeing(
     finally:
         await follower.stop()
         await follower.etcd.close()
+        leading.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await leading
+        await leader.resign()
+        await leader_etcd.close()
+        log.close()
+        etcd.cleanup()
+
+
+@pytest.mark.parametrize("undo", ["at once", "before the next save"])
+async def test_an_etcd_write_that_landed_in_part_is_put_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, undo: str
+) -> None:
+    """A leader's change split in several etcd transactions (one operation each here); etcd
+    stops answering after the first. What landed is put back: at once, or, while etcd still
+    fails, before the next save — and then what is stored is what is served."""
+    desired = example_desired()
+    etcd = EtcdServer().start()
+    host, port = etcd.endpoint.split(":")
+    leader_etcd = EtcdStore([(host, int(port))], timeout_s=1)
+    leader = LeaderElection(leader_etcd, "a", 2, info={"id": "a"}, on_change=_nothing,
+                            retry_s=0.2)
+    leading = asyncio.create_task(leader.run())
+    shared = ReplicatedStore(leader_etcd, leader.leading)
+    log = DecisionLog(tmp_path)
+    owner, cache = intent_and_cache(desired, store=shared, recorder=DecisionRecorder(log))
+    for pop in desired.pop_names:
+        cache.resources(pop, CAPS)
+    monkeypatch.setattr(etcd_store, "MAX_TXN_OPS", 1)
+    transaction = leader_etcd._transaction
+    calls: list[int] = []
+    failing = {2} if undo == "at once" else {2, 3}  # the write's second; the undo's first
+
+    async def flaky(*args: Any) -> Any:
+        calls.append(len(calls) + 1)
+        if len(calls) in failing:
+            raise StoreUnavailable(f"etcd did not answer call {len(calls)} (test)")
+        return await transaction(*args)
+
+    monkeypatch.setattr(leader_etcd, "_transaction", flaky)
+    moved = {"primary": 60, "secondary": 40}
+    both = [PairChange((pop, "shop"), moved, ControllerState()) for pop in ("ewr", "sjc")]
+    try:
+        await eventually(lambda: leader.leading() is not None, 10, "a leads")
+        home = {pop: owner.weights(pop, "shop") for pop in ("ewr", "sjc")}
+        with pytest.raises(UnavailableMidWrite):
+            await apply_pair_changes(owner, both)
+        assert {pop: owner.weights(pop, "shop") for pop in home} == home
+        stored = await shared.read()
+        if undo == "at once":
+            assert_served_is_stored(cache, owner, stored, desired)
+        else:  # the undo failed too: one pair's new weights are stored, not served
+            assert {key: group.weights for key, group in stored.groups.items()} == {
+                ("ewr", "shop"): moved}, stored.groups
+        await apply_pair_changes(owner, both)  # etcd answers again: put back, then saved
+        assert owner.weights("ewr", "shop") == owner.weights("sjc", "shop") == moved
+        assert_served_is_stored(cache, owner, await shared.read(), desired)
+    finally:
         leading.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await leading

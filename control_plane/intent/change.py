@@ -33,6 +33,11 @@ The caller says *what* changes; the transaction does the *how*, always in this o
 What fails leaves what is served and what is stored agreeing: a body, prepare or save that
 raises changes nothing (the error goes to the caller, who records it); a swap that raises puts
 the store back (`undo`, one write of the old values of what was saved) and keeps the old intent.
+A save that landed in part (`PartlyWritten`: an etcd write split in several transactions, etcd
+gone after the first) is put back the same way, at once or, while the store still fails, before
+the owner's next save; until then (and for good if the replica loses the lead and adopts what
+etcd holds) the store holds part of a change that was never served or recorded by the leader,
+and a follower may adopt it.
 """
 
 from __future__ import annotations

@@ -54,6 +54,8 @@ import aetcd
 import grpc
 from aetcd import rpc, watcher
 
+from control_plane.intent.store import PartlyWritten
+
 log = logging.getLogger(__name__)
 
 MAX_REGISTRATION_BYTES = 64 * 1024  # a replica's info under ``replicas/<id>``
@@ -71,6 +73,10 @@ T = TypeVar("T")
 
 class StoreUnavailable(Exception):
     """etcd did not answer (in time): nothing was written."""
+
+
+class UnavailableMidWrite(StoreUnavailable, PartlyWritten):
+    """etcd stopped answering after some of a split write's transactions landed."""
 
 
 class Deposed(Exception):
@@ -412,19 +418,32 @@ class EtcdStore:
         `transactions`).
 
         Raises Deposed when the leader key is not this term's any more (nothing more written),
-        TooLarge when a value does not fit in an etcd request (nothing written)."""
+        TooLarge when a value does not fit in an etcd request (nothing written), StoreUnavailable
+        when etcd does not answer (`UnavailableMidWrite` once a transaction of it landed)."""
         split = transactions(write)
         client = await self._connected()
-        tx = client.transactions
-        for chunk in split:
-            ok, _ = await self._rpc(client.transaction(
-                compare=[tx.create(self._key("leader")) == leadership.term],
-                success=[tx.delete(self._key("intent/" + key)) if value is None
-                         else tx.put(self._key("intent/" + key), value) for key, value in chunk],
-                failure=[],
-            ))
+        for done, chunk in enumerate(split):
+            try:
+                ok, _ = await self._transaction(client, leadership, chunk)
+            except StoreUnavailable as err:
+                if done == 0:
+                    raise
+                raise UnavailableMidWrite(f"{err} (after {done} of the write's {len(split)} "
+                                          f"transactions)") from err
             if not ok:
                 raise Deposed(f"leader key is no longer term {leadership.term}")
+
+    async def _transaction(self, client: Any, leadership: Leadership,
+                           chunk: list[Operation]) -> tuple[bool, Any]:
+        """One fenced transaction of an intent write: (whether the term still held, etcd's
+        answer)."""
+        tx = client.transactions
+        return await self._rpc(client.transaction(
+            compare=[tx.create(self._key("leader")) == leadership.term],
+            success=[tx.delete(self._key("intent/" + key)) if value is None
+                     else tx.put(self._key("intent/" + key), value) for key, value in chunk],
+            failure=[],
+        ))
 
     async def publish_records(self, source: str, records: Sequence[Mapping[str, Any]]) -> None:
         """Hand decision records to the other replicas (``decisions/<source>/<n>``, on a lease of

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any
 
@@ -33,12 +34,14 @@ from control_plane.intent.store import (
     IntentBatch,
     IntentStore,
     PairKey,
+    PartlyWritten,
     StateCorrupted,
     StoredIntent,
 )
 from control_plane.translate import UnknownPop
 from control_plane.translate.weights import WeightsError
 
+log = logging.getLogger(__name__)
 
 class IntentOwner:
     def __init__(
@@ -56,6 +59,9 @@ class IntentOwner:
         self.recorder = recorder
         # held by a change from its save to its swap, so two changes never interleave
         self.changing = asyncio.Lock()
+        # what puts the store back after a write that landed in part and could not be undone
+        # at once (`PartlyWritten`): written before the next save
+        self._repair: IntentBatch | None = None
 
     def connect(self, output: Publisher[Any]) -> None:
         """Where changes of what Envoys get are published (the app's output cache)."""
@@ -68,8 +74,9 @@ class IntentOwner:
         """The one transaction for everything that changes what is served (`change.py`): what
         the body states is prepared off the loop; then, under the lock, saved (unless `save`
         is False: what a follower adopts is saved by its leader), recorded and swapped. What
-        raises in the body, the prepare or the save changes nothing; a swap that raises puts
-        the store back and raises `SwapFailed`; a change planned for a desired state replaced
+        raises in the body, the prepare or the save changes nothing (a save that landed in part,
+        `PartlyWritten`, is put back); a swap that raises puts the store back and raises
+        `SwapFailed`; a change planned for a desired state replaced
         meanwhile raises `StaleChange`."""
         change = Change(lambda: self._intent, self._output)
         yield change
@@ -82,7 +89,12 @@ class IntentOwner:
                 stated = await change.stated()  # over what landed since the prepare
             saved = False
             if stated is not None and save and self.store is not None and stated.save:
-                await self.store.write(stated.save)
+                await self._repaired()
+                try:
+                    await self.store.write(stated.save)
+                except PartlyWritten:
+                    await self._put_back(stated.undo)  # the store follows what is served
+                    raise
                 saved = True
             drafts = change.drafts(changed)
             if drafts:
@@ -102,6 +114,26 @@ class IntentOwner:
                 if saved and self.store is not None:
                     await self.store.write(stated.undo)  # the store follows what is served
                 raise SwapFailed(f"{type(err).__name__}: {err}") from err
+
+    async def _put_back(self, undo: IntentBatch) -> None:
+        """After a write that landed in part: the old values of what it was to save, now, or
+        (the store still failing) before the next save."""
+        assert self.store is not None
+        try:
+            await self.store.write(undo)
+        except Exception as err:
+            log.warning("putting the store back after a partial write failed (%s: %s): it is "
+                        "put back before the next write", type(err).__name__, err)
+            self._repair = undo
+        else:
+            self._repair = None
+
+    async def _repaired(self) -> None:
+        """The store put back (`_put_back`) before anything else is saved; raises (the change
+        then saves nothing) while it cannot be."""
+        if self._repair is not None and self.store is not None:
+            await self.store.write(self._repair)
+            self._repair = None
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -168,13 +200,15 @@ class IntentOwner:
         carried = carry_over(self._stored(stored, where), self._intent.desired,
                              self._intent.serving)
         self._swap(carried.intent, None)
+        self._repair = None  # what is stored is what runs now
         return carried
 
     async def adopt(self, stored: StoredIntent, *, where: str) -> frozenset[str]:
         """What a shared store holds now (another replica decided it), made the running intent
         under the same rule as `restore`, through the change transaction (saved by the
         replica that decided it, not here); only the PoPs whose weights, tier actions or
-        mirrors differ are re-built. The PoPs whose output changed."""
+        mirrors differ are re-built. The PoPs whose output changed. A store put back after a
+        partial write of this replica's is not any more: what it holds is what runs."""
         def adopted(old: RunningIntent) -> tuple[RunningIntent, set[str]]:
             new = carry_over(self._stored(stored, where), old.desired, old.serving).intent
             return new, {
@@ -185,6 +219,7 @@ class IntentOwner:
 
         async with self.change(save=False) as change:
             change.replace(adopted)
+        self._repair = None
         return change.pushed
 
     def _stored(self, stored: StoredIntent, where: str) -> RunningIntent:

@@ -38,6 +38,12 @@ class StateCorrupted(Exception):
     """The stored state cannot be trusted; the message names where and what is wrong."""
 
 
+class PartlyWritten(Exception):
+    """A write that raised after part of its batch was stored (etcd: some of the transactions
+    a large write is split in landed, then etcd stopped answering). The writer puts back what
+    it had (`IntentOwner`: the change's undo), now or before its next write."""
+
+
 @dataclass(frozen=True)
 class GroupState:
     weights: GroupWeights
@@ -74,8 +80,9 @@ class IntentStore(Protocol):
         ...
 
     async def write(self, batch: IntentBatch) -> None:
-        """Apply `batch` atomically (etcd: in several transactions in a safe order when it does
-        not fit in one, `etcd_store.transactions`); durable when this returns."""
+        """Apply `batch`; durable when this returns. Atomic where the store allows (SQLite; etcd
+        when it fits in one transaction, else in several in a safe order,
+        `etcd_store.transactions`, and `PartlyWritten` when it fails after the first)."""
         ...
 
     def close(self) -> None: ...
