@@ -230,7 +230,7 @@ async def test_a_rollout_of_large_versions_to_149_pops_at_once_is_saved_in_etcd(
             begun.done()
         # the canary baked: the other 149 PoPs get the new version and their baselines at once
         now[0] = T0 + 60_001
-        await rollouts.step()
+        await rollouts.look()
         assert rollouts.rollout is not None and rollouts.rollout.wave == 1
         assert owner.intent.serving == {}
         stored = await shared.read()

@@ -33,15 +33,15 @@ from control_plane.decide.rollout import (
     advance,
     failed_version,
     last_passed,
+    look,
     pause,
     plan_waves,
     promote,
     reached,
-    replay_step,
+    replay_look,
     resume,
     serving_since,
     start,
-    step,
     supersede,
     timeline,
     version_of,
@@ -168,26 +168,26 @@ def test_every_kind_is_a_decision_kind_and_events_make_records() -> None:
         assert made.fields["config_version"] == NEW[:16]
 
 
-# --- stepping ----------------------------------------------------------------------------------
+# --- looking ----------------------------------------------------------------------------------
 
 def test_a_good_change_goes_wave_by_wave_after_each_bake() -> None:
     rollout = begin()
-    rollout, events = step(rollout, healthy(rollout), BAKE - 2, POLICY)
+    rollout, events = look(rollout, healthy(rollout), BAKE - 2, POLICY)
     assert [e.kind for e in events] == ["gate_reading"] and rollout.wave == 0
     assert rollout.gate is not None and rollout.gate.verdict == "pass"
     assert "wave 1: gate passes: 1 PoP(s) on the new version" in events[0].rule
-    rollout, events = step(rollout, healthy(rollout), BAKE - 1, POLICY)
+    rollout, events = look(rollout, healthy(rollout), BAKE - 1, POLICY)
     assert events == ()  # the same verdict: no record
-    rollout, events = step(rollout, healthy(rollout), BAKE, POLICY)
+    rollout, events = look(rollout, healthy(rollout), BAKE, POLICY)
     assert [e.kind for e in events] == ["wave_passed", "wave_started"]
     assert rollout.wave == 1 and rollout.wave_started_ms == BAKE
     assert {p for p in POPS if version_of(rollout, p) == NEW} == {"ewr", "sjc", "lhr"}
-    rollout, _ = step(rollout, healthy(rollout), 2 * BAKE, POLICY)
-    rollout, events = step(rollout, healthy(rollout), 3 * BAKE, POLICY)
+    rollout, _ = look(rollout, healthy(rollout), 2 * BAKE, POLICY)
+    rollout, events = look(rollout, healthy(rollout), 3 * BAKE, POLICY)
     assert [e.kind for e in events] == ["wave_passed", "rollout_passed"]
     assert rollout.phase == "passed" and last_passed(rollout) == NEW
     assert all(version_of(rollout, p) == NEW for p in POPS)
-    assert step(rollout, healthy(rollout), 4 * BAKE, POLICY) == (rollout, ())
+    assert look(rollout, healthy(rollout), 4 * BAKE, POLICY) == (rollout, ())
 
 
 def test_a_nack_rolls_back_at_once_with_the_message() -> None:
@@ -195,7 +195,7 @@ def test_a_nack_rolls_back_at_once_with_the_message() -> None:
     nack = Nack("ewr", "ewr-136", NEW, "1.36.2", "type.googleapis.com/envoy.config.cluster.v3."
                 "Cluster", "Proto constraint validation failed: unknown field")
     inputs = replace(healthy(rollout), nacks=(nack,))
-    rollout, events = step(rollout, inputs, 1000, POLICY)
+    rollout, events = look(rollout, inputs, 1000, POLICY)
     assert rollout.phase == "rolled_back" and failed_version(rollout) == NEW
     assert all(version_of(rollout, p) == OLD for p in POPS)
     assert [e.kind for e in events] == ["gate_reading", "rolled_back"]
@@ -213,7 +213,7 @@ def test_a_long_nack_keeps_what_envoy_refused_and_why() -> None:
                + ": Proto constraint validation failed (ProcessingModeValidationError."
                "RequestBodyMode: value must be one of the defined enum values)")
     nack = Nack("ewr", "ewr-136", NEW, "1.36.4", "t/Listener", message)
-    _, events = step(rollout, replace(healthy(rollout), nacks=(nack,)), 1000, POLICY)
+    _, events = look(rollout, replace(healthy(rollout), nacks=(nack,)), 1000, POLICY)
     rule = events[1].rule
     assert "NACKed Listener of version" in rule
     assert "Error adding/updating listener(s) edge:" in rule
@@ -235,7 +235,7 @@ def test_missing_acks_wait_then_fail_after_the_ack_timeout() -> None:
                                               NodeAck("ewr", "ewr-2", OLD)))
     gate = evaluate(inputs, reached(rollout), NEW, 0, GATES.ack_timeout_ms - 1, GATES)
     assert gate.verdict == "wait" and "node ewr-2 not ACKed yet" in gate.why[0]
-    rollout, events = step(rollout, inputs, GATES.ack_timeout_ms, POLICY)
+    rollout, events = look(rollout, inputs, GATES.ack_timeout_ms, POLICY)
     assert rollout.phase == "rolled_back"
     assert "node ewr-2 not ACKed 60 s after the wave started" in events[-1].rule
 
@@ -255,7 +255,7 @@ def test_readings_name_the_replica_a_node_is_connected_to() -> None:
 def test_a_5xx_regression_against_both_baselines_rolls_back_naming_it() -> None:
     rollout = begin()
     inputs = healthy(rollout, ewr=signals(errors=40))
-    rollout, events = step(rollout, inputs, 60_000, POLICY)
+    rollout, events = look(rollout, inputs, 60_000, POLICY)
     assert rollout.phase == "rolled_back"
     assert "pop ewr shop/primary: 5xx 20.0% (40 of 200, lower bound 15.0%) vs old PoPs 0.0% " \
            "of 800 (regressed); before 0.0% of 200 (regressed); max increase 2.0%" \
@@ -340,12 +340,12 @@ def test_a_tier_action_onset_only_the_wave_has_fails() -> None:
 def test_without_evidence_the_bake_extends_then_the_gates_pause() -> None:
     rollout = begin()
     quiet = healthy(rollout, ewr=signals(requests=3))
-    rollout, events = step(rollout, quiet, BAKE, POLICY)
+    rollout, events = look(rollout, quiet, BAKE, POLICY)
     assert [e.kind for e in events] == ["gate_reading"] and rollout.phase == "baking"
     assert rollout.gate is not None
     assert rollout.gate.verdict == "wait" and "pop ewr: no evidence yet" in rollout.gate.why[0]
     timeout = BAKE + GATES.evidence_timeout_ms
-    rollout, events = step(rollout, quiet, timeout, POLICY)
+    rollout, events = look(rollout, quiet, timeout, POLICY)
     assert rollout.phase == "paused" and [e.kind for e in events] == ["rollout_paused"]
     assert "resume to wait again, promote or abort" in rollout.reason
     assert version_of(rollout, "ewr") == NEW and version_of(rollout, "sjc") == OLD
@@ -363,7 +363,7 @@ def test_pause_holds_the_wave_resume_bakes_again_a_failure_still_rolls_back() ->
     rollout, events = pause(begin(), 10, by="alice")
     assert rollout.phase == "paused" and events[0].kind == "rollout_paused"
     assert rollout.reason == "paused by alice in wave 1 of 3"
-    held, events = step(rollout, healthy(rollout), 10 * BAKE, POLICY)
+    held, events = look(rollout, healthy(rollout), 10 * BAKE, POLICY)
     assert held.phase == "paused" and held.wave == 0
     assert [e.kind for e in events] == ["gate_reading"]
     with pytest.raises(RolloutError, match="paused already"):
@@ -371,12 +371,12 @@ def test_pause_holds_the_wave_resume_bakes_again_a_failure_still_rolls_back() ->
     resumed, events = resume(rollout, 100, by="alice")
     assert resumed.phase == "baking" and resumed.wave_started_ms == 100
     assert events[0].kind == "rollout_resumed"
-    failed, _ = step(rollout, healthy(rollout, ewr=signals(errors=100)), 30, POLICY)
+    failed, _ = look(rollout, healthy(rollout, ewr=signals(errors=100)), 30, POLICY)
     assert failed.phase == "rolled_back"
 
 
 def test_abort_rolls_back_and_promote_finishes() -> None:
-    rollout, _ = step(begin(), healthy(begin()), BAKE, POLICY)
+    rollout, _ = look(begin(), healthy(begin()), BAKE, POLICY)
     aborted, events = abort(rollout, BAKE + 1, by="bob")
     assert aborted.phase == "aborted" and failed_version(aborted) == NEW
     assert all(version_of(aborted, p) == OLD for p in POPS)
@@ -393,7 +393,7 @@ def test_abort_rolls_back_and_promote_finishes() -> None:
 # --- supersede ---------------------------------------------------------------------------------
 
 def test_a_new_version_supersedes_from_the_last_passed_version() -> None:
-    rollout, _ = step(begin(), healthy(begin()), BAKE, POLICY)  # ewr, sjc, lhr on NEW
+    rollout, _ = look(begin(), healthy(begin()), BAKE, POLICY)  # ewr, sjc, lhr on NEW
     ended, new, events = supersede(rollout, POLICY, NEWER, POPS, POPS, BAKE + 5, by="file")
     assert ended.phase == "superseded" and version_of(ended, "sjc") == OLD
     assert (new.from_version, new.to_version, new.phase, new.wave) == (OLD, NEWER, "baking", 0)
@@ -418,7 +418,7 @@ def test_supersede_edge_cases() -> None:
 
 
 def test_timeline_and_when_each_pop_got_the_new_version() -> None:
-    rollout, _ = step(begin(), healthy(begin()), BAKE, POLICY)  # wave 2 started at BAKE
+    rollout, _ = look(begin(), healthy(begin()), BAKE, POLICY)  # wave 2 started at BAKE
     paused, _ = pause(rollout, BAKE + 10)
     assert [(w["wave"], w["state"], w["started_ms"]) for w in timeline(paused)] == [
         (1, "passed", 0), (2, "paused", BAKE), (3, "pending", None)]
@@ -429,7 +429,7 @@ def test_timeline_and_when_each_pop_got_the_new_version() -> None:
     assert [(w["state"], w["started_ms"]) for w in timeline(promoted)] == [
         ("passed", 0), ("promoted", BAKE), ("promoted", BAKE + 30)]
     assert serving_since(promoted, "nrt") == BAKE + 30
-    failed, _ = step(resumed, healthy(resumed, sjc=signals(errors=90)), BAKE + 40, POLICY)
+    failed, _ = look(resumed, healthy(resumed, sjc=signals(errors=90)), BAKE + 40, POLICY)
     assert [w["state"] for w in timeline(failed)] == ["passed", "rolled_back", "pending"]
     assert all(serving_since(failed, p) is None for p in POPS)
     now, _ = start(POLICY, OLD, NEW, POPS, POPS, 7, immediate=True)
@@ -440,7 +440,7 @@ def test_timeline_and_when_each_pop_got_the_new_version() -> None:
 # --- storage and replay ------------------------------------------------------------------------
 
 def test_to_dict_round_trips_and_corrupt_state_is_refused() -> None:
-    rollout, _ = step(begin(), healthy(begin(), ewr=signals(requests=3)), BAKE, POLICY)
+    rollout, _ = look(begin(), healthy(begin(), ewr=signals(requests=3)), BAKE, POLICY)
     assert Rollout.from_dict(rollout.to_dict()) == rollout
     for bad in ({"phase": "gone"}, {"wave": 7}, {"waves": [["ewr"], []]},
                 {"waves": [["ewr"], ["ewr"]]}, {"to_version": ""}, {"from_version": "x" * 129},
@@ -453,9 +453,9 @@ def test_a_step_is_replayed_from_its_record() -> None:
     rollout = begin()
     for now, inputs in ((BAKE, healthy(rollout)), (2 * BAKE, None)):
         inputs = inputs or healthy(rollout, sjc=signals(errors=50))
-        after, events = step(rollout, inputs, now, POLICY)
+        after, events = look(rollout, inputs, now, POLICY)
         written = json.loads(json.dumps(events[0].record_fields()))  # as the log holds it
-        assert replay_step(written["detail"], POLICY) == (after, events)
+        assert replay_look(written["detail"], POLICY) == (after, events)
         rollout = after
     assert rollout.phase == "rolled_back"
 
@@ -589,7 +589,7 @@ def test_every_pop_serves_the_last_passed_version_or_the_one_rolling_out(
             after, events = advance(rollout, gate, now, POLICY)
             for event in events:
                 if event.detail is not None and "before" in event.detail:
-                    assert replay_step(event.detail, POLICY) == (after, events)
+                    assert replay_look(event.detail, POLICY) == (after, events)
             rollout = after
         elif action in ("edit", "edit_now"):
             _, rollout, _ = supersede(rollout, POLICY, next(versions), names, names, now,

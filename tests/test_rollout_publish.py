@@ -130,7 +130,7 @@ async def test_a_step_whose_swap_failed_is_carried_out_without_its_records_again
     driver.clock.now = T0 + BAKE_MS + 1
     monkeypatch.setattr(driver.cache, "commit", broken)
     with pytest.raises(SwapFailed):
-        await driver.rollouts.step()
+        await driver.rollouts.look()
     assert driver.kinds() == [("wave_started", ["ewr"]), ("wave_passed", ["ewr"]),
                               ("wave_started", ["sjc"])]  # written before the swap
     assert driver.owner.intent.versions()["sjc"] == driver.old.digest
@@ -138,7 +138,7 @@ async def test_a_step_whose_swap_failed_is_carried_out_without_its_records_again
     # the next look carries that decision out (its wave start's time) and writes nothing again
     monkeypatch.setattr(driver.cache, "commit", commit)
     driver.clock.now += 1000
-    await driver.rollouts.step()
+    await driver.rollouts.look()
     assert driver.owner.intent.versions()["sjc"] == driver.new.digest
     rollout = driver.rollouts.rollout
     assert rollout is not None and rollout.wave == 1
@@ -147,7 +147,7 @@ async def test_a_step_whose_swap_failed_is_carried_out_without_its_records_again
                               ("wave_started", ["sjc"])]
     # and the rollout goes on from there as usual
     driver.clock.now = T0 + 2 * BAKE_MS + 2
-    await driver.rollouts.step()
+    await driver.rollouts.look()
     assert driver.kinds()[-2:] == [("wave_passed", ["sjc"]), ("wave_started", ["lax"])]
 
 
@@ -185,7 +185,7 @@ async def test_an_operator_action_whose_swap_failed_is_carried_out_by_the_next_s
         await driver.rollouts.act("abort", "ops")
     monkeypatch.setattr(driver.cache, "commit", commit)
     driver.clock.now = T0 + BAKE_MS + 1  # baked: without the abort, its wave would pass
-    await driver.rollouts.step()
+    await driver.rollouts.look()
     assert driver.rollouts.rollout is not None and driver.rollouts.rollout.phase == "aborted"
     assert driver.owner.intent.versions()["ewr"] == driver.old.digest
     kinds = [r["kind"] for r in iter_records(driver.path)]
@@ -206,7 +206,7 @@ async def test_a_replica_deposed_while_its_step_looked_records_and_swaps_nothing
     monkeypatch.setattr(driver.store, "write", fenced)
     driver.clock.now = T0 + BAKE_MS + 1  # baked: its wave would pass and sjc's start
     with pytest.raises(RolloutError, match="no longer leads"):
-        await driver.rollouts.step()
+        await driver.rollouts.look()
     assert driver.kinds() == [("wave_started", ["ewr"])]
     assert driver.owner.intent.versions()["sjc"] == driver.old.digest
     assert driver.rollouts.rollout is not None and driver.rollouts.rollout.wave == 0

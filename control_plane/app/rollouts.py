@@ -23,15 +23,15 @@ Versions: the bytes of every version a PoP serves, or a rollback may need (the r
 rollout resumes from its saved state. A version that failed (rolled back, aborted) is kept by
 digest (`failed`): the reload does not apply the same bytes again.
 
-One rollout at a time: `lock` is held by every step, operator action and the reload that
+One rollout at a time: `lock` is held by every look, operator action and the reload that
 starts or supersedes one, so each reads the rollout it changes. With replicas only the leader
-starts, steps or supersedes a rollout, or acts on it (`begin`, `step` and `act` refuse
+starts, looks at or supersedes a rollout, or acts on it (`begin`, `look` and `act` refuse
 elsewhere); the others `follow` what it saved.
 
 A decision whose swap failed (`SwapFailed`: the store was put back, nothing served changed) had
 its records written already (the transaction writes them before the swap). It is kept
 (`Unpublished`) and carried out as decided — its times, its records not written again — by the
-next step (an operator's action too: the log says it was asked, and so it is done), or by the
+next look (an operator's action too: the log says it was asked, and so it is done), or by the
 same action asked again, while the rollout is still the one it was decided from; any other
 published change of the rollout (an operator's other action, a new version) drops it, its
 records then followed in the log by what was published instead.
@@ -64,7 +64,7 @@ from control_plane.decide.rollout import (
     supersede,
     version_of,
 )
-from control_plane.decide.rollout import step as rollout_step
+from control_plane.decide.rollout import look as rollout_look
 from control_plane.decide.signals import OriginSignals
 from control_plane.decisions.log import Draft, draft
 from control_plane.decisions.recorder import DecisionRecorder
@@ -238,7 +238,7 @@ class Rollouts:
         self.recorder = recorder
         self.metrics = metrics
         self.clock = clock
-        self._leading = leading  # replicas: only the leader starts, steps and acts on a rollout
+        self._leading = leading  # replicas: only the leader starts, looks at and acts on a rollout
         self._changed = changed  # told after each change of which PoP serves what
         self.lock = asyncio.Lock()
         self.rollout: Rollout | None = None
@@ -267,7 +267,7 @@ class Rollouts:
         """The wave in progress bakes again from now (a restart, a new leader): the ACKs and
         readings of before are gone with the process that had them, and nodes reconnect now;
         its gate judges a fresh bake, its ACK timeout counts from now. Saved with the next
-        step."""
+        look."""
         rollout = self.rollout
         if rollout is None or not rollout.in_progress:
             return
@@ -324,15 +324,15 @@ class Rollouts:
     # -- the loop ----------------------------------------------------------------------------
 
     async def run(self, poll_ms: int = 1000) -> None:
-        """Step the rollout in progress every `poll_ms` until cancelled."""
+        """Look at the rollout in progress every `poll_ms` until cancelled."""
         while True:
             try:
-                await self.step()
+                await self.look()
             except Exception:  # the next look starts from the saved state
-                log.exception("rollout step failed")
+                log.exception("rollout look failed")
             await asyncio.sleep(poll_ms / 1000)
 
-    async def step(self, now_ms: int | None = None) -> tuple[RolloutEvent, ...]:
+    async def look(self, now_ms: int | None = None) -> tuple[RolloutEvent, ...]:
         """One look at the rollout in progress: its gate judged, what it decides published."""
         async with self.lock:
             rollout = self.rollout
@@ -346,7 +346,7 @@ class Rollouts:
             target = self._versions[rollout.to_version].desired
             inputs = await self.inputs(rollout, now)
             # off the loop: the gates compare every reached PoP's keys (a large fleet's work)
-            after, events = await asyncio.to_thread(rollout_step, rollout, inputs, now,
+            after, events = await asyncio.to_thread(rollout_look, rollout, inputs, now,
                                                     target.rollout)
             if not events:  # the latest gate reading, shown by the faces
                 self.rollout = after
@@ -407,7 +407,7 @@ class Rollouts:
             captured = await self._capture(before, after,
                                            self._versions[after.to_version].desired)
         try:
-            # always saved: a replica that lost the lead since `step` or `act` looked gets
+            # always saved: a replica that lost the lead since `look` or `act` looked gets
             # Deposed from the fenced write, so nothing is recorded or swapped here that the
             # fleet's store does not hold
             async with self.owner.change() as change:

@@ -30,8 +30,8 @@ For the faces and the shell: `timeline` (each wave's PoPs, state and start), `se
 (when a PoP got the new version: where its own window before the change ends).
 
 Every transition returns `RolloutEvent`s, the decision records the shell writes (kinds in
-`ROLLOUT_KINDS`). A step's event carries the rollout before it, the time and the gate's result,
-so `replay_step` recomputes it from the record alone. A step records a `gate_reading` when the
+`ROLLOUT_KINDS`). A look's event carries the rollout before it, the time and the gate's result,
+so `replay_look` recomputes it from the record alone. A look records a `gate_reading` when the
 gate's verdict changes (a bake's readings are recorded as they turn, not every look).
 """
 
@@ -315,7 +315,7 @@ def _wave_started(rollout: Rollout, policy: RolloutPolicy) -> RolloutEvent:
         rollout.to_version, wave, {"wave": rollout.wave, "bake_ms": policy.bake_ms})
 
 
-def step(rollout: Rollout, inputs: GateInputs, now_ms: int, policy: RolloutPolicy
+def look(rollout: Rollout, inputs: GateInputs, now_ms: int, policy: RolloutPolicy
          ) -> tuple[Rollout, tuple[RolloutEvent, ...]]:
     """One look at a rollout in progress: its gate judged on `inputs`, then `advance`."""
     if not rollout.in_progress:
@@ -392,9 +392,9 @@ def _verdict_words(gate: GateResult) -> str:
     return {"pass": "passes", "fail": "failed", "wait": "waits"}[gate.verdict]
 
 
-def replay_step(detail: Mapping[str, Any], policy: RolloutPolicy
+def replay_look(detail: Mapping[str, Any], policy: RolloutPolicy
                 ) -> tuple[Rollout, tuple[RolloutEvent, ...]]:
-    """The step a `gate_reading`, `wave_passed` or gates' `rollout_paused` record's detail
+    """The look a `gate_reading`, `wave_passed` or gates' `rollout_paused` record's detail
     describes (the rollout before it, the time, the gate's result), computed again."""
     return advance(Rollout.from_dict(detail["before"]), GateResult.from_dict(detail["gate"]),
                    int(detail["now_ms"]), policy)

@@ -203,7 +203,7 @@ class AccessLogStore:
         }
 
     def update_served(self, desired: Desired, serving: Mapping[str, Desired]) -> None:
-        """What is served changed (a reload, a rollout's step): each PoP's hosts map to the
+        """What is served changed (a reload, a rollout's look): each PoP's hosts map to the
         origins of the desired state it serves from now on (`served_endpoints`)."""
         self._served = served_endpoints(desired, serving)
 

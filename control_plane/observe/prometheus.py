@@ -279,7 +279,7 @@ class PrometheusSource:
         self._served = served_endpoints(desired)
 
     def update_served(self, desired: Desired, serving: Mapping[str, Desired]) -> None:
-        """What is served changed (a reload, a rollout's step): each PoP's host series map to
+        """What is served changed (a reload, a rollout's look): each PoP's host series map to
         the origins of the desired state it serves from now on (`served_endpoints`)."""
         self._served = served_endpoints(desired, serving)
 

@@ -136,7 +136,7 @@ class SinkStore:
         self._host_warned: set[str] = set()
 
     def update_served(self, desired: Desired, serving: Mapping[str, Desired]) -> None:
-        """What is served changed (a reload, a rollout's step): each PoP's host stats map to
+        """What is served changed (a reload, a rollout's look): each PoP's host stats map to
         the origins of the desired state it serves from now on (`served_endpoints`)."""
         self._served = served_endpoints(desired, serving)
 
