@@ -255,6 +255,13 @@ class NodeRegistry:
         """The PoPs with a stream connected."""
         return {e.pop for e in self._entries.values()}
 
+    def by_pop(self) -> dict[str, list[NodeEntry]]:
+        """Every live entry grouped by its PoP, in one pass (read, never kept)."""
+        grouped: dict[str, list[NodeEntry]] = {}
+        for entry in self._entries.values():
+            grouped.setdefault(entry.pop, []).append(entry)
+        return grouped
+
     def entries(self, pop: str) -> Iterator[NodeEntry]:
         """The live entries of `pop`'s streams (read, never kept: the registry owns them)."""
         return (e for e in self._entries.values() if e.pop == pop)

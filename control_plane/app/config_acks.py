@@ -294,9 +294,9 @@ class ConfigAcks:
         """This replica's nodes and newest NACKs, as it shares them with the others."""
         budget = SHARED_NODE_BYTES
         pops: dict[str, SharedPop] = {}
-        for pop in sorted(self._nodes.pops()):
+        for pop, entries in sorted(self._nodes.by_pop().items()):  # one pass over the nodes
             states = sorted(((entry.node_id, self._state(pop, entry), entry.envoy_version)
-                             for entry in self._nodes.entries(pop)),
+                             for entry in entries),
                             key=lambda n: (n[1] == "applied", n[0]))
             listed = []
             for node in states:
