@@ -350,12 +350,13 @@ async def test_an_adopt_with_a_fault_leaves_served_and_stored_agreeing(
 
 
 @pytest.mark.parametrize("undo", ["at once", "before the next save"])
-async def test_an_etcd_write_that_landed_in_part_is_put_back(
+async def test_an_etcd_write_that_landed_in_part_is_put_back_and_never_adopted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, undo: str
 ) -> None:
     """A leader's change split in several etcd transactions (one operation each here); etcd
-    stops answering after the first. What landed is put back: at once, or, while etcd still
-    fails, before the next save — and then what is stored is what is served."""
+    stops answering after the first of its values. What landed is put back: at once, or, while
+    etcd still fails, before the next save — and then what is stored is what is served. A
+    follower never adopts the part: the write is marked under way until its last transaction."""
     desired = example_desired()
     etcd = EtcdServer().start()
     host, port = etcd.endpoint.split(":")
@@ -366,12 +367,23 @@ async def test_an_etcd_write_that_landed_in_part_is_put_back(
     shared = ReplicatedStore(leader_etcd, leader.leading)
     log = DecisionLog(tmp_path)
     owner, cache = intent_and_cache(desired, store=shared, recorder=DecisionRecorder(log))
+    follower_log = DecisionLog(tmp_path / "f")
+    follower_owner, follower_cache = intent_and_cache(
+        desired, recorder=DecisionRecorder(follower_log))
+    follower = Replication(
+        EtcdStore([(host, int(port))], timeout_s=1), "f", ttl_s=2,
+        owner=lambda: follower_owner, recorder=DecisionRecorder(follower_log),
+        reconciler=lambda: pytest.fail("a follower does not reconcile"), info={"id": "f"})
+    follower_owner.store = follower.store
     for pop in desired.pop_names:
         cache.resources(pop, CAPS)
+        follower_cache.resources(pop, CAPS)
     monkeypatch.setattr(etcd_store, "MAX_TXN_OPS", 1)
     transaction = leader_etcd._transaction
     calls: list[int] = []
-    failing = {2} if undo == "at once" else {2, 3}  # the write's second; the undo's first
+    # the write's transactions: the mark, ewr's pair, sjc's pair, the mark cleared; the
+    # third fails, and with "before the next save" the undo's first too
+    failing = {3} if undo == "at once" else {3, 4}
 
     async def flaky(*args: Any) -> Any:
         calls.append(len(calls) + 1)
@@ -379,31 +391,43 @@ async def test_an_etcd_write_that_landed_in_part_is_put_back(
             raise StoreUnavailable(f"etcd did not answer call {len(calls)} (test)")
         return await transaction(*args)
 
-    monkeypatch.setattr(leader_etcd, "_transaction", flaky)
     moved = {"primary": 60, "secondary": 40}
     both = [PairChange((pop, "shop"), moved, ControllerState()) for pop in ("ewr", "sjc")]
     try:
         await eventually(lambda: leader.leading() is not None, 10, "a leads")
+        await follower.start()
+        await eventually(lambda: follower.leader is not None, 10, "f knows its leader")
+        monkeypatch.setattr(leader_etcd, "_transaction", flaky)
         home = {pop: owner.weights(pop, "shop") for pop in ("ewr", "sjc")}
         with pytest.raises(UnavailableMidWrite):
             await apply_pair_changes(owner, both)
         assert {pop: owner.weights(pop, "shop") for pop in home} == home
-        stored = await shared.read()
+        revision, values = await leader_etcd.load()
         if undo == "at once":
-            assert_served_is_stored(cache, owner, stored, desired)
-        else:  # the undo failed too: one pair's new weights are stored, not served
-            assert {key: group.weights for key, group in stored.groups.items()} == {
-                ("ewr", "shop"): moved}, stored.groups
+            assert_served_is_stored(cache, owner, await shared.read(), desired)
+            assert etcd_store.WRITING not in values
+        else:  # the undo failed too: one pair's new weights are stored, marked under way
+            assert values["groups/ewr/shop"]["weights"] == moved and "groups/sjc/shop" not in values
+            assert etcd_store.WRITING in values
+            await eventually(lambda: follower.followed >= revision, 10,
+                             "the follower has taken the part")
+            assert follower_owner.weights("ewr", "shop") == home["ewr"]  # and did not adopt it
         await apply_pair_changes(owner, both)  # etcd answers again: put back, then saved
-        assert owner.weights("ewr", "shop") == owner.weights("sjc", "shop") == moved
+        assert {pop: owner.weights(pop, "shop") for pop in home} == dict.fromkeys(home, moved)
         assert_served_is_stored(cache, owner, await shared.read(), desired)
+        await eventually(lambda: follower_owner.weights("sjc", "shop") == moved, 10,
+                         "the follower adopts the whole write")
+        assert_served_is_stored(follower_cache, follower_owner, await shared.read(), desired)
     finally:
+        await follower.stop()
+        await follower.etcd.close()
         leading.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await leading
         await leader.resign()
         await leader_etcd.close()
         log.close()
+        follower_log.close()
         etcd.cleanup()
 
 

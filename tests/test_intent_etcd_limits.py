@@ -27,10 +27,12 @@ from control_plane.intent import etcd_store
 from control_plane.intent.etcd_store import (
     MAX_REQUEST_BYTES,
     MAX_TXN_OPS,
+    WRITING,
     EtcdStore,
     IntentWrite,
     Leadership,
     TooLarge,
+    marked,
     transactions,
 )
 from control_plane.intent.replicated_store import ReplicatedStore, batch_to_write
@@ -78,6 +80,32 @@ def test_a_write_is_split_within_the_limits_and_in_a_safe_order(
                  for key, value in ops]
         assert order == sorted(order)
         assert len({i for i, chunk in enumerate(chunks) for key, _ in chunk if key in last}) <= 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 400), st.integers(0, 3))
+def test_a_split_write_is_marked_under_way_from_its_first_transaction_to_its_last(
+        pairs: int, large: int) -> None:
+    """A follower adopts nothing while ``intent/writing`` is there: every prefix of a write in
+    several transactions but the whole one leaves it there; the whole one never does."""
+    write = IntentWrite(
+        put={**{f"groups/p{i}/shop": {"weights": {"a": 100}} for i in range(pairs)},
+             **{f"kinds/v/{i}": "x" * 600_000 for i in range(large)}})
+    split = transactions(write)
+    chunks = marked(split)
+    for chunk in chunks:
+        assert 0 < len(chunk) <= MAX_TXN_OPS
+        assert sum(_size(key, value) for key, value in chunk) <= MAX_REQUEST_BYTES
+        assert len({key for key, _ in chunk}) == len(chunk)  # etcd: each key once
+    marker = False  # as a reader sees etcd after each transaction
+    for i, chunk in enumerate(chunks):
+        for key, value in chunk:
+            if key == WRITING:
+                marker = value is not None
+        assert marker == (len(split) > 1 and i < len(chunks) - 1), (i, len(chunks))
+    assert chunks[-1][-1] == (WRITING, None)
+    assert [op for chunk in chunks for op in chunk if op[0] != WRITING] == [
+        op for chunk in split for op in chunk if op[0] != WRITING]
 
 
 def test_one_value_larger_than_a_request_is_refused_before_anything() -> None:

@@ -10,7 +10,8 @@ how decision records reach every replica's log.
   (a rollout's state first: which PoP serves which desired-state version, `rollouts.follow`),
   which publishes to its own output cache, so an Envoy of a PoP gets the same versions whichever
   replica it is connected to. The leader adopts too (its own writes come back equal: nothing to
-  do), which also covers a write whose answer was lost.
+  do), which also covers a write whose answer was lost. Never part of a write: nothing is
+  adopted while ``intent/writing`` marks a split write under way (`etcd_store.marked`).
 - **Decision hand-off**: records this replica writes are stamped with its id (and term, while
   leading) and published under ``decisions/<replica>/``; the others append them to their logs.
 - **Node ACKs**: an Envoy streams from one replica, so each replica publishes its nodes' ACK
@@ -40,7 +41,7 @@ from control_plane.app.reconcile import Reconciler
 from control_plane.app.rollouts import Rollouts
 from control_plane.app.tasks import cancel_all
 from control_plane.decisions.recorder import DecisionRecorder
-from control_plane.intent.etcd_store import EtcdStore, Leadership, StoreUnavailable
+from control_plane.intent.etcd_store import WRITING, EtcdStore, Leadership, StoreUnavailable
 from control_plane.intent.owner import IntentOwner
 from control_plane.intent.replicated_store import ReplicatedStore, stored_intent_of
 from control_plane.observe.source import wall_ms
@@ -103,6 +104,7 @@ class Replication:
         self._values: dict[str, Any] = {}
         self._membership_changed = asyncio.Event()
         self._behind = False  # the last adopt failed: what is served lags what etcd holds
+        self.followed = 0  # the etcd revision whose changes the mirror has taken (and adopted)
         self._peer_values: dict[str, SharedAcks] = {}  # the other replicas' `acks/` values
         self.decisions.origin = {"replica": replica_id}
         self.decisions.add_listener(self._queue_record)
@@ -237,6 +239,7 @@ class Replication:
         if rollouts is not None:
             rollouts.rebake(f"replica {self.replica_id} leads term {lead.term}")
         await self._owner().adopt(stored, where=self.store.where)
+        await self.store.settle()  # a write the last leader broke off is over
         reconciler = self._reconciler()
         reconciler.defer_all(reconciler.clock())
         self.recorder.record(
@@ -266,6 +269,7 @@ class Replication:
             try:
                 revision, values = await self.etcd.load()
                 self._values = values
+                self.followed = revision
                 before, self._peer_values = self._peer_values, {}
                 for replica, value in (await self.etcd.shared_acks()).items():
                     self._take_acks(replica, value, before.get(replica))
@@ -309,6 +313,7 @@ class Replication:
                     changed = self._take(item) or changed
                 if changed or self._behind:
                     await self._adopt()
+                self.followed = max([self.followed, *(item.revision for item in burst)])
         finally:  # bounded: the watch's clean-up talks to etcd, which may be gone
             reader.cancel()
             await asyncio.wait({reader}, timeout=5)
@@ -367,6 +372,9 @@ class Replication:
         fails, the last intent is kept and `_behind` set (the mirror tries again)."""
         behind, self._behind = self._behind, False
         if self.term is not None:
+            return
+        if WRITING in self._values:  # the leader's write is under way: adopt it once whole
+            log.debug("a write is under way in etcd: adopted when it is whole")
             return
         try:
             stored = stored_intent_of(self._values, where=self.store.where)

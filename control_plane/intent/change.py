@@ -35,9 +35,9 @@ raises changes nothing (the error goes to the caller, who records it); a swap th
 the store back (`undo`, one write of the old values of what was saved) and keeps the old intent.
 A save that landed in part (`PartlyWritten`: an etcd write split in several transactions, etcd
 gone after the first) is put back the same way, at once or, while the store still fails, before
-the owner's next save; until then (and for good if the replica loses the lead and adopts what
-etcd holds) the store holds part of a change that was never served or recorded by the leader,
-and a follower may adopt it.
+the owner's next save; until then (and for good if the replica loses the lead: a new leader
+adopts what etcd holds) the store holds part of a change the leader never served or recorded.
+No follower adopts it meanwhile: the write is marked under way (`etcd_store.marked`).
 """
 
 from __future__ import annotations

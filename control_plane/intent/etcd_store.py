@@ -9,6 +9,7 @@ Keys, all under one prefix (default ``/ballast/``):
 - ``intent/groups/<pop>/<group>`` — weights and controller streaks of a (PoP, origin group).
 - ``intent/tiers/<pop>/<group>`` — an active tier state.
 - ``intent/digest`` — the digest of the desired state the intent was decided for.
+- ``intent/writing`` — there while a write split in several transactions is under way (below).
 - ``decisions/<replica>/<n>`` — the decision records each replica writes, handed to the others:
   every replica appends the others' records to its own log, so ``ballast decisions`` reads the
   same history from any replica. They carry a lease of an hour: etcd is the hand-off, not the
@@ -28,7 +29,11 @@ prefix reads back as a consistent intent: the values first, then the keys a read
 transaction, the other deletes last. A crash between two leaves some values written (a
 version's bytes, a PoP's baseline, some pairs' weights) beside the rollout and versions of
 before, or deletes of what nothing names any more not yet done. One value larger than a request
-is refused (`TooLarge`) before anything is written.
+is refused (`TooLarge`) before anything is written. So that no follower adopts part of a write,
+a split write puts ``intent/writing`` in a transaction of its own first, and every write deletes
+it in its last (`marked`): a follower adopts nothing while it is there (`app/replication.py`).
+One that broke off leaves it until the same leader puts back what landed (`IntentOwner`) or a
+new leader, elected, clears it (`ReplicatedStore.settle`).
 
 Reaching etcd (`StoreCredentials`): client TLS (the CA etcd's certificate chains to; a client
 certificate and key, whose CN etcd takes as the user with ``--client-cert-auth``) and/or a user
@@ -62,6 +67,7 @@ MAX_REGISTRATION_BYTES = 64 * 1024  # a replica's info under ``replicas/<id>``
 
 MAX_ENDPOINTS = 16
 RECORDS_TTL_S = 3600
+WRITING = "writing"  # ``intent/writing``: a split write is under way
 MAX_TXN_OPS = 100  # etcd refuses a transaction of more than 128 operations
 # etcd refuses a request of more than 1.5 MiB (1,572,864 bytes); the rest is room for the
 # transaction's own framing (the fence, each operation's ~10 bytes)
@@ -243,6 +249,21 @@ def transactions(write: IntentWrite) -> list[list[Operation]]:
     return _packed([op for op in deletes if op[0] not in write.last], chunks)
 
 
+def marked(split: list[list[Operation]]) -> list[list[Operation]]:
+    """`split` (`transactions`) with the marker of a write under way: put first, in a
+    transaction of its own, when there are several; deleted in the last transaction of every
+    write (an empty one too: a mark a broken write left goes with the next write)."""
+    done = [[(WRITING, _dump({"transactions": len(split)}))]] if len(split) > 1 else []
+    done += [list(chunk) for chunk in split]
+    clear: Operation = (WRITING, None)
+    if done and len(done[-1]) < MAX_TXN_OPS and sum(map(_size, done[-1] + [clear])
+                                                    ) <= MAX_REQUEST_BYTES:
+        done[-1].append(clear)
+    else:
+        done.append([clear])
+    return done
+
+
 def _packed(ops: list[Operation], chunks: list[list[Operation]]) -> list[list[Operation]]:
     """`ops` appended in order to `chunks` (the last one filled up first), a new one started
     whenever the next operation would not fit."""
@@ -420,7 +441,7 @@ class EtcdStore:
         Raises Deposed when the leader key is not this term's any more (nothing more written),
         TooLarge when a value does not fit in an etcd request (nothing written), StoreUnavailable
         when etcd does not answer (`UnavailableMidWrite` once a transaction of it landed)."""
-        split = transactions(write)
+        split = marked(transactions(write))
         client = await self._connected()
         for done, chunk in enumerate(split):
             try:

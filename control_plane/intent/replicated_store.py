@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from control_plane.decide.controller import ControllerState
-from control_plane.intent.etcd_store import Deposed, EtcdStore, IntentWrite, Leadership
+from control_plane.intent.etcd_store import WRITING, Deposed, EtcdStore, IntentWrite, Leadership
 from control_plane.intent.store import (
     RAMP_KIND,
     ROLLOUT_KIND,
@@ -85,6 +85,8 @@ def stored_intent_of(values: Mapping[str, Any], *, where: str) -> StoredIntent:
                 if not kind or not name:
                     raise ValueError("not a <kind>/<key> record")
                 records.setdefault(kind, {})[name] = value
+            elif key == WRITING:  # a write under way (`etcd_store.marked`): no intent
+                continue
             elif key == DIGEST:
                 if not isinstance(value, str):
                     raise ValueError("digest is not a string")
@@ -118,6 +120,14 @@ class ReplicatedStore:
         if lead is None:
             raise Deposed("this replica is not the leader: intent is written by the leader only")
         await self.etcd.commit(lead, batch_to_write(batch))
+
+    async def settle(self) -> None:
+        """A new leader clears the mark of a write its predecessor broke off (what landed of it
+        is the intent now: the new leader adopted it), so the followers adopt again."""
+        lead = self._leadership()
+        if lead is None:
+            raise Deposed("this replica is not the leader: intent is written by the leader only")
+        await self.etcd.commit(lead, IntentWrite())
 
     def close(self) -> None:
         """The etcd connection belongs to the service, which closes it."""
