@@ -37,18 +37,22 @@ def _types_in(value: object) -> Iterator[str]:
 
 
 def _import_package(type_name: str) -> None:
-    """Import every `_pb2` module of the message's package (its descriptors join the pool)."""
+    """Import every `_pb2` module of the message's package (its descriptors join the pool).
+    The package is noted as done only once all of them are in: a parse on another thread
+    meanwhile (two replicas in one process, a reload beside `validate`) imports them too, each
+    module waiting on Python's import lock, instead of looking its type up half-imported."""
     package = type_name.rsplit(".", 1)[0]
     if package in _IMPORTED or not package.startswith(("envoy.", "xds.", "udpa.", "google.")):
         return
-    _IMPORTED.add(package)
     try:
         module = importlib.import_module(package)
     except ImportError:
+        _IMPORTED.add(package)
         return
     for info in pkgutil.iter_modules(getattr(module, "__path__", [])):
         if info.name.endswith("_pb2"):
             importlib.import_module(f"{package}.{info.name}")
+    _IMPORTED.add(package)
 
 
 def known_type(type_name: str) -> bool:
