@@ -13,6 +13,8 @@ import asyncio
 import contextlib
 import errno
 import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -290,63 +292,50 @@ async def test_an_adopt_with_a_fault_leaves_served_and_stored_agreeing(
     swap that fails keeps what it served (its intent and its output agree), and the mirror
     tries again until what it serves is what etcd holds — with no further change in etcd."""
     desired = example_desired()
-    etcd = EtcdServer().start()
-    host, port = etcd.endpoint.split(":")
-    leader_etcd = EtcdStore([(host, int(port))], timeout_s=1)
-    leader = LeaderElection(leader_etcd, "a", 2, info={"id": "a"}, on_change=_nothing,
-                            retry_s=0.2)
-    leading = asyncio.create_task(leader.run())
     log = DecisionLog(tmp_path)
     recorder = DecisionRecorder(log)
     owner, cache = intent_and_cache(desired, recorder=recorder)
     for pop in desired.pop_names:
         cache.resources(pop, CAPS)
-    follower = Replication(
-        EtcdStore([(host, int(port))], timeout_s=1), "f", ttl_s=2, owner=lambda: owner,
-        recorder=recorder, reconciler=lambda: pytest.fail("a follower does not reconcile"),
-        info={"id": "f"})
-    owner.store = follower.store  # as the service wires a replica's owner
-    shared = ReplicatedStore(leader_etcd, leader.leading)
     tried: list[str] = []
     commit = cache.commit
-    try:
-        await eventually(lambda: leader.leading() is not None, 10, "a leads")
-        await follower.start()
-        with monkeypatch.context() as patched:
-            inject(fault, patched, follower.store, log, cache)
-            if fault == "swap":
-                def broken(*args: Any, **kwargs: Any) -> Any:
-                    tried.append("commit")
-                    return broken_swap()
+    async with etcd_leader() as leader:
+        follower = Replication(
+            leader.client(), "f", ttl_s=2, owner=lambda: owner, recorder=recorder,
+            reconciler=lambda: pytest.fail("a follower does not reconcile"), info={"id": "f"})
+        owner.store = follower.store  # as the service wires a replica's owner
+        try:
+            await follower.start()
+            with monkeypatch.context() as patched:
+                inject(fault, patched, follower.store, log, cache)
+                if fault == "swap":
+                    def broken(*args: Any, **kwargs: Any) -> Any:
+                        tried.append("commit")
+                        return broken_swap()
 
-                patched.setattr(cache, "commit", broken)
-            moved = {"primary": 70, "secondary": 30}  # the leader's tick shifted ewr
-            await shared.write(IntentBatch(groups=(("ewr", "shop", moved, ControllerState()),),
-                                           desired_digest=desired.digest))
-            stored = await shared.read()
-            if fault == "swap":
-                await eventually(lambda: len(tried) >= 2, 10, "the adopt tried again")
-                assert owner.weights("ewr", "shop") != moved  # kept what it served: the
-                assert_served_is_stored(cache, owner, StoredIntent(), desired)  # home weights
-            else:
+                    patched.setattr(cache, "commit", broken)
+                moved = {"primary": 70, "secondary": 30}  # the leader's tick shifted ewr
+                await leader.shared.write(IntentBatch(
+                    groups=(("ewr", "shop", moved, ControllerState()),),
+                    desired_digest=desired.digest))
+                stored = await leader.shared.read()
+                if fault == "swap":
+                    await eventually(lambda: len(tried) >= 2, 10, "the adopt tried again")
+                    assert owner.weights("ewr", "shop") != moved  # kept what it served: the
+                    assert_served_is_stored(cache, owner, StoredIntent(), desired)  # home
+                else:
+                    await eventually(lambda: owner.weights("ewr", "shop") == moved, 10,
+                                     "the follower adopts the leader's weights")
+                    assert_served_is_stored(cache, owner, stored, desired)
+            if fault == "swap":  # publishing works again: the retry lands, nothing new in etcd
+                assert cache.commit == commit
                 await eventually(lambda: owner.weights("ewr", "shop") == moved, 10,
-                                 "the follower adopts the leader's weights")
+                                 "the follower catches up")
                 assert_served_is_stored(cache, owner, stored, desired)
-        if fault == "swap":  # publishing works again: the retry lands, nothing new in etcd
-            assert cache.commit == commit
-            await eventually(lambda: owner.weights("ewr", "shop") == moved, 10,
-                             "the follower catches up")
-            assert_served_is_stored(cache, owner, stored, desired)
-    finally:
-        await follower.stop()
-        await follower.etcd.close()
-        leading.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await leading
-        await leader.resign()
-        await leader_etcd.close()
-        log.close()
-        etcd.cleanup()
+        finally:
+            await follower.stop()
+            await follower.etcd.close()
+            log.close()
 
 
 @pytest.mark.parametrize("undo", ["at once", "before the next save"])
@@ -358,76 +347,101 @@ async def test_an_etcd_write_that_landed_in_part_is_put_back_and_never_adopted(
     etcd still fails, before the next save — and then what is stored is what is served. A
     follower never adopts the part: the write is marked under way until its last transaction."""
     desired = example_desired()
-    etcd = EtcdServer().start()
-    host, port = etcd.endpoint.split(":")
-    leader_etcd = EtcdStore([(host, int(port))], timeout_s=1)
-    leader = LeaderElection(leader_etcd, "a", 2, info={"id": "a"}, on_change=_nothing,
-                            retry_s=0.2)
-    leading = asyncio.create_task(leader.run())
-    shared = ReplicatedStore(leader_etcd, leader.leading)
     log = DecisionLog(tmp_path)
-    owner, cache = intent_and_cache(desired, store=shared, recorder=DecisionRecorder(log))
     follower_log = DecisionLog(tmp_path / "f")
     follower_owner, follower_cache = intent_and_cache(
         desired, recorder=DecisionRecorder(follower_log))
-    follower = Replication(
-        EtcdStore([(host, int(port))], timeout_s=1), "f", ttl_s=2,
-        owner=lambda: follower_owner, recorder=DecisionRecorder(follower_log),
-        reconciler=lambda: pytest.fail("a follower does not reconcile"), info={"id": "f"})
-    follower_owner.store = follower.store
-    for pop in desired.pop_names:
-        cache.resources(pop, CAPS)
-        follower_cache.resources(pop, CAPS)
     monkeypatch.setattr(etcd_store, "MAX_TXN_OPS", 1)
-    transaction = leader_etcd._transaction
     calls: list[int] = []
     # the write's transactions: the mark, ewr's pair, sjc's pair, the mark cleared; the
     # third fails, and with "before the next save" the undo's first too
     failing = {3} if undo == "at once" else {3, 4}
-
-    async def flaky(*args: Any) -> Any:
-        calls.append(len(calls) + 1)
-        if len(calls) in failing:
-            raise StoreUnavailable(f"etcd did not answer call {len(calls)} (test)")
-        return await transaction(*args)
-
     moved = {"primary": 60, "secondary": 40}
     both = [PairChange((pop, "shop"), moved, ControllerState()) for pop in ("ewr", "sjc")]
+    async with etcd_leader() as leader:
+        owner, cache = intent_and_cache(desired, store=leader.shared,
+                                        recorder=DecisionRecorder(log))
+        follower = Replication(
+            leader.client(), "f", ttl_s=2, owner=lambda: follower_owner,
+            recorder=DecisionRecorder(follower_log),
+            reconciler=lambda: pytest.fail("a follower does not reconcile"), info={"id": "f"})
+        follower_owner.store = follower.store
+        for pop in desired.pop_names:
+            cache.resources(pop, CAPS)
+            follower_cache.resources(pop, CAPS)
+        transaction = leader.store._transaction
+
+        async def flaky(*args: Any) -> Any:
+            calls.append(len(calls) + 1)
+            if len(calls) in failing:
+                raise StoreUnavailable(f"etcd did not answer call {len(calls)} (test)")
+            return await transaction(*args)
+
+        try:
+            await follower.start()
+            await eventually(lambda: follower.leader is not None, 10, "f knows its leader")
+            monkeypatch.setattr(leader.store, "_transaction", flaky)
+            home = {pop: owner.weights(pop, "shop") for pop in ("ewr", "sjc")}
+            with pytest.raises(UnavailableMidWrite):
+                await apply_pair_changes(owner, both)
+            assert {pop: owner.weights(pop, "shop") for pop in home} == home
+            revision, values = await leader.store.load()
+            if undo == "at once":
+                assert_served_is_stored(cache, owner, await leader.shared.read(), desired)
+                assert etcd_store.WRITING not in values
+            else:  # the undo failed too: one pair's new weights are stored, marked under way
+                assert values["groups/ewr/shop"]["weights"] == moved
+                assert "groups/sjc/shop" not in values and etcd_store.WRITING in values
+                await eventually(lambda: follower.followed >= revision, 10,
+                                 "the follower has taken the part")
+                assert follower_owner.weights("ewr", "shop") == home["ewr"]  # not adopted
+            await apply_pair_changes(owner, both)  # etcd answers again: put back, then saved
+            assert {pop: owner.weights(pop, "shop") for pop in home} == dict.fromkeys(home, moved)
+            assert_served_is_stored(cache, owner, await leader.shared.read(), desired)
+            await eventually(lambda: follower_owner.weights("sjc", "shop") == moved, 10,
+                             "the follower adopts the whole write")
+            assert_served_is_stored(follower_cache, follower_owner, await leader.shared.read(),
+                                    desired)
+        finally:
+            await follower.stop()
+            await follower.etcd.close()
+            log.close()
+            follower_log.close()
+
+
+@dataclass
+class EtcdLeader:
+    """A real etcd and replica "a" leading in it; `shared` is the leader's fenced store."""
+
+    etcd: EtcdServer
+    store: EtcdStore
+    shared: ReplicatedStore
+
+    def client(self) -> EtcdStore:
+        """Another replica's connection to the same etcd."""
+        host, port = self.etcd.endpoint.split(":")
+        return EtcdStore([(host, int(port))], timeout_s=1)
+
+
+@contextlib.asynccontextmanager
+async def etcd_leader() -> AsyncIterator[EtcdLeader]:
+    """An etcd started for the test with "a" elected in it (its election only: its tick is
+    played by writing what it would save); all of it gone afterwards."""
+    etcd = EtcdServer().start()
+    host, port = etcd.endpoint.split(":")
+    store = EtcdStore([(host, int(port))], timeout_s=1)
+    election = LeaderElection(store, "a", 2, info={"id": "a"}, on_change=_nothing,
+                              retry_s=0.2)
+    leading = asyncio.create_task(election.run())
     try:
-        await eventually(lambda: leader.leading() is not None, 10, "a leads")
-        await follower.start()
-        await eventually(lambda: follower.leader is not None, 10, "f knows its leader")
-        monkeypatch.setattr(leader_etcd, "_transaction", flaky)
-        home = {pop: owner.weights(pop, "shop") for pop in ("ewr", "sjc")}
-        with pytest.raises(UnavailableMidWrite):
-            await apply_pair_changes(owner, both)
-        assert {pop: owner.weights(pop, "shop") for pop in home} == home
-        revision, values = await leader_etcd.load()
-        if undo == "at once":
-            assert_served_is_stored(cache, owner, await shared.read(), desired)
-            assert etcd_store.WRITING not in values
-        else:  # the undo failed too: one pair's new weights are stored, marked under way
-            assert values["groups/ewr/shop"]["weights"] == moved and "groups/sjc/shop" not in values
-            assert etcd_store.WRITING in values
-            await eventually(lambda: follower.followed >= revision, 10,
-                             "the follower has taken the part")
-            assert follower_owner.weights("ewr", "shop") == home["ewr"]  # and did not adopt it
-        await apply_pair_changes(owner, both)  # etcd answers again: put back, then saved
-        assert {pop: owner.weights(pop, "shop") for pop in home} == dict.fromkeys(home, moved)
-        assert_served_is_stored(cache, owner, await shared.read(), desired)
-        await eventually(lambda: follower_owner.weights("sjc", "shop") == moved, 10,
-                         "the follower adopts the whole write")
-        assert_served_is_stored(follower_cache, follower_owner, await shared.read(), desired)
+        await eventually(lambda: election.leading() is not None, 10, "a leads")
+        yield EtcdLeader(etcd, store, ReplicatedStore(store, election.leading))
     finally:
-        await follower.stop()
-        await follower.etcd.close()
         leading.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await leading
-        await leader.resign()
-        await leader_etcd.close()
-        log.close()
-        follower_log.close()
+        await election.resign()
+        await store.close()
         etcd.cleanup()
 
 
