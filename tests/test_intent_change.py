@@ -281,6 +281,43 @@ async def test_a_reloads_carry_over_runs_off_the_loop_and_keeps_a_step_landing_m
         assert_served_is_stored(cache, owner, store, owner.desired)
 
 
+async def test_steps_landing_during_every_carry_over_do_not_hold_a_reload_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step lands while each carry-over of a reload runs off the lock (a fleet whose ticks
+    come faster than a large desired state's carry-over): after `RESTATE_TRIES` lays the
+    reload lays once more under the owner's lock, where no step lands, and goes through, the
+    last step kept. Served and stored agree."""
+    async with example_service(tmp_path, reconcile_interval_ms=3_600_000) as (service, text):
+        assert isinstance(service.store, StateStore)
+        owner, cache, store = service.server.intent, service.server.cache, service.store
+        for pop in owner.desired.pop_names:
+            cache.resources(pop, CAPS)
+        loop = asyncio.get_running_loop()
+        lays: list[bool] = []  # for each lay: whether it ran under the owner's lock
+        steps: list[int] = []
+
+        def busy_carry_over(*args: Any, **kwargs: Any) -> CarryOver:
+            locked = owner.changing.locked()  # only the reload's own turn can hold it now
+            lays.append(locked)
+            if not locked and len(steps) < 20:  # a step lands while this lay runs
+                steps.append(50 + len(steps))
+                step = PairChange(("ewr", "shop"), {"primary": steps[-1],
+                                                    "secondary": 100 - steps[-1]},
+                                  ControllerState())
+                landed = asyncio.run_coroutine_threadsafe(apply_pair_changes(owner, [step]), loop)
+                assert landed.result(10)
+            return carry_over(*args, **kwargs)
+
+        monkeypatch.setattr(change_module, "carry_over", busy_carry_over)
+        edited = text.replace("read_timeout: 4s", "read_timeout: 5s") + IMMEDIATE
+        assert await service.reload.apply(edited.encode())
+        assert lays == [False] * change_module.RESTATE_TRIES + [True], lays
+        assert owner.weights("ewr", "shop") == {"primary": steps[-1], "secondary": 100 - steps[-1]}
+        assert owner.desired.digest == parse_desired(edited.encode(), "edited").digest
+        assert_served_is_stored(cache, owner, store, owner.desired)
+
+
 @pytest.mark.etcd
 @pytest.mark.skipif(etcd_binary() is None, reason="etcd not installed")
 @pytest.mark.parametrize("fault", FAULTS)

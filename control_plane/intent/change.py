@@ -18,8 +18,9 @@ The caller says *what* changes; the transaction does the *how*, always in this o
 2. **lock**: `owner.changing`, held until the swap, so two changes never interleave between
    their save and their swap. A change that landed while this one was prepared is not lost:
    what is stated is laid again over the intent running now (`Change.stated`, on a worker
-   thread while the lock is held; the output cache
-   re-builds, at the swap, the PoPs that change touched). A tick planned for a desired state
+   thread while the lock is held; the output cache re-builds, at the swap, the PoPs that
+   change touched). Changes that keep landing during the prepare's lays cannot hold it off:
+   after `RESTATE_TRIES` the next lay holds the lock. A tick planned for a desired state
    that a reload replaced meanwhile is stale (`StaleChange`) and dropped whole. The long work
    (the build) is done before the lock, so a tick never waits for a reload's translation;
 3. **save**: one store write (`IntentBatch`), unless the change is not this process's to save
@@ -97,6 +98,13 @@ class SwapFailed(Exception):
     """Publishing a change raised; the intent and the store were kept as they were."""
 
 
+# How many times a change lays what it states over the running intent, before its turn under the
+# lock, while other changes keep landing as it does (`Change.stated`). Each lay of a new desired
+# state walks every pair on a worker thread; past these the next lay holds the owner's lock,
+# holding ticks off for one lay rather than letting them hold the reload off for ever.
+RESTATE_TRIES = 3
+
+
 class StaleChange(Exception):
     """The change was stated for a desired state that is no longer the running one (a reload
     landed meanwhile); nothing of it was saved, recorded or swapped."""
@@ -122,9 +130,10 @@ class Change:
     Stating (`tick`, `desired`, `keep`, `replace`) only keeps the function; it runs where the
     change prepares, on a worker thread."""
 
-    def __init__(self, current: Callable[[], RunningIntent], publisher: Publisher[Any] | None
-                 ) -> None:
+    def __init__(self, current: Callable[[], RunningIntent], publisher: Publisher[Any] | None,
+                 changing: asyncio.Lock) -> None:
         self._current = current
+        self._changing = changing  # the owner's lock: only a change holding it changes current
         self.base = current()
         self._publisher = publisher
         self._statement: Statement | None = None
@@ -257,19 +266,29 @@ class Change:
         """What is stated, laid over the intent running now (None: nothing is stated). The
         statement runs on a worker thread (a new desired state's carry-over walks every pair);
         if another change landed meanwhile it runs again over that one, so what it returns
-        is laid over the intent running when it returns. Under the owner's lock (another
-        change landed after the output was prepared), the prepared output still holds for
-        every PoP the other change did not touch, and the output cache re-builds the others
-        at the swap (`Publisher.commit`)."""
+        is laid over the intent running when it returns. After `RESTATE_TRIES` lays with
+        changes landing during each, the next is made holding the owner's lock, where none
+        lands: changes that come without a pause cannot hold a reload off for ever. Under the
+        lock (another change landed after the output was prepared), the prepared output still
+        holds for every PoP the other change did not touch, and the output cache re-builds the
+        others at the swap (`Publisher.commit`)."""
         statement = self._statement
         if statement is None:
             return None
-        while self._stated is None or self.over is not self._current():
-            base = self._current()
-            stated = await asyncio.to_thread(_laid, statement, self._kept, base)
-            if self._current() is base:
-                self._stated, self.over = stated, base
+        for _ in range(RESTATE_TRIES):
+            if self._stated is not None and self.over is self._current():
+                return self._stated
+            await self._lay(statement)
+        if self._stated is None or self.over is not self._current():
+            # never when the caller holds the lock: no change lands then, the first lay held
+            async with self._changing:
+                await self._lay(statement)
         return self._stated
+
+    async def _lay(self, statement: Statement) -> None:
+        base = self._current()
+        self._stated = await asyncio.to_thread(_laid, statement, self._kept, base)
+        self.over = base
 
     def _changed(self) -> frozenset[str]:
         assert self._prepared is not None

@@ -78,7 +78,7 @@ class IntentOwner:
         `PartlyWritten`, is put back); a swap that raises puts the store back and raises
         `SwapFailed`; a change planned for a desired state replaced
         meanwhile raises `StaleChange`."""
-        change = Change(lambda: self._intent, self._output)
+        change = Change(lambda: self._intent, self._output, self.changing)
         yield change
         await self._publish(change, save=save)
 
