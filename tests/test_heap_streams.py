@@ -3,8 +3,10 @@ garbage cycles. A hot reload freezes everything alive when it ends, the streams 
 connected then among them; whatever of a stream's objects only the cycle collector could free
 would stay for good once that node left. Here the server's heap is frozen with 100 nodes
 (SotW and delta, every type subscribed, in a process of their own) connected, the nodes leave
-(closing their streams, or killed), and a full collection of everything (the freeze undone)
-must find next to nothing unreachable (measured: 0 to 5 objects after 200 nodes)."""
+(closing their streams, or killed) or the server ends their streams with a status, and a full
+collection of everything (the freeze undone) must find next to nothing unreachable (measured: 0
+to 5 objects after 200 nodes; 2,646 after 100 streams ended with a status, before the ADS
+handlers cleared the frames of the error that ends them)."""
 
 from __future__ import annotations
 
@@ -40,7 +42,7 @@ async def service(tmp_path: Path) -> AsyncIterator[BallastService]:
         await service.stop(0.1)
 
 
-@pytest.mark.parametrize("leave", ["close", "kill"])
+@pytest.mark.parametrize("leave", ["close", "kill", "ended by the server"])
 async def test_nodes_that_leave_after_a_freeze_leave_no_garbage_cycles(
         service: BallastService, leave: str) -> None:
     nodes = subprocess.Popen(
