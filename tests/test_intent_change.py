@@ -293,6 +293,12 @@ async def test_steps_landing_during_every_carry_over_do_not_hold_a_reload_off(
         owner, cache, store = service.server.intent, service.server.cache, service.store
         for pop in owner.desired.pop_names:
             cache.resources(pop, CAPS)
+        # the reconcile tick the service makes as it starts holds the owner's lock a moment: a
+        # lay then would take it for the reload's own turn
+        registry = service.metrics.registry
+        await eventually(
+            lambda: bool(registry.get_sample_value("ballast_reconcile_tick_seconds_count"))
+            and not owner.changing.locked(), 10, "the service's first tick is done")
         loop = asyncio.get_running_loop()
         lays: list[bool] = []  # for each lay: whether it ran under the owner's lock
         steps: list[int] = []
