@@ -5,7 +5,8 @@ only) and by `bench/hedging.py` (the numbers in docs/benchmarks.md).
 The primary stalls every `stall_every`-th first attempt (`x-envoy-attempt-count: 1`) for
 `stall_ms`; hedges and the standby answer after `answer_ms`. Both origins count the attempts
 they see by attempt number, and the most retry attempts (attempt number 2 or more) ever in
-progress at once across both.
+progress at once across both: from its arrival to its answer, or to Envoy's reset of it (Envoy
+took another attempt's answer), which is when Envoy's retry budget counts it no longer.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 import dataclasses
 import http.client
 import itertools
+import select
+import socket
 import threading
 import time
 from collections import Counter
@@ -52,6 +55,25 @@ class Attempts:
                 self.retries_in_flight -= 1
 
 
+def _closed_within(connection: socket.socket, ms: int) -> bool:
+    """Wait `ms` for the answer, or until Envoy resets the attempt (it took another attempt's
+    answer: an HTTP/1.1 reset closes the connection). An attempt Envoy gave up counts no
+    longer in flight: Envoy's retry budget is freed at the reset, not when the answer would
+    have been ready."""
+    deadline = time.monotonic() + ms / 1000
+    while (left := deadline - time.monotonic()) > 0:
+        readable, _, _ = select.select([connection], [], [], left)
+        if not readable:
+            return False
+        try:
+            if connection.recv(1, socket.MSG_PEEK) == b"":
+                return True
+        except OSError:
+            return True
+        time.sleep(max(0.0, deadline - time.monotonic()))  # data, not a close: wait it out
+    return False
+
+
 class StallingOrigin:
     def __init__(self, name: str, attempts: Attempts, *, stall_every: int, stall_ms: int,
                  answer_ms: int) -> None:
@@ -65,9 +87,11 @@ class StallingOrigin:
                 attempts.begin(name, number)
                 try:
                     stall = number == 1 and stall_every and next(firsts) % stall_every == 0
-                    time.sleep((stall_ms if stall else answer_ms) / 1000)
+                    abandoned = _closed_within(self.connection, (stall_ms if stall else answer_ms))
                 finally:
-                    attempts.end(number)
+                    attempts.end(number)  # as Envoy sees it: answered, or reset
+                if abandoned:
+                    return
                 try:
                     self.send_response(200)
                     self.send_header("content-length", "0")
