@@ -1,11 +1,15 @@
 """Each shed action as a client sees it through a real Envoy 1.40: 503, 202, and 503 telling a
-cache in front to serve stale; the critical tier still reaches the origin."""
+cache in front to serve stale; the critical tier still reaches the origin, and only it does."""
 
 from __future__ import annotations
 
+import threading
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -22,7 +26,7 @@ pytestmark = pytest.mark.envoy
 
 def shed_fleet(origin_port: int) -> Desired:
     """Tiers normal (defer), background (stale) and bulk (reject), all sheddable; `/bulk` is
-    bulk. Origins point at a port nobody serves but the critical checks."""
+    bulk. Every origin is the one at `origin_port`."""
     group = shop_group()
     bulk = replace(group.tier("background"), name="bulk", priority=3, shed_action="reject")
     tiers: tuple[Tier, ...] = (
@@ -49,9 +53,42 @@ def fetch(port: int, path: str, headers: dict[str, str] | None = None) -> tuple[
         return err.code, {k.lower(): v for k, v in err.headers.items()}
 
 
+@contextmanager
+def origin() -> Iterator[tuple[int, list[str]]]:
+    """An origin on a port of its own answering 200, marked; yields its port and the paths it
+    was asked for."""
+    seen: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.path)
+            self.send_response(200)
+            self.send_header("x-origin", "shed-test")
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            return
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield int(server.server_address[1]), seen
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_each_shed_action_reaches_the_client(tmp_path: object) -> None:
     find_envoy()
-    desired = shed_fleet(origin_port=free_port())
+    with origin() as (origin_port, seen):
+        shed_each_tier(origin_port, seen)
+
+
+def shed_each_tier(origin_port: int, seen: list[str]) -> None:
+    desired = shed_fleet(origin_port)
+    desired = replace(desired, listeners=tuple(replace(listener, port=free_port())
+                                               for listener in desired.listeners))
     group = desired.group("shop")
     actions = actions_in_force(group, TierState(shedding=True))
     assert actions is not None and set(actions.shed) == {"normal", "background", "bulk"}
@@ -73,5 +110,7 @@ def test_each_shed_action_reaches_the_client(tmp_path: object) -> None:
             stale[1]["x-ballast-shed"]) == ("1", "no-store", "background")
     assert reject[0] == 503 and reject[1]["x-ballast-shed"] == "bulk"
     assert "x-ballast-serve-stale" not in reject[1]
-    # critical is never shed: it went upstream (nobody listens there, so Envoy's own 503)
-    assert critical[0] == 503 and "x-ballast-shed" not in critical[1]
+    # critical is never shed: it went upstream, and it alone did
+    assert critical[0] == 200 and critical[1]["x-origin"] == "shed-test", critical
+    assert "x-ballast-shed" not in critical[1]
+    assert seen == ["/api/checkout"], seen
