@@ -3,13 +3,9 @@ cache in front to serve stale; the critical tier still reaches the origin, and o
 
 from __future__ import annotations
 
-import threading
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -20,6 +16,7 @@ from control_plane.translate import PopIntent, static_bootstrap, translate_pop
 from control_plane.translate.resources import Capabilities
 from harness.envoy_process import EnvoyProcess, free_port
 from harness.models import example_desired, shop_group
+from tests.support.tier_origins import Origins
 
 pytestmark = pytest.mark.envoy
 
@@ -53,40 +50,17 @@ def fetch(port: int, path: str, headers: dict[str, str] | None = None) -> tuple[
         return err.code, {k.lower(): v for k, v in err.headers.items()}
 
 
-@contextmanager
-def origin() -> Iterator[tuple[int, list[str]]]:
-    """An origin on a port of its own answering 200, marked; yields its port and the paths it
-    was asked for."""
-    seen: list[str] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            seen.append(self.path)
-            self.send_response(200)
-            self.send_header("x-origin", "shed-test")
-            self.send_header("content-length", "0")
-            self.end_headers()
-
-        def log_message(self, *args: object) -> None:
-            return
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield int(server.server_address[1]), seen
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
 def test_each_shed_action_reaches_the_client(tmp_path: object) -> None:
     find_envoy()
-    with origin() as (origin_port, seen):
-        shed_each_tier(origin_port, seen)
+    origins = Origins()
+    try:
+        shed_each_tier(origins)
+    finally:
+        origins.close()
 
 
-def shed_each_tier(origin_port: int, seen: list[str]) -> None:
-    desired = shed_fleet(origin_port)
+def shed_each_tier(origins: Origins) -> None:
+    desired = shed_fleet(origins.port("primary"))
     desired = replace(desired, listeners=tuple(replace(listener, port=free_port())
                                                for listener in desired.listeners))
     group = desired.group("shop")
@@ -111,6 +85,5 @@ def shed_each_tier(origin_port: int, seen: list[str]) -> None:
     assert reject[0] == 503 and reject[1]["x-ballast-shed"] == "bulk"
     assert "x-ballast-serve-stale" not in reject[1]
     # critical is never shed: it went upstream, and it alone did
-    assert critical[0] == 200 and critical[1]["x-origin"] == "shed-test", critical
-    assert "x-ballast-shed" not in critical[1]
-    assert seen == ["/api/checkout"], seen
+    assert critical[0] == 200 and "x-ballast-shed" not in critical[1], critical
+    assert origins.seen == {("primary", "critical"): 1}, origins.seen

@@ -8,12 +8,10 @@ and demotion) do in Envoy what the routes say.
 from __future__ import annotations
 
 import dataclasses
-import threading
 import urllib.error
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -23,41 +21,9 @@ from control_plane.translate import PopIntent, static_bootstrap, translate_pop
 from control_plane.translate.resources import Capabilities
 from harness.envoy_process import EnvoyProcess, free_port
 from harness.models import example_desired, shop_group
+from tests.support.tier_origins import Origins
 
 pytestmark = pytest.mark.envoy
-
-
-class Origins:
-    """Two loopback HTTP origins that count (origin, x-ballast-tier) per request."""
-
-    def __init__(self) -> None:
-        self.seen: Counter[tuple[str, str]] = Counter()
-        self.servers = {name: self._server(name) for name in ("primary", "secondary")}
-
-    def _server(self, name: str) -> ThreadingHTTPServer:
-        seen = self.seen
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                seen[(name, self.headers.get("x-ballast-tier", ""))] += 1
-                self.send_response(200)
-                self.send_header("content-length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                return
-
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        return server
-
-    def port(self, name: str) -> int:
-        return int(self.servers[name].server_address[1])
-
-    def close(self) -> None:
-        for server in self.servers.values():
-            server.shutdown()
-            server.server_close()
 
 
 @pytest.fixture
