@@ -87,7 +87,7 @@ class StallingOrigin:
                 attempts.begin(name, number)
                 try:
                     stall = number == 1 and stall_every and next(firsts) % stall_every == 0
-                    abandoned = _closed_within(self.connection, (stall_ms if stall else answer_ms))
+                    abandoned = _closed_within(self.connection, stall_ms if stall else answer_ms)
                 finally:
                     attempts.end(number)  # as Envoy sees it: answered, or reset
                 if abandoned:

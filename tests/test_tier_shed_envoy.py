@@ -52,38 +52,31 @@ def fetch(port: int, path: str, headers: dict[str, str] | None = None) -> tuple[
 
 def test_each_shed_action_reaches_the_client(tmp_path: object) -> None:
     find_envoy()
-    origins = Origins()
-    try:
-        shed_each_tier(origins)
-    finally:
-        origins.close()
-
-
-def shed_each_tier(origins: Origins) -> None:
-    desired = shed_fleet(origins.port("primary"))
-    desired = replace(desired, listeners=tuple(replace(listener, port=free_port())
-                                               for listener in desired.listeners))
-    group = desired.group("shop")
-    actions = actions_in_force(group, TierState(shedding=True))
-    assert actions is not None and set(actions.shed) == {"normal", "background", "bulk"}
-    bootstrap = static_bootstrap(translate_pop(desired, "ewr", Capabilities(),
-                                               PopIntent(tier_actions={"shop": actions})))
-    admin_port = free_port()
-    bootstrap["admin"]["address"]["socket_address"]["port_value"] = admin_port
-    port = desired.listeners[0].port
-    with EnvoyProcess(bootstrap, admin_port) as envoy:
-        envoy.wait_ready()
-        defer = fetch(port, "/page", {"x-purpose": "prefetch"})
-        stale = fetch(port, "/_next/image?url=a.png")
-        reject = fetch(port, "/bulk/export")
-        critical = fetch(port, "/api/checkout")
-    assert defer[0] == 202
-    assert (defer[1]["retry-after"], defer[1]["x-ballast-shed"]) == ("60", "normal")
-    assert stale[0] == 503
-    assert (stale[1]["x-ballast-serve-stale"], stale[1]["cache-control"],
-            stale[1]["x-ballast-shed"]) == ("1", "no-store", "background")
-    assert reject[0] == 503 and reject[1]["x-ballast-shed"] == "bulk"
-    assert "x-ballast-serve-stale" not in reject[1]
-    # critical is never shed: it went upstream, and it alone did
-    assert critical[0] == 200 and "x-ballast-shed" not in critical[1], critical
-    assert origins.seen == {("primary", "critical"): 1}, origins.seen
+    with Origins() as origins:
+        desired = shed_fleet(origins.port("primary"))
+        desired = replace(desired, listeners=tuple(replace(listener, port=free_port())
+                                                   for listener in desired.listeners))
+        group = desired.group("shop")
+        actions = actions_in_force(group, TierState(shedding=True))
+        assert actions is not None and set(actions.shed) == {"normal", "background", "bulk"}
+        bootstrap = static_bootstrap(translate_pop(desired, "ewr", Capabilities(),
+                                                   PopIntent(tier_actions={"shop": actions})))
+        admin_port = free_port()
+        bootstrap["admin"]["address"]["socket_address"]["port_value"] = admin_port
+        port = desired.listeners[0].port
+        with EnvoyProcess(bootstrap, admin_port) as envoy:
+            envoy.wait_ready()
+            defer = fetch(port, "/page", {"x-purpose": "prefetch"})
+            stale = fetch(port, "/_next/image?url=a.png")
+            reject = fetch(port, "/bulk/export")
+            critical = fetch(port, "/api/checkout")
+        assert defer[0] == 202
+        assert (defer[1]["retry-after"], defer[1]["x-ballast-shed"]) == ("60", "normal")
+        assert stale[0] == 503
+        assert (stale[1]["x-ballast-serve-stale"], stale[1]["cache-control"],
+                stale[1]["x-ballast-shed"]) == ("1", "no-store", "background")
+        assert reject[0] == 503 and reject[1]["x-ballast-shed"] == "bulk"
+        assert "x-ballast-serve-stale" not in reject[1]
+        # critical is never shed: it went upstream, and it alone did
+        assert critical[0] == 200 and "x-ballast-shed" not in critical[1], critical
+        assert origins.seen == {("primary", "critical"): 1}, origins.seen

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
 
 
 class Origins:
@@ -34,6 +35,13 @@ class Origins:
 
     def port(self, name: str) -> int:
         return int(self.servers[name].server_address[1])
+
+    def __enter__(self) -> Origins:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.close()
 
     def close(self) -> None:
         for server in self.servers.values():
