@@ -56,7 +56,7 @@ from control_plane.ads.budget import Identify, Ledger, Refusal, peer_address
 from control_plane.ads.callbacks import Callbacks
 from control_plane.ads.encoding import ResponseEncoder, encode_delta, encode_sotw, pass_bytes
 from control_plane.ads.fanout import PushHub
-from control_plane.ads.limits import DEFAULT_LIMITS, AdsLimits, clip
+from control_plane.ads.limits import DEFAULT_LIMITS, AdsLimits, clip, connection_cap
 from control_plane.ads.nodes import NodeEntry, NodeRegistry
 from control_plane.ads.protocol import (
     Ack,
@@ -87,8 +87,13 @@ CLAIMED_CHARS = 64  # a refused stream's claimed node id and PoP, as logged and 
 
 
 def server_options(limits: AdsLimits = DEFAULT_LIMITS) -> tuple[tuple[str, int], ...]:
-    """grpc.aio server options: keepalive tolerance and the per-connection bounds."""
+    """grpc.aio server options: keepalive tolerance, the per-connection bounds and the cap on
+    connections (`connection_cap`: gRPC closes a connection over it as soon as it accepts it)."""
     return (
+        ("grpc.max_allowed_incoming_connections", connection_cap(limits)),
+        # the port is this process's alone: no other process (of the same user) can bind it
+        # and take a share of its connections, and the sweeper sees every connection of it
+        ("grpc.so_reuseport", 0),
         # Envoy's xDS cluster may ping every few seconds (the edge bootstrap: HTTP/2
         # keepalive 30 s); without these a gRPC server answers pings with GOAWAY
         # too_many_pings (docs/architecture.md, "gRPC and the fan-out floor").
@@ -391,10 +396,14 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         verify_peer: VerifyPeer | None = None,
         identify: Identify | None = None,
         key_gate: KeyGate | None = None,
+        vouch: Callable[[grpc.aio.ServicerContext[Any, Any]], None] | None = None,
     ) -> None:
         """`identify`: a stream's client identity for the budgets (`budget.py`); by default
-        the peer's IP address (loopback peers: the process totals only)."""
+        the peer's IP address (loopback peers: the process totals only). `vouch`: told of each
+        stream whose first request passed the node checks (a valid stream: its connection is
+        in use until the call ends, `sweeper.py`)."""
         self.cache = cache
+        self._vouch = vouch
         self._identify = identify if identify is not None else _peer_identity
         self.ledger = Ledger(limits)
         self._verify_peer = verify_peer
@@ -539,6 +548,8 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         except NodeRejected as err:
             log.warning("rejecting ADS stream: %s", err)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        if self._vouch is not None:
+            self._vouch(context)
         advertised = _canonical(read_node_capabilities(node))
         pop = sys.intern(pop)
         node_id = node.id

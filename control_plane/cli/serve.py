@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 from control_plane.admin.connections import DEFAULT_ADMIN_LIMITS, AdminLimits
-from control_plane.ads.limits import DEFAULT_LIMITS, AdsLimits
+from control_plane.ads.limits import DEFAULT_LIMITS, DESCRIPTOR_RESERVE, AdsLimits
+from control_plane.app.accept_errors import QuietAcceptErrors
 from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.decisions.budget import DEFAULT_BURST_BYTES, DEFAULT_BYTES_PER_S, BudgetConfig
 from control_plane.desired import DesiredStateError
@@ -103,6 +104,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     budgets.add_argument("--xds-bytes-total", type=_positive_int, metavar="BYTES",
                          default=d.held_bytes_total,
                          help=f"held bytes, all clients (default {d.held_bytes_total})")
+    budgets.add_argument("--xds-connections-total", type=_positive_int, metavar="N",
+                         default=d.connections_total or None,
+                         help="connections the xDS port holds at once; gRPC closes any more as "
+                         "it accepts them (default: the descriptor limit, raised to the hard "
+                         f"limit at start, less {DESCRIPTOR_RESERVE} kept for the admin API, the "
+                         "store and the rest of the process)")
+    budgets.add_argument("--xds-unproven-per-address", type=_positive_int, metavar="N",
+                         default=d.unproven_per_address,
+                         help="connections one peer address holds without a valid stream; more "
+                         "are closed and the address blocked for a while (loopback exempt; "
+                         f"default {d.unproven_per_address})")
+    budgets.add_argument("--xds-idle-timeout", type=_milliseconds, metavar="DURATION",
+                         default=d.connection_idle_ms,
+                         help="a connection without a valid stream for this long is closed, "
+                         "whatever other streams it opens (default "
+                         f"{d.connection_idle_ms / 1000:g}s)")
     budgets.add_argument("--xds-first-request-timeout", type=_milliseconds, metavar="DURATION",
                          default=int(d.first_request_s * 1000),
                          help="a stream's first request (default "
@@ -270,10 +287,14 @@ def _ads_limits(args: argparse.Namespace) -> AdsLimits:
         held_bytes_total=args.xds_bytes_total,
         first_request_s=args.xds_first_request_timeout / 1000,
         write_stall_s=args.xds_write_timeout / 1000,
+        connections_total=args.xds_connections_total or 0,
+        unproven_per_address=args.xds_unproven_per_address,
+        connection_idle_ms=args.xds_idle_timeout,
     )
 
 
 async def _serve(service: BallastService) -> int:
+    QuietAcceptErrors().install(asyncio.get_running_loop())
     try:
         await service.start()
     except DesiredStateError as err:

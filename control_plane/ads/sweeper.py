@@ -1,0 +1,195 @@
+"""The xDS port's connections, swept: what `connections.plan` decides, done.
+
+The services tell the sweeper which connections carry a valid stream (`vouch`, called once a
+stream's node checks passed; the stream's end releases it). Every `interval` the sweeper lists
+the port's connections from the kernel (`socket_table.py`), plans, shuts down the connections
+the plan closes and blocks the addresses it blocks. The listing and planning run on a worker
+thread; a sweep costs ~3 µs a connection (~30 ms at 10,000), and the interval stretches so that
+sweeping takes at most 2 % of the time: every 0.5 s up to ~2,500 connections, every 1.5 s at
+10,000 (never more than 5 s apart).
+
+What is closed and blocked is counted and logged as one line when it starts, then one summary
+every `REPORT_EVERY_S` while it goes on, never a line per connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from control_plane.ads.connections import Block, Endpoint, Rules, Seen, Sweep, plan
+from control_plane.ads.limits import AdsLimits, connection_cap
+from control_plane.ads.socket_table import SocketTable, endpoint_of
+
+__all__ = ["REPORT_EVERY_S", "ConnectionSweeper", "NodeCheck"]
+
+log = logging.getLogger(__name__)
+
+REPORT_EVERY_S = 60.0
+MIN_INTERVAL_S, MAX_INTERVAL_S = 0.5, 5.0
+SWEEP_SHARE = 0.02  # of the time, at most, spent sweeping
+
+Context = grpc.aio.ServicerContext[Any, Any]
+# (call context, claimed PoP, claimed node id) -> why the peer may not claim them, or None
+NodeCheck = Callable[[Context, str, str], str | None]
+
+
+class ConnectionSweeper:
+    def __init__(self, limits: AdsLimits, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rules = Rules.of(limits, connection_cap(limits))
+        self._clock = clock
+        self._uses: Counter[Endpoint] = Counter()  # valid streams open per connection
+        self._proven: set[Endpoint] = set()
+        self._last_used: dict[Endpoint, float] = {}
+        self._first_seen: dict[Endpoint, float] = {}
+        self._blocks: dict[str, Block] = {}
+        self.blocked: list[str] = []  # addresses blocked now
+        self._table: SocketTable | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.cost_s = 0.0  # CPU time the last sweep's listing and planning took
+        self.acted: Counter[str] = Counter()  # connections closed and addresses blocked, by why
+        self._unreported: Counter[str] = Counter()
+        self._report: asyncio.TimerHandle | None = None
+
+    # -- what the services say ---------------------------------------------------------------
+
+    def vouch(self, context: Context) -> None:
+        """A valid stream is open on `context`'s connection until the call ends."""
+        endpoint = endpoint_of(context.peer())
+        if endpoint is None:
+            return
+        self._uses[endpoint] += 1
+        self._proven.add(endpoint)
+        context.add_done_callback(lambda _call: self._release(endpoint))
+
+    def vouching(self, check: NodeCheck | None) -> NodeCheck:
+        """`check` (None: every node passes), vouching for the streams that pass it."""
+
+        def checked(context: Context, pop: str, node_id: str) -> str | None:
+            why = check(context, pop, node_id) if check is not None else None
+            if why is None:
+                self.vouch(context)
+            return why
+
+        return checked
+
+    def _release(self, endpoint: Endpoint) -> None:
+        self._uses[endpoint] -= 1
+        if self._uses[endpoint] <= 0:
+            del self._uses[endpoint]
+            self._last_used[endpoint] = self._clock()
+
+    # -- sweeping ------------------------------------------------------------------------------
+
+    def start(self, port: int) -> None:
+        """Sweep the connections of `port` (this process's listening port) from now on; without
+        the kernel's help (not Linux), only the connection cap gRPC enforces applies."""
+        try:
+            self._table = SocketTable(port)
+        except OSError as err:
+            log.warning("xDS connections are not swept (only capped at %d): %s",
+                        self.rules.total, err)
+            return
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._report is not None:
+            self._report.cancel()
+            self._report = None
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _run(self) -> None:
+        interval = MIN_INTERVAL_S
+        failed = False
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.sweep()
+                failed = False
+            except OSError as err:
+                if not failed:  # once per run of failures
+                    log.warning("sweeping xDS connections failed (retrying): %s", err)
+                failed = True
+            interval = min(MAX_INTERVAL_S, max(MIN_INTERVAL_S, self.cost_s / SWEEP_SHARE))
+
+    async def sweep(self) -> Sweep:
+        """One sweep, now."""
+        table = self._table
+        assert table is not None, "start() first"
+        in_use, proven, last_used = set(self._uses), set(self._proven), dict(self._last_used)
+        listed, result = await asyncio.to_thread(self._plan, table, in_use, proven, last_used)
+        self._blocks = result.blocks
+        listed_now = set(listed)
+        for endpoint in [e for e in self._proven if e not in listed_now and e not in self._uses]:
+            self._proven.discard(endpoint)
+            self._last_used.pop(endpoint, None)
+        # a connection that has just begun a valid stream is not closed
+        close = {e: why for e, why in result.close.items() if e not in self._uses}
+        if close:
+            await asyncio.to_thread(table.close, [listed[e] for e in close])
+        acted = Counter(f"closed: {why}" for why in close.values())
+        for address in result.offenders:
+            acted[f"blocked {address} (more than {self.rules.unproven_per_address} "
+                  "connections without a valid stream)"] += 1
+        if acted:
+            self._report_sweep(acted)
+        blocked = result.blocked(self._clock())
+        if blocked != self.blocked:
+            await asyncio.to_thread(table.block, blocked)
+            self.blocked = blocked
+        log.debug("swept %d xDS connections (%d in use): closed %d, %d addresses blocked",
+                  len(listed), len(self._uses), len(close), len(blocked))
+        return result
+
+    def _plan(self, table: SocketTable, in_use: set[Endpoint], proven: set[Endpoint],
+              last_used: dict[Endpoint, float]) -> tuple[dict[Endpoint, int], Sweep]:
+        """(the port's connections -> their socket inodes, the plan); on a worker thread,
+        whose CPU time it takes is `cost_s`."""
+        started = time.thread_time()
+        listed = dict(table.connections())
+        now = self._clock()
+        first_seen = {e: self._first_seen.get(e, now) for e in listed}
+        self._first_seen = first_seen
+        seen = [Seen(e, since, e in in_use, e in proven, last_used.get(e))
+                for e, since in first_seen.items()]
+        result = plan(seen, now, self.rules, self._blocks)
+        self.cost_s = time.thread_time() - started
+        return listed, result
+
+    # -- reporting -----------------------------------------------------------------------------
+
+    def _report_sweep(self, acted: Counter[str]) -> None:
+        self.acted.update(acted)
+        if self._report is None:  # the first of a run: said at once
+            log.warning("xDS connections %s (counted; a summary every %g s)", _listed(acted),
+                        REPORT_EVERY_S)
+            self._report = asyncio.get_running_loop().call_later(REPORT_EVERY_S, self._summary)
+        else:
+            self._unreported.update(acted)
+
+    def _summary(self) -> None:
+        self._report = None
+        if not self._unreported:
+            return
+        log.warning("xDS connections in the last %g s: %s (cap %d, %d addresses blocked now)",
+                    REPORT_EVERY_S, _listed(self._unreported), self.rules.total,
+                    len(self.blocked))
+        self._unreported.clear()
+        self._report = asyncio.get_running_loop().call_later(REPORT_EVERY_S, self._summary)
+
+
+def _listed(acted: Counter[str], most: int = 8) -> str:
+    """'3 closed: why; blocked 10.0.0.7 (why)': the most frequent first, at most `most`."""
+    shown = "; ".join(what if n == 1 and what.startswith("blocked") else f"{n} {what}"
+                      for what, n in acted.most_common(most))
+    left = len(acted) - most
+    return shown + (f"; and {left} more" if left > 0 else "")
