@@ -31,7 +31,6 @@ Python its certificate; until then against its peer address.
 from __future__ import annotations
 
 import ipaddress
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -54,17 +53,17 @@ MAX_BLOCKED = 256  # addresses blocked at once: the filter's size (9 BPF instruc
 
 @dataclass(frozen=True, slots=True)
 class Seen:
-    """One connection as a sweep sees it."""
+    """A connection with no valid stream open, as a sweep sees it (the plan never closes a
+    connection a valid stream uses, and is handed only how many there are)."""
 
     endpoint: Endpoint
     since: float  # when a sweep first listed it
-    in_use: bool = False  # a valid stream is open on it
-    proven: bool = False  # it carried a valid stream, now or before
+    proven: bool = False  # it carried a valid stream before
     last_used: float | None = None  # when its last valid stream ended
 
     @property
     def quiet_since(self) -> float:
-        """Since when it has had no valid stream (when it is not in use)."""
+        """Since when it has had no valid stream."""
         return self.last_used if self.last_used is not None else self.since
 
 
@@ -99,9 +98,6 @@ class Sweep:
         active = sorted((b.until, a) for a, b in self.blocks.items() if b.until > now)
         return [address for _, address in active[-MAX_BLOCKED:]]
 
-    def reasons(self) -> Counter[str]:
-        return Counter(self.close.values())
-
 
 def is_local(address: str) -> bool:
     try:
@@ -110,14 +106,17 @@ def is_local(address: str) -> bool:
         return False
 
 
-def plan(seen: Sequence[Seen], now: float, rules: Rules, blocks: Mapping[str, Block]) -> Sweep:
+def plan(seen: Sequence[Seen], in_use: int, now: float, rules: Rules,
+         blocks: Mapping[str, Block]) -> Sweep:
+    """`seen`: the port's connections without a valid stream open; `in_use`: how many others
+    it holds; `blocks`: the last sweep's."""
     close: dict[Endpoint, str] = {}
     for c in seen:
-        if not c.in_use and now - c.quiet_since >= rules.idle_s:
+        if now - c.quiet_since >= rules.idle_s:
             close[c.endpoint] = f"no valid stream for {rules.idle_s:g} s"
     kept = {address: b for address, b in blocks.items() if now < b.until + BLOCK_MAX_S}
     offenders = _per_address(seen, now, rules, close, kept)
-    _reserve(seen, rules, close)
+    _reserve(seen, in_use, rules, close)
     return Sweep(close, kept, offenders)
 
 
@@ -125,7 +124,7 @@ def _per_address(seen: Sequence[Seen], now: float, rules: Rules, close: dict[End
                  blocks: dict[str, Block]) -> tuple[str, ...]:
     unproven: dict[str, list[Seen]] = {}
     for c in seen:
-        if not (c.proven or c.in_use or c.endpoint in close or is_local(c.endpoint[0])):
+        if not (c.proven or c.endpoint in close or is_local(c.endpoint[0])):
             unproven.setdefault(c.endpoint[0], []).append(c)
     budget = rules.unproven_per_address
     offenders = []
@@ -145,12 +144,13 @@ def _per_address(seen: Sequence[Seen], now: float, rules: Rules, close: dict[End
     return tuple(offenders)
 
 
-def _reserve(seen: Sequence[Seen], rules: Rules, close: dict[Endpoint, str]) -> None:
+def _reserve(seen: Sequence[Seen], in_use: int, rules: Rules,
+             close: dict[Endpoint, str]) -> None:
     room = rules.total - rules.reserve
-    over = len(seen) - len(close) - room
+    over = in_use + len(seen) - len(close) - room
     if over <= 0:
         return
-    candidates = sorted((c for c in seen if not c.in_use and c.endpoint not in close),
+    candidates = sorted((c for c in seen if c.endpoint not in close),
                         key=lambda c: (c.proven, c.quiet_since))
     for c in candidates[:over]:
         close[c.endpoint] = (f"the port holds more than {room:,} connections (its cap "

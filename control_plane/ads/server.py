@@ -20,7 +20,9 @@ most so many streams, connections and bytes in requests being handled and respon
 written; over one, the newest stream is refused with RESOURCE_EXHAUSTED. A stream must send its
 first request within `first_request_s`; a write that makes no progress for `write_stall_s` (a
 client granting no flow-control window) ends the stream. Any ending interrupts a blocked write,
-and frees the stream's initial-sync slot at once.
+and frees the stream's initial-sync slot at once. A stream that passed its node checks is
+vouched for (`vouch`): its connection is in use until it ends, and the connection sweeper
+(`sweeper.py`) closes the connections no such stream uses.
 
 With `verify_peer` (mTLS on), the client certificate's identity must name the PoP and node id
 the first request claims, else the stream ends with PERMISSION_DENIED (`on_stream_refused`).

@@ -1,12 +1,13 @@
 """The xDS port's connections, swept: what `connections.plan` decides, done.
 
 The services tell the sweeper which connections carry a valid stream (`vouch`, called once a
-stream's node checks passed; the stream's end releases it). Every `interval` the sweeper lists
-the port's connections from the kernel (`socket_table.py`), plans, shuts down the connections
-the plan closes and blocks the addresses it blocks. The listing and planning run on a worker
-thread; a sweep costs ~3 µs a connection (~30 ms at 10,000), and the interval stretches so that
-sweeping takes at most 2 % of the time: every 0.5 s up to ~2,500 connections, every 1.5 s at
-10,000 (never more than 5 s apart).
+stream's node checks passed; the stream's end releases it). A sweep lists the port's
+connections from the kernel (`socket_table.py`), plans, shuts down the connections the plan
+closes and blocks the addresses it blocks; the listing and planning run on a worker thread. A
+sweep is due when `TRIGGER_OPENS` connections were accepted in the network namespace since the
+last one (checked every `TICK_S`: a flood is met within a quarter of a second), and at least
+every `PERIOD_S` (a quarter of the idle timeout, at most 5 s: the idle rule). Sweeps never take
+more than `SWEEP_SHARE` of a core: after one that took t of CPU the next waits t / SWEEP_SHARE.
 
 What is closed and blocked is counted and logged as one line when it starts, then one summary
 every `REPORT_EVERY_S` while it goes on, never a line per connection.
@@ -32,8 +33,10 @@ __all__ = ["REPORT_EVERY_S", "ConnectionSweeper", "NodeCheck"]
 log = logging.getLogger(__name__)
 
 REPORT_EVERY_S = 60.0
-MIN_INTERVAL_S, MAX_INTERVAL_S = 0.5, 5.0
-SWEEP_SHARE = 0.02  # of the time, at most, spent sweeping
+TICK_S = 0.25
+TRIGGER_OPENS = 16  # connections accepted since the last sweep that make the next one due
+MAX_PERIOD_S = 5.0
+SWEEP_SHARE = 0.02  # of a core, at most, spent sweeping
 
 Context = grpc.aio.ServicerContext[Any, Any]
 # (call context, claimed PoP, claimed node id) -> why the peer may not claim them, or None
@@ -108,10 +111,19 @@ class ConnectionSweeper:
             self._task = None
 
     async def _run(self) -> None:
-        interval = MIN_INTERVAL_S
+        table = self._table
+        assert table is not None
+        period = min(MAX_PERIOD_S, self.rules.idle_s / 4)
+        last, opened = self._clock(), table.passive_opens()
         failed = False
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(TICK_S)
+            now, opens = self._clock(), table.passive_opens()
+            due = (now - last >= period or opens is None or opened is None
+                   or opens - opened >= TRIGGER_OPENS)
+            if not due or now - last < self.cost_s / SWEEP_SHARE:
+                continue
+            last, opened = now, opens
             try:
                 await self.sweep()
                 failed = False
@@ -119,7 +131,6 @@ class ConnectionSweeper:
                 if not failed:  # once per run of failures
                     log.warning("sweeping xDS connections failed (retrying): %s", err)
                 failed = True
-            interval = min(MAX_INTERVAL_S, max(MIN_INTERVAL_S, self.cost_s / SWEEP_SHARE))
 
     async def sweep(self) -> Sweep:
         """One sweep, now."""
@@ -159,9 +170,9 @@ class ConnectionSweeper:
         now = self._clock()
         first_seen = {e: self._first_seen.get(e, now) for e in listed}
         self._first_seen = first_seen
-        seen = [Seen(e, since, e in in_use, e in proven, last_used.get(e))
-                for e, since in first_seen.items()]
-        result = plan(seen, now, self.rules, self._blocks)
+        seen = [Seen(e, since, e in proven, last_used.get(e))
+                for e, since in first_seen.items() if e not in in_use]
+        result = plan(seen, len(first_seen) - len(seen), now, self.rules, self._blocks)
         self.cost_s = time.thread_time() - started
         return listed, result
 
