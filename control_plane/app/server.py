@@ -160,8 +160,9 @@ class BallastServer:
         if not self.xds_address.startswith("unix"):
             self.connections.start(self.port)
         host = self.xds_address.rsplit(":", 1)[0]
-        log.info("serving xDS (ADS, SotW and delta) on %s:%d (%s)", host, self.port,
-                 "mTLS" if self.tls is not None else "plaintext")
+        log.info("serving xDS (ADS, SotW and delta) on %s:%d (%s), at most %d connections",
+                 host, self.port, "mTLS" if self.tls is not None else "plaintext",
+                 self.connections.rules.total)
 
     async def stop(self, grace: float = 1.0) -> None:
         """Refuse new streams, end open ones with UNAVAILABLE, then stop after `grace` s."""
