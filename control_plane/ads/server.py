@@ -69,6 +69,7 @@ from control_plane.ads.protocol import (
     short_name,
 )
 from control_plane.ads.snapshots import SnapshotCache
+from control_plane.security.peer import Vouch
 from control_plane.translate.capabilities import NodeCapabilities, read_node_capabilities
 from control_plane.translate.resources import (
     CLUSTER_TYPE,
@@ -114,6 +115,10 @@ def server_options(limits: AdsLimits = DEFAULT_LIMITS) -> tuple[tuple[str, int],
 VerifyPeer = Callable[[grpc.aio.ServicerContext[Any, Any], str, str], str | None]
 # the stream's context -> why private keys (SDS Secrets) may not go to it, or None
 KeyGate = Callable[[grpc.aio.ServicerContext[Any, Any]], str | None]
+
+
+def _nothing() -> None:
+    pass
 
 
 def plaintext_key_gate(allow_loopback: bool) -> KeyGate:
@@ -398,12 +403,12 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         verify_peer: VerifyPeer | None = None,
         identify: Identify | None = None,
         key_gate: KeyGate | None = None,
-        vouch: Callable[[grpc.aio.ServicerContext[Any, Any]], None] | None = None,
+        vouch: Vouch | None = None,
     ) -> None:
         """`identify`: a stream's client identity for the budgets (`budget.py`); by default
         the peer's IP address (loopback peers: the process totals only). `vouch`: told of each
         stream whose first request passed the node checks (a valid stream: its connection is
-        in use until the call ends, `sweeper.py`)."""
+        in use until the release it returns is called, as the stream ends; `sweeper.py`)."""
         self.cache = cache
         self._vouch = vouch
         self._identify = identify if identify is not None else _peer_identity
@@ -550,15 +555,19 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         except NodeRejected as err:
             log.warning("rejecting ADS stream: %s", err)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-        if self._vouch is not None:
-            self._vouch(context)
         advertised = _canonical(read_node_capabilities(node))
         pop = sys.intern(pop)
         node_id = node.id
         version = sys.intern(envoy_version(node, self.limits.text_chars))
         del node  # a real Envoy's first request lists ~500 extensions: not kept
+        # a valid stream from here on: its connection is in use until `release`
+        release = self._vouch(context) if self._vouch is not None else _nothing
         # waits unread for an initial-sync slot; in the registry (and /nodes) once admitted
-        await self._admission.acquire()
+        try:
+            await self._admission.acquire()
+        except BaseException:
+            release()
+            raise
         self.syncing += 1
         caps = self.cache.effective_capabilities(pop, advertised.capabilities, advertised.reason)
         entry = self.nodes.connect(
@@ -637,6 +646,7 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             assert state.ending is not None
             signal = state.ending
         finally:
+            release()
             self.end_admission(state)
             if state.push is not None:
                 state.push.cancel()

@@ -1,13 +1,16 @@
 """The xDS port's connections, swept: what `connections.plan` decides, done.
 
 The services tell the sweeper which connections carry a valid stream (`vouch`, called once a
-stream's node checks passed; the stream's end releases it). A sweep lists the port's
+stream's node checks passed; the stream's end calls the release it returns — not a done
+callback of the call: gRPC's would hold the call in a reference cycle). A sweep lists the port's
 connections from the kernel (`socket_table.py`), plans, shuts down the connections the plan
 closes and blocks the addresses it blocks; the listing and planning run on a worker thread. A
 sweep is due when `TRIGGER_OPENS` connections were accepted in the network namespace since the
-last one (checked every `TICK_S`: a flood is met within a quarter of a second), and at least
-every `PERIOD_S` (a quarter of the idle timeout, at most 5 s: the idle rule). Sweeps never take
-more than `SWEEP_SHARE` of a core: after one that took t of CPU the next waits t / SWEEP_SHARE.
+last one (checked every `TICK_S`, ~0.2 ms each: a flood is met within a tenth of a second and a
+sweep), and at least every `MAX_PERIOD_S`, or a quarter of the idle timeout when that is shorter
+(the idle rule).
+Sweeps never take more than `SWEEP_SHARE` of a core: after one that took t of CPU the next
+waits t / SWEEP_SHARE.
 
 What is closed and blocked is counted and logged as one line when it starts, then one summary
 every `REPORT_EVERY_S` while it goes on, never a line per connection.
@@ -16,6 +19,7 @@ every `REPORT_EVERY_S` while it goes on, never a line per connection.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import Counter
@@ -28,19 +32,21 @@ from control_plane.ads.connections import Block, Endpoint, Rules, Seen, Sweep, p
 from control_plane.ads.limits import AdsLimits, connection_cap
 from control_plane.ads.socket_table import SocketTable, endpoint_of
 
-__all__ = ["REPORT_EVERY_S", "ConnectionSweeper", "NodeCheck"]
+__all__ = ["REPORT_EVERY_S", "ConnectionSweeper"]
 
 log = logging.getLogger(__name__)
 
 REPORT_EVERY_S = 60.0
-TICK_S = 0.25
+TICK_S = 0.1
 TRIGGER_OPENS = 16  # connections accepted since the last sweep that make the next one due
 MAX_PERIOD_S = 5.0
 SWEEP_SHARE = 0.02  # of a core, at most, spent sweeping
 
 Context = grpc.aio.ServicerContext[Any, Any]
-# (call context, claimed PoP, claimed node id) -> why the peer may not claim them, or None
-NodeCheck = Callable[[Context, str, str], str | None]
+
+
+def _nothing() -> None:
+    pass
 
 
 class ConnectionSweeper:
@@ -62,25 +68,15 @@ class ConnectionSweeper:
 
     # -- what the services say ---------------------------------------------------------------
 
-    def vouch(self, context: Context) -> None:
-        """A valid stream is open on `context`'s connection until the call ends."""
+    def vouch(self, context: Context) -> Callable[[], None]:
+        """A valid stream is open on `context`'s connection until the callable this returns is
+        called (once, as the stream ends)."""
         endpoint = endpoint_of(context.peer())
         if endpoint is None:
-            return
+            return _nothing
         self._uses[endpoint] += 1
         self._proven.add(endpoint)
-        context.add_done_callback(lambda _call: self._release(endpoint))
-
-    def vouching(self, check: NodeCheck | None) -> NodeCheck:
-        """`check` (None: every node passes), vouching for the streams that pass it."""
-
-        def checked(context: Context, pop: str, node_id: str) -> str | None:
-            why = check(context, pop, node_id) if check is not None else None
-            if why is None:
-                self.vouch(context)
-            return why
-
-        return checked
+        return functools.partial(self._release, endpoint)
 
     def _release(self, endpoint: Endpoint) -> None:
         self._uses[endpoint] -= 1

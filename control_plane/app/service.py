@@ -397,9 +397,9 @@ class BallastService:
         access_logs = self.access_logs
         bound = config.tls is not None  # mTLS: what a node reports is bound to its cert
         # a sink stream whose node passes the checks is a valid stream of its connection
-        vouching = self.server.connections.vouching
+        vouch = self.server.connections.vouch
         self.server.add_service(lambda server: add_access_log_service(
-            server, access_logs, verify_peer=vouching(check_node_peer if bound else None)))
+            server, access_logs, verify_peer=check_node_peer if bound else None, vouch=vouch))
         passive: SinkStore | PrometheusSource
         if config.metrics_source == "prometheus":
             if not config.prometheus_url:
@@ -408,8 +408,8 @@ class BallastService:
         else:
             sink = SinkStore(desired=desired)
             self.server.add_service(lambda grpc_server: add_metrics_service(
-                grpc_server, sink, verify_peer=vouching(check_node_peer if bound else None),
-                peer_pop=peer_pop if bound else None))
+                grpc_server, sink, verify_peer=check_node_peer if bound else None,
+                peer_pop=peer_pop if bound else None, vouch=vouch))
             passive = sink
         self._passive = passive  # host stats map to origins through the desired state
         # each origin's latency from the attempts it answered, where Envoys send access logs

@@ -69,7 +69,7 @@ from control_plane.observe.source import (
     wall_ms,
 )
 from control_plane.observe.window import split_cluster
-from control_plane.security.peer import NodePeerCheck
+from control_plane.security.peer import NodePeerCheck, Vouch
 
 log = logging.getLogger(__name__)
 
@@ -300,45 +300,55 @@ class AccessLogServicer:
 
     def __init__(
         self, store: AccessLogStore, clock: Callable[[], int] = wall_ms,
-        verify_peer: NodePeerCheck | None = None,
+        verify_peer: NodePeerCheck | None = None, vouch: Vouch | None = None,
     ) -> None:
         self.store = store
         self.clock = clock
         self._verify_peer = verify_peer
+        self._vouch = vouch
 
     async def stream_access_logs(
         self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
     ) -> bytes:
         pop: str | None = None
-        async for raw in requests:
-            try:
-                message = als_pb2.StreamAccessLogsMessage.FromString(raw)
-            except DecodeError as err:
-                log.warning("undecodable StreamAccessLogsMessage from %s: %s", context.peer(), err)
-                continue
-            if pop is None:
-                node = message.identifier.node
-                if not node.id:
-                    log.warning("access logs from %s before any node identifier: dropped",
-                                context.peer())
+        release: Callable[[], None] | None = None
+        try:
+            async for raw in requests:
+                try:
+                    message = als_pb2.StreamAccessLogsMessage.FromString(raw)
+                except DecodeError as err:
+                    log.warning("undecodable StreamAccessLogsMessage from %s: %s",
+                                context.peer(), err)
                     continue
-                why = (self._verify_peer(context, node.locality.zone, node.id)
-                       if self._verify_peer is not None else None)
-                if why is not None:
-                    log.warning("refusing access logs from %s: %s", context.peer(), why)
-                    await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
-                pop = node.locality.zone
-            self.store.ingest(pop, message.http_logs.log_entry, self.clock())
+                if pop is None:
+                    node = message.identifier.node
+                    if not node.id:
+                        log.warning("access logs from %s before any node identifier: dropped",
+                                    context.peer())
+                        continue
+                    why = (self._verify_peer(context, node.locality.zone, node.id)
+                           if self._verify_peer is not None else None)
+                    if why is not None:
+                        log.warning("refusing access logs from %s: %s", context.peer(), why)
+                        await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
+                    pop = node.locality.zone
+                    if self._vouch is not None:
+                        release = self._vouch(context)
+                self.store.ingest(pop, message.http_logs.log_entry, self.clock())
+        finally:
+            if release is not None:
+                release()
         return als_pb2.StreamAccessLogsResponse().SerializeToString()
 
 
 def add_access_log_service(
     server: grpc.aio.Server, store: AccessLogStore, clock: Callable[[], int] = wall_ms,
-    *, verify_peer: NodePeerCheck | None = None,
+    *, verify_peer: NodePeerCheck | None = None, vouch: Vouch | None = None,
 ) -> None:
     """Host Envoy's AccessLogService on `server` (e.g. the ADS server), feeding `store`; with
-    mTLS, `verify_peer` binds a stream's node to the peer's certificate."""
-    servicer = AccessLogServicer(store, clock, verify_peer)
+    mTLS, `verify_peer` binds a stream's node to the peer's certificate. `vouch` is told of a
+    stream once its node passed (a valid stream of its connection, until it ends)."""
+    servicer = AccessLogServicer(store, clock, verify_peer, vouch)
     handler = grpc.method_handlers_generic_handler(
         SERVICE,
         {

@@ -91,7 +91,7 @@ from control_plane.observe.window import (
     quantile,
     split_cluster,
 )
-from control_plane.security.peer import NodePeerCheck, PeerPop
+from control_plane.security.peer import NodePeerCheck, PeerPop, Vouch
 
 log = logging.getLogger(__name__)
 
@@ -467,16 +467,18 @@ class MetricsServicer:
 
     def __init__(
         self, store: SinkStore, clock: Callable[[], int] = wall_ms,
-        verify_peer: NodePeerCheck | None = None,
+        verify_peer: NodePeerCheck | None = None, vouch: Vouch | None = None,
     ) -> None:
         self.store = store
         self.clock = clock
         self._verify_peer = verify_peer
+        self._vouch = vouch
 
     async def stream_metrics(
         self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
     ) -> bytes:
         stream_id: int | None = None
+        release: Callable[[], None] | None = None
         try:
             async for raw in requests:
                 try:
@@ -496,10 +498,14 @@ class MetricsServicer:
                         log.warning("refusing metrics stream from %s: %s", context.peer(), why)
                         await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
                     stream_id = self.store.open_stream(node.id, node.locality.zone)
+                    if self._vouch is not None:
+                        release = self._vouch(context)
                 self.store.ingest(stream_id, message.envoy_metrics, self.clock())
         finally:
             if stream_id is not None:
                 self.store.close_stream(stream_id)
+            if release is not None:
+                release()
         return metrics_service_pb2.StreamMetricsResponse().SerializeToString()
 
 
@@ -537,11 +543,13 @@ class OtlpMetricsServicer:
 def add_metrics_service(
     server: grpc.aio.Server, store: SinkStore, clock: Callable[[], int] = wall_ms,
     *, verify_peer: NodePeerCheck | None = None, peer_pop: PeerPop | None = None,
+    vouch: Vouch | None = None,
 ) -> None:
     """Host the metrics_service sink and the OTLP metrics endpoint on `server` (e.g. the ADS
     server), both feeding `store`; with mTLS, `verify_peer` and `peer_pop` bind what a peer may
-    report to its certificate."""
-    servicer = MetricsServicer(store, clock, verify_peer)
+    report to its certificate. `vouch` is told of a metrics stream once its node passed (a
+    valid stream of its connection, until it ends)."""
+    servicer = MetricsServicer(store, clock, verify_peer, vouch)
     handler = grpc.method_handlers_generic_handler(
         SERVICE,
         {

@@ -6,7 +6,8 @@
   byte) — each reopened when the server closes it (`--reopen`), optionally opening a bogus ADS
   stream (headers only, no request) on each every `--bogus-every` seconds; prints what it holds
   every 0.25 s until stdin closes;
-- `first-config`: a fresh node's seconds from dialling to CDS, EDS, LDS and RDS;
+- `first-config`: a fresh node's seconds from dialling to CDS, EDS, LDS and RDS, retrying as
+  Envoy does when the connection is refused before its first response;
 - `node`: a node that syncs, then holds its stream for `--hold` seconds and says whether the
   stream is still open;
 - `get`: an HTTP GET, or (`--until TEXT`) one repeated until a 200 says TEXT.
@@ -21,6 +22,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import random
 import ssl
 import sys
 import time
@@ -35,6 +37,7 @@ import h2.events
 from harness.xds_client import XdsClient, connect, make_node
 
 ADS_PATH = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"
+RETRY_BASE_S = 0.5  # Envoy's ADS retry: jittered exponential back-off from 500 ms
 
 
 def say(**fields: object) -> None:
@@ -141,18 +144,33 @@ class Holder:
 
 
 async def first_config(args: argparse.Namespace) -> None:
+    """Dial, subscribe as Envoy does and wait for all four types; a stream that fails before
+    its first response (the port at its cap closed the connection) is retried as Envoy retries
+    its ADS stream: after a jittered back-off of up to 0.5 s, doubled at each failure."""
     started = time.monotonic()
-    async with _channel(args.host, args.port, Path(args.certs), args.node) as channel:
-        pop, node_id = args.node.split("/", 1)
-        client = XdsClient(channel, make_node(node_id, pop))
-        try:
-            await asyncio.wait_for(connect(client, args.timeout), args.timeout)
-            say(seconds=time.monotonic() - started)
-        except (AssertionError, TimeoutError) as err:
-            say(error=f"{type(err).__name__}: {err} ({client.error})",
-                seconds=time.monotonic() - started)
-        finally:
-            await client.close()
+    pop, node_id = args.node.split("/", 1)
+    retries, backoff = 0, RETRY_BASE_S
+    while True:
+        async with _channel(args.host, args.port, Path(args.certs), args.node) as channel:
+            client = XdsClient(channel, make_node(node_id, pop))
+            left = args.timeout - (time.monotonic() - started)
+            try:
+                await asyncio.wait_for(connect(client, left), left)
+                say(seconds=time.monotonic() - started, retries=retries)
+                return
+            except grpc.aio.AioRpcError as err:
+                if err.code() != grpc.StatusCode.UNAVAILABLE or client.responses():
+                    raise
+            except (AssertionError, TimeoutError) as err:
+                if client.responses() or not isinstance(client.error, grpc.aio.AioRpcError):
+                    say(error=f"{type(err).__name__}: {err} ({client.error})",
+                        seconds=time.monotonic() - started, retries=retries)
+                    return
+            finally:
+                await client.close()
+        retries += 1
+        await asyncio.sleep(random.uniform(0, backoff))
+        backoff *= 2
 
 
 async def node(args: argparse.Namespace) -> None:
