@@ -1,4 +1,8 @@
-"""`ballast decisions`: the decision log as a table or JSON lines, optionally following it."""
+"""`ballast decisions`: the decision log as a table or JSON lines, optionally following it.
+
+Records hold text nodes sent (a NACK's message, a node's id and version): every cell of the table
+is escaped for the terminal (`security/terminal.py`), and JSON lines are ASCII (JSON's own
+`\\u` escapes), so neither can move the cursor or forge a line."""
 
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ from control_plane.decisions.read import (
     since_cutoff,
 )
 from control_plane.intent.state_dir import DEFAULT_STATE_DIR, STATE_DIR_ENV, state_dir
+from control_plane.security.terminal import escape
 
 HELP = "show the decision log: what the controller and the server decided, and why"
 HEADER = ("TIME", "SEQ", "KIND", "POP", "GROUP", "WEIGHTS", "RULE")
@@ -133,7 +138,7 @@ def _row(record: Record) -> tuple[str, ...]:
     rule = record.get("rule")
     if rule is None and record.get("detail") is not None:
         rule = json.dumps(record["detail"], separators=(",", ":"))
-    return (
+    return tuple(escape(cell) for cell in (
         record_time(record).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3],
         str(record["seq"]),
         str(record.get("kind")),
@@ -141,7 +146,7 @@ def _row(record: Record) -> tuple[str, ...]:
         str(record.get("group") or "-"),
         _weights(record) or "-",
         rule or "",
-    )
+    ))
 
 
 def _widths(rows: list[tuple[str, ...]]) -> list[int]:
@@ -177,7 +182,7 @@ def _print_all(records: Iterator[Record], as_json: bool) -> int | None:
 def _emit(records: list[Record], as_json: bool, header: bool) -> None:
     if as_json:
         for record in records:
-            print(json.dumps(record, separators=(",", ":"), ensure_ascii=False))
+            print(json.dumps(record, separators=(",", ":")))
     elif header:
         rows = [HEADER, *map(_row, records)]
         print(_table(rows, _widths(rows)))

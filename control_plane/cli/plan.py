@@ -36,6 +36,7 @@ from control_plane.desired import Desired
 from control_plane.desired.model import RolloutPolicy
 from control_plane.intent.carry_over import carry_over
 from control_plane.intent.shown import intent_from_json
+from control_plane.security.terminal import escape
 from control_plane.translate import PopIntent, render_json, translate_pop
 from control_plane.translate.diff import (
     Rendering,
@@ -281,7 +282,8 @@ def _duration(millis: int) -> str:
 def report(file: str, source: str, plans: list[PopPlan],
            rollout: dict[str, Any] | None = None) -> str:
     """The plan in words: each PoP's changes, the rollout's waves (when anything changes) and
-    the summary line last."""
+    the summary line last; each line escaped for the terminal (a value the server answered, or
+    a file's, cannot move the cursor or break a line)."""
     lines = [f"ballast plan: {file} against {source}", ""]
     changed = [plan for plan in plans if plan.changes]
     for plan in plans:
@@ -303,4 +305,4 @@ def report(file: str, source: str, plans: list[PopPlan],
             f"Plan: {summarize(every)} in {len(changed)} of {len(plans)} PoP(s) "
             f"({', '.join(plan.pop for plan in changed)})."
         )
-    return "\n".join(lines)
+    return "\n".join(escape(line) for line in lines)
