@@ -119,10 +119,15 @@ def test_bootstrap_wants_all_three_tls_files(capsys) -> None:
 
 def test_certs_writes_an_admin_token_the_server_accepts(tmp_path: Path, capsys) -> None:
     assert main(["certs", str(tmp_path), "--admin-token"]) == 0
-    assert f"--admin-token-file {tmp_path / 'admin.token'}" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"--admin-token-file {tmp_path / 'admin.token'}" in out
     token = read_token(tmp_path / "admin.token")
     assert len(token) >= 40
     assert stat.S_IMODE((tmp_path / "admin.token").stat().st_mode) == 0o600
+    # and a read-only scrape token beside it (Prometheus's), never the admin token
+    assert f"--admin-scrape-token-file {tmp_path / 'scrape.token'}" in out
+    assert read_token(tmp_path / "scrape.token") != token
+    assert stat.S_IMODE((tmp_path / "scrape.token").stat().st_mode) == 0o600
     assert main(["certs", str(tmp_path), "--admin-token"]) == 0
     assert read_token(tmp_path / "admin.token") != token  # a new one each time: rotation
 

@@ -36,6 +36,7 @@ from control_plane.admin.decision_feed import DecisionFeed
 from control_plane.ads.limits import DEFAULT_LIMITS, AdsLimits
 from control_plane.app.config_acks import SharedAcks
 from control_plane.app.heap import release_heap, reload_heap, settle_heap
+from control_plane.app.log_budget import limit_client_logs
 from control_plane.app.reconcile import Reconciler
 from control_plane.app.reload import DesiredFileWatcher
 from control_plane.app.reloading import DesiredReload, log_warnings
@@ -104,6 +105,7 @@ class ServiceConfig:
     accept_empty_state: bool = False  # a missing/empty state.db next to a decision log: start
     tls: TlsFiles | None = None  # mTLS on the xDS/sink port when set
     admin_token_file: Path | None = None  # bearer token the admin API requires when set
+    admin_scrape_token_file: Path | None = None  # a read-only token for GET /metrics
     admin_tls: bool = False  # admin API on HTTPS with `tls`'s files; admin client certs accepted
     admin_limits: AdminLimits = DEFAULT_ADMIN_LIMITS  # admin connections: timeouts and cap
     admin_host_names: tuple[str, ...] = ()  # Host names the admin API answers besides IPs
@@ -149,6 +151,7 @@ class BallastService:
     async def start(self) -> None:
         """Raises DesiredStateError, StateCorrupted or OSError; nothing is left running then."""
         config = self.config
+        limit_client_logs()  # what clients make the log say passes a byte budget
         self.started_at_ms = wall_ms()
         self._desired_bytes = read_desired_bytes(config.desired_path)
         desired = parse_desired(self._desired_bytes, str(config.desired_path))
@@ -425,7 +428,16 @@ class BallastService:
         if config.admin_tls and config.tls is None:
             raise AdminAuthError("the admin API's HTTPS uses the xDS port's TLS files: give "
                                  "--tls-cert, --tls-key and --client-ca too")
-        auth = AdminAuth(token=token, client_certs=config.admin_tls)
+        scrape = None
+        if config.admin_scrape_token_file is not None:
+            scrape = TokenFile(config.admin_scrape_token_file)
+            if token is None and not config.admin_tls:
+                raise AdminAuthError("--admin-scrape-token-file goes with --admin-token-file or "
+                                     "--admin-tls: an open admin API needs no scrape token")
+            if token is not None and scrape.fingerprint() == token.fingerprint():
+                raise AdminAuthError("the scrape token must not be the admin token: whoever "
+                                     "holds it (Prometheus) could act on rollouts")
+        auth = AdminAuth(token=token, client_certs=config.admin_tls, scrape_token=scrape)
         if config.admin_address is not None:
             check_bind(config.admin_address.rpartition(":")[0] or "127.0.0.1", auth)
         return auth

@@ -38,7 +38,8 @@ def service_status(service: BallastService) -> dict[str, Any]:
     config, server = service.config, service.server
     desired = server.intent.desired
     ways = (["token"] if config.admin_token_file else []) + (
-        ["client certificate (HTTPS)"] if config.admin_tls else [])
+        ["client certificate (HTTPS)"] if config.admin_tls else []) + (
+        ["scrape token (GET /metrics only)"] if config.admin_scrape_token_file else [])
     return {
         "desired": {"source": desired.source, "digest": desired.digest},
         "started_at_ms": service.started_at_ms,

@@ -8,8 +8,10 @@ metrics, shipped with the package). Two jobs:
   every stat with `ballast_pop` already; `honor_labels` keeps the Envoy's own, and the target
   label fills in for Envoys whose bootstrap does not set it. The leader reads its signals here
   (`ballast serve --metrics-source prometheus`).
-- `ballast`: every replica's `/metrics` over HTTPS (`--admin-tls`), with the admin token and
-  the CA that signed the replicas' certificate; the alert rules are on these series.
+- `ballast`: every replica's `/metrics` over HTTPS (`--admin-tls`), with the scrape token
+  (read-only: `/metrics` and nothing else; `ballast certs --admin-token` writes it as
+  `scrape.token`, replicas take it with `--admin-scrape-token-file`) and the CA that signed the
+  replicas' certificate; the alert rules are on these series.
 """
 
 from __future__ import annotations
@@ -63,7 +65,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ca", type=Path, metavar="FILE",
                         help="CA of the replicas' certificate, as Prometheus will open it")
     parser.add_argument("--token-file", type=Path, metavar="FILE",
-                        help="the admin token file, as Prometheus will open it")
+                        help="the scrape token file (ballast certs --admin-token: "
+                        "scrape.token), as Prometheus will open it; not the admin token, which "
+                        "can act on rollouts")
     parser.add_argument("--scrape-interval", type=_interval, default="5s",
                         help="how often Envoys and replicas are scraped (default 5s; the "
                         "leader's signals are at most this old)")

@@ -127,6 +127,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="require this bearer token (one word, >= 16 characters; re-read "
                         "when the file changes) for every admin route but /healthz and "
                         "/readyz. Without it the admin API is open and may only bind loopback")
+    parser.add_argument("--admin-scrape-token-file", type=Path, metavar="FILE",
+                        help="a second, read-only token that opens GET /metrics and nothing "
+                        "else: the one to give Prometheus (ballast certs --admin-token writes "
+                        "DIR/scrape.token)")
     parser.add_argument("--admin-host", action="append", default=[], metavar="NAME",
                         help="a DNS name the admin API is reached by (repeatable): requests "
                         "whose Host is not an IP address, localhost or such a name get 421 "
@@ -236,6 +240,7 @@ def run(args: argparse.Namespace) -> int:
         accept_empty_state=args.accept_empty_state,
         tls=TlsFiles(args.tls_cert, args.tls_key, args.client_ca) if all(tls_given) else None,
         admin_token_file=args.admin_token_file,
+        admin_scrape_token_file=args.admin_scrape_token_file,
         admin_tls=args.admin_tls,
         admin_limits=AdminLimits(header_timeout_s=args.admin_header_timeout / 1000,
                                  idle_timeout_s=args.admin_idle_timeout / 1000,

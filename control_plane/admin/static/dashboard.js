@@ -92,12 +92,51 @@ function decisionLink(seq) {
 async function getJSON(path) {
   const response = await fetch(API + path, { headers: { Accept: "application/json" } });
   if (response.status === 401) {
-    location.assign("/login");  // the admin token (cookie) is missing or no longer valid
+    location.assign("/login");  // no session (cookie), or it ended
     throw new Error("not signed in");
   }
   const body = await response.json().catch(() => ({ error: response.statusText }));
   if (!response.ok) throw new Error(body.error || `${response.status} ${response.statusText}`);
   return body;
+}
+
+// -- actions: the session's CSRF token on every POST (admin/sessions.py) ---------------------
+
+let session = null;  // GET /session: who this page is signed in as, and the CSRF token
+
+async function currentSession() {
+  if (!session) {
+    const response = await fetch("/session", { headers: { Accept: "application/json" } });
+    if (response.status === 401) {
+      location.assign("/login");
+      throw new Error("not signed in");
+    }
+    session = await response.json();
+  }
+  return session;
+}
+
+async function postJSON(path) {
+  const { csrf, csrf_header: header } = await currentSession();
+  const headers = { Accept: "application/json" };
+  if (csrf) headers[header] = csrf;
+  const response = await fetch(path, { method: "POST", headers });
+  if (response.status === 401) {
+    location.assign("/login");
+    throw new Error("not signed in");
+  }
+  const body = await response.json().catch(() => ({ error: response.statusText }));
+  if (!response.ok) throw new Error(body.error || `${response.status} ${response.statusText}`);
+  return body;
+}
+
+async function signOut() {
+  try { await postJSON("/logout"); } finally { location.assign("/login"); }
+}
+
+async function showSignOut() {
+  const { who } = await currentSession();
+  document.getElementById("sign-out").hidden = who !== "session";
 }
 
 function setView(...children) {
@@ -269,7 +308,30 @@ function rolloutPanel(shown) {
       h("span", { class: "muted" }, ` from ${rollout.from_version.slice(0, 16)}: `),
       h("span", { class: `phase ${rollout.phase}` }, rollout.phase.replace("_", " ")),
       rollout.immediate ? h("span", { class: "muted" }, " (immediate)") : null),
+    rolloutActions(rollout.phase),
     h("p", { class: "reason" }, rollout.reason), waves, readings, failed, versions);
+}
+
+// what on-call may do to a rollout in progress (POST /rollout/<action>, as `ballast rollout`)
+const ROLLOUT_ACTIONS = { baking: ["pause", "abort", "promote"], paused: ["resume", "abort", "promote"] };
+
+function rolloutActions(phase) {
+  const actions = ROLLOUT_ACTIONS[phase];
+  if (!actions) return null;
+  const said = h("span", { class: "action-result muted" });
+  const act = async (action) => {
+    if (!window.confirm(`${action} this rollout?`)) return;
+    said.textContent = `${action}…`;
+    try {
+      await postJSON(`/rollout/${action}`);
+      said.textContent = "";
+      await render();
+    } catch (err) {
+      said.textContent = `${action}: ${err.message}`;
+    }
+  };
+  return h("p", { class: "rollout-actions" }, actions.map((action) =>
+    h("button", { type: "button", "data-action": action, onclick: () => act(action) }, action)), said);
 }
 
 function servedCertificatesPanel(certs) {
@@ -562,6 +624,8 @@ async function openPanelStream() {
 
 async function start() {
   document.getElementById("stream-filter").addEventListener("change", openPanelStream);
+  document.getElementById("sign-out").addEventListener("click", signOut);
+  showSignOut().catch(() => {});
   window.addEventListener("hashchange", render);
   await render();
   if (!state.overview) {
