@@ -94,7 +94,7 @@ from control_plane.desired.schema import (
     server_name,
     tier_or_none,
 )
-from control_plane.desired.served_certs import load_chain, served_certificate
+from control_plane.desired.served_certs import chain_pem, load_chain, served_certificate
 from control_plane.desired.typed_json import typed_config
 from control_plane.desired.yaml_nodes import is_null, join, plain_value
 
@@ -857,10 +857,10 @@ class _Document:
         client_ca = tls.read("client_ca_file", file_path)
         client_ca_pem = None
         if client_ca is not None:
-            client_ca_pem = self._read_file(tls.at("client_ca_file"), client_ca)
-            if client_ca_pem is not None:
-                try:
-                    load_chain(client_ca_pem, client_ca)
+            client_ca_file = self._read_file(tls.at("client_ca_file"), client_ca)
+            if client_ca_file is not None:
+                try:  # served as parsed: nothing of the file but its certificates
+                    client_ca_pem = chain_pem(load_chain(client_ca_file, client_ca))
                 except Bad as bad:
                     self.sink.add(tls.at("client_ca_file"), str(bad))
         low, high = values.get("min_version"), values.get("max_version")
