@@ -25,6 +25,7 @@ from typing import Any
 
 from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.decisions.read import iter_records
+from control_plane.desired.filter_types import DEFAULT_ALLOWED
 from control_plane.translate.bootstrap import ads_bootstrap
 from control_plane.translate.capabilities import NEWEST_RELEASE
 from harness.demo_origin import DemoOrigin, Fault
@@ -85,6 +86,7 @@ BAD_FILTER = """\
           "@type": type.googleapis.com/envoy.extensions.filters.http.compressor.v3.Compressor
 """  # no compressor library: every Envoy build NACKs it
 
+EXT_PROC = "envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"  # not allowed by default
 NEWER_FILTER = """\
     http_filters:
       - name: ext-proc
@@ -248,7 +250,8 @@ async def rollout_fleet(tmp_path: Path, *, admin_token: str | None = None,
         service = BallastService(ServiceConfig(
             desired_path=fleet.path, state_dir=fleet.state_dir,
             xds_address=f"127.0.0.1:{fleet.ports.xds}", admin_address="127.0.0.1:0",
-            probes=False, reload_poll_s=0.1, rollout_poll_ms=200, admin_token_file=token_file))
+            probes=False, reload_poll_s=0.1, rollout_poll_ms=200, admin_token_file=token_file,
+            allowed_filters=DEFAULT_ALLOWED | {EXT_PROC}))  # `newer_filter` is an ext_proc
         await service.start()
         fleet.service = service
         try:

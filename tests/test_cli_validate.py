@@ -72,11 +72,15 @@ def test_an_older_envoy_judges_what_its_release_is_served(capsys, tmp_path: Path
     newer.write_text(Path(EXAMPLE).read_text().replace(
         "      - {name: shop, domains: [\"*\"], origin_group: shop}\n",
         "      - {name: shop, domains: [\"*\"], origin_group: shop}\n" + NEWER_FILTER, 1))
-    code, out, _ = validate(capsys, str(newer), "--envoy", old)
+    ext_proc = ("--allow-filter",
+                "envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor")
+    code, out, err = validate(capsys, str(newer), "--envoy", old)
+    assert code == 1 and "not on this server's allow-list" in err  # not by default
+    code, out, _ = validate(capsys, str(newer), "--envoy", old, *ext_proc)
     assert code == 1
     line = next(x for x in out.splitlines() if x.startswith("pop ewr: "))
     assert "rejected by envoy 1.36" in line and "'GRPC'" in line, line
-    code, out, err = validate(capsys, str(newer))
+    code, out, err = validate(capsys, str(newer), *ext_proc)
     assert code == 0, out + err
 
 

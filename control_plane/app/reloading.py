@@ -71,7 +71,9 @@ class DesiredReload:
         follower: Callable[[], str | None] = lambda: None,
         rollouts: Callable[[], Rollouts],
         heap: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
+        parse: Callable[[bytes, str], Desired] = parse_desired,
     ) -> None:
+        """`parse`: how the file is validated (the service's: its allowed filter types)."""
         self.path = path
         self.state_dir = state_dir
         self.server = server
@@ -80,6 +82,7 @@ class DesiredReload:
         self._leading = leading  # whether this process saves what changes (replicas: leader)
         self.follower = follower  # why a replica leaves the file to the leader (None: leads)
         self._rollouts = rollouts  # the rollout driver each new version goes through
+        self._parse = parse
         self._heap = heap  # around the apply: `heap.reload_heap` in `ballast serve`
         self._lock = asyncio.Lock()
         self.error: str | None = None  # an internal error of the last reload attempt
@@ -118,7 +121,7 @@ class DesiredReload:
         source = str(self.path)
         digest = hashlib.sha256(data).hexdigest()
         try:
-            new = await asyncio.to_thread(parse_desired, data, source)
+            new = await asyncio.to_thread(self._parse, data, source)
         except DesiredStateError as err:
             self._reject(digest, [str(p) for p in err.problems])
             return False

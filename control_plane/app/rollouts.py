@@ -231,6 +231,7 @@ class Rollouts:
         clock: Callable[[], int] = wall_ms,
         leading: Callable[[], bool] = lambda: True,
         changed: Callable[[], None] = lambda: None,
+        parse: Callable[[bytes, str], Desired] = parse_desired,
     ) -> None:
         self.owner = owner
         self.acks = acks
@@ -240,6 +241,7 @@ class Rollouts:
         self.clock = clock
         self._leading = leading  # replicas: only the leader starts, looks at and acts on a rollout
         self._changed = changed  # told after each change of which PoP serves what
+        self._parse = parse  # how a stored version is read again (the service's filter list)
         self.lock = asyncio.Lock()
         self.rollout: Rollout | None = None
         self.failed: dict[str, str] = {}  # digest -> why it failed
@@ -281,7 +283,7 @@ class Rollouts:
         """A replica taking the rollout its leader saved (`records`, read back from the shared
         store): which PoP serves which version, made this replica's through the change
         transaction (saving nothing: the leader saved it). A new leader starts from it."""
-        held = await asyncio.to_thread(restored, records, dict(self._versions), parse_desired,
+        held = await asyncio.to_thread(restored, records, dict(self._versions), self._parse,
                                        where)
         if held is None or (held.rollout == self.rollout and held.failed == self.failed):
             return

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 from collections.abc import Mapping
@@ -51,6 +52,7 @@ from control_plane.decisions.log import DecisionLog, log_files
 from control_plane.decisions.read import FileSource
 from control_plane.decisions.recorder import DecisionRecorder
 from control_plane.desired import parse_desired, read_desired_bytes
+from control_plane.desired.filter_types import DEFAULT_ALLOWED, AllowedFilters
 from control_plane.desired.loader import watched_files
 from control_plane.desired.model import Desired
 from control_plane.desired.warnings import desired_warnings
@@ -111,6 +113,8 @@ class ServiceConfig:
     admin_host_names: tuple[str, ...] = ()  # Host names the admin API answers besides IPs
     # without `tls`: SDS secrets (private keys) still go to Envoys connecting from loopback
     allow_plaintext_secrets: bool = False
+    # the HTTP filter types the desired state may use (`desired/filter_types.py`; None: any)
+    allowed_filters: AllowedFilters = DEFAULT_ALLOWED
     store_url: str | None = None  # etcd://HOST:PORT[,...]: replicas share the intent there
     store_credentials: StoreCredentials | None = None  # etcd client TLS and/or user, password
     replica_id: str | None = None  # this replica's name among them (default: the xDS address)
@@ -123,6 +127,8 @@ class ServiceConfig:
 class BallastService:
     def __init__(self, config: ServiceConfig) -> None:
         self.config = config
+        # every desired state this service reads (its file, stored versions) is judged alike
+        self.parse = functools.partial(parse_desired, allowed_filters=config.allowed_filters)
         self.metrics = BallastMetrics()
         self.ready = False
         self.restored_groups = 0
@@ -154,7 +160,7 @@ class BallastService:
         limit_client_logs()  # what clients make the log say passes a byte budget
         self.started_at_ms = wall_ms()
         self._desired_bytes = read_desired_bytes(config.desired_path)
-        desired = parse_desired(self._desired_bytes, str(config.desired_path))
+        desired = self.parse(self._desired_bytes, str(config.desired_path))
         log_warnings(desired)
         # TLS files read and checked before anything is held: bad ones refuse the start
         tls = ReloadingCredentials(config.tls) if config.tls is not None else None
@@ -191,7 +197,7 @@ class BallastService:
             stored = self.store.load()
         # a rollout the store held resumes: each PoP serves what it served before the stop
         running = Version(desired, self._desired_bytes)
-        held = restored(stored.records, {running.digest: running}, parse_desired,
+        held = restored(stored.records, {running.digest: running}, self.parse,
                         self._store_where())
         if held is not None:
             running = held.target
@@ -235,14 +241,15 @@ class BallastService:
         self.rollouts = Rollouts(
             self.server.intent, self.server.acks, source, self.recorder, running,
             metrics=self.metrics, leading=leading,
-            changed=self._follow_served)
+            changed=self._follow_served, parse=self.parse)
         if held is not None:
             self._resume_rollout(held)
         self._follow_served()  # a rollout restored: PoPs on its previous version too
         self.reload = DesiredReload(
             config.desired_path, config.state_dir, self.server, self.recorder, self.metrics,
             leading=leading, follower=self._follower, rollouts=lambda: self.rollouts,
-            heap=reload_heap if config.freeze_heap else contextlib.nullcontext)
+            heap=reload_heap if config.freeze_heap else contextlib.nullcontext,
+            parse=self.parse)
         self.watcher = DesiredFileWatcher(
             config.desired_path,
             self.reload.apply,

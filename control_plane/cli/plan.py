@@ -28,6 +28,8 @@ from control_plane.cli.admin_client import (
 )
 from control_plane.cli.translate_options import (
     DEFAULT_ENVOY_RELEASE,
+    add_filter_option,
+    filters_of,
     load_or_report,
     release_capabilities,
 )
@@ -64,6 +66,7 @@ class PopPlan:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_filter_option(parser)
     exit_1_on_usage_errors(parser)
     parser.add_argument("file", metavar="FILE", help="the desired-state YAML to plan")
     where = parser.add_mutually_exclusive_group()
@@ -103,12 +106,12 @@ def exit_1_on_usage_errors(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    new = load_or_report(args.file)
+    new = load_or_report(args.file, filters_of(args))
     if new is None:
         return ERROR
     try:
         if args.against is not None:
-            old = load_or_report(args.against)
+            old = load_or_report(args.against, filters_of(args))
             if old is None:
                 return ERROR
             source = args.against

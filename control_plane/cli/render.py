@@ -9,6 +9,8 @@ import sys
 from control_plane.cli.translate_options import (
     DEFAULT_ENVOY_RELEASE,
     OptionError,
+    add_filter_option,
+    filters_of,
     load_or_report,
     node_capabilities,
     parse_weights,
@@ -27,6 +29,7 @@ HELP = "print a PoP's Envoy resources (protobuf JSON mapping)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_filter_option(parser)
     parser.add_argument("file", metavar="FILE", help="desired-state YAML")
     parser.add_argument("--pop", required=True, metavar="NAME", help="the PoP to render")
     target = parser.add_mutually_exclusive_group()
@@ -51,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    desired = load_or_report(args.file)
+    desired = load_or_report(args.file, filters_of(args))
     if desired is None:
         return 1
     try:

@@ -15,6 +15,7 @@ from pathlib import Path
 from control_plane.admin.connections import DEFAULT_ADMIN_LIMITS, AdminLimits
 from control_plane.ads.limits import DEFAULT_LIMITS, AdsLimits
 from control_plane.app.service import BallastService, ServiceConfig
+from control_plane.cli.translate_options import add_filter_option, filters_of
 from control_plane.decisions.budget import DEFAULT_BURST_BYTES, DEFAULT_BYTES_PER_S, BudgetConfig
 from control_plane.desired import DesiredStateError
 from control_plane.intent.etcd_store import StoreCredentials, StoreUnavailable, parse_store_url
@@ -51,6 +52,7 @@ def _positive_int(text: str) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", help="desired-state YAML (watched: edits apply live)")
+    add_filter_option(parser)
     parser.add_argument("--xds-address", default="127.0.0.1:18000", metavar="HOST:PORT",
                         help="where Envoys connect for ADS and the metrics sink "
                         "(default 127.0.0.1:18000)")
@@ -247,6 +249,7 @@ def run(args: argparse.Namespace) -> int:
                                  max_connections=args.admin_connections),
         admin_host_names=tuple(args.admin_host),
         allow_plaintext_secrets=args.allow_plaintext_secrets,
+        allowed_filters=filters_of(args),
         store_url=args.store,
         store_credentials=_store_credentials(args) if args.store is not None else None,
         replica_id=args.replica_id,

@@ -26,6 +26,8 @@ from control_plane.cli.envoy_validate import EnvoyNotFound, find_envoy, validate
 from control_plane.cli.translate_options import (
     DEFAULT_ENVOY_RELEASE,
     OptionError,
+    add_filter_option,
+    filters_of,
     load_or_report,
     node_capabilities,
     release_capabilities,
@@ -40,6 +42,7 @@ _LOG_PREFIX = re.compile(r"^(\[[^\]]*\])+\s*(\[[^\]]*\]\s*)?")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_filter_option(parser)
     parser.add_argument("file", metavar="FILE", help="desired-state YAML")
     envoy = parser.add_mutually_exclusive_group()
     envoy.add_argument("--envoy", metavar="PATH", help="the envoy binary to validate with")
@@ -61,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     except OptionError as err:
         print(f"ballast validate: {err}", file=sys.stderr)
         return 2
-    desired = load_or_report(args.file)
+    desired = load_or_report(args.file, filters_of(args))
     if desired is None:
         return 1
     print(

@@ -37,6 +37,7 @@ from control_plane.desired.fields import (
     spki_pin,
     text,
 )
+from control_plane.desired.filter_types import DEFAULT_ALLOWED, AllowedFilters, refusal
 from control_plane.desired.layers import (
     GLOBAL,
     GROUP,
@@ -135,9 +136,10 @@ class NoFiles:
         return False
 
 
-def build_desired(root: yaml.Node, sink: Sink, digest: str,
-                  files: Files | None = None) -> Desired | None:
-    return _Document(sink, files or NoFiles()).read(root, digest)
+def build_desired(root: yaml.Node, sink: Sink, digest: str, files: Files | None = None,
+                  allowed_filters: AllowedFilters = DEFAULT_ALLOWED) -> Desired | None:
+    """`allowed_filters`: the HTTP filter types `http_filters` may use (None: any)."""
+    return _Document(sink, files or NoFiles(), allowed_filters).read(root, digest)
 
 
 MAX_AFFINITY_TTL_MS = 365 * 86_400_000
@@ -152,9 +154,10 @@ class _Named:
 
 
 class _Document:
-    def __init__(self, sink: Sink, files: Files) -> None:
+    def __init__(self, sink: Sink, files: Files, allowed_filters: AllowedFilters) -> None:
         self.sink = sink
         self.files = files
+        self.allowed_filters = allowed_filters
         self.pops: dict[str, Pop] = {}
         self.tier_layers: dict[str, Layer] = {}
         self.tiers_at = At(1, 1, "tiers")
@@ -965,7 +968,11 @@ class _Document:
                 typed = entry.convert(node, join(entry.path, "typed_config"),
                                       lambda n: typed_config(plain_value(n)))
             entry.finish()
-            if filter_name in RESERVED_FILTERS:
+            refused = None if typed is None else refusal(
+                typed[0].rsplit("/", 1)[-1], self.allowed_filters)
+            if refused is not None:
+                self.sink.add(entry.at("typed_config"), refused)
+            elif filter_name in RESERVED_FILTERS:
                 self.sink.add(entry.at("name"), f"'{filter_name}' is Ballast's own filter")
             elif filter_name is not None and filter_name in names:
                 self.sink.add(entry.at("name"), f"filter '{filter_name}' is listed twice")
