@@ -170,6 +170,9 @@ async def test_node_text_reaches_no_terminal_raw(
     assert shown["envoy_version"] == HOSTILE_VERSION
     nacks = [r for r in iter_records(hostile.state_dir) if r["kind"] == "nack"]
     assert HOSTILE_NACK in [r["detail"]["message"] for r in nacks]
+    # ... and what records say in words quotes it escaped: the NACK's rule, the rollback's
+    assert all(not raw_controls(r["rule"]) for r in nacks)
+    assert escape(HOSTILE_NACK) in nacks[0]["rule"]
     # the record's text that quotes the NACK (the rollback's reason) was escaped when made
     [rolled_back] = [r for r in iter_records(hostile.state_dir)
                      if r["kind"] == "rolled_back"]

@@ -76,6 +76,7 @@ from control_plane.observe.sink import SinkStore, add_metrics_service
 from control_plane.observe.source import MetricSource, wall_ms
 from control_plane.own_metrics.registry import BallastMetrics
 from control_plane.security.peer import check_node_peer, peer_pop
+from control_plane.security.terminal import escape
 from control_plane.security.tls import ReloadingCredentials, ReloadingSslContext, TlsFiles
 from control_plane.translate.resources import Capabilities
 
@@ -557,8 +558,9 @@ class BallastService:
             rule = f"node {node} {kind.removeprefix('node_')}"
         # Connects, disconnects and fallbacks are routine and come in storms (a fleet
         # reconnecting): no fsync each; the periodic sync makes them durable within a second.
+        # The rule quotes a node's text: escaped (the detail keeps it as sent, JSON-encoded).
         self.recorder.routine(kind, durable=kind == "nack", pop=pop, config_version=version,
-                              rule=rule, detail=detail)
+                              rule=escape(rule), detail=detail)
 
     # -- shutdown --------------------------------------------------------------------------
 
