@@ -54,10 +54,12 @@ def etcd() -> Iterator[EtcdServer]:
 
 @contextlib.asynccontextmanager
 async def replica(etcd: EtcdServer, tmp_path: Path, name: str, desired: Path,
-                  reload_poll_s: float = 0.1) -> AsyncIterator[BallastService]:
+                  reload_poll_s: float = 0.1, *, admin: bool = False
+                  ) -> AsyncIterator[BallastService]:
     service = BallastService(ServiceConfig(
         desired_path=desired, state_dir=tmp_path / name, xds_address=f"127.0.0.1:{free_port()}",
-        admin_address=None, probes=False, reload_poll_s=reload_poll_s, rollout_poll_ms=100,
+        admin_address="127.0.0.1:0" if admin else None, probes=False,
+        reload_poll_s=reload_poll_s, rollout_poll_ms=100,
         store_url=f"etcd://{etcd.endpoint}", replica_id=name, leader_ttl_s=2))
     await service.start()
     try:

@@ -228,6 +228,7 @@ class Replication:
     async def _leadership_changed(self, lead: Leadership | None, why: str) -> None:
         if lead is None:
             await self._stop_reconciling()
+            self._reconciler().readings.clear()  # the leader's now: none shown here
             if self.term is not None:
                 self.recorder.record("leader_lost", rule=f"replica {self.replica_id} stopped "
                                      f"reconciling term {self.term}: {why}",

@@ -50,7 +50,12 @@ from control_plane.app.rollout_control import ServiceRollouts
 from control_plane.app.rollouts import Restored, Rollouts, Version, baseline, restored
 from control_plane.app.runnables import Runnables
 from control_plane.app.server import BallastServer
-from control_plane.app.status import controller_states, not_ready_reason, service_status
+from control_plane.app.status import (
+    controller_states,
+    not_ready_reason,
+    origin_readings,
+    service_status,
+)
 from control_plane.decisions.budget import DEFAULT_BUDGET, BudgetConfig, RecordBudget
 from control_plane.decisions.log import DecisionLog, log_files
 from control_plane.decisions.read import FileSource
@@ -489,7 +494,7 @@ class BallastService:
                               state_dir=self.config.state_dir, clock=lambda: datetime.now(UTC),
                               controllers=lambda pop, group: controller_states(
                                   self.server.intent, pop, group),
-                              rollout=rollouts.shown)
+                              rollout=rollouts.shown, origins=lambda: origin_readings(self))
         self.admin = AdminApi(
             nodes=self.server.nodes,
             intent=self.server.intent,
