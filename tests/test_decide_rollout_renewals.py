@@ -156,3 +156,12 @@ def test_files_renewed_while_down_rename_the_versions() -> None:
     assert merged.phase == "passed" and merged.to_version == LAST_RENEWED
     assert reached(merged) == frozenset(POPS) and "renewed while Ballast was down" in \
         merged.reason
+
+
+def test_a_renewal_that_makes_both_versions_one_ends_the_rollout() -> None:
+    """A rollout of a renewal (`renewals: waves`) renewed again, the last passed version read
+    with the new files being that same version: nothing is left to roll out."""
+    rollout, _ = start(AT_ONCE, OLD, NEW, POPS, POPS, 0)
+    done, (event,) = renew(rollout, AT_ONCE, RENEWED, RENEWED, ("https.shop",), 10)
+    assert done.phase == "passed" and done.to_version == RENEWED == done.from_version
+    assert reached(done) == frozenset(POPS) and event.kind == "certificates_renewed"

@@ -52,6 +52,21 @@ async def _synced(fleet: RolloutFleet, service: BallastService) -> None:
                      "every Envoy synced")
 
 
+async def _started(fleet: RolloutFleet) -> BallastService:
+    """Ballast started, every Envoy ready and synced to it, traffic through every PoP."""
+    service = _service(fleet)
+    await service.start()
+    try:
+        for envoy in fleet.envoys.values():
+            await asyncio.to_thread(envoy.wait_ready, 20)
+        fleet.start_traffic()
+        await _synced(fleet, service)
+    except BaseException:
+        await service.stop(0.5)
+        raise
+    return service
+
+
 async def _restart(fleet: RolloutFleet, service: BallastService, **version: Any
                    ) -> tuple[BallastService, int]:
     """`service` stopped, the file written (`version`) while it is down, a new one started;
@@ -68,13 +83,8 @@ async def test_stop_edit_start_rolls_the_edit_out(tmp_path: Path) -> None:
     """Twice: with no rollout stored (the version served before the stop is the baseline the
     edit rolls out from), then with the edit's rollout baking (the next edit supersedes it)."""
     async with origins_and_envoys(tmp_path) as fleet:
-        service = _service(fleet)
-        await service.start()
+        service = await _started(fleet)
         try:
-            for envoy in fleet.envoys.values():
-                await asyncio.to_thread(envoy.wait_ready, 20)
-            fleet.start_traffic()
-            await _synced(fleet, service)
             v1 = service.server.intent.desired.digest
             assert service.rollouts.rollout is None
 
@@ -126,13 +136,8 @@ async def test_a_file_reverted_while_down_puts_every_pop_back(tmp_path: Path) ->
     passed); after the start every PoP serves v1 — the canary leaves v2 — and no wave goes on
     toward the others with bytes no file holds."""
     async with origins_and_envoys(tmp_path) as fleet:
-        service = _service(fleet)
-        await service.start()
+        service = await _started(fleet)
         try:
-            for envoy in fleet.envoys.values():
-                await asyncio.to_thread(envoy.wait_ready, 20)
-            fleet.start_traffic()
-            await _synced(fleet, service)
             v1 = service.server.intent.desired.digest
             fleet.write(marker="v2", bake="60s")
             await eventually(lambda: _markers(fleet, "v2")["ewr"], 20, "the canary on v2",

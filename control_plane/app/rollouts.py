@@ -378,7 +378,7 @@ class Rollouts:
         versions = {**self._versions, new.digest: new}
         current = self.rollout
         if current is not None and current.in_progress and not immediate \
-                and current.to_version != new.digest:
+                and new.digest not in (current.to_version, current.from_version):
             renewed = await asyncio.to_thread(renewal, versions[current.to_version].desired,
                                               new.desired)
             if renewed:  # the rollout goes on where it is (not superseded)

@@ -546,6 +546,11 @@ def renew(rollout: Rollout, policy: RolloutPolicy, to_version: str, renewed_from
         else rollout.from_version
     after = replace(rollout, from_version=from_version, to_version=to_version,
                     updated_ms=now_ms)
+    if from_version == to_version:  # the two versions read the same files now: nothing left
+        after = replace(after, phase="passed", promoted=True,
+                        reason=f"certificate(s) {', '.join(renewed)} renewed: the version rolling "
+                        "out and the last passed one are the same with them; every PoP serves "
+                        "it")
     got = [pop for pop in rollout.pops if pop in reached(rollout)]  # in wave order
     others = [pop for pop in rollout.pops if pop not in got]
     if not others:
