@@ -43,6 +43,7 @@ def test_defaults_are_canary_then_half_then_all_baked_five_minutes() -> None:
     got = policy()
     assert got == RolloutPolicy()
     assert (got.strategy, got.canary, got.waves, got.bake_ms) == ("waves", (), (50, 100), 300_000)
+    assert got.renewals == "immediate"  # a renewal alone: every PoP at once after validation
     # the gates are tied to the weight controller's thresholds and evidence rule
     failover = FailoverPolicy()
     assert got.gates.max_5xx_increase == failover.error_rate_threshold
@@ -58,6 +59,7 @@ rollout:
   canary: [sjc, lhr]
   waves: [10%, 60, 100%]
   bake: 2m
+  renewals: waves
   gates:
     max_5xx_increase: 1%
     max_p95_ratio: 2
@@ -70,6 +72,7 @@ rollout:
 """)
     assert got == RolloutPolicy(
         strategy="waves", canary=("sjc", "lhr"), waves=(10, 60, 100), bake_ms=120_000,
+        renewals="waves",
         gates=RolloutGates(max_5xx_increase=0.01, max_p95_ratio=2.0, min_p95_increase_ms=50,
                            max_shed_increase=0.1, max_tier_action_onsets=1,
                            ack_timeout_ms=30_000, min_samples=20, evidence_timeout_ms=0))
@@ -98,6 +101,8 @@ def test_immediate_strategy() -> None:
      "test.yaml:16:17: rollout.bake: must be between 1s and 24h, got 500ms"),
     ("rollout: {strategy: canary}\n",
      "test.yaml:16:21: rollout.strategy: must be one of waves, immediate, got 'canary'"),
+    ("rollout: {renewals: later}\n",
+     "test.yaml:16:21: rollout.renewals: must be one of immediate, waves, got 'later'"),
     ("rollout: {gates: {max_p95_ratio: 0.5}}\n",
      "test.yaml:16:34: rollout.gates.max_p95_ratio: must be between 1 and 100, got 0.5"),
     ("rollout: {gates: {ack_timout: 30s}}\n",

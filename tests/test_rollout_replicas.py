@@ -54,10 +54,12 @@ def etcd() -> Iterator[EtcdServer]:
 
 @contextlib.asynccontextmanager
 async def replica(etcd: EtcdServer, tmp_path: Path, name: str, desired: Path,
-                  reload_poll_s: float = 0.1) -> AsyncIterator[BallastService]:
+                  reload_poll_s: float = 0.1, *, admin: bool = False
+                  ) -> AsyncIterator[BallastService]:
     service = BallastService(ServiceConfig(
         desired_path=desired, state_dir=tmp_path / name, xds_address=f"127.0.0.1:{free_port()}",
-        admin_address=None, probes=False, reload_poll_s=reload_poll_s, rollout_poll_ms=100,
+        admin_address="127.0.0.1:0" if admin else None, probes=False,
+        reload_poll_s=reload_poll_s, rollout_poll_ms=100,
         store_url=f"etcd://{etcd.endpoint}", replica_id=name, leader_ttl_s=2))
     await service.start()
     try:
@@ -288,3 +290,49 @@ async def test_a_sighup_on_a_follower_starts_no_rollout(etcd: EtcdServer, tmp_pa
             await eventually(lambda: b.rollouts.rollout is not None
                              and b.rollouts.rollout.to_version == new, 10,
                              "b rolls out the file it reads")
+
+
+async def test_a_file_edited_while_every_replica_was_down(etcd: EtcdServer, tmp_path: Path
+                                                          ) -> None:
+    """Issue 37. v2 bakes in the canary; the only replica stops; its file is edited (v3). It
+    starts alone, is elected, and applies the file it reads: v3 supersedes v2 (the canary on
+    v3, the others on v1), recorded as made while Ballast was down. A replica that starts as a
+    follower with yet another file leaves it to the leader (`config_deferred`) and serves what
+    the leader decided."""
+    ports = _free_ports()
+    files = {name: tmp_path / f"{name}.yaml" for name in ("a", "b")}
+    files["a"].write_text(rollout_desired(ports))
+    async with replica(etcd, tmp_path, "a", files["a"]) as a:
+        await eventually(lambda: _leading(a), 10, "a leads")
+        v1 = a.server.intent.desired.digest
+        files["a"].write_text(rollout_desired(ports, marker="v2", bake="60s"))
+        await eventually(lambda: a.rollouts.rollout is not None
+                         and a.rollouts.rollout.phase == "baking", 10, "v2's canary")
+        v2 = a.rollouts.rollout.to_version
+    files["a"].write_text(rollout_desired(ports, marker="v3", bake="60s"))
+    async with replica(etcd, tmp_path, "a", files["a"]) as a:
+        await eventually(lambda: a.rollouts.rollout is not None
+                         and a.rollouts.rollout.to_version not in (v1, v2), 10,
+                         "a, elected, rolls the edited file out")
+        rollout = a.rollouts.rollout
+        v3 = rollout.to_version
+        assert rollout.phase == "baking" and rollout.wave == 0 and rollout.from_version == v1
+        assert a.server.intent.intent.versions() == {"ewr": v3, "sjc": v1, "lax": v1}
+        records = list(iter_records(tmp_path / "a"))
+        elected = max(r["seq"] for r in records if r["kind"] == "leader_elected")
+        after = [r for r in records if r["seq"] > elected]
+        assert [r["detail"]["superseded_by"] for r in after
+                if r["kind"] == "rollout_superseded"] == [v3], after
+        applied = [r for r in after if r["kind"] == "config_applied"]
+        assert len(applied) == 1 and applied[0]["detail"]["digest"] == v3, applied
+        files["b"].write_text(rollout_desired(ports, marker="only-on-b"))
+        async with replica(etcd, tmp_path, "b", files["b"]) as b:
+            deferred = await eventually(
+                lambda: [r for r in iter_records(tmp_path / "b")
+                         if r["kind"] == "config_deferred" and r.get("replica") == "b"], 10,
+                "b leaves its file to a")
+            assert "replica b does not lead (leader: a, term" in deferred[0]["rule"], deferred
+            await eventually(lambda: b.rollouts.rollout == a.rollouts.rollout, 10,
+                             "b follows a's rollout")
+            assert b.server.intent.intent.versions() == {"ewr": v3, "sjc": v1, "lax": v1}
+            assert a.rollouts.rollout.to_version == v3

@@ -39,8 +39,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from control_plane.decide.controller import ControllerState, StepResult, step
+from control_plane.decide.health import HealthScore
 from control_plane.decide.ramp import RampResult, RampState, ramp_step
 from control_plane.decide.runs import END_KINDS, QuietRun, follow_run
+from control_plane.decide.signals import GroupSignals
 from control_plane.decide.tiers import TierState, TierStepResult, service_time_ms, tier_step
 from control_plane.decisions.log import Draft, draft
 from control_plane.desired.model import Desired, OriginGroup
@@ -63,6 +65,15 @@ log = logging.getLogger(__name__)
 
 GroupKey = tuple[str, str]  # (PoP, origin group)
 PHASES = {"decide": "deciding", "push": "pushing"}
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What one pair's last tick read and scored, for the faces."""
+
+    at_ms: int
+    signals: GroupSignals  # origin -> its window (absent: no signal of it)
+    scores: dict[str, HealthScore]  # empty when the signals were missing or stale
 
 
 @dataclass(frozen=True)
@@ -97,6 +108,7 @@ class PairDecision:
     pair: PairChange  # what the intent owner is given
     records: tuple[Draft, ...]  # what the decision log gets, in order
     run: QuietRun | None  # the pair's quiet run after this tick
+    signals: GroupSignals  # what the step read (the faces show it)
 
 
 @dataclass(frozen=True)
@@ -138,6 +150,9 @@ class Reconciler:
         self._runs: dict[GroupKey, QuietRun | None] = {}  # absent: not ticked yet
         self._due: dict[GroupKey, int] = {}
         self._next_due = 0  # no pair is due before this (a tick before it has nothing to do)
+        # each pair's last tick: when, the signals it read and the health scores it gave (the
+        # faces show them: `app/status.py`); dropped with the pair
+        self.readings: dict[GroupKey, Reading] = {}
 
     def interval_ms(self, group: OriginGroup) -> int:
         return self.interval_override_ms or group.failover.interval_ms
@@ -204,6 +219,9 @@ class Reconciler:
                 for (pop, group), weights in plan.changes.weights.items():
                     for origin, weight in weights.items():
                         self.metrics.weight.labels(pop, group, origin).set(weight)
+        for decision in plan.decided:
+            key = (decision.outcome.pop, decision.outcome.group)
+            self.readings[key] = Reading(now, decision.signals, decision.outcome.result.scores)
         self._runs = plan.runs
         self._due = plan.schedule
         self._next_due = min(plan.schedule.values(), default=0)
@@ -290,7 +308,7 @@ class Reconciler:
                                  None if outcome.tiers is None else outcome.tiers.state,
                                  None if outcome.ramp is None else outcome.ramp.state, actions)
             records, run = self._records(outcome, desired, now)
-            return PairDecision(outcome, decided, records, run)
+            return PairDecision(outcome, decided, records, run, signals.get(key) or {})
         except Exception as err:
             log.exception("deciding %s/%s failed", pop, group.name)
             return PairFailure(pop, group.name, "decide", f"{type(err).__name__}: {err}")
@@ -390,10 +408,11 @@ class Reconciler:
         owner's carry-over)."""
         keep = set(running.pairs())
         self._next_due = 0  # pairs it adds are due at once
-        for key in [*self._due, *self._runs]:
+        for key in [*self._due, *self._runs, *self.readings]:
             if key not in keep:
                 self._due.pop(key, None)
                 self._runs.pop(key, None)
+                self.readings.pop(key, None)
 
     async def run(self, poll_ms: int = 250) -> None:
         """Tick each (PoP, group) on its own interval until cancelled."""

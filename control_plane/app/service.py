@@ -9,7 +9,13 @@ Start-up order matters and is the point of this module:
 3. translate every PoP's resources on a worker thread (Envoys reconnecting after a restart find
    them ready), then bind xDS (ADS + the metrics_service sink on the same port), then the admin
    API;
-4. start the reconcile loop, the active probes and the desired-state watcher; report ready.
+4. compare the desired-state file with what was served before the stop (a rollout the store
+   held, else the version whose bytes it kept): a file edited while Ballast was down is a new
+   change through the reload (`reloading.py`: rolled out per its `rollout:`, superseding a
+   stored rollout), recorded as such — before the port is bound, so reconnecting Envoys get
+   its first wave at once. With replicas the leader does it once elected (the file it reads);
+   a follower records that it leaves a differing file to the leader (`config_deferred`);
+5. start the reconcile loop, the active probes and the desired-state watcher; report ready.
 Each part is registered with what stops it as it starts (`runnables.py`: one exit stack), so
 a start-up that fails half-way and `stop` unwind the same way: newest first, ending with the
 decision log, the state store and the state directory's lock. Hot reloads are
@@ -43,10 +49,15 @@ from control_plane.app.reload import DesiredFileWatcher
 from control_plane.app.reloading import DesiredReload, log_warnings
 from control_plane.app.replication import Replication
 from control_plane.app.rollout_control import ServiceRollouts
-from control_plane.app.rollouts import Restored, Rollouts, Version, restored
+from control_plane.app.rollouts import Restored, Rollouts, Version, baseline, restored
 from control_plane.app.runnables import Runnables
 from control_plane.app.server import BallastServer
-from control_plane.app.status import controller_states, not_ready_reason, service_status
+from control_plane.app.status import (
+    controller_states,
+    not_ready_reason,
+    origin_readings,
+    service_status,
+)
 from control_plane.decisions.budget import DEFAULT_BUDGET, BudgetConfig, RecordBudget
 from control_plane.decisions.log import DecisionLog, log_files
 from control_plane.decisions.read import FileSource
@@ -61,7 +72,7 @@ from control_plane.intent.replicated_store import ReplicatedStore
 from control_plane.intent.running import ramp_key, tier_key
 from control_plane.intent.sqlite_store import StateStore
 from control_plane.intent.state_dir_lock import StateDirLock
-from control_plane.intent.store import RAMP_KIND, StoredIntent
+from control_plane.intent.store import RAMP_KIND, VERSION_KIND, StoredIntent
 from control_plane.observe.access_log import (
     AccessLogStore,
     WithAttemptLatency,
@@ -86,6 +97,9 @@ MetricSourceKind = Literal["sink", "prometheus"]
 DIFF_LINES_IN_RECORD = 60
 PROBLEMS_IN_RECORD = 50
 MIN_FREE_BYTES = 1024 * 1024  # a reload must be able to save the state and record it
+# who asked, in the records of a change the file made while Ballast was down
+EDITED_WHILE_DOWN = "the file differs from what was served before the stop: edited while " \
+    "Ballast was down"
 
 
 @dataclass(frozen=True)
@@ -196,13 +210,16 @@ class BallastService:
             self.store = StateStore(config.state_dir, history=history)
             runnables.hold(self.store.close)
             stored = self.store.load()
-        # a rollout the store held resumes: each PoP serves what it served before the stop
-        running = Version(desired, self._desired_bytes)
-        held = restored(stored.records, {running.digest: running}, self.parse,
-                        self._store_where())
-        if held is not None:
-            running = held.target
-            desired = running.desired
+        # what was served before the stop, served again: a rollout the store held resumes
+        # (each PoP serves what it served), else the version whose bytes it kept; the file
+        # (read above) is compared with it once everything is built (`_apply_file`)
+        file = Version(desired, self._desired_bytes)
+        held = restored(stored.records, {file.digest: file}, self.parse,
+                        self._store_where(), wall_ms())
+        running = held.target if held is not None else baseline(
+            stored.records, stored.desired_digest, {file.digest: file}, self.parse,
+            self._store_where()) or file
+        desired = running.desired
         self.server = BallastServer(
             desired,
             xds_address=config.xds_address,
@@ -220,15 +237,17 @@ class BallastService:
         )
         await self._restore(stored)
         if stored.desired_digest != desired.digest:
+            before = stored.desired_digest
             self.recorder.record(
                 "config_applied",
                 config_version=desired.digest[:16],
-                rule="desired state loaded at start-up",
+                rule="desired state loaded at start-up" + (
+                    "" if before is None else f" on every PoP at once: the store kept no "
+                    f"bytes of the version served before the stop ({before[:16]}), so "
+                    "nothing rolls out from it"),
                 detail={"source": str(config.desired_path), "digest": desired.digest,
-                        "warnings": desired_warnings(desired)},
+                        "warnings": desired_warnings(desired), "stored_digest": before},
             )
-            if self.replication is None:  # replicas: the leader saves it with its next step
-                await self.server.intent.save_digest()
         source = self._metric_source(desired)
         self.reconciler = Reconciler(
             self.server.intent,
@@ -242,7 +261,8 @@ class BallastService:
         self.rollouts = Rollouts(
             self.server.intent, self.server.acks, source, self.recorder, running,
             metrics=self.metrics, leading=leading,
-            changed=self._follow_served, parse=self.parse)
+            changed=self._follow_served, parse=self.parse,
+            saved=stored.records.get(VERSION_KIND, {}))
         if held is not None:
             self._resume_rollout(held)
         self._follow_served()  # a rollout restored: PoPs on its previous version too
@@ -255,12 +275,14 @@ class BallastService:
             config.desired_path,
             self.reload.apply,
             poll=config.reload_poll_s,
-            # a file that differs from the version restored is a new change: it rolls out
-            current=running.data,
+            current=file.data,  # compared at start (`_apply_file`): only later edits count
             on_unreadable=self.reload.unreadable,
             on_error=self.reload.failed,
             also=lambda: watched_files(self.server.intent.intent.desired),
         )
+        if self.replication is None:  # replicas: the leader, once elected (`_elected`)
+            await self.rollouts.settle()
+            await self._apply_file(file)
         # every PoP translated for Envoy 1.40 (FIFO queue policies; with and without the access
         # log its --metrics-sink bootstrap asks for), off the loop and before the port is bound:
         # a reconnect storm finds its snapshots ready
@@ -276,6 +298,7 @@ class BallastService:
         else:  # the reconcile loop runs while this replica leads
             replication = self.replication
             await runnables.start(replication.start, replication.stop)
+            runnables.spawn(self._follower_file())
         runnables.spawn(self.rollouts.run(config.rollout_poll_ms))
         runnables.spawn(self._sync_decisions())
         self.watcher_task = runnables.spawn(self.watcher.run())
@@ -294,6 +317,36 @@ class BallastService:
         if config.freeze_heap:  # what start-up built lives as long as the server
             settle_heap()
             runnables.hold(release_heap)
+
+    async def _apply_file(self, file: Version) -> None:
+        """The desired-state file compared with the running intent (what the target is): a
+        file that differs is a new change, applied through the reload like an edit (its
+        `rollout:`, superseding a rollout in progress; a version that failed its rollout is
+        not applied again), its records saying it was made while Ballast was down."""
+        if file.digest != self.server.intent.desired.digest:
+            await self.reload.apply(file.data, by=EDITED_WHILE_DOWN)
+
+    async def _elected(self) -> None:
+        """This replica leads: the store made to hold what it serves from (`Rollouts.settle`),
+        then the file it reads applied (a file a follower left to the old leader, or one edited
+        on this host while it was down, rolls out now)."""
+        try:
+            await self.rollouts.settle()
+        except Exception:  # the lead stays: the next change saves it all
+            log.exception("saving the versions served after the election failed")
+        self.watcher.trigger()
+
+    async def _follower_file(self) -> None:
+        """A replica that started as a follower compares its file with what the replicas serve
+        once it knows who leads: a differing file is left to the leader, recorded
+        (`config_deferred`). The leader reads its own file when elected (`_elected`)."""
+        replication = self.replication
+        if replication is None:
+            return
+        await replication.election.campaigned.wait()
+        if replication.term is None:
+            await replication.read_leader()
+            self.watcher.trigger()
 
     def _leading(self) -> bool:
         """Whether this process saves what changes (replicas: while it leads)."""
@@ -324,9 +377,12 @@ class BallastService:
             rule=f"rollout of {rollout.to_version[:16]} from {rollout.from_version[:16]} "
             f"restored ({rollout.phase.replace('_', ' ')}, wave {rollout.wave + 1} of "
             f"{len(rollout.waves)}): each PoP serves what it served before the stop"
+            + ("" if not held.renamed else ", with the certificate files on disk now (renewed "
+               "while Ballast was down: " + ", ".join(f"{old[:16]} is {new[:16]}" for old, new
+                                                       in sorted(held.renamed.items())) + ")")
             + ("; it goes on from here" if rollout.in_progress else ""),
             detail={"rollout": rollout.to_dict(), "pop_versions": versions,
-                    "failed_versions": sorted(held.failed)},
+                    "failed_versions": sorted(held.failed), "renamed": held.renamed},
         )
 
     def _defaults_note(self) -> dict[str, str]:
@@ -392,7 +448,7 @@ class BallastService:
             acks=lambda: self.server.acks,
             # the leader applies the file it reads: read again once elected (a file a follower
             # left to the old leader, or one edited on this host only, rolls out now)
-            elected=lambda: self.watcher.trigger(),
+            elected=self._elected,
             info={"id": replica, "xds": config.xds_address, "admin": config.admin_address},
             metrics=self.metrics,
         )
@@ -459,7 +515,7 @@ class BallastService:
                               state_dir=self.config.state_dir, clock=lambda: datetime.now(UTC),
                               controllers=lambda pop, group: controller_states(
                                   self.server.intent, pop, group),
-                              rollout=rollouts.shown)
+                              rollout=rollouts.shown, origins=lambda: origin_readings(self))
         self.admin = AdminApi(
             nodes=self.server.nodes,
             intent=self.server.intent,

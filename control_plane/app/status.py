@@ -56,7 +56,37 @@ def service_status(service: BallastService) -> dict[str, Any]:
         **({"replication": service.replication.status()} if service.replication else {}),
         "pop_versions": pop_versions(service),
         "rollout": rollout_status(service),
+        "origins": origin_readings(service),
     }
+
+
+def origin_readings(service: BallastService) -> dict[str, dict[str, dict[str, Any]]]:
+    """PoP -> origin group -> what the reconcile loop's last tick of the pair read and scored
+    (`read_at_ms`), per origin: the weight in force, the requests of its window, the 5xx rate
+    (5xx and connect failures over all attempts, in percent), the p95 (ms) and the health score
+    (1 perfect, 0 dead, below 0 past five times a threshold: `decide/health.py`) with the
+    signal that limits it; None where the tick had no signal of the origin. Rounded as the
+    dashboard shows them. Empty on a replica that does not lead (the leader reconciles)."""
+    owner = service.server.intent
+    shown: dict[str, dict[str, dict[str, Any]]] = {}
+    for (pop, group), reading in sorted(service.reconciler.readings.items()):
+        if not owner.has_pop(pop):
+            continue
+        origins = {}
+        for origin, weight in owner.weights(pop, group).items():
+            signals, score = reading.signals.get(origin), reading.scores.get(origin)
+            origins[origin] = {
+                "weight": weight,
+                "requests": None if signals is None else signals.requests,
+                "error_rate_pct": None if signals is None else round(
+                    signals.error_rate * 100, 1),
+                "p95_ms": None if signals is None or signals.p95_ms is None else round(
+                    signals.p95_ms),
+                "score": None if score is None else round(score.composite, 2),
+                "limiting": None if score is None else score.limiting,
+            }
+        shown.setdefault(pop, {})[group] = {"read_at_ms": reading.at_ms, "origins": origins}
+    return shown
 
 
 def pop_versions(service: BallastService) -> dict[str, dict[str, Any]]:

@@ -136,22 +136,31 @@ class StepResult:
 
         ``pushed``: the weights the tick gives Envoy when a later step of the tick (the standby
         ramp) changed this step's proposal; the record's ``weights_after`` is then ``pushed``,
-        and ``detail`` says what was proposed (``proposed``) and why it changed
-        (``changed_by``): a record never shows weights that were not pushed.
+        its rule starts with what was pushed and which step changed the proposal, and
+        ``detail`` says what was proposed (``proposed``) and why it changed (``changed_by``):
+        a record never shows, or reads as, weights that were not pushed.
         """
         detail: dict[str, Any] = {"next": self.next, "state": self.state.to_dict()}
         if self.damping:
             detail["damping"] = self.damping
         after = dict(self.weights_after)
+        rule = self.rule
         if pushed is not None and dict(pushed) != after:
             detail["proposed"] = after
             detail["changed_by"] = changed_by
+            moves = ", ".join(f"{name} {self.weights_before[name]}→{weight}"
+                              for name, weight in pushed.items()
+                              if weight != self.weights_before.get(name))
+            proposal = ", ".join(f"{name} {weight}" for name, weight in after.items())
+            step = changed_by.partition(":")[0] or "a later step of the tick"
+            rule = (f"pushed {moves or 'no change'} ({step} changed the controller's proposal "
+                    f"{proposal}, which was not pushed); the controller's step: {self.rule}")
             after = dict(pushed)
         return {
             "weights_before": dict(self.weights_before),
             "weights_after": after,
             "inputs": self.inputs.json(),
-            "rule": self.rule,
+            "rule": rule,
             "detail": detail,
         }
 

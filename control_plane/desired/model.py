@@ -450,6 +450,7 @@ class AccessLog:
 
 
 RolloutStrategy = Literal["waves", "immediate"]
+RenewalPolicy = Literal["immediate", "waves"]
 
 
 @dataclass(frozen=True)
@@ -503,6 +504,10 @@ class RolloutPolicy:
     # tier actions hold 30 s before they act; 5 min covers ten windows
     bake_ms: int = 300_000
     gates: RolloutGates = field(default_factory=RolloutGates)
+    # a version that only renews certificates served for the same hostnames (`decide/rollout.py`,
+    # `renewal`): every PoP at once once it validated (the key matches, the dates hold, the SANs
+    # cover the hostnames), or in waves like any change
+    renewals: RenewalPolicy = "immediate"
 
 
 @dataclass(frozen=True)

@@ -212,6 +212,7 @@ ROLLOUT_FIELDS: FieldTable = {
     "canary": ("canary", pop_names),
     "waves": ("waves", rollout_waves),
     "bake": ("bake_ms", duration(1000, 86_400_000)),
+    "renewals": ("renewals", choice("immediate", "waves")),
 }
 
 ROLLOUT_GATE_FIELDS: FieldTable = {
