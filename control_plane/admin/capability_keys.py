@@ -1,11 +1,13 @@
 """Capability keys (`none`, `fifo`, `lifo`, each also with `+als`, and with `-f<hash>` for
-nodes lacking added filters' types) as the admin API and `ballast plan` name them."""
+nodes lacking added filters' types; `grpc+<features>` for gRPC clients) as the admin API and
+`ballast plan` name them."""
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
 
+from control_plane.translate.grpc_capabilities import grpc_capabilities_for_key
 from control_plane.translate.resources import Capabilities
 
 CAPABILITY_KEYS: dict[str, Capabilities] = {
@@ -22,7 +24,9 @@ CAPABILITY_KEYS: dict[str, Capabilities] = {
 def capabilities_for_key(key: str) -> Capabilities:
     """The capabilities a key stands for; `ValueError` naming the known keys otherwise. A key
     of nodes lacking HTTP filter types (`<key>-f<hash>`) names them only by hash: it stands
-    for its base key (as if the filters were there)."""
+    for its base key (as if the filters were there). `grpc+...`: proxyless gRPC clients."""
+    if key.startswith("grpc"):
+        return grpc_capabilities_for_key(key)
     base, _, filters = key.partition("-f")
     if filters:
         key = base

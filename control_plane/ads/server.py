@@ -68,6 +68,7 @@ from control_plane.ads.protocol import (
 )
 from control_plane.ads.snapshots import SnapshotCache
 from control_plane.translate.capabilities import NodeCapabilities, read_node_capabilities
+from control_plane.translate.grpc_capabilities import describe_grpc_client, is_grpc_client
 from control_plane.translate.resources import (
     CLUSTER_TYPE,
     SECRET_TYPE,
@@ -233,6 +234,9 @@ def _peer_identity(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
 
 
 def envoy_version(node: Node, limit: int = DEFAULT_LIMITS.text_chars) -> str:
+    """The node's Envoy version, or a gRPC client's language and release."""
+    if is_grpc_client(node):
+        return clip(describe_grpc_client(node), limit)
     if node.HasField("user_agent_build_version"):
         v = node.user_agent_build_version.version
         return f"{v.major_number}.{v.minor_number}.{v.patch}"

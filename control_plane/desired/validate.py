@@ -37,6 +37,7 @@ from control_plane.desired.fields import (
     spki_pin,
     text,
 )
+from control_plane.desired.grpc_services import read_grpc_services
 from control_plane.desired.layers import (
     GLOBAL,
     GROUP,
@@ -184,6 +185,7 @@ class _Document:
         access_log = read_layer(access, ACCESS_LOG_FIELDS, GLOBAL)
         access.finish()
         groups = self._origin_groups(doc)
+        services = read_grpc_services(self, doc, self.groups)
         default_tier, rules, trusted = self._classification(doc)
         self._check_cacheable_routes({rule.name for rule in rules} | {CATCH_ALL_ROUTE_NAME})
         listeners = self._listeners(doc)
@@ -193,7 +195,7 @@ class _Document:
             return None
         return Desired(
             pops=tuple(self.pops.values()),
-            origin_groups=tuple(g for g in groups if g is not None),
+            origin_groups=(*(g for g in groups if g is not None), *services),
             classification=tuple(rules),
             default_tier=default_tier,
             listeners=tuple(listeners),

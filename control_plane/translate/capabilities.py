@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from envoy.config.core.v3.base_pb2 import Node
 
 from control_plane.translate.envoy_http_filters import ENVOY_1_40_HTTP_FILTER_TYPES
+from control_plane.translate.grpc_capabilities import grpc_node_capabilities, is_grpc_client
 from control_plane.translate.resources import (
     ADAPTIVE_LIFO_EXTENSION,
     FIFO_EXTENSION,
@@ -66,6 +67,8 @@ def capabilities_from_node(node: Node) -> Capabilities:
 
 
 def read_node_capabilities(node: Node) -> NodeCapabilities:
+    if is_grpc_client(node):  # a proxyless gRPC client: none of an Envoy's gates apply
+        return NodeCapabilities(*grpc_node_capabilities(node))
     found = _with_filters(_queue_capabilities(node), node)
     field = node.metadata.fields.get(ACCESS_LOG_METADATA)
     if field is None or not field.bool_value:

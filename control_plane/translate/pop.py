@@ -20,6 +20,9 @@ are translated and serialized. The inputs of each resource are exactly what its 
 
 - Runtime `ballast_tiers` (RTDS): every group's lent limits (`runtime.py`).
 
+A proxyless gRPC client (`caps.grpc`) gets its gRPC services instead, built by
+`grpc_resources.py` with the same builder.
+
 So a weight change re-builds the ClusterLoadAssignments of that group, a tier action the routes
 and the runtime layer,
 a desired-state edit the resources whose inputs it touched. Without `previous` every resource is
@@ -48,6 +51,7 @@ from control_plane.desired.model import (
 )
 from control_plane.translate.clusters import cluster_name, tier_cluster
 from control_plane.translate.endpoints import load_assignment
+from control_plane.translate.grpc_resources import grpc_resources
 from control_plane.translate.listeners import listener, trusted_route_name
 from control_plane.translate.mirror import (
     has_mirror,
@@ -177,6 +181,10 @@ def translate_pop(
     inputs = _PopInputs(desired, caps, resolve_weights(desired, pop, held.weights),
                         dict(held.tier_actions), dict(held.mirrors),
                         {g: sick for g, sick in held.sick.items() if sick})
+    if caps.grpc is not None:  # a proxyless gRPC client: its gRPC services, nothing else
+        make = _Builder(previous if previous is not None and previous.pop == pop else None)
+        by_type, notes = grpc_resources(desired, caps.grpc, inputs.weights, make)
+        return _finish(pop, inputs, make, notes, by_type)
     last = None if previous is None or previous.pop != pop else previous.derived(
         _POP_INPUTS, lambda _: None)
     if previous is not None and last is not None and last.desired is desired \
