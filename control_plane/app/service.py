@@ -539,6 +539,8 @@ class BallastService:
                 f"node {node} rejected {detail.get('type')} version {version}: "
                 f"{detail.get('message', '')}"
             )
+        elif kind == "capability_fallback" and str(detail.get("capabilities")).startswith("grpc"):
+            rule = f"gRPC client {node} not sent: {'; '.join(detail.get('notes') or [])}"
         elif kind == "capability_fallback":
             rule = f"node {node} lacks adaptive LIFO: FIFO sent"
         elif kind == "node_refused":

@@ -119,6 +119,8 @@ def nack_lines(node: Node, now: float) -> list[str]:
 def queue_policy(node: Node) -> str:
     key, reason = node["capability_key"], node["capability_reason"]
     policy = QUEUE_POLICIES.get(key.removesuffix("+als"), key)  # +als: access logs asked for
+    if key.startswith("grpc"):
+        policy = "none (a proxyless gRPC client: its gRPC services, no tiers)"
     return f"{policy} — capability key {key}, because {reason}"
 
 

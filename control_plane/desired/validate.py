@@ -423,7 +423,7 @@ class _Document:
     def _origin_groups(self, doc: Fields) -> list[OriginGroup | None]:
         fields = Fields(doc.node_of("origin_groups"), "origin_groups", self.sink)
         self._note_broken(fields)
-        if not doc.has("origin_groups"):
+        if not doc.has("origin_groups") and not doc.has("grpc_services"):
             self.sink.add(doc.at(), "missing required key 'origin_groups'")
         elif fields.ok and not fields.entries:
             self.sink.add(fields.at(), "must list at least one origin group")
@@ -787,7 +787,8 @@ class _Document:
     # --- listeners ---------------------------------------------------------------------------
 
     def _listeners(self, doc: Fields) -> list[Listener]:
-        _, items = self._list(doc, "listeners", "listener")
+        # without listeners, Envoys get nothing: a fleet of proxyless gRPC clients only
+        _, items = self._list(doc, "listeners", "listener", required=not doc.has("grpc_services"))
         listeners: list[Listener] = []
         ports: dict[tuple[str, int], tuple[str, str]] = {}
         for named, listener in self._unique_names(items, "listeners", "listener"):
