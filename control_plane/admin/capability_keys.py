@@ -1,6 +1,6 @@
-"""Capability keys (`none`, `fifo`, `lifo`, each also with `+als`, and with `-f<hash>` for
-nodes lacking added filters' types; `grpc+<features>` for gRPC clients) as the admin API and
-`ballast plan` name them."""
+"""Capability keys (`none`, `fifo`, `lifo`, each also with `+als` and/or `+lrs`, and with
+`-f<hash>` for nodes lacking added filters' types; `grpc+<features>` for gRPC clients) as the
+admin API and `ballast plan` name them."""
 
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ from control_plane.translate.resources import Capabilities
 CAPABILITY_KEYS: dict[str, Capabilities] = {
     caps.key: caps
     for access_log in (False, True)
+    for reports in (False, True)
     for caps in (
-        Capabilities(queue_policies=False, access_log=access_log),
-        Capabilities(access_log=access_log),
-        Capabilities(adaptive_lifo=True, access_log=access_log),
+        Capabilities(queue_policies=False, access_log=access_log, load_reports=reports),
+        Capabilities(access_log=access_log, load_reports=reports),
+        Capabilities(adaptive_lifo=True, access_log=access_log, load_reports=reports),
     )
 }
 

@@ -14,7 +14,8 @@ How a report maps to origins: the cluster names a group (a tier cluster `<group>
 gRPC service's cluster `<service>`) of the desired state the sender's PoP serves, a locality's
 zone names the origin (`translate/endpoints.py`, `grpc_resources.py`), an endpoint's address
 names it through the desired state (`endpoints.endpoint_origins`); anything else is dropped
-with a warning. Tiers and the clients of one PoP add up.
+with a warning (a cluster that is no group's: the bootstrap's own, mirrors, silently). Tiers
+and the clients of one PoP add up.
 
 The window (start, end] of one (PoP, group, origin) is the sum of the reports that arrived in
 it, as the sink sums interval histograms, so it holds the same values the sink's and
@@ -120,6 +121,8 @@ class _Stream:
     open: bool = True
     last_ms: int = 0
     reports: int = 0
+    by_endpoint: int = 0  # entries attributed per endpoint (endpoint granularity)
+    clusters: set[str] = field(default_factory=set)  # groups' clusters its reports named
     series: dict[tuple[str, str], list[_Sample]] = field(default_factory=dict)
     dropped: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # group -> drops
     warned: set[str] = field(default_factory=set)
@@ -187,6 +190,13 @@ class LoadReports:
         """Node id -> PoP of the open streams."""
         return {s.node_id: s.pop for s in self._streams.values() if s.open}
 
+    def reporters(self) -> list[dict[str, object]]:
+        """Each open stream: its node, PoP, reports so far, the newest one's time (unix ms),
+        the groups' clusters its reports named and whether they name endpoints (`/status`)."""
+        return [{"node": s.node_id, "pop": s.pop, "reports": s.reports, "last_report_ms":
+                 s.last_ms, "clusters": sorted(s.clusters), "per_endpoint": s.by_endpoint > 0}
+                for s in self._streams.values() if s.open]
+
     def ingest(self, stream_id: int, request: LoadStatsRequest, received_ms: int) -> int:
         """Record one report (checked with `check_report` first); returns how many
         (group, origin) entries were kept."""
@@ -196,11 +206,10 @@ class LoadReports:
         dropped: dict[str, float] = defaultdict(float)
         for stats in request.cluster_stats:
             mapped = clusters.get(stats.cluster_name)
-            if mapped is None:
-                self._warn(stream, f"cluster {stats.cluster_name[:64]!r} is no cluster of PoP "
-                           f"{stream.pop!r}")
+            if mapped is None:  # Ballast's own (ballast_xds), mirrors: nobody's signals
                 continue
             group, origins, addresses = mapped
+            stream.clusters.add(stats.cluster_name)
             dropped[group] += stats.total_dropped_requests
             for locality in stats.upstream_locality_stats:
                 for origin, counts in self._attributed(stream, locality, origins, addresses):
@@ -242,6 +251,7 @@ class LoadReports:
                     self._warn(stream, f"endpoint {address[:64]!r} is no origin of its cluster")
                 else:
                     found.append((origin, endpoint))
+            stream.by_endpoint += len(found)
             return found
         zone = locality.locality.zone
         if zone not in origins:

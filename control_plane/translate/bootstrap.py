@@ -17,6 +17,7 @@ from control_plane.translate.bootstrap_templates import TEMPLATES
 from control_plane.translate.capabilities import (
     ACCESS_LOG_METADATA,
     ENVOY_RELEASES,
+    LOAD_REPORTS_METADATA,
     NEWEST_RELEASE,
 )
 from control_plane.translate.listeners import XDS_CLUSTER
@@ -176,6 +177,9 @@ def ads_bootstrap(
         bootstrap.setdefault("cluster_manager", {})["load_stats_config"] = {
             "api_type": "GRPC", "transport_api_version": "V3",
             "grpc_services": [{"envoy_grpc": {"cluster_name": XDS_CLUSTER}}]}
+        # Envoy refuses clusters with per-endpoint stats once it reports load: Ballast leaves
+        # them out for nodes that say so
+        bootstrap["node"].setdefault("metadata", {})[LOAD_REPORTS_METADATA] = True
     if needed_stats_only:
         matcher = {"inclusion_list": {"patterns": [{"safe_regex": {"regex": r}}
                                                    for r in NEEDED_STATS]}}

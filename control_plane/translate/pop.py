@@ -385,7 +385,8 @@ def _cluster(
     name: str, group: OriginGroup, tier: Tier, caps: Capabilities
 ) -> tuple[Message, str | None]:
     choice = choose_queue_policy(name, tier, caps)
-    return tier_cluster(group, tier, choice), choice.fallback_note
+    return (tier_cluster(group, tier, choice, per_endpoint_stats=not caps.load_reports),
+            choice.fallback_note)
 
 
 def built_resources(resources: PopResources) -> tuple[ResourceKey, ...]:
