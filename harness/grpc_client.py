@@ -1,4 +1,5 @@
-"""A proxyless gRPC client in a process of its own: `python -m harness.grpc_client TARGET POP`.
+"""A proxyless gRPC client in a process of its own: `python -m harness.grpc_client TARGET POP
+[--also TARGET]`.
 
 grpcio's xDS client (C-core) lives in the process that dials an `xds:///` target: one per
 process, built from `GRPC_XDS_BOOTSTRAP` once, so one process is one node of one PoP (two PoPs'
@@ -6,7 +7,8 @@ clients in one process would share a node). Tests and the demo run each client h
 with its bootstrap in the environment, and drive it with one command per line on stdin; each
 command answers one JSON line on stdout:
 
-- `calls N`: N calls, one after the other; answers `{"by_origin": {...}, "errors": {...}}`;
+- `calls N [TARGET]`: N calls, one after the other (to TARGET, one of the process's targets;
+  default the first); answers `{"by_origin": {...}, "errors": {...}}`;
 - `rate R`: from now on R calls a second in the background (0 stops); answers `{"rate": R}`;
 - `report`: what the background calls got since the last report, as for `calls`, and how many
   are still in flight;
@@ -40,14 +42,16 @@ DEADLINE_S = 2.0
 
 
 class Client:
-    def __init__(self, target: str, pop: str, xds_credentials: bool) -> None:
-        if xds_credentials:
-            credentials = grpc.xds_channel_credentials(
-                grpc.experimental.insecure_channel_credentials())
-            self.channel = grpc.secure_channel(target, credentials)
-        else:
-            self.channel = grpc.insecure_channel(target)
-        self.call = self.channel.unary_unary(METHOD)
+    def __init__(self, targets: list[str], pop: str, xds_credentials: bool) -> None:
+        self.channels: dict[str, grpc.Channel] = {}
+        for target in targets:
+            if xds_credentials:
+                credentials = grpc.xds_channel_credentials(
+                    grpc.experimental.insecure_channel_credentials())
+                self.channels[target] = grpc.secure_channel(target, credentials)
+            else:
+                self.channels[target] = grpc.insecure_channel(target)
+        self.call = self.channels[targets[0]].unary_unary(METHOD)
         self.metadata = ((POP_METADATA, pop),)
         self.lock = threading.Lock()
         self.by_origin: Counter[str] = Counter()
@@ -57,12 +61,13 @@ class Client:
         self._wake = threading.Event()
         threading.Thread(target=self._background, daemon=True).start()
 
-    def calls(self, count: int) -> dict[str, Any]:
+    def calls(self, count: int, target: str | None = None) -> dict[str, Any]:
         by_origin: Counter[str] = Counter()
         errors: Counter[str] = Counter()
+        call = self.call if target is None else self.channels[target].unary_unary(METHOD)
         for _ in range(count):
             try:
-                by_origin[self.call(b"", timeout=DEADLINE_S, metadata=self.metadata).decode()] += 1
+                by_origin[call(b"", timeout=DEADLINE_S, metadata=self.metadata).decode()] += 1
             except grpc.RpcError as err:
                 errors[err.code().name] += 1
         return {"by_origin": dict(by_origin), "errors": dict(errors)}
@@ -119,7 +124,8 @@ class GrpcClientProcess:
     """One client process of one PoP, with `bootstrap` written to `directory` (tests, demo)."""
 
     def __init__(self, bootstrap: dict[str, Any], target: str, pop: str, directory: Path,
-                 *, xds_credentials: bool = False, ready_s: float = 30.0) -> None:
+                 *, xds_credentials: bool = False, also: tuple[str, ...] = (),
+                 ready_s: float = 30.0) -> None:
         number = next(_names)
         path = directory / f"grpc-bootstrap-{pop}-{number}.json"
         path.write_text(json.dumps(bootstrap))
@@ -130,6 +136,8 @@ class GrpcClientProcess:
         command = [sys.executable, "-m", "harness.grpc_client", target, pop]
         if xds_credentials:
             command.append("--xds-credentials")
+        for other in also:
+            command += ["--also", other]
         with self.log.open("w") as log:
             self.process = subprocess.Popen(
                 command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
@@ -175,14 +183,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("target")
     parser.add_argument("pop")
+    parser.add_argument("--also", action="append", default=[], metavar="TARGET")
     parser.add_argument("--xds-credentials", action="store_true")
     args = parser.parse_args()
-    client = Client(args.target, args.pop, args.xds_credentials)
+    client = Client([args.target, *args.also], args.pop, args.xds_credentials)
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         verb, _, value = line.strip().partition(" ")
         if verb == "calls":
-            answer = client.calls(int(value))
+            count, _, target = value.partition(" ")
+            answer = client.calls(int(count), target or None)
         elif verb == "rate":
             answer = client.set_rate(float(value))
         elif verb == "report":
@@ -192,7 +202,8 @@ def main() -> None:
         else:
             answer = {"error": f"unknown command {verb!r}"}
         print(json.dumps(answer), flush=True)
-    client.channel.close()
+    for channel in client.channels.values():
+        channel.close()
 
 
 if __name__ == "__main__":
