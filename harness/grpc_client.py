@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import grpc
+import grpc.experimental
 
 from harness.grpc_origin import METHOD, POP_METADATA
 
@@ -150,6 +151,7 @@ class GrpcClientProcess:
     def _read(self, stream: IO[str]) -> None:
         for line in stream:
             self._lines.put(line)
+        self._lines.put("")  # the process ended
 
     def _answer(self, timeout: float) -> dict[str, Any]:
         try:
@@ -157,6 +159,9 @@ class GrpcClientProcess:
         except queue.Empty:
             raise TimeoutError(f"gRPC client {self.process.pid} gave no answer in {timeout} s; "
                                f"its log: {self.log.read_text()[-2000:]}") from None
+        if not line:
+            raise RuntimeError(f"gRPC client {self.process.pid} ended; its log: "
+                               f"{self.log.read_text()[-2000:]}")
         answer: dict[str, Any] = json.loads(line)
         return answer
 
