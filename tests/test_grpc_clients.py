@@ -13,8 +13,6 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import pytest
-
 from harness.eventually import eventually
 from harness.grpc_fleet import SERVICE, GrpcFleet, grpc_fleet
 from harness.grpc_origin import GrpcFault

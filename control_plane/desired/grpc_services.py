@@ -133,15 +133,19 @@ def _service(doc: Document, named: _Named, service: Fields,
              targets: dict[str, str]) -> OriginGroup | None:
     sink = doc.sink
     before = len(sink.problems)
-    target = service.read("target", target_name) or named.name
+    written = service.read("target", target_name)
+    target = written or named.name
     port = service.read("port", integer(1, 65535), required=True)
     tls = bool(service.read("tls", boolean))
     max_requests = service.read("max_requests", integer(1, MAX_REQUESTS))
     timeout = service.read("timeout", duration(1, MAX_TIMEOUT_MS))
-    if target in targets:
+    if service.has("target") and written is None:
+        pass  # its own problem is reported
+    elif target in targets:
         sink.add(service.at("target"), f"target '{target}' is already served by gRPC service "
                  f"'{targets[target]}'")
-    targets.setdefault(target, named.name)
+    else:
+        targets[target] = named.name
     origins, names = _origins(doc, service, port or 0, tls)
     preference = doc._preference(service, names)
     failover_fields = Fields(service.node_of("failover"), join(service.path, "failover"), sink)
@@ -152,8 +156,8 @@ def _service(doc: Document, named: _Named, service: Fields,
                          sink)
     for key in MIRROR_KEYS:
         if ramp_fields.has(key):
-            sink.add(ramp_fields.at(key), f"{key}: cache-warming mirrors copy HTTP requests at "
-                     "an Envoy; gRPC clients have none")
+            sink.add(ramp_fields.at(key), "cache-warming mirrors copy HTTP requests at an "
+                     "Envoy; gRPC clients have none")
     ramp = doc.standby_ramp | read_layer(ramp_fields, RAMP_FIELDS, GROUP)
     ramp_fields.finish()
     health_fields = Fields(service.node_of("health_check"), join(service.path, "health_check"),
