@@ -35,6 +35,7 @@ class Fault:
     error_rate: float = 0.0  # share of requests answered with `status`
     status: int = 503
     latency_ms: int = 0  # added before answering
+    latency_rate: float = 1.0  # share of requests that get `latency_ms` (deterministic)
     fail_health: bool = False  # health paths answer `status` too
     pops: tuple[str, ...] = ()  # only requests through these PoPs (x-ballast-pop); () = all
 
@@ -47,8 +48,9 @@ class Fault:
         if unknown:
             raise ValueError(f"unknown fault fields: {', '.join(sorted(unknown))}")
         fault = cls(**{**data, "pops": tuple(data.get("pops", ()))})
-        if not 0.0 <= float(fault.error_rate) <= 1.0:
-            raise ValueError("error_rate must be within 0..1")
+        if not 0.0 <= float(fault.error_rate) <= 1.0 or not 0.0 <= float(
+                fault.latency_rate) <= 1.0:
+            raise ValueError("error_rate and latency_rate must be within 0..1")
         if not 100 <= int(fault.status) <= 599 or int(fault.latency_ms) < 0:
             raise ValueError("status must be 100..599 and latency_ms >= 0")
         return fault
@@ -101,12 +103,16 @@ class DemoOrigin:
         self.requests: Counter[str] = Counter()  # per tier seen
         self.shadowed = 0  # of those, mirrored copies (Envoy appends `-shadow` to their Host)
         self.errors = 0
+        # attempts seen by Envoy's `x-envoy-attempt-count` (1: first, 2+: a retry or hedge)
+        self.attempts: Counter[int] = Counter()
         self._served = 0
+        self._delayed = 0
         self._runner: web.AppRunner | None = None
 
     def set_fault(self, fault: Fault) -> None:
         self.fault = fault
         self._served = 0
+        self._delayed = 0
 
     @property
     def total(self) -> int:
@@ -117,6 +123,12 @@ class DemoOrigin:
         before = math.floor(self._served * rate)
         self._served += 1
         return math.floor(self._served * rate) > before
+
+    def _should_delay(self) -> bool:
+        rate = self.fault.latency_rate
+        before = math.floor(self._delayed * rate)
+        self._delayed += 1
+        return math.floor(self._delayed * rate) > before
 
     def _faulty(self, request: web.Request) -> bool:
         pops = self.fault.pops
@@ -146,7 +158,7 @@ class DemoOrigin:
 
     async def _answer(self, request: web.Request) -> web.Response:
         faulty = self._faulty(request)
-        if self.fault.latency_ms and faulty:
+        if self.fault.latency_ms and faulty and self._should_delay():
             await asyncio.sleep(self.fault.latency_ms / 1000)
         headers = {"x-origin": self.name}
         if request.path in HEALTH_PATHS:
@@ -157,6 +169,8 @@ class DemoOrigin:
         tier = request.headers.get("x-ballast-tier", "")
         headers["x-seen-tier"] = tier
         self.requests[tier] += 1
+        count = request.headers.get("x-envoy-attempt-count", "1")
+        self.attempts[int(count) if count.isdigit() and len(count) < 4 else 1] += 1
         if is_shadow_host(request.host):
             self.shadowed += 1
         if self.cache is not None:
