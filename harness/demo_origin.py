@@ -12,6 +12,8 @@ fetches are slow, repeats fast, and a capacity cap refuses what it cannot take.
 `make run` lets an operator break an origin by hand.
 `max_concurrency` caps the requests it works on at once (the rest wait inside the origin, as a
 real origin's worker pool would): the concurrency-capped origin of the tier benchmarks.
+`attempt_log` keeps each attempt with Envoy's request id and attempt number, so a test can tell
+a hedge (sent while the first attempt was still unanswered) from a retry (sent after it failed).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import asyncio
 import json
 import math
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import asdict, dataclass, fields
 
 from aiohttp import web
@@ -28,6 +30,7 @@ from aiohttp import web
 FAULT_PATH = "/_ballast/fault"
 HEALTH_PATHS = frozenset({"/healthz", "/healthz/cacheable"})
 SHADOW_SUFFIX = "-shadow"  # Envoy's mark on the Host of a mirrored request (before the port)
+MAX_LOGGED_ATTEMPTS = 100_000  # `attempt_log` keeps the newest
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,20 @@ class ColdCache:
 
 
 @dataclass(frozen=True)
+class Attempt:
+    """One attempt the origin answered (health paths left out): Envoy's `x-request-id` (the
+    same on every attempt of a request), its `x-envoy-attempt-count`, the tier, when it arrived
+    and when the origin was done with it (time.monotonic()), and the status it answered."""
+
+    request_id: str
+    number: int
+    tier: str
+    arrived: float
+    done: float
+    status: int
+
+
+@dataclass(frozen=True)
 class CacheAnswer:
     at: float  # time.monotonic() when answered
     shadow: bool  # a mirrored copy
@@ -103,8 +120,7 @@ class DemoOrigin:
         self.requests: Counter[str] = Counter()  # per tier seen
         self.shadowed = 0  # of those, mirrored copies (Envoy appends `-shadow` to their Host)
         self.errors = 0
-        # attempts seen by Envoy's `x-envoy-attempt-count` (1: first, 2+: a retry or hedge)
-        self.attempts: Counter[int] = Counter()
+        self.attempt_log: deque[Attempt] = deque(maxlen=MAX_LOGGED_ATTEMPTS)
         self._served = 0
         self._delayed = 0
         self._runner: web.AppRunner | None = None
@@ -146,10 +162,19 @@ class DemoOrigin:
     async def _counted(self, request: web.Request) -> web.Response:
         self.in_flight += 1
         self.in_flight_peak = max(self.in_flight_peak, self.in_flight)
+        arrived = time.monotonic()
         try:
-            return await self._answer(request)
+            response = await self._answer(request)
         finally:
             self.in_flight -= 1
+        if request.path not in HEALTH_PATHS:
+            count = request.headers.get("x-envoy-attempt-count", "1")
+            self.attempt_log.append(Attempt(
+                request.headers.get("x-request-id", "")[:64],
+                int(count) if count.isdigit() and len(count) < 4 else 1,
+                request.headers.get("x-ballast-tier", "")[:64], arrived, time.monotonic(),
+                response.status))
+        return response
 
     def in_flight_peak_reset(self) -> int:
         """The peak of requests in work at once since the last reset (then reset)."""
@@ -169,8 +194,6 @@ class DemoOrigin:
         tier = request.headers.get("x-ballast-tier", "")
         headers["x-seen-tier"] = tier
         self.requests[tier] += 1
-        count = request.headers.get("x-envoy-attempt-count", "1")
-        self.attempts[int(count) if count.isdigit() and len(count) < 4 else 1] += 1
         if is_shadow_host(request.host):
             self.shadowed += 1
         if self.cache is not None:
