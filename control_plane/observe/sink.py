@@ -201,6 +201,11 @@ class SinkStore:
         """Node id -> PoP of the open streams."""
         return {s.node_id: s.pop for s in self._streams.values() if s.open}
 
+    def reporting_nodes(self, now_ms: int, window_ms: int) -> set[str]:
+        """The node ids whose stats flushed within (now - window, now]."""
+        start = now_ms - window_ms
+        return {s.node_id for s in self._streams.values() if start < s.last_flush_ms <= now_ms}
+
     def ingest(
         self,
         stream_id: int,
