@@ -58,8 +58,8 @@ async def test_no_evidence_and_a_node_without_metrics_are_named(
         await eventually(lambda: any("no evidence" in str(r["rule"]) for r in _holds(state, "ewr"))
                          and any("sjc-1" in str(r["rule"]) for r in _holds(state, "sjc")),
                          30, "ewr holding for no evidence, sjc naming its silent node")
-        ewr = [r for r in _holds(state, "ewr") if "no evidence" in str(r["rule"])][0]
-        sjc = [r for r in _holds(state, "sjc") if "sjc-1" in str(r["rule"])][0]
+        ewr = next(r for r in _holds(state, "ewr") if "no evidence" in str(r["rule"]))
+        sjc = next(r for r in _holds(state, "sjc") if "sjc-1" in str(r["rule"]))
         url = f"http://127.0.0.1:{admin}"
 
         def timeline(pop: str) -> dict[str, object]:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from control_plane.decide import damping
-from control_plane.decide.runs import QuietRun
 from control_plane.decide.rollout import timeline
+from control_plane.decide.runs import QuietRun
 from control_plane.intent.owner import IntentOwner
 from control_plane.observe.certificates import served_certificates
 from control_plane.observe.source import silent_fix, wall_ms
