@@ -233,6 +233,10 @@ class BallastService:
             metrics=self.metrics,
             interval_ms=config.reconcile_interval_ms,
             seed=config.seed,
+            connected=self._connected_nodes,
+            reporting=self._passive.reporting_nodes if isinstance(self._passive, SinkStore)
+            else None,
+            source_kind=config.metrics_source,
         )
         leading = self._leading
         self.rollouts = Rollouts(
@@ -392,6 +396,12 @@ class BallastService:
             metrics=self.metrics,
         )
 
+    def _connected_nodes(self) -> dict[str, dict[str, int]]:
+        """PoP -> node id -> since when (ms) it is connected to this replica (its metrics
+        should arrive)."""
+        return {pop: {entry.node_id: round(entry.connected_since * 1000) for entry in entries}
+                for pop, entries in self.server.nodes.by_pop().items()}
+
     def _store_where(self) -> str:
         return self.store.where if isinstance(self.store, ReplicatedStore) else str(
             self.store.path)
@@ -448,7 +458,8 @@ class BallastService:
         dashboard = Dashboard(nodes=self.server.nodes, intent=self.server.intent, feed=feed,
                               state_dir=self.config.state_dir, clock=lambda: datetime.now(UTC),
                               controllers=lambda pop, group: controller_states(
-                                  self.server.intent, pop, group),
+                                  self.server.intent, pop, group,
+                                  self.reconciler.quiet_run(pop, group)),
                               rollout=rollouts.shown)
         self.admin = AdminApi(
             nodes=self.server.nodes,

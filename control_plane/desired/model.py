@@ -96,6 +96,11 @@ class FailoverPolicy:
     # in; latency observations) neither breaches nor counts as healthy. 10: a standby's 12
     # probes of a 30 s window suffice, and one failure in 10 is no breach (lower bound 1.8 %).
     min_samples: int = 10
+    # Abandoned attempts (decide/evidence.py): the share of an origin's attempts it never
+    # finished (another attempt won: a hedge) whose lower bound breaches above this. Ordinary
+    # hedging loses a few percent of a healthy origin's attempts; twice seed 002's "about 5 %
+    # duplication" leaves room for them (measured: docs/benchmarks.md).
+    abandon_threshold: float = 0.10
     # Compare, not only threshold: weight leaves a sick origin for any origin whose composite
     # score is higher by at least this much, even one that breaches a threshold too.
     compare_margin: float = 0.1
