@@ -68,7 +68,7 @@ from control_plane.observe.access_log import (
 )
 from control_plane.observe.certificates import CertificateStatus
 from control_plane.observe.combine import CombinedSource
-from control_plane.observe.fill_in import PassiveSource
+from control_plane.observe.fill_in import FilledIn, PassiveSource
 from control_plane.observe.load_reports import LoadReports
 from control_plane.observe.lrs_service import DEFAULT_INTERVAL_MS
 from control_plane.observe.probes import Prober, probe_targets
@@ -234,8 +234,8 @@ class BallastService:
             interval_ms=config.reconcile_interval_ms,
             seed=config.seed,
             connected=self._connected_nodes,
-            reporting=self._passive.reporting_nodes if isinstance(self._passive, SinkStore)
-            else None,
+            reporting=self._passive.reporting_nodes
+            if isinstance(self._passive, SinkStore | LoadReports | FilledIn) else None,
             source_kind=config.metrics_source,
         )
         leading = self._leading
@@ -399,7 +399,9 @@ class BallastService:
     def _connected_nodes(self) -> dict[str, dict[str, int]]:
         """PoP -> node id -> since when (ms) it is connected to this replica (its metrics
         should arrive)."""
-        return {pop: {entry.node_id: round(entry.connected_since * 1000) for entry in entries}
+        reports = self.config.metrics_source.endswith("lrs")  # gRPC clients send nothing else
+        return {pop: {entry.node_id: round(entry.connected_since * 1000) for entry in entries
+                      if reports or not entry.capability_key.startswith("grpc")}
                 for pop, entries in self.server.nodes.by_pop().items()}
 
     def _store_where(self) -> str:

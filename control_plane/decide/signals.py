@@ -38,6 +38,9 @@ class OriginSignals:
     # another attempt of the request won (a hedge) or the client went away; Envoy resets them
     # (`decide/evidence.py` `abandoned_attempts`). 0 where the source cannot tell.
     abandoned: int = 0
+    # requests in progress at the window's end, the PoP's clients summed (load reports; 0 where
+    # the source does not say): shown, not judged
+    in_flight: float = 0.0
 
     @property
     def error_rate(self) -> float:

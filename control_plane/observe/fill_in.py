@@ -42,3 +42,11 @@ class FilledIn:
     def update_served(self, desired: Desired, serving: Mapping[str, Desired]) -> None:
         self.first.update_served(desired, serving)
         self.then.update_served(desired, serving)
+
+    def reporting_nodes(self, now_ms: int, window_ms: int) -> set[str] | None:
+        """The nodes either source heard from in the window; None when the first cannot tell
+        per node (Prometheus)."""
+        heard = [getattr(source, "reporting_nodes", None) for source in (self.first, self.then)]
+        if heard[0] is None or heard[1] is None:
+            return None
+        return heard[0](now_ms, window_ms) | heard[1](now_ms, window_ms)

@@ -22,10 +22,11 @@ it, as the sink sums interval histograms, so it holds the same values the sink's
 Prometheus's windows hold, and the same evidence rules judge it (`decide/evidence.py`):
 `requests` = issued (attempts started), `errors_5xx` = failed (less the failed connections
 where a report gives them, which are `connect_failures`), `queue_overflow` = the group's dropped
-requests. An attempt issued that neither succeeded nor failed, and is no longer in progress,
-was abandoned (a hedge another attempt won, a client that went away): issued - succeeded -
-failed - (in progress at the end - in progress at the start). Reports carry no latency: p50 and
-p95 are None (`latency_from` `none`) unless the active probes or Envoy's access logs fill them.
+requests, `abandoned` the attempts issued that neither succeeded nor failed and are no longer in
+progress (a hedge another attempt won, a client that went away: `abandoned_attempts` with the
+growth of the requests in progress), `in_flight` those in progress at the window's end. Reports
+carry no latency: p50 and p95 are None (`latency_from` `none`) unless the active probes or
+Envoy's access logs fill them.
 
 Bounds (`docs/security.md`): what a report may list (clusters, localities, endpoints, name
 lengths) is checked before anything is kept (`check_report`); reports of one stream arriving
@@ -45,6 +46,7 @@ from dataclasses import dataclass, field
 from envoy.config.endpoint.v3.load_report_pb2 import UpstreamEndpointStats, UpstreamLocalityStats
 from envoy.service.load_stats.v3.lrs_pb2 import LoadStatsRequest
 
+from control_plane.decide.evidence import abandoned_attempts
 from control_plane.decide.signals import OriginSignals
 from control_plane.desired.model import Desired
 from control_plane.observe.endpoints import endpoint_address
@@ -141,10 +143,16 @@ class ReportWindow:
     observed_at_ms: int = 0
 
     @property
+    def errors(self) -> float:
+        """Failed attempts, less failed connections (an Envoy counts one as an error it never
+        issued)."""
+        return max(0.0, self.failed - self.failed_connections)
+
+    @property
     def abandoned(self) -> int:
         """Attempts issued that neither succeeded nor failed and are no longer in progress."""
-        return max(0, round(self.issued - self.succeeded - self.failed
-                            - (self.in_progress_end - self.in_progress_start)))
+        return abandoned_attempts(self.issued, self.succeeded, self.errors,
+                                  self.in_progress_end - self.in_progress_start)
 
 
 class LoadReports:
@@ -189,6 +197,11 @@ class LoadReports:
     def nodes(self) -> dict[str, str]:
         """Node id -> PoP of the open streams."""
         return {s.node_id: s.pop for s in self._streams.values() if s.open}
+
+    def reporting_nodes(self, now_ms: int, window_ms: int) -> set[str]:
+        """The node ids whose reports arrived within (now - window, now]."""
+        start = now_ms - window_ms
+        return {s.node_id for s in self._streams.values() if start < s.last_ms <= now_ms}
 
     def reporters(self) -> list[dict[str, object]]:
         """Each open stream: its node, PoP, reports so far, the newest one's time (unix ms),
@@ -325,8 +338,10 @@ class LoadReports:
         for (pop, group, origin), held in sorted(self.report_windows(now_ms, window_ms).items()):
             result.setdefault((pop, group), {})[origin] = OriginSignals(
                 requests=round(held.issued),
-                errors_5xx=round(max(0.0, held.failed - held.failed_connections)),
+                errors_5xx=round(held.errors),
                 connect_failures=round(held.failed_connections),
+                abandoned=held.abandoned,
+                in_flight=held.in_progress_end,
                 p50_ms=None,
                 p95_ms=None,
                 pending_active=0.0,

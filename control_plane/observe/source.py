@@ -61,9 +61,14 @@ def silent_nodes(connected: Mapping[str, Mapping[str, int]], signals: Signals,
 
 
 def silent_fix(pop: str, nodes: Iterable[str], source: str) -> str:
-    """What an operator does about `nodes` of `pop` that send no metrics (`source`: `sink` or
-    `prometheus`), in words."""
+    """What an operator does about `nodes` of `pop` that send no metrics (`source`: `sink`,
+    `prometheus`, `lrs` or one of them `+lrs`), in words."""
     names = ", ".join(nodes)
+    if source == "lrs":
+        return (f"node(s) {names} of PoP {pop} send no load reports to Ballast: start their "
+                f"Envoy from `ballast bootstrap --pop {pop} --node-id <id> --load-reports`; a "
+                "gRPC client reports while it calls a gRPC service")
+    source = source.removesuffix("+lrs")
     if source == "prometheus":
         return (f"no Prometheus series with ballast_pop=\"{pop}\" from node(s) {names}: add "
                 f"their admin /stats/prometheus (or a `ballast bootstrap --stats-listener`) to "
