@@ -3,15 +3,19 @@
 The service is TLS (`tls: true`): its cluster names the certificate provider instance `ballast`
 that `ballast bootstrap --grpc --tls-*` defines. A client whose bootstrap has none (made without
 the TLS files) cannot use it: grpcio refuses the CDS response with its own message. Ballast shows
-the client NACKED with that message, records the NACK once, and sends the cluster no more until
-it changes (as for Envoy: never go-control-plane's re-send loop).
+the client NACKED with that message (`ballast status`, the dashboard's PoP card), records the
+NACK once, and sends the cluster no more until it changes (as for Envoy: never
+go-control-plane's re-send loop).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,6 +24,12 @@ from harness.eventually import eventually
 from harness.grpc_fleet import grpc_fleet
 
 PROVIDER_NACK = "unrecognized certificate provider instance name: ballast"
+
+
+def _get(url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        answer: dict[str, Any] = json.loads(response.read())
+    return answer
 
 
 def _tls(text: str) -> str:
@@ -57,6 +67,15 @@ async def test_a_grpc_clients_nack_shows_in_status_and_does_not_loop(
                                               fleet.admin_url])
         detail = capsys.readouterr().out
         assert "a proxyless gRPC client" in detail and PROVIDER_NACK in detail, detail
+
+        overview = await asyncio.to_thread(_get, f"{fleet.admin_url}/dashboard/api/overview")
+        (card,) = [pop for pop in overview["pops"] if pop["name"] == "ewr"]
+        (shown,) = card["nodes"]
+        assert shown["envoy_version"].startswith("gRPC Python") and shown["status"] == "NACKED"
+        assert shown["last_nack"]["type"] == "CDS"
+        assert PROVIDER_NACK in shown["last_nack"]["message"]
+        page = await asyncio.to_thread(_get, f"{fleet.admin_url}/dashboard/api/pops/ewr")
+        assert "ewr-grpc-1" in json.dumps(page)
 
         await asyncio.sleep(max(0.0, 3.0 - (time.monotonic() - nacked_at)))  # nothing happens
         assert cds()["sends"] == 1, cds()

@@ -50,6 +50,7 @@ def service_status(service: BallastService) -> dict[str, Any]:
         "admin_auth": " or ".join(ways) or "none (loopback only)",
         "state_dir": str(config.state_dir),
         "metrics_source": config.metrics_source,
+        "load_reports": service.load_reports.reporters(),
         "ready": not_ready_reason(service) == "",
         "certificates": service.prober.certificates_json() if service.prober else [],
         "served_certificates": [c.as_dict() for c in served_certificates(desired, wall_ms())],
