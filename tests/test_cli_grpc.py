@@ -1,9 +1,11 @@
-"""`ballast bootstrap --grpc` (a proxyless gRPC client's GRPC_XDS_BOOTSTRAP) and `--load-reports`
-(Envoy's load_stats_config, checked by the real `envoy --mode validate`)."""
+"""The CLI for proxyless gRPC clients and load reports: `ballast bootstrap --grpc` (a client's
+GRPC_XDS_BOOTSTRAP), `--load-reports` (Envoy's load_stats_config, checked by the real `envoy
+--mode validate`), `ballast render --grpc-client` / `--extensions-from-node` with a gRPC node."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -64,3 +66,25 @@ def test_envoy_with_load_reports_loads_and_says_so(capsys: pytest.CaptureFixture
     assert config["node"]["metadata"]["ballast_load_reports"] is True
     ok, output = validate_bootstrap(config)
     assert ok, output
+
+
+def test_render_what_a_grpc_client_gets(capsys: pytest.CaptureFixture[str],
+                                        tmp_path: Path) -> None:
+    from tests.test_translate_grpc import TEXT
+
+    desired = tmp_path / "desired.yaml"
+    desired.write_text(TEXT)
+    assert main(["render", str(desired), "--pop", "ewr", "--grpc-client"]) == 0
+    out, err = capsys.readouterr()
+    rendered = json.loads(out)
+    assert sorted(rendered["listeners"]) == [
+        "cart.internal", "cart.internal:443", "shop-api", "shop-api:50051"]
+    assert not err
+    node = tmp_path / "node.json"
+    node.write_text(json.dumps({"id": "g", "userAgentName": "gRPC Java",
+                                "userAgentVersion": "1.38.0"}))
+    assert main(["render", str(desired), "--pop", "ewr", "--extensions-from-node",
+                 str(node)]) == 0
+    out, err = capsys.readouterr()
+    assert sorted(json.loads(out)["clusters"]) == ["shop-api"]  # no TLS before 1.41
+    assert "note: cart-api: not sent" in err
