@@ -5,7 +5,7 @@ bootstrap --grpc` writes.
 The clients run in processes of their own (`grpc_client.py`): grpcio's xDS client is one per
 process, so two PoPs' clients in one process would be one node. The fast failover of the
 end-to-end tests (1 s ticks over 3 s windows), the origins probed through their health service
-every 500 ms (six probes a window), load reports every second.
+every 500 ms (two a round: twelve a window), load reports every second.
 """
 
 from __future__ import annotations

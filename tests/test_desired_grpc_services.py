@@ -36,7 +36,7 @@ def test_a_fleet_of_grpc_clients_needs_no_origin_group_or_listener() -> None:
     assert group.standby_ramp.mirror_percent == 0  # the global mirror is Envoy's only
     assert group.failover.interval_ms == 10_000 and group.failover.shift_step == 5
     assert group.home_weights("sjc") == home_weights(("secondary", "primary"), 10)
-    assert group.health_check.interval_ms == 2500  # one Check a round: 12 in a 30 s window
+    assert group.health_check.interval_ms == 5000
 
 
 def test_target_tls_limits_and_timeout() -> None:

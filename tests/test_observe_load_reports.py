@@ -104,12 +104,20 @@ def test_abandoned_attempts_are_those_no_longer_in_progress(desired: Desired) ->
 def test_reports_closer_than_the_merge_gap_are_one_sample(desired: Desired) -> None:
     store = LoadReports(desired)
     stream = store.open_stream("g1", "ewr")
-    for at in range(50):  # a client sending fifty reports in 50 ms
-        store.ingest(stream, report("shop-api", locality("primary", 2, 2, 0, at)), T0 + at)
+    for at in range(50):  # a client sending fifty reports in 50 ms, the standby from the 2nd
+        localities = [locality("primary", 2, 2, 0, at)]
+        if at:
+            localities.append(locality("secondary", 1, 1, 0))
+        store.ingest(stream, report("shop-api", *localities), T0 + at)
     store.ingest(stream, report("shop-api", locality("primary", 1, 1, 0)), T0 + MERGE_MS + 60)
-    assert [len(s) for s in store._streams[stream].series.values()] == [2]
-    (held,) = store.report_windows(T0 + 1000, 2000).values()
-    assert held.issued == 101 and held.in_progress_end == 0
+    series = store._streams[stream].series
+    assert {origin: len(s.at) for (_, origin), s in series.items()} == {
+        "primary": 2, "secondary": 1}
+    held = store.report_windows(T0 + 1000, 2000)
+    assert held["ewr", "shop-api", "primary"].issued == 101
+    assert held["ewr", "shop-api", "primary"].in_progress_end == 0
+    assert held["ewr", "shop-api", "secondary"].issued == 49
+    assert store.report_windows(T0 + 100, 1000)["ewr", "shop-api", "primary"].issued == 100
 
 
 def test_endpoints_map_by_address_and_unknown_names_are_dropped(desired: Desired) -> None:

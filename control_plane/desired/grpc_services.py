@@ -27,7 +27,7 @@ from control_plane.desired.fields import (
     ip_address,
     text,
 )
-from control_plane.desired.layers import GROUP, Layer, defaults_layer, read_layer
+from control_plane.desired.layers import GROUP, Layer, read_layer
 from control_plane.desired.model import (
     FailoverPolicy,
     GrpcService,
@@ -51,9 +51,6 @@ MAX_TIMEOUT_MS = 86_400_000
 HEALTH_SERVICE_RE = re.compile(r"[A-Za-z0-9_.-]{0,200}")
 MIRROR_KEYS = ("mirror_percent", "cacheable_routes")  # mirrors copy HTTP requests at an Envoy
 RAMP_FIELDS = {k: v for k, v in STANDBY_RAMP_FIELDS.items() if k not in MIRROR_KEYS}
-# one health Check per round (an HTTP origin gets two GETs): every 2.5 s, so a 30 s window
-# holds 12 probes, as many as an HTTP origin's
-GRPC_HEALTH_DEFAULTS: Layer = HEALTH_CHECK_DEFAULTS | defaults_layer({"interval_ms": 2500})
 GRPC_HEALTH_FIELDS = {
     "interval": ("interval_ms", duration(100, 3_600_000)),
     "connect_timeout": ("connect_timeout_ms", duration()),
@@ -162,7 +159,7 @@ def _service(doc: Document, named: _Named, service: Fields,
     ramp_fields.finish()
     health_fields = Fields(service.node_of("health_check"), join(service.path, "health_check"),
                            sink)
-    health = GRPC_HEALTH_DEFAULTS | read_layer(health_fields, GRPC_HEALTH_FIELDS, GROUP)
+    health = HEALTH_CHECK_DEFAULTS | read_layer(health_fields, GRPC_HEALTH_FIELDS, GROUP)
     checked = health_fields.read("service", health_service) or ""
     health_fields.finish()
     service.finish()

@@ -31,12 +31,14 @@ Envoy's access logs fill them.
 Bounds (`docs/security.md`): what a report may list (clusters, localities, endpoints, name
 lengths) is checked before anything is kept (`check_report`); reports of one stream arriving
 closer than `MERGE_MS` are added into one sample, so a client sending faster than asked holds
-no more; only the (PoP, group, origin) the desired state names are kept, and a closed stream's
-samples go after the retention.
+no more; only the (PoP, group, origin) the desired state names are kept, and samples (and
+closed streams) go after the retention. Each series keeps its counts cumulative, so a window
+costs two bisections per series whatever its length.
 """
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import logging
 from collections import defaultdict
@@ -60,6 +62,7 @@ MAX_LOCALITIES_PER_CLUSTER = 1_024
 MAX_ENDPOINTS_PER_LOCALITY = 1_024
 MAX_NAME_CHARS = 512
 MERGE_MS = 250  # reports of one stream closer than this are one sample
+PRUNE_EVERY_MS = 1_000  # how often old samples are looked for (by report arrival times)
 MAX_WARNINGS = 100  # distinct warnings logged per stream
 
 # cluster -> (group, its origins, (address -> origin))
@@ -104,16 +107,57 @@ def cluster_map(desired: Desired) -> ClusterMap:
     return clusters
 
 
-@dataclass
-class _Sample:
-    """One report (or several closer than `MERGE_MS`) of one (group, origin) of one stream."""
+Counts = tuple[float, float, float, float]  # issued, succeeded, failed, failed connections
+ZERO: Counts = (0.0, 0.0, 0.0, 0.0)
 
-    at_ms: int
-    issued: float = 0.0
-    succeeded: float = 0.0
-    failed: float = 0.0
-    failed_connections: float = 0.0
-    in_progress: float = 0.0
+
+@dataclass(slots=True)
+class _Series:
+    """One (group, origin) of one stream, or one group's drops: per sample (a report, or the
+    reports of one merge period) its time, the counts since the series began (cumulative, so a
+    window is one difference: two bisections, whatever its length) and the requests in progress
+    it said. `base`: the counts (and in progress) of the last sample pruned."""
+
+    at: list[int] = field(default_factory=list)
+    totals: list[Counts] = field(default_factory=list)
+    in_progress: list[float] = field(default_factory=list)
+    base: Counts = ZERO
+    base_in_progress: float = 0.0
+
+    def add(self, at_ms: int, counts: Counts, in_progress: float) -> None:
+        """Counts of a report at `at_ms` (the sample there, if any, grows)."""
+        last = self.totals[-1] if self.totals else self.base
+        total: Counts = (last[0] + counts[0], last[1] + counts[1], last[2] + counts[2],
+                         last[3] + counts[3])
+        if self.at and self.at[-1] == at_ms:
+            self.totals[-1], self.in_progress[-1] = total, in_progress
+        else:
+            self.at.append(at_ms)
+            self.totals.append(total)
+            self.in_progress.append(in_progress)
+
+    def prune(self, cutoff_ms: int) -> bool:
+        """Drop the samples before `cutoff_ms` but the newest of them (a later window's
+        start); False when nothing is left after the cutoff."""
+        old = bisect.bisect_left(self.at, cutoff_ms)
+        if old > 1:
+            self.base, self.base_in_progress = self.totals[old - 2], self.in_progress[old - 2]
+            del self.at[: old - 1], self.totals[: old - 1], self.in_progress[: old - 1]
+        return bool(self.at) and self.at[-1] >= cutoff_ms
+
+    def window(self, start_ms: int, end_ms: int) -> tuple[Counts, float, float, int] | None:
+        """(counts in (start, end], in progress at the start and at the end, newest sample's
+        time), None without a sample in the window."""
+        first = bisect.bisect_right(self.at, start_ms)
+        last = bisect.bisect_right(self.at, end_ms)
+        if first == last:
+            return None
+        before = self.totals[first - 1] if first else self.base
+        after = self.totals[last - 1]
+        counts: Counts = (after[0] - before[0], after[1] - before[1], after[2] - before[2],
+                          after[3] - before[3])
+        started = self.in_progress[first - 1] if first else self.base_in_progress
+        return counts, started, self.in_progress[last - 1], self.at[last - 1]
 
 
 @dataclass
@@ -125,8 +169,8 @@ class _Stream:
     reports: int = 0
     by_endpoint: int = 0  # entries attributed per endpoint (endpoint granularity)
     clusters: set[str] = field(default_factory=set)  # groups' clusters its reports named
-    series: dict[tuple[str, str], list[_Sample]] = field(default_factory=dict)
-    dropped: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # group -> drops
+    series: dict[tuple[str, str], _Series] = field(default_factory=dict)
+    dropped: dict[str, _Series] = field(default_factory=dict)  # group -> its drops (issued)
     warned: set[str] = field(default_factory=set)
 
 
@@ -166,6 +210,7 @@ class LoadReports:
         self._maps: dict[str, ClusterMap] = {}  # digest -> its clusters
         self._default: ClusterMap = {}
         self._by_pop: dict[str, ClusterMap] = {}
+        self._pruned_ms = 0
         if desired is not None:
             self.update_served(desired, {})
 
@@ -215,7 +260,7 @@ class LoadReports:
         (group, origin) entries were kept."""
         stream = self._streams[stream_id]
         clusters = self.clusters(stream.pop)
-        kept: dict[tuple[str, str], _Sample] = {}
+        kept: dict[tuple[str, str], list[float]] = {}  # the four counts, then in progress
         dropped: dict[str, float] = defaultdict(float)
         for stats in request.cluster_stats:
             mapped = clusters.get(stats.cluster_name)
@@ -226,26 +271,19 @@ class LoadReports:
             dropped[group] += stats.total_dropped_requests
             for locality in stats.upstream_locality_stats:
                 for origin, counts in self._attributed(stream, locality, origins, addresses):
-                    sample = kept.setdefault((group, origin), _Sample(received_ms))
-                    _add(sample, counts)
+                    _add(kept.setdefault((group, origin), [0.0] * 5), counts)
+        # reports of one merge period are one sample, at the period's first report
         merge = stream.reports > 0 and received_ms - stream.last_ms < MERGE_MS
-        for key, sample in kept.items():
-            series = stream.series.setdefault(key, [])
-            if merge and series and series[-1].at_ms == stream.last_ms:
-                _add(series[-1], sample)
-                series[-1].in_progress = sample.in_progress
-            else:
-                series.append(sample)
+        stamp = stream.last_ms if merge else received_ms
+        for key, (issued, succeeded, failed, connections, in_progress) in kept.items():
+            stream.series.setdefault(key, _Series()).add(
+                stamp, (issued, succeeded, failed, connections), in_progress)
         for group, count in dropped.items():
-            drops = stream.dropped.setdefault(group, [])
-            if merge and drops and drops[-1][0] == stream.last_ms:
-                drops[-1] = (drops[-1][0], drops[-1][1] + count)
-            else:
-                drops.append((received_ms, count))
-        if not merge:
-            stream.last_ms = received_ms
+            stream.dropped.setdefault(group, _Series()).add(stamp, (count, 0.0, 0.0, 0.0), 0.0)
+        stream.last_ms = stamp
         stream.reports += 1
-        self._prune(received_ms)
+        if received_ms - self._pruned_ms >= PRUNE_EVERY_MS:
+            self._prune(received_ms)
         return len(kept)
 
     def _attributed(
@@ -278,54 +316,50 @@ class LoadReports:
             log.warning("load report of node %r ignored in part: %s", stream.node_id, message)
 
     def _prune(self, now_ms: int) -> None:
+        """Samples older than the retention go (but each series' newest of them), then the
+        series left empty and the closed streams without any; at most every
+        `PRUNE_EVERY_MS`, so a report costs its own series, not every stream's."""
+        self._pruned_ms = now_ms
         cutoff = now_ms - self.retention_ms
         for stream_id, stream in list(self._streams.items()):
+            for held in (stream.series, stream.dropped):
+                for key in [key for key, series in held.items() if not series.prune(cutoff)]:
+                    del held[key]  # type: ignore[arg-type]
             if not stream.open and stream.last_ms < cutoff:
                 del self._streams[stream_id]
-                continue
-            for key, samples in list(stream.series.items()):
-                old = sum(1 for s in samples if s.at_ms < cutoff)
-                if old > 1:  # the newest before the cutoff: a later window's in-progress start
-                    del samples[: old - 1]
-                if samples[-1].at_ms < cutoff:
-                    del stream.series[key]
-            for group, drops in list(stream.dropped.items()):
-                drops[:] = [d for d in drops if d[0] >= cutoff]
-                if not drops:
-                    del stream.dropped[group]
 
     def report_windows(self, now_ms: int, window_ms: int
                        ) -> dict[tuple[str, str, str], ReportWindow]:
         """Per (PoP, group, origin): the window's reports, the PoP's streams summed."""
         start = now_ms - window_ms
-        totals: dict[tuple[str, str, str], ReportWindow] = {}
+        # per key: issued, succeeded, failed, failed connections, in progress at the start and
+        # at the end, newest sample (one list per key, one ReportWindow per key at the end)
+        totals: dict[tuple[str, str, str], list[float]] = {}
         for stream in self._streams.values():
-            for (group, origin), samples in stream.series.items():
-                inside = [s for s in samples if start < s.at_ms <= now_ms]
-                if not inside:
+            for (group, origin), series in stream.series.items():
+                found = series.window(start, now_ms)
+                if found is None:
                     continue
-                before = [s for s in samples if s.at_ms <= start]
-                key = (stream.pop, group, origin)
-                held = totals.get(key, ReportWindow())
-                totals[key] = ReportWindow(
-                    issued=held.issued + sum(s.issued for s in inside),
-                    succeeded=held.succeeded + sum(s.succeeded for s in inside),
-                    failed=held.failed + sum(s.failed for s in inside),
-                    failed_connections=held.failed_connections
-                    + sum(s.failed_connections for s in inside),
-                    in_progress_start=held.in_progress_start
-                    + (before[-1].in_progress if before else 0.0),
-                    in_progress_end=held.in_progress_end + inside[-1].in_progress,
-                    observed_at_ms=max(held.observed_at_ms, inside[-1].at_ms),
-                )
-        return totals
+                counts, started, ended, newest = found
+                held = totals.get((stream.pop, group, origin))
+                if held is None:
+                    totals[stream.pop, group, origin] = [*counts, started, ended, newest]
+                    continue
+                for index in range(4):
+                    held[index] += counts[index]
+                held[4] += started
+                held[5] += ended
+                held[6] = max(held[6], newest)
+        return {key: ReportWindow(*held[:6], observed_at_ms=int(held[6]))
+                for key, held in totals.items()}
 
     def _dropped(self, now_ms: int, window_ms: int) -> dict[tuple[str, str], float]:
-        start = now_ms - window_ms
         dropped: dict[tuple[str, str], float] = defaultdict(float)
         for stream in self._streams.values():
-            for group, drops in stream.dropped.items():
-                dropped[stream.pop, group] += sum(n for t, n in drops if start < t <= now_ms)
+            for group, series in stream.dropped.items():
+                found = series.window(now_ms - window_ms, now_ms)
+                if found is not None:
+                    dropped[stream.pop, group] += found[0][0]
         return dropped
 
     async def window(self, now_ms: int, window_ms: int) -> Signals:
@@ -358,17 +392,10 @@ class LoadReports:
         return {}
 
 
-def _add(sample: _Sample, counts: UpstreamLocalityStats | UpstreamEndpointStats | _Sample
-         ) -> None:
-    if isinstance(counts, _Sample):
-        sample.issued += counts.issued
-        sample.succeeded += counts.succeeded
-        sample.failed += counts.failed
-        sample.failed_connections += counts.failed_connections
-        return
-    sample.issued += counts.total_issued_requests
-    sample.succeeded += counts.total_successful_requests
-    sample.failed += counts.total_error_requests
-    sample.in_progress += counts.total_requests_in_progress
+def _add(kept: list[float], counts: UpstreamLocalityStats | UpstreamEndpointStats) -> None:
+    kept[0] += counts.total_issued_requests
+    kept[1] += counts.total_successful_requests
+    kept[2] += counts.total_error_requests
     if isinstance(counts, UpstreamLocalityStats):
-        sample.failed_connections += counts.total_fail_connections
+        kept[3] += counts.total_fail_connections
+    kept[4] += counts.total_requests_in_progress

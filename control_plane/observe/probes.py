@@ -1,5 +1,5 @@
 """Active probes (seed 002): synthetic GETs to each origin's cacheable and uncacheable paths
-(a gRPC service's origins: one health `Check`, `grpc_probe.py`).
+(a gRPC service's origins: two health `Check`s, `grpc_probe.py`).
 
 Probes run from Ballast itself, one prober for every PoP: an origin's probe result is the same
 for all PoPs (the PoPs' own view of an origin comes from the passive signals). Every
@@ -40,6 +40,9 @@ from control_plane.observe.source import wall_ms
 log = logging.getLogger(__name__)
 
 ProbeResult = tuple[int, bool]  # (time ms, passed)
+# a gRPC origin gets as many probes a round as an HTTP origin's two paths: a 30 s window of
+# 5 s rounds holds 12, what evidence needs (`decide/evidence.py`)
+GRPC_CHECKS_PER_ROUND = 2
 
 
 @dataclass(frozen=True)
@@ -53,8 +56,8 @@ class ProbeTarget:
     port: int = 0
     ca_file: str | None = None  # TLS origins only
     certificate: CertificateCheck | None = None  # TLS origins only
-    # an origin of a gRPC service: the health service's name its `Check` asks about
-    # (`grpc_probe.py`, one per round); None: an HTTP origin (two GETs per round)
+    # an origin of a gRPC service: the health service's name its `Check`s ask about
+    # (`grpc_probe.py`); None: an HTTP origin
     grpc_health: str | None = None
 
 
@@ -257,7 +260,7 @@ class Prober:
                              target.health_check.uncacheable_path)
             ),
             *(self._probe_grpc(target) for target in self.targets
-              if target.grpc_health is not None),
+              if target.grpc_health is not None for _ in range(GRPC_CHECKS_PER_ROUND)),
         )
 
     async def _probe_grpc(self, target: ProbeTarget) -> None:
