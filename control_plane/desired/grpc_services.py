@@ -80,7 +80,6 @@ class Document(Protocol):
                         origins: int = 0) -> None: ...
 
 
-
 def target_name(node: yaml.Node) -> str:
     """What clients dial after `xds:///`, without the port: a DNS-style name."""
     value = text(node)
