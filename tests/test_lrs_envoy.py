@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from control_plane.app.status import service_status
 from harness.demo_origin import Fault
 from harness.eventually import eventually
 from harness.fleet import Fleet, dump_records, running_fleet
@@ -50,6 +51,9 @@ async def test_envoy_load_reports_match_what_the_origins_counted(tmp_path: Path)
         reporters = fleet.service.load_reports.reporters()
         assert {r["node"] for r in reporters} == {"ewr-edge-1", "sjc-edge-1"}, reporters
         assert all(r["per_endpoint"] for r in reporters), reporters
+        shown = service_status(fleet.service)["load_reports"]
+        assert shown["streams"] == 2 and shown["per_pop"] == {"ewr": 1, "sjc": 1}, shown
+        assert [r["node"] for r in shown["listed"]] == ["ewr-edge-1", "sjc-edge-1"]
 
 
 async def test_a_regional_incident_seen_by_load_reports_alone_moves_weights(

@@ -50,7 +50,7 @@ def service_status(service: BallastService) -> dict[str, Any]:
         "admin_auth": " or ".join(ways) or "none (loopback only)",
         "state_dir": str(config.state_dir),
         "metrics_source": config.metrics_source,
-        "load_reports": service.load_reports.reporters(),
+        "load_reports": load_report_streams(service),
         "ready": not_ready_reason(service) == "",
         "certificates": service.prober.certificates_json() if service.prober else [],
         "served_certificates": [c.as_dict() for c in served_certificates(desired, wall_ms())],
@@ -62,6 +62,20 @@ def service_status(service: BallastService) -> dict[str, Any]:
         "pop_versions": pop_versions(service),
         "rollout": rollout_status(service),
     }
+
+
+LISTED_REPORTERS = 100  # load-report streams listed in /status (all are counted)
+
+
+def load_report_streams(service: BallastService) -> dict[str, Any]:
+    """The open load-report streams: how many per PoP, and the first `LISTED_REPORTERS` by
+    node id (node, PoP, reports, the newest one's time, clusters named, per endpoint)."""
+    reporters = sorted(service.load_reports.reporters(), key=lambda r: str(r["node"]))
+    per_pop: dict[str, int] = {}
+    for reporter in reporters:
+        per_pop[str(reporter["pop"])] = per_pop.get(str(reporter["pop"]), 0) + 1
+    return {"streams": len(reporters), "per_pop": per_pop,
+            "listed": reporters[:LISTED_REPORTERS]}
 
 
 def pop_versions(service: BallastService) -> dict[str, dict[str, Any]]:
