@@ -156,3 +156,31 @@ async def test_bad_payloads_are_logged_and_the_stream_goes_on(sink: tuple[SinkSt
     assert "undecodable StreamMetricsMessage" in text
     assert "not a finite" in text
     assert store.nodes() == {}
+
+
+def test_a_host_series_new_on_a_running_connection_counts_from_zero() -> None:
+    """Issue 33: a change that sends traffic to a new origin address shows in the first export
+    that has it (it was taken as a baseline only, and the window read 0 attempts for a flush);
+    a connection's first export is a baseline, as on the metrics_service streams. Abandoned
+    attempts come from rq_success."""
+    from control_plane.observe.envoy_stats import HostPoint
+    from harness.models import example_desired
+
+    store = SinkStore(desired=example_desired())
+
+    def export(at: int, **by_port: dict[str, float]) -> None:
+        store.ingest_hosts("ipv4:127.0.0.1:5000", [
+            HostPoint("ewr", "shop.critical", f"127.0.0.1:{port}", stat, value)  # type: ignore[arg-type]
+            for port, stats in by_port.items() for stat, value in stats.items()], at)
+
+    export(1000, **{"8081": {"rq_total": 500, "rq_success": 500, "rq_error": 0}})
+    export(2000, **{"8081": {"rq_total": 510, "rq_success": 510, "rq_error": 0},
+                    "8082": {"rq_total": 7, "rq_success": 0, "rq_error": 7}})
+    export(3000, **{"8081": {"rq_total": 530, "rq_success": 512, "rq_error": 0},
+                    "8082": {"rq_total": 9, "rq_success": 0, "rq_error": 9}})
+    first = store.read_window(2000, 1500)[("ewr", "shop")]
+    assert first["primary"].requests == 10  # history before the first export: a baseline
+    assert (first["secondary"].requests, first["secondary"].errors_5xx) == (7, 7)
+    both = store.read_window(3000, 2500)[("ewr", "shop")]
+    assert (both["secondary"].requests, both["secondary"].errors_5xx) == (9, 9)
+    assert (both["primary"].requests, both["primary"].abandoned) == (30, 18)

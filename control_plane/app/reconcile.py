@@ -34,8 +34,8 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 from control_plane.decide.controller import ControllerState, StepResult, step
@@ -55,6 +55,8 @@ from control_plane.observe.source import (
     Signals,
     TierSignals,
     TierSource,
+    silent_fix,
+    silent_nodes,
     wall_ms,
 )
 from control_plane.own_metrics.registry import BallastMetrics
@@ -64,6 +66,7 @@ from control_plane.translate.weights import check_group_weights
 log = logging.getLogger(__name__)
 
 GroupKey = tuple[str, str]  # (PoP, origin group)
+SILENT_REASONS = frozenset({"fail_static", "no_evidence"})  # holds a silent node may cause
 PHASES = {"decide": "deciding", "push": "pushing"}
 
 
@@ -134,6 +137,9 @@ class Reconciler:
         interval_ms: int | None = None,
         seed: int = 0,
         clock: Callable[[], int] = wall_ms,
+        connected: Callable[[], Mapping[str, Mapping[str, int]]] | None = None,
+        reporting: Callable[[int, int], set[str] | None] | None = None,
+        source_kind: str = "sink",
     ) -> None:
         if intent.recorder is None:
             raise ValueError("the reconcile loop records its decisions: give the intent owner "
@@ -146,6 +152,13 @@ class Reconciler:
         self.interval_override_ms = interval_ms
         self.seed = seed
         self.clock = clock
+        # who should report (PoP -> node id -> connected at, ms) and who did (node ids; None:
+        # the source cannot tell per node): a hold for lack of metrics names the nodes
+        # connected for a whole window that sent nothing, and the fix
+        self._connected = connected
+        self._reporting = reporting
+        self.source_kind = source_kind
+        self.silent: dict[str, tuple[str, ...]] = {}  # PoP -> nodes heard nothing from (last tick)
         self._rngs: dict[str, random.Random] = {}
         self._runs: dict[GroupKey, QuietRun | None] = {}  # absent: not ticked yet
         self._due: dict[GroupKey, int] = {}
@@ -188,6 +201,12 @@ class Reconciler:
                 log.warning("metric source failed, holding weights: %s", err)
                 signals_by_window[window] = {}
         tiers_by_window = {window: await self._tier_signals(now, window) for window in windows}
+        if self._connected is not None:
+            widest = max(windows)
+            self.silent = silent_nodes(
+                self._connected(), signals_by_window[widest],
+                None if self._reporting is None else self._reporting(now, widest),
+                now - widest)
         # every due pair's steps, its records and what changes: O(PoPs x groups), so on a
         # worker thread while the loop keeps serving, from the running intent as it is now;
         # only this reconciler changes streaks and states, and a reload (a new desired state
@@ -328,6 +347,11 @@ class Reconciler:
             now,
             self._jitter(pop, group.failover.jitter),
         )
+        silent = self.silent.get(pop)
+        if silent and result.reason in SILENT_REASONS:  # the cause, named, with the fix
+            fix = silent_fix(pop, silent, self.source_kind)
+            result = replace(result, rule=f"{result.rule}; {fix}", next=f"{result.next}; {fix}",
+                             silent=silent)
         if self.metrics is not None and group_signals:
             newest = max(s.observed_at_ms for s in group_signals.values())
             self.metrics.source_staleness.labels(pop, group.name).set(max(0, now - newest) / 1000)
@@ -392,6 +416,10 @@ class Reconciler:
         version = desired.digest[:16]
         return tuple(draft(kind, pop=outcome.pop, group=outcome.group, config_version=version,
                            **fields) for kind, fields in records), run.run
+
+    def quiet_run(self, pop: str, group: str) -> QuietRun | None:
+        """The pair's run of quiet ticks now (a hold or steady run), if any."""
+        return self._runs.get((pop, group))
 
     def defer_all(self, now_ms: int) -> None:
         """Every pair's next step one interval from `now_ms` (a new leader: the last one may

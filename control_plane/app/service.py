@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from control_plane.admin.api import AdminApi
 from control_plane.admin.auth import AdminAuth, AdminAuthError, TokenFile, check_bind
@@ -43,6 +43,7 @@ from control_plane.admin.decision_feed import DecisionFeed
 from control_plane.ads.limits import DEFAULT_LIMITS, AdsLimits
 from control_plane.app.config_acks import SharedAcks
 from control_plane.app.heap import release_heap, reload_heap, settle_heap
+from control_plane.app.load_reports import MetricSourceKind, host_load_reports, passive_source
 from control_plane.app.log_budget import limit_client_logs
 from control_plane.app.reconcile import Reconciler
 from control_plane.app.reload import DesiredFileWatcher
@@ -81,6 +82,9 @@ from control_plane.observe.access_log import (
 )
 from control_plane.observe.certificates import CertificateStatus
 from control_plane.observe.combine import CombinedSource
+from control_plane.observe.fill_in import FilledIn, PassiveSource
+from control_plane.observe.load_reports import LoadReports
+from control_plane.observe.lrs_service import DEFAULT_INTERVAL_MS
 from control_plane.observe.probes import Prober, probe_targets
 from control_plane.observe.prometheus import PrometheusSource
 from control_plane.observe.sink import SinkStore, add_metrics_service
@@ -93,7 +97,6 @@ from control_plane.translate.resources import Capabilities
 
 log = logging.getLogger(__name__)
 
-MetricSourceKind = Literal["sink", "prometheus"]
 DIFF_LINES_IN_RECORD = 60
 PROBLEMS_IN_RECORD = 50
 MIN_FREE_BYTES = 1024 * 1024  # a reload must be able to save the state and record it
@@ -109,6 +112,8 @@ class ServiceConfig:
     xds_address: str = "127.0.0.1:18000"
     admin_address: str | None = "127.0.0.1:18001"
     metrics_source: MetricSourceKind = "sink"
+    lrs_interval_ms: int = DEFAULT_INTERVAL_MS  # how often clients send load reports
+    lrs_endpoint_granularity: bool = False  # load reports per endpoint, not only per locality
     prometheus_url: str | None = None
     probes: bool = True
     probe_interval_ms: int | None = None  # default: the groups' health_check interval
@@ -164,7 +169,8 @@ class BallastService:
         self.reconciler: Reconciler
         self.admin: AdminApi | None = None
         self.prober: Prober | None = None
-        self._passive: (SinkStore | PrometheusSource) | None = None
+        self._passive: PassiveSource | None = None
+        self.load_reports: LoadReports
         self.watcher: DesiredFileWatcher
 
     # -- start-up --------------------------------------------------------------------------
@@ -256,6 +262,10 @@ class BallastService:
             metrics=self.metrics,
             interval_ms=config.reconcile_interval_ms,
             seed=config.seed,
+            connected=self._connected_nodes,
+            reporting=self._passive.reporting_nodes
+            if isinstance(self._passive, SinkStore | LoadReports | FilledIn) else None,
+            source_kind=config.metrics_source,
         )
         leading = self._leading
         self.rollouts = Rollouts(
@@ -453,6 +463,14 @@ class BallastService:
             metrics=self.metrics,
         )
 
+    def _connected_nodes(self) -> dict[str, dict[str, int]]:
+        """PoP -> node id -> since when (ms) it is connected to this replica (its metrics
+        should arrive)."""
+        reports = self.config.metrics_source.endswith("lrs")  # gRPC clients send nothing else
+        return {pop: {entry.node_id: round(entry.connected_since * 1000) for entry in entries
+                      if reports or not entry.capability_key.startswith("grpc")}
+                for pop, entries in self.server.nodes.by_pop().items()}
+
     def _store_where(self) -> str:
         return self.store.where if isinstance(self.store, ReplicatedStore) else str(
             self.store.path)
@@ -465,17 +483,21 @@ class BallastService:
         bound = config.tls is not None  # mTLS: what a node reports is bound to its cert
         self.server.add_service(lambda server: add_access_log_service(
             server, access_logs, verify_peer=check_node_peer if bound else None))
-        passive: SinkStore | PrometheusSource
-        if config.metrics_source == "prometheus":
+        # the load-report server is hosted whatever the source is (gRPC clients report)
+        self.load_reports = host_load_reports(
+            self.server, desired, interval_ms=config.lrs_interval_ms,
+            endpoint_granularity=config.lrs_endpoint_granularity)
+        first: SinkStore | PrometheusSource | None = None
+        if config.metrics_source.startswith("prometheus"):
             if not config.prometheus_url:
                 raise ValueError("metrics source 'prometheus' needs a Prometheus URL")
-            passive = PrometheusSource(config.prometheus_url, desired=desired)
-        else:
-            sink = SinkStore(desired=desired)
+            first = PrometheusSource(config.prometheus_url, desired=desired)
+        elif config.metrics_source.startswith("sink"):
+            sink = first = SinkStore(desired=desired)
             self.server.add_service(lambda grpc_server: add_metrics_service(
                 grpc_server, sink, verify_peer=check_node_peer if bound else None,
                 peer_pop=peer_pop if bound else None))
-            passive = sink
+        passive = passive_source(config.metrics_source, first, self.load_reports)
         self._passive = passive  # host stats map to origins through the desired state
         # each origin's latency from the attempts it answered, where Envoys send access logs
         attributed = WithAttemptLatency(passive, access_logs)
@@ -514,7 +536,8 @@ class BallastService:
         dashboard = Dashboard(nodes=self.server.nodes, intent=self.server.intent, feed=feed,
                               state_dir=self.config.state_dir, clock=lambda: datetime.now(UTC),
                               controllers=lambda pop, group: controller_states(
-                                  self.server.intent, pop, group),
+                                  self.server.intent, pop, group,
+                                  self.reconciler.quiet_run(pop, group)),
                               rollout=rollouts.shown, origins=lambda: origin_readings(self))
         self.admin = AdminApi(
             nodes=self.server.nodes,
@@ -550,6 +573,8 @@ class BallastService:
         self.reconciler.forget_missing(running)
         if self._passive is not None:
             self._passive.update_served(running.desired, running.serving)
+            if self._passive is not self.load_reports:
+                self.load_reports.update_served(running.desired, running.serving)
             self.access_logs.update_served(running.desired, running.serving)
         if self.prober is not None:
             self.prober.retarget(probe_targets(running.desired, running.serving))
@@ -603,6 +628,8 @@ class BallastService:
                 f"node {node} rejected {detail.get('type')} version {version}: "
                 f"{detail.get('message', '')}"
             )
+        elif kind == "capability_fallback" and str(detail.get("capabilities")).startswith("grpc"):
+            rule = f"gRPC client {node} not sent: {'; '.join(detail.get('notes') or [])}"
         elif kind == "capability_fallback":
             rule = f"node {node} lacks adaptive LIFO: FIFO sent"
         elif kind == "node_refused":

@@ -7,9 +7,10 @@ from typing import TYPE_CHECKING, Any
 
 from control_plane.decide import damping
 from control_plane.decide.rollout import timeline
+from control_plane.decide.runs import QuietRun
 from control_plane.intent.owner import IntentOwner
 from control_plane.observe.certificates import served_certificates
-from control_plane.observe.source import wall_ms
+from control_plane.observe.source import silent_fix, wall_ms
 
 if TYPE_CHECKING:
     from control_plane.app.service import BallastService
@@ -50,10 +51,15 @@ def service_status(service: BallastService) -> dict[str, Any]:
         "admin_auth": " or ".join(ways) or "none (loopback only)",
         "state_dir": str(config.state_dir),
         "metrics_source": config.metrics_source,
+        "load_reports": load_report_streams(service),
         "ready": not_ready_reason(service) == "",
         "certificates": service.prober.certificates_json() if service.prober else [],
         "served_certificates": [c.as_dict() for c in served_certificates(desired, wall_ms())],
         **({"replication": service.replication.status()} if service.replication else {}),
+        "metrics_silent": [
+            {"pop": pop, "nodes": list(nodes),
+             "fix": silent_fix(pop, nodes, config.metrics_source)}
+            for pop, nodes in sorted(service.reconciler.silent.items())],
         "pop_versions": pop_versions(service),
         "rollout": rollout_status(service),
         "origins": origin_readings(service),
@@ -89,6 +95,20 @@ def origin_readings(service: BallastService) -> dict[str, dict[str, dict[str, An
     return shown
 
 
+LISTED_REPORTERS = 100  # load-report streams listed in /status (all are counted)
+
+
+def load_report_streams(service: BallastService) -> dict[str, Any]:
+    """The open load-report streams: how many per PoP, and the first `LISTED_REPORTERS` by
+    node id (node, PoP, reports, the newest one's time, clusters named, per endpoint)."""
+    reporters = sorted(service.load_reports.reporters(), key=lambda r: str(r["node"]))
+    per_pop: dict[str, int] = {}
+    for reporter in reporters:
+        per_pop[str(reporter["pop"])] = per_pop.get(str(reporter["pop"]), 0) + 1
+    return {"streams": len(reporters), "per_pop": per_pop,
+            "listed": reporters[:LISTED_REPORTERS]}
+
+
 def pop_versions(service: BallastService) -> dict[str, dict[str, Any]]:
     """PoP -> the desired-state version (digest) it serves and its nodes against it: applied
     (ACKed all of it), pending, NACKed."""
@@ -107,14 +127,18 @@ def rollout_status(service: BallastService) -> dict[str, Any] | None:
             "failed_versions": dict(rollouts.failed)}
 
 
-def controller_states(owner: IntentOwner, pop: str, group: str
+def controller_states(owner: IntentOwner, pop: str, group: str, run: QuietRun | None = None
                       ) -> dict[str, dict[str, Any] | None]:
-    """The reconcile loop's state of one (PoP, group) beyond its weights (None: idle)."""
+    """The reconcile loop's state of one (PoP, group) beyond its weights (None: idle); `run`:
+    its quiet run now (a hold shows its reason and rule: "no_evidence", "fail_static", ...)."""
     tier = owner.tier_state((pop, group))
     ramp = owner.ramp_state((pop, group))
     flaps = owner.controller((pop, group)).flaps
     policy = owner.desired.group(group).failover
     return {
+        "Weight controller": None if run is None or run.kind != "hold" else {
+            "holding": run.reason, "since_ms": run.started_ms, "ticks": run.ticks,
+            "rule": run.last_rule},
         "Tier controller": None if tier.idle else tier.to_dict(),
         "Failover ramp": ramp.to_dict() if ramp.ramping else None,
         "Flap damping": damping.shown(flaps, policy, wall_ms()) if flaps else None,

@@ -1,4 +1,5 @@
-"""`ballast bootstrap --pop NAME --node-id ID`: print a ready Envoy bootstrap fed by Ballast.
+"""`ballast bootstrap --pop NAME --node-id ID`: print a ready Envoy bootstrap fed by Ballast
+(`--grpc`: a proxyless gRPC client's, `translate/grpc_bootstrap.py`).
 
 ADS over gRPC (or delta with --delta) to Ballast at --xds, node locality zone = the PoP, admin on
 127.0.0.1. Templates live in `envoy/` (edge, sidecar). With --tls-cert/--tls-key/--tls-ca the
@@ -14,6 +15,7 @@ import json
 import os
 import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
@@ -21,8 +23,13 @@ import yaml
 from control_plane.translate.bootstrap import XdsClientTls, ads_bootstrap, xds_client_sds
 from control_plane.translate.bootstrap_templates import TEMPLATES
 from control_plane.translate.capabilities import ENVOY_RELEASES, NEWEST_RELEASE
+from control_plane.translate.grpc_bootstrap import grpc_bootstrap
 
-HELP = "print an Envoy bootstrap that streams its config from Ballast (ADS)"
+HELP = ("print an Envoy bootstrap that streams its config from Ballast (ADS), or with --grpc "
+        "a proxyless gRPC client's (GRPC_XDS_BOOTSTRAP)")
+# Envoy-only options, refused with --grpc (their defaults: not given)
+ENVOY_ONLY = ("delta", "metrics_sink", "all_stats", "stats_listener", "max_connections",
+              "load_reports", "tls_sds_file")
 NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
@@ -44,7 +51,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--admin-port", default="9901", metavar="N", help="Envoy admin port on 127.0.0.1"
     )
+    parser.add_argument("--grpc", action="store_true",
+                        help="a proxyless gRPC client's bootstrap (JSON, for GRPC_XDS_BOOTSTRAP): "
+                        "xDS to Ballast (its replicas as fallback), the PoP as locality zone; "
+                        "with --tls-* mTLS to Ballast (gRFC A65) and to TLS services' origins "
+                        "(certificate provider 'ballast', gRFC A29)")
     parser.add_argument("--delta", action="store_true", help="use delta (incremental) ADS")
+    parser.add_argument("--load-reports", action="store_true",
+                        help="send load reports (LRS) to Ballast: per-locality requests, "
+                        "errors and requests in flight (ballast serve --metrics-source lrs)")
     parser.add_argument(
         "--metrics-sink",
         action="store_true",
@@ -106,6 +121,17 @@ def run(args: argparse.Namespace) -> int:
             )
         if not args.node_id.strip():
             raise BootstrapArgumentError("--node-id must not be empty")
+        if args.grpc:
+            envoy_only = [f"--{name.replace('_', '-')}" for name in ENVOY_ONLY
+                          if getattr(args, name) not in (None, False)]
+            if envoy_only:
+                raise BootstrapArgumentError(f"{', '.join(envoy_only)}: Envoy options, not "
+                                             "for --grpc")
+            tls = client_tls(args.tls_cert, args.tls_key, args.tls_ca)
+            print(json.dumps(grpc_bootstrap(
+                node_id=args.node_id, pop=args.pop, servers=[(host, port), *replicas],
+                tls=None if tls is None else replace(tls, sds_file=None)), indent=2))
+            return 0
         tls = client_tls(args.tls_cert, args.tls_key, args.tls_ca, args.tls_sds_file)
         stats = None
         if args.stats_listener is not None:
@@ -140,6 +166,7 @@ def run(args: argparse.Namespace) -> int:
         xds_replicas=replicas,
         max_connections=args.max_connections,
         stats_listener=stats,
+        load_reports=args.load_reports,
     )
     if args.format == "json":
         print(json.dumps(bootstrap, indent=2))

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from control_plane.admin.connections import DEFAULT_ADMIN_LIMITS, AdminLimits
 from control_plane.ads.limits import DEFAULT_LIMITS, AdsLimits
+from control_plane.app.load_reports import METRIC_SOURCES
 from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.cli.translate_options import add_filter_option, filters_of
 from control_plane.decisions.budget import DEFAULT_BURST_BYTES, DEFAULT_BYTES_PER_S, BudgetConfig
@@ -22,6 +23,7 @@ from control_plane.intent.etcd_store import StoreCredentials, StoreUnavailable, 
 from control_plane.intent.sqlite_store import StateCorrupted
 from control_plane.intent.state_dir import state_dir
 from control_plane.intent.state_dir_lock import StateDirBusy
+from control_plane.observe.lrs_service import DEFAULT_INTERVAL_MS
 from control_plane.security.tls import TlsFiles
 
 REPLICA_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
@@ -61,8 +63,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--state-dir", default=None,
                         help="weights, streaks and the decision log "
                         "(default $BALLAST_STATE_DIR or var/ballast)")
-    parser.add_argument("--metrics-source", choices=["sink", "prometheus"], default="sink",
-                        help="Envoy's metrics_service sink (default) or a Prometheus server")
+    parser.add_argument("--metrics-source", choices=METRIC_SOURCES, default="sink",
+                        help="what the controllers read: Envoy's stats sinks (default), a "
+                        "Prometheus server, the load reports (LRS) of Envoys and gRPC clients, "
+                        "or sink+lrs / prometheus+lrs (load reports fill in the pairs the "
+                        "first has nothing of: gRPC services)")
+    parser.add_argument("--lrs-interval", type=_milliseconds, default=DEFAULT_INTERVAL_MS,
+                        metavar="DURATION", help="how often clients send load reports "
+                        f"(default {DEFAULT_INTERVAL_MS / 1000:g}s, at least 1s)")
+    parser.add_argument("--lrs-endpoint-granularity", action="store_true",
+                        help="ask for load reports per endpoint too (Envoy sends them; gRPC "
+                        "reports per locality only)")
     parser.add_argument("--prometheus-url", default=None, metavar="URL",
                         help="Prometheus base URL, with --metrics-source prometheus")
     parser.add_argument("--no-probes", action="store_true",
@@ -207,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    if args.metrics_source == "prometheus" and not args.prometheus_url:
+    if args.metrics_source.startswith("prometheus") and not args.prometheus_url:
         print("ballast serve: --metrics-source prometheus needs --prometheus-url",
               file=sys.stderr)
         return 2
@@ -232,6 +243,8 @@ def run(args: argparse.Namespace) -> int:
         xds_address=args.xds_address,
         admin_address=args.admin_address,
         metrics_source=args.metrics_source,
+        lrs_interval_ms=args.lrs_interval,
+        lrs_endpoint_granularity=args.lrs_endpoint_granularity,
         prometheus_url=args.prometheus_url,
         probes=not args.no_probes,
         probe_interval_ms=args.probe_interval,

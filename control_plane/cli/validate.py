@@ -67,9 +67,12 @@ def run(args: argparse.Namespace) -> int:
     desired = load_or_report(args.file, filters_of(args))
     if desired is None:
         return 1
+    services = len(desired.grpc_services)
     print(
-        f"{args.file}: OK ({len(desired.pops)} PoPs, {len(desired.origin_groups)} origin groups, "
-        f"{len(desired.listeners)} listeners)"
+        f"{args.file}: OK ({len(desired.pops)} PoPs, "
+        f"{len(desired.origin_groups) - services} origin groups, "
+        + (f"{services} gRPC services, " if services else "")
+        + f"{len(desired.listeners)} listeners)"
     )
     for warning in desired_warnings(desired):
         print(f"{args.file}: warning: {warning}")

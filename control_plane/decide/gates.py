@@ -232,11 +232,17 @@ def _nacks(nacks: Iterable[Nack], version: str) -> list[Reading]:
         message = _clipped(nack.message)
         readings.append(Reading(
             nack.pop, "nack", nack.node, "fail",
-            f"pop {nack.pop}: node {nack.node} (Envoy {nack.envoy or 'unknown'}"
+            f"pop {nack.pop}: node {nack.node} ({_build(nack.envoy)}"
             f"{_on(nack.replica)}) NACKed "
             f"{_type_name(nack.type_url)} of version {version[:16]}: "
             f"{message}"))
     return readings
+
+
+def _build(version: str) -> str:
+    """A node's build in a reading's words: `Envoy 1.40.0`, or a gRPC client's as it is
+    (`gRPC Python 1.85.3`)."""
+    return version if version.startswith("gRPC") else f"Envoy {version or 'unknown'}"
 
 
 def _on(replica: str) -> str:

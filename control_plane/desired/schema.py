@@ -106,6 +106,7 @@ FAILOVER_FIELDS: FieldTable = {
     "return_speed": ("return_speed", number(0.01, 1)),
     "stale_after": ("stale_after_ms", duration(1000, 86_400_000)),
     "min_samples": ("min_samples", integer(1, 1_000_000)),
+    "abandon_threshold": ("abandon_threshold", fraction(0, 1)),
     "compare_margin": ("compare_margin", number(0, 1)),
     **DAMPING_FIELDS,
 }

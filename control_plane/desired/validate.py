@@ -38,6 +38,7 @@ from control_plane.desired.fields import (
     text,
 )
 from control_plane.desired.filter_types import DEFAULT_ALLOWED, AllowedFilters, refusal
+from control_plane.desired.grpc_services import read_grpc_services
 from control_plane.desired.layers import (
     GLOBAL,
     GROUP,
@@ -187,6 +188,7 @@ class _Document:
         access_log = read_layer(access, ACCESS_LOG_FIELDS, GLOBAL)
         access.finish()
         groups = self._origin_groups(doc)
+        services = read_grpc_services(self, doc, self.groups)
         default_tier, rules, trusted = self._classification(doc)
         self._check_cacheable_routes({rule.name for rule in rules} | {CATCH_ALL_ROUTE_NAME})
         listeners = self._listeners(doc)
@@ -196,7 +198,7 @@ class _Document:
             return None
         return Desired(
             pops=tuple(self.pops.values()),
-            origin_groups=tuple(g for g in groups if g is not None),
+            origin_groups=(*(g for g in groups if g is not None), *services),
             classification=tuple(rules),
             default_tier=default_tier,
             listeners=tuple(listeners),
@@ -424,7 +426,7 @@ class _Document:
     def _origin_groups(self, doc: Fields) -> list[OriginGroup | None]:
         fields = Fields(doc.node_of("origin_groups"), "origin_groups", self.sink)
         self._note_broken(fields)
-        if not doc.has("origin_groups"):
+        if not doc.has("origin_groups") and not doc.has("grpc_services"):
             self.sink.add(doc.at(), "missing required key 'origin_groups'")
         elif fields.ok and not fields.entries:
             self.sink.add(fields.at(), "must list at least one origin group")
@@ -788,7 +790,8 @@ class _Document:
     # --- listeners ---------------------------------------------------------------------------
 
     def _listeners(self, doc: Fields) -> list[Listener]:
-        _, items = self._list(doc, "listeners", "listener")
+        # without listeners, Envoys get nothing: a fleet of proxyless gRPC clients only
+        _, items = self._list(doc, "listeners", "listener", required=not doc.has("grpc_services"))
         listeners: list[Listener] = []
         ports: dict[tuple[str, int], tuple[str, str]] = {}
         for named, listener in self._unique_names(items, "listeners", "listener"):

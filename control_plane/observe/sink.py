@@ -24,13 +24,19 @@ Export`, fed by the `envoy.stat_sinks.open_telemetry` sink of `ads_bootstrap(met
 and carry the PoP as `ballast_pop`; the desired state (constructor / `update_served`) maps them
 to origins. OTLP exports are unary and carry no node, so one Envoy is one gRPC connection
 (`context.peer()`): its series are cumulative, a series' first sample is a baseline and a drop is
-a reset (`window.counter_increase`), exactly like the metrics_service streams. Per (PoP, group,
+a reset (`window.counter_increase`), exactly like the metrics_service streams: a series first
+seen on a connection's first export is a baseline only, one that appears on a later export
+(a host the connection's Envoy started using since, e.g. a new origin address) counts from
+zero, so a change that moves traffic to a new address shows in its first export. Per (PoP, group,
 origin), when host stats arrived in the window:
 - `requests` = increase of host `rq_total` (attempts that got a stream, retries included),
 - `errors_5xx` = increase of host `rq_error` minus `cx_connect_fail` (measured: Envoy also counts
   a connect failure as an `rq_error` of that host, without `rq_total`): attempts answered 5xx
   or failed by reset/timeout, including those the retries hid from clients,
-- `connect_failures` = increase of host `cx_connect_fail`;
+- `connect_failures` = increase of host `cx_connect_fail`,
+- `abandoned` = `requests` minus the increase of host `rq_success` minus `errors_5xx`: attempts
+  Envoy reset unfinished because another attempt won (a hedge) or the client left — measured
+  on Envoy 1.40, they count in `rq_total` only (`decide/evidence.py` judges them);
 so `error_rate` = rq_error / (rq_total + cx_connect_fail). Otherwise (older bootstraps, unknown
 addresses) the zone counters as before (`upstream_rq_completed`, `upstream_rq_5xx`, connect
 failures 0). Latency quantiles come from the zone histogram (`latency_from` `whole_request`:
@@ -66,7 +72,7 @@ import grpc
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as otlp_metrics
 
-from control_plane.decide.evidence import quantile_lower_rank
+from control_plane.decide.evidence import abandoned_attempts, quantile_lower_rank
 from control_plane.decide.signals import OriginSignals, TierPending
 from control_plane.desired.model import Desired
 from control_plane.gen.ballast.v1 import metrics_service_pb2, prometheus_metrics_pb2
@@ -133,6 +139,7 @@ class SinkStore:
         self._served = served_endpoints(desired)
         # (connection, PoP, cluster, address, stat) -> cumulative samples
         self._hosts: dict[tuple[str, str, str, str, str], list[Sample]] = {}
+        self._exports: dict[str, int] = {}  # connection -> its newest export's arrival
         self._host_warned: set[str] = set()
 
     def update_served(self, desired: Desired, serving: Mapping[str, Desired]) -> None:
@@ -153,16 +160,21 @@ class SinkStore:
                 self._warn_host(f"a name over {MAX_NAME_CHARS} characters: dropped")
                 continue
             flush[connection, point.pop, point.cluster, point.address, point.stat] += point.value
+        previous = self._exports.get(connection)
         for key, value in flush.items():
             samples = self._hosts.get(key)
             if samples is None:
                 if len(self._hosts) >= MAX_HOST_SERIES:
                     self._warn_host(f"over {MAX_HOST_SERIES:,} host series held: new ones dropped")
                     continue
-                samples = self._hosts[key] = []
+                # new on a connection that exported before: created since, so it counts from
+                # zero (a change that sends traffic to a new address shows at its first export)
+                samples = self._hosts[key] = [] if previous is None else [(previous, 0.0)]
             if samples and samples[-1][0] >= received_ms:
                 continue  # one sample per arrival time; out-of-order exports are dropped
             samples.append((received_ms, value))
+        if flush and (previous is None or received_ms > previous):
+            self._exports[connection] = received_ms
         self._prune(received_ms)
         return len(flush)
 
@@ -188,6 +200,11 @@ class SinkStore:
     def nodes(self) -> dict[str, str]:
         """Node id -> PoP of the open streams."""
         return {s.node_id: s.pop for s in self._streams.values() if s.open}
+
+    def reporting_nodes(self, now_ms: int, window_ms: int) -> set[str]:
+        """The node ids whose stats flushed within (now - window, now]."""
+        start = now_ms - window_ms
+        return {s.node_id for s in self._streams.values() if start < s.last_flush_ms <= now_ms}
 
     def ingest(
         self,
@@ -287,6 +304,9 @@ class SinkStore:
                 del samples[: old - 1]
             if samples[-1][0] < cutoff:
                 del self._hosts[host]
+        for connection, at in list(self._exports.items()):
+            if at < cutoff:
+                del self._exports[connection]
 
     async def window(self, now_ms: int, window_ms: int) -> Signals:
         return self.read_window(now_ms, window_ms)
@@ -384,26 +404,33 @@ class SinkStore:
 
         Hosts whose (cluster, address) the desired state does not name are left out.
         """
-        grown: dict[tuple[str, str, str], dict[str, float]] = defaultdict(
-            lambda: dict.fromkeys(("rq_total", "rq_error", "cx_connect_fail", "seen"), 0.0)
-        )
-        for (_, pop, cluster, address, stat), samples in self._hosts.items():
+        per_host: dict[tuple[str, str, str, str], dict[str, float]] = defaultdict(dict)
+        owners: dict[tuple[str, str, str, str], tuple[str, str, str]] = {}
+        for (connection, pop, cluster, address, stat), samples in self._hosts.items():
             owner = self._served.of(pop).get((cluster, address))
             seen = [t for t, _ in samples if start_ms < t <= end_ms]
             if owner is None or not seen:
                 continue
-            totals = grown[(pop, *owner)]
-            totals[stat] += counter_increase(samples, start_ms, end_ms)
-            totals["seen"] = max(totals["seen"], max(seen))
-        return {
-            key: HostWindow(
-                requests=t["rq_total"],
-                errors=max(0.0, t["rq_error"] - t["cx_connect_fail"]),
-                connect_failures=t["cx_connect_fail"],
-                observed_at_ms=int(t["seen"]),
+            host = (connection, pop, cluster, address)
+            owners[host] = (pop, *owner)
+            values = per_host[host]
+            values[stat] = counter_increase(samples, start_ms, end_ms)
+            values["seen"] = max(values.get("seen", 0.0), max(seen))
+        result: dict[tuple[str, str, str], HostWindow] = {}
+        for host, values in per_host.items():
+            errors = max(0.0, values.get("rq_error", 0.0) - values.get("cx_connect_fail", 0.0))
+            started = values.get("rq_total", 0.0)
+            window = HostWindow(
+                requests=started,
+                errors=errors,
+                connect_failures=values.get("cx_connect_fail", 0.0),
+                observed_at_ms=int(values["seen"]),
+                abandoned=float(abandoned_attempts(started, values["rq_success"], errors))
+                if "rq_success" in values else 0.0,
             )
-            for key, t in grown.items()
-        }
+            key = owners[host]
+            result[key] = result[key].merge(window) if key in result else window
+        return result
 
 
 def assemble(
@@ -449,6 +476,7 @@ def assemble(
             requests=round(merged.requests),
             errors_5xx=round(merged.errors_5xx),
             connect_failures=round(host.connect_failures) if host is not None else 0,
+            abandoned=round(host.abandoned) if host is not None else 0,
             p50_ms=quantile(0.5, merged.latency, merged.latency_count),
             p95_ms=quantile(0.95, merged.latency, merged.latency_count),
             pending_active=group_pending.get((pop, group), 0.0),

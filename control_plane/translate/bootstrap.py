@@ -17,6 +17,7 @@ from control_plane.translate.bootstrap_templates import TEMPLATES
 from control_plane.translate.capabilities import (
     ACCESS_LOG_METADATA,
     ENVOY_RELEASES,
+    LOAD_REPORTS_METADATA,
     NEWEST_RELEASE,
 )
 from control_plane.translate.listeners import XDS_CLUSTER
@@ -103,6 +104,7 @@ def ads_bootstrap(
     xds_replicas: Sequence[tuple[str, int]] = (),
     max_connections: int | None = None,
     stats_listener: tuple[str, int] | None = None,
+    load_reports: bool = False,
 ) -> dict[str, Any]:
     """A bootstrap for one Envoy of `pop`, streaming config (and, if asked, stats and sampled
     access logs: node metadata `ballast_access_log`) to Ballast.
@@ -120,6 +122,8 @@ def ads_bootstrap(
     `max_connections` caps downstream connections (default per template, `MAX_CONNECTIONS`).
     `stats_listener` (host, port) adds a listener serving only `/stats/prometheus` from the
     admin (which stays on loopback), for a central Prometheus: see `stats_listener`.
+    `load_reports` streams load reports (LRS) to Ballast over the xDS cluster
+    (`cluster_manager.load_stats_config`: Envoy reports only where the bootstrap asks).
     """
     text = TEMPLATES[template]
     filled = string.Template(text).substitute(
@@ -169,6 +173,13 @@ def ads_bootstrap(
         ]
         # Asks Ballast for listeners with the gRPC access log (the measured pool wait).
         bootstrap["node"].setdefault("metadata", {})[ACCESS_LOG_METADATA] = True
+    if load_reports:
+        bootstrap.setdefault("cluster_manager", {})["load_stats_config"] = {
+            "api_type": "GRPC", "transport_api_version": "V3",
+            "grpc_services": [{"envoy_grpc": {"cluster_name": XDS_CLUSTER}}]}
+        # Envoy refuses clusters with per-endpoint stats once it reports load: Ballast leaves
+        # them out for nodes that say so
+        bootstrap["node"].setdefault("metadata", {})[LOAD_REPORTS_METADATA] = True
     if needed_stats_only:
         matcher = {"inclusion_list": {"patterns": [{"safe_regex": {"regex": r}}
                                                    for r in NEEDED_STATS]}}

@@ -254,7 +254,7 @@ async function renderOverview(route) {
         Object.entries(pop.by_status).filter(([, n]) => n).map(([st, n]) =>
           h("span", { class: `badge ${st.toLowerCase()}` }, `${n} ${st}`)),
         " ", h("span", { class: "muted" },
-          Object.entries(pop.envoy_versions).map(([v, n]) => `Envoy ${v} ×${n}`).join(", "))),
+          Object.entries(pop.envoy_versions).map(([v, n]) => `${v.startsWith("gRPC") ? "" : "Envoy "}${v} ×${n}`).join(", "))),
       h("ul", { class: "nodes" }, pop.nodes.map((node) => h("li", { class: "node", "data-node": node.node_id },
         badge(node.status), " ", node.node_id, " ", h("span", { class: "muted" }, node.envoy_version),
         node.last_nack ? h("div", { class: "nack" }, `${node.last_nack.type} NACK: ${node.last_nack.message}`) : null)),
