@@ -15,6 +15,17 @@ from control_plane.cli.main import main
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def promtool_check(config: Path) -> str:
+    """promtool's verdict on `config` (it must pass), or the test skipped without promtool."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed")
+    checked = subprocess.run([promtool, "check", "config", str(config)],
+                             capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    return checked.stdout + checked.stderr
+
+
 def test_scrape_configuration_and_rules(tmp_path: Path, capsys) -> None:
     token, ca = tmp_path / "admin.token", tmp_path / "ca.pem"
     token.write_text("a-token-long-enough-to-use\n")
@@ -36,13 +47,7 @@ def test_scrape_configuration_and_rules(tmp_path: Path, capsys) -> None:
     assert config["rule_files"] == [str(out / "ballast-alerts.yaml")]
     assert (out / "ballast-alerts.yaml").read_text() == \
         (ROOT / "deploy/prometheus/ballast-alerts.yaml").read_text()
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool not installed")
-    checked = subprocess.run([promtool, "check", "config", str(out / "prometheus.yml")],
-                             capture_output=True, text=True, timeout=60)
-    assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "SUCCESS: 1 rule files found" in checked.stdout + checked.stderr
+    assert "SUCCESS: 1 rule files found" in promtool_check(out / "prometheus.yml")
 
 
 def test_bad_targets_are_refused(tmp_path: Path, capsys) -> None:
@@ -95,12 +100,7 @@ def test_alerting_absolute_paths_and_no_overwrite_without_force(
         == ["ewr", "sjc"]
     assert (out / "ballast-alerts.yaml").read_text() == \
         (ROOT / "deploy/prometheus/ballast-alerts.yaml").read_text()
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool not installed")
-    checked = subprocess.run([promtool, "check", "config", str(out / "prometheus.yml")],
-                             capture_output=True, text=True, timeout=60)
-    assert checked.returncode == 0, checked.stdout + checked.stderr
+    promtool_check(out / "prometheus.yml")
 
 
 def test_without_an_alertmanager_it_says_the_alerts_notify_nobody(tmp_path: Path,

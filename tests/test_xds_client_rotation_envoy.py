@@ -28,7 +28,7 @@ from cryptography import x509
 
 from control_plane.app.server import BallastServer
 from control_plane.cli.main import main
-from control_plane.security.cert_dir import CertDir, write_pair
+from control_plane.security.cert_dir import CertDir, Pair, write_pair
 from control_plane.security.certs import make_ca
 from control_plane.security.tls import ReloadingCredentials, TlsFiles
 from harness.ads_desired import desired
@@ -57,6 +57,35 @@ def synced(bg: BackgroundLoop, ballast: BallastServer, node: str) -> Callable[[]
     return check
 
 
+def bootstrap_for(capsys: pytest.CaptureFixture[str], xds: int, admin: int, cert: Path,
+                  key: Path, ca: Path) -> dict[str, Any]:
+    """`ballast bootstrap`'s for node ewr-1 with mTLS from these files."""
+    capsys.readouterr()
+    assert main(["bootstrap", "--pop", "ewr", "--node-id", "ewr-1", "--format", "json",
+                 "--xds", f"127.0.0.1:{xds}", "--admin-port", str(admin),
+                 "--tls-cert", str(cert), "--tls-key", str(key), "--tls-ca", str(ca)]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def ballast_on(xds: int, server: Pair, clients: Path) -> BallastServer:
+    """Ballast serving xDS on `xds` with `server`'s pair, to nodes of the CA in `clients`."""
+    return BallastServer(
+        desired(listener_port=free_port(), sjc_offset=1, primary_port=free_port(),
+                secondary_port=free_port()),
+        xds_address=f"127.0.0.1:{xds}",
+        tls=ReloadingCredentials(TlsFiles(server.cert, server.key, clients)))
+
+
+def assert_reconnected(bg: BackgroundLoop, ballast: BallastServer, proxy: EnvoyProcess,
+                       pid: int | None) -> None:
+    """`ballast` (trusting only the new CA) started: the same Envoy process reconnects to it
+    and syncs, which it can only do with its new certificate."""
+    bg.run(ballast.start())
+    eventually_blocking(synced(bg, ballast, "ewr-1"), 20,
+                        "ewr-1 reconnected and SYNCED with its new certificate")
+    assert proxy.proc is not None and proxy.proc.pid == pid and proxy.proc.poll() is None
+
+
 def test_renewed_xds_client_certificate_is_used_without_restart(
     tmp_path: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -68,22 +97,9 @@ def test_renewed_xds_client_certificate_is_used_without_restart(
     server_ca.write_bytes(certs.ca.cert.read_bytes())
     node = certs.node("ewr", "ewr-1")
     admin, xds = free_port(), free_port()
-    capsys.readouterr()
-    assert main(["bootstrap", "--pop", "ewr", "--node-id", "ewr-1", "--format", "json",
-                 "--xds", f"127.0.0.1:{xds}", "--admin-port", str(admin),
-                 "--tls-cert", str(node.cert), "--tls-key", str(node.key),
-                 "--tls-ca", str(server_ca)]) == 0
-    bootstrap: dict[str, Any] = json.loads(capsys.readouterr().out)
-
-    def serve() -> BallastServer:
-        return BallastServer(
-            desired(listener_port=free_port(), sjc_offset=1, primary_port=free_port(),
-                    secondary_port=free_port()),
-            xds_address=f"127.0.0.1:{xds}",
-            tls=ReloadingCredentials(TlsFiles(certs.server.cert, certs.server.key, clients)))
-
+    bootstrap = bootstrap_for(capsys, xds, admin, node.cert, node.key, server_ca)
     bg = BackgroundLoop()
-    ballast = serve()
+    ballast = ballast_on(xds, certs.server, clients)
     try:
         bg.run(ballast.start())
         with EnvoyProcess(bootstrap, admin) as proxy:
@@ -104,11 +120,8 @@ def test_renewed_xds_client_certificate_is_used_without_restart(
             # Ballast now trusts only the new CA: a reconnect works only with the new cert
             clients.write_bytes(certs.ca.cert.read_bytes())
             bg.run(ballast.stop(0.2))
-            ballast = serve()
-            bg.run(ballast.start())
-            eventually_blocking(synced(bg, ballast, "ewr-1"), 20,
-                       "ewr-1 reconnected and SYNCED with the renewed certificate")
-            assert proxy.proc is not None and proxy.proc.pid == pid and proxy.proc.poll() is None
+            ballast = ballast_on(xds, certs.server, clients)
+            assert_reconnected(bg, ballast, proxy, pid)
     finally:
         bg.run(ballast.stop(0.2))
         bg.close()
@@ -144,26 +157,13 @@ def test_a_directory_swap_replaces_certificate_key_and_ca_in_one_rename(
     clients = tmp_path / "client-ca.pem"
     clients.write_bytes(old.ca.cert.read_bytes())
     admin, xds = free_port(), free_port()
-    capsys.readouterr()
-    assert main(["bootstrap", "--pop", "ewr", "--node-id", "ewr-1", "--format", "json",
-                 "--xds", f"127.0.0.1:{xds}", "--admin-port", str(admin),
-                 "--tls-cert", str(tls / "node/ewr-1.pem"),
-                 "--tls-key", str(tls / "node/ewr-1.key"),
-                 "--tls-ca", str(tls / "node/ca.pem")]) == 0
-    bootstrap: dict[str, Any] = json.loads(capsys.readouterr().out)
+    bootstrap = bootstrap_for(capsys, xds, admin, tls / "node/ewr-1.pem",
+                              tls / "node/ewr-1.key", tls / "node/ca.pem")
     # the SDS files beside the link, its parent watched
     assert sorted(p.name for p in tls.iterdir()) == [
         "ewr-1.ca.sds.json", "ewr-1.sds.json", "node", "node.1"]
-
-    def serve(certs: CertDir) -> BallastServer:
-        return BallastServer(
-            desired(listener_port=free_port(), sjc_offset=1, primary_port=free_port(),
-                    secondary_port=free_port()),
-            xds_address=f"127.0.0.1:{xds}",
-            tls=ReloadingCredentials(TlsFiles(certs.server.cert, certs.server.key, clients)))
-
     bg = BackgroundLoop()
-    ballast = serve(old)
+    ballast = ballast_on(xds, old.server, clients)
     try:
         bg.run(ballast.start())
         with EnvoyProcess(bootstrap, admin) as proxy:
@@ -185,11 +185,8 @@ def test_a_directory_swap_replaces_certificate_key_and_ca_in_one_rename(
             # certificate and trusts the new CA, both read through the swap
             clients.write_bytes(new.ca.cert.read_bytes())
             bg.run(ballast.stop(0.2))
-            ballast = serve(new)
-            bg.run(ballast.start())
-            eventually_blocking(synced(bg, ballast, "ewr-1"), 20,
-                                "ewr-1 reconnected and SYNCED on the new CA")
-            assert proxy.proc is not None and proxy.proc.pid == pid and proxy.proc.poll() is None
+            ballast = ballast_on(xds, new.server, clients)
+            assert_reconnected(bg, ballast, proxy, pid)
     finally:
         bg.run(ballast.stop(0.2))
         bg.close()

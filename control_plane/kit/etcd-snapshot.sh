@@ -13,9 +13,8 @@ set -eu
 umask 077
 mkdir -p "$SNAPSHOTS"
 file="etcd-$NAME-$(date -u +%Y%m%dT%H%M%SZ).db"
-etcdctl snapshot save "$SNAPSHOTS/.$file.part" >/dev/null
-etcdctl --write-out=table snapshot status "$SNAPSHOTS/.$file.part"
-mv "$SNAPSHOTS/.$file.part" "$SNAPSHOTS/$file"
+etcdctl snapshot save "$SNAPSHOTS/$file" >/dev/null   # written as $file.part, then renamed
+etcdctl --write-out=table snapshot status "$SNAPSHOTS/$file"
 scp -q -o BatchMode=yes "$SNAPSHOTS/$file" "$BACKUP/$file"
 echo "saved $SNAPSHOTS/$file, copied to $BACKUP/$file"
 ls -1t "$SNAPSHOTS"/etcd-*.db | tail -n +"$((KEEP + 1))" | while read -r old; do rm -f -- "$old"; done
