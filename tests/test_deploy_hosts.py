@@ -11,8 +11,9 @@ each, mTLS to the replicas, the stats listener for Prometheus), `edge-ewr-2` (th
 at the end) and `origins` (the demo origins and the clients sending traffic through the edges).
 Each host's firewall is the runbook's nftables rules, loaded in its own namespace.
 
-Every fenced block of the runbook marked `runbook=` runs as written, in document order, on the
-hosts it names, with the site block replaced by this test's addresses
+Every fenced block of the runbook marked `runbook=` runs as written on the hosts it names (in
+the runbook's order, but for the lost etcd member, replaced before the restore from a snapshot),
+with the site block replaced by this test's addresses
 (`tests/support/runbook.py`), in the host's own folder: nothing of the repository is on the
 hosts' paths. The `build` block runs on the "workstation" (outside the namespaces) in a copy of
 the package's sources, as a checkout; every host gets only the wheel it built, and the units,
@@ -434,8 +435,8 @@ async def test_the_runbook_on_hosts(deployment: Deployment) -> None:
         await _deployed_fleet(d, runbook, traffic)
         await _upgrade(d, runbook)
         await _rotations(d, runbook, traffic)
-        await _backup_and_restore(d, runbook)
         await _etcd_member_replaced(d, runbook)
+        await _backup_and_restore(d, runbook)
         await _new_edge(d, runbook)
     finally:
         stop_pid(origins.pid, timeout=5)
