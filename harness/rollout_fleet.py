@@ -58,6 +58,7 @@ rollout:
   canary: [ewr]
   waves: [50%, 100%]
   bake: {bake}
+  stats_flush_interval: 1s  # the Envoys' (start_envoys): the shortest bake is 2s
   # a loaded test machine moves p95 by hundreds of ms and may set off tier actions: the
   # tests' subjects are the waves, 5xx regressions and NACKs
   gates: {{min_samples: 5, ack_timeout: 30s, min_p95_increase: 5s, max_tier_action_onsets: 100}}

@@ -124,7 +124,7 @@ async def test_a_peer_value_that_cannot_be_read_holds_the_wave_and_stops_no_mirr
             await asyncio.to_thread(etcdctl, "put", "/ballast/replicas/ghost", '{"id": "ghost"}')
             await eventually(lambda: "ghost" in a.replication.peer_acks(), 10,
                              "a sees the ghost registered")
-            desired.write_text(rollout_desired(ports, marker="held", bake="1s"))
+            desired.write_text(rollout_desired(ports, marker="held", bake="2s"))
 
             def held(why: str) -> bool:
                 rollout = a.rollouts.rollout
@@ -219,7 +219,7 @@ async def test_the_wave_waits_for_a_followers_node_to_ack(
     async with leader_and_follower(etcd, tmp_path, desired) as (a, b, process):
         assert len(b.server.nodes) == 1 and len(a.server.nodes) == 0
         os.kill(process, signal.SIGSTOP)  # it cannot ACK what the wave sends it
-        desired.write_text(rollout_desired(ports, marker="waits", bake="1s"))
+        desired.write_text(rollout_desired(ports, marker="waits", bake="2s"))
 
         def waiting_past_the_bake() -> bool:
             rollout = a.rollouts.rollout

@@ -507,7 +507,17 @@ class RolloutPolicy:
     # controller judges 30 s windows and needs breach_windows (2) of them to see a regression,
     # tier actions hold 30 s before they act; 5 min covers ten windows
     bake_ms: int = 300_000
+    # how often the Envoys flush their stats (`ballast bootstrap`: 5 s): a wave's gate reads
+    # only stats that postdate its ACKs, so a bake shorter than two flushes never judges one
+    # full flush of the change's own traffic (checked at load)
+    stats_flush_interval_ms: int = 5_000
     gates: RolloutGates = field(default_factory=RolloutGates)
+
+    @property
+    def min_bake_ms(self) -> int:
+        """The shortest bake that lets a gate judge one full stats flush after the change: the
+        first flush after the ACKs still carries traffic served on the old version."""
+        return 2 * self.stats_flush_interval_ms
 
 
 @dataclass(frozen=True)
