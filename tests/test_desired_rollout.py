@@ -71,7 +71,8 @@ rollout:
 """)
     assert got == RolloutPolicy(
         strategy="waves", canary=("sjc", "lhr"), waves=(10, 60, 100), bake_ms=120_000,
-        stats_flush_interval_ms=10_000, gates=RolloutGates(max_5xx_increase=0.01, max_p95_ratio=2.0, min_p95_increase_ms=50,
+        stats_flush_interval_ms=10_000,
+        gates=RolloutGates(max_5xx_increase=0.01, max_p95_ratio=2.0, min_p95_increase_ms=50,
                            max_shed_increase=0.1, max_tier_action_onsets=1,
                            ack_timeout_ms=30_000, min_samples=20, evidence_timeout_ms=0))
 
