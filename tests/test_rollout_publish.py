@@ -9,11 +9,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from envoy.data.accesslog.v3.accesslog_pb2 import HTTPAccessLogEntry
 
-from control_plane.ads.nodes import NodeRegistry
-from control_plane.app.config_acks import ConfigAcks
 from control_plane.app.rollouts import Rollouts, Version
 from control_plane.app.server import intent_and_cache
+from control_plane.decide.gates import NodeAck, TierShed
 from control_plane.decide.rollout import RolloutError
 from control_plane.decide.signals import OriginSignals
 from control_plane.decisions.log import DecisionLog
@@ -25,6 +25,7 @@ from control_plane.intent.etcd_store import Deposed
 from control_plane.intent.owner import IntentOwner
 from control_plane.intent.sqlite_store import StateStore
 from control_plane.intent.store import IntentBatch
+from control_plane.observe.access_log import AccessLogStore
 from control_plane.observe.source import Signals
 
 T0 = 1_800_000_000_000
@@ -69,6 +70,21 @@ class Healthy:
         return {(pop, "shop"): {"primary": origin(), "secondary": origin()} for pop in POPS}
 
 
+class Synced:
+    """One node per PoP, applying whatever its PoP serves (a wave without a connected node
+    waits: issue 33)."""
+
+    def __init__(self, owner: IntentOwner) -> None:
+        self.owner = owner
+
+    def nodes(self, pops: list[str]) -> tuple[NodeAck, ...]:
+        return tuple(NodeAck(pop, f"{pop}-1", self.owner.intent.desired_of(pop).digest)
+                     for pop in pops)
+
+    def nacks(self, since_ms: int) -> tuple[()]:
+        return ()
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = T0
@@ -86,11 +102,12 @@ class Driver:
         self.owner, self.cache = intent_and_cache(self.old.desired, store=self.store,
                                                   recorder=self.recorder)
         owner: IntentOwner = self.owner
-        acks = ConfigAcks(NodeRegistry(), self.cache,
-                          lambda pop: owner.intent.desired_of(pop).digest)
         self.clock = Clock()
-        self.rollouts = Rollouts(owner, acks, Healthy(), self.recorder, self.old,
-                                 clock=self.clock)
+        # every node flushes its stats a second after anything (the wave's own window starts
+        # at the first flush after a look saw it applying the version: looks early in a bake)
+        self.rollouts = Rollouts(owner, Synced(owner), Healthy(),  # type: ignore[arg-type]
+                                 self.recorder, self.old, clock=self.clock,
+                                 flushes=lambda node, at: at + 1000)
         self.path = tmp_path
 
     async def apply_new(self) -> None:
@@ -126,6 +143,8 @@ async def test_a_step_whose_swap_failed_is_carried_out_without_its_records_again
     def broken(*args: object, **kwargs: object) -> frozenset[str]:
         raise RuntimeError("swap broke")
 
+    driver.clock.now = T0 + 1000  # a look early in the bake sees the canary applying it
+    await driver.rollouts.look()
     # the canary baked: its wave passes and sjc's starts, but the swap fails
     driver.clock.now = T0 + BAKE_MS + 1
     monkeypatch.setattr(driver.cache, "commit", broken)
@@ -146,6 +165,8 @@ async def test_a_step_whose_swap_failed_is_carried_out_without_its_records_again
     assert driver.kinds() == [("wave_started", ["ewr"]), ("wave_passed", ["ewr"]),
                               ("wave_started", ["sjc"])]
     # and the rollout goes on from there as usual
+    driver.clock.now += 1000
+    await driver.rollouts.look()
     driver.clock.now = T0 + 2 * BAKE_MS + 2
     await driver.rollouts.look()
     assert driver.kinds()[-2:] == [("wave_passed", ["sjc"]), ("wave_started", ["lax"])]
@@ -197,6 +218,8 @@ async def test_a_replica_deposed_while_its_step_looked_records_and_swaps_nothing
     """It led when the step began; by the time the decision is published another replica leads,
     and the fenced write says so: no record, no swap, the new leader carries the rollout on."""
     await driver.apply_new()
+    driver.clock.now = T0 + 1000  # a look early in the bake sees the canary applying it
+    await driver.rollouts.look()
     lead = iter([True])  # leads at the step's look, not after
     monkeypatch.setattr(driver.rollouts, "_leading", lambda: next(lead, False))
 
@@ -210,3 +233,70 @@ async def test_a_replica_deposed_while_its_step_looked_records_and_swaps_nothing
     assert driver.kinds() == [("wave_started", ["ewr"])]
     assert driver.owner.intent.versions()["sjc"] == driver.old.digest
     assert driver.rollouts.rollout is not None and driver.rollouts.rollout.wave == 0
+
+
+def _entry(route: str, cluster: str = "") -> HTTPAccessLogEntry:
+    entry = HTTPAccessLogEntry()
+    entry.common_properties.route_name = route
+    if cluster:
+        entry.common_properties.upstream_cluster = cluster
+        entry.common_properties.time_to_first_upstream_tx_byte.FromMilliseconds(2)
+        entry.common_properties.duration.FromMilliseconds(5)
+    return entry
+
+
+async def test_the_gates_read_each_tiers_shed_rate_from_the_access_log(tmp_path: Path) -> None:
+    """Issue 33: every PopWindow was built with no tier data, so the shed-rate gate never ran
+    in the product. The driver's windows carry each tier's logged requests and sheds (a shed
+    request's route names its group and tier), the wave's, the old PoPs' and the before."""
+    store = AccessLogStore()
+    driver = Driver(tmp_path)
+    try:
+        driver.rollouts._sheds = store.sheds  # what the service wires
+        await driver.apply_new()
+        for pop in POPS:
+            store.ingest(pop, [_entry("checkout", "shop.critical")] * 8
+                         + [_entry("prefetch", "shop.background")] * 6
+                         + [_entry("prefetch@shed/shop/background")] * (4 if pop == "ewr" else 0),
+                         T0 + 4800)  # after the canary's own window starts (T0 + 4500)
+        driver.clock.now = T0 + 1000
+        await driver.rollouts.look()  # the canary seen applying it
+        rollout = driver.rollouts.rollout
+        assert rollout is not None
+        inputs = await driver.rollouts.inputs(rollout, T0 + 5000)
+    finally:
+        driver.close()
+    (ewr,) = inputs.after
+    assert dict(((g, t), shed) for g, t, shed in ewr.tiers) == {
+        ("shop", "background"): TierShed(10, 4), ("shop", "critical"): TierShed(8, 0)}
+    assert {w.pop: dict(((g, t), s) for g, t, s in w.tiers)[("shop", "background")]
+            for w in inputs.peers} == {"sjc": TierShed(6, 0), "lax": TierShed(6, 0)}
+
+
+async def test_a_waves_own_window_starts_after_its_nodes_first_flush_past_the_ack(
+        tmp_path: Path) -> None:
+    """Issue 33: 'wave 1 passed 1.5 s after it started on 5xx 0.0 % (0 of 25)': the first
+    flush after a wave starts carries traffic served on the old version. Per node, the window
+    starts half a flush past its first flush after a look saw it applying the version; the
+    PoP's is the latest of its nodes'; none while one has not applied it or flushed since."""
+    driver = Driver(tmp_path)
+    flushed: dict[str, int | None] = {"ewr-1": T0 + 1800, "ewr-2": None}
+    driver.rollouts._flushes = lambda node, at: flushed[node]
+    try:
+        await driver.apply_new()
+        rollout = driver.rollouts.rollout
+        assert rollout is not None
+        new, old = driver.new.digest, driver.old.digest
+        one = (NodeAck("ewr", "ewr-1", new),)
+        half = 2500  # half of the default 5 s flush interval
+        assert driver.rollouts.own_starts(rollout, one, T0 + 1000) == {"ewr": T0 + 1800 + half}
+        two = (*one, NodeAck("ewr", "ewr-2", new))
+        assert driver.rollouts.own_starts(rollout, two, T0 + 1100) == {"ewr": None}
+        flushed["ewr-2"] = T0 + 2100
+        assert driver.rollouts.own_starts(rollout, two, T0 + 3000) == {"ewr": T0 + 2100 + half}
+        late = (NodeAck("ewr", "ewr-1", new), NodeAck("ewr", "ewr-3", old))
+        assert driver.rollouts.own_starts(rollout, late, T0 + 3000) == {"ewr": None}
+        driver.rollouts._flushes = None  # Prometheus: a flush interval and a half after the ACK
+        assert driver.rollouts.own_starts(rollout, one, T0 + 9000) == {"ewr": T0 + 1000 + 7500}
+    finally:
+        driver.close()

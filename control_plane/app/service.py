@@ -236,7 +236,10 @@ class BallastService:
         self.rollouts = Rollouts(
             self.server.intent, self.server.acks, source, self.recorder, running,
             metrics=self.metrics, leading=leading,
-            changed=self._follow_served)
+            changed=self._follow_served,
+            flushes=self._passive.first_flush_after if isinstance(self._passive, SinkStore)
+            else None,
+            sheds=self.access_logs.sheds)
         if held is not None:
             self._resume_rollout(held)
         self._follow_served()  # a rollout restored: PoPs on its previous version too

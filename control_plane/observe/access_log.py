@@ -41,6 +41,9 @@ standby; the entries name the primary with its own timing, first byte sent at 0 
 
 Per (PoP, tier cluster) the store keeps one `WaitSample` per logged request, at most
 `max_samples` per cluster and `retention_ms` long; `waits` gives p50 / p95 / p99 per window.
+A request a tier action shed at the edge has no upstream: the route that answered it names its
+(group, tier) (`<rule>@shed/<group>/<tier>`), and `sheds` gives each tier's logged requests and
+how many of them were shed, the rollout gates' shed rate.
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ from control_plane.observe.source import (
 )
 from control_plane.observe.window import split_cluster
 from control_plane.security.peer import NodePeerCheck
+from control_plane.translate.routes import shed_of_route
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +166,8 @@ class AccessLogStore:
         self.max_samples = max_samples
         self._served = served_endpoints(desired)
         self._samples: dict[tuple[str, str], deque[WaitSample]] = {}
+        # PoP -> (arrival ms, group, tier) of each logged request a tier action shed at the edge
+        self._sheds: dict[str, deque[tuple[int, str, str]]] = {}
         self.received = 0  # entries seen, samples or not
         self.dropped = 0  # samples of (PoP, cluster) pairs over the bounds
 
@@ -170,6 +176,10 @@ class AccessLogStore:
         kept = 0
         for entry in entries:
             self.received += 1
+            shed = shed_of_route(entry.common_properties.route_name)
+            if shed is not None and pop:
+                self._shed(pop, received_ms, *shed)
+                continue
             found = wait_sample(entry, received_ms)
             if found is None or not pop:
                 continue
@@ -186,6 +196,15 @@ class AccessLogStore:
         self._prune(received_ms)
         return kept
 
+    def _shed(self, pop: str, received_ms: int, group: str, tier: str) -> None:
+        queue = self._sheds.get(pop)
+        if queue is None:
+            if len(self._sheds) >= MAX_CLUSTERS or len(pop) > MAX_NAME_CHARS:
+                self.dropped += 1
+                return
+            queue = self._sheds[pop] = deque(maxlen=self.max_samples)
+        queue.append((received_ms, group[:MAX_NAME_CHARS], tier[:MAX_NAME_CHARS]))
+
     def _prune(self, now_ms: int) -> None:
         cutoff = now_ms - self.retention_ms
         for key, queue in list(self._samples.items()):
@@ -193,6 +212,30 @@ class AccessLogStore:
                 queue.popleft()
             if not queue:
                 del self._samples[key]
+        for pop, sheds in list(self._sheds.items()):
+            while sheds and sheds[0][0] < cutoff:
+                sheds.popleft()
+            if not sheds:
+                del self._sheds[pop]
+
+    def sheds(self, now_ms: int, window_ms: int) -> dict[tuple[str, str, str], tuple[int, int]]:
+        """(PoP, group, tier) -> (logged requests, of them shed at the edge) in (now - window,
+        now]: the tier's shed rate (the access log samples every request alike, so the share
+        is the tier's). A shed request names its (group, tier) by the route that answered it
+        (`translate/routes.py` `shed_route_name`); the others by their tier cluster."""
+        start = now_ms - window_ms
+        counts: dict[tuple[str, str, str], list[int]] = {}
+        for (pop, cluster), found in self.samples(now_ms, window_ms).items():
+            split = split_cluster(cluster)
+            if split is not None and found:
+                counts.setdefault((pop, *split), [0, 0])[0] += len(found)
+        for pop, sheds in self._sheds.items():
+            for at, group, tier in sheds:
+                if start < at <= now_ms:
+                    count = counts.setdefault((pop, group, tier), [0, 0])
+                    count[0] += 1
+                    count[1] += 1
+        return {key: (requests, shed) for key, (requests, shed) in sorted(counts.items())}
 
     def samples(self, now_ms: int, window_ms: int) -> dict[tuple[str, str], list[WaitSample]]:
         """(PoP, tier cluster) -> the samples that arrived in (now - window, now]."""

@@ -122,6 +122,7 @@ class _Stream:
     flushes: int = 0
     last_flush_ms: int = 0
     open: bool = True
+    flush_times: list[int] = field(default_factory=list)  # arrivals within the retention
     counters: dict[SeriesKey, list[Sample]] = field(default_factory=dict)
     gauges: dict[SeriesKey, list[Sample]] = field(default_factory=dict)
     # interval histograms: (arrival ms, observation count, buckets)
@@ -201,6 +202,14 @@ class SinkStore:
         """Node id -> PoP of the open streams."""
         return {s.node_id: s.pop for s in self._streams.values() if s.open}
 
+    def first_flush_after(self, node_id: str, at_ms: int) -> int | None:
+        """When the first stats flush of `node_id` after `at_ms` arrived (None: none yet): the
+        rollout gates read a wave's stats from there on, every earlier flush holding traffic
+        served before the node applied the change."""
+        times = [t for stream in self._streams.values() if stream.node_id == node_id
+                 for t in stream.flush_times if t > at_ms]
+        return min(times, default=None)
+
     def reporting_nodes(self, now_ms: int, window_ms: int) -> set[str]:
         """The node ids whose stats flushed within (now - window, now]."""
         start = now_ms - window_ms
@@ -241,6 +250,10 @@ class SinkStore:
             stream.histograms.setdefault(key, []).append((received_ms, count, buckets))
         stream.flushes += 1
         stream.last_flush_ms = max(stream.last_flush_ms, received_ms)
+        times = stream.flush_times
+        times.append(received_ms)
+        old = sum(1 for t in times if t < received_ms - self.retention_ms)
+        del times[:old]
         self._prune(received_ms)
         return kept
 
