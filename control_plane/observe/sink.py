@@ -210,6 +210,10 @@ class SinkStore:
                  for t in stream.flush_times if t > at_ms]
         return min(times, default=None)
 
+    def flushed(self, node_id: str) -> int:
+        """How many stats flushes `node_id` has sent (every stream of it)."""
+        return sum(s.flushes for s in self._streams.values() if s.node_id == node_id)
+
     def reporting_nodes(self, now_ms: int, window_ms: int) -> set[str]:
         """The node ids whose stats flushed within (now - window, now]."""
         start = now_ms - window_ms
