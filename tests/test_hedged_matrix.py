@@ -8,12 +8,12 @@ the critical tier's 50 ms hedge) moves each group's ewr weights within `MAX_TICK
 its first step, the standby of each group takes no more of ewr's hedged (critical) requests by
 its weight and through hedges than that step (10 %) plus a 5-point margin: a standby at its
 5 % warm pool or ramping is guarded (hedges may go to it for only its ramp headroom,
-`decide/ramp.py` `hedge_share`). Unguarded, every request was hedged to it. Retries after the primary's 5xx answer are the retry budget's, as in every tier,
-and are reported beside (`BALLAST_MATRIX_FIGURES`: a file the figures are appended to, for
-docs/benchmarks.md).
+`decide/ramp.py` `hedge_share`). Unguarded, every request was hedged to it. Retries after
+the primary's 5xx answer are the retry budget's, as in every tier, and are reported beside
+(`BALLAST_MATRIX_FIGURES`: a file the figures are appended to, for docs/benchmarks.md).
 
-Each mode's fleet carries both tier shapes (one group each), so a run covers two cells; the
-test takes 40-70 s per mode.
+Each mode's fleet carries both tier shapes (one group each), so a run covers two cells; a
+mode takes 10-20 s.
 """
 
 from __future__ import annotations
