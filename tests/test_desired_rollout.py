@@ -103,11 +103,13 @@ def test_immediate_strategy() -> None:
     ("rollout: {bake: 9s}\n",
      "test.yaml:16:17: rollout.bake: bake (9s) is below 10s, two stats flushes (Envoys flush "
      "every 5s, stats_flush_interval): the first flush after a wave's ACKs still carries "
-     "traffic served on the old version, so its gate could never judge the change's own"),
+     "traffic served on the old version, so its gate could not judge one full flush of the "
+     "change's own"),
     ("rollout: {bake: 3s, stats_flush_interval: 2s}\n",
      "test.yaml:16:17: rollout.bake: bake (3s) is below 4s, two stats flushes (Envoys flush "
      "every 2s, stats_flush_interval): the first flush after a wave's ACKs still carries "
-     "traffic served on the old version, so its gate could never judge the change's own"),
+     "traffic served on the old version, so its gate could not judge one full flush of the "
+     "change's own"),
     ("rollout: {strategy: canary}\n",
      "test.yaml:16:21: rollout.strategy: must be one of waves, immediate, got 'canary'"),
     ("rollout: {gates: {max_p95_ratio: 0.5}}\n",

@@ -104,10 +104,10 @@ class Driver:
         owner: IntentOwner = self.owner
         self.clock = Clock()
         # every node flushes its stats a second after anything (the wave's own window starts
-        # at the first flush after a look saw it applying the version: looks early in a bake)
+        # after the first flush after a look saw it applying the version: looks early in a bake)
         self.rollouts = Rollouts(owner, Synced(owner), Healthy(),  # type: ignore[arg-type]
                                  self.recorder, self.old, clock=self.clock,
-                                 flushes=lambda node, at: at + 1000)
+                                 stats_after=lambda node, pop, at, flush: at + 1001)
         self.path = tmp_path
 
     async def apply_new(self) -> None:
@@ -258,7 +258,7 @@ async def test_the_gates_read_each_tiers_shed_rate_from_the_access_log(tmp_path:
             store.ingest(pop, [_entry("checkout", "shop.critical")] * 8
                          + [_entry("prefetch", "shop.background")] * 6
                          + [_entry("prefetch@shed/shop/background")] * (4 if pop == "ewr" else 0),
-                         T0 + 4800)  # after the canary's own window starts (T0 + 4500)
+                         T0 + 4800)  # after the canary's own window starts (T0 + 2001)
         driver.clock.now = T0 + 1000
         await driver.rollouts.look()  # the canary seen applying it
         rollout = driver.rollouts.rollout
@@ -277,26 +277,33 @@ async def test_a_waves_own_window_starts_after_its_nodes_first_flush_past_the_ac
         tmp_path: Path) -> None:
     """Issue 33: 'wave 1 passed 1.5 s after it started on 5xx 0.0 % (0 of 25)': the first
     flush after a wave starts carries traffic served on the old version. Per node, the window
-    starts half a flush past its first flush after a look saw it applying the version; the
-    PoP's is the latest of its nodes'; none while one has not applied it or flushed since."""
+    starts after its first flush after a look saw it applying the version (the sink says
+    where: `SinkStore.stats_after`); the PoP's is the latest of its nodes'; none while one
+    has not applied it or flushed since."""
     driver = Driver(tmp_path)
-    flushed: dict[str, int | None] = {"ewr-1": T0 + 1800, "ewr-2": None}
-    driver.rollouts._flushes = lambda node, at: flushed[node]
+    after: dict[str, int | None] = {"ewr-1": T0 + 1801, "ewr-2": None}
+    asked: list[tuple[str, str, int, int]] = []
+
+    def stats_after(node: str, pop: str, at: int, flush: int) -> int | None:
+        asked.append((node, pop, at, flush))
+        return after[node]
+
+    driver.rollouts._stats_after = stats_after
     try:
         await driver.apply_new()
         rollout = driver.rollouts.rollout
         assert rollout is not None
         new, old = driver.new.digest, driver.old.digest
         one = (NodeAck("ewr", "ewr-1", new),)
-        half = 2500  # half of the default 5 s flush interval
-        assert driver.rollouts.own_starts(rollout, one, T0 + 1000) == {"ewr": T0 + 1800 + half}
+        assert driver.rollouts.own_starts(rollout, one, T0 + 1000) == {"ewr": T0 + 1801}
+        assert asked == [("ewr-1", "ewr", T0 + 1000, 5000)]  # seen at the look, 5 s flushes
         two = (*one, NodeAck("ewr", "ewr-2", new))
         assert driver.rollouts.own_starts(rollout, two, T0 + 1100) == {"ewr": None}
-        flushed["ewr-2"] = T0 + 2100
-        assert driver.rollouts.own_starts(rollout, two, T0 + 3000) == {"ewr": T0 + 2100 + half}
+        after["ewr-2"] = T0 + 2101
+        assert driver.rollouts.own_starts(rollout, two, T0 + 3000) == {"ewr": T0 + 2101}
         late = (NodeAck("ewr", "ewr-1", new), NodeAck("ewr", "ewr-3", old))
         assert driver.rollouts.own_starts(rollout, late, T0 + 3000) == {"ewr": None}
-        driver.rollouts._flushes = None  # Prometheus: a flush interval and a half after the ACK
+        driver.rollouts._stats_after = None  # Prometheus: a flush and a half after the ACK
         assert driver.rollouts.own_starts(rollout, one, T0 + 9000) == {"ewr": T0 + 1000 + 7500}
     finally:
         driver.close()

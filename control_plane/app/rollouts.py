@@ -6,8 +6,9 @@ supersede, the operator's actions); this module feeds it and publishes what it d
 - **inputs**: the clock, the ACKs and NACKs of the reached PoPs' nodes (`config_acks.py`, read
   from the ADS streams; with replicas, of every live replica's streams, shared through etcd)
   and the signal windows from the metric source the weight controller reads (per PoP, group
-  and origin: the wave's PoPs over their own traffic — from their nodes' first stats flush
-  after each applied the change, `own_starts` —, the PoPs still on the previous version since
+  and origin: the wave's PoPs over their own traffic — from just after their nodes' first
+  stats flush after each applied the change, `own_starts` —, the PoPs still on the previous
+  version since
   the wave started, the wave's PoPs before it started), with each tier's requests and sheds
   from the access logs (`AccessLogStore.sheds`: the shed rate) and the tier-action onsets
   since the wave started;
@@ -233,7 +234,7 @@ class Rollouts:
         clock: Callable[[], int] = wall_ms,
         leading: Callable[[], bool] = lambda: True,
         changed: Callable[[], None] = lambda: None,
-        flushes: Callable[[str, int], int | None] | None = None,
+        stats_after: Callable[[str, str, int, int], int | None] | None = None,
         sheds: Callable[[int, int], Mapping[tuple[str, str, str], tuple[int, int]]]
         | None = None,
     ) -> None:
@@ -254,9 +255,10 @@ class Rollouts:
         self._actions_at_wave: dict[str, frozenset[str]] = {}
         self._before: dict[str, PopWindow] = {}  # reached PoP -> its window before its wave
         self._unpublished: Unpublished | None = None  # recorded, its swap failed
-        # a node's first stats flush after a time (the sink knows it; None: a source that does
-        # not, e.g. Prometheus): where a wave's own window starts (`inputs`)
-        self._flushes = flushes
+        # where a window of a node's stats taken after a time starts (the sink knows each
+        # node's flushes, `SinkStore.stats_after`; None: a source that does not, e.g.
+        # Prometheus): where a wave's own window starts (`own_starts`)
+        self._stats_after = stats_after
         # (now, window) -> (PoP, group, tier) -> (requests, shed): the tiers' shed rate
         self._sheds = sheds
         # (version, wave start) and when each node of the wave was first seen applying it
@@ -429,13 +431,14 @@ class Rollouts:
 
     def own_starts(self, rollout: Rollout, nodes: Iterable[NodeAck], now: int
                    ) -> dict[str, int | None]:
-        """Reached PoP -> where its window of the change's own traffic starts: its nodes' first
-        stats flush after each applied the version (the flush that closes the interval the ACK
-        fell in still carries traffic served on the old version, so it is the window's baseline,
-        half a flush interval past it), the latest over its nodes; None while one of them has
-        not applied it or not flushed since. A node's ACK time is when a look first saw it
-        applied (never earlier than the ACK). Without per-node flush times (Prometheus), a
-        flush interval and a half after that. PoPs without nodes are left out."""
+        """Reached PoP -> where its window of the change's own traffic starts, the latest over
+        its nodes; None while one of them has not applied the version or not flushed since.
+        A node's ACK time is when a look first saw it applied (never earlier than the ACK); its
+        window starts just after its first stats flush after that (both of the flush's
+        streams, `SinkStore.stats_after`): that flush closes the interval the ACK fell in, so
+        it still holds traffic served on the old version. Without per-node flush times
+        (Prometheus: counters scraped live, histograms as of the last flush), a flush interval
+        and a half after the ACK. PoPs without nodes are left out."""
         key = (rollout.to_version, rollout.wave_started_ms)
         if self._acked_wave != key:
             self._acked_wave, self._acked_at = key, {}
@@ -446,11 +449,10 @@ class Rollouts:
                 starts[node.pop] = None
                 continue
             at = self._acked_at.setdefault((node.pop, node.node), now)
-            if self._flushes is None:
+            if self._stats_after is None:
                 mine: int | None = at + flush + flush // 2
             else:
-                flushed = self._flushes(node.node, at)
-                mine = None if flushed is None else flushed + flush // 2
+                mine = self._stats_after(node.node, node.pop, at, flush)
             if node.pop in starts and starts[node.pop] is None:
                 continue
             was = starts.get(node.pop)

@@ -237,7 +237,7 @@ class BallastService:
             self.server.intent, self.server.acks, source, self.recorder, running,
             metrics=self.metrics, leading=leading,
             changed=self._follow_served,
-            flushes=self._passive.first_flush_after if isinstance(self._passive, SinkStore)
+            stats_after=self._passive.stats_after if isinstance(self._passive, SinkStore)
             else None,
             sheds=self.access_logs.sheds)
         if held is not None:

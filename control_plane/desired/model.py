@@ -516,7 +516,8 @@ class RolloutPolicy:
     @property
     def min_bake_ms(self) -> int:
         """The shortest bake that lets a gate judge one full stats flush after the change: the
-        first flush after the ACKs still carries traffic served on the old version."""
+        first flush after the ACKs still carries traffic served on the old version (its
+        baseline, `app/rollouts.py` `own_starts`), the second is the change's own."""
         return 2 * self.stats_flush_interval_ms
 
 

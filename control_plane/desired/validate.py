@@ -231,10 +231,11 @@ class _Document:
         if policy.strategy == "waves" and policy.bake_ms < policy.min_bake_ms:
             self.sink.add(blame(fields.at(), *(x for x in (bake, flush) if x is not None)),
                           f"bake ({policy.bake_ms / 1000:g}s) is below "
-                          f"{policy.min_bake_ms / 1000:g}s, two stats flushes (Envoys flush every "
-                          f"{policy.stats_flush_interval_ms / 1000:g}s, stats_flush_interval): "
-                          "the first flush after a wave's ACKs still carries traffic served on "
-                          "the old version, so its gate could never judge the change's own")
+                          f"{policy.min_bake_ms / 1000:g}s, two stats flushes (Envoys flush "
+                          f"every {policy.stats_flush_interval_ms / 1000:g}s, "
+                          "stats_flush_interval): the first flush after a wave's ACKs still "
+                          "carries traffic served on the old version, so its gate could not "
+                          "judge one full flush of the change's own")
         return policy
 
     # --- standby ramp ------------------------------------------------------------------------
