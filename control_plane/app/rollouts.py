@@ -433,8 +433,9 @@ class Rollouts:
                    ) -> dict[str, int | None]:
         """Reached PoP -> where its window of the change's own traffic starts, the latest over
         its nodes; None while one of them has not applied the version or not flushed since.
-        A node's ACK time is when a look first saw it applied (never earlier than the ACK); its
-        window starts just after its first stats flush after that (both of the flush's
+        A node's ACK time is when its ACK arrived (its replica says; else when a look first saw
+        it applied, never earlier); its window starts just after its first stats flush after
+        that (both of the flush's
         streams, `SinkStore.stats_after`): that flush closes the interval the ACK fell in, so
         it still holds traffic served on the old version. Without per-node flush times
         (Prometheus: counters scraped live, histograms as of the last flush), a flush interval
@@ -448,7 +449,7 @@ class Rollouts:
             if node.acked != rollout.to_version:
                 starts[node.pop] = None
                 continue
-            at = self._acked_at.setdefault((node.pop, node.node), now)
+            at = self._acked_at.setdefault((node.pop, node.node), node.acked_ms or now)
             if self._stats_after is None:
                 mine: int | None = at + flush + flush // 2
             else:

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from control_plane.decide.evidence import error_counts, latency_samples, wilson_lower
@@ -78,12 +78,14 @@ class PopWindow:
 @dataclass(frozen=True)
 class NodeAck:
     """A node of a PoP and the desired-state version (digest) its last ACK applied, if any;
-    `replica`: the Ballast replica it is connected to ("" without replicas)."""
+    `replica`: the Ballast replica it is connected to ("" without replicas); `acked_ms`: when
+    that ACK arrived, where the replica that holds the node's stream says (None: unknown)."""
 
     pop: str
     node: str
     acked: str | None
     replica: str = ""
+    acked_ms: int | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
