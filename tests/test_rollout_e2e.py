@@ -384,7 +384,9 @@ async def test_at_the_shortest_bake_no_wave_passes_on_traffic_served_before_the_
         if r["kind"] in ("wave_started", "gate_reading", "wave_passed"))
     assert any("no evidence yet" in r["rule"] or "waits" in r["rule"] for r in gates), \
         [r["rule"] for r in gates]
-    assert any(status >= 500 for status in statuses), statuses  # the new config's own
+    # the failures of the new config's own attempts (1 ms read timeouts; a retry on the other
+    # origin may still answer the client)
     rolled = fleet.records("rolled_back")[-1]
     assert "5xx" in rolled["rule"] and "ewr" in rolled["rule"], rolled["rule"]
+    assert statuses, "the new config's traffic was sent"
     assert not fleet.records("wave_passed")
