@@ -15,7 +15,6 @@ from control_plane.app.rollouts import Rollouts, Version
 from control_plane.app.server import intent_and_cache
 from control_plane.decide.gates import NodeAck, TierShed
 from control_plane.decide.rollout import RolloutError
-from control_plane.decide.signals import OriginSignals
 from control_plane.decisions.log import DecisionLog
 from control_plane.decisions.read import iter_records
 from control_plane.decisions.recorder import DecisionRecorder
@@ -26,7 +25,7 @@ from control_plane.intent.owner import IntentOwner
 from control_plane.intent.sqlite_store import StateStore
 from control_plane.intent.store import IntentBatch
 from control_plane.observe.access_log import AccessLogStore
-from control_plane.observe.source import Signals
+from tests.support.rollout_inputs import Healthy, WithNodes
 
 T0 = 1_800_000_000_000
 BAKE_MS = 60_000
@@ -60,31 +59,6 @@ def version(secondary: int) -> Version:
     return Version(parse_desired(data, "desired.yaml"), data)
 
 
-class Healthy:
-    """Every PoP's origins answer well, before and after: the gates pass after the bake."""
-
-    async def window(self, now_ms: int, window_ms: int) -> Signals:
-        def origin() -> OriginSignals:
-            return OriginSignals(1000, 0, 0, 20.0, 60.0, 0.0, 0, 1.0, now_ms)
-
-        return {(pop, "shop"): {"primary": origin(), "secondary": origin()} for pop in POPS}
-
-
-class Synced:
-    """One node per PoP, applying whatever its PoP serves (a wave without a connected node
-    waits: issue 33)."""
-
-    def __init__(self, owner: IntentOwner) -> None:
-        self.owner = owner
-
-    def nodes(self, pops: list[str]) -> tuple[NodeAck, ...]:
-        return tuple(NodeAck(pop, f"{pop}-1", self.owner.intent.desired_of(pop).digest)
-                     for pop in pops)
-
-    def nacks(self, since_ms: int) -> tuple[()]:
-        return ()
-
-
 class Clock:
     def __init__(self) -> None:
         self.now = T0
@@ -105,7 +79,7 @@ class Driver:
         self.clock = Clock()
         # every node flushes its stats a second after anything (the wave's own window starts
         # after the first flush after a look saw it applying the version: looks early in a bake)
-        self.rollouts = Rollouts(owner, Synced(owner), Healthy(),  # type: ignore[arg-type]
+        self.rollouts = Rollouts(owner, WithNodes(owner), Healthy(POPS),  # type: ignore[arg-type]
                                  self.recorder, self.old, clock=self.clock,
                                  stats_after=lambda node, pop, at, flush: at + 1001)
         self.path = tmp_path
