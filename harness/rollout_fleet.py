@@ -45,7 +45,8 @@ failover:
   window: 3s
   stale_after: 10s
   min_samples: 5
-{tiers}origin_groups:
+{tiers}access_log: {{sample_rate: 1.0}}  # every request logged: each tier's shed rate
+origin_groups:
   shop:
     origins:
       primary: {{address: 127.0.0.1, port: {primary}}}

@@ -125,6 +125,12 @@ async def test_a_good_change_rolls_out_wave_by_wave(
         assert ["ewr"] in on_new and ["ewr", "sjc"] in on_new, watch.versions
         assert on_new.index(["ewr"]) < on_new.index(["ewr", "sjc"]), watch.versions
         assert fleet.statuses[0] == 0, fleet.statuses
+        # each wave's gate read its PoPs' shed rate per tier (issue 33: every PopWindow was
+        # built without tier data, so the shed gate never ran in the product)
+        for passed in fleet.records("wave_passed"):
+            readings = passed["detail"]["gate"]["readings"]
+            assert any(r["signal"] == "shed" and r["key"] == "shop/critical"
+                       for r in readings), readings
         assert fleet.service is not None and fleet.service.admin is not None
         # `ballast status` (the CLI): each PoP's version, the rollout in a line
         capsys.readouterr()

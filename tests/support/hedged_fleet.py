@@ -22,8 +22,6 @@ import contextlib
 import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -38,9 +36,8 @@ from harness.envoy_process import EnvoyProcess, free_port
 from harness.traffic import steady_traffic, stop_tasks
 from tests.support.etcd import EtcdServer
 from tests.support.prometheus import PrometheusServer
-from tests.support.replicas import LEADER_TTL_S, get_json, until
+from tests.support.replicas import Replica, get_json, serve_replica, until
 
-ROOT = Path(__file__).resolve().parents[2]
 GROUPS = ("hedged", "mixed")
 PATHS = {"hedged": ("/api/checkout/cart", "/"),
          "mixed": ("/api/checkout/cart", "/n/list", "/", "/b/image")}  # half critical
@@ -118,19 +115,6 @@ def desired_yaml(origins: dict[str, DemoOrigin], ports: dict[str, int], offset: 
 
 
 @dataclass
-class Replica:
-    name: str
-    xds: int
-    admin: int
-    state: Path
-    proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.admin}"
-
-
-@dataclass
 class HedgedFleet:
     mode: str
     origins: dict[str, DemoOrigin]
@@ -142,8 +126,7 @@ class HedgedFleet:
 
     def leader_state(self) -> Path | None:
         for replica in self.replicas:
-            if replica.proc is not None and replica.proc.poll() is None and get_json(
-                    f"{replica.url}/status")[1].get("replication", {}).get("leading"):
+            if replica.alive() and replica.status().get("replication", {}).get("leading"):
                 return replica.state
         return None
 
@@ -166,21 +149,6 @@ def _bootstrap(node: str, pop: str, xds: int, admin: int, mode: str,
     return ads_bootstrap(node_id=node, pop=pop, xds_port=xds, admin_port=admin,
                          metrics_sink=mode == "sink", needed_stats_only=True,
                          stats_flush_interval_ms=1000, xds_replicas=others)
-
-
-def _serve(replica: Replica, desired: Path, etcd: EtcdServer, prometheus: str) -> None:
-    replica.state.mkdir(parents=True, exist_ok=True)
-    with open(replica.state.parent / f"{replica.name}.log", "ab") as log:
-        replica.proc = subprocess.Popen(
-            [sys.executable, "-m", "control_plane.cli.main", "serve", str(desired),
-             "--xds-address", f"127.0.0.1:{replica.xds}",
-             "--admin-address", f"127.0.0.1:{replica.admin}",
-             "--state-dir", str(replica.state), "--store", etcd.url,
-             "--replica-id", replica.name, "--leader-ttl", f"{LEADER_TTL_S}s",
-             "--metrics-source", "prometheus", "--prometheus-url", prometheus,
-             "--probe-interval", "1s", "--log-level", "warning"],
-            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True,
-            env={**os.environ, "GRPC_ENABLE_FORK_SUPPORT": "false"})
 
 
 @contextlib.asynccontextmanager
@@ -225,7 +193,7 @@ async def hedged_fleet(tmp_path: Path, mode: str, rps: float = 8.0
         if mode == "replicas":
             assert etcd is not None and prometheus is not None
             for replica in fleet.replicas:
-                _serve(replica, desired, etcd, prometheus.url)
+                serve_replica(replica, desired, etcd, prometheus.url)
             for replica in fleet.replicas:
                 await until(lambda r=replica: get_json(f"{r.url}/readyz")[0] == 200, 30,
                             f"{replica.name} ready")
