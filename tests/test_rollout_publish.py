@@ -281,3 +281,18 @@ async def test_a_waves_own_window_starts_after_its_nodes_first_flush_past_the_ac
         assert driver.rollouts.own_starts(rollout, one, T0 + 9000) == {"ewr": T0 + 1000 + 7500}
     finally:
         driver.close()
+
+
+def test_a_tiers_requests_count_by_when_they_started_not_when_their_entry_came() -> None:
+    """Envoy sends access-log entries in batches a second or more after the request: a burst
+    served before a wave's ACK must not count in the wave's own window (it arrives after)."""
+    store = AccessLogStore()
+    early, late = _entry("checkout", "shop.critical"), _entry("checkout", "shop.critical")
+    early.common_properties.start_time.FromMilliseconds(T0 + 1000)
+    late.common_properties.start_time.FromMilliseconds(T0 + 2500)
+    shed = _entry("prefetch@shed/shop/background")
+    shed.common_properties.start_time.FromMilliseconds(T0 + 1500)
+    store.ingest("ewr", [early, late, shed], T0 + 3000)  # one batch, after them all
+    assert store.sheds(T0 + 4000, 2000) == {("ewr", "shop", "critical"): (1, 0)}
+    assert store.sheds(T0 + 4000, 3500) == {("ewr", "shop", "background"): (1, 1),
+                                            ("ewr", "shop", "critical"): (2, 0)}

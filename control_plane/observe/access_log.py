@@ -94,6 +94,7 @@ class WaitSample:
     attempts: int = 1  # upstream_request_attempt_count: > 1 retried or hedged
     host: str = ""  # the last attempt's upstream "address:port" ("" when none was chosen)
     served_ms: float | None = None  # the last attempt's service time (None: no answer byte)
+    started_ms: int = 0  # when the request started (Envoy's clock, epoch ms; 0: not logged)
 
     @property
     def is_wait(self) -> bool:
@@ -140,7 +141,14 @@ def wait_sample(entry: HTTPAccessLogEntry, received_ms: int) -> tuple[str, WaitS
     host = _host(common)
     return cluster, WaitSample(received_ms, wait, duration,
                                max(1, common.upstream_request_attempt_count), host[:MAX_NAME_CHARS],
-                               _served_ms(common) if host else None)
+                               _served_ms(common) if host else None, _started_ms(common))
+
+
+def _started_ms(common: object) -> int:
+    """When the request started at Envoy (epoch ms, its clock); 0 when the entry does not say."""
+    if not common.HasField("start_time"):  # type: ignore[attr-defined]
+        return 0
+    return int(common.start_time.ToMilliseconds())  # type: ignore[attr-defined]
 
 
 def nearest_rank(ordered: list[float], q: float) -> float:
@@ -166,8 +174,9 @@ class AccessLogStore:
         self.max_samples = max_samples
         self._served = served_endpoints(desired)
         self._samples: dict[tuple[str, str], deque[WaitSample]] = {}
-        # PoP -> (arrival ms, group, tier) of each logged request a tier action shed at the edge
-        self._sheds: dict[str, deque[tuple[int, str, str]]] = {}
+        # PoP -> (arrival ms, request start ms, group, tier) of each logged request a tier action
+        # shed at the edge
+        self._sheds: dict[str, deque[tuple[int, int, str, str]]] = {}
         self.received = 0  # entries seen, samples or not
         self.dropped = 0  # samples of (PoP, cluster) pairs over the bounds
 
@@ -178,7 +187,7 @@ class AccessLogStore:
             self.received += 1
             shed = shed_of_route(entry.common_properties.route_name)
             if shed is not None and pop:
-                self._shed(pop, received_ms, *shed)
+                self._shed(pop, received_ms, _started_ms(entry.common_properties), *shed)
                 continue
             found = wait_sample(entry, received_ms)
             if found is None or not pop:
@@ -196,14 +205,15 @@ class AccessLogStore:
         self._prune(received_ms)
         return kept
 
-    def _shed(self, pop: str, received_ms: int, group: str, tier: str) -> None:
+    def _shed(self, pop: str, received_ms: int, started_ms: int, group: str, tier: str
+              ) -> None:
         queue = self._sheds.get(pop)
         if queue is None:
             if len(self._sheds) >= MAX_CLUSTERS or len(pop) > MAX_NAME_CHARS:
                 self.dropped += 1
                 return
             queue = self._sheds[pop] = deque(maxlen=self.max_samples)
-        queue.append((received_ms, group[:MAX_NAME_CHARS], tier[:MAX_NAME_CHARS]))
+        queue.append((received_ms, started_ms, group[:MAX_NAME_CHARS], tier[:MAX_NAME_CHARS]))
 
     def _prune(self, now_ms: int) -> None:
         cutoff = now_ms - self.retention_ms
@@ -219,19 +229,23 @@ class AccessLogStore:
                 del self._sheds[pop]
 
     def sheds(self, now_ms: int, window_ms: int) -> dict[tuple[str, str, str], tuple[int, int]]:
-        """(PoP, group, tier) -> (logged requests, of them shed at the edge) in (now - window,
-        now]: the tier's shed rate (the access log samples every request alike, so the share
-        is the tier's). A shed request names its (group, tier) by the route that answered it
-        (`translate/routes.py` `shed_route_name`); the others by their tier cluster."""
+        """(PoP, group, tier) -> (logged requests, of them shed at the edge) that started in
+        (now - window, now]: the tier's shed rate (the access log samples every request alike,
+        so the share is the tier's). A request counts by when it started at Envoy (entries
+        arrive in batches, a second or more later: a rollout gate's window must not count a
+        request served before the change), by its arrival where the entry does not say. A shed
+        request names its (group, tier) by the route that answered it (`translate/routes.py`
+        `shed_route_name`); the others by their tier cluster."""
         start = now_ms - window_ms
         counts: dict[tuple[str, str, str], list[int]] = {}
-        for (pop, cluster), found in self.samples(now_ms, window_ms).items():
+        for (pop, cluster), queue in self._samples.items():
             split = split_cluster(cluster)
+            found = sum(1 for s in queue if start < (s.started_ms or s.received_ms) <= now_ms)
             if split is not None and found:
-                counts.setdefault((pop, *split), [0, 0])[0] += len(found)
+                counts.setdefault((pop, *split), [0, 0])[0] += found
         for pop, sheds in self._sheds.items():
-            for at, group, tier in sheds:
-                if start < at <= now_ms:
+            for at, started, group, tier in sheds:
+                if start < (started or at) <= now_ms:
                     count = counts.setdefault((pop, group, tier), [0, 0])
                     count[0] += 1
                     count[1] += 1
