@@ -3,6 +3,8 @@ differs, laid over the intent pair by pair; a step that changes nothing costs no
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -13,10 +15,13 @@ from control_plane.desired.model import TierActions
 from control_plane.intent.pair_changes import PairChange, TickChanges, applied, changes_of
 from control_plane.intent.running import RunningIntent
 from control_plane.intent.store import RAMP_KIND, TIER_KIND
-from harness.models import example_desired
+from harness.models import example_desired, shop_group
 
 PAIRS = [("ewr", "shop"), ("sjc", "shop")]
-DESIRED = example_desired()
+# critical hedges: the ramp guards its hedges, so a ramp step can change a PoP's routes
+_GROUP = shop_group()
+DESIRED = example_desired(replace(_GROUP, tiers=tuple(
+    replace(t, hedge_delay_ms=50) if t.name == "critical" else t for t in _GROUP.tiers)))
 
 weights = st.integers(0, 100).map(lambda p: {"primary": p, "secondary": 100 - p})
 streaks = st.builds(
@@ -57,7 +62,8 @@ def view(intent: RunningIntent) -> dict[tuple[str, str], tuple[object, ...]]:
                    intent.tier_states.get(pair, TierState()),
                    intent.ramps.get(pair, RampState()),
                    intent.tier_actions.get(pair),
-                   intent.mirror(*pair))
+                   intent.mirror(*pair),
+                   intent.hedge_share(*pair))
             for pair in PAIRS}
 
 
@@ -68,13 +74,15 @@ def test_applying_a_ticks_changes_gives_what_the_steps_say_and_nothing_else(
     after = applied(running, changes_of(running, steps))
     expected = view(running)
     for step in steps:
-        *_, tiers, ramp, acts, _ = expected[step.key]
+        *_, tiers, ramp, acts, _, _ = expected[step.key]
         if step.tier_state is not None:
             tiers, acts = step.tier_state, step.tier_actions
         if step.ramp is not None:
             ramp = step.ramp
-        mirror = RunningIntent(DESIRED, ramps={step.key: ramp}).mirror(*step.key)
-        expected[step.key] = (step.weights, step.controller, tiers, ramp, acts, mirror)
+        alone = RunningIntent(DESIRED, weights={step.key: step.weights},
+                              ramps={step.key: ramp})
+        expected[step.key] = (step.weights, step.controller, tiers, ramp, acts,
+                              alone.mirror(*step.key), alone.hedge_share(*step.key))
     assert view(after) == expected
 
 
@@ -93,13 +101,17 @@ def test_the_same_steps_again_change_nothing(
 def test_only_pops_whose_output_moves_are_named(
     running: RunningIntent, steps: list[PairChange]
 ) -> None:
-    """A PoP is re-translated when its weights, tier actions or mirror change — never for a
-    streak, a tier state or a ramp that leaves the mirror as it was."""
+    """A PoP is re-translated when its weights, tier actions, mirror or hedge share change —
+    never for a streak, a tier state or a ramp that leaves the mirror and the hedge share as
+    they were."""
     changes = changes_of(running, steps)
     before, after = view(running), view(applied(running, changes))
+
+    def output(parts: tuple[object, ...]) -> tuple[object, ...]:
+        return parts[0], parts[4], parts[5], parts[6]
+
     moved = {pop for (pop, group), now in after.items()
-             if (now[0], now[4], now[5]) != (before[(pop, group)][0], before[(pop, group)][4],
-                                            before[(pop, group)][5])}
+             if output(now) != output(before[(pop, group)])}
     assert changes.pops == moved
 
 
