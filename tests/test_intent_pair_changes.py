@@ -31,6 +31,7 @@ tier_states = st.sampled_from([
     TierState(), TierState(active=True, trigger_since_ms=1, active_since_ms=2),
     TierState(shedding=True, shed_since_ms=5)])
 ramps = st.sampled_from([RampState(), RampState(ramps={"secondary": 1}),
+                         RampState(ramps={"secondary": 2}),  # a step on: the mirror stays
                          RampState(warm_pool_since_ms={"primary": 0})])
 actions = st.sampled_from([None, TierActions(demote_share=10), TierActions(demote_share=30)])
 
@@ -132,3 +133,19 @@ def test_a_steady_pair_writes_nothing_and_a_changed_one_writes_its_row_and_recor
                        [PairChange(PAIRS[1], moved, ControllerState(), TierState(), RampState())])
     assert ended.batch(DESIRED.digest).records == ((RAMP_KIND, "sjc/shop", None),)
     assert TIER_KIND not in {kind for kind, _, _ in ended.batch(DESIRED.digest).records}
+
+
+def test_a_ramp_step_at_the_same_weights_re_translates_for_its_hedge_share() -> None:
+    """Issue 33: the hedge share follows the ramp's step; a step on (the mirror stays on, the
+    weights as they were) gives the standby more headroom: the PoP's routes change."""
+    key = ("ewr", "shop")
+    held = {"primary": 90, "secondary": 10}
+    running = RunningIntent(DESIRED, weights={key: held},
+                            ramps={key: RampState(ramps={"secondary": 1})})
+    step = PairChange(key, dict(held), ControllerState(), None,
+                      RampState(ramps={"secondary": 2}), None)
+    changes = changes_of(running, [step])
+    assert running.mirror(*key) == applied(running, changes).mirror(*key)
+    assert running.hedge_share(*key) == 0
+    assert applied(running, changes).hedge_share(*key) == 111_111
+    assert changes.pops == frozenset({"ewr"})
