@@ -12,7 +12,7 @@ fetches are slow, repeats fast, and a capacity cap refuses what it cannot take.
 `make run` lets an operator break an origin by hand.
 `max_concurrency` caps the requests it works on at once (the rest wait inside the origin, as a
 real origin's worker pool would): the concurrency-capped origin of the tier benchmarks.
-`attempt_log` keeps each attempt with Envoy's request id and attempt number, so a test can tell
+`attempt_log` keeps each attempt with Envoy's request id, attempt number and PoP, so a test can tell
 a hedge (sent while the first attempt was still unanswered) from a retry (sent after it failed).
 """
 
@@ -89,6 +89,7 @@ class Attempt:
     arrived: float
     done: float
     status: int
+    pop: str = ""  # the PoP it came through (`x-ballast-pop`)
 
 
 @dataclass(frozen=True)
@@ -173,7 +174,7 @@ class DemoOrigin:
                 request.headers.get("x-request-id", "")[:64],
                 int(count) if count.isdigit() and len(count) < 4 else 1,
                 request.headers.get("x-ballast-tier", "")[:64], arrived, time.monotonic(),
-                response.status))
+                response.status, request.headers.get("x-ballast-pop", "")[:64]))
         return response
 
     def in_flight_peak_reset(self) -> int:

@@ -231,7 +231,17 @@ class _Document:
                    if located.value is not None}
         gate_values = {key: located.value for key, located in gate_layer.items()
                        if located.value is not None}
-        return RolloutPolicy(**written, gates=RolloutGates(**gate_values))
+        policy = RolloutPolicy(**written, gates=RolloutGates(**gate_values))
+        bake, flush = layer.get("bake_ms"), layer.get("stats_flush_interval_ms")
+        if policy.strategy == "waves" and policy.bake_ms < policy.min_bake_ms:
+            self.sink.add(blame(fields.at(), *(x for x in (bake, flush) if x is not None)),
+                          f"bake ({policy.bake_ms / 1000:g}s) is below "
+                          f"{policy.min_bake_ms / 1000:g}s, two stats flushes (Envoys flush "
+                          f"every {policy.stats_flush_interval_ms / 1000:g}s, "
+                          "stats_flush_interval): the first flush after a wave's ACKs still "
+                          "carries traffic served on the old version, so its gate could not "
+                          "judge one full flush of the change's own")
+        return policy
 
     # --- standby ramp ------------------------------------------------------------------------
 
