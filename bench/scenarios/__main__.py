@@ -32,7 +32,7 @@ from typing import Any
 
 from bench.scenarios.analysis import RunResult, focus_on_restart
 from bench.scenarios.catalog import SCENARIOS, smoke
-from bench.scenarios.report import Rows, summary_counts, summary_row, write_report
+from bench.scenarios.report import Rows, readme_rows, summary_counts, write_report
 from bench.scenarios.runner import Scenario, run_variant
 from bench.scenarios.stack import ROOT
 from bench.scenarios.store import META, read_meta, read_runs, write_meta, write_run
@@ -109,7 +109,7 @@ def _print(name: str, out: Path, tables: list[tuple[str, Rows]]) -> None:
             print(f"{metric.name:<75} " + "  ".join(
                 f"{v} {s.median:9.1f}" for v, s in spreads.items()), flush=True)
     print(f"report: {out / (name + '.md')} {dict(summary_counts(tables))}", flush=True)
-    print("README row: " + summary_row(scenario, tables), flush=True)
+    print("README rows:", *readme_rows(scenario, tables), sep="\n", flush=True)
 
 
 def report(argv: list[str]) -> int:
