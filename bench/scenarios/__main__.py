@@ -24,6 +24,7 @@ import datetime
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -37,6 +38,13 @@ from bench.scenarios.runner import Scenario, run_variant
 from bench.scenarios.stack import ROOT
 from bench.scenarios.store import META, read_meta, read_runs, write_meta, write_run
 
+CODE = ("bench", "control_plane", "harness", "pyproject.toml")  # what a run's outcome depends on
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    """SIGTERM ends a run as Ctrl-C does: every process the run started is stopped."""
+    raise KeyboardInterrupt
+
 
 def _machine() -> str:
     return f"{platform.machine()} Linux, {os.cpu_count()} cores shared with other work"
@@ -47,12 +55,13 @@ def _now() -> str:
 
 
 def _commit() -> str:
-    """The commit the bench ran at, marked when the work tree had changes."""
+    """The commit the bench ran at, marked when the code (not the reports) had changes."""
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, check=True,
                               capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               cwd=ROOT, check=True, capture_output=True, text=True).stdout
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
+                                *CODE], cwd=ROOT, check=True, capture_output=True,
+                               text=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head + (" with uncommitted changes" if dirty.strip() else "")
@@ -132,6 +141,7 @@ def report(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    signal.signal(signal.SIGTERM, _interrupted)
     if argv[:1] == ["report"]:
         return report(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m bench.scenarios", description=__doc__,
