@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import partial
 
-from bench.scenarios.load import Surge
+from bench.scenarios.load import KINDS, Surge
 from bench.scenarios.origin import Behaviour, OriginSpec
 from bench.scenarios.runner import Scenario
 from bench.scenarios.stack import FAILOVER_BASELINES, PRIORITY_BASELINES
@@ -210,8 +210,39 @@ PRIORITY = Scenario(
     ),
 )
 
-# in the order `all` runs them: the seeds' central comparisons first
-SCENARIOS = {s.name: s for s in (FAILOVER, PRIORITY, FLAP, REGIONAL, RESTART)}
+# issue 33: the example's hedged critical tier carrying most of the traffic. The checkout API
+# costs an origin its time to first byte alone (no backend work), so a healthy primary answers
+# it within the 50 ms hedge delay but for its tail (p50 30 ms: about 7 % hedge); the bleed's
+# creeping latency makes most of it hedge within a minute (real) of the bleed's start
+HEDGE_DELAY_MS = 50  # examples/desired.yaml's critical tier (seed 000: "50ms for P0")
+HEDGED_MIX = tuple(replace(KINDS[name], share=share)
+                   for name, share in (("checkout", 0.8), ("html", 0.1), ("image", 0.1)))
+HEDGED_ORIGINS = {name: replace(spec, api_ms=0.0) for name, spec in ORIGINS.items()}
+HEDGED = (
+    " Here the critical tier carries most of the traffic, as in issue 33's test of the example "
+    "desired state: 80 % checkout API (critical), hedged after "
+    f"{HEDGE_DELAY_MS} ms as examples/desired.yaml does (Ballast's critical tier `hedge_delay: "
+    f"{HEDGE_DELAY_MS}ms`; every baseline's checkout route hedges the same way, Envoy's "
+    "`hedge_on_per_try_timeout`), 10 % HTML, 10 % images; the API costs an origin its time to "
+    "first byte alone (p50 30 ms, so about 7 % of it hedges while the primary is healthy).")
+HEDGED_NOTE = (
+    "A hedge is one of the route's retries in Envoy: it goes where a retry goes (for the "
+    "baselines the other priority, the standby; for Ballast another origin by weight, within "
+    "the standby's ramp headroom while it is cold or ramping) under the same 15 % retry budget. "
+    "The attempt that lost is reset by Envoy and recorded by the origin as abandoned; Ballast "
+    "counts it against the origin that did not answer (`failover.abandon_threshold`).")
+
+
+def _hedged(scenario: Scenario) -> Scenario:
+    """`scenario` with issue 33's traffic: the hedged critical tier carrying most of it."""
+    return replace(scenario, name=f"{scenario.name}-hedged", summary=scenario.summary + HEDGED,
+                   origins=HEDGED_ORIGINS, mix=HEDGED_MIX, hedge_delay_ms=HEDGE_DELAY_MS,
+                   notes=(HEDGED_NOTE, *scenario.notes))
+
+
+# in the order `all` runs them: the seeds' central comparisons first, then issue 33's variants
+SCENARIOS = {s.name: s for s in (FAILOVER, PRIORITY, FLAP, REGIONAL, RESTART,
+                                 *map(_hedged, (FAILOVER, REGIONAL, RESTART)))}
 
 
 SMOKE_S = 24.0

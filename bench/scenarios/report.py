@@ -533,13 +533,16 @@ def _evidence_cells(r: RunResult) -> list[str]:
     ]
 
 
-def envoy_evidence(runs: Mapping[str, Sequence[RunResult]]) -> list[str]:
+def envoy_evidence(scenario: Scenario, runs: Mapping[str, Sequence[RunResult]]) -> list[str]:
+    hedges = (f" The checkout route hedges: each attempt unanswered after "
+              f"{scenario.hedge_delay_ms} ms is a per-try timeout that sends a hedge, counted "
+              "among the retries too." if scenario.hedge_delay_ms else "")
     lines = ["## Envoy's own evidence that each mechanism acted", "",
              "Envoy's counters at the end of each run (`/stats`, summed over the PoPs' Envoys), "
              "and how often a host went out, from `/clusters` sampled every 0.5 s. Ballast's "
              "Envoys run no health checks or outlier detection of their own (its probes and "
              "signals decide, its records say what it did); their mirror and overflow counters "
-             "are Envoy's.", "",
+             "are Envoy's." + hedges, "",
              "| variant | seed | ejections enforced (consecutive 5xx / failure % / success "
              "rate) | failure-% ejections detected | hosts ejected (samples) | health-check "
              "failures of attempts | hosts failed by health checks (samples) | mirror requests "
@@ -767,7 +770,8 @@ def configs(scenario: Scenario, variants: Sequence[str]) -> list[str]:
              ballast_desired(list(scenario.pops), {p: 10000 + i for i, p in
                                                    enumerate(scenario.pops)},
                              {n: ports[0] for n, ports in origins.items()},
-                             concurrency=scenario.origin_concurrency).rstrip(), "```", ""]
+                             concurrency=scenario.origin_concurrency,
+                             hedge_delay_ms=scenario.hedge_delay_ms).rstrip(), "```", ""]
     for variant in variants[1:]:
         boot = _bootstrap(scenario, variant, origins)
         lines += [f"**{variant}**: one real Envoy 1.40 per PoP, this static bootstrap "
@@ -780,7 +784,8 @@ def _bootstrap(scenario: Scenario, variant: str, origins: dict[str, list[int]]
                ) -> dict[str, Any]:
     if variant in FAILOVER_BASELINES:
         return failover_bootstrap(variant, "ewr", 10000, 9901, origins,
-                                  scenario.origin_concurrency, scenario.rps_per_pop)
+                                  scenario.origin_concurrency, scenario.rps_per_pop,
+                                  scenario.hedge_delay_ms)
     return priority_bootstrap(variant, "ewr", 10000, 9901, origins[next(iter(origins))][0],
                               scenario.origin_concurrency, scenario_tiers(scenario, variant))
 
@@ -819,6 +824,15 @@ def _tier_numbers(scenario: Scenario, variant: str) -> str:
 
 # --- the whole report ---------------------------------------------------------------------------
 
+WHAT = {"checkout": "checkout API", "html": "HTML", "image": "image revalidation"}
+
+
+def _mix(scenario: Scenario) -> str:
+    hedged = f", hedged after {scenario.hedge_delay_ms} ms" if scenario.hedge_delay_ms else ""
+    return ", ".join(f"{k.share * 100:g} % {WHAT[k.name]} ({k.tier}"
+                     + (hedged if k.tier == "critical" else "") + ")" for k in scenario.mix)
+
+
 
 def render(scenario: Scenario, runs: Mapping[str, Sequence[RunResult]], meta: Mapping[str, Any],
            plots: Sequence[str]) -> tuple[str, list[tuple[str, Rows]]]:
@@ -853,8 +867,8 @@ def render(scenario: Scenario, runs: Mapping[str, Sequence[RunResult]], meta: Ma
         f"Runs per variant: {', '.join(f'{v} {n}' for v, n in made.items())}; interleaved (run "
         f"i of every variant, then run i + 1), seeds {seeds} (the same requests for every "
         f"variant of a run); {scenario.duration_s:g} s per run, {scenario.rps_per_pop:.0f} "
-        f"requests/s per PoP ({', '.join(scenario.pops)}), mix 20 % checkout API (critical), "
-        "50 % HTML (normal), 30 % image revalidation (background), Poisson arrivals"
+        f"requests/s per PoP ({', '.join(scenario.pops)}), mix {_mix(scenario)}, Poisson "
+        "arrivals"
         + ("".join(f", plus {s.rps_per_pop:.0f} requests/s more {s.kind} from "
                    f"{s.start * scenario.duration_s:g} s to {s.end * scenario.duration_s:g} s"
                    for s in scenario.surges)) + "."
@@ -884,7 +898,7 @@ def render(scenario: Scenario, runs: Mapping[str, Sequence[RunResult]], meta: Ma
         lines += [f"### {title}", "", *markdown_table(rows, variants), ""]
     lines += [*where_ballast_loses(scenario, runs, tables_),
               "## Checks", "", *inversion_check(runs), *record_checks(runs),
-              *envoy_evidence(runs), *breakdown(scenario, runs),
+              *envoy_evidence(scenario, runs), *breakdown(scenario, runs),
               *standby_section(scenario, runs), *decisions(runs), *machine(runs),
               *compression(scenario, runs), "## Plots (first run of each variant)", ""]
     for plot in plots:

@@ -21,7 +21,7 @@ from bench.scenarios.analysis import (
     is_shed_onset,
     shed_while_idle,
 )
-from bench.scenarios.load import MIX, Surge, Visit, run_load, schedule
+from bench.scenarios.load import MIX, Kind, Surge, Visit, run_load, schedule
 from bench.scenarios.origin import SIGMA, Behaviour, OriginSpec, ScriptedOrigin
 from bench.scenarios.stack import (
     FAILOVER_BASELINES,
@@ -63,6 +63,10 @@ class Scenario:
     surges: tuple[Surge, ...] = ()  # extra load of one kind during part of the run
     standby: str = "secondary"  # the origin whose warming the report follows
     seed_length: str = ""  # how long the seed's incident lasts and how the bench maps it
+    mix: tuple[Kind, ...] = MIX  # the request kinds and their shares of the load
+    # the critical tier hedges after this long (Ballast's `hedge_delay`, the baselines' checkout
+    # route the same way); 0: no hedging
+    hedge_delay_ms: int = 0
 
     def scaled(self, duration_s: float, rps_per_pop: float,
                script: Callable[[float], dict[str, Behaviour]], incident: tuple[float, float]
@@ -87,13 +91,14 @@ def _edge(scenario: Scenario, variant: str, workdir: Path,
     pops = list(scenario.pops)
     if variant == "ballast":
         return BallastEdge(workdir, pops, {n: o.ports[0] for n, o in origins.items()}, seed,
-                           concurrency=scenario.origin_concurrency)
+                           concurrency=scenario.origin_concurrency,
+                           hedge_delay_ms=scenario.hedge_delay_ms)
     if variant in FAILOVER_BASELINES:
         ports = {n: o.ports for n, o in origins.items()}
         return StaticEdge(workdir, pops, failover_layout(FAILOVER_BASELINES[variant], ports),
                           lambda pop, listener, admin: failover_bootstrap(
                               variant, pop, listener, admin, ports, scenario.origin_concurrency,
-                              scenario.rps_per_pop))
+                              scenario.rps_per_pop, scenario.hedge_delay_ms))
     name, origin = next(iter(origins.items()))
     tiers = scenario_tiers(scenario, variant)
     return StaticEdge(workdir, pops, [Locality(0, name, (origin.ports[0],))],
@@ -107,7 +112,7 @@ def scenario_tiers(scenario: Scenario, variant: str) -> list[TierSize]:
     spec = next(iter(scenario.origins.values()))
     mean_ms = spec.healthy_p50_ms * math.exp(SIGMA**2 / 2)  # the log-normal's mean
     return priority_tiers(variant, scenario.origin_concurrency, scenario.rps_per_pop,
-                          spec.healthy_p50_ms, mean_ms, {k.tier: k.share for k in MIX})
+                          spec.healthy_p50_ms, mean_ms, {k.tier: k.share for k in scenario.mix})
 
 
 def _visits(origins: dict[str, ScriptedOrigin], started: float) -> dict[str, list[Visit]]:
@@ -154,7 +159,8 @@ async def run_variant(scenario: Scenario, variant: str, workdir: Path, seed: int
             await origin.start()
         await asyncio.to_thread(edge.start)
         requests = schedule(seed, scenario.duration_s,
-                            {pop: scenario.rps_per_pop for pop in pops}, surges=scenario.surges)
+                            {pop: scenario.rps_per_pop for pop in pops}, mix=scenario.mix,
+                            surges=scenario.surges)
         started = time.monotonic()
         wall_start = time.time()
         result.started_utc = datetime.datetime.fromtimestamp(

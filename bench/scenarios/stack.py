@@ -39,10 +39,12 @@ class Edge(Protocol):
 
 def ballast_desired(
     pops: list[str], listener: dict[str, int], origins: dict[str, int], extra: str = "",
-    concurrency: int = 120,
+    concurrency: int = 120, hedge_delay_ms: int = 0,
 ) -> str:
     """The desired state of a run: the defaults (seed 002 / seed 000) with every control timer
-    compressed by `timers.COMPRESSION`, and every request in the access-log signal."""
+    compressed by `timers.COMPRESSION`, and every request in the access-log signal;
+    `hedge_delay_ms`: the critical tier hedges after that long, as in examples/desired.yaml
+    (the group's override of the default tier)."""
     first = listener[pops[0]]
     pop_lines = "".join(
         f"  {p}: {{listen_address: 127.0.0.1, port_offset: {listener[p] - first}}}\n" for p in pops
@@ -63,6 +65,8 @@ def ballast_desired(
         f"{extra}"
         f"origin_groups:\n  shop:\n    max_origin_concurrency: {concurrency}\n    origins:\n"
         f"{origin_lines}    preference:\n{preference}"
+        + (f"    tiers:\n      critical: {{hedge_delay: {hedge_delay_ms}ms}}\n"
+           if hedge_delay_ms else "") +
         f"    health_check: {{interval: {duration(c(5))}, connect_timeout: {duration(c(2))}, "
         f"read_timeout: {duration(c(4))}}}\n"
         "classification:\n  default_tier: critical\n  rules:\n"
@@ -79,14 +83,15 @@ class BallastEdge:
     """`ballast serve` as a subprocess (so it can be killed -9 and restarted) and its Envoys."""
 
     def __init__(self, workdir: Path, pops: list[str], origins: dict[str, int], seed: int,
-                 extra_desired: str = "", concurrency: int = 120) -> None:
+                 extra_desired: str = "", concurrency: int = 120, hedge_delay_ms: int = 0
+                 ) -> None:
         self.workdir = workdir
         self.state_dir = workdir / "state"
         ports = sorted(free_port() for _ in pops)
         self.listener_ports = dict(zip(pops, ports, strict=True))
         self.desired = workdir / "desired.yaml"
         self.desired.write_text(ballast_desired(pops, self.listener_ports, origins,
-                                                extra_desired, concurrency))
+                                                extra_desired, concurrency, hedge_delay_ms))
         self.xds_port = free_port()
         self.seed = seed
         self.proc: subprocess.Popen[bytes] | None = None
@@ -191,6 +196,7 @@ OVERPROVISIONING = 140  # Envoy's default factor 1.4, stated
 DEEP_PATH = "/healthz/cacheable"  # the cacheable path Ballast's probes read (HealthCheck)
 SHALLOW_PATH = "/healthz"
 PROBE_READ_TIMEOUT_S = 4  # Ballast's probe read timeout (HealthCheck.read_timeout_ms)
+READ_TIMEOUT_S = 4  # seed 002's 4 s read timeout: a failover baseline's route timeout
 OUTLIER_INTERVAL_S = 10  # Envoy's default, compressed like every control timer
 # failure-percentage ejection: a host failing this share of its requests in an interval is
 # ejected. Seed 002 starts moving at a 2 % passive 5xx rate; with a dozen requests per host and
@@ -405,15 +411,16 @@ def outlier_volume(baseline: FailoverBaseline, rps_per_pop: float) -> int:
 
 
 def failover_bootstrap(variant: str, pop: str, listener: int, admin: int,
-                       origins: dict[str, list[int]], concurrency: int, rps_per_pop: float
-                       ) -> dict[str, Any]:
+                       origins: dict[str, list[int]], concurrency: int, rps_per_pop: float,
+                       hedge_delay_ms: int = 0) -> dict[str, Any]:
     """A failover baseline (`FAILOVER_BASELINES`): seed 002's binary active-passive plus what
     Envoy offers on top — a health check every 5 s (compressed) that takes a host out after 3
     failures; outlier detection on consecutive 5xx, failure percentage and success rate, its
     request volume set from the scenario's rate; up to 2 retries on 5xx / reset / connect
     failure that avoid the hosts and the priority already tried (previous_hosts,
     previous_priorities), under a 15 % retry budget; seed 002's 2 s connect and 4 s read
-    timeouts."""
+    timeouts. `hedge_delay_ms`: the checkout API's route hedges as Ballast's critical tier does
+    (`hedged_route`)."""
     baseline = FAILOVER_BASELINES[variant]
     c = compressed
     endpoints = [
@@ -476,15 +483,29 @@ def failover_bootstrap(variant: str, pop: str, listener: int, admin: int,
                          "previous_priorities.v3.PreviousPrioritiesConfig",
                 "update_frequency": 2}},
     }
-    route = {"cluster": "shop", "timeout": "4s", "retry_policy": retry}
+    route = {"cluster": "shop", "timeout": envoy_duration(READ_TIMEOUT_S), "retry_policy": retry}
     routes: list[dict[str, Any]] = []
-    if baseline.warm:  # the uncacheable API is not mirrored
+    if hedge_delay_ms:
+        routes.append({"match": {"prefix": UNCACHEABLE},
+                       "route": hedged_route(route, hedge_delay_ms)})
+    elif baseline.warm:  # the uncacheable API is not mirrored
         routes.append({"match": {"prefix": UNCACHEABLE}, "route": route})
         route = {**route, "request_mirror_policies": [{
             "cluster": MIRROR_CLUSTER, "runtime_fraction": {"default_value": {
                 "numerator": WARM_PERCENT, "denominator": "HUNDRED"}}}]}
     routes.append({"match": {"prefix": "/"}, "route": route})
     return _envoy(pop, listener, admin, routes, clusters)
+
+
+def hedged_route(route: dict[str, Any], hedge_delay_ms: int) -> dict[str, Any]:
+    """`route` hedging as Ballast translates a tier's `hedge_delay` (translate/routes.py):
+    Envoy's `hedge_on_per_try_timeout` with the delay as `per_try_timeout`, the read timeout
+    as `per_try_idle_timeout`; a hedge is one of the route's retries, so it goes where a retry
+    goes (another host, the other priority) under the same budget."""
+    retry = {**route["retry_policy"], "per_try_timeout": envoy_duration(hedge_delay_ms / 1000),
+             "per_try_idle_timeout": envoy_duration(READ_TIMEOUT_S)}
+    return {**route, "retry_policy": retry,
+            "hedge_policy": {"hedge_on_per_try_timeout": True}}
 
 
 def _tier_route(tier: TierSize) -> dict[str, Any]:

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from bench.scenarios.__main__ import report_from
 from bench.scenarios.analysis import (
@@ -38,11 +39,12 @@ from bench.scenarios.analysis import (
     statuses,
     verdict,
 )
-from bench.scenarios.catalog import PRIORITY, SCENARIOS, smoke
+from bench.scenarios.catalog import HEALTHY, PRIORITY, SCENARIOS, smoke
 from bench.scenarios.load import (
     CLIENT_TIMEOUT_S,
     MIX,
     REQUEST_HEADER,
+    Kind,
     Sample,
     Surge,
     Visit,
@@ -65,6 +67,7 @@ from bench.scenarios.store import read_run, write_meta, write_run
 from bench.scenarios.timers import COMPRESSION
 from control_plane.decide.controller import ControllerState, step
 from control_plane.decide.signals import OriginSignals
+from control_plane.desired.loader import parse_desired
 from control_plane.desired.model import FailoverPolicy
 from harness.envoy_process import free_port
 
@@ -152,10 +155,54 @@ def test_one_compression_for_every_control_timer() -> None:
     # each incident as long as its seed's, compressed by the same factor: seed 000's 8 minutes
     start, end = PRIORITY.incident
     assert round((end - start) * PRIORITY.duration_s * c) == 8 * 60
-    for name in ("failover", "regional", "flap", "restart"):
+    for name in ("failover", "regional", "flap", "restart", "failover-hedged",
+                 "regional-hedged", "restart-hedged"):
         scenario = SCENARIOS[name]
         start, end = scenario.incident
         assert round((end - start) * scenario.duration_s * c) == 6 * 60, name
+
+
+def test_issue_33s_variants_hedge_the_critical_tier_that_carries_most_traffic() -> None:
+    """failover/regional/restart-hedged: the example's 50 ms hedge on the critical tier in
+    Ballast's desired state (as the validator reads it) and on every baseline's checkout route,
+    80 % of the requests checkout; the rest of each scenario as its plain one."""
+    origins = {"primary": 8001, "secondary": 8011}
+    for name in ("failover", "regional", "restart"):
+        plain, hedged = SCENARIOS[name], SCENARIOS[f"{name}-hedged"]
+        assert (hedged.script, hedged.duration_s, hedged.kill_at, hedged.variants) == (
+            plain.script, plain.duration_s, plain.kill_at, plain.variants)
+        assert {k.name: k.share for k in hedged.mix} == {"checkout": 0.8, "html": 0.1,
+                                                          "image": 0.1}
+        requests = schedule(5, hedged.duration_s, {"ewr": hedged.rps_per_pop},
+                            mix=hedged.mix)
+        share = sum(r.kind == "checkout" for r in requests) / len(requests)
+        assert 0.75 < share < 0.85, share
+        text = ballast_desired(list(hedged.pops), {"ewr": 10000, "sjc": 10001}, origins,
+                               hedge_delay_ms=hedged.hedge_delay_ms)
+        group = parse_desired(text, "hedged.yaml").group("shop")
+        assert group.tier("critical").hedge_delay_ms == 50
+        assert group.tier("normal").hedge_delay_ms == group.tier("background").hedge_delay_ms == 0
+        plain_group = parse_desired(ballast_desired(list(plain.pops), {"ewr": 10000, "sjc": 10001},
+                                                    origins), "plain.yaml").group("shop")
+        assert plain_group.tier("critical").hedge_delay_ms == 0
+        for variant in FAILOVER_BASELINES:
+            boot = failover_bootstrap(variant, "ewr", 10000, 9901, HOSTS, 120, 50.0,
+                                      hedged.hedge_delay_ms)
+            routes = boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0][
+                "typed_config"]["route_config"]["virtual_hosts"][0]["routes"]
+            api, rest = routes[0]["route"], routes[-1]["route"]
+            assert routes[0]["match"] == {"prefix": "/api/"}, variant
+            assert api["hedge_policy"] == {"hedge_on_per_try_timeout": True}
+            assert api["retry_policy"]["per_try_timeout"] == "0.05s"
+            assert "hedge_policy" not in rest and "per_try_timeout" not in rest["retry_policy"]
+            assert "request_mirror_policies" not in api  # the API is never mirrored
+    # the checkout API costs a healthy origin its time to first byte alone: the hedge delay
+    # leaves only its tail (p50 30 ms, sigma 0.35: 7 % over 50 ms)
+    spec = SCENARIOS["failover-hedged"].origins["primary"]
+    origin = ScriptedOrigin("primary", [0], spec, seed=1)
+    costs = [origin.work_s(origin.draw(str(i), 1), HEALTHY, "/api/checkout/cart/1", False)
+             for i in range(4000)]
+    assert 0.04 < sum(c > 0.05 for c in costs) / len(costs) < 0.11
 
 
 async def test_the_origin_stops_working_for_a_client_that_left() -> None:
@@ -333,14 +380,17 @@ def test_static_tiers_are_sized_by_the_seeds_rules() -> None:
     assert naive["background"].timeout_s > CLIENT_TIMEOUT_S  # the seed's as it stands
 
 
-def _synthetic(variant: str, seed: int, duration: float) -> RunResult:
+def _synthetic(variant: str, seed: int, duration: float, mix: tuple[Kind, ...] = MIX,
+               pops: tuple[str, ...] = ("ewr",)) -> RunResult:
     """A run as `run_variant` would record it, without Envoy: a mix of answers, sheds,
-    timeouts and retries, samples of weights and origins, Envoy counters, records."""
+    timeouts and retries (some at the standby), samples of weights and origins, Envoy
+    counters, records."""
     rng = random.Random(f"{variant}:{seed}")
     samples = []
     for n in range(400):
         at = round(n * duration / 400, 3)
-        kind = rng.choice(MIX)
+        kind = rng.choices(mix, [k.share for k in mix])[0]
+        pop = pops[n % len(pops)]
         roll = rng.random()
         ms = round(rng.uniform(20, 4000), 3)
         visits: tuple[Visit, ...] = ()
@@ -348,23 +398,30 @@ def _synthetic(variant: str, seed: int, duration: float) -> RunResult:
             status, shed, timed_out, origin = 503, True, False, ""
         elif roll < 0.15:
             status, shed, timed_out, origin, ms = 0, False, True, "", 10_000.0
-            visits = (Visit("primary", 0, at + 0.01, at + 0.5, at + 10.5, "abandoned"),)
+            visits = (Visit("primary", 0, round(at + 0.01, 3), round(at + 0.5, 3),
+                            round(at + 10.5, 3), "abandoned"),)
         else:
-            status, shed, timed_out, origin = 200, False, False, "primary"
-            visits = (Visit("primary", 1, at + 0.001, None, at + 0.001, "overloaded"),
-                      Visit("primary", 0, at + 0.002, at + 0.003,
+            status, shed, timed_out = 200, False, False
+            origin = "secondary" if roll > 0.9 else "primary"
+            visits = (Visit("primary", 1, round(at + 0.001, 3), None, round(at + 0.001, 3),
+                            "overloaded"),
+                      Visit(origin, 0, round(at + 0.002, 3), round(at + 0.003, 3),
                             round(at + ms / 1000 - 0.001, 3), "200", rng.random() < 0.05))
-        samples.append(Sample(at, "ewr", kind.name, status, ms, origin, shed, timed_out, n,
+        samples.append(Sample(at, pop, kind.name, status, ms, origin, shed, timed_out, n,
                               kind.path.format(n=n), visits))
     run = RunResult(variant, samples, seed=seed, run=seed - 1, load_before="1.00, 2.00, 3.00",
                     load_after="1.50, 2.00, 3.00", started_utc="2026-12-03 00:00:00 UTC")
     for i in range(int(duration * 10)):
         t = i / 10
         run.origin_stats.append((t, "primary", OriginStats(i * 5, 0, 0, i % 21, 20, 0, 0, 0)))
+        run.origin_stats.append((t, "secondary", OriginStats(
+            i * i // 10, i * 2, i, i % 9, min(48, i), 0, i // 50, 0)))
         run.loop_lag.append((t, 0.001 * (i % 7)))
         if i % 5 == 0:
-            run.weights.append((t, "ewr", {"primary": 100}))
-            run.unhealthy.append((t, "ewr", ("primary:p0h0:od",) if i % 20 == 0 else ()))
+            for pop in pops:
+                primary = max(5, 100 - i // 5) if variant == "ballast" else 100 * (i < 50)
+                run.weights.append((t, pop, {"primary": primary, "secondary": 100 - primary}))
+                run.unhealthy.append((t, pop, ("primary:p0h0:od",) if i % 20 == 0 else ()))
     run.envoy_stats = {"ewr": {"cluster.shop.upstream_rq_pending_overflow": 7,
                                "cluster.shop.outlier_detection.ejections_enforced_total": 2}}
     run.probes = {"primary": {"/healthz": 3}}
@@ -375,18 +432,27 @@ def _synthetic(variant: str, seed: int, duration: float) -> RunResult:
     return run
 
 
-def test_a_report_recomputed_from_the_runs_files_is_byte_identical(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["priority", "failover-hedged", "restart"])
+def test_a_report_recomputed_from_the_runs_files_is_byte_identical(
+    tmp_path: Path, name: str
+) -> None:
     """The report is computed from the per-request files alone: written in this process, then
     recomputed by `python -m bench.scenarios report DIR` in another one (another hash seed),
-    it is the same to the byte; and a run read back holds every request and attempt."""
-    scenario = smoke(PRIORITY)
-    out, data = tmp_path / "reports", tmp_path / "reports" / "priority"
-    meta = {"scenario": "priority", "smoke": True, "command": "test", "out": str(out),
+    it is the same to the byte; and a run read back holds every request and attempt. Seed
+    000's family (one origin, tiers) and seed 002's (a standby, weights per PoP, issue 33's
+    hedged mix; restart's kill and restart events)."""
+    scenario = smoke(SCENARIOS[name])
+    out, data = tmp_path / "reports", tmp_path / "reports" / name
+    meta = {"scenario": name, "smoke": True, "command": "test", "out": str(out),
             "commit": "abc1234", "machine": "test", "started": "s", "ended": "e",
             "seeds": [1, 2], "variants": list(scenario.variants), "runs": []}
     for seed in (1, 2):
         for variant in scenario.variants:
-            run = _synthetic(variant, seed, scenario.duration_s)
+            run = _synthetic(variant, seed, scenario.duration_s, scenario.mix, scenario.pops)
+            if scenario.kill_at is not None and variant == "ballast":
+                run.events += [(7.0, "Ballast killed (-9)"), (8.0, "Ballast restarted")]
+                run.records.append((12.0, "weight_shift", "ewr"))
+                run.after_restart = ["  12.0 s weight_shift ewr: primary 5xx 13.1% > 2%"]
             path = write_run(data, run)
             back = read_run(path)
             assert [(s.n, s.kind, s.status, s.cause, len(s.attempts)) for s in back.samples] == [
@@ -395,15 +461,28 @@ def test_a_report_recomputed_from_the_runs_files_is_byte_identical(tmp_path: Pat
             meta["runs"].append({"run": seed - 1, "variant": variant, "seed": seed,
                                  "file": path.name})
     write_meta(data, meta)
-    tables, runs = report_from(out, "priority")
+    tables, runs = report_from(out, name)
     assert [len(rs) for rs in runs.values()] == [2, 2]
-    first = (out / "priority.md").read_bytes()
+    first = (out / f"{name}.md").read_bytes()
     assert b"answered within 2.4 s" in first and b"### Priority inversions" in first
     rows = {m.name: spreads for _, rs in tables for m, spreads in rs}
-    expected = [100 * on_time(_during(scenario, r)) for r in runs["ballast"]]
-    assert rows["all requests: answered within their tier's deadline (%)"]["ballast"].values == (
-        tuple(expected))
-    (out / "priority.md").unlink()
+    # the headline rows are the accounting functions over the requests read back
+    for variant, rs in runs.items():
+        during = [_during(scenario, r) for r in rs]
+        assert rows["all requests: answered within their tier's deadline (%)"][variant].values == (
+            tuple(100 * on_time(d) for d in during))
+        checkout = [[s for s in d if s.kind == "checkout"] for d in during]
+        assert rows["checkout (critical): answered within 2.4 s (%)"][variant].values == tuple(
+            100 * goodput(c, 2.4) for c in checkout)
+        assert rows["checkout: p95 of every request (ms; a miss is ∞)"][variant].values == tuple(
+            percentile(every_latency(c), 95) for c in checkout)
+        assert rows["checkout: p95 of answered requests (ms)"][variant].values == tuple(
+            percentile(latencies(c), 95) for c in checkout)
+    if scenario.kill_at is not None:
+        assert b"error rate from the kill to Ballast's next shift" in first
+    for path in out.glob("*.png"):
+        path.unlink()
+    (out / f"{name}.md").unlink()
     subprocess.run([sys.executable, "-m", "bench.scenarios", "report", str(out)], cwd=ROOT,
                    check=True, capture_output=True, env={**os.environ, "PYTHONHASHSEED": "7"})
-    assert (out / "priority.md").read_bytes() == first
+    assert (out / f"{name}.md").read_bytes() == first
