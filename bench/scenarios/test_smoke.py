@@ -1,7 +1,8 @@
 """The incident bench's smoke variants: each scenario runs end to end in seconds (real Envoys,
 Ballast as a subprocess, the first baseline's static Envoys, scripted origins), one run per
-variant, writes its report and plots, and the direction of the result holds. No absolute times
-are asserted; the measurements are `python -m bench.scenarios all` (docs/scenarios/)."""
+variant, keeps every request in its run's file, writes its report and plots from those files,
+and the direction of the result holds. No absolute times are asserted; the measurements are
+`python -m bench.scenarios all` (docs/scenarios/)."""
 
 from __future__ import annotations
 
@@ -15,12 +16,13 @@ from bench.scenarios.analysis import (
     RunResult,
     between,
     error_rate,
+    inversions,
     largest_rise,
     weight_changes,
     weight_travel,
 )
 from bench.scenarios.catalog import SCENARIOS, smoke
-from bench.scenarios.report import PLOTS
+from bench.scenarios.plots import PLOTS
 
 pytestmark = pytest.mark.envoy
 
@@ -30,9 +32,10 @@ async def _run(name: str, tmp_path: Path) -> tuple[Path, dict[str, RunResult]]:
     scenario = smoke(SCENARIOS[name])
     _, repeated = await run_scenario(scenario, out, seeds=[7],
                                      command=f"python -m bench.scenarios {name} --smoke",
-                                     workdir=tmp_path / "work")
+                                     workdir=tmp_path / "work", smoke_run=True)
     report = (out / f"{name}.md").read_text()
     assert "median [lowest-highest]" in report and "## The variants' configurations" in report
+    assert "answered within 2.4 s" in report and "### Priority inversions" in report
     for plot in PLOTS:
         if plot == "standby" and not scenario.standby:
             continue
@@ -42,16 +45,41 @@ async def _run(name: str, tmp_path: Path) -> tuple[Path, dict[str, RunResult]]:
     runs = {"baseline" if v != "ballast" else v: rs[0] for v, rs in repeated.items()}
     # issue 21's checks over every decision record: no "nowhere better" hold while an origin
     # scored better by the margin, no shed while the shedding tier's origin had idle slots
-    assert "## Checks on Ballast's decision records" in report
+    assert "### Ballast's decision records" in report
     ballast = runs["ballast"]
     assert ballast.held_though_better == [], ballast.held_though_better
     assert ballast.shed_with_idle_slots == [], ballast.shed_with_idle_slots
-    # the same seed gave both variants the same request schedule, and every request was sent
-    assert runs["ballast"].schedule == runs["baseline"].schedule
-    assert len(runs["ballast"].schedule) > 100
-    sent = {k: sorted(s.n for s in run.samples) for k, run in runs.items()}
-    assert sent["ballast"] == sent["baseline"] == [r[0] for r in runs["ballast"].schedule]
+    # issue 35's inversion check, counted from the run's requests and printed in the report
+    # (`_no_inversions` asserts the count)
+    found = inversions(ballast)
+    assert f"| ballast | {found.lost} | {found.inverted} | {found.starts} |" in report
+    # the same seed gave both variants the same requests, every one kept in the run's file
+    requests = {k: [(s.n, s.pop, s.kind, s.path) for s in run.samples] for k, run in runs.items()}
+    assert requests["ballast"] == requests["baseline"] and len(requests["ballast"]) > 100
+    assert [n for n, *_ in requests["ballast"]] == list(range(len(requests["ballast"])))
+    # the origins' own records: every request an origin answered 200 has its attempt there,
+    # with the start and end of its work
+    for run in runs.values():
+        for s in run.samples:
+            if s.status == 200 and not s.shed:
+                done = [v for v in s.attempts if v.result == "200" and not v.mirror
+                        and v.start is not None and v.end is not None
+                        and v.arrive <= v.start <= v.end]
+                assert done and done[-1].origin == s.origin, s
+        assert any(run.envoy_stats.values())  # Envoy's own counters, read at the run's end
     return out, runs
+
+
+def _no_inversions(run: RunResult, preemption_pending: bool = False) -> None:
+    """Issue 35: no critical request shed or timed out while a lower-tier request started at
+    the same origin within 50 ms. `preemption_pending`: the tiers do not yet take slots from
+    lower tiers (issue 35's preemption, branch h35), so seed 000's surge still inverts; the test
+    reports the count as an expected failure until that lands, then passes on zero."""
+    found = inversions(run)
+    if found.inverted and preemption_pending:
+        pytest.xfail(f"issue 35 (preemption pending): {found.inverted} of {found.lost} critical "
+                     "requests lost beside a lower-tier start")
+    assert found.inverted == 0, found
 
 
 def _primary(run: RunResult, pop: str) -> list[int]:
@@ -77,6 +105,7 @@ async def test_failover_smoke_ballast_shifts_gradually_where_the_baseline_flips(
         baseline_rise = largest_rise(runs["baseline"], pop, "secondary")
         assert baseline_rise == 100 and 0 < ballast_rise < 50, (pop, ballast_rise)
     assert runs["ballast"].records  # decision records are marked on the time axis
+    _no_inversions(runs["ballast"])
 
 
 async def test_regional_smoke_only_the_failing_pop_moves(tmp_path: Path) -> None:
@@ -85,6 +114,7 @@ async def test_regional_smoke_only_the_failing_pop_moves(tmp_path: Path) -> None
     assert min(_primary(ballast, "ewr")) < 95
     assert weight_changes(ballast, "sjc", "primary") == 0, _primary(ballast, "sjc")
     assert {pop for _, _, pop in ballast.records} == {"ewr"}
+    _no_inversions(ballast)
 
 
 async def test_flap_smoke_ballast_oscillates_less_than_binary_failover(tmp_path: Path) -> None:
@@ -93,6 +123,7 @@ async def test_flap_smoke_ballast_oscillates_less_than_binary_failover(tmp_path:
               for k, run in runs.items()}
     assert travel["baseline"] >= 200, travel  # flipped away and back at least once
     assert travel["ballast"] < travel["baseline"], travel
+    _no_inversions(runs["ballast"])
 
 
 async def test_restart_smoke_envoys_keep_weights_and_ballast_resumes(tmp_path: Path) -> None:
@@ -107,6 +138,7 @@ async def test_restart_smoke_envoys_keep_weights_and_ballast_resumes(tmp_path: P
     assert ballast.after_restart  # the restarted Ballast decided for the PoPs again
     answered = [s for s in ballast.samples if killed < s.at < restarted and s.status]
     assert answered  # the edge kept serving while its control plane was gone
+    _no_inversions(ballast)
 
 
 async def test_priority_smoke_tiers_keep_checkout_answered_where_one_fifo_queue_fails_it(
@@ -121,3 +153,4 @@ async def test_priority_smoke_tiers_keep_checkout_answered_where_one_fifo_queue_
     # seed 000: with tiers, checkout keeps its slots while the slow origin's one FIFO queue
     # makes everyone wait past the timeout
     assert failed["ballast"] < failed["baseline"], failed
+    _no_inversions(runs["ballast"], preemption_pending=True)
