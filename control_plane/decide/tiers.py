@@ -1,8 +1,11 @@
-"""The tier controller of one (PoP, origin group): one pure call per reconcile tick.
+"""The tier controller of one (PoP, origin group): one pure call per tier tick.
 
-Three parts, each with its own decision records, decided from the same window of readings
+Five parts, each with its own decision records, decided from the same window of readings
 (``TierPending`` per tier: the worst Envoy's pool, since breakers and the LIFO watermarks act per
-Envoy) with the defaults of ``TierActionPolicy``:
+Envoy) with the defaults of ``TierActionPolicy``. Tiers share by priority: lending moves idle
+slots, preemption moves the slots a more critical tier needs from less critical tiers down to
+their floors, and shedding starts at the bottom; every tier keeps its floor
+(``OriginGroup.floor``: its ``min_share``, seed 000: "non-critical still makes progress").
 
 1. **Re-prioritization** (seed 000: "If P0 wait time exceeds 35ms for more than 30 seconds, we
    automatically demote 50% of P1 to P2 and shed P2 entirely"). Trigger ``wait``: the
@@ -13,37 +16,57 @@ Envoy) with the defaults of ``TierActionPolicy``:
    ``pending``: the worst Envoy's pending peak above
    ``trigger_pending``, or a pool queue of the tier reported overloaded
    (``upstream_queue_overloaded`` > 0: past its adaptive LIFO high watermark) where a node
-   reports it. Off → on once the trigger held at every tick for ``for_ms``; on → off
-   once ``recover_after_ms`` passed without it. Kind ``tier_action``.
+   reports it. Off → on once the trigger held at every tick for ``for_ms``; on → off once
+   ``recover_after_ms`` passed without it. Kind ``tier_action``.
 2. **Utilization shedding** (seed 000 ``shed_threshold: 0.85``). The origin concurrency in use is
-   each Envoy's active requests of the group's tier pools, each tier counted up to its
-   guarantee (borrowed slots are idle capacity of another tier and are reclaimed by lending,
-   not by shedding), over ``max_origin_concurrency``; the worst Envoy counts. Above
-   ``shed_threshold`` at every tick for ``for_ms``: every sheddable tier (never the trigger
-   tier) is shed. Lifted with hysteresis: once it stayed below ``shed_lift_threshold`` for
-   ``recover_after_ms``. Kind ``tier_shed``.
-3. **Lending** (work-conserving shares). Each tier's guarantee G (``OriginGroup.guarantee``) is
-   its own whenever it wants it. Demand D = active + pending peak (worst Envoy). A tier with
-   D < G - headroom lends the difference (headroom = ``lend_headroom_percent`` of G, kept
-   free for its own arrivals until the next tick); the pooled spare goes to tiers with
-   D + headroom > G in priority order (never to a shed tier). A borrower's per-Envoy limit is
-   G + lent; no tier's limit is ever below its G (the floor). Growth and voluntary shrinkage
-   smaller than ``lend_step_percent`` of ``max_origin_concurrency`` wait (hysteresis), and any
-   growth waits until there was more to lend at every tick for ``for_ms`` (so a lender whose
-   demand comes and goes does not flap); when a lender's demand returns, the borrowers give
-   back at this tick whatever exceeds the new spare (least critical first). Kind ``tier_lend``.
+   each Envoy's active requests of the group's tier pools, each tier counted up to its own
+   slots (its guarantee, less what preemption took from it, plus what it took; borrowed slots
+   are idle capacity of another tier and are reclaimed by lending, not by shedding), over
+   ``max_origin_concurrency``; the worst Envoy counts. Above ``shed_threshold`` at every tick
+   for ``for_ms``: every sheddable tier (never the trigger tier) is shed. Lifted with
+   hysteresis: once it stayed below ``shed_lift_threshold`` for ``recover_after_ms``. Kind
+   ``tier_shed``.
 
-4. **Queues bounded in time** (seed 000: "800 ms for P2 before we just serve stale or a 202";
+   **A shed tier keeps its floor** (seed 000's starvation prevention: "guarantee at least 1
+   dequeue per second per tier"; starved revalidations "triggered a thundering herd later"):
+   its per-Envoy limit is its floor and its queue holds at most as many requests as the floor
+   has slots, so what finds them busy is answered at once by Envoy with the tier's
+   ``shed_action`` (``translate/overflow.py``: "we don't queue it at all — we serve stale or
+   return 202"). Only a floor of 0 (``min_share: 0``) sheds a tier entirely.
+3. **Lending** (work-conserving shares: "if P0 is empty, its capacity spills to P1"). Each
+   tier's guarantee G (``OriginGroup.guarantee``) is its own whenever it wants it. Demand D =
+   active + pending peak (worst Envoy). A tier with D < G - lost - headroom lends the
+   difference (headroom = ``lend_headroom_percent`` of G, kept free for its own arrivals until
+   the next tick; lost: what preemption took from it); the pooled spare goes to tiers with
+   D + headroom > G in priority order (never to a shed tier). A lender keeps its limit, so
+   lent slots are idle ones. Growth and voluntary shrinkage smaller than ``lend_step_percent``
+   of ``max_origin_concurrency`` wait (hysteresis), and any growth waits until there was more
+   to lend at every tick for ``for_ms`` (so a lender whose demand comes and goes does not
+   flap); when a lender's demand returns, the borrowers give back at this tick whatever
+   exceeds the new spare (least critical first). Kind ``tier_lend``.
+4. **Preemption** (a tier short of slots takes them from less critical tiers, busy or not). A
+   tier whose wanted slots (D + headroom) exceed its own (G + borrowed - lost) takes the
+   difference from the tiers below it, least critical first, each down to its floor, at this
+   tick; tiers take in priority order, so a more critical tier's need is met first and never
+   taken back by a less critical one. The taker's limit rises and the victim's falls by the
+   same number (the origin is never oversubscribed by preemption). Slots are given back in the
+   reverse order (the most critical victim first) once the taker held at least
+   ``lend_step_percent`` of ``max_origin_concurrency`` more than it wants at every tick for
+   ``for_ms`` (hysteresis); a shed tier takes nothing and gives back at once. Kind
+   ``tier_preempt``.
+5. **Queues bounded in time** (seed 000: "800 ms for P2 before we just serve stale or a 202";
    "the most common misconfiguration we see is setting queue limits in counts instead of bytes
    or time"). Envoy has no timeout for a request waiting in a pool's pending queue, so the
-   queue's length is bounded instead: with S slots (the tier's per-Envoy limit, lent slots
-   included) each taking the origin's measured service time L (``latency_ms``: the p50 of the
-   group's origins this window, weighted by their weights), a queue drains S / L requests per
-   ms, so a request behind N others waits about N x L / S. The pending limit is
-   floor(S x ``queue_timeout`` / L), at least 1 and at most ``max_queue_depth`` (the count
-   stays a ceiling); what overflows gets the tier's ``shed_action`` (translate/overflow.py).
-   Only limits below ``max_queue_depth`` are in force (a fast origin changes nothing); a new
-   limit within 10 % (at least 1) of the one in force waits. Kind ``tier_queue``.
+   queue's length is bounded instead: with S slots each taking the origin's measured service
+   time L (``latency_ms``: the p50 of the group's origins this window, weighted by their
+   weights), a queue drains S / L requests per ms, so a request behind N others waits about
+   N x L / S. S is the tier's per-Envoy limit plus the slots it could still take from the
+   tiers below it (so a critical queue overflows only when no less critical tier has a slot
+   above its floor left to take). The pending limit is floor(S x ``queue_timeout`` / L), at
+   least 1 and at most ``max_queue_depth`` (the count stays a ceiling); what overflows gets
+   the tier's ``shed_action`` (translate/overflow.py). Only limits below ``max_queue_depth``
+   are in force (a fast origin changes nothing); a new limit within 10 % (at least 1) of the
+   one in force waits. Kind ``tier_queue``.
 
 **Fail static.** A missing reading, or one older than ``stale_after_ms``, holds that part's
 state and timers, and the rule says why. ``enabled: false`` lifts everything at once.
@@ -58,14 +81,22 @@ from typing import Any, Literal
 
 from control_plane.decide.inputs import LazyInputs
 from control_plane.decide.signals import TierPending, WaitQuantiles
-from control_plane.desired.model import SHED_STATUS, OriginGroup, TierActionPolicy, TierActions
+from control_plane.desired.model import (
+    SHED_STATUS,
+    OriginGroup,
+    Tier,
+    TierActionPolicy,
+    TierActions,
+)
 
-TierKind = Literal["tier_action", "tier_shed", "tier_lend", "tier_queue"]
-TIER_KINDS: tuple[TierKind, ...] = ("tier_action", "tier_shed", "tier_lend", "tier_queue")
+TierKind = Literal["tier_action", "tier_shed", "tier_lend", "tier_preempt", "tier_queue"]
+TIER_KINDS: tuple[TierKind, ...] = ("tier_action", "tier_shed", "tier_lend", "tier_preempt",
+                                    "tier_queue")
 QUEUE_LIMIT_SLACK = 0.1  # a new pending limit within this share of the one in force waits
 
 _REQUIRED_KEYS = frozenset({"active", "trigger_since_ms", "clear_since_ms", "active_since_ms"})
 _SHED_KEYS = frozenset({"shedding", "shed_since_ms", "shed_clear_since_ms", "lend_since_ms"})
+_SLOT_KEYS = frozenset({"lent", "took", "give_back_since_ms", "queue_limits"})
 
 
 def _optional_ms(data: Mapping[str, Any], key: str) -> int | None:
@@ -75,11 +106,12 @@ def _optional_ms(data: Mapping[str, Any], key: str) -> int | None:
     return value
 
 
-def _lent_from(value: Any) -> tuple[tuple[str, int], ...]:
+def _lent_from(value: Any, least: int = 1, what: str = "slots > 0"
+               ) -> tuple[tuple[str, int], ...]:
     if not isinstance(value, dict) or not all(
-        isinstance(k, str) and type(v) is int and v > 0 for k, v in value.items()
+        isinstance(k, str) and type(v) is int and v >= least for k, v in value.items()
     ):
-        raise ValueError(f"tier state lent must map tier names to slots > 0, got {value!r}")
+        raise ValueError(f"tier state lent must map tier names to {what}, got {value!r}")
     return tuple(sorted(value.items()))
 
 
@@ -96,6 +128,9 @@ class TierState:
     shed_clear_since_ms: int | None = None  # on: first tick of the current run below the lift
     lent: tuple[tuple[str, int], ...] = ()  # tier -> slots borrowed beyond its guarantee
     lend_since_ms: int | None = None  # first tick of the current run with more to lend
+    took: tuple[tuple[str, int], ...] = ()  # tier -> slots it took from less critical tiers
+    # taker -> first tick of its current run holding a step more than it wants
+    give_back_since_ms: tuple[tuple[str, int], ...] = ()
     # tier -> its pending limit bounded in time, where below its max_queue_depth
     queue_limits: tuple[tuple[str, int], ...] = ()
 
@@ -106,14 +141,16 @@ class TierState:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["lent"] = dict(self.lent)
+        data["took"] = dict(self.took)
+        data["give_back_since_ms"] = dict(self.give_back_since_ms)
         data["queue_limits"] = dict(self.queue_limits)
         return data
 
     @classmethod
     def from_dict(cls, data: Any) -> TierState:
-        """Inverse of ``to_dict`` (states saved before shedding and lending existed load too);
-        raises ValueError on anything else."""
-        allowed = _REQUIRED_KEYS | _SHED_KEYS | {"lent", "queue_limits"}
+        """Inverse of ``to_dict`` (states saved before shedding, lending and preemption existed
+        load too); raises ValueError on anything else."""
+        allowed = _REQUIRED_KEYS | _SHED_KEYS | _SLOT_KEYS
         if not isinstance(data, dict) or not _REQUIRED_KEYS <= set(data) <= allowed:
             raise ValueError(f"tier state must have {sorted(_REQUIRED_KEYS)} and only "
                              f"{sorted(allowed)}, got {data!r}")
@@ -130,6 +167,9 @@ class TierState:
             shed_clear_since_ms=_optional_ms(data, "shed_clear_since_ms"),
             lend_since_ms=_optional_ms(data, "lend_since_ms"),
             lent=_lent_from(data.get("lent", {})),
+            took=_lent_from(data.get("took", {})),
+            give_back_since_ms=_lent_from(data.get("give_back_since_ms", {}), 0,
+                                          "milliseconds >= 0"),
             queue_limits=_lent_from(data.get("queue_limits", {})),
         )
 
@@ -203,8 +243,78 @@ def sheddable_tiers(group: OriginGroup) -> tuple[str, ...]:
     return tuple(t.name for t in group.tiers if t.sheddable and t.name != trigger)
 
 
+def by_priority(group: OriginGroup) -> tuple[Tier, ...]:
+    """The group's tiers, most critical first."""
+    return tuple(sorted(group.tiers, key=lambda t: t.priority))
+
+
+def preempted(group: OriginGroup, took: Mapping[str, int]
+              ) -> tuple[dict[str, int], dict[str, int]]:
+    """(what each taker holds, what each tier lost) for takers claiming `took` (pure).
+
+    Takers in priority order; each taker's slots come from the tiers below it, least critical
+    first, each down to its floor (so giving back, which shrinks a taker's claim, returns the
+    most critical victim's slots first). A claim that no longer fits (a floor or a share
+    changed) is cut to what does."""
+    order = by_priority(group)
+    lost = {t.name: 0 for t in order}
+    held: dict[str, int] = {}
+    for i, taker in enumerate(order):
+        claim = took.get(taker.name, 0)
+        for victim in reversed(order[i + 1:]):
+            if claim <= 0:
+                break
+            room = group.guarantee(victim) - group.floor(victim) - lost[victim.name]
+            n = min(claim, max(0, room))
+            lost[victim.name] += n
+            held[taker.name] = held.get(taker.name, 0) + n
+            claim -= n
+    return held, lost
+
+
+def own_slots(group: OriginGroup, state: TierState) -> dict[str, int]:
+    """Each tier's slots without borrowed ones: its guarantee, plus what it took by
+    preemption, less what was taken from it."""
+    held, lost = preempted(group, dict(state.took))
+    return {t.name: group.guarantee(t) + held.get(t.name, 0) - lost[t.name] for t in group.tiers}
+
+
+def tier_limits(group: OriginGroup, state: TierState, shed: frozenset[str] = frozenset()
+                ) -> dict[str, int]:
+    """Each tier's per-Envoy concurrency limit: its own slots plus what it borrows; a shed
+    tier's is its floor."""
+    own, lent = own_slots(group, state), dict(state.lent)
+    return {t.name: group.floor(t) if t.name in shed else own[t.name] + lent.get(t.name, 0)
+            for t in group.tiers}
+
+
+def takeable(group: OriginGroup, state: TierState) -> dict[str, int]:
+    """Per tier: the slots preemption could still take for it from the tiers below it (their
+    guarantees above their floors, less what was taken already)."""
+    _, lost = preempted(group, dict(state.took))
+    order = by_priority(group)
+    return {tier.name: sum(max(0, group.guarantee(v) - group.floor(v) - lost[v.name])
+                           for v in order[i + 1:])
+            for i, tier in enumerate(order)}
+
+
+def shed_of(group: OriginGroup, state: TierState) -> frozenset[str]:
+    """The tiers a state sheds (re-prioritization's shed tier, utilization shedding)."""
+    policy = group.tier_actions
+    if not policy.enabled:
+        return frozenset()
+    shed = set(sheddable_tiers(group)) if state.shedding else set()
+    if state.active and policy.shed_tier:
+        shed.add(policy.shed_tier)
+    return frozenset(shed & {t.name for t in group.tiers})
+
+
 def actions_in_force(group: OriginGroup, state: TierState) -> TierActions | None:
-    """The Envoy-side actions a state stands for (pure; also used to restore after a restart)."""
+    """The Envoy-side actions a state stands for (pure; also used to restore after a restart).
+
+    Limits: every tier whose per-Envoy limit is not its guarantee (borrowing, preemption, a
+    shed tier at its floor). Pending limits: the queues bounded in time, and a shed tier's
+    queue at most its floor (what finds the floor busy is answered at once)."""
     policy = group.tier_actions
     if not policy.enabled:
         return None
@@ -212,19 +322,19 @@ def actions_in_force(group: OriginGroup, state: TierState) -> TierActions | None
         demote_tier=None, demote_to=None, demote_share=0, shed_tier=None,
         retry_after_s=policy.actions().retry_after_s,
     )
-    shed = tuple(t for t in sheddable_tiers(group) if t != base.shed_tier) \
+    shed_tiers = tuple(t for t in sheddable_tiers(group) if t != base.shed_tier) \
         if state.shedding else ()
     known = {t.name for t in group.tiers}
-    limits = tuple((name, group.guarantee(group.tier(name)) + extra)
-                   for name, extra in state.lent if name in known and extra > 0)
+    limits = tuple((t.name, n) for t in group.tiers
+                   if (n := tier_limits(group, state)[t.name]) != group.guarantee(t))
     queues = tuple((name, n) for name, n in state.queue_limits
                    if name in known and n < group.tier(name).max_queue_depth)
-    if not state.active and not shed and not limits and not queues:
+    if not state.active and not shed_tiers and not limits and not queues:
         return None
-    actions = replace(base, shed_tiers=shed, limits=limits, pending_limits=queues)
+    actions = replace(base, shed_tiers=shed_tiers, limits=limits, pending_limits=queues)
     status = tuple((t, SHED_STATUS[group.tier(t).shed_action]) for t in sorted(actions.shed)
                    if t in known)
-    return replace(actions, shed_status=status)
+    return replace(actions, shed_status=status).with_floors(group)
 
 
 def _fresh(reading: TierPending | None, policy: TierActionPolicy, now_ms: int) -> str | None:
@@ -336,20 +446,22 @@ def _reprioritize(
 
 
 def utilization(
-    group: OriginGroup, readings: Mapping[str, TierPending]
+    group: OriginGroup, readings: Mapping[str, TierPending], state: TierState = TierState()
 ) -> tuple[float, str, int] | None:
     """(utilization, worst Envoy, newest sample ms), or None without active readings.
 
-    Per Envoy: Σ over tiers of min(active peak, guarantee) / max_origin_concurrency.
+    Per Envoy: Σ over tiers of min(active peak, the tier's own slots) / max_origin_concurrency
+    (own slots: `own_slots`, borrowed ones left out).
     """
     used: dict[str, float] = {}
     newest = 0
+    own = own_slots(group, state)
     for tier in group.tiers:
         reading = readings.get(tier.name)
         if reading is None or not reading.active_by_node:
             continue
         newest = max(newest, reading.observed_at_ms)
-        cap = group.guarantee(tier)
+        cap = own[tier.name]
         for node, peak in reading.active_by_node:
             used[node] = used.get(node, 0.0) + min(peak, cap)
     if not used:
@@ -367,7 +479,7 @@ def _shedding(
     if not tiers:
         off = replace(state, shedding=False, shed_since_ms=None, shed_clear_since_ms=None)
         return _Part(off, "utilization shedding: no sheddable tier")
-    found = utilization(group, readings)
+    found = utilization(group, readings, state)
     if found is None:
         return _Part(state, f"utilization: fail static: no active-request reading; shedding "
                      f"stays {now_on}")
@@ -439,21 +551,25 @@ def plan_lending(
     demand: Mapping[str, float],
     excluded: frozenset[str] = frozenset(),
     keeps: frozenset[str] = frozenset(),
+    lost: Mapping[str, int] | None = None,
 ) -> LendingPlan:
     """Pure arithmetic of work-conserving lending (see the module docstring, part 3).
 
     ``demand``: tier -> active + pending peak of the worst Envoy; ``excluded``: tiers that may
     not borrow (shed); ``keeps``: tiers that lend nothing (the trigger tier while
-    re-prioritization is on: under stress its whole share stays free for it). Invariants
-    (property-tested): Σ lent ≤ Σ spare; nothing is lent out of a tier whose demand reaches
-    its guarantee minus headroom, nor out of a tier that keeps; no limit below its guarantee.
+    re-prioritization is on: under stress its whole share stays free for it); ``lost``: tier
+    -> slots preemption took from it (not its own to lend). Invariants (property-tested):
+    Σ lent ≤ Σ spare; nothing is lent out of a tier whose demand reaches its own slots minus
+    headroom, nor out of a tier that keeps.
     """
     policy = group.tier_actions
+    taken = lost or {}
     guarantee = {t.name: group.guarantee(t) for t in group.tiers}
     headroom = {name: math.ceil(policy.lend_headroom_percent * g / 100)
                 for name, g in guarantee.items()}
     spare = {name: 0 if name in keeps else
-             max(0, math.floor(guarantee[name] - demand[name] - headroom[name]))
+             max(0, math.floor(guarantee[name] - taken.get(name, 0) - demand[name]
+                               - headroom[name]))
              for name in guarantee}
     want = {name: 0 if name in excluded else
             max(0, math.ceil(demand[name] + headroom[name] - guarantee[name]))
@@ -510,7 +626,8 @@ def _lending(
                      f"{current or 'nothing'}")
     demand = {t.name: readings[t.name].demand for t in group.tiers}
     keeps = frozenset({policy.trigger_tier}) if state.active else frozenset()
-    plan = plan_lending(group, current, demand, excluded, keeps)
+    plan = plan_lending(group, current, demand, excluded, keeps,
+                        preempted(group, dict(state.took))[1])
     summary = ", ".join(f"{t} D {demand[t]:g}/G {plan.guarantee[t]}" for t in plan.guarantee)
     lent = plan.lent
     since = None
@@ -535,17 +652,142 @@ def _lending(
     return _Part(new, rule, decision(lent, rule, plan))
 
 
-# --- 4. queues bounded in time ----------------------------------------------------------------
+# --- 4. preemption -------------------------------------------------------------------------
 
 
-def queue_limits(group: OriginGroup, lent: Mapping[str, int], latency_ms: float
+@dataclass(frozen=True)
+class PreemptionPlan:
+    """The numbers behind one preemption decision (per Envoy, in request slots)."""
+
+    want: dict[str, int]  # each tier's wanted slots: demand + headroom, rounded up
+    have: dict[str, int]  # its slots before preemption: guarantee + borrowed
+    took: dict[str, int]  # the outcome: taker -> slots it takes from less critical tiers
+    lost: dict[str, int]  # victim -> slots taken from it
+
+
+def plan_preemption(
+    group: OriginGroup,
+    demand: Mapping[str, float],
+    lent: Mapping[str, int],
+    excluded: frozenset[str] = frozenset(),
+) -> PreemptionPlan:
+    """Pure arithmetic of preemption (module docstring, part 4): in priority order, a tier
+    wanting more slots than its guarantee, borrowed slots and what is left of its own after
+    more critical tiers took theirs, takes the difference from the tiers below it, least
+    critical first, each down to its floor. ``excluded`` (shed) tiers take nothing.
+
+    Invariants (property-tested): no tier below its floor; a tier short of slots only while
+    every less critical tier is at its floor; Σ took = Σ lost."""
+    policy = group.tier_actions
+    order = by_priority(group)
+    want = {t.name: math.ceil(demand[t.name]
+                              + math.ceil(policy.lend_headroom_percent * group.guarantee(t) / 100))
+            for t in order}
+    have = {t.name: group.guarantee(t) + lent.get(t.name, 0) for t in order}
+    lost = {t.name: 0 for t in order}
+    took: dict[str, int] = {}
+    for i, taker in enumerate(order):
+        need = 0 if taker.name in excluded else \
+            want[taker.name] - have[taker.name] + lost[taker.name]
+        for victim in reversed(order[i + 1:]):
+            if need <= 0:
+                break
+            n = min(need, max(0, group.guarantee(victim) - group.floor(victim)
+                              - lost[victim.name]))
+            lost[victim.name] += n
+            took[taker.name] = took.get(taker.name, 0) + n
+            need -= n
+    return PreemptionPlan(want, have, took, {name: n for name, n in lost.items() if n})
+
+
+def _preemption(
+    group: OriginGroup, state: TierState, readings: Mapping[str, TierPending], now_ms: int,
+    excluded: frozenset[str],
+) -> _Part:
+    policy = group.tier_actions
+    current, _ = preempted(group, dict(state.took))
+
+    def decision(new: dict[str, int], rule: str, plan: PreemptionPlan | None) -> TierDecision:
+        change = "give_back" if any(new.get(t, 0) < n for t, n in current.items()) else "take"
+        detail: dict[str, Any] = {
+            "change": change, "took_before": current, "took": new,
+            "lost": {t: n for t, n in preempted(group, new)[1].items() if n},
+            "floors": {t.name: group.floor(t) for t in group.tiers},
+        }
+        if plan is not None:
+            detail |= {"want": plan.want, "have": plan.have}
+        return TierDecision("tier_preempt", rule, detail)
+
+    if not policy.preemption:
+        if current:
+            rule = "preemption disabled in the desired state: every slot given back"
+            return _Part(replace(state, took=(), give_back_since_ms=()), rule,
+                         decision({}, rule, None))
+        return _Part(replace(state, took=(), give_back_since_ms=()), "preemption disabled")
+    problems = [f"{t.name}: {why}" for t in group.tiers
+                if (why := _fresh(readings.get(t.name), policy, now_ms)) is not None]
+    if problems:
+        return _Part(state, f"preemption: fail static ({'; '.join(problems)}); taken stays "
+                     f"{current or 'nothing'}")
+    demand = {t.name: readings[t.name].demand for t in group.tiers}
+    plan = plan_preemption(group, demand, dict(state.lent), excluded)
+    step = max(1, math.ceil(policy.lend_step_percent * group.max_origin_concurrency / 100))
+    running = dict(state.give_back_since_ms)
+    claims: dict[str, int] = {}
+    since: dict[str, int] = {}
+    waiting: list[str] = []
+    for tier in by_priority(group):
+        name = tier.name
+        now, best = current.get(name, 0), plan.took.get(name, 0)
+        claims[name] = now  # a surplus smaller than a step waits (hysteresis)
+        if best >= now or name in excluded:
+            claims[name] = best  # taking never waits; a shed tier gives back at once
+        elif now - best >= step:  # given back once the surplus held at every tick for `for`
+            since[name] = running.get(name, now_ms)
+            if now_ms - since[name] >= policy.for_ms:
+                claims[name] = best
+                del since[name]
+            else:
+                waiting.append(f"{name} to give back {now - best} for "
+                               f"{_s(now_ms - since[name])} of {_s(policy.for_ms)}")
+    words = f"; {', '.join(waiting)}" if waiting else ""
+    took, lost = preempted(group, claims)
+    summary = ", ".join(
+        f"{t.name} wants {plan.want[t.name]}/has {plan.have[t.name]} (floor {group.floor(t)})"
+        for t in by_priority(group)) + words
+    base = replace(state, give_back_since_ms=tuple(sorted(since.items())))
+    if took == current:
+        held_now = ", ".join(f"{t} took {n}" for t, n in took.items())
+        return _Part(base, f"preemption: {summary}; {held_now or 'nothing taken'}")
+    moves = ", ".join(f"{t.name} {current.get(t.name, 0)}→{took.get(t.name, 0)}"
+                      for t in by_priority(group)
+                      if current.get(t.name, 0) != took.get(t.name, 0))
+    victims = ", ".join(f"{t.name} {group.guarantee(t) - lost[t.name]}"
+                        for t in by_priority(group) if lost[t.name])
+    rule = (f"preemption: {summary}; slots taken {moves}"
+            + (f" (own slots left: {victims})" if victims else ""))
+    new = replace(base, took=tuple(sorted(took.items())))
+    return _Part(new, rule, decision(took, rule, plan))
+
+
+# --- 5. queues bounded in time ----------------------------------------------------------------
+
+
+def queue_slots(group: OriginGroup, state: TierState) -> dict[str, int]:
+    """Each tier's slots for its queue bound: its limit plus what it could still take."""
+    limits, more = tier_limits(group, state), takeable(group, state)
+    return {name: limits[name] + more[name] for name in limits}
+
+
+def queue_limits(group: OriginGroup, slots: Mapping[str, int], latency_ms: float
                  ) -> dict[str, int]:
     """Each tier's pending limit for the origin's service time `latency_ms` (pure): floor(slots
-    x queue_timeout / latency), at least 1, at most max_queue_depth."""
+    x queue_timeout / latency), at least 1, at most max_queue_depth. `slots`: tier -> its
+    slots (`queue_slots`; a tier not named: its guarantee)."""
     out = {}
     for tier in group.tiers:
-        slots = group.guarantee(tier) + lent.get(tier.name, 0)
-        drained = math.floor(slots * tier.queue_timeout_ms / max(latency_ms, 1e-3))
+        count = slots.get(tier.name, group.guarantee(tier))
+        drained = math.floor(count * tier.queue_timeout_ms / max(latency_ms, 1e-3))
         out[tier.name] = max(1, min(tier.max_queue_depth, drained))
     return out
 
@@ -554,7 +796,8 @@ def _queues(group: OriginGroup, state: TierState, latency_ms: float | None) -> _
     current = dict(state.queue_limits)
     if latency_ms is None:
         return _Part(state, f"queue limits: no latency measured; stay {current or 'unbounded'}")
-    wanted = {name: n for name, n in queue_limits(group, dict(state.lent), latency_ms).items()
+    slots = queue_slots(group, state)
+    wanted = {name: n for name, n in queue_limits(group, slots, latency_ms).items()
               if n < group.tier(name).max_queue_depth}
     new = {}
     for name in sorted(set(wanted) | set(current)):
@@ -565,7 +808,7 @@ def _queues(group: OriginGroup, state: TierState, latency_ms: float | None) -> _
         elif want is not None:
             new[name] = want
     words = ", ".join(
-        f"{t.name} {group.guarantee(t) + dict(state.lent).get(t.name, 0)} x "
+        f"{t.name} {slots[t.name]} x "
         f"{t.queue_timeout_ms} ms / {latency_ms:.0f} ms = "
         f"{wanted.get(t.name, f'≥ {t.max_queue_depth} (max_queue_depth)')}"
         for t in group.tiers)
@@ -585,7 +828,7 @@ def _queues(group: OriginGroup, state: TierState, latency_ms: float | None) -> _
 def service_time_ms(p50_by_origin: Mapping[str, float | None], weights: Mapping[str, int]
                     ) -> float | None:
     """The origins' p50 weighted by their weights (origins without a p50 left out); None when
-    none has one. What a tier's queue drains at (part 4)."""
+    none has one. What a tier's queue drains at (part 5)."""
     known = [(p50, weights.get(name, 0)) for name, p50 in p50_by_origin.items()
              if p50 is not None and weights.get(name, 0) > 0]
     total = sum(weight for _, weight in known)
@@ -663,20 +906,25 @@ def tier_step(
                                           "slot reclaimed", {"change": "reclaim",
                                                              "lent_before": dict(state.lent),
                                                              "lent": {}}))
+        if state.took:
+            decisions.append(TierDecision("tier_preempt", "tier actions disabled: every taken "
+                                          "slot given back", {"change": "give_back",
+                                                              "took_before": dict(state.took),
+                                                              "took": {}}))
         rule = "; ".join(d.rule for d in decisions) or "tier actions disabled"
         return TierStepResult(tuple(decisions), rule, TierState(), None, inputs)
     first = _reprioritize(policy, state, readings.get(policy.trigger_tier), now_ms)
     second = _shedding(group, first.state, readings, now_ms)
-    probe = actions_in_force(group, replace(second.state, lent=()))
-    excluded = frozenset() if probe is None else probe.shed
+    excluded = shed_of(group, second.state)
     third = _lending(group, second.state, readings, now_ms, excluded)
-    fourth = _queues(group, third.state, latency_ms)
-    parts = (first, second, third, fourth)
+    fourth = _preemption(group, third.state, readings, now_ms, excluded)
+    fifth = _queues(group, fourth.state, latency_ms)
+    parts = (first, second, third, fourth, fifth)
     decisions = tuple(p.decision for p in parts if p.decision is not None)
     return TierStepResult(
         decisions,
         "; ".join(p.rule for p in parts),
-        fourth.state,
-        actions_in_force(group, fourth.state),
+        fifth.state,
+        actions_in_force(group, fifth.state),
         inputs,
     )

@@ -13,8 +13,8 @@ Then the tier actions of the group in that PoP (``tier_action`` records, written
 on or off): which are active now and since when, the decision that switched them on with its
 numbers (the trigger tier's pending peak against ``trigger_pending``, held for how long) and what
 lifts them, or that none are active and when the last ones ended. Then utilization shedding
-(``tier_shed``), lending (``tier_lend``) and queues bounded in time (``tier_queue``): what is in
-force and the record that put it there.
+(``tier_shed``), lending (``tier_lend``), preemption (``tier_preempt``) and queues bounded in
+time (``tier_queue``): what is in force and the record that put it there.
 """
 
 from __future__ import annotations
@@ -29,7 +29,11 @@ from control_plane.decisions.read import Record, record_time
 
 MAX_CHAIN = 20
 TIER_KIND = "tier_action"
-TIER_KINDS = frozenset({TIER_KIND, "tier_shed", "tier_lend", "tier_queue"})
+TIER_KINDS = frozenset({TIER_KIND, "tier_shed", "tier_lend", "tier_preempt", "tier_queue"})
+# each slot part's label and the detail field that is non-empty while it is in force
+_SLOT_PARTS = (("tier_shed", "utilization shedding", "shedding"), ("tier_lend", "lending", "lent"),
+               ("tier_preempt", "preemption", "took"),
+               ("tier_queue", "queues bounded in time", "queue_limits"))
 _FOR = re.compile(r"\(≥ (\d[\d.]* s)\)")  # the `for` threshold in an "on" rule
 
 
@@ -186,15 +190,14 @@ def explain_tiers(records: Iterable[Record], pop: str, group: str) -> list[str]:
 
 def _explain_shedding_and_lending(records: list[Record], pop: str, group: str) -> list[str]:
     out = []
-    for kind, label in (("tier_shed", "utilization shedding"), ("tier_lend", "lending"),
-                        ("tier_queue", "queues bounded in time")):
+    for kind, label, field in _SLOT_PARTS:
         mine = [r for r in records
                 if r.get("kind") == kind and r.get("pop") == pop and r.get("group") == group]
         if not mine:
             continue
         last = mine[-1]
         detail = last.get("detail") if isinstance(last.get("detail"), dict) else {}
-        on = detail.get("shedding") if kind == "tier_shed" else bool(detail.get("lent"))
+        on = bool(detail.get(field))
         state = "in force" if on else "off"
         out.append(f"{label}: {state} since {_clock(last)} ({kind}, seq {last['seq']}): "
                    f"{last.get('rule') or ''}")
