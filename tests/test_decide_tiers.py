@@ -68,8 +68,9 @@ def wait(p95: float | None, pending_max: float = 0, now: int = T0,
          pending(25), None, False, "for 20 s of 30 s"),
         ("trigger held 30 s: on", PENDING, TierState(trigger_since_ms=T0 - 30_000), pending(25),
          "tier_action", True,
-         "critical pending max 25 > 10 for 30 s (≥ 30 s): demote 50% of normal to background, "
-         "shed background (503, retry-after 60 s)"),
+         "critical pending max 25 > 10 for 30 s (≥ 30 s): demote 50% of normal to background "
+         "(answered at the edge while background is shed), shed background to its floor (503 "
+         "beyond)"),
         ("a quiet tick restarts the count", PENDING, TierState(trigger_since_ms=T0 - 20_000),
          pending(2), None, False, "no trigger"),
         ("on and still triggered", PENDING, ACTIVE, pending(40), None, True, "actions stay on"),

@@ -74,6 +74,7 @@ state and timers, and the rule says why. ``enabled: false`` lifts everything at 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -215,21 +216,23 @@ class TierStepResult:
 
 def describe_actions(actions: TierActions) -> str:
     status = dict(actions.shed_status)
+    limits = dict(actions.limits)
     parts = []
     if actions.demote_tier and actions.demote_to and actions.demote_share:
+        edge = (f" (answered at the edge while {actions.demote_to} is shed)"
+                if actions.demote_to in actions.shed else "")
         parts.append(f"demote {actions.demote_share}% of {actions.demote_tier} to "
-                     f"{actions.demote_to}")
-    if actions.shed_tier:
-        parts.append(f"shed {actions.shed_tier} ({status.get(actions.shed_tier, 503)}, "
-                     f"retry-after {actions.retry_after_s} s)")
-    for tier in actions.shed_tiers:
-        parts.append(f"shed {tier} for utilization ({status.get(tier, 503)}, retry-after "
-                     f"{actions.retry_after_s} s)")
-    if actions.limits:
-        parts.append("lend: " + ", ".join(f"{t} limit {n}" for t, n in actions.limits))
-    if actions.pending_limits:
-        parts.append("queue: " + ", ".join(f"{t} at most {n} pending"
-                                           for t, n in actions.pending_limits))
+                     f"{actions.demote_to}{edge}")
+    for tier, why in [*([(actions.shed_tier, "shed")] if actions.shed_tier else []),
+                      *((t, "shed for utilization") for t in actions.shed_tiers)]:
+        floor = f" to its floor of {limits[tier]}" if tier in limits else " to its floor"
+        parts.append(f"{why} {tier}{floor} ({status.get(tier, 503)} beyond)")
+    others = [(t, n) for t, n in actions.limits if t not in actions.shed]
+    if others:
+        parts.append("limits: " + ", ".join(f"{t} {n}" for t, n in others))
+    queues = [(t, n) for t, n in actions.pending_limits if t not in actions.shed]
+    if queues:
+        parts.append("queue: " + ", ".join(f"{t} at most {n} pending" for t, n in queues))
     return ", ".join(parts) or "no action configured"
 
 
@@ -248,6 +251,58 @@ def by_priority(group: OriginGroup) -> tuple[Tier, ...]:
     return tuple(sorted(group.tiers, key=lambda t: t.priority))
 
 
+@dataclass(frozen=True)
+class Slots:
+    """A group's per-Envoy slot arithmetic: its tiers most critical first, their guarantees
+    and floors (`slots_of`; computed once per group object)."""
+
+    order: tuple[str, ...]
+    guarantee: tuple[int, ...]  # in `order`
+    floor: tuple[int, ...]
+
+    def room(self) -> tuple[int, ...]:
+        """Per tier (in `order`): its slots above its floor."""
+        return tuple(g - f for g, f in zip(self.guarantee, self.floor, strict=True))
+
+
+_SLOTS: dict[int, tuple[OriginGroup, Slots]] = {}
+_SLOTS_KEPT = 4096
+
+
+def slots_of(group: OriginGroup) -> Slots:
+    """The group's `Slots` (cached per group object: groups are immutable)."""
+    found = _SLOTS.get(id(group))
+    if found is not None and found[0] is group:
+        return found[1]
+    order = by_priority(group)
+    slots = Slots(tuple(t.name for t in order), tuple(group.guarantee(t) for t in order),
+                  tuple(group.floor(t) for t in order))
+    if len(_SLOTS) >= _SLOTS_KEPT:
+        _SLOTS.clear()
+    _SLOTS[id(group)] = (group, slots)
+    return slots
+
+
+@functools.lru_cache(maxsize=4096)
+def _preempted(slots: Slots, took: tuple[tuple[str, int], ...]
+               ) -> tuple[tuple[tuple[str, int], ...], tuple[int, ...]]:
+    claims = dict(took)
+    room = list(slots.room())
+    lost = [0] * len(slots.order)
+    held: dict[str, int] = {}
+    for i, taker in enumerate(slots.order):
+        claim = claims.get(taker, 0)
+        for v in range(len(slots.order) - 1, i, -1):
+            if claim <= 0:
+                break
+            n = min(claim, max(0, room[v] - lost[v]))
+            lost[v] += n
+            if n:
+                held[taker] = held.get(taker, 0) + n
+            claim -= n
+    return tuple(held.items()), tuple(lost)
+
+
 def preempted(group: OriginGroup, took: Mapping[str, int]
               ) -> tuple[dict[str, int], dict[str, int]]:
     """(what each taker holds, what each tier lost) for takers claiming `took` (pure).
@@ -256,27 +311,19 @@ def preempted(group: OriginGroup, took: Mapping[str, int]
     first, each down to its floor (so giving back, which shrinks a taker's claim, returns the
     most critical victim's slots first). A claim that no longer fits (a floor or a share
     changed) is cut to what does."""
-    order = by_priority(group)
-    lost = {t.name: 0 for t in order}
-    held: dict[str, int] = {}
-    for i, taker in enumerate(order):
-        claim = took.get(taker.name, 0)
-        for victim in reversed(order[i + 1:]):
-            if claim <= 0:
-                break
-            room = group.guarantee(victim) - group.floor(victim) - lost[victim.name]
-            n = min(claim, max(0, room))
-            lost[victim.name] += n
-            held[taker.name] = held.get(taker.name, 0) + n
-            claim -= n
-    return held, lost
+    slots = slots_of(group)
+    held, lost = _preempted(slots, tuple(sorted(took.items())))
+    return dict(held), dict(zip(slots.order, lost, strict=True))
 
 
 def own_slots(group: OriginGroup, state: TierState) -> dict[str, int]:
     """Each tier's slots without borrowed ones: its guarantee, plus what it took by
     preemption, less what was taken from it."""
-    held, lost = preempted(group, dict(state.took))
-    return {t.name: group.guarantee(t) + held.get(t.name, 0) - lost[t.name] for t in group.tiers}
+    slots = slots_of(group)
+    held, lost = _preempted(slots, state.took)
+    took = dict(held)
+    return {name: g + took.get(name, 0) - n
+            for name, g, n in zip(slots.order, slots.guarantee, lost, strict=True)}
 
 
 def tier_limits(group: OriginGroup, state: TierState, shed: frozenset[str] = frozenset()
@@ -284,18 +331,18 @@ def tier_limits(group: OriginGroup, state: TierState, shed: frozenset[str] = fro
     """Each tier's per-Envoy concurrency limit: its own slots plus what it borrows; a shed
     tier's is its floor."""
     own, lent = own_slots(group, state), dict(state.lent)
-    return {t.name: group.floor(t) if t.name in shed else own[t.name] + lent.get(t.name, 0)
-            for t in group.tiers}
+    floors = dict(zip(slots_of(group).order, slots_of(group).floor, strict=True))
+    return {name: floors[name] if name in shed else n + lent.get(name, 0)
+            for name, n in own.items()}
 
 
 def takeable(group: OriginGroup, state: TierState) -> dict[str, int]:
     """Per tier: the slots preemption could still take for it from the tiers below it (their
     guarantees above their floors, less what was taken already)."""
-    _, lost = preempted(group, dict(state.took))
-    order = by_priority(group)
-    return {tier.name: sum(max(0, group.guarantee(v) - group.floor(v) - lost[v.name])
-                           for v in order[i + 1:])
-            for i, tier in enumerate(order)}
+    slots = slots_of(group)
+    _, lost = _preempted(slots, state.took)
+    left = [max(0, r - n) for r, n in zip(slots.room(), lost, strict=True)]
+    return {name: sum(left[i + 1:]) for i, name in enumerate(slots.order)}
 
 
 def shed_of(group: OriginGroup, state: TierState) -> frozenset[str]:
@@ -325,8 +372,9 @@ def actions_in_force(group: OriginGroup, state: TierState) -> TierActions | None
     shed_tiers = tuple(t for t in sheddable_tiers(group) if t != base.shed_tier) \
         if state.shedding else ()
     known = {t.name for t in group.tiers}
+    in_force = tier_limits(group, state)
     limits = tuple((t.name, n) for t in group.tiers
-                   if (n := tier_limits(group, state)[t.name]) != group.guarantee(t))
+                   if (n := in_force[t.name]) != group.guarantee(t))
     queues = tuple((name, n) for name, n in state.queue_limits
                    if name in known and n < group.tier(name).max_queue_depth)
     if not state.active and not shed_tiers and not limits and not queues:
@@ -335,6 +383,13 @@ def actions_in_force(group: OriginGroup, state: TierState) -> TierActions | None
     status = tuple((t, SHED_STATUS[group.tier(t).shed_action]) for t in sorted(actions.shed)
                    if t in known)
     return replace(actions, shed_status=status).with_floors(group)
+
+
+def _with(state: TierState, **changes: Any) -> TierState:
+    """`state` with `changes` (itself when they change nothing: a steady tick copies nothing)."""
+    if all(getattr(state, name) == value for name, value in changes.items()):
+        return state
+    return replace(state, **changes)
 
 
 def _fresh(reading: TierPending | None, policy: TierActionPolicy, now_ms: int) -> str | None:
@@ -418,27 +473,27 @@ def _reprioritize(
         return _Part(state, f"{seen}; actions stay {now_on}")
     if not state.active:
         if not triggered:
-            return _Part(replace(state, trigger_since_ms=None), f"{seen}: no trigger")
+            return _Part(_with(state, trigger_since_ms=None), f"{seen}: no trigger")
         since = now_ms if state.trigger_since_ms is None else state.trigger_since_ms
         held = now_ms - since
         if held >= policy.for_ms:
             rule = f"{seen} for {_s(held)} (≥ {_s(policy.for_ms)}): {described}"
-            new = replace(state, active=True, trigger_since_ms=since, clear_since_ms=None,
+            new = _with(state, active=True, trigger_since_ms=since, clear_since_ms=None,
                           active_since_ms=now_ms)
             return _Part(new, rule, decision(True, rule))
-        return _Part(replace(state, trigger_since_ms=since),
+        return _Part(_with(state, trigger_since_ms=since),
                      f"{seen} for {_s(held)} of {_s(policy.for_ms)}")
     if triggered:
-        return _Part(replace(state, clear_since_ms=None), f"{seen}: actions stay on")
+        return _Part(_with(state, clear_since_ms=None), f"{seen}: actions stay on")
     clear = now_ms if state.clear_since_ms is None else state.clear_since_ms
     quiet = now_ms - clear
     if quiet >= policy.recover_after_ms:
         rule = (f"{seen} for {_s(quiet)} (≥ recover_after {_s(policy.recover_after_ms)}): "
                 f"lifted ({described})")
-        new = replace(state, active=False, trigger_since_ms=None, clear_since_ms=None,
+        new = _with(state, active=False, trigger_since_ms=None, clear_since_ms=None,
                       active_since_ms=None)
         return _Part(new, rule, decision(False, rule))
-    return _Part(replace(state, clear_since_ms=clear, trigger_since_ms=None),
+    return _Part(_with(state, clear_since_ms=clear, trigger_since_ms=None),
                  f"{seen} for {_s(quiet)} of {_s(policy.recover_after_ms)}; actions stay on")
 
 
@@ -477,7 +532,7 @@ def _shedding(
     tiers = sheddable_tiers(group)
     now_on = "on" if state.shedding else "off"
     if not tiers:
-        off = replace(state, shedding=False, shed_since_ms=None, shed_clear_since_ms=None)
+        off = _with(state, shedding=False, shed_since_ms=None, shed_clear_since_ms=None)
         return _Part(off, "utilization shedding: no sheddable tier")
     found = utilization(group, readings, state)
     if found is None:
@@ -502,27 +557,27 @@ def _shedding(
 
     if not state.shedding:
         if used <= high:
-            return _Part(replace(state, shed_since_ms=None), f"{seen} ≤ {high:g}: no shedding")
+            return _Part(_with(state, shed_since_ms=None), f"{seen} ≤ {high:g}: no shedding")
         since = now_ms if state.shed_since_ms is None else state.shed_since_ms
         held = now_ms - since
         if held >= policy.for_ms:
             rule = (f"{seen} > {high:g} for {_s(held)} (≥ {_s(policy.for_ms)}): shed {names} "
                     f"({actions})")
-            new = replace(state, shedding=True, shed_since_ms=now_ms, shed_clear_since_ms=None)
+            new = _with(state, shedding=True, shed_since_ms=now_ms, shed_clear_since_ms=None)
             return _Part(new, rule, decision(True, rule))
-        return _Part(replace(state, shed_since_ms=since),
+        return _Part(_with(state, shed_since_ms=since),
                      f"{seen} > {high:g} for {_s(held)} of {_s(policy.for_ms)}")
     if used >= low:
-        return _Part(replace(state, shed_clear_since_ms=None),
+        return _Part(_with(state, shed_clear_since_ms=None),
                      f"{seen} ≥ lift {low:g}: shedding {names} stays on")
     clear = now_ms if state.shed_clear_since_ms is None else state.shed_clear_since_ms
     quiet = now_ms - clear
     if quiet >= policy.recover_after_ms:
         rule = (f"{seen} < lift {low:g} for {_s(quiet)} (≥ {_s(policy.recover_after_ms)}): "
                 f"shedding of {names} lifted")
-        new = replace(state, shedding=False, shed_since_ms=None, shed_clear_since_ms=None)
+        new = _with(state, shedding=False, shed_since_ms=None, shed_clear_since_ms=None)
         return _Part(new, rule, decision(False, rule))
-    return _Part(replace(state, shed_clear_since_ms=clear),
+    return _Part(_with(state, shed_clear_since_ms=clear),
                  f"{seen} < lift {low:g} for {_s(quiet)} of {_s(policy.recover_after_ms)}; "
                  "shedding stays on")
 
@@ -617,7 +672,7 @@ def _lending(
     if not policy.lending:
         if current:
             rule = "lending disabled in the desired state: every borrowed slot reclaimed"
-            return _Part(replace(state, lent=()), rule, decision({}, rule, None))
+            return _Part(_with(state, lent=()), rule, decision({}, rule, None))
         return _Part(state, "lending disabled")
     problems = [f"{t.name}: {why}" for t in group.tiers
                 if (why := _fresh(readings.get(t.name), policy, now_ms)) is not None]
@@ -641,14 +696,14 @@ def _lending(
             summary += f"; more to lend for {_s(held)} of {_s(policy.for_ms)}"
         else:
             since = None
-    base = replace(state, lend_since_ms=since)
+    base = _with(state, lend_since_ms=since)
     if lent == current:
         return _Part(base, f"lending: {summary}; lent {current or 'nothing'} (pool "
                      f"{plan.pool})")
     moves = ", ".join(f"{t} {current.get(t, 0)}→{lent.get(t, 0)}"
                       for t in plan.guarantee if current.get(t, 0) != lent.get(t, 0))
     rule = f"lending: {summary}; spare pool {plan.pool}: borrowed slots {moves}"
-    new = replace(base, lent=tuple(sorted(lent.items())))
+    new = _with(base, lent=tuple(sorted(lent.items())))
     return _Part(new, rule, decision(lent, rule, plan))
 
 
@@ -721,9 +776,9 @@ def _preemption(
     if not policy.preemption:
         if current:
             rule = "preemption disabled in the desired state: every slot given back"
-            return _Part(replace(state, took=(), give_back_since_ms=()), rule,
+            return _Part(_with(state, took=(), give_back_since_ms=()), rule,
                          decision({}, rule, None))
-        return _Part(replace(state, took=(), give_back_since_ms=()), "preemption disabled")
+        return _Part(_with(state, took=(), give_back_since_ms=()), "preemption disabled")
     problems = [f"{t.name}: {why}" for t in group.tiers
                 if (why := _fresh(readings.get(t.name), policy, now_ms)) is not None]
     if problems:
@@ -755,7 +810,7 @@ def _preemption(
     summary = ", ".join(
         f"{t.name} wants {plan.want[t.name]}/has {plan.have[t.name]} (floor {group.floor(t)})"
         for t in by_priority(group)) + words
-    base = replace(state, give_back_since_ms=tuple(sorted(since.items())))
+    base = _with(state, give_back_since_ms=tuple(sorted(since.items())))
     if took == current:
         held_now = ", ".join(f"{t} took {n}" for t, n in took.items())
         return _Part(base, f"preemption: {summary}; {held_now or 'nothing taken'}")
@@ -766,7 +821,7 @@ def _preemption(
                         for t in by_priority(group) if lost[t.name])
     rule = (f"preemption: {summary}; slots taken {moves}"
             + (f" (own slots left: {victims})" if victims else ""))
-    new = replace(base, took=tuple(sorted(took.items())))
+    new = _with(base, took=tuple(sorted(took.items())))
     return _Part(new, rule, decision(took, rule, plan))
 
 
@@ -819,7 +874,7 @@ def _queues(group: OriginGroup, state: TierState, latency_ms: float | None) -> _
         for t in sorted(set(new) | set(current)) if current.get(t) != new.get(t))
     rule = (f"queues bounded in time: latency p50 {latency_ms:.0f} ms; {words}; pending "
             f"limits {moves}")
-    changed = replace(state, queue_limits=tuple(sorted(new.items())))
+    changed = _with(state, queue_limits=tuple(sorted(new.items())))
     return _Part(changed, rule, TierDecision("tier_queue", rule, {
         "change": "queue", "latency_ms": latency_ms, "queue_limits_before": current,
         "queue_limits": new}))

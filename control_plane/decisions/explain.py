@@ -130,25 +130,30 @@ def _seconds(ms: int | float) -> str:
 
 def describe_active(actions: Mapping[str, Any], since: str | None = None) -> str:
     """Active tier actions (``TierActions.to_dict()`` form) per tier, in plain words:
-    ``normal: 50% demoted to background; background: shed (503, retry-after 60 s)``."""
+    ``normal: 50% demoted to background (answered at the edge: background is shed);
+    background: shed to its floor of 6 slots (503 beyond)``."""
     suffix = f" since {since}" if since else ""
     parts = []
     demote, to = actions.get("demote_tier"), actions.get("demote_to")
     share = actions.get("demote_share")
-    if demote and to and share:
-        parts.append(f"{demote}: {share}% demoted to {to}{suffix}")
     shed = actions.get("shed_tier")
+    utilization = list(actions.get("shed_tiers") or ())
+    shed_all = {*([shed] if shed else []), *utilization}
+    if demote and to and share:
+        edge = f" (answered at the edge: {to} is shed)" if to in shed_all else ""
+        parts.append(f"{demote}: {share}% demoted to {to}{edge}{suffix}")
     status = actions.get("shed_status") or {}
-    after = actions.get("retry_after_s")
-    if shed:
-        parts.append(f"{shed}: shed ({status.get(shed, 503)}, retry-after {after} s){suffix}")
-    for tier in actions.get("shed_tiers") or ():
-        parts.append(f"{tier}: shed for utilization ({status.get(tier, 503)}, retry-after "
-                     f"{after} s){suffix}")
-    limits = actions.get("limits") or {}
-    if limits:
-        parts.append("lent: " + ", ".join(f"{t} limit {n}" for t, n in limits.items()))
-    queues = actions.get("pending_limits") or {}
+    limits = dict(actions.get("limits") or {})
+    for tier, why in [*([(shed, "shed")] if shed else []),
+                      *((t, "shed for utilization") for t in utilization)]:
+        floor = limits.get(tier)
+        kept = f" to its floor of {floor} slot(s)" if floor is not None else " to its floor"
+        parts.append(f"{tier}: {why}{kept} ({status.get(tier, 503)} beyond){suffix}")
+    others = {t: n for t, n in limits.items() if t not in shed_all}
+    if others:
+        parts.append("limits: " + ", ".join(f"{t} {n}" for t, n in others.items()))
+    queues = {t: n for t, n in (actions.get("pending_limits") or {}).items()
+              if t not in shed_all}
     if queues:
         parts.append("queue bounded in time: " + ", ".join(
             f"{t} at most {n} pending" for t, n in queues.items()))

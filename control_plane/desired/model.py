@@ -198,6 +198,8 @@ class TierActions:
         """These actions with every shed tier of `group` at its floor (`OriginGroup.floor`):
         its limit the floor, its queue at most as long (what finds the floor busy is answered
         at once with its `shed_action`). Idempotent."""
+        if not self.shed:
+            return self
         limits, pending = dict(self.limits), dict(self.pending_limits)
         for tier in group.tiers:
             if tier.name in self.shed:
@@ -244,6 +246,9 @@ class TierActionPolicy:
     """
 
     enabled: bool = True
+    # the tier tick: seed 000 exports "queue depth, wait time, and origin p99 per priority to
+    # our control plane every 5 seconds"; at most the failover interval (app/reconcile.py)
+    interval_ms: int = 5_000
     trigger_tier: str = "critical"
     trigger: TriggerKind = "wait"
     trigger_wait_ms: int = 35

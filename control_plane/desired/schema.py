@@ -160,6 +160,7 @@ HEALTH_CHECK_FIELDS: FieldTable = {
 
 TIER_ACTION_FIELDS: FieldTable = {
     "enabled": ("enabled", boolean),
+    "interval": ("interval_ms", duration(100, 3_600_000)),
     "trigger": ("trigger", choice("wait", "pending")),
     "trigger_wait": ("trigger_wait_ms", duration(1, 600_000)),
     "trigger_wait_quantile": ("trigger_wait_quantile", choice("p50", "p95", "p99")),
