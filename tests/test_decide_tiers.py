@@ -124,6 +124,7 @@ def test_reprioritization_table(
     active: bool,
     rule_has: str,
 ) -> None:
+    group = with_policy(group, preemption=False)  # a waiting critical would take slots too
     result = tier_step(group, state, readings, T0)
     assert result.kind == kind, (case, result.rule)
     assert result.state.active is active, case

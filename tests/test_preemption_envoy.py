@@ -6,7 +6,7 @@ a checkout surge of 18 concurrent clients makes critical short: within one tick 
 reaches Envoy's stats, critical takes normal's 4 slots above its floor through the RTDS runtime
 layer (critical 18, normal 1) and Envoy really runs more than 14 checkout requests at once;
 when the surge ends, the slots go back once the window no longer shows it and the surplus held
-for `for`, and the layer is empty again.
+for `recover_after`, and the layer is empty again.
 """
 
 from __future__ import annotations
@@ -30,13 +30,14 @@ from tests.test_lending_envoy import closed_loop
 pytestmark = pytest.mark.envoy
 
 ORIGIN_MS = 100
-TICK_S, FLUSH_S, WINDOW_S, HOLD_S = 1.0, 1.0, 3.0, 1.0
+TICK_S, FLUSH_S, WINDOW_S, HOLD_S = 1.0, 1.0, 3.0, 2.0
 KEY = "circuit_breakers.shop.{tier}.default.max_requests"
 DESIRED = """\
 pops:
   ewr: {{listen_address: 127.0.0.1}}
 failover: {{interval: 1s, window: 3s, stale_after: 10s}}
-tier_actions: {{for: 1s, lending: false}}   # give back after 1 s of surplus; no lending
+tier_actions: {{interval: 1s, for: 1s, recover_after: 2s, lending: false}}  # give back
+                                        # after 2 s of surplus; no lending
 origin_groups:
   shop:
     max_origin_concurrency: 20   # guarantees 14 / 5 / 1, floors 1 / 1 / 1
@@ -148,7 +149,8 @@ async def test_checkout_takes_normal_slots_within_a_tick_and_gives_them_back(
     assert first_s <= FLUSH_S + TICK_S + 1.0, (first_s, first["inputs"]["readings"]["critical"])
     assert took_s <= 2 * (FLUSH_S + TICK_S) + 1.0, (took_s, [r["rule"] for r in records])
     assert 14 < peak <= 18, peak
-    # given back once the window stopped showing the surge and the surplus held for `for`
+    # given back once the window stopped showing the surge and the surplus held for
+    # `recover_after`
     assert back_s <= FLUSH_S + WINDOW_S + HOLD_S + TICK_S + 1.5, back_s
     assert take["detail"]["took"] == {"critical": 4} and take["detail"]["lost"] == {"normal": 4}
     assert take["detail"]["state"]["took"] == {"critical": 4}

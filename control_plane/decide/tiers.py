@@ -45,14 +45,18 @@ their floors, and shedding starts at the bottom; every tier keeps its floor
    flap); when a lender's demand returns, the borrowers give back at this tick whatever
    exceeds the new spare (least critical first). Kind ``tier_lend``.
 4. **Preemption** (a tier short of slots takes them from less critical tiers, busy or not). A
-   tier whose wanted slots (D + headroom) exceed its own (G + borrowed - lost) takes the
-   difference from the tiers below it, least critical first, each down to its floor, at this
-   tick; tiers take in priority order, so a more critical tier's need is met first and never
-   taken back by a less critical one. The taker's limit rises and the victim's falls by the
-   same number (the origin is never oversubscribed by preemption). Slots are given back in the
-   reverse order (the most critical victim first) once the taker held at least
-   ``lend_step_percent`` of ``max_origin_concurrency`` more than it wants at every tick for
-   ``for_ms`` (hysteresis); a shed tier takes nothing and gives back at once. Kind
+   tier wants D + headroom slots, and at least a step (``lend_step_percent`` of
+   ``max_origin_concurrency``) more than its limit while its requests wait (its measured pool
+   wait's ``trigger_wait_quantile`` above ``trigger_wait_ms``: a gauge's peak read at each
+   stats flush misses bursts between two flushes, a wait measured on every request does not).
+   A tier wanting more than its own (G + borrowed - lost) takes the difference from the tiers
+   below it, least critical first, each down to its floor, at this tick; tiers take in
+   priority order, so a more critical tier's need is met first and never taken back by a less
+   critical one. The taker's limit rises and the victim's falls by the same number (the origin
+   is never oversubscribed by preemption). Slots are given back in the reverse order (the most
+   critical victim first) once the taker held at least a step more than it wants at every
+   tick for ``recover_after_ms`` (hysteresis: the same quiet time that lifts the
+   re-prioritization); a shed tier takes nothing and gives back at once. Kind
    ``tier_preempt``.
 5. **Queues bounded in time** (seed 000: "800 ms for P2 before we just serve stale or a 202";
    "the most common misconfiguration we see is setting queue limits in counts instead of bytes
@@ -725,18 +729,22 @@ def plan_preemption(
     demand: Mapping[str, float],
     lent: Mapping[str, int],
     excluded: frozenset[str] = frozenset(),
+    at_least: Mapping[str, int] | None = None,
 ) -> PreemptionPlan:
     """Pure arithmetic of preemption (module docstring, part 4): in priority order, a tier
     wanting more slots than its guarantee, borrowed slots and what is left of its own after
     more critical tiers took theirs, takes the difference from the tiers below it, least
-    critical first, each down to its floor. ``excluded`` (shed) tiers take nothing.
+    critical first, each down to its floor. A tier wants its demand plus headroom, and at
+    least ``at_least`` (a tier whose requests wait: a step more than it holds). ``excluded``
+    (shed) tiers take nothing.
 
     Invariants (property-tested): no tier below its floor; a tier short of slots only while
     every less critical tier is at its floor; Σ took = Σ lost."""
     policy = group.tier_actions
     order = by_priority(group)
-    want = {t.name: math.ceil(demand[t.name]
-                              + math.ceil(policy.lend_headroom_percent * group.guarantee(t) / 100))
+    floor_of_want = at_least or {}
+    want = {t.name: max(math.ceil(demand[t.name] + math.ceil(
+        policy.lend_headroom_percent * group.guarantee(t) / 100)), floor_of_want.get(t.name, 0))
             for t in order}
     have = {t.name: group.guarantee(t) + lent.get(t.name, 0) for t in order}
     lost = {t.name: 0 for t in order}
@@ -753,6 +761,18 @@ def plan_preemption(
             took[taker.name] = took.get(taker.name, 0) + n
             need -= n
     return PreemptionPlan(want, have, took, {name: n for name, n in lost.items() if n})
+
+
+def _waits(reading: TierPending, policy: TierActionPolicy) -> str | None:
+    """What shows a tier's requests wait for its slots (None: they do not, or too few
+    samples): the ``trigger_wait_quantile`` of its measured pool wait above ``trigger_wait``."""
+    wait = reading.wait
+    if wait is None or wait.samples < wait_samples_needed(policy):
+        return None
+    q = policy.trigger_wait_quantile
+    value = wait.quantile(q)
+    return f"{q} {value:g} ms > {policy.trigger_wait_ms} ms" if value > policy.trigger_wait_ms \
+        else None
 
 
 def _preemption(
@@ -785,8 +805,12 @@ def _preemption(
         return _Part(state, f"preemption: fail static ({'; '.join(problems)}); taken stays "
                      f"{current or 'nothing'}")
     demand = {t.name: readings[t.name].demand for t in group.tiers}
-    plan = plan_preemption(group, demand, dict(state.lent), excluded)
     step = max(1, math.ceil(policy.lend_step_percent * group.max_origin_concurrency / 100))
+    limits = tier_limits(group, state)
+    waits = {t.name: seen for t in group.tiers
+             if (seen := _waits(readings[t.name], policy)) is not None}
+    plan = plan_preemption(group, demand, dict(state.lent), excluded,
+                           {name: limits[name] + step for name in waits})
     running = dict(state.give_back_since_ms)
     claims: dict[str, int] = {}
     since: dict[str, int] = {}
@@ -797,18 +821,19 @@ def _preemption(
         claims[name] = now  # a surplus smaller than a step waits (hysteresis)
         if best >= now or name in excluded:
             claims[name] = best  # taking never waits; a shed tier gives back at once
-        elif now - best >= step:  # given back once the surplus held at every tick for `for`
-            since[name] = running.get(name, now_ms)
-            if now_ms - since[name] >= policy.for_ms:
+        elif now - best >= step:  # given back once the surplus held at every tick for
+            since[name] = running.get(name, now_ms)  # recover_after
+            if now_ms - since[name] >= policy.recover_after_ms:
                 claims[name] = best
                 del since[name]
             else:
                 waiting.append(f"{name} to give back {now - best} for "
-                               f"{_s(now_ms - since[name])} of {_s(policy.for_ms)}")
+                               f"{_s(now_ms - since[name])} of {_s(policy.recover_after_ms)}")
     words = f"; {', '.join(waiting)}" if waiting else ""
     took, lost = preempted(group, claims)
     summary = ", ".join(
-        f"{t.name} wants {plan.want[t.name]}/has {plan.have[t.name]} (floor {group.floor(t)})"
+        f"{t.name} wants {plan.want[t.name]}/has {plan.have[t.name]} (floor {group.floor(t)}"
+        + (f"; its requests wait: {waits[t.name]}" if t.name in waits else "") + ")"
         for t in by_priority(group)) + words
     base = _with(state, give_back_since_ms=tuple(sorted(since.items())))
     if took == current:
