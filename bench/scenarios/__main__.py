@@ -1,13 +1,19 @@
 """The incident bench:
-`python -m bench.scenarios NAME... | all [--runs N] [--out DIR] [--smoke] [--seed N]`.
+`python -m bench.scenarios NAME... | all [--runs N] [--out DIR] [--smoke] [--seed N]`, and
+`python -m bench.scenarios report DIR [NAME...]`.
 
 For each scenario: starts everything a variant needs (loopback origins following the
 scenario's time script, one real Envoy per PoP, Ballast as a `ballast serve` subprocess — or a
 baseline's static Envoys), runs the load, stops everything it started; every variant once per
 run, the runs interleaved (run 1 of every variant, then run 2, ...), each run with its own seed
-(`--seed`, `--seed` + 1, ...) shared by its variants. Then writes DIR/NAME.md and PNG plots
-from all the runs. `--smoke` runs a few seconds per variant (the test suite's check that the
-machinery works), not a measurement.
+(`--seed`, `--seed` + 1, ...) shared by its variants. Every run's requests go to a compressed
+file in DIR/NAME/ (`store`), replacing that scenario's earlier runs; DIR/NAME.md and its PNG
+plots are then computed from those files alone. `report DIR` recomputes the reports (every
+scenario with data in DIR, or the NAMEs given) from the files, byte for byte. `--smoke` runs a
+few seconds per variant (the test suite's check that the machinery works), not a measurement.
+
+One scenario again, e.g. after a product change: `python -m bench.scenarios priority --runs 3
+--seed 701` (any fresh seed) rewrites docs/scenarios/priority.md and its data.
 """
 
 from __future__ import annotations
@@ -17,85 +23,119 @@ import asyncio
 import datetime
 import os
 import platform
+import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
-from bench.scenarios.analysis import RunResult, first_shift_after, percentile, weight_range
+from bench.scenarios.analysis import RunResult, focus_on_restart
 from bench.scenarios.catalog import SCENARIOS, smoke
-from bench.scenarios.report import Metric, Spread, summary_counts, write_report
+from bench.scenarios.report import Rows, summary_counts, summary_row, write_report
 from bench.scenarios.runner import Scenario, run_variant
+from bench.scenarios.stack import ROOT
+from bench.scenarios.store import META, read_meta, read_runs, write_meta, write_run
 
 
 def _machine() -> str:
     return f"{platform.machine()} Linux, {os.cpu_count()} cores shared with other work"
 
 
-def _load() -> str:
-    return ", ".join(f"{v:.1f}" for v in os.getloadavg())
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
-def _extra(scenario: Scenario, runs: dict[str, list[RunResult]], loads: list[str]
-           ) -> list[str]:
-    lines = ["## Weights per PoP (first run of each variant)", "", "```"]
-    for label, rs in runs.items():
-        for pop in scenario.pops:
-            low, high = weight_range(rs[0], pop, "primary")
-            lines.append(f"{label:<15} {pop}: primary's share {low}..{high} (0.5 s samples)")
-    lines += ["```", "", "The machine while the runs ran (load average over 1, 5, 15 min at "
-              "each run's start) and how late the bench's own event loop (load generator and "
-              "origins) ran a 0.1 s timer — a late loop adds to every latency:", "", "```"]
-    for label, rs in runs.items():
-        for r in rs:
-            lags = [lag * 1000 for _, lag in r.loop_lag]
-            lines.append(f"{label:<15} seed {r.seed}: load {loads.pop(0) if loads else '?'}; "
-                         f"loop lag p50 {percentile(lags, 50):.0f} ms, p99 "
-                         f"{percentile(lags, 99):.0f} ms, max {max(lags, default=0):.0f} ms")
-    lines += ["```", ""]
-    if runs["ballast"][0].after_restart:
-        lines += ["What the restarted Ballast recorded first in its first run (seconds into the "
-                  "run):", "", "```", *runs["ballast"][0].after_restart, "```", ""]
-    return lines
+def _commit() -> str:
+    """The commit the bench ran at, marked when the work tree had changes."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, check=True,
+                              capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=ROOT, check=True, capture_output=True, text=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + (" with uncommitted changes" if dirty.strip() else "")
 
 
 async def run_scenario(
-    scenario: Scenario, out: Path, *, seeds: list[int], command: str, workdir: Path
-) -> tuple[list[tuple[Metric, dict[str, Spread]]], dict[str, list[RunResult]]]:
-    runs: dict[str, list[RunResult]] = {v: [] for v in scenario.variants}
-    loads: dict[str, list[str]] = {v: [] for v in scenario.variants}
+    scenario: Scenario, out: Path, *, seeds: list[int], command: str, workdir: Path,
+    smoke_run: bool = False,
+) -> tuple[list[tuple[str, Rows]], dict[str, list[RunResult]]]:
+    """Every run of every variant, each kept in its file under out/NAME/; then the report,
+    computed from those files (`report_from`)."""
+    data = out / scenario.name
+    if data.exists():  # current results only: the scenario's earlier runs go
+        shutil.rmtree(data)
+    meta: dict[str, Any] = {
+        "scenario": scenario.name, "smoke": smoke_run, "command": command, "out": str(out),
+        "commit": _commit(), "machine": _machine(), "started": _now(), "ended": "",
+        "seeds": seeds, "variants": list(scenario.variants), "runs": [],
+    }
     for i, seed in enumerate(seeds):
         for variant in scenario.variants:
+            load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
             print(f"{scenario.name}: run {i + 1}/{len(seeds)} {variant} (seed {seed}, "
-                  f"{scenario.duration_s:.0f} s, load {_load()})", flush=True)
-            load = _load()
+                  f"{scenario.duration_s:g} s, load {load})", flush=True)
+            entry: dict[str, Any] = {"run": i, "variant": variant, "seed": seed}
             try:
-                run = await run_variant(scenario, variant, workdir / f"{variant}-{i}", seed)
+                run = await run_variant(scenario, variant, workdir / f"{variant}-{i}", seed, i)
             except (RuntimeError, TimeoutError, OSError) as err:  # the report counts the runs
                 print(f"{scenario.name}: run {i + 1} {variant} failed: {err!s:.300}", flush=True)
-                continue
-            loads[variant].append(load)
-            runs[variant].append(run)
-        ballast = runs["ballast"][-1] if runs["ballast"] else None
-        if ballast is not None and ballast.seed == seed and len(ballast.events) >= 2:
-            killed = ballast.events[0][0]  # restart: the same span for every variant of the run
-            span = (killed, first_shift_after(ballast, ballast.events[1][0]))
-            for rs in runs.values():
-                if rs and rs[-1].seed == seed:
-                    rs[-1].focus = span
-    runs = {v: rs for v, rs in runs.items() if rs}
+                entry["failed"] = f"{err!s:.300}"
+            else:
+                entry["file"] = write_run(data, run).name
+            meta["runs"].append(entry)
+    meta["ended"] = _now()
+    write_meta(data, meta)
+    return report_from(out, scenario.name)
+
+
+def report_from(out: Path, name: str) -> tuple[list[tuple[str, Rows]], dict[str, list[RunResult]]]:
+    """out/NAME.md and its plots, from out/NAME/'s files alone."""
+    meta = read_meta(out / name)
+    scenario = smoke(SCENARIOS[name]) if meta["smoke"] else SCENARIOS[name]
+    runs = read_runs(out / name, meta)
     if "ballast" not in runs:
-        raise RuntimeError(f"{scenario.name}: every Ballast run failed")
-    ordered = [load for v in scenario.variants for load in loads[v]]
-    rows = write_report(
-        scenario, runs, out, command=command, machine=_machine(), load=_load() + " at the end",
-        date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        extra=_extra(scenario, runs, ordered),
-    )
-    return rows, runs
+        raise RuntimeError(f"{name}: every Ballast run failed")
+    focus_on_restart(runs)
+    return write_report(scenario, runs, out, meta), runs
+
+
+def _print(name: str, out: Path, tables: list[tuple[str, Rows]]) -> None:
+    scenario = SCENARIOS[name]
+    for _, rows in tables:
+        for metric, spreads in rows:
+            print(f"{metric.name:<75} " + "  ".join(
+                f"{v} {s.median:9.1f}" for v, s in spreads.items()), flush=True)
+    print(f"report: {out / (name + '.md')} {dict(summary_counts(tables))}", flush=True)
+    print("README row: " + summary_row(scenario, tables), flush=True)
+
+
+def report(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.scenarios report",
+                                     description="Recompute reports from their runs' files.")
+    parser.add_argument("out", type=Path, help="the reports' directory (docs/scenarios)")
+    parser.add_argument("names", nargs="*", help="scenarios (default: every one with data)")
+    args = parser.parse_args(argv)
+    unknown = set(args.names) - set(SCENARIOS)
+    if unknown:
+        parser.error(f"no such scenario: {', '.join(sorted(unknown))}")
+    names = args.names or [n for n in SCENARIOS if (args.out / n / META).exists()]
+    if not names:
+        parser.error(f"no scenario data in {args.out}")
+    for name in names:
+        tables, _ = report_from(args.out, name)
+        _print(name, args.out, tables)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.scenarios", description=__doc__)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["report"]:
+        return report(argv[1:])
+    parser = argparse.ArgumentParser(prog="python -m bench.scenarios", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("names", nargs="+", choices=[*sorted(SCENARIOS), "all"])
     parser.add_argument("--out", type=Path, default=Path("docs/scenarios"))
     parser.add_argument("--smoke", action="store_true", help="seconds, not a measurement")
@@ -105,17 +145,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.runs < 1:
         parser.error("--runs must be at least 1")
     names = list(SCENARIOS) if "all" in args.names else args.names
-    command = "python -m bench.scenarios " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python -m bench.scenarios " + " ".join(argv)
     seeds = [args.seed + i for i in range(args.runs)]
     for name in names:
         scenario = smoke(SCENARIOS[name]) if args.smoke else SCENARIOS[name]
         with tempfile.TemporaryDirectory(prefix=f"ballast-scenario-{name}-") as tmp:
-            rows, _ = asyncio.run(run_scenario(scenario, args.out, seeds=seeds,
-                                               command=command.strip(), workdir=Path(tmp)))
-        for metric, spreads in rows:
-            print(f"{metric.name:<75} " + "  ".join(
-                f"{v} {s.median:9.1f}" for v, s in spreads.items()), flush=True)
-        print(f"report: {args.out / (name + '.md')} {dict(summary_counts(rows))}", flush=True)
+            tables, _ = asyncio.run(run_scenario(
+                scenario, args.out, seeds=seeds, command=command.strip(), workdir=Path(tmp),
+                smoke_run=args.smoke))
+        _print(name, args.out, tables)
     return 0
 
 

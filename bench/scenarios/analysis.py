@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -15,15 +16,18 @@ from bench.scenarios.origin import OriginStats
 
 @dataclass
 class RunResult:
-    """Everything one variant (Ballast or baseline) of a scenario recorded, times in seconds
-    after the load started."""
+    """Everything one variant (Ballast or baseline) of a scenario recorded in one run, times in
+    seconds after the load started. `store.write_run` keeps it (every request with its origin
+    attempts), `store.read_run` reads it back: reports are computed from what was read."""
 
-    label: str
-    samples: list[Sample]
+    label: str  # the variant
+    samples: list[Sample]  # every request the load sent, with its attempts at the origins
     seed: int = 0
-    schedule: list[tuple[int, float, str, str, str]] = field(default_factory=list)
+    run: int = 0  # which of the interleaved runs (0, 1, ...)
     weights: list[tuple[float, str, dict[str, int]]] = field(default_factory=list)
-    origin_load: list[tuple[float, str, int]] = field(default_factory=list)
+    # (t, pop, hosts out): a baseline's hosts failing their health check (`:hc`) or ejected by
+    # outlier detection (`:od`), sampled with the weights
+    unhealthy: list[tuple[float, str, tuple[str, ...]]] = field(default_factory=list)
     records: list[tuple[float, str, str]] = field(default_factory=list)  # (t, kind, pop)
     events: list[tuple[float, str]] = field(default_factory=list)  # (t, what), e.g. kill -9
     # (t, s): how late the bench's own event loop ran a 0.1 s timer; large values mean the
@@ -33,18 +37,29 @@ class RunResult:
     origin_stats: list[tuple[float, str, OriginStats]] = field(default_factory=list)
     decisions: Counter[str] = field(default_factory=Counter)  # Ballast's records by kind
     decision_examples: dict[str, str] = field(default_factory=dict)  # kind → its first rule
-    # restart: the span from the kill to Ballast's next shift in this run's Ballast variant
-    focus: tuple[float, float] | None = None
     # the issue-21 checks on Ballast's records (`held_though_better`, `shed_while_idle`):
     # how many records each check looked at, and the words of each record that failed it
     nowhere_better: int = 0  # "nowhere better" holds recorded
     held_though_better: list[str] = field(default_factory=list)
     shed_onsets: int = 0  # tier_action on (with a shed tier) and tier_shed on
     shed_with_idle_slots: list[str] = field(default_factory=list)
+    envoy_stats: dict[str, dict[str, int]] = field(default_factory=dict)  # pop → counters
+    probes: dict[str, dict[str, int]] = field(default_factory=dict)  # origin → path → count
+    load_before: str = ""  # the machine's load average (1, 5, 15 min) at the run's start
+    load_after: str = ""  # ... and at its end
+    started_utc: str = ""
+    # restart: the span from the kill to Ballast's next shift in this run's Ballast variant
+    # (`focus_on_restart`, computed from the runs, not stored)
+    focus: tuple[float, float] | None = None
+
+    @property
+    def origin_load(self) -> list[tuple[float, str, int]]:
+        return [(t, name, st.load) for t, name, st in self.origin_stats]
 
 
 def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile; nan for no values."""
+    """Nearest-rank percentile; nan for no values (inf when the rank falls on an infinite
+    value: `every_latency`)."""
     if not values:
         return math.nan
     ordered = sorted(values)
@@ -83,6 +98,21 @@ def statuses(samples: Iterable[Sample]) -> Counter[int]:
 
 def answered(samples: Iterable[Sample]) -> list[Sample]:
     return [s for s in samples if not failed(s)]
+
+
+def goodput(samples: Sequence[Sample], deadline_s: float) -> float:
+    """Share of `samples` answered 200 by an origin within `deadline_s` of being sent: what the
+    users got in time. A late 200 is no better than an error; nan for no samples."""
+    if not samples:
+        return math.nan
+    return sum(not failed(s) and s.latency_ms <= deadline_s * 1000 for s in samples) / len(samples)
+
+
+def every_latency(samples: Iterable[Sample]) -> list[float]:
+    """The latency of every request, a request without its intended answer counted as
+    infinitely late: percentiles of these are what every user saw, and a variant cannot
+    improve them by failing its slow requests."""
+    return [math.inf if failed(s) else s.latency_ms for s in samples]
 
 
 def latencies(samples: Iterable[Sample]) -> list[float]:
@@ -279,3 +309,68 @@ def shed_while_idle(record: Record, guarantees: Mapping[str, int]) -> str | None
         return (f"{pop}: {tier} peaked at {demand:g} of its {slots} slots, nothing pending "
                 f"(trigger {inputs.get('trigger')})")
     return None
+
+
+def focus_on_restart(runs: Mapping[str, Sequence[RunResult]]) -> None:
+    """restart: every variant's run of a seed gets the same span, from Ballast's kill in that
+    seed's run to its first weight shift after the restart (`RunResult.focus`)."""
+    for ballast in runs.get("ballast", ()):
+        if len(ballast.events) < 2:
+            continue
+        killed = ballast.events[0][0]
+        span = (killed, first_shift_after(ballast, ballast.events[1][0]))
+        for rs in runs.values():
+            for r in rs:
+                if r.seed == ballast.seed:
+                    r.focus = span
+
+
+# --- the priority-inversion check (issue 35): "a critical request was shed or timed out while a
+# lower-tier request started at the same origin within 50 ms" ------------------------------------
+
+INVERSION_WINDOW_S = 0.05
+TIER_RANK = {"critical": 0, "normal": 1, "background": 2}
+LOST = ("shed", "deferred", "timeout")  # the causes the check looks at
+
+
+@dataclass(frozen=True)
+class Inversions:
+    """One run's count: `lost` critical requests shed (or deferred) or timed out, `inverted`
+    of them with a lower-tier request starting work at the same origin within the window of
+    the moment the critical one was lost (its client's end), and the `starts` of lower-tier
+    requests involved (each counted once)."""
+
+    lost: int
+    inverted: int
+    starts: int
+
+
+def inversions(run: RunResult, window_s: float = INVERSION_WINDOW_S) -> Inversions:
+    """`Inversions` of one run from its requests and their origin attempts. "The same origin":
+    an origin the critical request had an attempt at; one shed at the edge before reaching
+    any could have gone to every origin of the run."""
+    starts: dict[str, list[tuple[float, int]]] = defaultdict(list)
+    for s in run.samples:
+        if TIER_RANK[s.tier] > TIER_RANK["critical"]:
+            for v in s.attempts:
+                if v.start is not None:
+                    starts[v.origin].append((v.start, s.n))
+    for values in starts.values():
+        values.sort()
+    lost = inverted = 0
+    involved: set[tuple[str, int, float]] = set()
+    for s in run.samples:
+        if s.tier != "critical" or s.cause not in LOST:
+            continue
+        lost += 1
+        where = {v.origin for v in s.attempts if not v.mirror} or set(starts)
+        found = set()
+        for origin in where:
+            values = starts.get(origin, [])
+            i = bisect.bisect_left(values, (s.end - window_s, -1))
+            while i < len(values) and values[i][0] <= s.end + window_s:
+                found.add((origin, values[i][1], values[i][0]))
+                i += 1
+        inverted += bool(found)
+        involved |= found
+    return Inversions(lost, inverted, len(involved))

@@ -21,8 +21,12 @@ from functools import cache
 
 import aiohttp
 
-SHED_HEADER = "x-ballast-shed"
+SHED_HEADER = "x-ballast-shed"  # Ballast's edge answered for a tier (shed_action, overflow)
+# Envoy's own local reply when a circuit breaker overflows (a baseline's pool or queue is full):
+# the edge answered instead of an origin, as Ballast's overflow does
+OVERLOADED_HEADER = "x-envoy-overloaded"
 REQUEST_HEADER = "x-bench-request"
+CLIENT_TIMEOUT_S = 10.0  # a user gives up after this (above every edge's route timeout)
 ZIPF_S = 1.2
 
 
@@ -73,6 +77,20 @@ CAUSES = ("shed", "deferred", "5xx", "timeout", "reset", "other")
 
 
 @dataclass(frozen=True)
+class Visit:
+    """One attempt of a request at an origin as the origin saw it (`origin.Attempt`), times in
+    seconds after the load started: `start` None when no worker took it."""
+
+    origin: str
+    host: int  # which of the origin's ports
+    arrive: float
+    start: float | None
+    end: float | None
+    result: str  # origin.ANSWERED, INJECTED, OVERLOADED, REFUSED, LEFT, ABANDONED
+    mirror: bool = False  # a mirrored copy (the client never sees its answer)
+
+
+@dataclass(frozen=True)
 class Sample:
     at: float  # when it was sent, seconds after the load starts
     pop: str
@@ -80,9 +98,20 @@ class Sample:
     status: int  # 0: no answer (see `cause`)
     latency_ms: float
     origin: str  # x-origin of the answer, "" when none
-    shed: bool  # Ballast's edge answered for the tier controller (x-ballast-shed)
+    shed: bool  # the edge answered instead of an origin (x-ballast-shed, x-envoy-overloaded)
     timed_out: bool = False  # no answer within the client's timeout (else a reset, status 0)
     n: int = -1
+    path: str = ""
+    attempts: tuple[Visit, ...] = ()  # every attempt an origin saw, mirrored copies too
+
+    @property
+    def tier(self) -> str:
+        return KINDS[self.kind].tier
+
+    @property
+    def end(self) -> float:
+        """When the client had its answer (or gave up), seconds after the load starts."""
+        return self.at + self.latency_ms / 1000
 
     @property
     def cause(self) -> str:
@@ -151,25 +180,27 @@ async def _one(session: aiohttp.ClientSession, url: str, request: Request, start
             await response.read()
             status = response.status
             origin = response.headers.get("x-origin", "")
-            shed = SHED_HEADER in response.headers
+            shed = SHED_HEADER in response.headers or OVERLOADED_HEADER in response.headers
     except TimeoutError:
         timed_out = True
     except aiohttp.ClientError:
         pass
     return Sample(sent - started, request.pop, request.kind, status,
-                  (time.monotonic() - sent) * 1000, origin, shed, timed_out, request.n)
+                  (time.monotonic() - sent) * 1000, origin, shed, timed_out, request.n,
+                  request.path)
 
 
 async def run_load(
-    requests: list[Request], base_urls: dict[str, str], timeout_s: float = 10.0
-) -> tuple[list[Sample], float]:
-    """Send `requests` on time; the samples and the wall-clock start (time.time()). The
-    client's timeout is above every edge timeout, so a timeout here is the edge's too."""
+    requests: list[Request], base_urls: dict[str, str], started: float,
+    timeout_s: float = CLIENT_TIMEOUT_S,
+) -> list[Sample]:
+    """Send `requests` on time, request.at seconds after `started` (time.monotonic()); the
+    samples. The client's timeout is above every edge timeout, so a timeout here is the
+    edge's too."""
     connector = aiohttp.TCPConnector(limit=2000, force_close=False)
     async with aiohttp.ClientSession(
         connector=connector, timeout=aiohttp.ClientTimeout(total=timeout_s)
     ) as session:
-        wall, started = time.time(), time.monotonic()
         tasks = []
         for request in requests:
             delay = request.at - (time.monotonic() - started)
@@ -177,5 +208,4 @@ async def run_load(
                 await asyncio.sleep(delay)
             tasks.append(asyncio.create_task(
                 _one(session, base_urls[request.pop], request, started)))
-        samples = list(await asyncio.gather(*tasks))
-    return samples, wall
+        return list(await asyncio.gather(*tasks))

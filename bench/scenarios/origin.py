@@ -22,7 +22,11 @@ origins.
   (`x-ballast-pop`) when the script says so.
 - **Health**: `/healthz` is shallow (answered at once, as seed 002 warns: it "kept returning 200
   while real user paths were timing out"); `/healthz/cacheable` is a cacheable request like any
-  other.
+  other (the deep check: Ballast's probe path, and the `binary-deep` baseline's).
+- **Every attempt kept**: each request that reaches the origin (a retry, a mirrored copy) is
+  one `Attempt`: which host (port) it came to, when it arrived, when a worker started on it,
+  when the worker was free again, and how it ended. The report joins them to the client's
+  requests by request number; probes are only counted (`probes`).
 
 Random draws: a request's latency and error come from its own stream, keyed by the seed, the
 origin, the request number the load generator sends (`x-bench-request`) and the attempt at this
@@ -39,6 +43,7 @@ import random
 import time
 from collections import Counter
 from dataclasses import dataclass
+from functools import partial
 
 from aiohttp import web
 
@@ -48,6 +53,7 @@ POP_HEADER = "x-ballast-pop"
 SIGMA = 0.35  # log-normal spread: p95 ≈ 1.8 x p50
 SHALLOW_HEALTH = "/healthz"
 UNCACHEABLE_PREFIX = "/api/"
+MIRROR_SUFFIX = "-shadow"  # Envoy appends it to the host of a mirrored copy's Host (port after)
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,28 @@ class OriginSpec:
     healthy_p50_ms: float = 30.0
     abandon_after_s: float = 0.5
     endpoints: int = 1  # listening ports: the hosts Envoy sees
+
+
+# how an attempt ended at the origin
+ANSWERED, INJECTED, OVERLOADED, REFUSED, LEFT, ABANDONED = (
+    "200", "500", "overloaded", "refused", "left", "abandoned")
+
+
+@dataclass
+class Attempt:
+    """One request's visit to an origin, times in the origin's clock (time.monotonic()) until
+    the runner moves them onto the run's: `start` is None when no worker took it (refused,
+    overloaded, or its client left while it waited); `end` is when the worker was free again
+    (for an abandoned one, up to `abandon_after_s` after its client left)."""
+
+    rid: str  # the request's number (x-bench-request)
+    origin: str
+    host: int  # which of the origin's ports (the host Envoy chose)
+    arrive: float
+    start: float | None = None
+    end: float | None = None
+    result: str = ""
+    mirror: bool = False  # a copy Envoy's request mirroring sent (Host ends in -shadow)
 
 
 @dataclass(frozen=True)
@@ -107,6 +135,8 @@ class ScriptedOrigin:
         self._attempts: Counter[str] = Counter()
         self._runners: list[web.AppRunner] = []
         self._background: set[asyncio.Task[None]] = set()
+        self.attempts: list[Attempt] = []
+        self.probes: Counter[str] = Counter()  # health-check path → requests
 
     def warm(self, paths: list[str]) -> None:
         """Paths already in the origin's cache when the run starts."""
@@ -156,15 +186,23 @@ class ScriptedOrigin:
             return seconds + self.spec.miss_ms / 1000 * math.exp(rng.gauss(0.0, SIGMA))
         return seconds
 
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
+    async def _handle(self, request: web.Request, host: int) -> web.StreamResponse:
         headers = {"x-origin": self.name}
+        rid = request.headers.get(REQUEST_HEADER, "")
+        if request.path == SHALLOW_HEALTH or not rid:
+            self.probes[request.path] += 1
         if request.path == SHALLOW_HEALTH:
             return web.Response(text=f"{self.name}\n", headers=headers)
+        attempt = Attempt(rid, self.name, host, time.monotonic(),
+                          mirror=request.host.partition(":")[0].endswith(MIRROR_SUFFIX))
+        if rid:
+            self.attempts.append(attempt)
         transport = request.transport
         if transport is not None and transport not in self._connections:
             cap = self.spec.max_connections
             if cap and self.stats().connections >= cap:
                 self.refused += 1
+                attempt.end, attempt.result = attempt.arrive, REFUSED
                 return web.Response(status=503, text="too many connections\n",
                                     headers={**headers, "connection": "close"})
             self._connections.add(transport)
@@ -177,16 +215,20 @@ class ScriptedOrigin:
         if self._slots is not None:
             if self._slots.locked() and self.waiting >= self.spec.max_waiting:
                 self.overloaded += 1
+                attempt.end, attempt.result = attempt.arrive, OVERLOADED
                 return web.Response(status=503, text="overloaded\n", headers=headers)
             self.waiting += 1
             try:
                 await self._slots.acquire()  # a client that leaves here leaves the line
+            except asyncio.CancelledError:
+                attempt.end, attempt.result = time.monotonic(), LEFT
+                raise
             finally:
                 self.waiting -= 1
-        return await self._work(request, rng, b, headers, setup)
+        return await self._work(request, rng, b, headers, setup, attempt)
 
     async def _work(self, request: web.Request, rng: random.Random, b: Behaviour,
-                    headers: dict[str, str], setup: float) -> web.Response:
+                    headers: dict[str, str], setup: float, attempt: Attempt) -> web.Response:
         hit = self._hit(request.path)
         cacheable = self.spec.cache_ttl_s is not None and not request.path.startswith(
             UNCACHEABLE_PREFIX)
@@ -196,18 +238,22 @@ class ScriptedOrigin:
         seconds = setup + self.work_s(rng, b, request.path, hit)
         failed = rng.random() < b.error_rate
         self.working += 1
-        started = time.monotonic()
+        started = attempt.start = time.monotonic()
         try:
             await asyncio.sleep(seconds)
         except asyncio.CancelledError:
             # the client left: the work goes on for at most abandon_after_s, holding its worker
             self.abandoned += 1
+            attempt.result = ABANDONED
             rest = min(seconds - (time.monotonic() - started), self.spec.abandon_after_s)
-            task = asyncio.get_running_loop().create_task(self._finish(max(0.0, rest)))
+            task = asyncio.get_running_loop().create_task(self._finish(max(0.0, rest),
+                                                                       attempt))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
             raise
         self._done()
+        attempt.end = time.monotonic()
+        attempt.result = INJECTED if failed else ANSWERED
         if failed:
             return web.Response(status=500, text="injected\n", headers=headers)
         if cacheable and not hit:
@@ -219,16 +265,17 @@ class ScriptedOrigin:
         if self._slots is not None:
             self._slots.release()
 
-    async def _finish(self, seconds: float) -> None:
+    async def _finish(self, seconds: float, attempt: Attempt) -> None:
         try:
             await asyncio.sleep(seconds)
         finally:
             self._done()
+            attempt.end = time.monotonic()
 
     async def start(self) -> ScriptedOrigin:
-        for port in self.ports:
+        for host, port in enumerate(self.ports):
             app = web.Application()
-            app.router.add_route("*", "/{tail:.*}", self._handle)
+            app.router.add_route("*", "/{tail:.*}", partial(self._handle, host=host))
             runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
             await runner.setup()
             await web.TCPSite(runner, "127.0.0.1", port).start()

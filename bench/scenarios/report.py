@@ -1,59 +1,90 @@
-"""The report of a scenario over its repeated runs: the headline as median and range per
-variant with a verdict only where the ranges do not overlap, the errors by cause and status per
-tier, the standby's warming, the real origin split against the weights, the baselines' full
-configs, the time compression, PNG plots (matplotlib, Agg) of the first run of each variant."""
+"""The report of a scenario over its repeated runs, computed from the runs' files alone
+(`store.read_runs`) by `render`: goodput within each tier's deadline as the headline, beside
+the raw error rate; percentiles of every request (a miss counted as infinitely late) beside
+those of answered requests; median and range per variant with a verdict only where the ranges
+do not overlap; the checks (priority inversions, Ballast's decision records); Envoy's own
+counters showing each baseline's mechanisms act; every failed request by cause; the standby's
+warming; the machine's load per run; what the time compression costs; every variant's
+configuration in full."""
 
 from __future__ import annotations
 
 import json
 import math
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-from PIL import Image
+from typing import Any
 
 from bench.scenarios.analysis import (
+    TIER_RANK,
     RunResult,
     Spread,
     between,
     causes,
     error_rate,
+    every_latency,
     failed,
+    goodput,
+    inversions,
     latencies,
     mean_weight,
     origin_rates,
     origin_requests,
     peak_load,
     percentile,
-    series,
     shed_rate,
     statuses,
     verdict,
     weight_travel,
 )
-from bench.scenarios.load import CAUSES, MIX
-from bench.scenarios.runner import Scenario
+from bench.scenarios.load import CAUSES, CLIENT_TIMEOUT_S, MIX, Sample
+from bench.scenarios.plots import write_plots
+from bench.scenarios.runner import Scenario, scenario_tiers
 from bench.scenarios.stack import (
+    CLASSIFIER,
     FAILOVER_BASELINES,
+    OUTLIER_INTERVAL_S,
+    PRIORITY_BASELINES,
     ballast_desired,
     failover_bootstrap,
+    give_up_s,
+    outlier_volume,
     priority_bootstrap,
 )
 from bench.scenarios.timers import COMPRESSION, compressed
 from bench.scenarios.timers import table as timer_table
 
-COLOURS = {"ballast": "tab:blue", "binary": "tab:red", "priority-spill": "tab:orange",
-           "fifo": "tab:red", "static-tiers": "tab:orange"}
-TIER_OF = {k.name: k.tier for k in MIX}
-DPI = 72
 FELL_OVER_ERRORS = 0.10  # a standby "falls over" when over 10 % of what it answers fails ...
 TAKEOVER = 0.5  # ... in the seconds after it first carries half the offered load
+
+
+@dataclass(frozen=True)
+class Deadline:
+    tier: str
+    seconds: float
+    source: str
+
+
+# An answer later than seed 000's edge would have waited for (`stack.give_up_s`) is lost.
+DEADLINES = {
+    tier: Deadline(tier, give_up_s(tier), f"seed 000 tier {TIER_RANK[tier]}: `timeoutMs: "
+                   f"{timeout_ms}` x (1 + `retryBudget: {budget}`)")
+    for tier, (timeout_ms, budget) in CLASSIFIER.items()
+}
+
+
+def deadline_s(sample: Sample) -> float:
+    return DEADLINES[sample.tier].seconds
+
+
+def on_time(samples: Sequence[Sample]) -> float:
+    """Share answered 200 within each request's own tier's deadline (`goodput` per tier)."""
+    if not samples:
+        return math.nan
+    return sum(not failed(s) and s.latency_ms <= deadline_s(s) * 1000
+               for s in samples) / len(samples)
 
 
 @dataclass(frozen=True)
@@ -64,14 +95,58 @@ class Metric:
     judged: bool = True  # False: a description (a split, a weight), no better or worse
 
 
+Rows = list[tuple[Metric, dict[str, Spread]]]
+
+
 def window(scenario: Scenario) -> tuple[float, float]:
     a, b = scenario.incident
     return a * scenario.duration_s, b * scenario.duration_s
 
 
-def _during(scenario: Scenario, run: RunResult, kind: str = "") -> list:
+def _during(scenario: Scenario, run: RunResult, kind: str = "") -> list[Sample]:
     start, end = window(scenario)
     return [s for s in between(run.samples, start, end) if not kind or s.kind == kind]
+
+
+# --- the headline -----------------------------------------------------------------------------
+
+
+def goodput_metrics() -> list[Metric]:
+    rows = [Metric("all requests: answered within their tier's deadline (%)",
+                   lambda sc, r: 100 * on_time(_during(sc, r)), smaller_is_better=False)]
+    for kind in MIX:
+        d = DEADLINES[kind.tier].seconds
+        rows.append(Metric(f"{kind.name} ({kind.tier}): answered within {d:g} s (%)",
+                           lambda sc, r, k=kind.name, d=d: 100 * goodput(_during(sc, r, k), d),
+                           smaller_is_better=False))
+    rows.append(Metric("all requests: error rate, every cause (%)",
+                       lambda sc, r: 100 * error_rate(_during(sc, r))))
+    for kind in MIX:
+        rows.append(Metric(f"{kind.name}: error rate, every cause (%)",
+                           lambda sc, r, k=kind.name: 100 * error_rate(_during(sc, r, k))))
+    rows.append(Metric("checkout: shed at the edge (%)",
+                       lambda sc, r: 100 * shed_rate(_during(sc, r, "checkout"))))
+    rows.append(Metric("image: shed at the edge (%)",
+                       lambda sc, r: 100 * shed_rate(_during(sc, r, "image"))))
+    return rows
+
+
+QUANTILES = {"checkout": (50, 95, 99), "html": (50, 95), "image": (50, 95)}
+
+
+def latency_metrics() -> list[Metric]:
+    rows = []
+    for kind, qs in QUANTILES.items():
+        for q in qs:
+            rows.append(Metric(f"{kind}: p{q} of every request (ms; a miss is ∞)",
+                               lambda sc, r, k=kind, q=q: percentile(
+                                   every_latency(_during(sc, r, k)), q)))
+            rows.append(Metric(f"{kind}: p{q} of answered requests (ms)",
+                               lambda sc, r, k=kind, q=q: percentile(
+                                   latencies(_during(sc, r, k)), q)))
+        rows.append(Metric(f"{kind}: not answered, left out of the line above (count)",
+                           lambda sc, r, k=kind: sum(failed(s) for s in _during(sc, r, k))))
+    return rows
 
 
 def _takeover(scenario: Scenario, run: RunResult) -> float:
@@ -106,65 +181,6 @@ def _weight_moved(scenario: Scenario, run: RunResult) -> float:
     return sum(weight_travel(run, p, "primary") for p in scenario.pops)
 
 
-def _kind_metrics(kind: str, quantiles: tuple[int, ...]) -> list[Metric]:
-    out = [Metric(f"{kind}: error rate (%)",
-                  lambda sc, r: 100 * error_rate(_during(sc, r, kind)))]
-    out += [Metric(f"{kind}: p{q} of answered (ms)",
-                   lambda sc, r, q=q: percentile(latencies(_during(sc, r, kind)), q))
-            for q in quantiles]
-    out.append(Metric(f"{kind}: not answered, excluded from its latencies (count)",
-                      lambda sc, r: sum(failed(s) for s in _during(sc, r, kind))))
-    return out
-
-
-def metrics(scenario: Scenario) -> list[Metric]:
-    rows = [Metric("error rate during the incident, every cause (%)",
-                   lambda sc, r: 100 * error_rate(_during(sc, r)))]
-    rows += _kind_metrics("checkout", (50, 95, 99))
-    rows.append(Metric("checkout: shed by the edge (%)",
-                       lambda sc, r: 100 * shed_rate(_during(sc, r, "checkout"))))
-    rows += _kind_metrics("html", (50, 95))
-    rows += [Metric("image: error rate (%)",
-                    lambda sc, r: 100 * error_rate(_during(sc, r, "image"))),
-             Metric("image: shed by the edge (%)",
-                    lambda sc, r: 100 * shed_rate(_during(sc, r, "image")))]
-    if not scenario.standby:
-        origin = next(iter(scenario.origins))
-        return [*rows, Metric("origin: peak load (working + waiting)",
-                              lambda sc, r: peak_load(r, origin, 0, sc.duration_s))]
-    standby = scenario.standby
-    spec = scenario.origins[standby]
-    rows += [
-        Metric(f"standby: peak load (working + waiting; full at {spec.workers + spec.max_waiting})",
-               lambda sc, r: peak_load(r, standby, 0, sc.duration_s)),
-        Metric(f"standby: peak open connections (cap {spec.max_connections})",
-               lambda sc, r: _peak(r, standby, "connections")),
-        Metric("standby: not-200 share of its answers, 5 s after it took half the load (%)",
-               standby_errors_after_takeover),
-        Metric("standby: lowest hit ratio in those 5 s (%)", standby_hit_after_takeover, False),
-        Metric("standby: p95 of what it answered, first 10 s of the incident (ms)",
-               _standby_early_p95, judged=False),
-        Metric("standby: peak backend fetches/s",
-               lambda sc, r: max((f for *_, f, _ in origin_rates(r, standby)), default=0)),
-        Metric("standby: share of origin requests, incident, retries included (%)",
-               lambda sc, r: 100 * _split(sc, r), judged=False),
-        Metric("standby: mean weight, incident (%)",
-               lambda sc, r: mean_weight(r, standby, *window(sc)), judged=False),
-        Metric("weight moved (points up and down, all PoPs)", _weight_moved),
-    ]
-    if scenario.kill_at is not None:
-        rows.append(Metric("error rate from the kill to Ballast's next shift (%)", _after_kill))
-    return rows
-
-
-def _standby_early_p95(scenario: Scenario, run: RunResult) -> float:
-    """What clients waited for the standby's answers while it warmed: the latency a ramp's
-    "p95 over 800 ms" rule should see (retried requests include their first attempt)."""
-    start, _ = window(scenario)
-    return percentile([s.latency_ms for s in between(run.samples, start, start + 10)
-                       if s.origin == scenario.standby and s.status == 200], 95)
-
-
 def _split(scenario: Scenario, run: RunResult) -> float:
     start, end = window(scenario)
     got = {o: origin_requests(run, o, start, end) for o in scenario.origins}
@@ -178,6 +194,58 @@ def _after_kill(scenario: Scenario, run: RunResult) -> float:
     if run.focus is None:
         return math.nan
     return 100 * error_rate(between(run.samples, *run.focus))
+
+
+def _standby_early_p95(scenario: Scenario, run: RunResult) -> float:
+    """What clients waited for the standby's answers while it warmed (retried requests include
+    their first attempt)."""
+    start, _ = window(scenario)
+    return percentile([s.latency_ms for s in between(run.samples, start, start + 10)
+                       if s.origin == scenario.standby and s.status == 200], 95)
+
+
+def scenario_metrics(scenario: Scenario) -> list[Metric]:
+    if not scenario.standby:
+        origin = next(iter(scenario.origins))
+        return [Metric("origin: peak load (working + waiting)",
+                       lambda sc, r: peak_load(r, origin, 0, sc.duration_s), judged=False)]
+    standby = scenario.standby
+    spec = scenario.origins[standby]
+    rows = [
+        Metric(f"standby: peak load (working + waiting; full at {spec.workers + spec.max_waiting})",
+               lambda sc, r: peak_load(r, standby, 0, sc.duration_s)),
+        Metric(f"standby: peak open connections (cap {spec.max_connections})",
+               lambda sc, r: _peak(r, standby, "connections")),
+        Metric("standby: not-200 share of its answers, 5 s after it took half the load (%)",
+               standby_errors_after_takeover),
+        Metric("standby: lowest hit ratio in those 5 s (%)", standby_hit_after_takeover, False),
+        Metric("standby: p95 of what it answered, first 10 s of the incident (ms)",
+               _standby_early_p95, judged=False),
+        Metric("standby: share of origin requests, incident, retries included (%)",
+               lambda sc, r: 100 * _split(sc, r), judged=False),
+        Metric("standby: mean weight, incident (%)",
+               lambda sc, r: mean_weight(r, standby, *window(sc)), judged=False),
+        Metric("weight moved (points up and down, all PoPs)", _weight_moved),
+    ]
+    if scenario.kill_at is not None:
+        rows.append(Metric("error rate from the kill to Ballast's next shift (%)", _after_kill))
+    return rows
+
+
+def tables(scenario: Scenario, runs: Mapping[str, Sequence[RunResult]]
+           ) -> list[tuple[str, Rows]]:
+    """The report's three headline tables, each metric as a Spread over every variant's
+    runs."""
+    def spreads(metrics: list[Metric]) -> Rows:
+        return [(m, {v: Spread(tuple(m.fn(scenario, r) for r in rs)) for v, rs in runs.items()})
+                for m in metrics]
+
+    return [("Goodput within each tier's deadline, and the raw error rate", spreads(
+                goodput_metrics())),
+            ("Latency: of every request (a miss counts as ∞) beside answered requests only",
+             spreads(latency_metrics())),
+            ("What the scenario is about" if scenario.standby else "The origin",
+             spreads(scenario_metrics(scenario)))]
 
 
 def _num(value: float) -> str:
@@ -194,47 +262,301 @@ def _cell(spread: Spread) -> str:
     return f"{_num(spread.median)} [{_num(spread.low)}-{_num(spread.high)}]"
 
 
-def headline(scenario: Scenario, runs: dict[str, list[RunResult]]
-             ) -> list[tuple[Metric, dict[str, Spread]]]:
-    return [(m, {v: Spread(tuple(m.fn(scenario, r) for r in rs)) for v, rs in runs.items()})
-            for m in metrics(scenario)]
-
-
-def markdown_table(rows: Sequence[tuple[Metric, dict[str, Spread]]], variants: Sequence[str]
-                   ) -> str:
+def markdown_table(rows: Rows, variants: Sequence[str]) -> list[str]:
     baselines = [v for v in variants if v != "ballast"]
-    head = ["metric", *variants, *(f"Ballast vs {b}" for b in baselines)]
+    head = ["metric", *variants, *(f"vs {b}" for b in baselines)]
     lines = ["| " + " | ".join(head) + " |",
              "|---|" + "---:|" * len(variants) + "---|" * len(baselines)]
     for metric, spreads in rows:
         cells = [_cell(spreads[v]) for v in variants]
-        cells += [verdict(spreads["ballast"], spreads[b], metric.smaller_is_better)
-                  if metric.judged else "(description)" for b in baselines]
+        cells += [_short(verdict(spreads["ballast"], spreads[b], metric.smaller_is_better))
+                  if metric.judged else "" for b in baselines]
         lines.append(f"| {metric.name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return lines
 
 
-def breakdown(scenario: Scenario, runs: dict[str, list[RunResult]]) -> list[str]:
+def _short(word: str) -> str:
+    return {"better": "**better**", "worse": "**worse**", "no difference shown": "overlap"}.get(
+        word, word)
+
+
+def lost_rows(tables_: Sequence[tuple[str, Rows]]) -> list[tuple[Metric, str, Spread, Spread]]:
+    """(metric, baseline, the baseline's spread, Ballast's) wherever Ballast is worse."""
+    out = []
+    for _, rows in tables_:
+        for metric, spreads in rows:
+            for variant, spread in spreads.items():
+                if variant != "ballast" and metric.judged and verdict(
+                        spreads["ballast"], spread, metric.smaller_is_better) == "worse":
+                    out.append((metric, variant, spread, spreads["ballast"]))
+    return out
+
+
+def summary_counts(tables_: Sequence[tuple[str, Rows]]) -> Counter[str]:
+    """How many verdicts of each kind a report has (for the command's printout)."""
+    out: Counter[str] = Counter()
+    for _, rows in tables_:
+        for metric, spreads in rows:
+            for variant, spread in spreads.items():
+                if variant != "ballast" and metric.judged:
+                    out[verdict(spreads["ballast"], spread, metric.smaller_is_better)] += 1
+    return out
+
+
+# --- why Ballast loses a row, from the records ---------------------------------------------------
+
+KIND_OF_METRIC = {k.name: k for k in MIX}
+
+# the mechanisms behind a lost row, Ballast's side; the numbers under them come from this
+# report's own requests and records
+WHY = {
+    ("failover", "checkout"): (
+        "Ballast moves weight off a sick primary a step per tick after two breached windows, so "
+        "part of the traffic stays on it while it bleeds: what stays meets its 5xx rate and its "
+        "creeping latency, and Ballast's critical route (0.8 s queue + 2 s x 3 attempts) lets a "
+        "slow request finish late where the baselines' 4 s route timeout fails it"),
+    ("failover", "html"): (
+        "the same share left on the sick primary; the normal tier's route allows 9.5 s where "
+        "the baselines allow 4 s, so a slow request is answered late instead of failing"),
+    ("failover", "image"): (
+        "the background tier holds 5 % of the group's slots and its queue is bounded in time "
+        "(slots x 3000 ms / the origins' p50): behind a primary that slows and fails, image "
+        "revalidation overflows it and is shed at the edge, where a baseline's single pool "
+        "serves it beside everything else"),
+    ("failover", "all"): (
+        "the sum of the tiers' rows: Ballast keeps part of the load on the bleeding primary "
+        "while its shift proceeds, and sheds background work it cannot queue"),
+    ("priority", "checkout"): (
+        "the critical tier's queue is bounded in time (seed 000's 800 ms `queue_timeout`: its "
+        "limit is its slots x 800 ms / the origin's measured p50), so a checkout request that "
+        "finds it full is answered 503 at the edge at once; its slots are 70 % of the origin's "
+        "and the tier controller lends only idle ones: while every tier wants more than its "
+        "slots, critical cannot take any back (issue 35's priority inversion)"),
+    ("priority", "html"): (
+        "while checkout's pool wait is over its trigger the tier controller demotes half of the "
+        "normal tier into the background pool, and both pools' queues are bounded in time: "
+        "HTML past them is answered 503 at the edge at once"),
+    ("priority", "image"): (
+        "background requests are shed at the edge while the tier controller protects checkout "
+        "(seed 000: shed P2 first) and when the background tier's time-bounded queue overflows"),
+    ("priority", "all"): (
+        "the sum of the tiers' rows: the tier controller sheds and demotes lower tiers at the "
+        "edge, and its critical queue sheds what it cannot serve within 800 ms"),
+}
+
+
+def _family(scenario: Scenario) -> str:
+    return "failover" if scenario.standby else "priority"
+
+
+def _metric_kind(metric: Metric) -> str:
+    word = metric.name.split(":")[0].split(" ")[0]
+    if word in KIND_OF_METRIC:
+        return word
+    if word in ("all", "error"):
+        return "all"
+    return ""
+
+
+def _causes_line(samples: Sequence[Sample]) -> str:
+    why = causes(samples)
+    late = sum(not failed(s) and s.latency_ms > deadline_s(s) * 1000 for s in samples)
+    parts = [f"{why[c]} {c}" for c in CAUSES if why.get(c)]
+    return (f"{len(samples)} requests: " + (", ".join(parts) or "none failed")
+            + f"; {late} answered after the deadline")
+
+
+def where_ballast_loses(scenario: Scenario, runs: Mapping[str, Sequence[RunResult]],
+                        tables_: Sequence[tuple[str, Rows]]) -> list[str]:
+    lines = ["## Where Ballast loses, and why", ""]
+    lost = lost_rows(tables_)
+    if not lost:
+        return [*lines, "No row where a baseline's range lies wholly on the better side of "
+                "Ballast's; rows marked \"overlap\" are wins for neither.", ""]
+    for metric, variant, theirs, ours in lost:
+        lines.append(f"- **{metric.name}** against {variant}: {_cell(ours)} vs {_cell(theirs)}")
+    lines += ["", "From the requests of every run (incident window, all runs together) and "
+              "Ballast's records:", ""]
+    kinds = sorted({_metric_kind(m) for m, *_ in lost} - {""},
+                   key=lambda k: [*KIND_OF_METRIC, "all"].index(k))
+    family = _family(scenario)
+    for kind in kinds:
+        against = sorted({v for m, v, *_ in lost if _metric_kind(m) == kind},
+                         key=list(runs).index)
+        ours = [s for r in runs["ballast"] for s in _during(scenario, r, "" if kind == "all"
+                                                            else kind)]
+        lines.append(f"- **{kind}**: {WHY[(family, kind)]}. Ballast: {_causes_line(ours)}.")
+        for variant in against:
+            theirs = [s for r in runs[variant] for s in _during(scenario, r, "" if kind == "all"
+                                                                else kind)]
+            lines.append(f"  {variant}: {_causes_line(theirs)}.")
+    lines += ["", "Ballast's records per run (seeds "
+              + ", ".join(str(r.seed) for r in runs["ballast"]) + "): " + ", ".join(
+                  f"`{kind}` " + "/".join(str(r.decisions.get(kind, 0)) for r in runs["ballast"])
+                  for kind in _telling(runs["ballast"])) + ".", ""]
+    return lines
+
+
+def _telling(ours: Sequence[RunResult]) -> list[str]:
+    """The record kinds that say why traffic moved or was shed."""
+    kinds = {k for r in ours for k in r.decisions}
+    return [k for k in ("weight_shift", "return", "ramp_back_off", "tier_action", "tier_shed",
+                        "tier_queue", "tier_lend", "tier_reclaim") if k in kinds]
+
+
+# --- checks -------------------------------------------------------------------------------------
+
+
+def inversion_check(runs: Mapping[str, Sequence[RunResult]]) -> list[str]:
+    lines = ["### Priority inversions (issue 35)", "",
+             "\"A critical request was shed or timed out while a lower-tier request started at "
+             "the same origin within 50 ms\", counted per run over every request of the run "
+             "(the whole run, not only the incident): critical requests shed (or deferred) or "
+             "timed out; how many of them had a lower-tier request start work at the same "
+             "origin within 50 ms of the moment the client got the shed or gave up (origin-side "
+             "start times from the origins' own records); and the lower-tier starts involved. "
+             "A critical request shed at the edge before reaching an origin could have gone to "
+             "any origin of the run.", "",
+             "| variant | critical shed or timed out, per run | ... of them inverted | "
+             "lower-tier starts involved |", "|---|---|---|---|"]
+    for variant, rs in runs.items():
+        found = [inversions(r) for r in rs]
+        lines.append(f"| {variant} | {' / '.join(str(f.lost) for f in found)} | "
+                     f"{' / '.join(str(f.inverted) for f in found)} | "
+                     f"{' / '.join(str(f.starts) for f in found)} |")
+    return [*lines, ""]
+
+
+def record_checks(runs: Mapping[str, Sequence[RunResult]]) -> list[str]:
+    """Issue 21's two checks, counted over every decision record of every Ballast run."""
+    ours = runs["ballast"]
+
+    def per_run(values: Iterable[int]) -> str:
+        return " / ".join(str(v) for v in values)
+
+    found = [text for r in ours for text in (*r.held_though_better, *r.shed_with_idle_slots)]
+    lines = [
+        "### Ballast's decision records", "",
+        "Counted over every record of every run (seeds " + ", ".join(str(r.seed) for r in ours)
+        + "), each with the run's own desired state. A \"nowhere better\" hold fails the first "
+        "check when its own inputs show an origin whose composite score was better than a sick "
+        "origin's by `compare_margin`. A shed onset (re-prioritization with a shed tier, or "
+        "utilization shedding) fails the second when its window shows idle slots: the trigger "
+        "tier's worst Envoy peaked below its slots (guarantee plus borrowed) with nothing "
+        "pending and no queue overloaded, or the utilization read was at or below "
+        "`shed_threshold`.", "",
+        "| check | per run |", "|---|---|",
+        f"| \"nowhere better\" holds recorded | {per_run(r.nowhere_better for r in ours)} |",
+        "| ... while an origin scored better than a sick one by the margin | "
+        f"{per_run(len(r.held_though_better) for r in ours)} |",
+        f"| shed onsets recorded | {per_run(r.shed_onsets for r in ours)} |",
+        "| ... while the shedding tier's origin had idle slots | "
+        f"{per_run(len(r.shed_with_idle_slots) for r in ours)} |",
+        "",
+    ]
+    if found:
+        lines += ["The records that failed a check:", "", "```", *found[:20], "```", ""]
+    return lines
+
+
+# --- Envoy's own evidence -----------------------------------------------------------------------
+
+
+def _stat(run: RunResult, suffix: str, cluster: Callable[[str], bool] = lambda c: True) -> int:
+    total = 0
+    for stats in run.envoy_stats.values():
+        for name, value in stats.items():
+            if name.endswith("." + suffix) and cluster(name[len("cluster."):-len(suffix) - 1]):
+                total += value
+    return total
+
+
+def _went_out(run: RunResult, why: str) -> int:
+    """How many times a host went out (`hc`: failed its health check, `od`: ejected), from
+    the 0.5 s samples of every PoP."""
+    count = 0
+    for pop in {p for _, p, _ in run.unhealthy}:
+        before: set[str] = set()
+        for _, p, out in run.unhealthy:
+            if p != pop:
+                continue
+            now = {h for h in out if h.endswith(":" + why)}
+            count += len(now - before)
+            before = now
+    return count
+
+
+def _mirror(name: str) -> bool:
+    return "mirror" in name
+
+
+def _evidence_cells(r: RunResult) -> list[str]:
+    return [
+        f"{_stat(r, 'outlier_detection.ejections_enforced_total')} "
+        f"({_stat(r, 'outlier_detection.ejections_enforced_consecutive_5xx')} / "
+        f"{_stat(r, 'outlier_detection.ejections_enforced_failure_percentage')} / "
+        f"{_stat(r, 'outlier_detection.ejections_enforced_success_rate')})",
+        str(_stat(r, "outlier_detection.ejections_detected_failure_percentage")),
+        str(_went_out(r, "od")),
+        f"{_stat(r, 'health_check.failure')} of {_stat(r, 'health_check.attempt')}",
+        str(_went_out(r, "hc")),
+        f"{_stat(r, 'upstream_rq_total', _mirror)} / "
+        f"{sum(v.mirror for s in r.samples for v in s.attempts)}",
+        str(_stat(r, "upstream_rq_retry", lambda c: not _mirror(c))),
+        str(_stat(r, "upstream_rq_pending_overflow", lambda c: not _mirror(c))),
+        str(_stat(r, "upstream_rq_timeout") + _stat(r, "upstream_rq_per_try_timeout")),
+    ]
+
+
+def envoy_evidence(runs: Mapping[str, Sequence[RunResult]]) -> list[str]:
+    lines = ["## Envoy's own evidence that each mechanism acted", "",
+             "Envoy's counters at the end of each run (`/stats`, summed over the PoPs' Envoys), "
+             "and how often a host went out, from `/clusters` sampled every 0.5 s. Ballast's "
+             "Envoys run no health checks or outlier detection of their own (its probes and "
+             "signals decide, its records say what it did); their mirror and overflow counters "
+             "are Envoy's.", "",
+             "| variant | seed | ejections enforced (consecutive 5xx / failure % / success "
+             "rate) | failure-% ejections detected | hosts ejected (samples) | health-check "
+             "failures of attempts | hosts failed by health checks (samples) | mirror requests "
+             "(Envoy / seen by the standby) | retries | queue overflows | timeouts (route + per "
+             "try) |", "|---|---|" + "---:|" * 9]
+    for variant, rs in runs.items():
+        for r in rs:
+            lines.append(f"| {variant} | {r.seed} | " + " | ".join(_evidence_cells(r)) + " |")
+    return [*lines, ""]
+
+
+# --- every failed request -----------------------------------------------------------------------
+
+
+def breakdown(scenario: Scenario, runs: Mapping[str, Sequence[RunResult]]) -> list[str]:
     """Failed requests by cause and status code, per variant and tier, all runs together."""
     lines = ["## Every failed request, by cause and status (incident window, all runs together)",
              "",
              "A request fails when it does not get its intended answer (a 200 from an origin): "
-             "a 5xx from an origin or from Envoy, a shed (503 from the edge) or a deferral "
-             "(202), a timeout (504 or no answer within 10 s), a reset. Status 0: no answer.",
-             "", "| variant | tier | requests | failed (%) | " + " | ".join(CAUSES)
-             + " | status codes |", "|---|---|---:|---:|" + "---:|" * len(CAUSES) + "---|"]
+             "a 5xx from an origin or from Envoy, a shed at the edge (Ballast's 503 with "
+             "`x-ballast-shed`, or Envoy's own 503 when a pool's queue overflows, "
+             "`x-envoy-overloaded`) or a deferral (202), a timeout (504, or no answer within the "
+             f"client's {CLIENT_TIMEOUT_S:g} s), a reset. Status 0: no answer. \"Late\": "
+             "answered 200 after the tier's deadline.", "",
+             "| variant | tier | requests | failed (%) | late | " + " | ".join(CAUSES)
+             + " | status codes |", "|---|---|---:|---:|---:|" + "---:|" * len(CAUSES) + "---|"]
     for variant, rs in runs.items():
         for kind in MIX:
             sel = [s for r in rs for s in _during(scenario, r, kind.name)]
             why = causes(sel)
+            late = sum(not failed(s) and s.latency_ms > deadline_s(s) * 1000 for s in sel)
             codes = ", ".join(f"{c}x{n}" for c, n in sorted(statuses(sel).items()))
             lines.append(f"| {variant} | {kind.tier} ({kind.name}) | {len(sel)} | "
-                         f"{_num(100 * error_rate(sel))} | "
+                         f"{_num(100 * error_rate(sel))} | {late} | "
                          + " | ".join(str(why.get(c, 0)) for c in CAUSES) + f" | {codes} |")
     return [*lines, ""]
 
 
-def standby_section(scenario: Scenario, runs: dict[str, list[RunResult]]) -> list[str]:
+# --- the standby --------------------------------------------------------------------------------
+
+
+def standby_section(scenario: Scenario, runs: Mapping[str, Sequence[RunResult]]) -> list[str]:
     if not scenario.standby:
         return []
     spec = scenario.origins[scenario.standby]
@@ -264,20 +586,7 @@ def standby_section(scenario: Scenario, runs: dict[str, list[RunResult]]) -> lis
                 f"{_num(_peak(r, scenario.standby, 'connections'))} | "
                 f"{_num(max((f for *_, f, _ in origin_rates(r, scenario.standby)), default=0))}"
                 f" | {fell} |")
-    offered = scenario.rps_per_pop
-    window_s = compressed(30)
-    per_window = offered * 0.05 * window_s
-    lines += ["", f"Samples per controller window on the standby at its warm pool (5 %): "
-              f"{offered:.0f} requests/s per PoP x 5 % x {window_s:g} s = {per_window:.1f} "
-              "requests per PoP and window, every one in the access-log signal "
-              f"(`sample_rate: 1.0`); the primary's window holds {offered * 0.95 * window_s:.0f}. "
-              f"A p95 over {per_window:.0f} samples is in effect the window's largest: the rules "
-              "reading the standby at its warm pool act on one or two requests. That is the "
-              "compression's cost: the same request rate over a real 30 s window would give "
-              f"{per_window * COMPRESSION:.0f}; holding that here would take "
-              f"{COMPRESSION:.0f}x the load, more than this shared machine can generate "
-              "without its own lag showing in the latencies.", ""]
-    lines += ["Real origin split against the weight split (incident window, median over the "
+    lines += ["", "Real origin split against the weight split (incident window, median over the "
               "runs; seed 002: \"80/20 can become 80/35 once retries are included\"):", "",
               "| variant | standby's mean weight (%) | standby's share of origin requests (%) |",
               "|---|---:|---:|"]
@@ -292,7 +601,7 @@ ROUTINE = ("failover_tick", "steady", "steady_ended", "config_applied", "startup
            "node_connected", "node_disconnected", "capability_fallback")
 
 
-def decisions(runs: dict[str, list[RunResult]]) -> list[str]:
+def decisions(runs: Mapping[str, Sequence[RunResult]]) -> list[str]:
     """What Ballast decided, from its decision log: the evidence for the "why" above."""
     ours = runs["ballast"]
     kinds = sorted({k for r in ours for k in r.decisions if k not in ROUTINE})
@@ -307,43 +616,121 @@ def decisions(runs: dict[str, list[RunResult]]) -> list[str]:
         example = next((r.decision_examples[kind] for r in ours
                         if kind in r.decision_examples), "")
         lines.append(f"| `{kind}` | {counts} | {example.replace('|', '/')} |")
+    if ours[0].after_restart:
+        lines += ["", "What the restarted Ballast recorded first in its first run (seconds into "
+                  "the run):", "", "```", *ours[0].after_restart, "```"]
     return [*lines, ""]
 
 
-def record_checks(runs: dict[str, list[RunResult]]) -> list[str]:
-    """Issue 21's two checks, counted over every decision record of every Ballast run."""
-    ours = runs["ballast"]
-
-    def per_run(values: Sequence[int]) -> str:
-        return " / ".join(str(v) for v in values)
-
-    found = [text for r in ours for text in (*r.held_though_better, *r.shed_with_idle_slots)]
-    lines = [
-        "## Checks on Ballast's decision records", "",
-        "Counted over every record of every run (seeds " + ", ".join(str(r.seed) for r in ours)
-        + "), each with the run's own desired state. A \"nowhere better\" hold fails the first "
-        "check when its own inputs show an origin whose composite score was better than a sick "
-        "origin's by `compare_margin`. A shed onset (re-prioritization with a shed tier, or "
-        "utilization shedding) fails the second when its window shows idle slots: the trigger "
-        "tier's worst Envoy peaked below its slots (guarantee plus borrowed) with nothing "
-        "pending and no queue overloaded, or the utilization read was at or below "
-        "`shed_threshold`. (Requests answered by a tier's bounded queue overflowing are "
-        "Envoy's, not records; a queue overflows only with every slot of its pool busy.)", "",
-        "| check | per run |", "|---|---|",
-        f"| \"nowhere better\" holds recorded | {per_run([r.nowhere_better for r in ours])} |",
-        "| ... while an origin scored better than a sick one by the margin | "
-        f"{per_run([len(r.held_though_better) for r in ours])} |",
-        f"| shed onsets recorded | {per_run([r.shed_onsets for r in ours])} |",
-        "| ... while the shedding tier's origin had idle slots | "
-        f"{per_run([len(r.shed_with_idle_slots) for r in ours])} |",
-        "",
-    ]
-    if found:
-        lines += ["The records that failed a check:", "", "```", *found[:20], "```", ""]
-    return lines
+# --- the machine and the compression -------------------------------------------------------------
 
 
-def configs(scenario: Scenario) -> list[str]:
+def machine(runs: Mapping[str, Sequence[RunResult]]) -> list[str]:
+    lines = ["## The machine while each run ran", "",
+             "Load average (1, 5, 15 min) at each run's start and end, and how late the bench's "
+             "own event loop (load generator and origins) ran a 0.1 s timer — a late loop adds "
+             "to every latency of that run:", "",
+             "| variant | seed | started | load at start | load at end | loop lag p50 / p99 / "
+             "max (ms) |", "|---|---|---|---|---|---|"]
+    for variant, rs in runs.items():
+        for r in rs:
+            lags = [lag * 1000 for _, lag in r.loop_lag]
+            lines.append(f"| {variant} | {r.seed} | {r.started_utc} | {r.load_before} | "
+                         f"{r.load_after} | {percentile(lags, 50):.0f} / "
+                         f"{percentile(lags, 99):.0f} / {max(lags, default=0):.0f} |")
+    return [*lines, ""]
+
+
+def _slope(samples: Sequence[Sample]) -> float:
+    """Least-squares growth of answered latency over the send time (ms per s)."""
+    pts = [(s.at, s.latency_ms) for s in samples if not failed(s)]
+    if len(pts) < 3:
+        return math.nan
+    mx = sum(x for x, _ in pts) / len(pts)
+    my = sum(y for _, y in pts) / len(pts)
+    var = sum((x - mx) ** 2 for x, _ in pts)
+    return sum((x - mx) * (y - my) for x, y in pts) / var if var else math.nan
+
+
+def _answered_after(scenario: Scenario, run: RunResult) -> float:
+    """Share of the incident's requests answered 200 after the incident ended."""
+    _, end = window(scenario)
+    sel = _during(scenario, run)
+    return 100 * sum(not failed(s) and s.end >= end for s in sel) / len(sel) if sel else math.nan
+
+
+def compression(scenario: Scenario, runs: Mapping[str, Sequence[RunResult]]) -> list[str]:
+    start, end = window(scenario)
+    length = end - start
+    seed_s = length * COMPRESSION
+    lines = [*timer_table(), "### What the compression costs in this scenario", ""]
+    if scenario.seed_length:
+        lines += [scenario.seed_length, ""]
+    lines += [f"Control loops see the incident's {length:g} s as {seed_s / 60:.3g} minutes; "
+              "requests, queues and origins live it in real time. A queue that grows for the "
+              f"whole incident grows for {length:g} s here, not {seed_s:g} s: whoever lets "
+              f"requests wait is judged on a queue {COMPRESSION:g} times shorter-lived than "
+              "the seed's. How many of the incident's requests were answered only after it "
+              "ended, per variant (%): " + "; ".join(
+                  f"{v} {_cell(Spread(tuple(_answered_after(scenario, r) for r in rs)))}"
+                  for v, rs in runs.items()) + ".", ""]
+    if scenario.standby:
+        offered = scenario.rps_per_pop
+        window_s = compressed(30)
+        per_window = offered * 0.05 * window_s
+        interval = compressed(OUTLIER_INTERVAL_S)
+        lines += [f"The origin's own latency creeps with the incident's script (seed 002's "
+                  "50 ms per real minute), so it grows ten times faster per bench second than "
+                  "the seed's; latency growth here is not a queue's. Samples per controller "
+                  f"window: {offered:.0f} requests/s per PoP x {window_s:g} s = "
+                  f"{offered * window_s:.0f} per PoP (a real 30 s window: "
+                  f"{offered * window_s * COMPRESSION:.0f}); on the standby at its 5 % warm pool "
+                  f"{per_window:.1f}, so a p95 read there is in effect the window's largest. "
+                  f"Outlier detection's interval is compressed too ({interval:g} s for Envoy's "
+                  f"{OUTLIER_INTERVAL_S} s): " + "; ".join(
+                      f"a primary host of {name} receives about "
+                      f"{offered / b.hosts * interval:.1f} requests per interval, and its "
+                      f"request volume is set to {outlier_volume(b, offered)}"
+                      for name, b in FAILOVER_BASELINES.items() if name in runs)
+                  + " (Envoy's default, 100, assumes ten times the traffic a compressed "
+                  "interval holds).", ""]
+        return lines
+    lines += [f"The origin's latency holds still during the slowdown, so answered latency "
+              "that grows over it is a queue growing. Per variant and tier: how fast "
+              "answered latency grew over the incident (least squares, ms per second; median "
+              "over the runs), and when, at that rate, the latency of the incident's first "
+              "tenth would pass the tier's deadline (seconds into the incident; the seed's "
+              f"incident lasts {seed_s:g} s, so a queue that passes its deadline within that "
+              "time but after this run's incident ended is one the compression hid):", "",
+              "| variant | " + " | ".join(f"{k.name} ({k.tier})" for k in MIX) + " |",
+              "|---|" + "---|" * len(MIX)]
+    for variant, rs in runs.items():
+        cells = []
+        for kind in MIX:
+            slope = Spread(tuple(_slope(_during(scenario, r, kind.name)) for r in rs)).median
+            first = Spread(tuple(percentile(latencies(
+                [s for s in _during(scenario, r, kind.name) if s.at < start + length / 10]), 50)
+                for r in rs)).median
+            d = DEADLINES[kind.tier].seconds * 1000
+            if math.isnan(slope) or math.isnan(first):
+                cross = "-"
+            elif first >= d:
+                cross = "past it from the start"
+            elif slope <= 0:
+                cross = "never"
+            else:
+                at = (d - first) / slope
+                cross = f"at {at:,.0f} s" + (
+                    " (**hidden**)" if length < at <= seed_s else "")
+            cells.append(f"{_num(slope)} ms/s, {cross}")
+        lines.append(f"| {variant} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
+# --- the configurations -------------------------------------------------------------------------
+
+
+def configs(scenario: Scenario, variants: Sequence[str]) -> list[str]:
     """Every variant's configuration in full (PoP ewr; ports as placeholders)."""
     origins = {name: [8001 + 10 * i + k for k in range(spec.endpoints)]
                for i, (name, spec) in enumerate(scenario.origins.items())}
@@ -354,333 +741,139 @@ def configs(scenario: Scenario) -> list[str]:
                                                    enumerate(scenario.pops)},
                              {n: ports[0] for n, ports in origins.items()},
                              concurrency=scenario.origin_concurrency).rstrip(), "```", ""]
-    for variant in scenario.variants[1:]:
-        if variant in FAILOVER_BASELINES:
-            hosts = {n: ports[:FAILOVER_BASELINES[variant]] for n, ports in origins.items()}
-            boot = failover_bootstrap("ewr", 10000, 9901, hosts, scenario.origin_concurrency)
-            doc = (failover_bootstrap.__doc__ or "").split("\n\n")[0]
-        else:
-            boot = priority_bootstrap(variant, "ewr", 10000, 9901,
-                                      origins[next(iter(origins))][0],
-                                      scenario.origin_concurrency)
-            doc = (priority_bootstrap.__doc__ or "").split("\n\n")[0]
-        lines += [f"**{variant}**: one real Envoy 1.40 per PoP, this static bootstrap. "
-                  + " ".join(doc.split()), "", "```json",
+    for variant in variants[1:]:
+        boot = _bootstrap(scenario, variant, origins)
+        lines += [f"**{variant}**: one real Envoy 1.40 per PoP, this static bootstrap "
+                  f"(`static_resources`). Why: {_why(variant)}.", "", "```json",
                   json.dumps(boot["static_resources"], indent=1), "```", ""]
     return lines
 
 
-def _save(fig: plt.Figure, path: Path) -> None:
-    """PNG with a 64-colour palette: the plots are line art, a third of the bytes."""
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    Image.open(path).convert("RGB").quantize(colors=64).save(path, optimize=True)
+def _bootstrap(scenario: Scenario, variant: str, origins: dict[str, list[int]]
+               ) -> dict[str, Any]:
+    if variant in FAILOVER_BASELINES:
+        return failover_bootstrap(variant, "ewr", 10000, 9901, origins,
+                                  scenario.origin_concurrency, scenario.rps_per_pop)
+    return priority_bootstrap(variant, "ewr", 10000, 9901, origins[next(iter(origins))][0],
+                              scenario.origin_concurrency, scenario_tiers(scenario, variant))
 
 
-def _marks(ax: plt.Axes, run: RunResult, scenario: Scenario) -> None:
+def _why(variant: str) -> str:
+    if variant in FAILOVER_BASELINES:
+        return FAILOVER_BASELINES[variant].why
+    return PRIORITY_BASELINES[variant].why
+
+
+def _variants_list(scenario: Scenario, variants: Sequence[str]) -> list[str]:
+    lines = ["- **ballast**: `ballast serve` with the seeds' defaults (every control timer "
+             "compressed), one real Envoy per PoP."]
+    for v in variants[1:]:
+        lines.append(f"- **{v}**: {_why(v)}.")
+    if not scenario.standby:
+        tiers = scenario_tiers(scenario, "static-tiers") if "static-tiers" in variants else []
+        if tiers:
+            lines.append("  static-tiers' numbers here: " + "; ".join(
+                f"{t.name} {t.slots} slots, {t.pending} pending, route timeout "
+                f"{t.timeout_s:g} s" for t in tiers) + ".")
+    return [*lines, ""]
+
+
+# --- the whole report ---------------------------------------------------------------------------
+
+
+def render(scenario: Scenario, runs: Mapping[str, Sequence[RunResult]], meta: Mapping[str, Any],
+           plots: Sequence[str]) -> tuple[str, list[tuple[str, Rows]]]:
+    """The report's Markdown and its headline tables, from the runs and the scenario's meta
+    (`store`) alone."""
+    tables_ = tables(scenario, runs)
     start, end = window(scenario)
-    ax.axvspan(start, end, color="0.93", zorder=0)
-    for t, _, _ in run.records:
-        ax.axvline(t, color="tab:green", alpha=0.2, linewidth=0.8)
-    for t, _ in run.events:
-        ax.axvline(t, color="black", linestyle="--", linewidth=1.2)
-
-
-def plot_weights(scenario: Scenario, runs: dict[str, RunResult], path: Path) -> None:
-    fig, axes = plt.subplots(len(scenario.pops), 1, figsize=(8, 2.2 * len(scenario.pops)),
-                             sharex=True, squeeze=False)
-    for ax, pop in zip(axes[:, 0], scenario.pops, strict=True):
-        _marks(ax, runs["ballast"], scenario)
-        for label, run in runs.items():
-            pts = [(t, w.get("primary", 0)) for t, p, w in run.weights if p == pop and w]
-            if pts:
-                xs, ys = zip(*pts, strict=True)
-                ax.step(xs, ys, where="post", color=COLOURS[label],
-                        label=f"{label}: primary", linewidth=1.6)
-        ax.set_ylabel(f"{pop}: primary %")
-        ax.set_ylim(-5, 105)
-        ax.legend(loc="lower left", fontsize=8)
-    axes[-1, 0].set_xlabel("seconds (grey: incident; green: Ballast decision records; "
-                           "dashed: kill/restart)")
-    fig.suptitle(f"{scenario.name}: primary's share per PoP (first run of each variant)")
-    fig.tight_layout()
-    _save(fig, path)
-
-
-def plot_latency(scenario: Scenario, runs: dict[str, RunResult], path: Path, width: float
-                 ) -> None:
-    kinds = [k.name for k in MIX]
-    fig, axes = plt.subplots(1, len(kinds), figsize=(10, 3.2), sharey=True)
-    for ax, kind in zip(axes, kinds, strict=True):
-        _marks(ax, runs["ballast"], scenario)
-        for label, run in runs.items():
-            samples = [s for s in run.samples if s.kind == kind and not failed(s)]
-            for q, style in ((50, ":"), (95, "-")):
-                xs, ys = series(samples, width,
-                                lambda g, q=q: percentile([s.latency_ms for s in g], q))
-                ax.plot(xs, ys, style, color=COLOURS[label], linewidth=1.2,
-                        label=f"{label} p{q}")
-        ax.set_title(f"{kind} ({TIER_OF[kind]}), answered only", fontsize=10)
-        ax.set_yscale("log")
-        ax.set_xlabel("seconds")
-    axes[0].set_ylabel("client latency (ms)")
-    axes[0].legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    _save(fig, path)
-
-
-def plot_errors(scenario: Scenario, runs: dict[str, RunResult], path: Path, width: float
-                ) -> None:
-    fig, ax = plt.subplots(figsize=(8, 3))
-    _marks(ax, runs["ballast"], scenario)
-    for label, run in runs.items():
-        xs, ys = series(run.samples, width, lambda g: 100 * error_rate(g))
-        ax.plot(xs, ys, color=COLOURS[label], label=f"{label}: failed (every cause)")
-        xs, ys = series(run.samples, width, lambda g: 100 * shed_rate(g))
-        if any(ys):
-            ax.plot(xs, ys, ":", color=COLOURS[label], label=f"{label}: of which shed")
-    ax.set_ylabel("% of requests")
-    ax.set_xlabel("seconds")
-    ax.legend(fontsize=8)
-    ax.set_title(f"{scenario.name}: requests without their intended answer")
-    fig.tight_layout()
-    _save(fig, path)
-
-
-def plot_origins(scenario: Scenario, runs: dict[str, RunResult], path: Path) -> None:
-    names = list(scenario.origins)
-    fig, axes = plt.subplots(1, len(names), figsize=(5 * len(names), 3), sharey=True,
-                             squeeze=False)
-    for ax, name in zip(axes[0], names, strict=True):
-        _marks(ax, runs["ballast"], scenario)
-        for label, run in runs.items():
-            pts = [(t, n) for t, o, n in run.origin_load if o == name]
-            if pts:
-                xs, ys = zip(*pts, strict=True)
-                ax.plot(xs, ys, color=COLOURS[label], linewidth=0.9, label=label)
-        spec = scenario.origins[name]
-        if spec.workers:
-            ax.axhline(spec.workers + spec.max_waiting, color="black", linewidth=0.8,
-                       linestyle=":")
-        ax.set_title(f"{name}: requests inside (working + waiting)", fontsize=10)
-        ax.set_xlabel("seconds")
-    axes[0, 0].legend(fontsize=8)
-    fig.tight_layout()
-    _save(fig, path)
-
-
-def plot_standby(scenario: Scenario, runs: dict[str, RunResult], path: Path) -> None:
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3))
-    titles = ("standby: cache hit ratio (%)", "standby: backend fetches/s",
-              "standby: open connections")
-    for i, (ax, title) in enumerate(zip(axes, titles, strict=True)):
-        _marks(ax, runs["ballast"], scenario)
-        for label, run in runs.items():
-            pts = origin_rates(run, scenario.standby)
-            if pts:
-                ys = [(100 * p[2] if i == 0 else p[3] if i == 1 else p[4]) for p in pts]
-                ax.plot([p[0] for p in pts], ys, color=COLOURS[label], linewidth=1.0,
-                        label=label)
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel("seconds")
-    axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    _save(fig, path)
-
-
-# Why Ballast can lose a row: the mechanism behind each metric (the evidence line under the
-# list gives this report's numbers for it)
-WHY = {
-    "image: shed": (
-        "background requests are answered at the edge (503 with `x-ballast-shed`) two ways: "
-        "the tier controller sheds the background tier while checkout's measured pool wait is "
-        "over its trigger (35 ms) or the origin's utilization over 85 % (seed 000: shed P2 to "
-        "protect P0; \"shed onsets recorded\" in the checks below), and the background "
-        "tier's queue, bounded in time (its slots x 3000 ms / the origins' p50, `tier_queue`), "
-        "overflows; every shed counts as a failed request here"),
-    "image": (
-        "background requests are shed at the edge or wait behind the background tier's 5 % "
-        "share of the origin's slots; the baselines give them the same pool as everything else"),
-    "html": (
-        "Ballast's tier routes allow queue timeout + read timeout x attempts (9.5 s for the "
-        "normal tier) where the failover baselines time out at 4 s, so a slow request is "
-        "answered late (in the latencies) instead of failing (in the error rate); and during "
-        "a shift part of the traffic stays on the slow primary"),
-    "checkout: shed": (
-        "the critical tier's queue is bounded in time (seed 000's 800 ms `queue_timeout`): its "
-        "pending limit is slots x 800 ms / the origins' measured p50 (`tier_queue` records), so "
-        "while the origin is slow a checkout request that finds the queue at that limit is "
-        "answered 503 at the edge (`x-ballast-shed: critical`, the tier's `shed_action`) "
-        "instead of waiting up to its route timeout as the baselines' requests do"),
-    "checkout": (
-        "during the shift Ballast keeps most traffic on the primary, whose time to first byte "
-        "rises by up to 600 ms (the evidence line gives its standby's mean weight), and its "
-        "critical route allows 0.8 s of queueing + 2 s x 3 attempts (6.8 s) where the failover "
-        "baselines time out at 4 s, so slow requests are answered late instead of failing"),
-    "error rate": (
-        "Ballast moved weight off the failing primary more slowly than the baselines' outlier "
-        "detection ejected it: two breached windows first, then at most 10-15 points a tick, "
-        "with the cold-standby ramp capping the standby at its step and backing it off to its "
-        "warm pool whenever its window's p95 read over 800 ms; what stays on the primary meets "
-        "its 5xx rate, and background requests shed by the tier controller count as failed"),
-    "standby": (
-        "Ballast sends the standby its warm pool and ramped shares from the start, so it "
-        "carries traffic (and connections) that a baseline only sends it after flipping"),
-}
-
-
-# seed 000's `priority`: one origin, tiers instead of one queue
-WHY_PRIORITY = {
-    "html": (
-        "while the tier controller acts (`tier_action`) half of the normal tier's requests are "
-        "demoted into the background tier's pool, and both pools' queues are bounded in time "
-        "(`tier_queue`: normal 5 slots x 1500 ms / 480 ms, about 15 waiting; background 1 "
-        "slot plus borrowed x 3000 ms / 480 ms): HTML past those limits is answered 503 at the "
-        "edge at once (the shed column of the breakdown below) instead of after a wait; one "
-        "FIFO queue lets HTML compete on equal terms (most of FIFO's requests fail at its 4 s "
-        "timeout, so the HTML it does answer is answered sooner), and static tiers keep HTML "
-        "in its own pool with a 9.5 s route timeout (fewer fail, later)"),
-    "checkout": (
-        "the critical tier's queue is bounded in time: while the origin answers in 480 ms its "
-        "pending limit is its 14 slots (more while it borrows) x 800 ms / 480 ms, about 23 "
-        "(`tier_queue` records), and checkout "
-        "requests past it are answered 503 at the edge (\"checkout: shed by the edge\"), where "
-        "static tiers let them wait up to the 6.8 s route timeout and answer most of them late. "
-        "Ballast's records also show it lending critical's idle slots to normal and background "
-        "before the slowdown (`tier_lend`); while borrowed slots are busy the origin's 20 "
-        "workers are oversubscribed and checkout can wait at the origin until they are "
-        "reclaimed"),
-    "error rate": (
-        "the tier controller answers background requests at the edge with 503 (shed, counted "
-        "as failed) and demotes half of the normal tier into the background tier's pool, "
-        "where many end as 503 or time out; static tiers shed nothing and keep HTML in its "
-        "own pool, so fewer of their requests fail, and later"),
-}
-
-
-def _evidence(scenario: Scenario, runs: dict[str, list[RunResult]]) -> str:
-    """What the runs show about Ballast's side of a lost row (medians over its runs)."""
-    ours = runs["ballast"]
-
-    def per_run(kind: str) -> str:
-        return "/".join(str(r.decisions.get(kind, 0)) for r in ours)
-
-    shed = Spread(tuple(100 * shed_rate(_during(scenario, r, "image")) for r in ours)).median
-    checkout = Spread(tuple(100 * shed_rate(_during(scenario, r, "checkout"))
-                            for r in ours)).median
-    parts = [f"in these runs the tier controller shed {_num(shed)} % of background requests "
-             f"(`tier_action` records per run: {per_run('tier_action')}), and the critical "
-             f"tier's time-bounded queue answered {_num(checkout)} % of checkout requests at "
-             f"the edge (`tier_queue` records per run: {per_run('tier_queue')})"]
-    if scenario.standby:
-        weight = Spread(tuple(mean_weight(r, scenario.standby, *window(scenario))
-                              for r in ours)).median
-        parts.insert(0, f"Ballast's standby weight averaged {_num(weight)} % over the incident, "
-                        f"its ramp backed off {per_run('ramp_back_off')} times per run (the "
-                        "p95 each back-off read is in \"What Ballast decided\"; compare the "
-                        "standby's p95 as clients saw it in the table above)")
-    return "; ".join(parts)
-
-
-def _where_baseline_wins(scenario: Scenario, rows: Sequence[tuple[Metric, dict[str, Spread]]],
-                         runs: dict[str, list[RunResult]]) -> list[str]:
-    lines = ["## Where Ballast does not beat the baseline, and why", ""]
-    lost = []
-    for metric, spreads in rows:
-        for variant, spread in spreads.items():
-            if variant != "ballast" and metric.judged and verdict(
-                    spreads["ballast"], spread, metric.smaller_is_better) == "worse":
-                lost.append((metric, variant, spread, spreads["ballast"]))
-    if not lost:
-        return [*lines, "No row where a baseline's range lies wholly on the better side of "
-                "Ballast's; rows marked \"no difference shown\" are not wins for either.", ""]
-    why_of = WHY if scenario.standby else {**WHY, **WHY_PRIORITY}
-    for metric, variant, theirs, ours in lost:
-        why = next((text for key, text in why_of.items() if metric.name.startswith(key)),
-                   "no mechanism verified; treat it as measured, not explained")
-        lines.append(f"- **{metric.name}**, against {variant} ({_cell(ours)} vs "
-                     f"{_cell(theirs)}): {why}.")
-    return [*lines, "", "Evidence from the runs: " + _evidence(scenario, runs) + ".", ""]
-
-
-PLOTS = ("weights", "latency", "errors", "origins", "standby")
-
-
-def write_report(
-    scenario: Scenario, runs: dict[str, list[RunResult]], out: Path, *, command: str,
-    machine: str, date: str, load: str, extra: Sequence[str] = (),
-) -> list[tuple[Metric, dict[str, Spread]]]:
-    out.mkdir(parents=True, exist_ok=True)
-    first = {v: rs[0] for v, rs in runs.items()}
-    width = max(1.0, scenario.duration_s / 60)
-    plots = [p for p in PLOTS if p != "standby" or scenario.standby]
-    plot_weights(scenario, first, out / f"{scenario.name}-weights.png")
-    plot_latency(scenario, first, out / f"{scenario.name}-latency.png", width)
-    plot_errors(scenario, first, out / f"{scenario.name}-errors.png", width)
-    plot_origins(scenario, first, out / f"{scenario.name}-origins.png")
-    if scenario.standby:
-        plot_standby(scenario, first, out / f"{scenario.name}-standby.png")
-    rows = headline(scenario, runs)
-    start, end = window(scenario)
-    n = min(len(rs) for rs in runs.values())
-    seeds = ", ".join(str(r.seed) for r in runs["ballast"])
     variants = list(runs)
+    made = {v: len(rs) for v, rs in runs.items()}
+    failed_runs = [f"{e['variant']} (seed {e['seed']}): {e['failed']}" for e in meta["runs"]
+                   if e.get("failed")]
+    seeds = ", ".join(str(s) for s in meta["seeds"])
+    loads = [float(r.load_before.split(",")[0]) for rs in runs.values() for r in rs
+             if r.load_before]
     lines = [
         f"# Scenario `{scenario.name}` (seed {scenario.seed_ref}): Ballast against "
         f"{', '.join(variants[1:])}",
         "",
-        f"Command: `{command}`  ",
-        f"Run: {date} on {machine}; load average {load}. {n} runs per variant, interleaved "
-        f"(run i of every variant, then run i + 1), seeds {seeds} (one per run; the same "
-        f"requests for every variant of a run); {scenario.duration_s:.0f} s per run, "
-        f"{scenario.rps_per_pop:.0f} requests/s per PoP ({', '.join(scenario.pops)}), mix "
-        "20 % checkout API (critical), 50 % HTML (normal), 30 % image revalidation "
-        "(background), Poisson arrivals"
-        + (", plus " + ", ".join(f"{s.rps_per_pop:.0f} requests/s more {s.kind} from "
-                                 f"{s.start:.0%} to {s.end:.0%} of the run"
-                                 for s in scenario.surges) if scenario.surges else "") + ".",
+        f"Made by `{meta['command']}` at commit {meta['commit']}, {meta['started']} to "
+        f"{meta['ended']}, on {meta['machine']}; 1-minute load average "
+        f"{min(loads, default=0):.1f} to {max(loads, default=0):.1f} at the runs' starts (per "
+        "run below). Recompute this report from its data (every request of every run, in "
+        f"`{scenario.name}/`): `python -m bench.scenarios report {meta['out']}`.",
+        "",
+        f"Runs per variant: {', '.join(f'{v} {n}' for v, n in made.items())}; interleaved (run "
+        f"i of every variant, then run i + 1), seeds {seeds} (the same requests for every "
+        f"variant of a run); {scenario.duration_s:g} s per run, {scenario.rps_per_pop:.0f} "
+        f"requests/s per PoP ({', '.join(scenario.pops)}), mix 20 % checkout API (critical), "
+        "50 % HTML (normal), 30 % image revalidation (background), Poisson arrivals"
+        + ("".join(f", plus {s.rps_per_pop:.0f} requests/s more {s.kind} from "
+                   f"{s.start * scenario.duration_s:g} s to {s.end * scenario.duration_s:g} s"
+                   for s in scenario.surges)) + "."
+        + (" Runs that failed: " + "; ".join(failed_runs) + "." if failed_runs else ""),
         "",
         scenario.summary,
         "",
-        f"## Headline (incident window {start:.0f} to {end:.0f} s)",
+        "The variants:",
         "",
-        "Each cell: median [lowest-highest] over the runs. The error rate counts every "
-        "request that did not get its intended answer; latencies are over answered requests "
-        "only, with the requests left out counted beside them. Verdicts compare Ballast with "
-        "each baseline: \"better\" or \"worse\" only where the ranges do not overlap, else "
-        "\"no difference shown\".",
+        *_variants_list(scenario, variants),
+        f"## Headline (incident window {start:g} to {end:g} s)",
         "",
-        markdown_table(rows, variants),
+        "Each cell: median [lowest-highest] over the runs, over the requests sent during the "
+        "incident. **Goodput**: the share answered 200 within the tier's deadline — a late "
+        "answer counts as lost, like an error; beside it the raw error rate (every request "
+        "without its intended answer). Percentiles **of every request** count a miss as "
+        "infinitely late (∞: more of the tier failed than the percentile leaves out), so "
+        "failing slow requests cannot improve them; those of answered requests beside them "
+        "leave the misses out. Verdicts compare Ballast with each baseline: **better** or "
+        "**worse** only where the ranges do not overlap, else overlap.",
         "",
-        *_where_baseline_wins(scenario, rows, runs),
-        *breakdown(scenario, runs),
-        *standby_section(scenario, runs),
-        *decisions(runs),
-        *record_checks(runs),
-        *extra,
-        *timer_table(),
-        "## Plots (first run of each variant)",
+        "| tier | deadline | from |", "|---|---:|---|",
+        *[f"| {d.tier} | {d.seconds:g} s | {d.source} |" for d in DEADLINES.values()],
         "",
     ]
+    for title, rows in tables_:
+        lines += [f"### {title}", "", *markdown_table(rows, variants), ""]
+    lines += [*where_ballast_loses(scenario, runs, tables_),
+              "## Checks", "", *inversion_check(runs), *record_checks(runs),
+              *envoy_evidence(runs), *breakdown(scenario, runs),
+              *standby_section(scenario, runs), *decisions(runs), *machine(runs),
+              *compression(scenario, runs), "## Plots (first run of each variant)", ""]
     for plot in plots:
         lines += [f"![{plot}]({scenario.name}-{plot}.png)", ""]
-    lines += [
-        "Grey band: the incident window. Green lines: Ballast's decision records "
-        "(weight shifts, returns, ramp steps, tier actions); dashed black: kill -9 / restart.",
-        "",
-    ]
+    lines += ["Grey band: the incident window. Green lines: Ballast's decision records "
+              "(weight shifts, returns, ramp steps, tier actions); dashed black: kill -9 / "
+              "restart.", ""]
     if scenario.notes:
         lines += ["## Notes", ""] + [line for note in scenario.notes for line in (note, "")]
-    lines += configs(scenario)
-    (out / f"{scenario.name}.md").write_text("\n".join(lines))
-    return rows
+    lines += configs(scenario, variants)
+    return "\n".join(lines), tables_
 
 
-def summary_counts(rows: Sequence[tuple[Metric, dict[str, Spread]]]) -> Counter[str]:
-    """How many verdicts of each kind a report has (for the command's printout)."""
-    out: Counter[str] = Counter()
-    for metric, spreads in rows:
-        for variant, spread in spreads.items():
-            if variant != "ballast" and metric.judged:
-                out[verdict(spreads["ballast"], spread, metric.smaller_is_better)] += 1
-    return out
+def write_report(scenario: Scenario, runs: Mapping[str, Sequence[RunResult]], out: Path,
+                 meta: Mapping[str, Any]) -> list[tuple[str, Rows]]:
+    """`out/NAME.md` and its plots, from the runs (read back from their files) and meta."""
+    out.mkdir(parents=True, exist_ok=True)
+    plots = write_plots(scenario, {v: list(rs) for v, rs in runs.items()}, out)
+    text, tables_ = render(scenario, runs, meta, plots)
+    (out / f"{scenario.name}.md").write_text(text)
+    return tables_
+
+
+def summary_row(scenario: Scenario, tables_: Sequence[tuple[str, Rows]]) -> str:
+    """One line of the README's table: goodput of all requests and of checkout, and the
+    error rate, per variant (medians)."""
+    rows = {m.name: spreads for _, rs in tables_ for m, spreads in rs}
+    picks = ("all requests: answered within their tier's deadline (%)",
+             f"checkout (critical): answered within {DEADLINES['critical'].seconds:g} s (%)",
+             "all requests: error rate, every cause (%)")
+    cells = []
+    for name in picks:
+        spreads = rows[name]
+        best = [v for v in spreads if v != "ballast"]
+        cells.append("; ".join(f"{v} {_num(spreads[v].median)}" for v in ["ballast", *best]))
+    return f"| [`{scenario.name}`](docs/scenarios/{scenario.name}.md) | " + " | ".join(
+        cells) + " |"
+

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
+import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -18,15 +21,19 @@ from bench.scenarios.analysis import (
     is_shed_onset,
     shed_while_idle,
 )
-from bench.scenarios.load import MIX, Surge, run_load, schedule
-from bench.scenarios.origin import Behaviour, OriginSpec, ScriptedOrigin
+from bench.scenarios.load import MIX, Surge, Visit, run_load, schedule
+from bench.scenarios.origin import SIGMA, Behaviour, OriginSpec, ScriptedOrigin
 from bench.scenarios.stack import (
     FAILOVER_BASELINES,
     BallastEdge,
     Edge,
+    Locality,
     StaticEdge,
+    TierSize,
     failover_bootstrap,
+    failover_layout,
     priority_bootstrap,
+    priority_tiers,
 )
 from control_plane.decisions.read import iter_records, record_time
 from control_plane.desired.loader import load_desired
@@ -52,9 +59,10 @@ class Scenario:
     restart_after_s: float = 0.0  # ... and start it again this much later
     notes: tuple[str, ...] = field(default_factory=tuple)
     origin_concurrency: int = 120  # the group's max_origin_concurrency; the baseline's breakers
-    variants: tuple[str, ...] = ("ballast", "binary")  # Ballast first, then the baselines
+    variants: tuple[str, ...] = ("ballast",)  # Ballast first, then the baselines
     surges: tuple[Surge, ...] = ()  # extra load of one kind during part of the run
     standby: str = "secondary"  # the origin whose warming the report follows
+    seed_length: str = ""  # how long the seed's incident lasts and how the bench maps it
 
     def scaled(self, duration_s: float, rps_per_pop: float,
                script: Callable[[float], dict[str, Behaviour]], incident: tuple[float, float]
@@ -81,16 +89,49 @@ def _edge(scenario: Scenario, variant: str, workdir: Path,
         return BallastEdge(workdir, pops, {n: o.ports[0] for n, o in origins.items()}, seed,
                            concurrency=scenario.origin_concurrency)
     if variant in FAILOVER_BASELINES:
-        hosts = {n: o.ports[:FAILOVER_BASELINES[variant]] for n, o in origins.items()}
-        return StaticEdge(workdir, pops, hosts, lambda pop, listener, admin: failover_bootstrap(
-            pop, listener, admin, hosts, scenario.origin_concurrency))
-    origin = next(iter(origins.values())).ports[0]
-    return StaticEdge(workdir, pops, {n: o.ports[:1] for n, o in origins.items()},
+        ports = {n: o.ports for n, o in origins.items()}
+        return StaticEdge(workdir, pops, failover_layout(FAILOVER_BASELINES[variant], ports),
+                          lambda pop, listener, admin: failover_bootstrap(
+                              variant, pop, listener, admin, ports, scenario.origin_concurrency,
+                              scenario.rps_per_pop))
+    name, origin = next(iter(origins.items()))
+    tiers = scenario_tiers(scenario, variant)
+    return StaticEdge(workdir, pops, [Locality(0, name, (origin.ports[0],))],
                       lambda pop, listener, admin: priority_bootstrap(
-                          variant, pop, listener, admin, origin, scenario.origin_concurrency))
+                          variant, pop, listener, admin, origin.ports[0],
+                          scenario.origin_concurrency, tiers))
 
 
-async def run_variant(scenario: Scenario, variant: str, workdir: Path, seed: int) -> RunResult:
+def scenario_tiers(scenario: Scenario, variant: str) -> list[TierSize]:
+    """A priority baseline's tiers, sized from the scenario's origin and load."""
+    spec = next(iter(scenario.origins.values()))
+    mean_ms = spec.healthy_p50_ms * math.exp(SIGMA**2 / 2)  # the log-normal's mean
+    return priority_tiers(variant, scenario.origin_concurrency, scenario.rps_per_pop,
+                          spec.healthy_p50_ms, mean_ms, {k.tier: k.share for k in MIX})
+
+
+def _visits(origins: dict[str, ScriptedOrigin], started: float) -> dict[str, list[Visit]]:
+    """Every origin's attempts by request number, on the run's clock, in arrival order."""
+    out: dict[str, list[Visit]] = {}
+
+    def t(at: float | None) -> float | None:
+        return None if at is None else at - started
+
+    for origin in origins.values():
+        for a in origin.attempts:
+            out.setdefault(a.rid, []).append(Visit(a.origin, a.host, a.arrive - started,
+                                                   t(a.start), t(a.end), a.result, a.mirror))
+    for visits in out.values():
+        visits.sort(key=lambda v: v.arrive)
+    return out
+
+
+def _load() -> str:
+    return ", ".join(f"{v:.2f}" for v in os.getloadavg())
+
+
+async def run_variant(scenario: Scenario, variant: str, workdir: Path, seed: int,
+                      run: int = 0) -> RunResult:
     """`variant` is "ballast" or a baseline's name; same seed → same requests, and the same
     draws for each request at each origin."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -104,7 +145,7 @@ async def run_variant(scenario: Scenario, variant: str, workdir: Path, seed: int
             origins[name].warm(all_paths())
     pops = list(scenario.pops)
     edge = _edge(scenario, variant, workdir, origins, seed)
-    result = RunResult(variant, [], seed=seed)
+    result = RunResult(variant, [], seed=seed, run=run, load_before=_load())
     stop = asyncio.Event()
     tasks: list[asyncio.Task[None]] = []
     started = time.monotonic()
@@ -114,8 +155,10 @@ async def run_variant(scenario: Scenario, variant: str, workdir: Path, seed: int
         await asyncio.to_thread(edge.start)
         requests = schedule(seed, scenario.duration_s,
                             {pop: scenario.rps_per_pop for pop in pops}, surges=scenario.surges)
-        result.schedule = [(r.n, r.at, r.pop, r.kind, r.path) for r in requests]
         started = time.monotonic()
+        wall_start = time.time()
+        result.started_utc = datetime.datetime.fromtimestamp(
+            wall_start, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
         def now() -> float:
             return time.monotonic() - started
@@ -132,17 +175,16 @@ async def run_variant(scenario: Scenario, variant: str, workdir: Path, seed: int
             result.loop_lag.append((t, max(0.0, t - last_tick[0] - LOAD_PERIOD_S)))
             last_tick[0] = t
             for name, origin in origins.items():
-                stats = origin.stats()
-                result.origin_load.append((t, name, stats.load))
-                result.origin_stats.append((t, name, stats))
+                result.origin_stats.append((t, name, origin.stats()))
 
         async def sample_weights() -> None:
             while not stop.is_set():
                 for pop in pops:
                     t = now()
                     with contextlib.suppress(OSError, ValueError, KeyError):
-                        result.weights.append((t, pop, await asyncio.to_thread(edge.weights,
-                                                                                pop)))
+                        weights, out = await asyncio.to_thread(edge.observe, pop)
+                        result.weights.append((t, pop, weights))
+                        result.unhealthy.append((t, pop, tuple(out)))
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), 0.5)
 
@@ -164,8 +206,13 @@ async def run_variant(scenario: Scenario, variant: str, workdir: Path, seed: int
         if scenario.kill_at is not None and isinstance(edge, BallastEdge):
             tasks.append(asyncio.create_task(restart()))
         urls = {pop: f"http://127.0.0.1:{port}" for pop, port in edge.listener_ports.items()}
-        wall_start = time.time()
-        result.samples, wall_start = await run_load(requests, urls)
+        samples = await run_load(requests, urls, started)
+        stop.set()
+        for pop in pops:
+            result.envoy_stats[pop] = await asyncio.to_thread(edge.stats, pop)
+        visits = _visits(origins, started)
+        result.samples = [replace(s, attempts=tuple(visits.get(str(s.n), ()))) for s in samples]
+        result.probes = {name: dict(sorted(o.probes.items())) for name, o in origins.items()}
         if isinstance(edge, BallastEdge):
             everything = [(record_time(r).timestamp() - wall_start, r)
                           for r in iter_records(edge.state_dir)]
@@ -182,6 +229,7 @@ async def run_variant(scenario: Scenario, variant: str, workdir: Path, seed: int
                     f"{t:6.1f} s {r['kind']} {r.get('pop', '')}: {str(r.get('rule', ''))[:160]}"
                     for t, r in everything if t > restarted and r.get("pop")
                 ][:12]
+        result.load_after = _load()
         return result
     finally:
         stop.set()
