@@ -5,6 +5,8 @@ floors 1 each (5 %). Lending is off, so only preemption moves slots. With normal
 a checkout surge of 18 concurrent clients makes critical short: within one tick after its demand
 reaches Envoy's stats, critical takes normal's 4 slots above its floor through the RTDS runtime
 layer (critical 18, normal 1) and Envoy really runs more than 14 checkout requests at once;
+normal's connections beyond its floor close once idle for a tier tick, so its requests queue
+for its floor again;
 when the surge ends, the slots go back once the window no longer shows it and the surplus held
 for `recover_after`, and the layer is empty again.
 """
@@ -91,8 +93,8 @@ def limits(envoy: EnvoyProcess) -> dict[str, int]:
             if (entry := entries.get(KEY.format(tier=tier))) is not None}
 
 
-def active(envoy: EnvoyProcess, tier: str) -> int:
-    name = f"cluster.shop.{tier}.upstream_rq_active"
+def active(envoy: EnvoyProcess, tier: str, stat: str = "upstream_rq_active") -> int:
+    name = f"cluster.shop.{tier}.{stat}"
     for line in envoy.admin(f"/stats?filter=^{name}$").splitlines():
         key, _, value = line.partition(": ")
         if key == name:
@@ -126,6 +128,12 @@ async def test_checkout_takes_normal_slots_within_a_tick_and_gives_them_back(
                                     "more than 14 checkout requests at once", in_thread=True)
             await eventually(lambda: active(envoy, "normal") <= 1, 10,
                              "normal down to its floor", in_thread=True)
+            # the connections normal opened under its old limit close once idle for a tier
+            # tick; then its requests wait in its queue again instead of being refused
+            await eventually(lambda: active(envoy, "normal", "upstream_cx_active") <= 1, 10,
+                             "normal's extra connections closed", in_thread=True)
+            await eventually(lambda: active(envoy, "normal", "upstream_rq_pending_active") >= 1,
+                             10, "normal's requests queue at its floor", in_thread=True)
             surge_over.set()
             await checkout
             ended = time.monotonic()
