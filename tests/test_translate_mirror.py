@@ -75,8 +75,8 @@ def test_only_the_cacheable_routes_and_never_one_answered_at_the_edge() -> None:
     # background is shed but keeps its floor, so its requests still reach an origin: copied;
     # the demoted share of normal answered at the edge is never copied, the rest of it is
     assert "prefetch-mirror" in names
-    assert names.index("x-prefetch.demoted") < names.index("x-prefetch-mirror")
-    assert not any(name.startswith("x-prefetch.demoted-") for name in names)
+    assert names.index("x-prefetch@shed/shop/normal") < names.index("x-prefetch-mirror")
+    assert not any(name.startswith("x-prefetch@shed/shop/normal-") for name in names)
 
 
 def test_shadow_hosts_as_envoy_writes_them() -> None:

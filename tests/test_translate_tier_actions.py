@@ -69,8 +69,8 @@ def test_a_demoted_share_is_answered_at_the_edge_while_its_target_is_shed() -> N
     floor, so the demoted half of normal is answered at once, the other half stays normal."""
     after = routes(actions={"shop": TierActions()})
     names = list(after)
-    assert names.index("x-prefetch.demoted") == names.index("x-prefetch") - 1
-    shed = after["x-prefetch.demoted"]
+    assert names.index("x-prefetch@shed/shop/normal") == names.index("x-prefetch") - 1
+    shed = after["x-prefetch@shed/shop/normal"]
     assert shed.match.headers == routes()["x-prefetch"].match.headers
     fraction = shed.match.runtime_fraction
     assert (fraction.default_value.numerator, fraction.runtime_key) == (
@@ -144,7 +144,7 @@ async def test_intent_owner_sets_actions_for_one_pop_and_pushes_it() -> None:
     assert intent.tier_actions("sjc", "shop") is None
     assert cache.resources("sjc", Capabilities()) is sjc_before
     ewr = cache.resources("ewr", Capabilities()).of_type(ROUTE_TYPE)["edge"].message
-    shed = {r.name: r for r in ewr.virtual_hosts[0].routes}["x-prefetch.demoted"]
+    shed = {r.name: r for r in ewr.virtual_hosts[0].routes}["x-prefetch@shed/shop/normal"]
     assert shed.direct_response.status == 503
     assert await set_tier_actions(intent, "ewr", "shop", TierActions()) is False  # same: no push
     assert await set_tier_actions(intent, "ewr", "shop", None) is True
@@ -171,7 +171,7 @@ def test_each_shed_action_of_a_demoted_share(
     resources = translate_pop(example_desired(group), "ewr", Capabilities(),
                               PopIntent(tier_actions={"shop": TierActions()}))
     (vhost,) = resources.of_type(ROUTE_TYPE)["edge"].message.virtual_hosts
-    route = {r.name: r for r in vhost.routes}["x-prefetch.demoted"]
+    route = {r.name: r for r in vhost.routes}["x-prefetch@shed/shop/normal"]
     assert route.direct_response.status == status
     assert headers(route.response_headers_to_add) == {
         "retry-after": "60", "x-ballast-shed": "normal", **extra

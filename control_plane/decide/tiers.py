@@ -396,6 +396,15 @@ def _with(state: TierState, **changes: Any) -> TierState:
     return replace(state, **changes)
 
 
+def _unusable(group: OriginGroup, readings: Mapping[str, TierPending], now_ms: int
+              ) -> str | None:
+    """Why the tiers' readings cannot be used together (None: every tier's can)."""
+    policy = group.tier_actions
+    problems = [f"{t.name}: {why}" for t in group.tiers
+                if (why := _fresh(readings.get(t.name), policy, now_ms)) is not None]
+    return "; ".join(problems) if problems else None
+
+
 def _fresh(reading: TierPending | None, policy: TierActionPolicy, now_ms: int) -> str | None:
     """Why the reading cannot be used (None: it can)."""
     if reading is None:
@@ -678,10 +687,8 @@ def _lending(
             rule = "lending disabled in the desired state: every borrowed slot reclaimed"
             return _Part(_with(state, lent=()), rule, decision({}, rule, None))
         return _Part(state, "lending disabled")
-    problems = [f"{t.name}: {why}" for t in group.tiers
-                if (why := _fresh(readings.get(t.name), policy, now_ms)) is not None]
-    if problems:
-        return _Part(state, f"lending: fail static ({'; '.join(problems)}); lent stays "
+    if (problems := _unusable(group, readings, now_ms)) is not None:
+        return _Part(state, f"lending: fail static ({problems}); lent stays "
                      f"{current or 'nothing'}")
     demand = {t.name: readings[t.name].demand for t in group.tiers}
     keeps = frozenset({policy.trigger_tier}) if state.active else frozenset()
@@ -799,10 +806,8 @@ def _preemption(
             return _Part(_with(state, took=(), give_back_since_ms=()), rule,
                          decision({}, rule, None))
         return _Part(_with(state, took=(), give_back_since_ms=()), "preemption disabled")
-    problems = [f"{t.name}: {why}" for t in group.tiers
-                if (why := _fresh(readings.get(t.name), policy, now_ms)) is not None]
-    if problems:
-        return _Part(state, f"preemption: fail static ({'; '.join(problems)}); taken stays "
+    if (problems := _unusable(group, readings, now_ms)) is not None:
+        return _Part(state, f"preemption: fail static ({problems}); taken stays "
                      f"{current or 'nothing'}")
     demand = {t.name: readings[t.name].demand for t in group.tiers}
     step = max(1, math.ceil(policy.lend_step_percent * group.max_origin_concurrency / 100))

@@ -53,7 +53,8 @@ Tier actions (adaptive re-prioritization, seed 000), when active for the group i
   the `demote_to` tier is shed (its pool is at its floor: a demoted request could not get
   through), the demoted share is answered at the edge instead (seed 000's admission order:
   background first, then the demoted share, then the rest of the tier): each route of the
-  demoted tier is preceded by `<name>.demoted`, matching the same requests with a
+  demoted tier is preceded by `<name>@shed/<group>/<tier>` (so an access log counts what it
+  answered against the tier it shed), matching the same requests with a
   `runtime_fraction` of `demote_share` percent (drawn per request), whose `direct_response`
   carries the demoted tier's own `shed_action` — `reject` 503; `defer` 202 (the client may do
   the work later); `stale` 503 with `x-ballast-serve-stale: 1` and `cache-control: no-store`,
@@ -125,7 +126,7 @@ DEMOTED_HEADER = "x-ballast-demoted-from"
 SHED_HEADER = "x-ballast-shed"
 TRUSTED_ROUTE_PREFIX = "trusted-"  # the trusted routes are named trusted-<tier>
 SERVE_STALE_HEADER = "x-ballast-serve-stale"
-DEMOTED_SHED_SUFFIX = ".demoted"  # the route answering a demoted share at the edge
+SHED_ROUTE_MARK = "@shed/"  # `<rule>@shed/<group>/<tier>`: a route answering a demoted share
 DEMOTED_SHED_KEY = "ballast.demoted_shed"  # its runtime key: <key>.<group>.<tier>
 
 
@@ -235,7 +236,8 @@ def _routes(
     if actions is None or not _demoted_tier(actions, tier) or actions.demote_to not in \
             actions.shed:
         return [route]
-    shed = _shed_route(f"{name}{DEMOTED_SHED_SUFFIX}", match, tier, actions.retry_after_s)
+    shed = _shed_route(f"{name}{SHED_ROUTE_MARK}{group.name}/{tier.name}", match, tier,
+                       actions.retry_after_s)
     shed.match.runtime_fraction.CopyFrom(RuntimeFractionalPercent(
         default_value=FractionalPercent(numerator=actions.demote_share,
                                         denominator=FractionalPercent.HUNDRED),
