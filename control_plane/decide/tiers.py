@@ -111,12 +111,13 @@ def _optional_ms(data: Mapping[str, Any], key: str) -> int | None:
     return value
 
 
-def _lent_from(value: Any, least: int = 1, what: str = "slots > 0"
-               ) -> tuple[tuple[str, int], ...]:
+def _by_tier(data: Mapping[str, Any], key: str, least: int = 1,
+             what: str = "slots > 0") -> tuple[tuple[str, int], ...]:
+    value = data.get(key, {})
     if not isinstance(value, dict) or not all(
         isinstance(k, str) and type(v) is int and v >= least for k, v in value.items()
     ):
-        raise ValueError(f"tier state lent must map tier names to {what}, got {value!r}")
+        raise ValueError(f"tier state {key} must map tier names to {what}, got {value!r}")
     return tuple(sorted(value.items()))
 
 
@@ -171,11 +172,10 @@ class TierState:
             shed_since_ms=_optional_ms(data, "shed_since_ms"),
             shed_clear_since_ms=_optional_ms(data, "shed_clear_since_ms"),
             lend_since_ms=_optional_ms(data, "lend_since_ms"),
-            lent=_lent_from(data.get("lent", {})),
-            took=_lent_from(data.get("took", {})),
-            give_back_since_ms=_lent_from(data.get("give_back_since_ms", {}), 0,
-                                          "milliseconds >= 0"),
-            queue_limits=_lent_from(data.get("queue_limits", {})),
+            lent=_by_tier(data, "lent"),
+            took=_by_tier(data, "took"),
+            give_back_since_ms=_by_tier(data, "give_back_since_ms", 0, "milliseconds >= 0"),
+            queue_limits=_by_tier(data, "queue_limits"),
         )
 
 
@@ -330,14 +330,11 @@ def own_slots(group: OriginGroup, state: TierState) -> dict[str, int]:
             for name, g, n in zip(slots.order, slots.guarantee, lost, strict=True)}
 
 
-def tier_limits(group: OriginGroup, state: TierState, shed: frozenset[str] = frozenset()
-                ) -> dict[str, int]:
-    """Each tier's per-Envoy concurrency limit: its own slots plus what it borrows; a shed
-    tier's is its floor."""
-    own, lent = own_slots(group, state), dict(state.lent)
-    floors = dict(zip(slots_of(group).order, slots_of(group).floor, strict=True))
-    return {name: floors[name] if name in shed else n + lent.get(name, 0)
-            for name, n in own.items()}
+def tier_limits(group: OriginGroup, state: TierState) -> dict[str, int]:
+    """Each tier's per-Envoy concurrency limit: its own slots plus what it borrows (a shed
+    tier's is its floor instead: `TierActions.with_floors`)."""
+    lent = dict(state.lent)
+    return {name: n + lent.get(name, 0) for name, n in own_slots(group, state).items()}
 
 
 def takeable(group: OriginGroup, state: TierState) -> dict[str, int]:
@@ -666,6 +663,20 @@ def plan_lending(
                        {name: n for name, n in lent.items() if n > 0})
 
 
+def _below_the_wanting(group: OriginGroup, plan: LendingPlan, lent: Mapping[str, int]
+                       ) -> dict[str, int]:
+    """`lent`, where no tier less critical than one left wanting more than it borrows (the
+    pool ran out, or its growth waits) keeps a borrowed slot: the pool is the most critical
+    wanting tier's first, and no hysteresis keeps a slot below a tier that is short."""
+    out, wanting = {}, False
+    for tier in by_priority(group):
+        n = 0 if wanting else lent.get(tier.name, 0)
+        if n:
+            out[tier.name] = n
+        wanting = wanting or plan.want[tier.name] > lent.get(tier.name, 0)
+    return out
+
+
 def _lending(
     group: OriginGroup, state: TierState, readings: Mapping[str, TierPending], now_ms: int,
     excluded: frozenset[str],
@@ -707,6 +718,7 @@ def _lending(
             summary += f"; more to lend for {_s(held)} of {_s(policy.for_ms)}"
         else:
             since = None
+    lent = _below_the_wanting(group, plan, lent)
     base = _with(state, lend_since_ms=since)
     if lent == current:
         return _Part(base, f"lending: {summary}; lent {current or 'nothing'} (pool "
