@@ -73,6 +73,17 @@ def test_the_tier_step_bounds_queues_records_it_and_waits_within_the_slack() -> 
     assert held.state.queue_limits == first.state.queue_limits
 
 
+def test_borrowed_slots_size_no_queue_taken_ones_do() -> None:
+    """Background borrows 10 idle slots: its queue stays what its own 6 drain in 3 s (they go
+    back the moment their lender needs them, and 160 queued requests would then wait 16 s);
+    critical's counts what it took and what it could still take from normal."""
+    state = TierState(lent=(("background", 10),), took=(("critical", 4),))
+    result = tier_step(GROUP, state, None, 1000, latency_ms=200.0)
+    limits = dict(result.state.queue_limits)
+    assert limits["background"] == 90  # 6 x 3000 / 200, not 16 x 3000 / 200
+    assert limits["critical"] == 432  # (84 + 4 taken + 20 normal could still give) x 800 / 200
+
+
 def test_limits_reach_envoy_as_runtime_overrides_and_survive_a_restart() -> None:
     state = TierState(queue_limits=(("normal", 225),))
     assert TierState.from_dict(state.to_dict()) == state

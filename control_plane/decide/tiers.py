@@ -64,10 +64,12 @@ their floors, and shedding starts at the bottom; every tier keeps its floor
    queue's length is bounded instead: with S slots each taking the origin's measured service
    time L (``latency_ms``: the p50 of the group's origins this window, weighted by their
    weights), a queue drains S / L requests per ms, so a request behind N others waits about
-   N x L / S. S is the tier's per-Envoy limit plus the slots it could still take from the
-   tiers below it (so a critical queue overflows only when no less critical tier has a slot
-   above its floor left to take). The pending limit is floor(S x ``queue_timeout`` / L), at
-   least 1 and at most ``max_queue_depth`` (the count stays a ceiling); what overflows gets
+   N x L / S. S is the tier's own slots (its guarantee, plus what it took, less what was taken
+   from it; borrowed slots left out, since they go back at the tick their lender needs them)
+   plus the slots it could still take from the tiers below it (so a critical queue overflows
+   only when no less critical tier has a slot above its floor left to take). The pending
+   limit is floor(S x ``queue_timeout`` / L), at least 1 and at most ``max_queue_depth`` (the
+   count stays a ceiling); what overflows gets
    the tier's ``shed_action`` (translate/overflow.py). Only limits below ``max_queue_depth``
    are in force (a fast origin changes nothing); a new limit within 10 % (at least 1) of the
    one in force waits. Kind ``tier_queue``.
@@ -871,9 +873,11 @@ def _preemption(
 
 
 def queue_slots(group: OriginGroup, state: TierState) -> dict[str, int]:
-    """Each tier's slots for its queue bound: its limit plus what it could still take."""
-    limits, more = tier_limits(group, state), takeable(group, state)
-    return {name: limits[name] + more[name] for name in limits}
+    """Each tier's slots for its queue bound: its own slots (borrowed ones left out: they go
+    back at the tick the lender needs them, and a queue sized for them would then wait for
+    seconds behind the tier's own slots) plus what it could still take."""
+    own, more = own_slots(group, state), takeable(group, state)
+    return {name: own[name] + more[name] for name in own}
 
 
 def queue_limits(group: OriginGroup, slots: Mapping[str, int], latency_ms: float
