@@ -141,3 +141,33 @@ async def test_admin_tls_needs_the_tls_files(tmp_path: Path, certs: CertDir) -> 
     bad = dataclasses.replace(config(tmp_path, certs), tls=None)
     with pytest.raises(AdminAuthError, match="--tls-cert, --tls-key and --client-ca"):
         await BallastService(bad).start()
+
+
+async def test_over_https_the_session_cookie_is_secure_and_a_certificate_needs_no_csrf_token(
+    tmp_path: Path, certs: CertDir,
+) -> None:
+    token = tmp_path / "admin.token"
+    token.write_text("https-session-token-0123456789\n")
+    token.chmod(0o600)
+    service = BallastService(dataclasses.replace(config(tmp_path, certs),
+                                                 admin_token_file=token))
+    await service.start()
+    try:
+        assert service.admin is not None
+        anonymous = client(certs, None)
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http, \
+                http.post(f"{service.admin.url}/login", ssl=anonymous, allow_redirects=False,
+                          data={"token": "https-session-token-0123456789"}) as response:
+            assert response.status == 303
+            assert response.cookies["ballast_admin_session"]["secure"]
+        # an admin certificate (the CLI's, or a browser's) acts without a CSRF token, from
+        # its own origin; from another page it is refused like a session
+        admin = client(certs, certs.admin("oncall"))
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"{service.admin.url}/rollout/pause", ssl=admin) as response:
+                assert response.status == 409  # no rollout to pause: past authentication
+            async with http.post(f"{service.admin.url}/rollout/pause", ssl=admin,
+                                 headers={"Origin": "https://evil.example"}) as response:
+                assert response.status == 403
+    finally:
+        await service.stop(0)

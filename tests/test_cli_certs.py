@@ -101,10 +101,20 @@ def test_bootstrap_with_tls_has_the_transport_socket(tmp_path: Path, capsys) -> 
         "private_key": {"filename": str(tmp_path / "nodes/ewr/ewr-1.key")},
         "watched_directory": {"path": str(tmp_path / "nodes/ewr")},
     }
-    assert context["validation_context"]["trusted_ca"] == {"filename": str(tmp_path / "ca.pem")}
-    assert context["validation_context"]["match_typed_subject_alt_names"] == [
+    # the CA through file-based SDS too (a CA rollover without a restart); the names checked
+    # against the replica dialled stay in the bootstrap
+    validation = context["combined_validation_context"]
+    assert validation["default_validation_context"]["match_typed_subject_alt_names"] == [
         {"san_type": "IP_ADDRESS", "matcher": {"exact": "127.0.0.1"}}
     ]
+    ca_sds_file = tmp_path / "nodes/ewr/ewr-1.ca.sds.json"
+    assert validation["validation_context_sds_secret_config"]["sds_config"][
+        "path_config_source"]["path"] == str(ca_sds_file)
+    (ca_secret,) = json.loads(ca_sds_file.read_text())["resources"]
+    assert ca_secret["validation_context"] == {
+        "trusted_ca": {"filename": str(tmp_path / "ca.pem")},
+        "watched_directory": {"path": str(tmp_path)},
+    }
     find_envoy()
     ok, output = validate_bootstrap(config)
     assert ok, output
@@ -119,10 +129,15 @@ def test_bootstrap_wants_all_three_tls_files(capsys) -> None:
 
 def test_certs_writes_an_admin_token_the_server_accepts(tmp_path: Path, capsys) -> None:
     assert main(["certs", str(tmp_path), "--admin-token"]) == 0
-    assert f"--admin-token-file {tmp_path / 'admin.token'}" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"--admin-token-file {tmp_path / 'admin.token'}" in out
     token = read_token(tmp_path / "admin.token")
     assert len(token) >= 40
     assert stat.S_IMODE((tmp_path / "admin.token").stat().st_mode) == 0o600
+    # and a read-only scrape token beside it (Prometheus's), never the admin token
+    assert f"--admin-scrape-token-file {tmp_path / 'scrape.token'}" in out
+    assert read_token(tmp_path / "scrape.token") != token
+    assert stat.S_IMODE((tmp_path / "scrape.token").stat().st_mode) == 0o600
     assert main(["certs", str(tmp_path), "--admin-token"]) == 0
     assert read_token(tmp_path / "admin.token") != token  # a new one each time: rotation
 

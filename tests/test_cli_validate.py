@@ -31,7 +31,11 @@ def test_example_passes_envoy_validation_for_every_pop(capsys) -> None:
     assert re.search(r"^pop sjc: OK \(envoy 1\.40\.\d+\)$", out, re.M)
     assert re.search(r"^pop ewr with tier actions on: OK \(envoy 1\.40\.\d+\)$", out, re.M)
     assert re.search(r"^pop sjc with tier actions on: OK \(envoy 1\.40\.\d+\)$", out, re.M)
-    assert "FIFO sent" in out
+    # the translation's notes once per cause, with why this one needs no fix
+    notes = [line for line in out.splitlines() if line.startswith("note: ")]
+    assert notes == ["note: adaptive_lifo requested, node lacks envoy.queue_policy.adaptive_lifo"
+                     ": FIFO sent: shop.critical, shop.normal, shop.background in ewr, sjc"], out
+    assert "\n  why: adaptive LIFO (seed 001) is what these tiers ask for" in out
 
 
 @pytest.mark.envoy
@@ -72,11 +76,15 @@ def test_an_older_envoy_judges_what_its_release_is_served(capsys, tmp_path: Path
     newer.write_text(Path(EXAMPLE).read_text().replace(
         "      - {name: shop, domains: [\"*\"], origin_group: shop}\n",
         "      - {name: shop, domains: [\"*\"], origin_group: shop}\n" + NEWER_FILTER, 1))
-    code, out, _ = validate(capsys, str(newer), "--envoy", old)
+    ext_proc = ("--allow-filter",
+                "envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor")
+    code, out, err = validate(capsys, str(newer), "--envoy", old)
+    assert code == 1 and "not on this server's allow-list" in err  # not by default
+    code, out, _ = validate(capsys, str(newer), "--envoy", old, *ext_proc)
     assert code == 1
     line = next(x for x in out.splitlines() if x.startswith("pop ewr: "))
     assert "rejected by envoy 1.36" in line and "'GRPC'" in line, line
-    code, out, err = validate(capsys, str(newer))
+    code, out, err = validate(capsys, str(newer), *ext_proc)
     assert code == 0, out + err
 
 

@@ -54,6 +54,8 @@ async def test_one_leader_and_terms_grow(etcd: EtcdServer, store: EtcdStore) -> 
         first = await store.campaign("a", lease_a)
         assert first is not None
         assert await other.campaign("b", lease_b) is None
+        assert await other.leader() is None  # a leader key naming no registered replica
+        await store.register("a", {"id": "a"}, lease_a)
         assert await other.leader() == ("a", first.term)
         await store.revoke_lease(lease_a)  # a resigns: the key goes with its lease
         second = await other.campaign("b", lease_b)
@@ -67,6 +69,7 @@ async def test_commit_is_fenced_by_term(etcd: EtcdServer, store: EtcdStore) -> N
     other = EtcdStore([(host, int(port))], prefix=store.prefix)
     try:
         lease_a = await store.grant_lease(1)
+        await store.register("a", {"id": "a"}, lease_a)
         old = await store.campaign("a", lease_a)
         assert old is not None
         await store.commit(old, IntentWrite(put={"groups/ewr/shop": {"w": 1}}))

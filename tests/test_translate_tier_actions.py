@@ -18,6 +18,7 @@ from control_plane.translate.resources import (
     RUNTIME_TYPE,
     Capabilities,
 )
+from control_plane.translate.routes import shed_of_route
 from harness.intent_changes import set_tier_actions
 from harness.models import example_desired, shop_group
 
@@ -71,6 +72,7 @@ def test_a_demoted_share_is_answered_at_the_edge_while_its_target_is_shed() -> N
     names = list(after)
     assert names.index("x-prefetch@shed/shop/normal") == names.index("x-prefetch") - 1
     shed = after["x-prefetch@shed/shop/normal"]
+    assert shed_of_route(shed.name) == ("shop", "normal")  # the access log names its tier
     assert shed.match.headers == routes()["x-prefetch"].match.headers
     fraction = shed.match.runtime_fraction
     assert (fraction.default_value.numerator, fraction.runtime_key) == (

@@ -16,10 +16,13 @@ last gate reading, each PoP's version and its nodes' ACKs) and `POST /rollout/<a
 `pause`, `resume`, `abort`, `promote` and `apply` (`?now=1`: the desired-state file applied on
 every PoP at once, the operator's `--now`); an action that does not apply to the rollout's
 phase answers 409 and changes nothing. Each action is recorded with who asked (`token`,
-`cookie`, `cert:<name>`, or `loopback` without authentication).
+`session`, `cert:<name>`, or `loopback` without authentication).
 
-Authentication (`admin/auth.py`): one middleware in front of every route — a bearer token, its
-cookie, or an admin client certificate, for all but `/healthz` and `/readyz`.
+Authentication (`admin/auth.py`): one middleware in front of every route — a bearer token, a
+browser session, or an admin client certificate, for all but `/healthz` and `/readyz` (and the
+scrape token for `/metrics` alone); a state-changing request from another page is refused
+(`admin/sessions.py`). `/login`, `/logout` and `/session` are the sessions' own routes. A
+request aiohttp cannot parse gets 400 and one log line (`admin/request_errors.py`).
 
 `/tier-actions` (also under `tier_actions` in `/status`) is what the intent owner holds now:
 PoP -> origin group -> the active tier actions (`TierActions.to_dict()` plus a `description` in
@@ -40,6 +43,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from control_plane.admin.auth import AdminAuth, Login, auth_middleware, check_bind
 from control_plane.admin.capability_keys import capabilities_for_key, most_common_key
@@ -51,6 +55,7 @@ from control_plane.admin.connections import (
 )
 from control_plane.admin.dashboard import Dashboard
 from control_plane.admin.host_check import host_check
+from control_plane.admin.request_errors import RequestErrors, reason
 from control_plane.ads.nodes import NodeRegistry, NodeStatus
 from control_plane.ads.snapshots import SnapshotCache
 from control_plane.decisions.explain import describe_active
@@ -88,11 +93,14 @@ def error(status: int, message: str) -> web.Response:
 
 @web.middleware
 async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every failure answers JSON: 400 for bad parameters, aiohttp's own 404/405 rewritten."""
+    """Every failure answers JSON: 400 for bad parameters and for a body aiohttp cannot read (a
+    broken chunked encoding), aiohttp's own 404/405 rewritten."""
     try:
         return await handler(request)
     except BadQuery as err:
         return error(400, str(err))
+    except HttpProcessingError as err:
+        return error(400, f"bad request: {reason(err)}")
     except web.HTTPException as err:
         if err.status < 400:
             raise
@@ -262,8 +270,7 @@ class AdminApi:
         self.app = web.Application(middlewares=[
             self.guard.middleware, host_check(host_names), auth_middleware(self.auth),
             json_errors])
-        if self.auth.token is not None:
-            Login(self.auth).register(self.app)
+        Login(self.auth).register(self.app)
         self.app.router.add_get("/healthz", self.healthz)
         self.app.router.add_get("/readyz", self.readyz)
         self.app.router.add_get("/status", self.status)
@@ -298,7 +305,7 @@ class AdminApi:
         authentication only a loopback address is allowed (AdminAuthError)."""
         host = host.strip("[]")  # an IPv6 address as written in HOST:PORT
         check_bind(host, self.auth)
-        runner = web.AppRunner(self.app, access_log=None,
+        runner = web.AppRunner(self.app, access_log=None, logger=RequestErrors(),
                                keepalive_timeout=self.guard.limits.idle_timeout_s)
         await runner.setup()
         site = GuardedSite(runner, host, port, self.guard, ssl_context=ssl_context)

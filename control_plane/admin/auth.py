@@ -1,43 +1,66 @@
 """Who may use the admin API: one middleware every route goes through (the dashboard's too).
 
 Open to anyone who can reach the port: `/healthz`, `/readyz` (probes) and `/login` (the form
-that turns a token into a browser cookie). Everything else, unknown paths included, needs one of:
+that opens a browser session). Everything else, unknown paths included, needs one of:
 
 - `Authorization: Bearer <token>` with the token of `--admin-token-file` (the file is re-read
   when it changes; compared in constant time);
-- the `ballast_admin_token` cookie holding that token (set by `/login`: HttpOnly,
-  SameSite=Strict) — how a browser reaches the dashboard and its event stream;
+- a browser session (`admin/sessions.py`): the cookie `/login` sets holds a random session id,
+  never the token;
 - with the admin API on HTTPS, a client certificate that chains to the client CA and names an
   admin identity (`spiffe://ballast/admin/<name>`).
 
+`GET /metrics` also takes the scrape token (`--admin-scrape-token-file`): read-only, it opens no
+other route, so the token Prometheus holds cannot act on a rollout.
+
 Otherwise: 401 with `WWW-Authenticate: Bearer` (a JSON error; for a browser asking for a
-page, a page pointing at `/login`). With no authentication configured the API is
-open, and then it may only listen on a loopback address; off loopback it must be HTTPS
-(`check_bind`).
+page, a page pointing at `/login`). Before any of it, a state-changing request a browser says
+comes from another page is refused (403), and one a session authenticates needs the session's
+CSRF token (`sessions.py`); a peer presenting wrong tokens is slowed down (429), each wrong one
+logged (on this module's logger, under its log budget: `app/log_budget.py`). With no
+authentication configured the API is open, and then it may only listen on a loopback address;
+off loopback it must be HTTPS (`check_bind`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import ipaddress
 import logging
 import os
 import threading
+import urllib.parse
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiohttp import web
 
+from control_plane.admin.sessions import (
+    CSRF_HEADER,
+    SESSION_COOKIE,
+    UNSAFE_METHODS,
+    LoginThrottle,
+    Session,
+    Sessions,
+    cross_site,
+    csrf_matches,
+    peer_key,
+)
 from control_plane.security.identity import AdminIdentity, identities
+from control_plane.security.terminal import escape
 
 log = logging.getLogger(__name__)
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/login"})
-TOKEN_COOKIE = "ballast_admin_token"
+SCRAPE_PATH = "/metrics"
+WHO = web.RequestKey("ballast_admin_who", str)  # who the request was authenticated as
+OLD_TOKEN_COOKIE = "ballast_admin_token"  # earlier versions kept the token itself in it
 MIN_TOKEN_CHARS = 16
 MAX_TOKEN_BYTES = 4096
 LOGIN_FIELD_BYTES = 8192
+LOGIN_FORM = "application/x-www-form-urlencoded"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -104,29 +127,35 @@ class TokenFile:
                                    self.current().encode("ascii"))
 
 
+    def fingerprint(self) -> str:
+        """Which token is current, without it (sessions remember the token they were opened
+        with: a rotation ends them)."""
+        return hashlib.sha256(self.current().encode("ascii")).hexdigest()[:16]
+
+
 @dataclass(frozen=True)
 class AdminAuth:
     token: TokenFile | None = None
     client_certs: bool = False  # HTTPS with client certificates naming an admin identity
+    scrape_token: TokenFile | None = None  # `GET /metrics` only
+    sessions: Sessions = field(default_factory=Sessions)
+    throttle: LoginThrottle = field(default_factory=LoginThrottle)
 
     @property
     def enabled(self) -> bool:
         return self.token is not None or self.client_certs
 
     def who(self, request: web.Request) -> str | None:
-        """`token`, `cookie` or `cert:<name>` for an authenticated request, else None."""
-        if self.token is not None:
-            scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
-            if scheme.lower() == "bearer" and presented and self.token.matches(presented.strip()):
-                return "token"
-            cookie = request.cookies.get(TOKEN_COOKIE)
-            if cookie and self.token.matches(cookie):
-                return "cookie"
-        if self.client_certs:
-            name = admin_name(request)
-            if name is not None:
-                return f"cert:{name}"
-        return None
+        """`token`, `session` or `cert:<name>`: how the middleware authenticated the request
+        (None: the API is open, or the route is)."""
+        who: str | None = request.get(WHO)
+        return who
+
+    def session(self, request: web.Request) -> Session | None:
+        """The live session the request's cookie names, if any."""
+        if self.token is None:
+            return None
+        return self.sessions.get(request.cookies.get(SESSION_COOKIE), self.token.fingerprint())
 
 
 def admin_name(request: web.Request) -> str | None:
@@ -147,11 +176,72 @@ def unauthorized(message: str) -> web.Response:
     )
 
 
+def forbidden(message: str) -> web.Response:
+    return web.json_response({"error": message}, status=403)
+
+
+def too_many(wait_s: float) -> web.Response:
+    return web.json_response(
+        {"error": f"too many wrong tokens from this address: try again in {wait_s:.0f} s"},
+        status=429, headers={"Retry-After": str(max(1, round(wait_s)))})
+
+
+def own_origin(request: web.Request) -> str:
+    """The admin API's origin as the request reached it: its scheme and `Host`."""
+    return f"{request.scheme}://{request.host}"
+
+
+def bearer(request: web.Request) -> str | None:
+    scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
+    return presented.strip() or None if scheme.lower() == "bearer" else None
+
+
+def refuse_wrong_token(auth: AdminAuth, request: web.Request, where: str) -> None:
+    """Count a wrong token against its peer, and log it (the log budget bounds the lines)."""
+    peer = peer_key(request.remote)
+    count = auth.throttle.failed(peer)
+    log.warning("admin API: wrong token from %s (%s; %d wrong from this address)",
+                escape(peer), where, count)
+
+
 def auth_middleware(auth: AdminAuth) -> Callable[[web.Request, Handler], Awaitable[
         web.StreamResponse]]:
     @web.middleware
     async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if not auth.enabled or request.path in OPEN_PATHS or auth.who(request) is not None:
+        why = cross_site(request.method, request.headers, own_origin(request))
+        if why is not None:
+            log.warning("admin API: refused a cross-site %s %s from %s: %s", request.method,
+                        escape(request.path[:100]), escape(str(request.remote)), escape(why))
+            return forbidden(f"cross-site request refused ({why}): the admin API acts only "
+                             "on requests from its own pages or from clients that are not "
+                             "browsers")
+        if not auth.enabled or request.path in OPEN_PATHS:
+            return await handler(request)
+        presented = bearer(request)
+        if presented is not None and (auth.token or auth.scrape_token) is not None:
+            wait = auth.throttle.retry_after(peer_key(request.remote))
+            if wait is not None:
+                return too_many(wait)
+            if auth.token is not None and auth.token.matches(presented):
+                request[WHO] = "token"
+                return await handler(request)
+            if (auth.scrape_token is not None and request.path == SCRAPE_PATH
+                    and request.method in ("GET", "HEAD") and auth.scrape_token.matches(presented)):
+                return await handler(request)
+            refuse_wrong_token(auth, request, f"bearer token, {request.method} "
+                               f"{escape(request.path[:100])}")
+            return unauthorized("the bearer token was refused")
+        session = auth.session(request)
+        if session is not None:
+            if request.method in UNSAFE_METHODS and not csrf_matches(
+                    session, request.headers.get(CSRF_HEADER)):
+                return forbidden(f"a session's {request.method} needs its CSRF token in "
+                                 f"{CSRF_HEADER} (the dashboard sends it: GET /session)")
+            request[WHO] = "session"
+            return await handler(request)
+        name = admin_name(request) if auth.client_certs else None
+        if name is not None:
+            request[WHO] = f"cert:{name}"
             return await handler(request)
         ways = []
         if auth.token is not None:
@@ -208,15 +298,45 @@ SIGN_IN_FIRST = """<!doctype html>
 """
 
 
+class BadForm(ValueError):
+    """A sign-in form that cannot be read; answered 400 with this message."""
+
+
+async def login_token(request: web.Request) -> str | None:
+    """The `token` field of a sign-in form: URL-encoded (what the login page posts), read
+    bounded whatever the framing (chunked included); BadForm for anything else."""
+    if request.content_type != LOGIN_FORM:
+        raise BadForm(f"the sign-in form is {LOGIN_FORM}, not {request.content_type[:64]!r}")
+    body = b""
+    while len(body) <= LOGIN_FIELD_BYTES:
+        chunk = await request.content.read(LOGIN_FIELD_BYTES + 1 - len(body))
+        if not chunk:
+            break
+        body += chunk
+    if len(body) > LOGIN_FIELD_BYTES:
+        raise BadForm(f"the sign-in form is over {LOGIN_FIELD_BYTES} bytes")
+    try:
+        fields = urllib.parse.parse_qs(body.decode("ascii"), max_num_fields=4, strict_parsing=False)
+    except (UnicodeDecodeError, ValueError):
+        raise BadForm("the sign-in form is not ASCII URL-encoded fields") from None
+    values = fields.get("token", [])
+    return values[0].strip() if len(values) == 1 else None
+
+
 class Login:
-    """`/login`: a form whose POST checks the token and sets it as an HttpOnly cookie."""
+    """`/login` (the form; its POST opens a session), `/logout` (ends it) and `/session` (the
+    session's CSRF token, for the dashboard's own pages)."""
 
     def __init__(self, auth: AdminAuth) -> None:
         self.auth = auth
 
     def register(self, app: web.Application) -> None:
-        app.router.add_get("/login", self.form)
-        app.router.add_post("/login", self.submit)
+        """`/session` always (the dashboard asks it in every mode); the others with a token."""
+        app.router.add_get("/session", self.shown)
+        if self.auth.token is not None:
+            app.router.add_get("/login", self.form)
+            app.router.add_post("/login", self.submit)
+            app.router.add_post("/logout", self.logout)
 
     async def form(self, request: web.Request) -> web.Response:
         return web.Response(text=LOGIN_PAGE, content_type="text/html",
@@ -224,15 +344,44 @@ class Login:
                                      "Cache-Control": "no-store"})
 
     async def submit(self, request: web.Request) -> web.StreamResponse:
-        if self.auth.token is None:
-            return web.json_response({"error": "no admin token is configured"}, status=404)
+        token = self.auth.token
+        assert token is not None, "registered with a token only"
+        wait = self.auth.throttle.retry_after(peer_key(request.remote))
+        if wait is not None:
+            return too_many(wait)
         if (request.content_length or 0) > LOGIN_FIELD_BYTES:
             return web.json_response({"error": "login form too large"}, status=413)
-        form = await request.post()
-        presented = form.get("token")
-        if not isinstance(presented, str) or not self.auth.token.matches(presented.strip()):
+        try:
+            presented = await login_token(request)
+        except BadForm as err:
+            return web.json_response({"error": str(err)}, status=400)
+        if presented is None or not token.matches(presented):
+            refuse_wrong_token(self.auth, request, "sign-in")
             return unauthorized("wrong admin token")
-        response = web.Response(status=303, headers={"Location": "/dashboard/"})
-        response.set_cookie(TOKEN_COOKIE, presented.strip(), httponly=True, samesite="Strict",
-                            secure=request.secure, path="/")
+        session_id, _ = self.auth.sessions.open(token.fingerprint())
+        log.info("admin API: signed in from %s (%d sessions)", escape(str(request.remote)),
+                 len(self.auth.sessions))
+        response = web.Response(status=303, headers={"Location": "/dashboard/",
+                                                     "Cache-Control": "no-store"})
+        response.set_cookie(SESSION_COOKIE, session_id, httponly=True, samesite="Strict",
+                            secure=request.secure, path="/",
+                            max_age=int(self.auth.sessions.ttl_s))
+        response.del_cookie(OLD_TOKEN_COOKIE, path="/")
         return response
+
+    async def logout(self, request: web.Request) -> web.Response:
+        """Ends the request's session (the middleware checked its CSRF token)."""
+        self.auth.sessions.close(request.cookies.get(SESSION_COOKIE))
+        response = web.json_response({"signed_out": True}, headers={"Cache-Control": "no-store"})
+        response.del_cookie(SESSION_COOKIE, path="/")
+        return response
+
+    async def shown(self, request: web.Request) -> web.Response:
+        """Who the request is, and for a session its CSRF token (JSON; read by the admin API's
+        own pages: a page of another origin cannot read it, no CORS header is ever sent)."""
+        session = self.auth.session(request) if self.auth.who(request) == "session" else None
+        return web.json_response(
+            {"who": self.auth.who(request) or "open",
+             "csrf": session.csrf if session is not None else None,
+             "csrf_header": CSRF_HEADER},
+            headers={"Cache-Control": "no-store"})

@@ -28,13 +28,15 @@ Private keys: SDS Secrets go only where `key_gate` lets them (an mTLS port has n
 plaintext one refuses every stream unless the operator allowed loopback peers): an SDS request
 on any other stream is never answered and reported once (`on_secrets_refused`).
 One live stream per node id: a newer stream of the same id closes the older one (ABORTED,
-`on_stream_superseded`), so the registry never holds one id twice.
+`on_stream_superseded`), so the registry never holds one id twice; a proxyless gRPC client has
+one per channel target (`live_key`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import ipaddress
 import logging
 import sys
@@ -68,6 +70,7 @@ from control_plane.ads.protocol import (
 )
 from control_plane.ads.snapshots import SnapshotCache
 from control_plane.translate.capabilities import NodeCapabilities, read_node_capabilities
+from control_plane.translate.grpc_capabilities import describe_grpc_client, is_grpc_client
 from control_plane.translate.resources import (
     CLUSTER_TYPE,
     SECRET_TYPE,
@@ -232,7 +235,24 @@ def _peer_identity(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
     return peer_address(context.peer())
 
 
+def live_key(node_id: str, grpc_client: bool, first: Any) -> str:
+    """What a newer stream must share with an older one to replace it: the node id; for a
+    proxyless gRPC client, also what its first request names. grpcio keeps one xDS client per
+    channel target, each with a stream of its own and the same node (measured, grpcio 1.85:
+    replacing by node id alone made two targets' streams replace each other every second), and
+    each one's first request names its target's listener."""
+    if not grpc_client:
+        return node_id
+    names = (first.resource_names if isinstance(first, DiscoveryRequest)
+             else first.resource_names_subscribe)
+    digest = hashlib.sha256("\0".join(sorted(names)).encode()).hexdigest()[:16]
+    return f"{node_id}\0{digest}"
+
+
 def envoy_version(node: Node, limit: int = DEFAULT_LIMITS.text_chars) -> str:
+    """The node's Envoy version, or a gRPC client's language and release."""
+    if is_grpc_client(node):
+        return clip(describe_grpc_client(node), limit)
     if node.HasField("user_agent_build_version"):
         v = node.user_agent_build_version.version
         return f"{v.major_number}.{v.minor_number}.{v.patch}"
@@ -290,6 +310,7 @@ class _Stream:
         "entry",
         "identity",
         "keys_refused",
+        "live_key",
         "push",
         "push_due",
         "reading",
@@ -324,6 +345,7 @@ class _Stream:
         # why private keys may not go to this stream (None: they may); its SDS requests are
         # then never answered, and the first one is reported
         self.keys_refused: str | None = None
+        self.live_key = entry.node_id  # what a newer stream must share to replace it
 
     def wake(self) -> None:
         """The stream's PoP changed: one push is due, however many wake-ups came."""
@@ -558,6 +580,7 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         )
         del caps
         state = _Stream(self, context, stream, entry, advertised, identity)
+        state.live_key = live_key(node_id, advertised.capabilities.grpc is not None, first)
         if self._key_gate is not None:
             state.keys_refused = self._key_gate(context)
         state.admitted = True
@@ -630,9 +653,9 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             self.hub.unsubscribe(pop, state.wake)
             self._streams.discard(state)
             self.nodes.disconnect(entry)
-            live = self._live.get(entry.node_id)
+            live = self._live.get(state.live_key)
             if live is not None and live[0] is entry:
-                del self._live[entry.node_id]
+                del self._live[state.live_key]
             self._notify(self.callbacks.on_stream_closed, entry, signal.status.name,
                          signal.details)
             log.info("node %r disconnected (%s)", node_id, signal.details or signal.status.name)
@@ -726,8 +749,8 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
     def _supersede(self, entry: NodeEntry, state: _Stream) -> None:
         """`entry` is now the node id's live stream; an older one is closed and leaves the
         registry at once, so status never lists the id twice."""
-        older = self._live.get(entry.node_id)
-        self._live[entry.node_id] = (entry, state)
+        older = self._live.get(state.live_key)
+        self._live[state.live_key] = (entry, state)
         if older is None:
             return
         old_entry, old_state = older

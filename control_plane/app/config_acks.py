@@ -26,6 +26,10 @@ the version (`unreadable`), so a wave waits for it and fails at its ACK timeout 
 passing without that replica's nodes. At most `MAX_PEERS` other replicas are read. A peer's NACK
 is dated when this replica first read it (`received`), not by the peer's clock: a peer whose
 clock is behind cannot date a NACK before the rollout started and so hide it from the gates.
+
+A NACK's node id, Envoy build, type and message are a node's text: they are escaped
+(`security/terminal.py`) as they become a gate's input, so the readings and the rollout's
+reason that quote them (records, `ballast rollout status`) hold no control characters.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from control_plane.ads.protocol import Nack as StreamNack
 from control_plane.ads.snapshots import SnapshotCache
 from control_plane.decide.gates import Nack, NodeAck
 from control_plane.observe.source import wall_ms
+from control_plane.security.terminal import escape
 
 MAX_NACKS = 1000
 SHARED_NACKS = 32  # the newest NACKs a replica shares (a gate fails on the first it reads)
@@ -177,11 +182,12 @@ class SharedAcks:
                 _count(value["pending"]), _count(value["nacked"]))
         nacks = tuple(
             (_ms(n["at_ms"]), Nack(
-                pop=_text(n["pop"], MAX_TEXT_CHARS), node=_text(n["node"], MAX_NODE_CHARS),
+                pop=_text(n["pop"], MAX_TEXT_CHARS),
+                node=escape(_text(n["node"], MAX_NODE_CHARS)),
                 version=_text(n["version"], MAX_TEXT_CHARS),
-                envoy=_text(n["envoy"], MAX_TEXT_CHARS),
-                type_url=_text(n["type_url"], MAX_TYPE_URL_CHARS),
-                message=_message(n["message"]), replica=replica))
+                envoy=escape(_text(n["envoy"], MAX_TEXT_CHARS)),
+                type_url=escape(_text(n["type_url"], MAX_TYPE_URL_CHARS)),
+                message=escape(_message(n["message"])), replica=escape(replica)))
             for n in data["nacks"])
         return cls(pops, nacks)
 
@@ -235,9 +241,9 @@ class ConfigAcks:
     def nacked(self, node: NodeEntry, nack: StreamNack) -> None:
         """A node refused a response (the ADS observer's NACK callback)."""
         self._nacks.append((self._clock(), Nack(
-            pop=node.pop, node=node.node_id, version=self._version_of(node.pop),
-            envoy=node.envoy_version, type_url=nack.type_url, message=nack.message,
-            replica=self.replica)))
+            pop=node.pop, node=escape(node.node_id), version=self._version_of(node.pop),
+            envoy=escape(node.envoy_version), type_url=escape(nack.type_url),
+            message=escape(nack.message), replica=self.replica)))
         self.touch()
 
     def nacks(self, since_ms: int) -> tuple[Nack, ...]:
@@ -253,8 +259,10 @@ class ConfigAcks:
         others = self._others()
         for pop in pops:
             version = self._version_of(pop)
-            acks.extend(NodeAck(pop, entry.node_id,
-                                version if self._applied(pop, entry) else None, self.replica)
+            acks.extend(NodeAck(pop, entry.node_id, version, self.replica,
+                                round(entry.synced_at * 1000) or None)
+                        if self._applied(pop, entry) else NodeAck(pop, entry.node_id, None,
+                                                                  self.replica)
                         for entry in sorted(self._nodes.entries(pop), key=lambda e: e.node_id))
             for replica, shared in others:
                 if shared.unreadable:  # fails closed: one node that has not applied it

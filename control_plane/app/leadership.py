@@ -6,8 +6,10 @@ while the last successful refresh is younger than the TTL (so a replica paused p
 stops acting as leader on its own, before etcd tells it), and every write it makes is fenced by
 its term anyway. A follower waits on a watch of the leader key and campaigns as soon as the key
 goes (the old leader's lease expired or was revoked), so a takeover takes at most the TTL plus
-the watch's delivery. Any etcd error drops leadership (fail static: the replicas keep serving the
-last intent) and the loop starts over after a short back-off.
+the watch's delivery. The leader watches the key too: when it is no longer its own (another
+writer's `put` took it off the lease, or replaced it), it steps down at once rather than at
+its next fenced write. Any etcd error drops leadership (fail static: the replicas keep serving
+the last intent) and the loop starts over after a short back-off.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ class LeaderElection:
         self.reachable = False
         self.unreachable_since: float | None = None
         self._refreshed_at = 0.0
+        self.campaigned = asyncio.Event()  # set once a campaign said whether this one leads
 
     def leading(self) -> Leadership | None:
         """This replica's leadership, if its lease is certainly still alive."""
@@ -90,38 +93,45 @@ class LeaderElection:
             lead = await self.store.campaign(self.replica_id, lease)
             if lead is not None:
                 await self._set(lead, f"elected for term {lead.term}")
-                await self._keep(lease, until_lost=True)
-                await self._set(None, "lease lost")
+                self.campaigned.set()
+                why = await self._keep(lease, lead)
+                await self._set(None, why)
                 return
-            await self._keep(lease, until_lost=False)
+            self.campaigned.set()
+            await self._keep(lease, None)
 
-    async def _keep(self, lease: int, *, until_lost: bool) -> None:
-        """Refresh the lease every TTL/3. As leader: until it is lost. As follower: until the
-        leader key changes (then campaign again)."""
-        changes = self.store.watch_leader() if not until_lost else None
+    async def _keep(self, lease: int, lead: Leadership | None) -> str:
+        """Refresh the lease every TTL/3. As leader (`lead`): until it is lost or the leader
+        key is no longer this term's. As follower: until the leader key changes (then campaign
+        again). Why it returned."""
+        changes = self.store.watch_leader()
         waiter: asyncio.Task[Any] | None = None
         try:
             while True:
-                if changes is not None and waiter is None:
+                if waiter is None:
                     waiter = asyncio.ensure_future(anext(changes))
-                if waiter is not None:
-                    done, _ = await asyncio.wait({waiter}, timeout=self.ttl_s / 3)
-                    if done:
-                        waiter.result()
-                        return
-                else:
-                    await asyncio.sleep(self.ttl_s / 3)
+                due = self._refreshed_at + self.ttl_s / 3 - self.clock()
+                done = (await asyncio.wait({waiter}, timeout=due))[0] if due > 0 else set()
+                if done:
+                    waiter.result()
+                    waiter = None
+                    if lead is None:
+                        return "the leader key changed"
+                    if not await self.store.holds(self.replica_id, lead):
+                        log.warning("replica %s: the leader key is no longer term %d's: "
+                                    "stepping down", self.replica_id, lead.term)
+                        return "the leader key was taken"
+                    continue
                 remaining = await self.store.refresh_lease(lease)
                 if remaining <= 0:
-                    return
+                    return "lease lost"
                 self._refreshed_at = self.clock()
         finally:  # bounded: with etcd gone, a watch's own clean-up must not hold us here
             if waiter is not None:
                 waiter.cancel()
                 await asyncio.wait({waiter}, timeout=self.ttl_s)
-            if changes is not None:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(changes.aclose(), self.ttl_s)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(changes.aclose(), self.ttl_s)
 
     async def _set(self, lead: Leadership | None, why: str) -> None:
         if lead == self.leadership:

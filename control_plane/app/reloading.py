@@ -71,7 +71,9 @@ class DesiredReload:
         follower: Callable[[], str | None] = lambda: None,
         rollouts: Callable[[], Rollouts],
         heap: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
+        parse: Callable[[bytes, str], Desired] = parse_desired,
     ) -> None:
+        """`parse`: how the file is validated (the service's: its allowed filter types)."""
         self.path = path
         self.state_dir = state_dir
         self.server = server
@@ -80,6 +82,7 @@ class DesiredReload:
         self._leading = leading  # whether this process saves what changes (replicas: leader)
         self.follower = follower  # why a replica leaves the file to the leader (None: leads)
         self._rollouts = rollouts  # the rollout driver each new version goes through
+        self._parse = parse
         self._heap = heap  # around the apply: `heap.reload_heap` in `ballast serve`
         self._lock = asyncio.Lock()
         self.error: str | None = None  # an internal error of the last reload attempt
@@ -118,7 +121,7 @@ class DesiredReload:
         source = str(self.path)
         digest = hashlib.sha256(data).hexdigest()
         try:
-            new = await asyncio.to_thread(parse_desired, data, source)
+            new = await asyncio.to_thread(self._parse, data, source)
         except DesiredStateError as err:
             self._reject(digest, [str(p) for p in err.problems])
             return False
@@ -152,7 +155,7 @@ class DesiredReload:
                     await change.prepare()
                     diffs = pop_diffs(change.over, change.target, served, change.prepared())
                     changes = await asyncio.to_thread(diffs)
-                    change.record(lambda pushed: [_applied_record(new, changes, pushed)])
+                    change.record(lambda pushed: [_applied_record(new, changes, pushed, by)])
                     change.record(begun.records)
                 begun.done()
         except (RolloutError, Deposed) as err:  # the lead lost since the check: the new
@@ -207,8 +210,9 @@ def log_warnings(desired: Desired) -> None:
 
 
 def _applied_record(new: Desired, changes: dict[str, list[ResourceChange]],
-                    pushed: frozenset[str]) -> Draft:
-    """The `config_applied` record of a reload: per PoP what changes, the PoPs pushed to."""
+                    pushed: frozenset[str], by: str) -> Draft:
+    """The `config_applied` record of a reload: who asked (`by`), per PoP what changes, the
+    PoPs pushed to."""
     lines = [f"pop {pop}: {summarize(c)}" for pop, c in sorted(changes.items())]
     diff = [line for pop, c in sorted(changes.items())
             for line in [f"pop {pop}:", *format_changes(c)]]
@@ -216,8 +220,8 @@ def _applied_record(new: Desired, changes: dict[str, list[ResourceChange]],
         "config_applied",
         config_version=new.digest[:16],
         rule=f"desired state applied ({'; '.join(lines)}); pushed to "
-        f"{', '.join(sorted(pushed)) or 'no PoP'}",
-        detail={"digest": new.digest, "pushed_pops": sorted(pushed),
+        f"{', '.join(sorted(pushed)) or 'no PoP'} ({by})",
+        detail={"digest": new.digest, "pushed_pops": sorted(pushed), "by": by,
                 "diff": diff[:DIFF_LINES_IN_RECORD], "diff_lines": len(diff),
                 "warnings": desired_warnings(new)},
     )

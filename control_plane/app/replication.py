@@ -21,6 +21,12 @@ how decision records reach every replica's log.
   and takes the others' from the same watch: the leader's rollout gates, and every replica's
   status, count the nodes of every live replica (`peer_acks`: a registered replica whose value
   is missing or unreadable stands there as unknown, and the gates wait for it).
+- **Bad values**: a value under ``intent/`` that is not what its key holds (another writer's,
+  a bit flip) is quarantined (`replicated_store.checked`): left out on every replica alike, an
+  `intent_quarantined` record naming the key and why (once, until it is rewritten or deleted),
+  listed under `quarantined` in `/status`; start-up and adoption go on without it. A value of
+  ``decisions/`` that is not JSON is skipped with a log line. The mirror's own failures are
+  logged once each, not at every retry.
 - **Fail static**: while etcd is unreachable nobody reconciles, every replica keeps serving the
   intent it holds, and `/readyz` says degraded (still 200: Envoys are better served by a replica
   with the last intent than by none).
@@ -32,7 +38,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
 from control_plane.app.config_acks import MAX_PEERS, MAX_TEXT_CHARS, ConfigAcks, SharedAcks
@@ -41,17 +47,25 @@ from control_plane.app.reconcile import Reconciler
 from control_plane.app.rollouts import Rollouts
 from control_plane.app.tasks import cancel_all
 from control_plane.decisions.recorder import DecisionRecorder
-from control_plane.intent.etcd_store import WRITING, EtcdStore, Leadership, StoreUnavailable
+from control_plane.intent.etcd_store import (
+    WRITING,
+    EtcdStore,
+    Leadership,
+    StoreUnavailable,
+    Unreadable,
+)
 from control_plane.intent.owner import IntentOwner
-from control_plane.intent.replicated_store import ReplicatedStore, stored_intent_of
+from control_plane.intent.replicated_store import ReplicatedStore, checked
 from control_plane.observe.source import wall_ms
 from control_plane.own_metrics.registry import BallastMetrics
+from control_plane.security.terminal import escape
 
 log = logging.getLogger(__name__)
 
 MAX_FORWARD_QUEUE = 10_000
 ADOPT_RETRY_S = 1.0  # a follower whose adopt failed tries again this often until it lands
 SHARE_POLL_S = 0.25  # how often a replica looks whether its nodes' ACK state changed
+QUARANTINE_SHOWN = 20  # quarantined keys listed in /status (all are counted)
 
 
 class Replication:
@@ -69,7 +83,7 @@ class Replication:
         survey_s: float = 1.0,
         rollouts: Callable[[], Rollouts | None] = lambda: None,
         acks: Callable[[], ConfigAcks | None] = lambda: None,
-        elected: Callable[[], None] = lambda: None,
+        elected: Callable[[], Awaitable[None]] | None = None,
         clock: Callable[[], int] = wall_ms,
     ) -> None:
         """`rollouts`: the service's rollout driver, which follows the rollout the leader saved
@@ -92,7 +106,9 @@ class Replication:
         self.election = LeaderElection(
             etcd, replica_id, ttl_s, info=info, on_change=self._leadership_changed
         )
-        self.store = ReplicatedStore(etcd, self.election.leading)
+        self.store = ReplicatedStore(etcd, self.election.leading, self._quarantine)
+        self.quarantined: dict[str, str] = {}  # intent key -> why it is left out
+        self._mirror_error = ""  # the mirror's last failure, logged once
         self.term: int | None = None
         self.leader: tuple[str, int] | None = None  # (replica, term) as etcd said last
         self.replicas: list[dict[str, Any]] = []
@@ -148,7 +164,25 @@ class Replication:
             "degraded": self.degraded(),
             "records_waiting": len(self._outbox),
             "records_dropped": self._dropped,  # the outbox was full while etcd was away
+            "quarantined": dict(list(self.quarantined.items())[:QUARANTINE_SHOWN]),
+            "quarantined_count": len(self.quarantined),
         }
+
+    def _quarantine(self, bad: Mapping[str, str]) -> None:
+        """The intent keys left out now (`ReplicatedStore.intent_of`): each newly bad one (or
+        bad for another reason) logged and recorded once, each good again logged."""
+        for key, why in bad.items():
+            if self.quarantined.get(key) != why:
+                shown = escape(key[:200])
+                log.warning("etcd value intent/%s left out (quarantined): %s", shown,
+                            escape(why))
+                self.recorder.record(
+                    "intent_quarantined", rule=f"the value of {self.store.where}intent/"
+                    f"{shown} is left out: {why}; rewrite or delete it",
+                    detail={"key": f"intent/{shown}", "why": why, "replica": self.replica_id})
+        for key in self.quarantined.keys() - bad.keys():
+            log.info("etcd value intent/%s is readable again (or gone)", escape(key[:200]))
+        self.quarantined = dict(bad)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -167,7 +201,7 @@ class Replication:
         while True:
             self._membership_changed.clear()
             with contextlib.suppress(StoreUnavailable):
-                self.leader = await self.etcd.leader()
+                await self.read_leader()
                 self.replicas = sorted(await self.etcd.replicas(),
                                        key=lambda r: str(r.get("id")))
             if self._metrics is not None:
@@ -177,6 +211,11 @@ class Replication:
                 self._metrics.intent_store_reachable.labels(me).set(self.election.reachable)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._membership_changed.wait(), every_s)
+
+    async def read_leader(self) -> tuple[str, int] | None:
+        """Who leads, read from etcd now (and kept for status)."""
+        self.leader = await self.etcd.leader()
+        return self.leader
 
     async def stop(self) -> None:
         await self._stop_reconciling()
@@ -223,6 +262,7 @@ class Replication:
     async def _leadership_changed(self, lead: Leadership | None, why: str) -> None:
         if lead is None:
             await self._stop_reconciling()
+            self._reconciler().readings.clear()  # the leader's now: none shown here
             if self.term is not None:
                 self.recorder.record("leader_lost", rule=f"replica {self.replica_id} stopped "
                                      f"reconciling term {self.term}: {why}",
@@ -248,7 +288,8 @@ class Replication:
                 "replica": self.replica_id, "term": lead.term,
                 "pairs_restored": len(stored.groups)})
         self._loop_task = asyncio.create_task(reconciler.run())
-        self._elected()
+        if self._elected is not None:
+            await self._elected()
 
     async def _adopt_after_leading(self) -> None:
         """A former leader takes what etcd holds (its own last writes, or a new leader's)."""
@@ -278,8 +319,10 @@ class Replication:
                 await self._follow(revision + 1)
             except StoreUnavailable as err:
                 log.debug("intent watch: %s", err)
-            except Exception:  # the mirror must go on: it is how this replica follows
-                log.exception("intent watch failed")
+            except Exception as err:  # the mirror must go on: it is how this replica follows
+                if str(err) != self._mirror_error:  # once per failure, not every 0.5 s
+                    log.exception("intent watch failed")
+                self._mirror_error = str(err)
             await asyncio.sleep(0.5)
 
     async def _follow(self, start_revision: int) -> None:
@@ -329,6 +372,10 @@ class Replication:
             return False
         if event.key.startswith("decisions/"):
             source = event.key.split("/")[1]
+            if isinstance(event.value, Unreadable):
+                log.warning("ignored a replicated record under %s: %s", event.key[:200],
+                            event.value.why)
+                return False
             if event.value is not None and source != self.replica_id:
                 try:
                     self.recorder.replicated(event.value)
@@ -371,13 +418,14 @@ class Replication:
         Through the change transaction, which saves nothing here (the leader saved it). If it
         fails, the last intent is kept and `_behind` set (the mirror tries again)."""
         behind, self._behind = self._behind, False
-        if self.term is not None:
+        if self.term is not None:  # what the leader would adopt, for its quarantine only
+            self._quarantine(checked(self._values)[1])
             return
         if WRITING in self._values:  # the leader's write is under way: adopt it once whole
             log.debug("a write is under way in etcd: adopted when it is whole")
             return
         try:
-            stored = stored_intent_of(self._values, where=self.store.where)
+            stored = self.store.intent_of(self._values)
             # which PoP serves which version first, then the intent under those versions
             await self._follow_rollout(stored.records)
             pops = await self._owner().adopt(stored, where=self.store.where)

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from control_plane.decisions.read import Query, Record
+from control_plane.security.terminal import escape
 
 DEFAULT_SERVER = "http://127.0.0.1:18001"
 SERVER_ENV = "BALLAST_ADMIN"
@@ -276,12 +277,13 @@ def _array_items(response: Any, url: str, key: str) -> Iterator[dict[str, Any]]:
 
 
 def _error_message(err: urllib.error.HTTPError) -> str:
+    """The server's error message, escaped for the terminal (commands print it)."""
     body = err.read()
     try:
         message = json.loads(body)["error"]
     except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
-        return str(err.reason)
-    return str(message)
+        return escape(str(err.reason))
+    return escape(str(message))
 
 
 class ServerSource:

@@ -49,7 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "--client-cert-auth takes it as that user); repeat")
     parser.add_argument("--admin-token", action="store_true",
                         help="also write DIR/admin.token, a new random admin API token "
-                        "(for serve --admin-token-file and the CLI's --token-file)")
+                        "(for serve --admin-token-file and the CLI's --token-file), and "
+                        "DIR/scrape.token, a read-only one for GET /metrics (serve "
+                        "--admin-scrape-token-file; Prometheus's)")
     parser.add_argument("--renew-server", action="store_true",
                         help="issue a new server certificate even if one exists (rotation: a "
                         "running `ballast serve` uses it from its next connection on)")
@@ -76,13 +78,16 @@ def run(args: argparse.Namespace) -> int:
             written += [certs.make_etcd_client(etcd_ca, user, args.days).cert
                         for user in args.etcd_client]
         token = certs.make_admin_token() if args.admin_token else None
+        scrape = certs.make_scrape_token() if args.admin_token else None
     except (OSError, ValueError) as err:
         print(f"ballast certs: {err}", file=sys.stderr)
         return 1
     for path in written:
         print(f"wrote {path} (key {path.with_suffix('.key')})")
-    if token is not None:
+    if token is not None and scrape is not None:
         print(f"wrote {token} (serve --admin-token-file {token}; CLI --token-file {token})")
+        print(f"wrote {scrape} (serve --admin-scrape-token-file {scrape}; Prometheus: "
+              f"prometheus-config --token-file {scrape}; it reads /metrics and nothing else)")
     print(f"serve with: --tls-cert {certs.server.cert} --tls-key {certs.server.key} "
           f"--client-ca {certs.ca.cert}")
     return 0

@@ -9,7 +9,8 @@ gate still rolls back), `resume` bakes the current wave again from now, `abort` 
 back to the last version that passed, `promote` puts every PoP on the new version now. `apply`
 reads the server's desired-state file now (as its watcher would); `--now` sends it to every PoP
 at once (an emergency; recorded as such). Exit 1 when the server cannot be reached or the
-action does not apply.
+action does not apply. What the server answers is escaped for the terminal before it is shown
+(a NACK's message in a gate reading is a node's text).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from control_plane.cli.admin_client import (
     add_server_option,
     client_for,
 )
+from control_plane.security.terminal import escaped
 
 HELP = "a desired-state change's rollout: status, pause, resume, abort, promote, apply --now"
 ACTIONS = ("status", "pause", "resume", "abort", "promote", "apply")
@@ -104,5 +106,5 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "apply" and not shown.get("applied"):
         print("nothing applied: the file is the version served, or it was rejected "
               "(`ballast decisions --kind config_rejected` says why)")
-    print("\n".join(lines(shown)))
+    print("\n".join(lines(escaped(shown))))
     return 0

@@ -14,13 +14,16 @@ from pathlib import Path
 
 from control_plane.admin.connections import DEFAULT_ADMIN_LIMITS, AdminLimits
 from control_plane.ads.limits import DEFAULT_LIMITS, AdsLimits
+from control_plane.app.load_reports import METRIC_SOURCES
 from control_plane.app.service import BallastService, ServiceConfig
+from control_plane.cli.translate_options import add_filter_option, filters_of
 from control_plane.decisions.budget import DEFAULT_BURST_BYTES, DEFAULT_BYTES_PER_S, BudgetConfig
 from control_plane.desired import DesiredStateError
 from control_plane.intent.etcd_store import StoreCredentials, StoreUnavailable, parse_store_url
 from control_plane.intent.sqlite_store import StateCorrupted
 from control_plane.intent.state_dir import state_dir
 from control_plane.intent.state_dir_lock import StateDirBusy
+from control_plane.observe.lrs_service import DEFAULT_INTERVAL_MS
 from control_plane.security.tls import TlsFiles
 
 REPLICA_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
@@ -51,6 +54,7 @@ def _positive_int(text: str) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", help="desired-state YAML (watched: edits apply live)")
+    add_filter_option(parser)
     parser.add_argument("--xds-address", default="127.0.0.1:18000", metavar="HOST:PORT",
                         help="where Envoys connect for ADS and the metrics sink "
                         "(default 127.0.0.1:18000)")
@@ -59,8 +63,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--state-dir", default=None,
                         help="weights, streaks and the decision log "
                         "(default $BALLAST_STATE_DIR or var/ballast)")
-    parser.add_argument("--metrics-source", choices=["sink", "prometheus"], default="sink",
-                        help="Envoy's metrics_service sink (default) or a Prometheus server")
+    parser.add_argument("--metrics-source", choices=METRIC_SOURCES, default="sink",
+                        help="what the controllers read: Envoy's stats sinks (default), a "
+                        "Prometheus server, the load reports (LRS) of Envoys and gRPC clients, "
+                        "or sink+lrs / prometheus+lrs (load reports fill in the pairs the "
+                        "first has nothing of: gRPC services)")
+    parser.add_argument("--lrs-interval", type=_milliseconds, default=DEFAULT_INTERVAL_MS,
+                        metavar="DURATION", help="how often clients send load reports "
+                        f"(default {DEFAULT_INTERVAL_MS / 1000:g}s, at least 1s)")
+    parser.add_argument("--lrs-endpoint-granularity", action="store_true",
+                        help="ask for load reports per endpoint too (Envoy sends them; gRPC "
+                        "reports per locality only)")
     parser.add_argument("--prometheus-url", default=None, metavar="URL",
                         help="Prometheus base URL, with --metrics-source prometheus")
     parser.add_argument("--no-probes", action="store_true",
@@ -127,6 +140,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="require this bearer token (one word, >= 16 characters; re-read "
                         "when the file changes) for every admin route but /healthz and "
                         "/readyz. Without it the admin API is open and may only bind loopback")
+    parser.add_argument("--admin-scrape-token-file", type=Path, metavar="FILE",
+                        help="a second, read-only token that opens GET /metrics and nothing "
+                        "else: the one to give Prometheus (ballast certs --admin-token writes "
+                        "DIR/scrape.token)")
     parser.add_argument("--admin-host", action="append", default=[], metavar="NAME",
                         help="a DNS name the admin API is reached by (repeatable): requests "
                         "whose Host is not an IP address, localhost or such a name get 421 "
@@ -201,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    if args.metrics_source == "prometheus" and not args.prometheus_url:
+    if args.metrics_source.startswith("prometheus") and not args.prometheus_url:
         print("ballast serve: --metrics-source prometheus needs --prometheus-url",
               file=sys.stderr)
         return 2
@@ -226,6 +243,8 @@ def run(args: argparse.Namespace) -> int:
         xds_address=args.xds_address,
         admin_address=args.admin_address,
         metrics_source=args.metrics_source,
+        lrs_interval_ms=args.lrs_interval,
+        lrs_endpoint_granularity=args.lrs_endpoint_granularity,
         prometheus_url=args.prometheus_url,
         probes=not args.no_probes,
         probe_interval_ms=args.probe_interval,
@@ -236,12 +255,14 @@ def run(args: argparse.Namespace) -> int:
         accept_empty_state=args.accept_empty_state,
         tls=TlsFiles(args.tls_cert, args.tls_key, args.client_ca) if all(tls_given) else None,
         admin_token_file=args.admin_token_file,
+        admin_scrape_token_file=args.admin_scrape_token_file,
         admin_tls=args.admin_tls,
         admin_limits=AdminLimits(header_timeout_s=args.admin_header_timeout / 1000,
                                  idle_timeout_s=args.admin_idle_timeout / 1000,
                                  max_connections=args.admin_connections),
         admin_host_names=tuple(args.admin_host),
         allow_plaintext_secrets=args.allow_plaintext_secrets,
+        allowed_filters=filters_of(args),
         store_url=args.store,
         store_credentials=_store_credentials(args) if args.store is not None else None,
         replica_id=args.replica_id,

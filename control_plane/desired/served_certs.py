@@ -5,11 +5,19 @@ A pair is accepted when the certificate chain and the private key parse as PEM, 
 to the leaf certificate, the leaf is valid now, and its subject alt names cover every hostname
 it is served for (a `*.example.com` SAN covers `shop.example.com`, not `a.b.example.com`).
 Anything else raises `Bad` saying which of these failed.
+
+A certificate file (a chain, a client CA) holds `CERTIFICATE` PEM blocks and nothing else: a
+private key in it (a "combined PEM" of certificate and key) is refused, naming the file, the
+line of the block and its type, and so is any other block. What is served is never the file's
+bytes: the chain is written again from the certificates parsed out of it (`chain_pem`), so
+whatever else the file holds — a key outside any block, comments — cannot reach Envoy, a
+rendering or the decision log.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
@@ -20,9 +28,22 @@ from control_plane.desired.model import ServedCertificate
 
 DAY_S = 86_400
 MAX_CHAIN = 8  # certificates in one chain file
+PEM_BEGIN = re.compile(rb"-----BEGIN ([^\r\n-]*)-----")
 
 
 def load_chain(chain_pem: bytes, what: str) -> list[x509.Certificate]:
+    """The certificates of a certificate file; Bad for a block of another type (a private key
+    above all: file and line named) or none at all."""
+    for block in PEM_BEGIN.finditer(chain_pem):
+        label = block.group(1).decode("ascii", "replace").strip()
+        if label == "CERTIFICATE":
+            continue
+        line = chain_pem.count(b"\n", 0, block.start()) + 1
+        if "PRIVATE" in label.upper():
+            raise Bad(f"{what}:{line}: holds a private key ({label}): a certificate file holds "
+                      "certificates only; keep the key in key_file alone")
+        raise Bad(f"{what}:{line}: a {label or 'nameless'} PEM block; a certificate file holds "
+                  "CERTIFICATE blocks only")
     try:
         chain = x509.load_pem_x509_certificates(chain_pem)
     except ValueError:
@@ -30,6 +51,11 @@ def load_chain(chain_pem: bytes, what: str) -> list[x509.Certificate]:
     if len(chain) > MAX_CHAIN:
         raise Bad(f"{what}: {len(chain)} certificates; at most {MAX_CHAIN} in a chain")
     return chain
+
+
+def chain_pem(chain: list[x509.Certificate]) -> bytes:
+    """The certificates as PEM, written from what was parsed: nothing else of their file."""
+    return b"".join(cert.public_bytes(serialization.Encoding.PEM) for cert in chain)
 
 
 def public_key_der(key: object) -> bytes:
@@ -85,8 +111,8 @@ def served_certificate(
     """The checked pair (its dates judged at `now`, unix seconds), or `Bad` naming the first
     thing wrong with it."""
     cert_file, key_file = files
-    chain_pem, key_pem = pems
-    chain = load_chain(chain_pem, cert_file)
+    chain_file, key_pem = pems
+    chain = load_chain(chain_file, cert_file)
     leaf = chain[0]
     check_key_matches(leaf, key_pem, key_file)
     not_before = leaf.not_valid_before_utc.timestamp()
@@ -108,7 +134,7 @@ def served_certificate(
         hostnames=hostnames,
         cert_file=cert_file,
         key_file=key_file,
-        chain_pem=chain_pem,
+        chain_pem=chain_pem(chain),
         key_pem=key_pem,
         fingerprint=hashlib.sha256(leaf.public_bytes(serialization.Encoding.DER)).hexdigest(),
         key_fingerprint=key_fingerprint(key_pem),

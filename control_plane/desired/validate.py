@@ -37,6 +37,8 @@ from control_plane.desired.fields import (
     spki_pin,
     text,
 )
+from control_plane.desired.filter_types import DEFAULT_ALLOWED, AllowedFilters, refusal
+from control_plane.desired.grpc_services import read_grpc_services
 from control_plane.desired.layers import (
     GLOBAL,
     GROUP,
@@ -94,7 +96,7 @@ from control_plane.desired.schema import (
     server_name,
     tier_or_none,
 )
-from control_plane.desired.served_certs import load_chain, served_certificate
+from control_plane.desired.served_certs import chain_pem, load_chain, served_certificate
 from control_plane.desired.typed_json import typed_config
 from control_plane.desired.yaml_nodes import is_null, join, plain_value
 
@@ -135,9 +137,10 @@ class NoFiles:
         return False
 
 
-def build_desired(root: yaml.Node, sink: Sink, digest: str,
-                  files: Files | None = None) -> Desired | None:
-    return _Document(sink, files or NoFiles()).read(root, digest)
+def build_desired(root: yaml.Node, sink: Sink, digest: str, files: Files | None = None,
+                  allowed_filters: AllowedFilters = DEFAULT_ALLOWED) -> Desired | None:
+    """`allowed_filters`: the HTTP filter types `http_filters` may use (None: any)."""
+    return _Document(sink, files or NoFiles(), allowed_filters).read(root, digest)
 
 
 MAX_AFFINITY_TTL_MS = 365 * 86_400_000
@@ -152,9 +155,10 @@ class _Named:
 
 
 class _Document:
-    def __init__(self, sink: Sink, files: Files) -> None:
+    def __init__(self, sink: Sink, files: Files, allowed_filters: AllowedFilters) -> None:
         self.sink = sink
         self.files = files
+        self.allowed_filters = allowed_filters
         self.pops: dict[str, Pop] = {}
         self.tier_layers: dict[str, Layer] = {}
         self.tiers_at = At(1, 1, "tiers")
@@ -184,6 +188,7 @@ class _Document:
         access_log = read_layer(access, ACCESS_LOG_FIELDS, GLOBAL)
         access.finish()
         groups = self._origin_groups(doc)
+        services = read_grpc_services(self, doc, self.groups)
         default_tier, rules, trusted = self._classification(doc)
         self._check_cacheable_routes({rule.name for rule in rules} | {CATCH_ALL_ROUTE_NAME})
         listeners = self._listeners(doc)
@@ -193,7 +198,7 @@ class _Document:
             return None
         return Desired(
             pops=tuple(self.pops.values()),
-            origin_groups=tuple(g for g in groups if g is not None),
+            origin_groups=(*(g for g in groups if g is not None), *services),
             classification=tuple(rules),
             default_tier=default_tier,
             listeners=tuple(listeners),
@@ -226,7 +231,17 @@ class _Document:
                    if located.value is not None}
         gate_values = {key: located.value for key, located in gate_layer.items()
                        if located.value is not None}
-        return RolloutPolicy(**written, gates=RolloutGates(**gate_values))
+        policy = RolloutPolicy(**written, gates=RolloutGates(**gate_values))
+        bake, flush = layer.get("bake_ms"), layer.get("stats_flush_interval_ms")
+        if policy.strategy == "waves" and policy.bake_ms < policy.min_bake_ms:
+            self.sink.add(blame(fields.at(), *(x for x in (bake, flush) if x is not None)),
+                          f"bake ({policy.bake_ms / 1000:g}s) is below "
+                          f"{policy.min_bake_ms / 1000:g}s, two stats flushes (Envoys flush "
+                          f"every {policy.stats_flush_interval_ms / 1000:g}s, "
+                          "stats_flush_interval): the first flush after a wave's ACKs still "
+                          "carries traffic served on the old version, so its gate could not "
+                          "judge one full flush of the change's own")
+        return policy
 
     # --- standby ramp ------------------------------------------------------------------------
 
@@ -421,7 +436,7 @@ class _Document:
     def _origin_groups(self, doc: Fields) -> list[OriginGroup | None]:
         fields = Fields(doc.node_of("origin_groups"), "origin_groups", self.sink)
         self._note_broken(fields)
-        if not doc.has("origin_groups"):
+        if not doc.has("origin_groups") and not doc.has("grpc_services"):
             self.sink.add(doc.at(), "missing required key 'origin_groups'")
         elif fields.ok and not fields.entries:
             self.sink.add(fields.at(), "must list at least one origin group")
@@ -785,7 +800,8 @@ class _Document:
     # --- listeners ---------------------------------------------------------------------------
 
     def _listeners(self, doc: Fields) -> list[Listener]:
-        _, items = self._list(doc, "listeners", "listener")
+        # without listeners, Envoys get nothing: a fleet of proxyless gRPC clients only
+        _, items = self._list(doc, "listeners", "listener", required=not doc.has("grpc_services"))
         listeners: list[Listener] = []
         ports: dict[tuple[str, int], tuple[str, str]] = {}
         for named, listener in self._unique_names(items, "listeners", "listener"):
@@ -857,10 +873,10 @@ class _Document:
         client_ca = tls.read("client_ca_file", file_path)
         client_ca_pem = None
         if client_ca is not None:
-            client_ca_pem = self._read_file(tls.at("client_ca_file"), client_ca)
-            if client_ca_pem is not None:
-                try:
-                    load_chain(client_ca_pem, client_ca)
+            client_ca_file = self._read_file(tls.at("client_ca_file"), client_ca)
+            if client_ca_file is not None:
+                try:  # served as parsed: nothing of the file but its certificates
+                    client_ca_pem = chain_pem(load_chain(client_ca_file, client_ca))
                 except Bad as bad:
                     self.sink.add(tls.at("client_ca_file"), str(bad))
         low, high = values.get("min_version"), values.get("max_version")
@@ -965,7 +981,11 @@ class _Document:
                 typed = entry.convert(node, join(entry.path, "typed_config"),
                                       lambda n: typed_config(plain_value(n)))
             entry.finish()
-            if filter_name in RESERVED_FILTERS:
+            refused = None if typed is None else refusal(
+                typed[0].rsplit("/", 1)[-1], self.allowed_filters)
+            if refused is not None:
+                self.sink.add(entry.at("typed_config"), refused)
+            elif filter_name in RESERVED_FILTERS:
                 self.sink.add(entry.at("name"), f"'{filter_name}' is Ballast's own filter")
             elif filter_name is not None and filter_name in names:
                 self.sink.add(entry.at("name"), f"filter '{filter_name}' is listed twice")

@@ -5,7 +5,10 @@ Keys, all under one prefix (default ``/ballast/``):
 - ``leader`` — the elected replica's id, attached to its lease. The key's create revision is the
   leader's **term**: it grows with every election, and a write is fenced by comparing it (etcd's
   own election recipe), so a leader whose lease expired — paused, partitioned — can never write
-  again: its transaction's compare fails and it stops leading.
+  again: its transaction's compare fails and it stops leading. A leader key counts only when it
+  is on a lease and names a replica registered on that same lease (`leader`): another writer's
+  ``put /ballast/leader evil`` is nobody; one without a lease (which no replica writes, and
+  which would never expire) is deleted by the next campaign, so an election follows.
 - ``intent/groups/<pop>/<group>`` — weights and controller streaks of a (PoP, origin group).
 - ``intent/tiers/<pop>/<group>`` — an active tier state.
 - ``intent/digest`` — the digest of the desired state the intent was decided for.
@@ -41,6 +44,10 @@ and password (etcd's simple-token authentication). aetcd 1.0 dials plaintext onl
 adds the TLS channel. The files are read at every (re)connection, so rotated ones are used from
 the next one on; the password never leaves this module.
 
+Every value read under ``intent/`` is decoded here (`decoded`): one that is not JSON is an
+`Unreadable` carrying why, never an exception, so one bad value stops neither a start-up nor the
+watch; what each key must hold is checked by its reader (`replicated_store.checked`).
+
 This module is the thin I/O adapter (aetcd over grpc.aio); what the keys hold is decided elsewhere.
 """
 
@@ -57,7 +64,7 @@ from typing import Any, TypeVar
 
 import aetcd
 import grpc
-from aetcd import rpc, watcher
+from aetcd import rpc, transactions, watcher
 
 from control_plane.intent.store import PartlyWritten
 
@@ -75,6 +82,28 @@ MAX_REQUEST_BYTES = 1_500_000
 MAX_CREDENTIAL_FILE = 1 << 20
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """A value under ``intent/`` that is not JSON: why, to quarantine it (never adopted)."""
+
+    why: str
+
+
+def decoded(raw: bytes) -> Any:
+    """A stored intent value: its JSON, or `Unreadable` saying why it is not JSON."""
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, ValueError, RecursionError) as err:
+        why = str(err) if len(str(err)) <= 120 else str(err)[:120] + "…"
+        return Unreadable(f"not JSON ({len(raw):,} bytes): {why}")
+
+
+class _LeaseOf(transactions.BaseCompare):  # aetcd has no compare on a key's lease
+    def build_compare(self, compare: Any) -> None:
+        compare.target = rpc.Compare.LEASE
+        compare.lease = self.value
 
 
 class StoreUnavailable(Exception):
@@ -391,7 +420,9 @@ class EtcdStore:
         await self._call("revoke_lease", lease_id)
 
     async def campaign(self, replica_id: str, lease_id: int) -> Leadership | None:
-        """One attempt to become leader: the leader key is created only if absent."""
+        """One attempt to become leader: the leader key is created only if absent. One on no
+        lease is no replica's (another writer's `put`): it is deleted, if unchanged since read,
+        and the next attempt (its deletion wakes the watch) campaigns for an empty key."""
         client = await self._connected()
         leader = self._key("leader")
         tx = client.transactions
@@ -400,19 +431,37 @@ class EtcdStore:
             success=[tx.put(leader, replica_id.encode(), lease=lease_id)],
             failure=[],
         ))
+        held = await self._call("get", leader)
         if not ok:
+            if held is not None and not held.lease:
+                log.warning("the leader key holds %r on no lease: no replica wrote it; deleted "
+                            "so that a replica is elected", _shown(held.value))
+                await self._rpc(client.transaction(
+                    compare=[tx.mod(leader) == int(held.mod_revision), _LeaseOf(leader) == 0],
+                    success=[tx.delete(leader)], failure=[]))
             return None
-        current = await self.leader()
-        if current is None or current[0] != replica_id:
+        if held is None or held.lease != lease_id or held.value != replica_id.encode():
             return None
-        return Leadership(term=current[1], lease_id=lease_id)
+        return Leadership(term=int(held.create_revision), lease_id=lease_id)
+
+    async def holds(self, replica_id: str, lead: Leadership) -> bool:
+        """Whether the leader key is still `replica_id`'s of term `lead.term`, on its lease."""
+        held = await self._call("get", self._key("leader"))
+        return (held is not None and held.lease == lead.lease_id
+                and int(held.create_revision) == lead.term
+                and held.value == replica_id.encode())
 
     async def leader(self) -> tuple[str, int] | None:
-        """(replica id, term) of the current leader, or None."""
-        result = await self._call("get", self._key("leader"))
-        if result is None:
+        """(replica id, term) of the current leader, or None: also when the leader key is on no
+        lease, or names no replica registered on the lease it is on (another writer's)."""
+        held = await self._call("get", self._key("leader"))
+        if held is None or not held.lease:
             return None
-        return result.value.decode(errors="replace"), int(result.create_revision)
+        replica = held.value.decode(errors="replace")
+        registered = await self._call("get", self._key(f"replicas/{replica}"))
+        if registered is None or registered.lease != held.lease:
+            return None
+        return replica, int(held.create_revision)
 
     async def watch_leader(self) -> AsyncIterator[None]:
         """Yields each time the leader key changes (a new term, or vacancy)."""
@@ -428,10 +477,11 @@ class EtcdStore:
     # -- intent ----------------------------------------------------------------------------
 
     async def load(self) -> tuple[int, dict[str, Any]]:
-        """(revision, relative key -> value) of everything under ``intent/``."""
+        """(revision, relative key -> value) of everything under ``intent/`` (a value that is
+        not JSON as `Unreadable`)."""
         client = await self._connected()
         result = await self._rpc(client.get_prefix(self._key("intent/")))
-        values = {self._relative(kv.key, "intent/"): json.loads(kv.value) for kv in result}
+        values = {self._relative(kv.key, "intent/"): decoded(kv.value) for kv in result}
         return int(result.header.revision), values
 
     async def commit(self, leadership: Leadership, write: IntentWrite) -> None:
@@ -490,8 +540,9 @@ class EtcdStore:
 
     async def watch_intent(self, start_revision: int) -> AsyncIterator[IntentEvent]:
         """Every change under ``intent/``, ``decisions/`` and ``acks/`` from ``start_revision``
-        on (an ``acks/`` value as stored: `IntentEvent`), and of the membership (the ``leader``
-        key, ``replicas/``: value None, only that it changed)."""
+        on (an ``acks/`` value as stored, one that is not JSON as `Unreadable`: `IntentEvent`),
+        and of the membership (the ``leader`` key, ``replicas/``: value None, only that it
+        changed)."""
         client = await self._connected()
         watch = await self._rpc(client.watch_prefix(self.prefix.encode(),
                                                     start_revision=start_revision))
@@ -509,7 +560,7 @@ class EtcdStore:
                 elif key.startswith("acks/"):  # a peer's, read bounded by `SharedAcks.parse`
                     value = bytes(event.kv.value)
                 else:
-                    value = json.loads(event.kv.value)
+                    value = decoded(event.kv.value)
                 yield IntentEvent(int(event.kv.mod_revision), key, value)
         except Exception as err:  # any failure to talk to etcd (gRPC, socket, timeout)
             raise await self._failed(err) from err
@@ -568,6 +619,11 @@ def _registration(replica_id: str, raw: bytes) -> dict[str, Any]:
                     replica_id[:64], len(raw))
         info = {}
     return {**info, "id": replica_id}
+
+
+def _shown(raw: bytes) -> str:
+    text = raw.decode(errors="replace")
+    return text if len(text) <= 64 else text[:64] + "…"
 
 
 def _dump(value: Any) -> bytes:

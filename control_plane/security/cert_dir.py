@@ -82,10 +82,19 @@ class CertDir:
     def admin_token(self) -> Path:
         return self.root / "admin.token"
 
+    @property
+    def scrape_token(self) -> Path:
+        return self.root / "scrape.token"
+
     def make_admin_token(self) -> Path:
         """A new random admin token (256 bits, URL-safe), mode 0600."""
         write_atomic(self.admin_token, (secrets.token_urlsafe(32) + "\n").encode(), 0o600)
         return self.admin_token
+
+    def make_scrape_token(self) -> Path:
+        """A new random scrape token (`GET /metrics` only: Prometheus's), mode 0600."""
+        write_atomic(self.scrape_token, (secrets.token_urlsafe(32) + "\n").encode(), 0o600)
+        return self.scrape_token
 
     def load_or_make_ca(self, days: int, *, etcd: bool = False) -> tuple[Issued, bool]:
         """The CA in the directory (Ballast's, or etcd's with `etcd`) while it is valid, else a
