@@ -24,6 +24,7 @@ import datetime
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -32,10 +33,17 @@ from typing import Any
 
 from bench.scenarios.analysis import RunResult, focus_on_restart
 from bench.scenarios.catalog import SCENARIOS, smoke
-from bench.scenarios.report import Rows, summary_counts, summary_row, write_report
+from bench.scenarios.report import Rows, readme_rows, summary_counts, write_report
 from bench.scenarios.runner import Scenario, run_variant
 from bench.scenarios.stack import ROOT
 from bench.scenarios.store import META, read_meta, read_runs, write_meta, write_run
+
+CODE = ("bench", "control_plane", "harness", "pyproject.toml")  # what a run's outcome depends on
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    """SIGTERM ends a run as Ctrl-C does: every process the run started is stopped."""
+    raise KeyboardInterrupt
 
 
 def _machine() -> str:
@@ -47,12 +55,13 @@ def _now() -> str:
 
 
 def _commit() -> str:
-    """The commit the bench ran at, marked when the work tree had changes."""
+    """The commit the bench ran at, marked when the code (not the reports) had changes."""
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, check=True,
                               capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               cwd=ROOT, check=True, capture_output=True, text=True).stdout
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
+                                *CODE], cwd=ROOT, check=True, capture_output=True,
+                               text=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head + (" with uncommitted changes" if dirty.strip() else "")
@@ -109,7 +118,7 @@ def _print(name: str, out: Path, tables: list[tuple[str, Rows]]) -> None:
             print(f"{metric.name:<75} " + "  ".join(
                 f"{v} {s.median:9.1f}" for v, s in spreads.items()), flush=True)
     print(f"report: {out / (name + '.md')} {dict(summary_counts(tables))}", flush=True)
-    print("README row: " + summary_row(scenario, tables), flush=True)
+    print("README rows:", *readme_rows(scenario, tables), sep="\n", flush=True)
 
 
 def report(argv: list[str]) -> int:
@@ -132,6 +141,7 @@ def report(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    signal.signal(signal.SIGTERM, _interrupted)
     if argv[:1] == ["report"]:
         return report(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m bench.scenarios", description=__doc__,

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from bench.scenarios.origin import POP_HEADER
 from bench.scenarios.timers import compressed, duration, envoy_duration
 from control_plane.translate.bootstrap import ads_bootstrap
 from harness.envoy_process import EnvoyProcess, free_port, stop_group
@@ -348,7 +349,7 @@ def _envoy(pop: str, listener: int, admin: int, routes: list[dict[str, Any]],
         "@type": HCM_TYPE, "stat_prefix": "edge",
         "route_config": {"virtual_hosts": [{
             "name": "shop", "domains": ["*"],
-            "request_headers_to_add": [{"header": {"key": "x-ballast-pop", "value": pop}}],
+            "request_headers_to_add": [{"header": {"key": POP_HEADER, "value": pop}}],
             "routes": routes}]},
         "http_filters": [ROUTER],
     }
@@ -423,14 +424,19 @@ def failover_bootstrap(variant: str, pop: str, listener: int, admin: int,
         for loc in failover_layout(baseline, origins)
     ]
     volume = outlier_volume(baseline, rps_per_pop)
+    # the checks go the PoP's own way to the origin, as its requests do (a regional fault on
+    # the path from one PoP fails that PoP's checks only)
+    via_pop = [{"header": {"key": POP_HEADER, "value": pop}}]
     check: dict[str, Any] = {
         "timeout": envoy_duration(c(2)), "interval": envoy_duration(c(5)),
         "no_traffic_interval": envoy_duration(c(5)), "unhealthy_threshold": UNHEALTHY_THRESHOLD,
-        "healthy_threshold": HEALTHY_THRESHOLD, "http_health_check": {"path": SHALLOW_PATH}}
+        "healthy_threshold": HEALTHY_THRESHOLD,
+        "http_health_check": {"path": SHALLOW_PATH, "request_headers_to_add": via_pop}}
     if baseline.deep:
         check.update({"timeout": envoy_duration(c(PROBE_READ_TIMEOUT_S)),
                       "healthy_threshold": RETURN_AFTER_S // 5,
-                      "http_health_check": {"path": DEEP_PATH}})
+                      "http_health_check": {"path": DEEP_PATH,
+                                            "request_headers_to_add": via_pop}})
     cluster: dict[str, Any] = {
         "name": "shop", "type": "STATIC", "connect_timeout": "2s",
         "circuit_breakers": _breakers(concurrency, concurrency),
