@@ -258,7 +258,8 @@ async def scrape(http: aiohttp.ClientSession) -> Samples:
 
 SEED_000 = {
     **TierActions().to_dict(),
-    "description": "normal: 50% demoted to background; background: shed (503, retry-after 60 s)",
+    "description": "normal: 50% demoted to background (answered at the edge: background is "
+                   "shed); background: shed to its floor (503 beyond)",
 }
 
 
@@ -295,7 +296,7 @@ async def test_tier_actions_in_the_api_status_and_gauge(
     shed_only = TierActions(demote_tier=None, demote_to=None, demote_share=0, retry_after_s=30)
     await set_tier_actions(intent, "ewr", "shop", shed_only)
     shop = (await get(http, "/tier-actions?pop=ewr"))["tier_actions"]["ewr"]["shop"]
-    assert shop["description"] == "background: shed (503, retry-after 30 s)"
+    assert shop["description"] == "background: shed to its floor (503 beyond)"
     parsed = await scrape(http)
     assert gauge(parsed, "ewr", "demote", "normal") == 0
     assert gauge(parsed, "ewr", "shed", "background") == 1

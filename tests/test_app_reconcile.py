@@ -191,7 +191,10 @@ async def test_tier_actions_go_on_and_off_saved_before_the_push(tmp_path: Path) 
     tiers.ewr = 25
     for tick in range(3):  # 0 s, 20 s, 40 s: on at 40 s (>= 30 s)
         await reconciler.tick(T0 + tick * 20_000)
-    assert intent.tier_actions("ewr", "shop") == TierActions(shed_status=(("background", 503),))
+    # background shed to its floor (5 % of 120: its whole share of 6), no queue beyond it
+    shed = TierActions(shed_status=(("background", 503),), limits=(("background", 6),),
+                       pending_limits=(("background", 6),))
+    assert intent.tier_actions("ewr", "shop") == shed
     assert reconciler.intent.tier_actions("sjc", "shop") is None
     assert saved_at_push == [(frozenset({"ewr"}), True)], "saved before pushed; ewr only"
     (on,) = [r for r in iter_records(tmp_path) if r["kind"] == "tier_action"]
@@ -200,7 +203,7 @@ async def test_tier_actions_go_on_and_off_saved_before_the_push(tmp_path: Path) 
 
     tiers.fail = True  # a failing source holds the actions
     await reconciler.tick(T0 + 60_000)
-    assert intent.tier_actions("ewr", "shop") == TierActions(shed_status=(("background", 503),))
+    assert intent.tier_actions("ewr", "shop") == shed
     tiers.fail, tiers.ewr = False, 2
     for tick in range(4, 8):  # quiet from 80 s; lifted at 140 s (60 s later)
         await reconciler.tick(T0 + tick * 20_000)
@@ -236,13 +239,41 @@ async def test_lending_and_reclaim_reach_the_cache_the_log_and_the_store(tmp_pat
     actions = reconciler.intent.tier_actions("ewr", "shop")
     assert actions is not None and actions.limits == (("background", 47),)  # 6 + 40 + 1
     assert store.load().tier_decisions["ewr/shop"]["lent"] == {"background": 41}
-    tiers.critical, tiers.normal = 80, 30  # the lenders' demand is back: reclaimed at once
+    tiers.critical, tiers.normal = 75, 27  # the lenders' demand is back: reclaimed at once
     await reconciler.tick(T0 + 50_000)
     assert reconciler.intent.tier_actions("ewr", "shop") is None
     assert [r["detail"]["change"] for r in iter_records(tmp_path)
             if r["kind"] == "tier_lend"] == ["lend", "reclaim"]
-    saved = store.load().tier_decisions["ewr/shop"]  # utilization 116/120: its hold started
+    saved = store.load().tier_decisions["ewr/shop"]  # utilization 108/120: its hold started
     assert saved["lent"] == {} and saved["shed_since_ms"] == T0 + 50_000
+
+
+async def test_a_tier_tick_runs_the_tier_step_alone_between_full_ticks(tmp_path: Path) -> None:
+    """Failover every 20 s, tier ticks every 5 s (the default): a checkout surge seen at a tier
+    tick is answered by preemption there, with no weight step, streak or quiet-run record."""
+    intent, _ = intent_and_cache(example_desired(), recorder=_recorder(tmp_path))
+    tiers = LendingTiers()
+    tiers.normal = 30.0  # normal's pool busy: it lends nothing
+    source = ScriptedSource()
+    reconciler = Reconciler(intent, source, tier_source=tiers, seed=7)
+    assert reconciler.tier_interval_ms(intent.intent.desired.group("shop")) == 5_000
+    await reconciler.tick(T0, only_due=True)  # a full tick: every pair
+    kinds_after_full = [r["kind"] for r in iter_records(tmp_path)]
+    controller = dict(intent.intent.controllers)
+    assert await reconciler.tick(T0 + 4_000, only_due=True) == []  # nothing due yet
+    tiers.critical = 100.0  # checkout surges: critical wants 100 + 9 of its 84
+    source.error_rate = 0.5  # a weight step would see this; a tier tick must not
+    assert await reconciler.tick(T0 + 5_000, only_due=True) == []  # no weight step ran
+    new = [r for r in iter_records(tmp_path)][len(kinds_after_full):]
+    # normal's queue bound follows its 6 slots (6 x 1500 ms / 5 ms = 1,800 < its depth)
+    assert [r["kind"] for r in new] == ["tier_preempt", "tier_queue"], [r["rule"] for r in new]
+    assert new[0]["detail"]["took"] == {"critical": 24}  # normal down to its floor of 6
+    actions = intent.tier_actions("ewr", "shop")
+    assert actions is not None and dict(actions.limits) == {"critical": 108, "normal": 6}
+    assert dict(intent.intent.controllers) == controller  # streaks held
+    # the next full tick (20 s) runs everything again, the weight controller included
+    await reconciler.tick(T0 + 20_000, only_due=True)
+    assert any(r["kind"] == "threshold_breach" for r in iter_records(tmp_path))
 
 
 async def test_service_restores_active_tier_actions_before_serving(tmp_path: Path) -> None:
@@ -260,7 +291,8 @@ async def test_service_restores_active_tier_actions_before_serving(tmp_path: Pat
     ))
     await service.start()
     try:
-        shed_503 = TierActions(shed_status=(("background", 503),))
+        shed_503 = TierActions(shed_status=(("background", 503),),
+                               limits=(("background", 6),), pending_limits=(("background", 6),))
         assert service.server.intent.tier_actions("ewr", "shop") == shed_503
         assert service.server.intent.tier_actions("sjc", "shop") is None
         assert service.server.intent.tier_state(("ewr", "shop")).active

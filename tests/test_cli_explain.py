@@ -55,8 +55,9 @@ def state_dir(tmp_path: Path) -> Path:
 
 
 TIER_LINES = [
-    "tier actions: normal: 50% demoted to background since 16:01:00; background: shed (503, "
-    "retry-after 60 s) since 16:01:00",
+    "tier actions: normal: 50% demoted to background (answered at the edge: background is "
+    "shed) since 16:01:00; background: shed to its floor of 6 slot(s) (503 beyond) since "
+    "16:01:00",
     "  switched on at 16:01:00 (tier_action, seq 4): critical pending max 31 > 10 "
     "(trigger_pending) at every tick for 40 s since 16:00:20 (for: 30 s)",
     "  off: once 60 s (recover_after) pass without critical pending max > 10, or when tier "

@@ -175,12 +175,13 @@ def test_pops_with_active_tier_actions(
         out = capsys.readouterr().out
         assert out.endswith(
             "\n\ntier actions active:\n"
-            "  sjc  shop  normal: 50% demoted to background; background: shed (503, "
-            "retry-after 60 s)\n"
+            "  sjc  shop  normal: 50% demoted to background (answered at the edge: background "
+            "is shed); background: shed to its floor (503 beyond)\n"
         )
         assert main(["status", "sjc-sim", "--server", fleet.stack.url]) == 0
-        assert ("  tier actions:  shop: normal: 50% demoted to background; background: shed "
-                "(503, retry-after 60 s)\n") in capsys.readouterr().out
+        assert ("  tier actions:  shop: normal: 50% demoted to background (answered at the "
+                "edge: background is shed); background: shed to its floor (503 beyond)\n"
+                ) in capsys.readouterr().out
         assert main(["status", "ewr-1", "--server", fleet.stack.url]) == 0
         assert "  tier actions:  none active\n" in capsys.readouterr().out
 
@@ -188,9 +189,9 @@ def test_pops_with_active_tier_actions(
         assert main(["status", "--server", fleet.stack.url]) == 0
         assert capsys.readouterr().out.splitlines()[-3:] == [
             "tier actions active:",
-            "  ewr  shop  background: shed (503, retry-after 60 s)",
-            "  sjc  shop  normal: 50% demoted to background; background: shed (503, "
-            "retry-after 60 s)",
+            "  ewr  shop  background: shed to its floor (503 beyond)",
+            "  sjc  shop  normal: 50% demoted to background (answered at the edge: background "
+            "is shed); background: shed to its floor (503 beyond)",
         ]
     finally:
         fleet.bg.run(set_tier_actions(intent, "sjc", "shop", None))
@@ -230,6 +231,6 @@ def test_tier_action_lines() -> None:
         "tier actions active:",
         "  lhr-2  shop   normal: 50% demoted to background",
         "  sjc    media  as the server says",
-        "  sjc    shop   normal: 50% demoted to background; background: shed (503, "
-        "retry-after 60 s)",
+        "  sjc    shop   normal: 50% demoted to background (answered at the edge: background "
+        "is shed); background: shed to its floor (503 beyond)",
     ]

@@ -25,7 +25,8 @@ from harness.models import shop_group
 T0 = 1_800_000_000_000
 GROUP = replace(shop_group(), tier_actions=TierActionPolicy(trigger="wait"))  # 84 / 30 / 6
 PENDING = replace(GROUP, tier_actions=TierActionPolicy(trigger="pending"))
-NO_LENDING = replace(GROUP, tier_actions=TierActionPolicy(trigger="wait", lending=False))
+NO_LENDING = replace(GROUP, tier_actions=TierActionPolicy(trigger="wait", lending=False,
+                                                         preemption=False))
 ACTIVE = TierState(active=True, trigger_since_ms=T0 - 40_000, active_since_ms=T0 - 10_000)
 
 
@@ -67,8 +68,9 @@ def wait(p95: float | None, pending_max: float = 0, now: int = T0,
          pending(25), None, False, "for 20 s of 30 s"),
         ("trigger held 30 s: on", PENDING, TierState(trigger_since_ms=T0 - 30_000), pending(25),
          "tier_action", True,
-         "critical pending max 25 > 10 for 30 s (≥ 30 s): demote 50% of normal to background, "
-         "shed background (503, retry-after 60 s)"),
+         "critical pending max 25 > 10 for 30 s (≥ 30 s): demote 50% of normal to background "
+         "(answered at the edge while background is shed), shed background to its floor (503 "
+         "beyond)"),
         ("a quiet tick restarts the count", PENDING, TierState(trigger_since_ms=T0 - 20_000),
          pending(2), None, False, "no trigger"),
         ("on and still triggered", PENDING, ACTIVE, pending(40), None, True, "actions stay on"),
@@ -122,6 +124,7 @@ def test_reprioritization_table(
     active: bool,
     rule_has: str,
 ) -> None:
+    group = with_policy(group, preemption=False)  # a waiting critical would take slots too
     result = tier_step(group, state, readings, T0)
     assert result.kind == kind, (case, result.rule)
     assert result.state.active is active, case
@@ -278,8 +281,12 @@ def test_lending_in_the_step_records_lend_and_reclaim_and_sets_breaker_limits() 
     assert lend.state.lent == (("background", 51),)
     back = quiet(T0 + 40_000, critical=80, normal=30, background=57)
     reclaim = tier_step(GROUP, lend.state, back, T0 + 40_000)  # giving back never waits
-    assert reclaim.decisions[0].detail["change"] == "reclaim"
-    assert reclaim.actions is None and reclaim.state.lent == ()
+    assert [d.kind for d in reclaim.decisions] == ["tier_lend", "tier_preempt"]
+    assert reclaim.decisions[0].detail["change"] == "reclaim" and reclaim.state.lent == ()
+    # critical wants 80 + 9 (headroom) = 89 of its 84: it takes 5 of normal's (busy) slots
+    assert reclaim.decisions[1].detail["change"] == "take"
+    assert reclaim.actions is not None
+    assert reclaim.actions.limits == (("critical", 89), ("normal", 25))
     assert lend.state.lend_since_ms is None
 
 
@@ -419,8 +426,10 @@ def test_record_fields_and_state_round_trip_through_json() -> None:
     assert fields["inputs"]["state_before"]["trigger_since_ms"] == T0 - 30_000
     assert fields["detail"]["actions"] == {
         "demote_tier": "normal", "demote_to": "background", "demote_share": 50,
-        "shed_tier": "background", "retry_after_s": 60, "shed_tiers": [], "limits": {},
-        "shed_status": {"background": 503}, "pending_limits": {},
+        "shed_tier": "background", "retry_after_s": 60, "shed_tiers": [],
+        # the shed tier keeps its floor (5 % of 120: its whole share), no queue beyond it
+        "limits": {"background": 6}, "shed_status": {"background": 503},
+        "pending_limits": {"background": 6},
     }
     assert TierState.from_dict(json.loads(json.dumps(result.state.to_dict()))) == result.state
 

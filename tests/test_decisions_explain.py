@@ -132,8 +132,9 @@ OFF_LINE = (
     "actions are disabled in the desired state"
 )
 ON_AT_0045 = [
-    "tier actions: normal: 50% demoted to background since 16:00:45; background: shed (503, "
-    "retry-after 60 s) since 16:00:45",
+    "tier actions: normal: 50% demoted to background (answered at the edge: background is "
+    "shed) since 16:00:45; background: shed to its floor of 6 slot(s) (503 beyond) since "
+    "16:00:45",
     "  switched on at 16:00:45 (tier_action, seq 2): critical pending max 25 > 10 "
     "(trigger_pending) at every tick for 30 s since 16:00:15 (for: 30 s)",
     OFF_LINE,
@@ -178,22 +179,26 @@ def tier_log(tmp_path: Path, ticks: list[float | tuple[TierActionPolicy, float]]
         ("quiet 60 s: lifted", [25, 25, 25, 3, 3, 3, 3, 3], [
             "tier actions: no tier actions active; the last ended at 16:02:00 (seq 3): critical "
             "pending max 3 ≤ 10 for 60 s (≥ recover_after 60 s): lifted (demote 50% of normal to "
-            "background, shed background (503, retry-after 60 s))",
+            "background (answered at the edge while background is shed), shed background to "
+            "its floor (503 beyond))",
         ]),
         ("on again after a lift", [25, 25, 25, 3, 3, 3, 3, 3, 40, 40, 40], [
-            "tier actions: normal: 50% demoted to background since 16:02:45; background: shed "
-            "(503, retry-after 60 s) since 16:02:45",
+            "tier actions: normal: 50% demoted to background (answered at the edge: background "
+            "is shed) since 16:02:45; background: shed to its floor of 6 slot(s) (503 beyond) "
+            "since 16:02:45",
             "  switched on at 16:02:45 (tier_action, seq 4): critical pending max 40 > 10 "
             "(trigger_pending) at every tick for 30 s since 16:02:15 (for: 30 s)",
             OFF_LINE,
         ]),
         ("disabled in the desired state", [25, 25, 25, (DISABLED, 40)], [
             "tier actions: no tier actions active; the last ended at 16:01:00 (seq 3): tier "
-            "actions disabled in the desired state: lifted (demote 50% of normal to background, "
-            "shed background (503, retry-after 60 s))",
+            "actions disabled in the desired state: lifted (demote 50% of normal to background "
+            "(answered at the edge while background is shed), shed background to its floor "
+            "(503 beyond))",
         ]),
         ("shed only, for 0 s", [(SHED_ONLY, 3), (SHED_ONLY, 11)], [
-            "tier actions: background: shed (503, retry-after 120 s) since 16:00:30",
+            "tier actions: background: shed to its floor of 6 slot(s) (503 beyond) since "
+            "16:00:30",
             "  switched on at 16:00:30 (tier_action, seq 2): critical pending max 11 > 10 "
             "(trigger_pending) at every tick for 0 s since 16:00:30 (for: 0 s)",
             "  off: once 120 s (recover_after) pass without critical pending max > 10, or when "
@@ -228,7 +233,8 @@ def test_tier_records_do_not_disturb_the_weights_story(tmp_path: Path) -> None:
     text = explain(records, "ewr", "api")
     assert "calm: at the preferred split since 16:03:00 (return, seq 17)" in text
     assert "how they got here" not in text and "16:10:00 tier_action" not in text
-    assert "tier actions: normal: 50% demoted to background since 16:10:00" in text
+    assert ("tier actions: normal: 50% demoted to background (answered at the edge: background "
+            "is shed) since 16:10:00") in text
     assert "for 600 s since 16:00:00 (for: 30 s)" in text
     assert "latest scores: primary" in text  # from the last weights record, not the tier one
 
@@ -242,7 +248,8 @@ def test_only_tier_records(tmp_path: Path) -> None:
                    **result.record_fields(result.decisions[0]))
     lines = explain(list(iter_records(tmp_path)), "ewr", "api").splitlines()
     assert lines[0] == "pop ewr, group api: no weights decided yet"
-    assert lines[1].startswith("tier actions: normal: 50% demoted to background since 16:00:00")
+    assert lines[1].startswith("tier actions: normal: 50% demoted to background (answered at the "
+                               "edge: background is shed) since 16:00:00")
     assert "critical pending max 12.5 > 10 (trigger_pending) at every tick for 0 s" in lines[2]
 
 
@@ -251,8 +258,8 @@ def test_tier_record_without_numbers_falls_back_to_its_rule() -> None:
               "group": "api", "rule": "switched on by hand",
               "detail": {"active": True, "actions": TierActions().to_dict()}}
     assert explain_tiers([record], "ewr", "api") == [
-        "tier actions: normal: 50% demoted to background since 16:05:00; background: shed (503, "
-        "retry-after 60 s) since 16:05:00",
+        "tier actions: normal: 50% demoted to background (answered at the edge: background is "
+        "shed) since 16:05:00; background: shed to its floor (503 beyond) since 16:05:00",
         "  switched on at 16:05:00 (tier_action, seq 9): switched on by hand",
         "  off: once 60 s (recover_after) pass without the trigger, or when tier actions "
         "are disabled in the desired state",
@@ -262,11 +269,15 @@ def test_tier_record_without_numbers_falls_back_to_its_rule() -> None:
 @pytest.mark.parametrize(
     ("actions", "words"),
     [
-        (TierActions(), "normal: 50% demoted to background; background: shed (503, retry-after "
-                        "60 s)"),
+        (TierActions(), "normal: 50% demoted to background (answered at the edge: background "
+                        "is shed); background: shed to its floor (503 beyond)"),
+        (TierActions(shed_tier=None, demote_share=50, limits=(("critical", 18), ("normal", 1)),
+                     pending_limits=(("critical", 30),)),
+         "normal: 50% demoted to background; limits: critical 18, normal 1; queue bounded in "
+         "time: critical at most 30 pending"),
         (TierActions(shed_tier=None, demote_share=25), "normal: 25% demoted to background"),
         (TierActions(demote_tier=None, demote_share=0, retry_after_s=5),
-         "background: shed (503, retry-after 5 s)"),
+         "background: shed to its floor (503 beyond)"),
         (TierActions(demote_share=0, shed_tier=None), "no action configured"),
     ],
 )
@@ -282,13 +293,14 @@ def test_shedding_and_lending_in_force_are_told_with_their_record(tmp_path: Path
         "critical": TierPending(0, 0, (("ewr-1", 84.0),)),
         "normal": TierPending(0, 0, (("ewr-1", 20.0),)),
         "background": TierPending(40, 0, (("ewr-1", 6.0),)),
-    }  # in use: (84 + 20 + 6) / 120 = 0.92; normal lends 30 - 20 - 3 = 7 to critical
+    }  # in use: (84 + 20 + 6) / 120 = 0.92; normal lends 30 - 20 - 3 = 7 to critical, which
+    # wants 84 + 9 (headroom): it takes the other 2 from normal by preemption
     clock = [T0]
     with DecisionLog(tmp_path, clock=lambda: clock[0]) as log:
         result = tier_step(group, TierState(), busy, 0)
         for decision in result.decisions:
             log.record(decision.kind, pop="ewr", group="api", **result.record_fields(decision))
-    assert [d.kind for d in result.decisions] == ["tier_shed", "tier_lend"]
+    assert [d.kind for d in result.decisions] == ["tier_shed", "tier_lend", "tier_preempt"]
     lines = explain_tiers(list(iter_records(tmp_path)), "ewr", "api")
     assert lines[0] == "tier actions: no tier actions active (none switched on in the log)"
     assert lines[1].startswith("utilization shedding: in force since 16:00:00 (tier_shed, seq ")
@@ -296,6 +308,8 @@ def test_shedding_and_lending_in_force_are_told_with_their_record(tmp_path: Path
     assert "shed background (background reject)" in lines[1]
     assert lines[2].startswith("lending: in force since 16:00:00 (tier_lend, seq ")
     assert "critical 0→7" in lines[2]  # background is shed: it borrows nothing
+    assert lines[3].startswith("preemption: in force since 16:00:00 (tier_preempt, seq ")
+    assert "slots taken critical 0→2 (own slots left: normal 28)" in lines[3]
     clock[0] = T0 + timedelta(seconds=20)
     quiet = {name: TierPending(0, 20_000, (("ewr-1", 0.0),)) for name in busy}
     with DecisionLog(tmp_path, clock=lambda: clock[0]) as log:

@@ -9,20 +9,15 @@ and Envoy's runtime no longer overrides the breakers within a tick, a stats flus
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
-import aiohttp
 import pytest
 
-from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.decisions.read import iter_records
-from control_plane.translate.bootstrap import ads_bootstrap
-from harness.demo_origin import DemoOrigin, Fault
-from harness.envoy_process import EnvoyProcess, free_port
+from harness.envoy_process import EnvoyProcess
 from harness.eventually import eventually
+from tests.support.tier_fleet import closed_loop, tier_fleet
 
 pytestmark = pytest.mark.envoy
 
@@ -54,51 +49,13 @@ listeners:
 """
 
 
-async def closed_loop(url: str, clients: int, stop: asyncio.Event, done: list[float]) -> None:
-    """`clients` loops GETting `url` until `stop`; each 200's arrival time goes to `done`."""
-    connector = aiohttp.TCPConnector(limit=clients)
-    async with aiohttp.ClientSession(connector=connector) as session:
-        async def one() -> None:
-            while not stop.is_set():
-                with contextlib.suppress(aiohttp.ClientError):
-                    async with session.get(url) as response:
-                        await response.read()
-                        if response.status == 200:
-                            done.append(time.monotonic())
-        await asyncio.gather(*(one() for _ in range(clients)))
-
-
-@contextlib.asynccontextmanager
-async def fleet(tmp_path: Path) -> AsyncIterator[tuple[EnvoyProcess, int]]:
-    origin = await DemoOrigin("primary", free_port()).start()
-    origin.set_fault(Fault(latency_ms=ORIGIN_MS))
-    listener, xds, admin = free_port(), free_port(), free_port()
-    desired = tmp_path / "desired.yaml"
-    desired.write_text(DESIRED.format(origin=origin.port, listener=listener))
-    envoy = EnvoyProcess(ads_bootstrap(
-        node_id="ewr-1", pop="ewr", xds_port=xds, admin_port=admin, metrics_sink=True,
-        needed_stats_only=True, stats_flush_interval_ms=int(FLUSH_S * 1000)), admin).start()
-    service = BallastService(ServiceConfig(
-        desired_path=desired, state_dir=tmp_path / "state", xds_address=f"127.0.0.1:{xds}",
-        admin_address=None, probes=False, reload_poll_s=0.2))
-    try:
-        await service.start()
-        await asyncio.to_thread(envoy.wait_ready, 20)
-        yield envoy, listener
-    finally:
-        envoy.stop()
-        if service.ready:
-            await service.stop(0.5)
-        await origin.stop()
-
-
 def runtime_limit(envoy: EnvoyProcess) -> int | None:
     entry = envoy.admin_json("/runtime").get("entries", {}).get(BACKGROUND_KEY)
     return None if entry is None else int(float(entry["final_value"]))
 
 
 async def test_idle_shares_are_lent_to_background_and_taken_back(tmp_path: Path) -> None:
-    async with fleet(tmp_path) as (envoy, port):
+    async with tier_fleet(tmp_path, DESIRED, ORIGIN_MS, FLUSH_S) as (envoy, port):
         base = f"http://127.0.0.1:{port}"
         stop, background = asyncio.Event(), []
         tasks = [asyncio.create_task(closed_loop(f"{base}/_next/image?u=a", 10, stop, background))]

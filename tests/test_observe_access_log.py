@@ -80,6 +80,21 @@ def test_store_windows_per_pop_group_tier_and_stays_bounded() -> None:
     assert store.samples(T0 + 200_000, 300_000) == {}
 
 
+def test_sheds_count_demoted_share_routes_and_tier_pool_overflows() -> None:
+    """A shed tier keeps its floor and Envoy answers the rest from the tier pool's breaker
+    (UO), as it answers a queue bounded in time: both are sheds of that tier, like a request
+    the route of a demoted share answered (the rollout gates' shed rate)."""
+    store = AccessLogStore()
+    demoted = entry(cluster="", wait_ms=None)
+    demoted.common_properties.route_name = "x-prefetch@shed/shop/normal"
+    store.ingest("ewr", [entry(cluster="shop.background", overflow=True),
+                         entry(cluster="shop.background", overflow=True),
+                         entry(cluster="shop.background"), demoted, entry(cluster="shop.normal"),
+                         entry(cluster="ballast_xds", overflow=True)], T0)
+    assert store.sheds(T0, 30_000) == {("ewr", "shop", "background"): (3, 2),
+                                       ("ewr", "shop", "normal"): (2, 1)}
+
+
 async def test_with_waits_adds_the_access_log_wait_to_the_gauge_readings() -> None:
     class Gauges:
         async def tier_pending(self, now_ms: int, window_ms: int) -> TierSignals:

@@ -65,6 +65,9 @@ def test_http1_upstream_and_no_tls_for_plain_origins() -> None:
         ]
         assert packed.Unpack(options)
         assert options.explicit_http_config.HasField("http_protocol_options")
+        # idle connections close after a tier tick (5 s): a pool whose limit the tier controller
+        # lowered keeps no idle connection beyond it (those would refuse instead of queueing)
+        assert options.common_http_protocol_options.idle_timeout.seconds == 5
         assert not cluster.HasField("transport_socket")
         assert len(cluster.transport_socket_matches) == 0
 

@@ -15,6 +15,7 @@ from control_plane.translate.resources import (
     CLUSTER_TYPE,
     ENDPOINT_TYPE,
     ROUTE_TYPE,
+    RUNTIME_TYPE,
     Capabilities,
     PopResources,
 )
@@ -47,14 +48,15 @@ def test_a_weight_change_in_a_50_group_pop_translates_only_that_groups_load_assi
     assert untouched is first.of_type(ENDPOINT_TYPE)["g018.critical"]  # same object, not a copy
 
 
-def test_a_tier_action_translates_only_the_routes() -> None:
+def test_a_tier_action_translates_only_the_routes_and_the_runtime_layer() -> None:
     desired = fleet_desired(pops=2, groups=50)
     first = translate_pop(desired, "p000", FIFO)
     second = translate_pop(desired, "p000", FIFO, PopIntent(tier_actions={"g003": TierActions()}),
                            previous=first)
-    assert built_resources(second) == ((ROUTE_TYPE, "edge"),)
+    changed = ((RUNTIME_TYPE, "ballast_tiers"), (ROUTE_TYPE, "edge"))
+    assert sorted(built_resources(second)) == sorted(changed)
     third = translate_pop(desired, "p000", FIFO, previous=second)
-    assert built_resources(third) == ((ROUTE_TYPE, "edge"),)
+    assert sorted(built_resources(third)) == sorted(changed)
     assert wire(third) == wire(first)
 
 

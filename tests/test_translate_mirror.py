@@ -64,15 +64,19 @@ def test_an_active_mirror_precedes_each_route_with_a_get_head_copy() -> None:
     assert mirrored.of_type(CLUSTER_TYPE) == plain.of_type(CLUSTER_TYPE)  # routes only
 
 
-def test_only_the_cacheable_routes_and_never_a_shed_route() -> None:
-    mirror = replace(MIRROR, routes=("auth", "default", "prefetch"))
+def test_only_the_cacheable_routes_and_never_one_answered_at_the_edge() -> None:
+    mirror = replace(MIRROR, routes=("auth", "default", "prefetch", "x-prefetch"))
     resources = translate_pop(example_desired(), "ewr", Capabilities(),
                               PopIntent(tier_actions={"shop": TierActions()},
                                         mirrors={"shop": mirror}))
     names = [r.name for r in routes(resources)]
     assert "auth-mirror" in names and "default-mirror" in names
     assert "checkout-mirror" not in names
-    assert "prefetch-mirror" not in names  # background is shed by the tier actions: no copy
+    # background is shed but keeps its floor, so its requests still reach an origin: copied;
+    # the demoted share of normal answered at the edge is never copied, the rest of it is
+    assert "prefetch-mirror" in names
+    assert names.index("x-prefetch@shed/shop/normal") < names.index("x-prefetch-mirror")
+    assert not any(name.startswith("x-prefetch@shed/shop/normal-") for name in names)
 
 
 def test_shadow_hosts_as_envoy_writes_them() -> None:

@@ -1,4 +1,5 @@
-"""Tier actions in the routes: demotion as weighted_clusters, shedding as a direct 503."""
+"""Tier actions in the routes and the runtime layer: demotion as weighted_clusters (or, into a
+shed tier, the demoted share answered at the edge), a shed tier at its floor."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def routes(pop: str = "ewr", actions: dict[str, TierActions] | None = None) -> d
     resources = translate_pop(example_desired(), pop, Capabilities(),
                               PopIntent(tier_actions=actions or {}))
     (vhost,) = resources.of_type(ROUTE_TYPE)["edge"].message.virtual_hosts
-    return {route.name.partition("@")[0]: route for route in vhost.routes}
+    return {route.name: route for route in vhost.routes}
 
 
 def headers(options: object) -> dict[str, str]:
@@ -40,8 +41,17 @@ def test_without_actions_nothing_changes() -> None:
         assert route.route.WhichOneof("cluster_specifier") == "cluster"
 
 
+DEMOTE_ONLY = TierActions(shed_tier=None)  # demote 50 % of normal into background, not shed
+
+
+def layer(actions: dict[str, TierActions] | None = None) -> dict[str, float]:
+    resources = translate_pop(example_desired(), "ewr", Capabilities(),
+                              PopIntent(tier_actions=actions or {}))
+    return dict(resources.of_type(RUNTIME_TYPE)["ballast_tiers"].message.layer)
+
+
 def test_demotion_splits_the_normal_routes_and_keeps_their_timeouts() -> None:
-    before, after = routes()["x-prefetch"], routes(actions={"shop": TierActions()})["x-prefetch"]
+    before, after = routes()["x-prefetch"], routes(actions={"shop": DEMOTE_ONLY})["x-prefetch"]
     split = after.route.weighted_clusters.clusters
     assert [(c.name, c.weight.value) for c in split] == [
         ("shop.normal", 50), ("shop.background", 50)
@@ -55,33 +65,57 @@ def test_demotion_splits_the_normal_routes_and_keeps_their_timeouts() -> None:
     assert after.route.retry_policy == before.route.retry_policy
 
 
-def test_shedding_answers_background_routes_at_the_edge() -> None:
+def test_a_demoted_share_is_answered_at_the_edge_while_its_target_is_shed() -> None:
+    """Seed 000's defaults (demote 50 % of normal, shed background): background's pool is at its
+    floor, so the demoted half of normal is answered at once, the other half stays normal."""
     after = routes(actions={"shop": TierActions()})
-    for name in ("prefetch", "bots", "next-image"):
-        route = after[name]
-        assert route.name == f"{name}@shed/shop/background"  # the access log names it
-        assert shed_of_route(route.name) == ("shop", "background")
-        assert route.WhichOneof("action") == "direct_response", name
-        assert route.direct_response.status == 503
-        assert headers(route.response_headers_to_add) == {
-            "retry-after": "60", "x-ballast-shed": "background"
-        }
-    for name in ("checkout", "auth", "default"):  # critical: untouched
-        assert after[name] == routes()[name]
+    names = list(after)
+    assert names.index("x-prefetch@shed/shop/normal") == names.index("x-prefetch") - 1
+    shed = after["x-prefetch@shed/shop/normal"]
+    assert shed_of_route(shed.name) == ("shop", "normal")  # the access log names its tier
+    assert shed.match.headers == routes()["x-prefetch"].match.headers
+    fraction = shed.match.runtime_fraction
+    assert (fraction.default_value.numerator, fraction.runtime_key) == (
+        50, "ballast.demoted_shed.shop.normal")
+    assert shed.direct_response.status == 503
+    assert headers(shed.response_headers_to_add) == {"retry-after": "60",
+                                                     "x-ballast-shed": "normal"}
+    assert after["x-prefetch"] == routes()["x-prefetch"]  # the rest: its own pool, as before
+    for name in ("prefetch", "bots", "next-image", "checkout", "auth", "default"):
+        assert after[name] == routes()[name], name  # shedding leaves the routes alone
+
+
+def test_a_shed_tier_keeps_its_floor_in_the_runtime_layer() -> None:
+    """Background shed: its limit and its queue are its floor (5 % of 120 = 6, here its whole
+    share), so what finds them busy is answered at once with its shed_action."""
+    assert layer() == {}
+    assert layer({"shop": TierActions()}) == {
+        "circuit_breakers.shop.background.default.max_connections": 6,
+        "circuit_breakers.shop.background.default.max_requests": 6,
+        "circuit_breakers.shop.background.default.max_pending_requests": 6,
+    }
+    # a floor of 0 (min_share 0) sheds the tier entirely
+    group = replace(shop_group(), tiers=tuple(
+        replace(t, min_share_percent=0) if t.name == "background" else t
+        for t in shop_group().tiers))
+    resources = translate_pop(example_desired(group), "ewr", Capabilities(),
+                              PopIntent(tier_actions={"shop": TierActions()}))
+    values = dict(resources.of_type(RUNTIME_TYPE)["ballast_tiers"].message.layer)
+    assert {k.rsplit(".", 1)[1]: v for k, v in values.items()} == {
+        "max_connections": 0, "max_requests": 0, "max_pending_requests": 0}
 
 
 def test_each_action_can_be_off() -> None:
     only_shed = routes(actions={"shop": TierActions(demote_tier=None, demote_to=None,
                                                     demote_share=0)})
-    assert only_shed["x-prefetch"] == routes()["x-prefetch"]
-    assert only_shed["prefetch"].WhichOneof("action") == "direct_response"
+    assert only_shed == routes()
     only_demote = routes(actions={"shop": TierActions(shed_tier=None, demote_share=100)})
     assert only_demote["prefetch"] == routes()["prefetch"]
     split = only_demote["x-prefetch"].route.weighted_clusters.clusters
     assert [(c.name, c.weight.value) for c in split] == [("shop.background", 100)]
 
 
-def test_only_routes_change_and_other_pops_are_untouched() -> None:
+def test_clusters_and_endpoints_stay_and_other_pops_are_untouched() -> None:
     desired = example_desired()
     plain = translate_pop(desired, "ewr", Capabilities())
     acting = translate_pop(desired, "ewr", Capabilities(),
@@ -89,6 +123,7 @@ def test_only_routes_change_and_other_pops_are_untouched() -> None:
     for kind in (CLUSTER_TYPE, ENDPOINT_TYPE):
         assert plain.type_version(kind) == acting.type_version(kind)
     assert plain.type_version(ROUTE_TYPE) != acting.type_version(ROUTE_TYPE)
+    assert plain.type_version(RUNTIME_TYPE) != acting.type_version(RUNTIME_TYPE)
 
 
 def test_unknown_tier_in_actions_is_refused() -> None:
@@ -111,7 +146,8 @@ async def test_intent_owner_sets_actions_for_one_pop_and_pushes_it() -> None:
     assert intent.tier_actions("sjc", "shop") is None
     assert cache.resources("sjc", Capabilities()) is sjc_before
     ewr = cache.resources("ewr", Capabilities()).of_type(ROUTE_TYPE)["edge"].message
-    assert ewr.virtual_hosts[0].routes[2].direct_response.status == 503
+    shed = {r.name: r for r in ewr.virtual_hosts[0].routes}["x-prefetch@shed/shop/normal"]
+    assert shed.direct_response.status == 503
     assert await set_tier_actions(intent, "ewr", "shop", TierActions()) is False  # same: no push
     assert await set_tier_actions(intent, "ewr", "shop", None) is True
     assert announced == [frozenset({"ewr"})] * 2
@@ -128,16 +164,14 @@ async def test_intent_owner_sets_actions_for_one_pop_and_pushes_it() -> None:
         ("stale", 503, {"x-ballast-serve-stale": "1", "cache-control": "no-store"}),
     ],
 )
-def test_each_shed_action_of_a_tier_shed_for_utilization(
+def test_each_shed_action_of_a_demoted_share(
     action: str, status: int, extra: dict[str, str]
 ) -> None:
     group = replace(shop_group(), tiers=tuple(
-        replace(t, shed_action=action, sheddable=True) if t.name == "normal" else t
+        replace(t, shed_action=action) if t.name == "normal" else t
         for t in shop_group().tiers))
-    actions = TierActions(demote_tier=None, demote_to=None, demote_share=0, shed_tier=None,
-                          retry_after_s=60, shed_tiers=("normal",))
     resources = translate_pop(example_desired(group), "ewr", Capabilities(),
-                              PopIntent(tier_actions={"shop": actions}))
+                              PopIntent(tier_actions={"shop": TierActions()}))
     (vhost,) = resources.of_type(ROUTE_TYPE)["edge"].message.virtual_hosts
     route = {r.name: r for r in vhost.routes}["x-prefetch@shed/shop/normal"]
     assert route.direct_response.status == status

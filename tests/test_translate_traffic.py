@@ -97,7 +97,8 @@ def test_classification_and_weight_zero_with_real_traffic(origins: Origins) -> N
 
 
 def test_tier_actions_shed_and_demote_in_one_pop_only(origins: Origins) -> None:
-    """ewr runs with the seed's actions (demote 50% of normal, shed background), sjc without."""
+    """ewr runs with the seed's actions (demote 50% of normal, shed background to its floor),
+    sjc without."""
     find_envoy()
     desired = desired_on_free_ports(origins)
     port = desired.listeners[0].port
@@ -112,21 +113,23 @@ def test_tier_actions_shed_and_demote_in_one_pop_only(origins: Origins) -> None:
         for envoy in envoys.values():
             envoy.wait_ready()
         ewr_port, sjc_port = port, port + desired.pop("sjc").port_offset
+        # background is shed but keeps its floor (6 slots): one request at a time gets through
         for _ in range(5):
-            status, headers = get_with_headers(ewr_port, "/home", {"purpose": "prefetch"})
-            assert (status, headers.get("retry-after"), headers.get("x-ballast-shed")) == (
-                503, "60", "background"
-            )
-        assert sum(origins.seen.values()) == 0, "shed requests never reach an origin"
-        for _ in range(40):
-            assert get(ewr_port, "/home", {"x-purpose": "prefetch"}) == 200
+            assert get(ewr_port, "/home", {"purpose": "prefetch"}) == 200
+        # half of normal is demoted into the shed background pool, so it is answered at the
+        # edge with normal's own action (reject: 503); the other half reaches the origin
+        answers = [get_with_headers(ewr_port, "/home", {"x-purpose": "prefetch"})
+                   for _ in range(40)]
+        shed = [h for status, h in answers if status == 503]
+        assert all(h.get("x-ballast-shed") == "normal" and h.get("retry-after") == "60"
+                   for h in shed)
+        assert 8 <= len(shed) <= 32, len(shed)  # 50 % per request: p < 1e-4 outside
         ewr = upstream_requests(envoys["ewr"])
-        assert ewr["critical"] == 0 and ewr["background"] + ewr["normal"] == 40, ewr
-        assert ewr["normal"] > 0 and ewr["background"] > 0, ewr  # 50/50: both, whp
+        assert ewr == {"critical": 0, "normal": 40 - len(shed), "background": 5}, ewr
         by_tier = Counter[str]()
         for (_, tier), count in origins.seen.items():
             by_tier[tier] += count
-        assert by_tier == Counter({"normal": ewr["normal"], "background": ewr["background"]})
+        assert by_tier == Counter({"normal": ewr["normal"], "background": 5})
 
         origins.seen.clear()
         for _ in range(5):

@@ -52,6 +52,8 @@ TIMERS = (
     Timer("failover stale_after", 45, "Ballast default (1.5 windows)"),
     Timer("failover damping_half_life", 900, "BGP route-flap damping's 15 min half-life"),
     Timer("standby_ramp cold_after", 90, "seed 002 hit ratio \"recovers in about 90 seconds\""),
+    Timer("tier_actions interval (tier tick)", 5, "seed 000 \"export ... to our control plane "
+          "every 5 seconds\""),
     Timer("tier_actions for", 30, "seed 000 \"for more than 30 seconds\""),
     Timer("tier_actions recover_after", 60, "Ballast default (twice `for`)"),
     Timer("Ballast probe interval", 5, "seed 002 \"active health checks every 5 seconds\""),

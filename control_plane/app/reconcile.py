@@ -9,9 +9,11 @@ in lockstep and a run is reproducible.
 
 The same tick runs the tier step (`decide/tiers.py`) per (PoP, group) on the per-tier pending
 maxima of the same window from `tier_source`: its state is saved under "<pop>/<group>" when it
-changes, a `tier_action` record is written when the actions go on or off, and then the actions
-of the current policy (or none) are set on the intent owner, which pushes RDS when the routes
-change. Without a tier source, or when it fails, the tier actions hold.
+changes, a record is written for each change of mind, and then the actions of the current
+policy (or none) are set on the intent owner, which pushes RDS and the runtime layer when they
+change. Without a tier source, or when it fails, the tier actions hold. Between two ticks of a
+pair, its tier step also runs alone every `tier_actions.interval` (seed 000's 5 s export
+interval; a tier tick: preemption acts within one), with the weights, streaks and ramp held.
 
 Each (PoP, group) is reconciled on its own (controller-runtime's per-key reconcile): an
 exception while deciding or pushing one pair (its translation raises) is written as a
@@ -107,7 +109,7 @@ class TickOutcome:
 class PairDecision:
     """Everything a tick decided for one (PoP, group), made off the event loop."""
 
-    outcome: TickOutcome
+    outcome: TickOutcome | None  # None: a tier tick (the tier step alone)
     pair: PairChange  # what the intent owner is given
     records: tuple[Draft, ...]  # what the decision log gets, in order
     run: QuietRun | None  # the pair's quiet run after this tick
@@ -124,6 +126,7 @@ class TickPlan:
     runs: dict[GroupKey, QuietRun | None]  # every pair's quiet run after the tick
     drafts: list[Draft]  # the tick's records, in order
     schedule: dict[GroupKey, int]  # every pair's next step (a failed pair's too: retried then)
+    tier_schedule: dict[GroupKey, int]  # every pair's next tier step
 
 
 class Reconciler:
@@ -162,6 +165,7 @@ class Reconciler:
         self._rngs: dict[str, random.Random] = {}
         self._runs: dict[GroupKey, QuietRun | None] = {}  # absent: not ticked yet
         self._due: dict[GroupKey, int] = {}
+        self._tier_due: dict[GroupKey, int] = {}
         self._next_due = 0  # no pair is due before this (a tick before it has nothing to do)
         # each pair's last tick: when, the signals it read and the health scores it gave (the
         # faces show them: `app/status.py`); dropped with the pair
@@ -169,6 +173,13 @@ class Reconciler:
 
     def interval_ms(self, group: OriginGroup) -> int:
         return self.interval_override_ms or group.failover.interval_ms
+
+    def tier_interval_ms(self, group: OriginGroup) -> int:
+        """A pair's tier tick: `tier_actions.interval`, never longer than its full tick."""
+        return min(group.tier_actions.interval_ms, self.interval_ms(group))
+
+    def _earliest(self) -> int:
+        return min([*self._due.values(), *self._tier_due.values()], default=0)
 
     def _jitter(self, pop: str, limit: int) -> int:
         rng = self._rngs.setdefault(pop, random.Random(f"{self.seed}:{pop}"))
@@ -183,16 +194,18 @@ class Reconciler:
         running = self.intent.intent
         # each PoP's groups of the desired state it serves (during a rollout, maybe not the
         # target): weight shifts and tier actions run in every PoP throughout
-        due = [
-            (pop, group)
-            for pop in running.pop_names
-            for group in running.desired_of(pop).origin_groups
-            if not only_due or self._due.get((pop, group.name), 0) <= now
-        ]
-        if not due:  # every pair is scheduled later (after `forget_missing`, say): sleep till then
-            self._next_due = min(self._due.values(), default=0)
+        pairs = [(pop, group) for pop in running.pop_names
+                 for group in running.desired_of(pop).origin_groups]
+        due = [(pop, group) for pop, group in pairs
+               if not only_due or self._due.get((pop, group.name), 0) <= now]
+        stepped = {(pop, group.name) for pop, group in due}
+        tiers_only = [(pop, group) for pop, group in pairs
+                      if (pop, group.name) not in stepped
+                      and self._tier_due.get((pop, group.name), 0) <= now]
+        if not due and not tiers_only:  # every pair is scheduled later: sleep till then
+            self._next_due = self._earliest()
             return []
-        windows = {group.failover.window_ms for _, group in due}
+        windows = {group.failover.window_ms for _, group in (*due, *tiers_only)}
         signals_by_window: dict[int, Signals] = {}
         for window in windows:
             try:
@@ -212,11 +225,16 @@ class Reconciler:
         # only this reconciler changes streaks and states, and a reload (a new desired state
         # since `desired` was read) makes the tick's change stale: it is dropped
         plan = await asyncio.to_thread(lambda: self._plan([
-            self._decide_one(running, pop, group, signals_by_window[group.failover.window_ms],
-                             tiers_by_window[group.failover.window_ms], now,
-                             running.desired_of(pop))
-            for pop, group in due
-        ], running, self._schedule(due, now)))
+            *(self._decide_one(running, pop, group, signals_by_window[group.failover.window_ms],
+                               tiers_by_window[group.failover.window_ms], now,
+                               running.desired_of(pop))
+              for pop, group in due),
+            *(self._decide_tiers(running, pop, group,
+                                 signals_by_window[group.failover.window_ms],
+                                 tiers_by_window[group.failover.window_ms], now,
+                                 running.desired_of(pop))
+              for pop, group in tiers_only),
+        ], running, *self._schedule(due, tiers_only, now)))
         try:
             async with self.intent.change() as change:
                 plan = await self._prepared(change, running, plan)
@@ -239,28 +257,36 @@ class Reconciler:
                     for origin, weight in weights.items():
                         self.metrics.weight.labels(pop, group, origin).set(weight)
         for decision in plan.decided:
-            key = (decision.outcome.pop, decision.outcome.group)
-            self.readings[key] = Reading(now, decision.signals, decision.outcome.result.scores)
+            if decision.outcome is not None:  # a tier tick reads no health scores
+                key = (decision.outcome.pop, decision.outcome.group)
+                self.readings[key] = Reading(now, decision.signals,
+                                             decision.outcome.result.scores)
         self._runs = plan.runs
         self._due = plan.schedule
-        self._next_due = min(plan.schedule.values(), default=0)
+        self._tier_due = plan.tier_schedule
+        self._next_due = self._earliest()
         if self.metrics is not None:
             self.metrics.reconcile_tick.observe(time.perf_counter() - started)
-        return [decision.outcome for decision in plan.decided]
+        return [decision.outcome for decision in plan.decided if decision.outcome is not None]
 
-    def _schedule(self, due: list[tuple[str, OriginGroup]], now: int) -> dict[GroupKey, int]:
-        """Every pair's next step after this tick's (a failing pair's too: retried then)."""
-        return {**self._due, **{(pop, group.name): now + self.interval_ms(group)
-                                for pop, group in due}}
+    def _schedule(self, due: list[tuple[str, OriginGroup]],
+                  tiers_only: list[tuple[str, OriginGroup]], now: int
+                  ) -> tuple[dict[GroupKey, int], dict[GroupKey, int]]:
+        """Every pair's next step and next tier step after this tick's (a failing pair's too:
+        retried then)."""
+        return ({**self._due, **{(pop, group.name): now + self.interval_ms(group)
+                                 for pop, group in due}},
+                {**self._tier_due, **{(pop, group.name): now + self.tier_interval_ms(group)
+                                      for pop, group in (*due, *tiers_only)}})
 
     def _plan(self, results: list[PairDecision | PairFailure], running: RunningIntent,
-              schedule: dict[GroupKey, int]) -> TickPlan:
+              schedule: dict[GroupKey, int], tier_schedule: dict[GroupKey, int]) -> TickPlan:
         decided = [r for r in results if isinstance(r, PairDecision)]
         failed = [r for r in results if isinstance(r, PairFailure)]
-        runs = {**self._runs, **{(d.outcome.pop, d.outcome.group): d.run for d in decided}}
+        runs = {**self._runs, **{d.pair.key: d.run for d in decided if d.outcome is not None}}
         drafts = [made for decision in decided for made in decision.records]
         return TickPlan(decided, failed, changes_of(running, [d.pair for d in decided]), runs,
-                        drafts, schedule)
+                        drafts, schedule, tier_schedule)
 
     async def _prepared(self, change: Change, running: RunningIntent, plan: TickPlan
                         ) -> TickPlan:
@@ -277,7 +303,7 @@ class Reconciler:
             log.exception("building the output of the tick's PoPs failed; trying each PoP")
         broken: dict[str, str] = {}
         for pop in sorted(plan.changes.pops):
-            alone = [d for d in plan.decided if d.outcome.pop == pop]
+            alone = [d for d in plan.decided if d.pair.key[0] == pop]
             change.tick(changes_of(running, [d.pair for d in alone]),
                         planned_for=running.desired, serving=running.serving)
             try:
@@ -286,12 +312,11 @@ class Reconciler:
                 raise
             except Exception as err:
                 broken[pop] = f"{type(err).__name__}: {err}"
-        kept = [d for d in plan.decided if d.outcome.pop not in broken]
-        failed = [*plan.failed, *(PairFailure(d.outcome.pop, d.outcome.group, "push",
-                                              broken[d.outcome.pop])
-                                  for d in plan.decided if d.outcome.pop in broken)]
+        kept = [d for d in plan.decided if d.pair.key[0] not in broken]
+        failed = [*plan.failed, *(PairFailure(*d.pair.key, "push", broken[d.pair.key[0]])
+                                  for d in plan.decided if d.pair.key[0] in broken)]
         plan = await asyncio.to_thread(lambda: self._plan([*kept, *failed], running,
-                                                          plan.schedule))
+                                                          plan.schedule, plan.tier_schedule))
         change.tick(plan.changes, planned_for=running.desired, serving=running.serving)
         return plan
 
@@ -355,14 +380,8 @@ class Reconciler:
         if self.metrics is not None and group_signals:
             newest = max(s.observed_at_ms for s in group_signals.values())
             self.metrics.source_staleness.labels(pop, group.name).set(max(0, now - newest) / 1000)
-        tiers = tier_step(
-            group,
-            running.tier_states.get(key, TierState()),
-            None if tier_signals is None else tier_signals.get(key),
-            now,
-            None if not group_signals else service_time_ms(
-                {name: s.p50_ms for name, s in group_signals.items()}, result.weights_before),
-        )
+        tiers = self._tier_step(running, key, group, group_signals, tier_signals, now,
+                                result.weights_before)
         ramp = ramp_step(
             group.standby_ramp,
             group.failover,
@@ -374,6 +393,39 @@ class Reconciler:
             now,
         )
         return TickOutcome(pop, group.name, result, tiers, ramp)
+
+    @staticmethod
+    def _tier_step(running: RunningIntent, key: GroupKey, group: OriginGroup,
+                   group_signals: GroupSignals | None, tier_signals: TierSignals | None,
+                   now: int, weights: Mapping[str, int]) -> TierStepResult:
+        return tier_step(
+            group,
+            running.tier_states.get(key, TierState()),
+            None if tier_signals is None else tier_signals.get(key),
+            now,
+            None if not group_signals else service_time_ms(
+                {name: s.p50_ms for name, s in group_signals.items()}, weights),
+        )
+
+    def _decide_tiers(
+        self, running: RunningIntent, pop: str, group: OriginGroup, signals: Signals,
+        tier_signals: TierSignals | None, now: int, desired: Desired,
+    ) -> PairDecision | PairFailure:
+        """A tier tick of one pair: its tier step alone (weights, streaks and ramp held)."""
+        key = (pop, group.name)
+        try:
+            weights = running.weights_of(pop, group.name)
+            tiers = self._tier_step(running, key, group, signals.get(key), tier_signals, now,
+                                    weights)
+            if tiers.actions is not None:
+                check_tier_actions(group, tiers.actions)
+            decided = PairChange(key, weights, running.controllers.get(key, ControllerState()),
+                                 tiers.state, None, tiers.actions)
+            return PairDecision(None, decided, _tier_drafts(pop, group.name, tiers, desired),
+                                None, signals.get(key) or {})
+        except Exception as err:
+            log.exception("deciding the tiers of %s/%s failed", pop, group.name)
+            return PairFailure(pop, group.name, "decide", f"{type(err).__name__}: {err}")
 
     def _failure(self, failure: PairFailure, desired: Desired) -> Draft:
         """The `reconcile_error` record of a pair that failed."""
@@ -410,12 +462,12 @@ class Reconciler:
                 outcome.weights, "" if ramp is None else f"{ramp.kind}: {ramp.rule}")))
         if ramp is not None and ramp.kind is not None:
             records.append((ramp.kind, ramp.record_fields(result.weights_before)))
-        if outcome.tiers is not None:
-            records.extend((decision.kind, outcome.tiers.record_fields(decision))
-                           for decision in outcome.tiers.decisions)
         version = desired.digest[:16]
-        return tuple(draft(kind, pop=outcome.pop, group=outcome.group, config_version=version,
-                           **fields) for kind, fields in records), run.run
+        made = tuple(draft(kind, pop=outcome.pop, group=outcome.group, config_version=version,
+                           **fields) for kind, fields in records)
+        if outcome.tiers is not None:
+            made += _tier_drafts(outcome.pop, outcome.group, outcome.tiers, desired)
+        return made, run.run
 
     def quiet_run(self, pop: str, group: str) -> QuietRun | None:
         """The pair's run of quiet ticks now (a hold or steady run), if any."""
@@ -428,7 +480,8 @@ class Reconciler:
         for pop in running.pop_names:
             for group in running.desired_of(pop).origin_groups:
                 self._due[(pop, group.name)] = now_ms + self.interval_ms(group)
-        self._next_due = min(self._due.values(), default=0)
+                self._tier_due[(pop, group.name)] = now_ms + self.tier_interval_ms(group)
+        self._next_due = self._earliest()
 
     def forget_missing(self, running: RunningIntent) -> None:
         """Drop the schedule and quiet runs of (PoP, group) pairs the running intent no longer
@@ -436,9 +489,10 @@ class Reconciler:
         owner's carry-over)."""
         keep = set(running.pairs())
         self._next_due = 0  # pairs it adds are due at once
-        for key in [*self._due, *self._runs, *self.readings]:
+        for key in [*self._due, *self._tier_due, *self._runs, *self.readings]:
             if key not in keep:
                 self._due.pop(key, None)
+                self._tier_due.pop(key, None)
                 self._runs.pop(key, None)
                 self.readings.pop(key, None)
 
@@ -450,3 +504,11 @@ class Reconciler:
             except Exception:  # keep reconciling; the next tick starts from persisted state
                 log.exception("reconcile tick failed")
             await asyncio.sleep(poll_ms / 1000)
+
+
+def _tier_drafts(pop: str, group: str, tiers: TierStepResult, desired: Desired
+                 ) -> tuple[Draft, ...]:
+    """A tier step's records, one per change of mind."""
+    version = desired.digest[:16]
+    return tuple(draft(decision.kind, pop=pop, group=group, config_version=version,
+                       **tiers.record_fields(decision)) for decision in tiers.decisions)

@@ -13,8 +13,8 @@ Then the tier actions of the group in that PoP (``tier_action`` records, written
 on or off): which are active now and since when, the decision that switched them on with its
 numbers (the trigger tier's pending peak against ``trigger_pending``, held for how long) and what
 lifts them, or that none are active and when the last ones ended. Then utilization shedding
-(``tier_shed``), lending (``tier_lend``) and queues bounded in time (``tier_queue``): what is in
-force and the record that put it there.
+(``tier_shed``), lending (``tier_lend``), preemption (``tier_preempt``) and queues bounded in
+time (``tier_queue``): what is in force and the record that put it there.
 """
 
 from __future__ import annotations
@@ -29,7 +29,11 @@ from control_plane.decisions.read import Record, record_time
 
 MAX_CHAIN = 20
 TIER_KIND = "tier_action"
-TIER_KINDS = frozenset({TIER_KIND, "tier_shed", "tier_lend", "tier_queue"})
+TIER_KINDS = frozenset({TIER_KIND, "tier_shed", "tier_lend", "tier_preempt", "tier_queue"})
+# each slot part's label and the detail field that is non-empty while it is in force
+_SLOT_PARTS = (("tier_shed", "utilization shedding", "shedding"), ("tier_lend", "lending", "lent"),
+               ("tier_preempt", "preemption", "took"),
+               ("tier_queue", "queues bounded in time", "queue_limits"))
 _FOR = re.compile(r"\(≥ (\d[\d.]* s)\)")  # the `for` threshold in an "on" rule
 
 
@@ -122,25 +126,30 @@ def _seconds(ms: int | float) -> str:
 
 def describe_active(actions: Mapping[str, Any], since: str | None = None) -> str:
     """Active tier actions (``TierActions.to_dict()`` form) per tier, in plain words:
-    ``normal: 50% demoted to background; background: shed (503, retry-after 60 s)``."""
+    ``normal: 50% demoted to background (answered at the edge: background is shed);
+    background: shed to its floor of 6 slots (503 beyond)``."""
     suffix = f" since {since}" if since else ""
     parts = []
     demote, to = actions.get("demote_tier"), actions.get("demote_to")
     share = actions.get("demote_share")
-    if demote and to and share:
-        parts.append(f"{demote}: {share}% demoted to {to}{suffix}")
     shed = actions.get("shed_tier")
+    utilization = list(actions.get("shed_tiers") or ())
+    shed_all = {*([shed] if shed else []), *utilization}
+    if demote and to and share:
+        edge = f" (answered at the edge: {to} is shed)" if to in shed_all else ""
+        parts.append(f"{demote}: {share}% demoted to {to}{edge}{suffix}")
     status = actions.get("shed_status") or {}
-    after = actions.get("retry_after_s")
-    if shed:
-        parts.append(f"{shed}: shed ({status.get(shed, 503)}, retry-after {after} s){suffix}")
-    for tier in actions.get("shed_tiers") or ():
-        parts.append(f"{tier}: shed for utilization ({status.get(tier, 503)}, retry-after "
-                     f"{after} s){suffix}")
-    limits = actions.get("limits") or {}
-    if limits:
-        parts.append("lent: " + ", ".join(f"{t} limit {n}" for t, n in limits.items()))
-    queues = actions.get("pending_limits") or {}
+    limits = dict(actions.get("limits") or {})
+    for tier, why in [*([(shed, "shed")] if shed else []),
+                      *((t, "shed for utilization") for t in utilization)]:
+        floor = limits.get(tier)
+        kept = f" to its floor of {floor} slot(s)" if floor is not None else " to its floor"
+        parts.append(f"{tier}: {why}{kept} ({status.get(tier, 503)} beyond){suffix}")
+    others = {t: n for t, n in limits.items() if t not in shed_all}
+    if others:
+        parts.append("limits: " + ", ".join(f"{t} {n}" for t, n in others.items()))
+    queues = {t: n for t, n in (actions.get("pending_limits") or {}).items()
+              if t not in shed_all}
     if queues:
         parts.append("queue bounded in time: " + ", ".join(
             f"{t} at most {n} pending" for t, n in queues.items()))
@@ -182,15 +191,14 @@ def explain_tiers(records: Iterable[Record], pop: str, group: str) -> list[str]:
 
 def _explain_shedding_and_lending(records: list[Record], pop: str, group: str) -> list[str]:
     out = []
-    for kind, label in (("tier_shed", "utilization shedding"), ("tier_lend", "lending"),
-                        ("tier_queue", "queues bounded in time")):
+    for kind, label, field in _SLOT_PARTS:
         mine = [r for r in records
                 if r.get("kind") == kind and r.get("pop") == pop and r.get("group") == group]
         if not mine:
             continue
         last = mine[-1]
         detail = last.get("detail") if isinstance(last.get("detail"), dict) else {}
-        on = detail.get("shedding") if kind == "tier_shed" else bool(detail.get("lent"))
+        on = bool(detail.get(field))
         state = "in force" if on else "off"
         out.append(f"{label}: {state} since {_clock(last)} ({kind}, seq {last['seq']}): "
                    f"{last.get('rule') or ''}")

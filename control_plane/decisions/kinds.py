@@ -27,6 +27,7 @@ KINDS: tuple[str, ...] = (
     "certificate",
     "tier_shed",
     "tier_lend",
+    "tier_preempt",
     "tier_queue",
     "state_restored",
     "startup",

@@ -20,6 +20,9 @@ HeaderMatchKind = Literal["exact", "prefix", "contains", "present"]
 # `stale` 503 + retry-after + `x-ballast-serve-stale` (a cache in front serves its stale copy).
 ShedAction = Literal["reject", "defer", "stale"]
 SHED_STATUS: dict[str, int] = {"reject": 503, "defer": 202, "stale": 503}
+# A tier's default floor (`Tier.min_share_percent`): seed 000's smallest share (P2's 5 %), so
+# preemption leaves every tier at least one slot at the seed's 20-connection scale and above.
+MIN_SHARE_PERCENT = 5
 TriggerKind = Literal["wait", "pending"]
 WaitQuantile = Literal["p50", "p95", "p99"]
 
@@ -59,6 +62,10 @@ class Tier:
     # Seed 000 "50ms for P0 before we attempt hedging to a secondary origin": an attempt not
     # answered within this delay gets a second one to another origin; 0 = no hedging.
     hedge_delay_ms: int = 0
+    # The tier's floor: the share of the origin connections preemption by a more critical tier
+    # never takes (seed 000: "non-critical still makes progress"; "guarantee at least 1 dequeue
+    # per second per tier"), at most its own share (`OriginGroup.floor`).
+    min_share_percent: int = MIN_SHARE_PERCENT
 
 
 @dataclass(frozen=True)
@@ -192,6 +199,27 @@ class TierActions:
     def limit(self, tier: str) -> int | None:
         return dict(self.limits).get(tier)
 
+    def with_floors(self, group: OriginGroup) -> TierActions:
+        """These actions with every shed tier of `group` at its floor (`OriginGroup.floor`):
+        its limit the floor, its queue at most as long (what finds the floor busy is answered
+        at once with its `shed_action`). Idempotent."""
+        if not self.shed:
+            return self
+        limits, pending = dict(self.limits), dict(self.pending_limits)
+        for tier in group.tiers:
+            if tier.name in self.shed:
+                floor = group.floor(tier)
+                limits[tier.name] = floor
+                pending[tier.name] = min(pending.get(tier.name, floor), floor)
+        order = [t.name for t in group.tiers]
+        return replace(
+            self,
+            limits=tuple((t, limits[t]) for t in order if t in limits)
+            + tuple(sorted((t, n) for t, n in limits.items() if t not in order)),
+            pending_limits=tuple((t, pending[t]) for t in order if t in pending)
+            + tuple(sorted((t, n) for t, n in pending.items() if t not in order)),
+        )
+
     def to_dict(self) -> dict[str, object]:
         return {
             "demote_tier": self.demote_tier,
@@ -223,6 +251,9 @@ class TierActionPolicy:
     """
 
     enabled: bool = True
+    # the tier tick: seed 000 exports "queue depth, wait time, and origin p99 per priority to
+    # our control plane every 5 seconds"; at most the failover interval (app/reconcile.py)
+    interval_ms: int = 5_000
     trigger_tier: str = "critical"
     trigger: TriggerKind = "wait"
     trigger_wait_ms: int = 35
@@ -243,6 +274,8 @@ class TierActionPolicy:
     lending: bool = True
     lend_headroom_percent: int = 10  # of a lender's guarantee, kept free for its own arrivals
     lend_step_percent: int = 5  # of max_origin_concurrency: smaller lending changes wait
+    # a tier short of slots takes them from less critical tiers down to their floors
+    preemption: bool = True
 
     def actions(self) -> TierActions:
         return TierActions(
@@ -353,6 +386,12 @@ class OriginGroup:
         """The tier's share of the origin connections, rounded up (70% of 120 -> 84): its
         per-Envoy concurrency when nothing is lent."""
         return math.ceil(tier.share_percent * self.max_origin_concurrency / 100)
+
+    def floor(self, tier: Tier) -> int:
+        """The slots preemption always leaves the tier: its `min_share` of the origin
+        connections, rounded up (5% of 20 -> 1), at most its guarantee."""
+        return min(self.guarantee(tier),
+                   math.ceil(tier.min_share_percent * self.max_origin_concurrency / 100))
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from control_plane.desired.fields import (
 )
 from control_plane.desired.layers import FieldTable, Layer, Located, defaults_layer, read_layer
 from control_plane.desired.model import (
+    MIN_SHARE_PERCENT,
     AdaptiveLifo,
     FailoverPolicy,
     HealthCheck,
@@ -75,6 +76,7 @@ TIER_FIELDS: FieldTable = {
     "retry_budget": ("retry_budget_percent", _budget),
     "shed_action": ("shed_action", choice("reject", "defer", "stale")),
     "hedge_delay": ("hedge_delay_ms", _hedge_delay),
+    "min_share": ("min_share_percent", percent(0, 100)),
 }
 TIER_REQUIRED = ("priority", "share", "max_queue_depth", "queue_timeout", "connect_timeout",
                  "read_timeout", "retries")
@@ -159,6 +161,7 @@ HEALTH_CHECK_FIELDS: FieldTable = {
 
 TIER_ACTION_FIELDS: FieldTable = {
     "enabled": ("enabled", boolean),
+    "interval": ("interval_ms", duration(100, 3_600_000)),
     "trigger": ("trigger", choice("wait", "pending")),
     "trigger_wait": ("trigger_wait_ms", duration(1, 600_000)),
     "trigger_wait_quantile": ("trigger_wait_quantile", choice("p50", "p95", "p99")),
@@ -170,6 +173,7 @@ TIER_ACTION_FIELDS: FieldTable = {
     "lending": ("lending", boolean),
     "lend_headroom": ("lend_headroom_percent", percent(0, 100)),
     "lend_step": ("lend_step_percent", percent(0, 100)),
+    "preemption": ("preemption", boolean),
     "demote_share": ("demote_share", percent(0, 100)),
     "recover_after": ("recover_after_ms", duration(0, 3_600_000)),
     "stale_after": ("stale_after_ms", duration(1000, 86_400_000)),
@@ -281,6 +285,7 @@ NEW_TIER_DEFAULTS: Layer = defaults_layer({
     "shed_action": "reject",
     "retry_budget_percent": 15.0,
     "hedge_delay_ms": 0,
+    "min_share_percent": MIN_SHARE_PERCENT,
     "queue_policy": QueuePolicy().kind,
     "high_watermark": AdaptiveLifo().high_watermark,
     "low_watermark": AdaptiveLifo().low_watermark,

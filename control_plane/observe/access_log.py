@@ -41,9 +41,10 @@ standby; the entries name the primary with its own timing, first byte sent at 0 
 
 Per (PoP, tier cluster) the store keeps one `WaitSample` per logged request, at most
 `max_samples` per cluster and `retention_ms` long; `waits` gives p50 / p95 / p99 per window.
-A request a tier action shed at the edge has no upstream: the route that answered it names its
-(group, tier) (`<rule>@shed/<group>/<tier>`), and `sheds` gives each tier's logged requests and
-how many of them were shed, the rollout gates' shed rate.
+A request a tier action shed at the edge names its (group, tier): by the route that answered
+it (`<rule>@shed/<group>/<tier>`, a demoted share) or by the tier cluster whose breaker
+overflowed (`UO`: a shed tier beyond its floor, a queue bounded in time); `sheds` gives each
+tier's logged requests and how many of them were shed, the rollout gates' shed rate.
 """
 
 from __future__ import annotations
@@ -144,6 +145,18 @@ def wait_sample(entry: HTTPAccessLogEntry, received_ms: int) -> tuple[str, WaitS
                                _served_ms(common) if host else None, _started_ms(common))
 
 
+def shed_of(entry: HTTPAccessLogEntry) -> tuple[str, str] | None:
+    """(group, tier) a request was shed from at the edge, or None: a route that answers a
+    demoted share (`shed_route_name`), or a tier pool's breaker overflow (`UO`), which Envoy
+    answers with the tier's `shed_action` (a shed tier beyond its floor, a queue bounded in
+    time: `translate/overflow.py`)."""
+    common = entry.common_properties
+    shed = shed_of_route(common.route_name)
+    if shed is None and common.response_flags.upstream_overflow:
+        return split_cluster(common.upstream_cluster)
+    return shed
+
+
 def _started_ms(common: object) -> int:
     """When the request started at Envoy (epoch ms, its clock); 0 when the entry does not say."""
     if not common.HasField("start_time"):  # type: ignore[attr-defined]
@@ -185,7 +198,7 @@ class AccessLogStore:
         kept = 0
         for entry in entries:
             self.received += 1
-            shed = shed_of_route(entry.common_properties.route_name)
+            shed = shed_of(entry)
             if shed is not None and pop:
                 self._shed(pop, received_ms, _started_ms(entry.common_properties), *shed)
                 continue

@@ -7,6 +7,13 @@ bounded by a retry budget (seed 002: 15 % of active requests); `max_retries` sta
 as a count at full load, ceil(budget% x max_requests), and `min_retry_concurrency` lets an idle
 pool still spend one request's full retry count (the tier's retries).
 
+Upstream connections idle for one tier tick (`tier_actions.interval`) are closed
+(`common_http_protocol_options.idle_timeout`). Envoy keeps the connections a pool opened under a
+higher limit when the tier controller lowers it (preemption, shedding to the floor; measured on
+1.40), and a request that finds one of them idle while the pool is at its new `max_requests` is
+refused at once (`upstream_rq_pending_overflow`) instead of waiting in the pending queue, so
+until they close the pool has no queue at all.
+
 `track_cluster_stats.per_endpoint_stats` is on: Envoy then emits per-host counters for every
 attempt (retried attempts included), which is how `observe` sees an origin's own error count when
 retries hide the failures from the zone `upstream_rq_<code>` stats (measured on Envoy 1.40).
@@ -26,6 +33,7 @@ from envoy.config.core.v3.config_source_pb2 import (
 )
 from envoy.config.core.v3.health_check_pb2 import HealthStatus
 from envoy.config.core.v3.protocol_pb2 import Http1ProtocolOptions
+from envoy.config.core.v3.protocol_pb2 import HttpProtocolOptions as CommonHttpProtocolOptions
 from envoy.extensions.upstreams.http.v3.http_protocol_options_pb2 import HttpProtocolOptions
 from envoy.type.v3.percent_pb2 import Percent
 from google.protobuf.struct_pb2 import Struct
@@ -79,9 +87,11 @@ def tier_cluster(group: OriginGroup, tier: Tier, queue_policy: QueuePolicyChoice
     cluster.typed_extension_protocol_options[HTTP_PROTOCOL_OPTIONS].CopyFrom(
         packed(
             HttpProtocolOptions(
+                common_http_protocol_options=CommonHttpProtocolOptions(
+                    idle_timeout=duration_ms(group.tier_actions.interval_ms)),
                 explicit_http_config=HttpProtocolOptions.ExplicitHttpConfig(
                     http_protocol_options=Http1ProtocolOptions()
-                )
+                ),
             )
         )
     )

@@ -380,11 +380,12 @@ def _finish(
 
 
 def _runtime(make: _Builder, inputs: _PopInputs) -> dict[str, Resource]:
-    limits = tuple(sorted((g, a.limits, a.pending_limits) for g, a in inputs.actions.items()
-                          if a.limits or a.pending_limits))
+    groups = {g.name: g for g in inputs.desired.origin_groups}
+    slots = tuple(sorted((g, s.limits, s.pending_limits) for g, a in inputs.actions.items()
+                         if (s := a.with_floors(groups[g])).limits or s.pending_limits))
     return {RUNTIME_LAYER: make.resource(
-        RUNTIME_TYPE, RUNTIME_LAYER, (limits,),
-        lambda: (tier_runtime(inputs.actions), None),
+        RUNTIME_TYPE, RUNTIME_LAYER, (slots,),
+        lambda: (tier_runtime(inputs.actions, groups), None),
     ).resource}
 
 

@@ -48,19 +48,24 @@ other connection gets the plain configuration, where the header is ignored and o
 an untrusted client cannot pick its own tier.
 
 Tier actions (adaptive re-prioritization, seed 000), when active for the group in this PoP:
+- shedding (the re-prioritization's shed tier and the tiers shed for utilization) does not
+  touch the routes: a shed tier keeps its floor, and its cluster's limits (the runtime layer,
+  `runtime.py`) answer the rest at once with its `shed_action` (`overflow.py`);
 - demotion: the routes of the demoted tier get `weighted_clusters`: `demote_share` percent to
   the `demote_to` tier's cluster, the rest to their own; each part says the tier that serves it
   in `x-ballast-tier`, and the demoted part also `x-ballast-demoted-from: <tier>`. Timeouts and
-  retries stay those of the route's own tier (the client's deadline does not change);
-- shedding (the re-prioritization's shed tier and the tiers shed for utilization): the routes
-  of a shed tier answer at the edge with `direct_response`, `retry-after` = the recovery time in
-  seconds and `x-ballast-shed: <tier>`; nothing reaches an origin. Each is named
-  `<rule>@shed/<group>/<tier>`, so the access log counts a shed request against its tier (the
-  rollout gates' shed rate). The tier's `shed_action`
-  picks the answer: `reject` 503; `defer` 202 (the client may do the work later); `stale` 503
-  with `x-ballast-serve-stale: 1` and `cache-control: no-store`, which tells a cache in front
-  to answer with its stale copy (e.g. nginx `proxy_cache_use_stale http_503`) and never to
-  store the 503 itself.
+  retries stay those of the route's own tier (the client's deadline does not change). While the
+  `demote_to` tier is shed (its pool is at its floor: a demoted request could not get through),
+  the demoted share is answered at the edge instead (seed 000's admission order: background
+  first, then the demoted share, then the rest of the tier): each route of the demoted tier is
+  preceded by `<name>@shed/<group>/<tier>` (`shed_route_name`: an access log counts what it
+  answered against the tier it shed, the rollout gates' shed rate), matching the same requests
+  with a `runtime_fraction` of `demote_share` percent (drawn per request), whose
+  `direct_response` carries the demoted tier's own `shed_action` — `reject` 503; `defer` 202
+  (the client may do the work later); `stale` 503 with `x-ballast-serve-stale: 1` and
+  `cache-control: no-store`, which tells a cache in front to answer with its stale copy (e.g.
+  nginx `proxy_cache_use_stale http_503`) and never to store the 503 itself — with `retry-after`
+  = the recovery time in seconds and `x-ballast-shed: <tier>`; nothing reaches an origin.
 
 A cache-warming mirror, when active for the group in this PoP, puts a GET/HEAD copy with
 `request_mirror_policies` before each cacheable route (`mirror.py`).
@@ -128,6 +133,7 @@ TRUSTED_ROUTE_PREFIX = "trusted-"  # the trusted routes are named trusted-<tier>
 SERVE_STALE_HEADER = "x-ballast-serve-stale"
 HEDGED_ROUTE_SUFFIX = "-hedged"
 SHED_ROUTE_MARK = "@shed/"  # `<rule>@shed/<group>/<tier>`: a shed route (`shed_route_name`)
+DEMOTED_SHED_KEY = "ballast.demoted_shed"  # its runtime key: <key>.<group>.<tier>
 
 
 def route_timeout_ms(tier: Tier) -> int:
@@ -171,19 +177,18 @@ def _virtual_host(
     if actions is not None:
         check_tier_actions(group, actions)
     routes = [
-        _route(f"{TRUSTED_ROUTE_PREFIX}{tier.name}", _trusted_match(tier), group, tier, actions)
+        route
         for tier in (group.tiers if trusted else ())
+        for route in _routes(f"{TRUSTED_ROUTE_PREFIX}{tier.name}", _trusted_match(tier), group,
+                             tier, actions)
     ]
     routes += [
-        _route(rule.name, _match(rule), group, group.tier(rule.tier), actions)
+        route
         for rule in desired.classification
+        for route in _routes(rule.name, _match(rule), group, group.tier(rule.tier), actions)
     ]
-    routes.append(
-        _route(
-            CATCH_ALL_ROUTE, RouteMatch(prefix="/"), group, group.tier(desired.default_tier),
-            actions,
-        )
-    )
+    routes += _routes(CATCH_ALL_ROUTE, RouteMatch(prefix="/"), group,
+                      group.tier(desired.default_tier), actions)
     if mirror is not None:
         routes = [each for route in routes for each in mirrored_routes(group.name, route, mirror)]
     if hedge_share is not None:
@@ -234,20 +239,40 @@ def _header_matcher(header: HeaderMatch) -> HeaderMatcher:
     return HeaderMatcher(name=header.name, string_match=string_match)
 
 
+def _routes(
+    name: str, match: RouteMatch, group: OriginGroup, tier: Tier, actions: TierActions | None
+) -> list[Route]:
+    """The route of one rule; while the rule's tier is demoted into a shed tier, preceded by
+    the route that answers the demoted share at the edge."""
+    route = _route(name, match, group, tier, actions)
+    if actions is None or not _demoted_tier(actions, tier) or actions.demote_to not in \
+            actions.shed:
+        return [route]
+    shed = _shed_route(shed_route_name(name, group.name, tier.name), match, tier,
+                       actions.retry_after_s)
+    shed.match.runtime_fraction.CopyFrom(RuntimeFractionalPercent(
+        default_value=FractionalPercent(numerator=actions.demote_share,
+                                        denominator=FractionalPercent.HUNDRED),
+        runtime_key=f"{DEMOTED_SHED_KEY}.{group.name}.{tier.name}"))
+    return [shed, route]
+
+
+def _demoted_tier(actions: TierActions, tier: Tier) -> bool:
+    return (actions.demote_tier == tier.name and actions.demote_to is not None
+            and actions.demote_share > 0)
+
+
 def _route(
     name: str, match: RouteMatch, group: OriginGroup, tier: Tier, actions: TierActions | None
 ) -> Route:
-    if actions is not None and tier.name in actions.shed:
-        return _shed_route(shed_route_name(name, group.name, tier.name), match, tier,
-                           actions.retry_after_s)
     action = RouteAction(
         timeout=duration_ms(route_timeout_ms(tier)),
         retry_policy=_retry_policy(tier),
     )
     if tier.hedge_delay_ms:
         action.hedge_policy.CopyFrom(HedgePolicy(hedge_on_per_try_timeout=True))
-    if (actions is not None and actions.demote_tier == tier.name
-            and actions.demote_to is not None and actions.demote_share > 0):
+    if actions is not None and _demoted_tier(actions, tier) and actions.demote_to is not None \
+            and actions.demote_to not in actions.shed:
         action.weighted_clusters.CopyFrom(
             _demoted(group.name, tier.name, actions.demote_to, actions.demote_share)
         )
@@ -279,6 +304,7 @@ def _demoted(group: str, tier: str, to: str, share: int) -> WeightedCluster:
 
 
 def _shed_route(name: str, match: RouteMatch, tier: Tier, retry_after_s: int) -> Route:
+    """The demoted share of `tier` answered at the edge with its `shed_action`."""
     headers = [_overwrite("retry-after", str(retry_after_s)), _overwrite(SHED_HEADER, tier.name)]
     if tier.shed_action == "stale":
         headers += [_overwrite(SERVE_STALE_HEADER, "1"), _overwrite("cache-control", "no-store")]
@@ -288,8 +314,8 @@ def _shed_route(name: str, match: RouteMatch, tier: Tier, retry_after_s: int) ->
         match=match,
         direct_response=DirectResponseAction(
             status=SHED_STATUS[tier.shed_action],
-            body=DataSource(inline_string=f"shed: tier {tier.name} is paused while the origin "
-                            f"is under stress; {later} in {retry_after_s} s\n"),
+            body=DataSource(inline_string=f"shed: part of tier {tier.name} is demoted while "
+                            f"the origin is under stress; {later} in {retry_after_s} s\n"),
         ),
         response_headers_to_add=headers,
     )

@@ -1,7 +1,9 @@
 """A PoP's resources as one static Envoy bootstrap, for `envoy --mode validate`.
 
 EDS clusters become STATIC with their ClusterLoadAssignment inlined as `load_assignment`; each
-HTTP connection manager's RDS is replaced by its RouteConfiguration inlined as `route_config`.
+HTTP connection manager's RDS is replaced by its RouteConfiguration inlined as `route_config`;
+the RTDS layer (`runtime.py`: the tiers' limits in force) becomes a static runtime layer of the
+same name.
 Built from `render_json`, so Cluster field 62 (queue policy) reaches Envoy's validation too. The
 node's locality zone is the PoP; admin listens on 127.0.0.1, port 0. TLS listeners name their
 certificates as static secrets, which hold a stand-in pair the caller gives (renderings never
@@ -43,7 +45,10 @@ def static_bootstrap(
             }}
             for name in rendered["secrets"]
         ]
+    layers = [{"name": name, "static_layer": runtime["layer"]}
+              for name, runtime in rendered.get("runtime", {}).items() if runtime.get("layer")]
     return {
+        **({"layered_runtime": {"layers": layers}} if layers else {}),
         "node": {
             "id": f"{VALIDATION_NODE_CLUSTER}-{pop_resources.pop}",
             "cluster": VALIDATION_NODE_CLUSTER,

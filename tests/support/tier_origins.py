@@ -1,5 +1,7 @@
 """Two loopback HTTP origins, primary and secondary, that answer 200 and count each request by
-(origin, the `x-ballast-tier` Envoy sent it with): what reached an origin, and in which tier."""
+(origin, the `x-ballast-tier` Envoy sent it with): what reached an origin, and in which tier. A
+request whose path contains `/held/` is counted at once and answered only once `release()` is
+called (it holds a slot of its tier's pool meanwhile)."""
 
 from __future__ import annotations
 
@@ -14,14 +16,21 @@ class Origins:
 
     def __init__(self) -> None:
         self.seen: Counter[tuple[str, str]] = Counter()
+        self.held = threading.Event()
         self.servers = {name: self._server(name) for name in ("primary", "secondary")}
 
+    def release(self) -> None:
+        """Answer every held request (and those to come)."""
+        self.held.set()
+
     def _server(self, name: str) -> ThreadingHTTPServer:
-        seen = self.seen
+        seen, held = self.seen, self.held
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 seen[(name, self.headers.get("x-ballast-tier", ""))] += 1
+                if "/held/" in self.path:
+                    held.wait(30)
                 self.send_response(200)
                 self.send_header("content-length", "0")
                 self.end_headers()
@@ -44,6 +53,7 @@ class Origins:
         self.close()
 
     def close(self) -> None:
+        self.release()
         for server in self.servers.values():
             server.shutdown()
             server.server_close()
