@@ -38,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from control_plane.app.heap import free_later
 from control_plane.decide.controller import ControllerState, StepResult, step
 from control_plane.decide.ramp import RampResult, RampState, ramp_step
 from control_plane.decide.runs import END_KINDS, QuietRun, follow_run
@@ -177,12 +178,8 @@ class Reconciler:
         # worker thread while the loop keeps serving, from the running intent as it is now;
         # only this reconciler changes streaks and states, and a reload (a new desired state
         # since `desired` was read) makes the tick's change stale: it is dropped
-        plan = await asyncio.to_thread(lambda: self._plan([
-            self._decide_one(running, pop, group, signals_by_window[group.failover.window_ms],
-                             tiers_by_window[group.failover.window_ms], now,
-                             running.desired_of(pop))
-            for pop, group in due
-        ], running, self._schedule(due, now)))
+        plan = await asyncio.to_thread(self._plan_due, running, due, signals_by_window,
+                                       tiers_by_window, now)
         try:
             async with self.intent.change() as change:
                 plan = await self._prepared(change, running, plan)
@@ -209,7 +206,22 @@ class Reconciler:
         self._next_due = min(plan.schedule.values(), default=0)
         if self.metrics is not None:
             self.metrics.reconcile_tick.observe(time.perf_counter() - started)
-        return [decision.outcome for decision in plan.decided]
+        outcomes = [decision.outcome for decision in plan.decided]
+        # what the tick made for every pair (and the intent it replaced) is freed off the loop
+        made = [plan, change, running, signals_by_window, tiers_by_window, due]
+        del plan, change, running, signals_by_window, tiers_by_window, due
+        free_later(made)
+        return outcomes
+
+    def _plan_due(self, running: RunningIntent, due: list[tuple[str, OriginGroup]],
+                  signals: dict[int, Signals], tiers: dict[int, TierSignals | None], now: int
+                  ) -> TickPlan:
+        """Every due pair's steps and records, and what they change (on a worker thread)."""
+        return self._plan([
+            self._decide_one(running, pop, group, signals[group.failover.window_ms],
+                             tiers[group.failover.window_ms], now, running.desired_of(pop))
+            for pop, group in due
+        ], running, self._schedule(due, now))
 
     def _schedule(self, due: list[tuple[str, OriginGroup]], now: int) -> dict[GroupKey, int]:
         """Every pair's next step after this tick's (a failing pair's too: retried then)."""
