@@ -19,6 +19,7 @@ from typing import Any
 
 from bench import dashboard, fanout, fleet, protocol_core, standby_ramp, translation
 from bench.common import ROOT
+from bench.fleet_server import VARIANTS
 from harness.standby_ramp import report as report_standby_ramp
 
 
@@ -78,6 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fleet", default="10000x100x20", metavar="NODESxPOPSxGROUPS",
                         help="the fleet benchmark's size (default 10000x100x20; --quick: "
                         "400x20x20)")
+    parser.add_argument("--runs", type=int, default=1,
+                        help="the fleet benchmark's rounds (medians and ranges; default 1)")
+    parser.add_argument("--variants", default="",
+                        help="the fleet benchmark also runs Ballast without one of its parts, "
+                        f"each in every round: comma-separated, or 'all' ({', '.join(VARIANTS)})")
     parser.add_argument("--compare-protocol", action="store_true",
                         help="fan-out runs twice per (size, mode): with the protocol core of "
                         "harness/protocol_baseline.py, then with the current one")
@@ -145,8 +151,14 @@ def main(argv: list[str] | None = None) -> int:
         nodes, pops, groups = (int(part) for part in size.split("x"))
         print(f"== fleet: {nodes:,} nodes over {pops} PoPs, {groups} groups, Ballast vs the "
               "raw grpc.aio floor", flush=True)
+        variants = list(VARIANTS) if args.variants == "all" else [
+            v for v in args.variants.split(",") if v]
+        unknown = set(variants) - set(VARIANTS)
+        if unknown:
+            parser.error(f"unknown variants: {', '.join(sorted(unknown))}")
         results["fleet"] = fleet.run(nodes, pops, groups, args.per_connection,
-                                     pushes=args.pushes or 20)
+                                     pushes=args.pushes or 20, runs=args.runs,
+                                     variants=variants)
         out += [f"== Fleet: {nodes:,} nodes over {pops} PoPs, {groups} origin groups "
                 f"({args.per_connection} streams per connection), Ballast vs the floor "
                 "measured in the same run", fleet.report(results["fleet"])]
@@ -159,9 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\n\n".join(out))
     print(f"\n{results['elapsed_s']:.0f} s; load average {os.getloadavg()[0]:.1f} on "
           f"{os.cpu_count()} CPUs; results in {path.relative_to(ROOT)}")
-    fleet_errors = [side.get("errors") for name, side in results.get("fleet", {}).items()
-                    if name in fleet.SIDES]
-    failed = any(r.get("errors") for r in results.get("fanout", [])) or any(fleet_errors)
+    fleet_errors = fleet.errors(results["fleet"]) if "fleet" in results else []
+    failed = any(r.get("errors") for r in results.get("fanout", [])) or bool(fleet_errors)
     return 1 if failed else 0
 
 
