@@ -85,7 +85,7 @@ async def run_side(kind: str, pops: int, groups: int, nodes: int, per_connection
             if pop_of(index, pops) == "p000":
                 connected["p000"] += 1
 
-        start = time.monotonic()
+        start, client_cpu0 = time.monotonic(), time.process_time()
         storm = asyncio.ensure_future(asyncio.wait_for(
             asyncio.gather(*(gated(i, c) for i, c in enumerate(clients))), timeout))
         while connected["all"] < nodes // 2 and not storm.done():
@@ -111,6 +111,7 @@ async def run_side(kind: str, pops: int, groups: int, nodes: int, per_connection
         everyone_synced = int(synced["synced"])
         out["storm_s"] = synced["last_sync"] - start
         out["storm_cpu_per_node_us"] = (server.cpu() - cpu0) * 1e6 / nodes
+        out["storm_client_cpu_per_node_us"] = (time.process_time() - client_cpu0) * 1e6 / nodes
         _lag(out, "storm", await server.call(cmd="lag"))
         await asyncio.sleep(1.0)  # let the server settle before reading RSS
         out["rss_per_node"] = (server.rss() - rss0) / nodes
@@ -361,6 +362,8 @@ METRICS: list[tuple[str, str, float, str, Callable[[Any], float], str]] = [
     ("one-PoP push during the storm", "storm_push_s", 1e3, "ms", _one, ""),
     ("server CPU per node during the storm", "storm_cpu_per_node_us", 1, "µs", _one, ""),
     ("server CPU per node in a global change", "global_cpu_per_node_us", 1, "µs", _one, ""),
+    ("the simulated nodes' CPU per node during the storm", "storm_client_cpu_per_node_us", 1,
+     "µs", _one, ""),
     ("server RSS per connected node", "rss_per_node", 1e-3, "KB", _one, "≤ 1.25x floor"),
     ("objects a full collection walks, per node", "walked_per_node", 1, "", _one, ""),
     ("largest loop stall: storm", "stall_storm_s", 1e3, "ms", _one, ""),
