@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the real peers the test-suite starts on loopback (Prometheus, etcd and etcdctl from
-# Debian)
-# and Chromium (from Debian too) for the dashboard tests.
+# Debian), Chromium (from Debian too) for the dashboard tests, and nftables, whose rules the
+# multi-host test (`make e2e-hosts`) loads inside its own network namespaces only.
 # Tests start and stop the servers themselves, by PID; this only makes sure the binaries exist.
 # Debian's packages would start system daemons on install; a policy-rc.d that refuses every
 # start keeps them from running at all, so nothing has to be stopped (never by name).
@@ -26,6 +26,7 @@ command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 command -v etcdctl >/dev/null 2>&1 || missing+=(etcd-client)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v nft >/dev/null 2>&1 || missing+=(nftables)
 if [ "${#missing[@]}" -gt 0 ]; then
     if [ "$(id -u)" = "0" ]; then
         install_debian "${missing[@]}"

@@ -12,6 +12,8 @@ fetches are slow, repeats fast, and a capacity cap refuses what it cannot take.
 `make run` lets an operator break an origin by hand.
 `max_concurrency` caps the requests it works on at once (the rest wait inside the origin, as a
 real origin's worker pool would): the concurrency-capped origin of the tier benchmarks.
+`attempt_log` keeps each attempt with Envoy's request id, attempt number and PoP, so a test can tell
+a hedge (sent while the first attempt was still unanswered) from a retry (sent after it failed).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import asyncio
 import json
 import math
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import asdict, dataclass, fields
 
 from aiohttp import web
@@ -28,6 +30,7 @@ from aiohttp import web
 FAULT_PATH = "/_ballast/fault"
 HEALTH_PATHS = frozenset({"/healthz", "/healthz/cacheable"})
 SHADOW_SUFFIX = "-shadow"  # Envoy's mark on the Host of a mirrored request (before the port)
+MAX_LOGGED_ATTEMPTS = 100_000  # `attempt_log` keeps the newest
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,7 @@ class Fault:
     error_rate: float = 0.0  # share of requests answered with `status`
     status: int = 503
     latency_ms: int = 0  # added before answering
+    latency_rate: float = 1.0  # share of requests that get `latency_ms` (deterministic)
     fail_health: bool = False  # health paths answer `status` too
     pops: tuple[str, ...] = ()  # only requests through these PoPs (x-ballast-pop); () = all
 
@@ -47,8 +51,9 @@ class Fault:
         if unknown:
             raise ValueError(f"unknown fault fields: {', '.join(sorted(unknown))}")
         fault = cls(**{**data, "pops": tuple(data.get("pops", ()))})
-        if not 0.0 <= float(fault.error_rate) <= 1.0:
-            raise ValueError("error_rate must be within 0..1")
+        if not 0.0 <= float(fault.error_rate) <= 1.0 or not 0.0 <= float(
+                fault.latency_rate) <= 1.0:
+            raise ValueError("error_rate and latency_rate must be within 0..1")
         if not 100 <= int(fault.status) <= 599 or int(fault.latency_ms) < 0:
             raise ValueError("status must be 100..599 and latency_ms >= 0")
         return fault
@@ -70,6 +75,21 @@ class ColdCache:
 
     miss_latency_ms: int = 0
     capacity: int = 0
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One attempt the origin answered (health paths left out): Envoy's `x-request-id` (the
+    same on every attempt of a request), its `x-envoy-attempt-count`, the tier, when it arrived
+    and when the origin was done with it (time.monotonic()), and the status it answered."""
+
+    request_id: str
+    number: int
+    tier: str
+    arrived: float
+    done: float
+    status: int
+    pop: str = ""  # the PoP it came through (`x-ballast-pop`)
 
 
 @dataclass(frozen=True)
@@ -101,12 +121,15 @@ class DemoOrigin:
         self.requests: Counter[str] = Counter()  # per tier seen
         self.shadowed = 0  # of those, mirrored copies (Envoy appends `-shadow` to their Host)
         self.errors = 0
+        self.attempt_log: deque[Attempt] = deque(maxlen=MAX_LOGGED_ATTEMPTS)
         self._served = 0
+        self._delayed = 0
         self._runner: web.AppRunner | None = None
 
     def set_fault(self, fault: Fault) -> None:
         self.fault = fault
         self._served = 0
+        self._delayed = 0
 
     @property
     def total(self) -> int:
@@ -117,6 +140,12 @@ class DemoOrigin:
         before = math.floor(self._served * rate)
         self._served += 1
         return math.floor(self._served * rate) > before
+
+    def _should_delay(self) -> bool:
+        rate = self.fault.latency_rate
+        before = math.floor(self._delayed * rate)
+        self._delayed += 1
+        return math.floor(self._delayed * rate) > before
 
     def _faulty(self, request: web.Request) -> bool:
         pops = self.fault.pops
@@ -134,10 +163,19 @@ class DemoOrigin:
     async def _counted(self, request: web.Request) -> web.Response:
         self.in_flight += 1
         self.in_flight_peak = max(self.in_flight_peak, self.in_flight)
+        arrived = time.monotonic()
         try:
-            return await self._answer(request)
+            response = await self._answer(request)
         finally:
             self.in_flight -= 1
+        if request.path not in HEALTH_PATHS:
+            count = request.headers.get("x-envoy-attempt-count", "1")
+            self.attempt_log.append(Attempt(
+                request.headers.get("x-request-id", "")[:64],
+                int(count) if count.isdigit() and len(count) < 4 else 1,
+                request.headers.get("x-ballast-tier", "")[:64], arrived, time.monotonic(),
+                response.status, request.headers.get("x-ballast-pop", "")[:64]))
+        return response
 
     def in_flight_peak_reset(self) -> int:
         """The peak of requests in work at once since the last reset (then reset)."""
@@ -146,7 +184,7 @@ class DemoOrigin:
 
     async def _answer(self, request: web.Request) -> web.Response:
         faulty = self._faulty(request)
-        if self.fault.latency_ms and faulty:
+        if self.fault.latency_ms and faulty and self._should_delay():
             await asyncio.sleep(self.fault.latency_ms / 1000)
         headers = {"x-origin": self.name}
         if request.path in HEALTH_PATHS:

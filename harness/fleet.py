@@ -17,6 +17,7 @@ from control_plane.decisions.read import iter_records
 from control_plane.translate.bootstrap import ads_bootstrap
 from harness.demo_origin import DemoOrigin
 from harness.envoy_process import EnvoyProcess, free_port
+from harness.eventually import eventually
 from harness.traffic import steady_traffic, stop_tasks
 
 _FAST_FAILOVER = """\
@@ -83,6 +84,7 @@ class Fleet:
     listener_ports: dict[str, int]
     state_dir: Path
     statuses: Counter[int] = field(default_factory=Counter)
+    stop_traffic: Callable[[], None] = lambda: None
 
     def count_status(self, status: int) -> None:
         """One answer of the steady traffic (0: the request failed)."""
@@ -174,8 +176,12 @@ async def running_fleet(
     prometheus_url: Callable[[dict[str, EnvoyProcess]], Any] | None = None,
     rps: float = 25.0,
     admin_token: str | None = None,
+    lrs_endpoint_granularity: bool = False,
 ) -> AsyncIterator[Fleet]:
     """Ballast + origins primary/secondary + one Envoy per PoP (ewr, sjc) + steady traffic.
+
+    `metrics_source` `sink` (stats sinks), `lrs` (load reports: the Envoys report load and send
+    no stats) or `sink+lrs` (both). `fleet.stop_traffic()` ends the steady traffic.
 
     With `prometheus_url`, it is called with the started Envoys and returns (an awaitable of)
     the Prometheus URL to read from, so a test can start Prometheus scraping those Envoys.
@@ -208,7 +214,8 @@ async def running_fleet(
                 pop=pop,
                 xds_port=xds_port,
                 admin_port=admin,
-                metrics_sink=metrics_source == "sink",
+                metrics_sink=metrics_source.startswith("sink"),
+                load_reports=metrics_source.endswith("lrs"),
                 needed_stats_only=True,
                 stats_flush_interval_ms=1000,
             )
@@ -224,7 +231,9 @@ async def running_fleet(
                 state_dir=state_dir,
                 xds_address=f"127.0.0.1:{xds_port}",
                 admin_address="127.0.0.1:0",
-                metrics_source="prometheus" if url else "sink",
+                metrics_source="prometheus" if url else metrics_source,  # type: ignore[arg-type]
+                lrs_interval_ms=1000,
+                lrs_endpoint_granularity=lrs_endpoint_granularity,
                 prometheus_url=url,
                 probe_interval_ms=1000,
                 reload_poll_s=0.1,
@@ -234,12 +243,17 @@ async def running_fleet(
         await service.start()
         for envoy in envoys.values():
             await asyncio.to_thread(envoy.wait_ready, 20)
+        if metrics_source.endswith("lrs"):  # Envoy's load reports count from their first
+            await eventually(lambda: len([r for r in service.load_reports.reporters()
+                                          if r["clusters"]]) == len(envoys), 20,
+                             "every Envoy's load reports to name its clusters")
         fleet = Fleet(
             service,
             origins,
             envoys,
             {"ewr": listener, "sjc": sjc_listener},
             state_dir,
+            stop_traffic=stop.set,
         )
         tasks = [
             asyncio.create_task(steady_traffic(

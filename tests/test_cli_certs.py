@@ -101,10 +101,20 @@ def test_bootstrap_with_tls_has_the_transport_socket(tmp_path: Path, capsys) -> 
         "private_key": {"filename": str(tmp_path / "nodes/ewr/ewr-1.key")},
         "watched_directory": {"path": str(tmp_path / "nodes/ewr")},
     }
-    assert context["validation_context"]["trusted_ca"] == {"filename": str(tmp_path / "ca.pem")}
-    assert context["validation_context"]["match_typed_subject_alt_names"] == [
+    # the CA through file-based SDS too (a CA rollover without a restart); the names checked
+    # against the replica dialled stay in the bootstrap
+    validation = context["combined_validation_context"]
+    assert validation["default_validation_context"]["match_typed_subject_alt_names"] == [
         {"san_type": "IP_ADDRESS", "matcher": {"exact": "127.0.0.1"}}
     ]
+    ca_sds_file = tmp_path / "nodes/ewr/ewr-1.ca.sds.json"
+    assert validation["validation_context_sds_secret_config"]["sds_config"][
+        "path_config_source"]["path"] == str(ca_sds_file)
+    (ca_secret,) = json.loads(ca_sds_file.read_text())["resources"]
+    assert ca_secret["validation_context"] == {
+        "trusted_ca": {"filename": str(tmp_path / "ca.pem")},
+        "watched_directory": {"path": str(tmp_path)},
+    }
     find_envoy()
     ok, output = validate_bootstrap(config)
     assert ok, output

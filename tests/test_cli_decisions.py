@@ -112,3 +112,30 @@ def test_follow_prints_new_records(state_dir: Path) -> None:
     finally:
         child.terminate()
         child.wait(10)
+
+
+def test_follow_keeps_the_table_aligned(state_dir: Path) -> None:
+    """Rows followed one at a time line up with the table printed before them (and with each
+    other): every rule starts under RULE, whatever the kind, PoP, group and weights."""
+    child = subprocess.Popen(
+        [sys.executable, "-m", "control_plane", "decisions", "--state-dir", str(state_dir),
+         "--follow", "--interval", "0.05"],
+        stdout=subprocess.PIPE, text=True, cwd=ROOT,
+    )
+    assert child.stdout is not None
+    try:
+        lines = [child.stdout.readline() for _ in range(5)]  # the header and 4 records
+        with DecisionLog(state_dir) as log:
+            log.record("ramp_start", pop="lax", group="shop", rule="ramp rule",
+                       weights_before={"primary": 95, "secondary": 5},
+                       weights_after={"primary": 90, "secondary": 10})
+            log.record("hold", pop="sjc", group="api", rule="hold rule")
+            log.record("rollout_superseded", rule="rollout rule")
+        lines += [child.stdout.readline() for _ in range(3)]
+    finally:
+        child.terminate()
+        child.wait(10)
+    column = lines[0].index("RULE")
+    rules = [line[column:].rstrip("\n") for line in lines[1:]]
+    assert rules[-3:] == ["ramp rule", "hold rule", "rollout rule"], lines
+    assert all(line[column - 2:column] == "  " and line[column] != " " for line in lines[1:]), lines

@@ -31,7 +31,11 @@ def test_example_passes_envoy_validation_for_every_pop(capsys) -> None:
     assert re.search(r"^pop sjc: OK \(envoy 1\.40\.\d+\)$", out, re.M)
     assert re.search(r"^pop ewr with tier actions on: OK \(envoy 1\.40\.\d+\)$", out, re.M)
     assert re.search(r"^pop sjc with tier actions on: OK \(envoy 1\.40\.\d+\)$", out, re.M)
-    assert "FIFO sent" in out
+    # the translation's notes once per cause, with why this one needs no fix
+    notes = [line for line in out.splitlines() if line.startswith("note: ")]
+    assert notes == ["note: adaptive_lifo requested, node lacks envoy.queue_policy.adaptive_lifo"
+                     ": FIFO sent: shop.critical, shop.normal, shop.background in ewr, sjc"], out
+    assert "\n  why: adaptive LIFO (seed 001) is what these tiers ask for" in out
 
 
 @pytest.mark.envoy

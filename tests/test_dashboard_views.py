@@ -11,6 +11,7 @@ from control_plane.admin.dashboard_views import (
     AWAY_LISTED_PER_POP,
     SCORE_AT_THRESHOLD,
     overview,
+    ramp_view,
     timeline,
 )
 from control_plane.ads.nodes import PopCensus
@@ -128,3 +129,35 @@ def test_overview_lists_a_bounded_number_of_away_groups_but_counts_all() -> None
     (ewr,) = body["pops"]
     assert ewr["away_count"] == AWAY_LISTED_PER_POP + 5
     assert len(ewr["away"]) == AWAY_LISTED_PER_POP
+
+
+def _ramp(seq: int, kind: str, before: dict[str, int], after: dict[str, int], rule: str,
+          ) -> dict[str, object]:
+    return record(seq, kind, rule=rule, inputs={"state_before": {"ramps": before}},
+                  detail={"state": {"ramps": after}, "next": f"next after {seq}"})
+
+
+def test_the_ramp_in_words_step_share_since_and_why() -> None:
+    """Each ramping standby: its step and the share it allows, its weight, since when (the
+    record that took it from not ramping to ramping, the newest such), why (the newest ramp
+    record that has it ramping: its rule, its next)."""
+    records = [
+        _ramp(1, "ramp_start", {}, {"secondary": 0}, "an older ramp starts"),
+        _ramp(2, "ramp_end", {"secondary": 0}, {}, "it ended"),
+        record(3, "weight_shift", rule="not a ramp record"),
+        _ramp(4, "ramp_start", {}, {"secondary": 1}, "secondary is cold: ramp starts"),
+        _ramp(5, "ramp_step", {"secondary": 1}, {"secondary": 2}, "secondary healthy: step 3"),
+    ]
+    shown = ramp_view(SHOP, {"ramps": {"secondary": 2}, "warm_pool_since_ms": {}}, records,
+                      {"primary": 80, "secondary": 20})
+    assert shown == {"standbys": [{
+        "origin": "secondary", "step": 3, "steps": 4, "share": 20, "weight": 20,
+        "since": "2026-11-30T11:54:00.000Z", "why": "secondary healthy: step 3", "seq": 5,
+        "next": "next after 5",
+        "sentence": "secondary ramps: step 3 of 4, at most 20 % of the traffic (now 20 %), "
+                    "since 11:54:00Z; why: secondary healthy: step 3"}]}
+    # its records older than the range: said so, not made up
+    alone = ramp_view(SHOP, {"ramps": {"secondary": 0}}, [], {"secondary": 5})
+    assert alone["standbys"][0]["sentence"] == (
+        "secondary ramps: step 1 of 4, at most 5 % of the traffic (now 5 %), since before the "
+        "records shown; why: its last ramp record is older than the range shown")

@@ -11,7 +11,9 @@ from hypothesis import strategies as st
 
 from control_plane.decide.controller import ControllerState, step
 from control_plane.decide.evidence import (
+    abandoned_attempts,
     judge,
+    no_evidence,
     quantile_lower,
     quantile_lower_rank,
     wilson_lower,
@@ -143,3 +145,89 @@ def test_a_sick_origin_in_a_thin_window_gives_weight_but_never_takes_it() -> Non
     assert result.kind == "weight_shift" and result.changed
     assert result.weights_after["primary"] < 60
     assert "primary too few samples this window" in result.rule
+
+
+# -- abandoned attempts (issue 33): a hedge that keeps winning hides an origin ------------------
+
+def hedged(started: int, abandoned: int, errors: int = 0, *, samples: int = 0,
+           p95: float | None = None) -> OriginSignals:
+    """An origin behind a hedged tier: `abandoned` of its `started` attempts never finished."""
+    return replace(sig(started, errors, p50=None if p95 is None else 40.0, p95=p95,
+                       samples=samples), abandoned=abandoned)
+
+
+def test_abandoned_attempts_are_started_minus_finished_never_negative() -> None:
+    # measured on Envoy 1.40 (issue 33): rq_total 886, rq_success 159, rq_error 1
+    assert abandoned_attempts(886, 159, 1) == 726
+    assert abandoned_attempts(10, 12, 0) == 0
+    # a load report knows the attempts still in flight: their growth is not abandonment
+    assert abandoned_attempts(100, 80, 5, in_flight_change=10) == 5
+
+
+def test_a_hedged_origin_whose_attempts_all_go_unanswered_breaches() -> None:
+    # issue 33's window: 294 attempts, 3 errors (1 %), no latency sample: it was "inconclusive"
+    judged = judge(hedged(294, 291, 3), POLICY)
+    assert judged.verdict == "breach"
+    assert judged.breaches and "none of its 294 attempts succeeded" in judged.breaches[0]
+
+
+def test_none_succeeded_breaches_below_min_samples() -> None:
+    judged = judge(hedged(3, 2, 1), POLICY)
+    assert judged.verdict == "breach", judged
+    # one attempt still in flight when the window closed is not an origin that answers nothing
+    assert judge(hedged(1, 1), POLICY).verdict == "inconclusive"
+
+
+def test_a_large_abandoned_share_breaches_on_its_lower_bound() -> None:
+    judged = judge(hedged(1000, 300, samples=700, p95=120.0), POLICY)
+    assert judged.verdict == "breach"
+    assert any(b.startswith("abandoned 30.0% > 10%") for b in judged.breaches), judged
+
+
+@pytest.mark.parametrize("share", [0.01, 0.03, 0.05, 0.08])
+def test_ordinary_light_hedging_never_breaches(share: float) -> None:
+    """A healthy origin whose tail beyond the hedge delay (a few percent of its attempts) is
+    lost to hedges stays below the breach, however many samples (docs/benchmarks.md)."""
+    for started in (20, 200, 2_000, 200_000):
+        lost = round(started * share)
+        judged = judge(hedged(started, lost, samples=started - lost, p95=45.0), POLICY)
+        assert judged.breaches == (), (started, judged)
+        assert judged.verdict == "healthy", (started, judged)
+
+
+def test_an_abandoned_share_over_the_threshold_without_evidence_is_not_healthy() -> None:
+    judged = judge(hedged(20, 3, samples=17, p95=45.0), POLICY)  # 15 %, lower bound 5.2 %
+    assert judged.breaches == () and judged.verdict == "neither"
+
+
+def test_the_abandoned_share_pulls_the_errors_score_down() -> None:
+    from control_plane.decide.health import score_origin
+
+    clean = score_origin(hedged(1000, 0, samples=1000, p95=45.0), POLICY)
+    lost = score_origin(hedged(1000, 900, samples=100, p95=45.0), POLICY)
+    assert clean.errors == 1.0
+    assert lost.errors is not None and lost.errors < 0 and lost.limiting == "errors"
+
+
+# -- no evidence is said as such ----------------------------------------------------------------
+
+def test_every_origin_inconclusive_is_no_evidence() -> None:
+    judged = {"primary": judge(sig(0, p50=None, p95=None), POLICY),
+              "secondary": judge(sig(3, p95=None, p50=None), POLICY)}
+    assert no_evidence(judged)
+    judged["secondary"] = judge(sig(1000), POLICY)
+    assert not no_evidence(judged)
+    assert not no_evidence({})
+
+
+def test_the_controller_holds_for_no_evidence_and_never_calls_it_steady() -> None:
+    home = {"primary": 95, "secondary": 5}
+    quiet = {"primary": sig(0, p50=None, p95=None, at=1000),
+             "secondary": sig(0, p50=None, p95=None, at=1000)}
+    state = ControllerState(unhealthy_windows={"primary": 1}, healthy_windows={"secondary": 2})
+    result = step(POLICY, ("primary", "secondary"), home, state, quiet, 1000, 0)
+    assert (result.kind, result.reason) == ("hold", "no_evidence")
+    assert result.weights_after == home and result.state == state
+    assert result.rule.startswith("no evidence: no origin has a conclusive window")
+    assert "errors: 0 samples < min_samples 10" in result.rule
+    assert result.inputs.json()["evidence"]["primary"]["verdict"] == "inconclusive"

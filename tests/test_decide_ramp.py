@@ -225,3 +225,27 @@ def test_ramp_properties(case) -> None:
         capped = sum(result.ceilings.get(n, after[n]) for n in names[1:])
         assert after[names[0]] >= min(100 - capped, proposed.weights_after[names[0]])
         controller, state, weights = proposed.state, result.state, after
+
+
+def test_hedge_share_guards_a_cold_or_ramping_standby() -> None:
+    """Issue 33: a standby at its warm pool may take through hedges only its ramp headroom."""
+    from control_plane.decide.ramp import hedge_share
+    from harness.models import shop_group
+
+    plain = shop_group()
+    group = replace(plain, tiers=tuple(
+        replace(t, hedge_delay_ms=50) if t.name == "critical" else t for t in plain.tiers))
+    pref = ("primary", "secondary")
+    # at the warm pool (5): the first step above is 10, so 5 points of 95 hedge
+    assert hedge_share(group, pref, {"primary": 95, "secondary": 5}, None) == 52_631
+    # ramping at step 3 (20 %) with 10 %: 10 of 90
+    ramping = RampState(ramps={"secondary": 2})
+    assert hedge_share(group, pref, {"primary": 90, "secondary": 10}, ramping) == 111_111
+    # at its step's ceiling: no room for hedges
+    assert hedge_share(group, pref, {"primary": 80, "secondary": 20}, ramping) == 0
+    # warm (above the warm pool, not ramping): every request may hedge
+    assert hedge_share(group, pref, {"primary": 60, "secondary": 40}, RampState()) is None
+    # no hedging tier, or the ramp off: nothing to guard
+    assert hedge_share(plain, pref, {"primary": 95, "secondary": 5}, None) is None
+    off = replace(group, standby_ramp=replace(group.standby_ramp, enabled=False))
+    assert hedge_share(off, pref, {"primary": 95, "secondary": 5}, None) is None

@@ -65,3 +65,10 @@ def test_the_end_record_says_how_long_and_what_ended_it() -> None:
         "last_rule": "tick 3", "ended_by": "steady",
     }
     assert "4 ticks over 60 s" in str(fields["rule"])
+
+
+def test_no_evidence_is_recorded_on_its_first_tick_and_ends_a_steady_run() -> None:
+    quiet = result("hold", "no_evidence")
+    assert walk([quiet, quiet, quiet]) == ["hold"]  # the process's first tick too
+    assert walk([STEADY, STEADY, quiet, quiet, STEADY]) == [
+        "hold", "end(hold,2)", "steady"]

@@ -1,43 +1,61 @@
-"""Issue 25: deploy/README.md's runbook walked on six hosts, from `pip install` to a verified
-fleet, through a partition of the leader's host, then upgrade, rotation, backup and restore.
+"""Issues 25 and 37: deploy/README.md's runbook walked on seven hosts, from a wheel built from the
+repository to a verified fleet behind its firewall, through a partition of the leader's host,
+then an upgrade (a release that never gets ready rolled back first), an edge's Envoy upgrade,
+certificate, etcd certificate and admin token rotation, etcd snapshots and a restore from one,
+a lost etcd member replaced and a new edge added.
 
 The hosts are network namespaces on a bridge this test makes (`tests/support/netns.py`,
 addresses from 198.18.0.0/15): `ballast-a/b/c` (a replica and an etcd member each, etcd with
 TLS and client-certificate authentication), `prometheus`, `edge-ewr` and `edge-sjc` (one Envoy
-each, mTLS to the replicas, the stats listener for Prometheus) and `origins` (the demo origins
-and the clients sending traffic through both edges).
+each, mTLS to the replicas, the stats listener for Prometheus), `edge-ewr-2` (the edge added
+at the end) and `origins` (the demo origins and the clients sending traffic through the edges).
+Each host's firewall is the runbook's nftables rules, loaded in its own namespace.
 
-Every fenced block of the runbook marked `runbook=` runs as written, in document order, on the
-hosts it names, with the site block replaced by this test's addresses
-(`tests/support/runbook.py`). Ballast is installed from a wheel built from this checkout, by the
-runbook's own `pip install 'ballast-xds[envoy]'` (pip finds the wheel through PIP_FIND_LINKS),
-ONCE: the hosts share that virtualenv (their `/opt/ballast`), installing it six times would
-add minutes and test nothing more. Paths a host owns are moved under its own folder. What the
-shared machine cannot do for real is played by `tests/support/host_shims.py`: systemd (the same
-unit files, run as their User=), `scp` (a copy between the hosts' folders), `useradd` and
-`apt-get` (the accounts `ballast` and `envoy` are `nobody` here; etcd and Prometheus are
-Debian's packages, already installed).
+Every fenced block of the runbook marked `runbook=` runs as written on the hosts it names (in
+the runbook's order, but for the lost etcd member, replaced before the restore from a snapshot),
+with the site block replaced by this test's addresses
+(`tests/support/runbook.py`), in the host's own folder: nothing of the repository is on the
+hosts' paths. The `build` block runs on the "workstation" (outside the namespaces) in a copy of
+the package's sources, as a checkout; every host gets only the wheel it built, and the units,
+the example desired state and the snapshot script come from what `ballast init` wrote. The
+install block runs ONCE: the hosts share that virtualenv (their `/opt/ballast`; installing it
+seven times would add minutes and test nothing more), so an upgrade of one host's
+`/opt/ballast` is everyone's files, though only the restarted processes run them. Paths a
+host owns are moved under its own folder. What the shared machine cannot do for real is played
+by `tests/support/host_shims.py`: systemd (the same unit files, run as their User=; a timer's
+schedule is not walked), `scp` and `ssh` (copies between the hosts' folders and commands in a
+host's namespace, refused unless the runbook authorized the calling host's key), `useradd`
+and `apt-get` (the accounts `ballast` and `envoy` are `nobody` here; etcd, Prometheus and
+nftables are Debian's packages, already installed). Not walked, because they talk to systemd
+itself: the blocks marked `needs=systemd` (time sync, the journal).
 
 What it shows: traffic through both edges; a fault on ewr's primary shifts ewr only; the
 leader's host taken off the bridge mid-shift → another replica leads within the lease, the
 shift goes on and every Envoy applies the leader's weights; the link back → the old leader
-follows. And: the admin API refuses a non-loopback address without TLS, and etcd refuses
-Ballast without credentials.
+follows. The firewall allows what the runbook's table says and nothing else. The upgrade goes
+in the order `ballast status` gives, the leader last; a release that never gets ready fails
+the readiness wait (non-zero) and is rolled back. Rotated certificates reach Envoy without a
+restart; etcd serves its new certificate; the new admin token works everywhere. A snapshot
+restores etcd's intent exactly. And: the admin API refuses a non-loopback address without
+TLS, and etcd refuses Ballast without credentials.
 
-Root and `ip netns` needed; 3-7 minutes here, so it runs as `make e2e-hosts` (BALLAST_E2E_HOSTS=1),
-not in `make test`.
+Root and `ip netns` needed; several minutes here, so it runs as `make e2e-hosts`
+(BALLAST_E2E_HOSTS=1), not in `make test`.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -55,33 +73,54 @@ pytestmark = [
                        reason="the multi-host test runs with `make e2e-hosts`"),
     pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None, reason="needs root"),
     pytest.mark.skipif(any(shutil.which(b) is None for b in
-                           ("etcd", "etcdctl", "prometheus", "promtool", "curl", "setpriv")),
-                       reason="etcd, etcdctl, prometheus, promtool, curl and setpriv needed"),
-    pytest.mark.timeout(900),
+                           ("etcd", "etcdctl", "prometheus", "promtool", "curl", "setpriv",
+                            "nft", "openssl", "ssh-keygen")),
+                       reason="etcd, etcdctl, prometheus, promtool, curl, setpriv, nft, openssl "
+                       "and ssh-keygen needed"),
+    pytest.mark.timeout(1500),
 ]
 
 ADDRESSES = {"ballast-a": "198.18.0.1", "ballast-b": "198.18.0.2", "ballast-c": "198.18.0.3",
              "prometheus": "198.18.0.10", "edge-ewr": "198.18.0.21",
-             "edge-sjc": "198.18.0.22", "origins": "198.18.0.30"}
+             "edge-sjc": "198.18.0.22", "edge-ewr-2": "198.18.0.23", "origins": "198.18.0.30"}
 CONTROL = ("ballast-a", "ballast-b", "ballast-c")
 EDGES = {"edge-ewr": ("ewr", "ewr-edge-1"), "edge-sjc": ("sjc", "sjc-edge-1")}
+NEW_EDGE = ("edge-ewr-2", "ewr", "ewr-edge-2")
+# the hosts the runbook's `all` means (the added edge joins at the end; origins is not a host
+# of the runbook's)
+RUNBOOK_HOSTS = (*CONTROL, "prometheus", *EDGES)
+VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+NEW_VERSION = f"{VERSION}.post1"
+BROKEN_VERSION = f"{VERSION}.post2"
+READY_WAIT_S = 45  # a replica here gets ready in a few seconds; the broken one costs this
+BACKUP_DIR = "/var/backups/ballast-etcd"
 SITE = {
     "BALLAST_A": ADDRESSES["ballast-a"], "BALLAST_B": ADDRESSES["ballast-b"],
     "BALLAST_C": ADDRESSES["ballast-c"],
     "REPLICAS": " ".join(ADDRESSES[h] for h in CONTROL),
     "PROMETHEUS": ADDRESSES["prometheus"],
     "EDGE_EWR": ADDRESSES["edge-ewr"], "EDGE_SJC": ADDRESSES["edge-sjc"],
+    "EDGES": " ".join(ADDRESSES[h] for h in EDGES),
+    "OPERATORS": "198.18.1.0/24",  # nobody: this test's own checks run on the hosts
+    "EDGE_PORTS": "10000",
+    "ALERTMANAGER": "198.18.0.40:9093",  # none runs: Prometheus lists it, sends to nobody
+    "BACKUP": f"prometheus:{BACKUP_DIR}",
+    "VERSION": VERSION,
     "SCRAPE_INTERVAL": "1s",  # the desired state (DESIRED) decides over 3 s windows
+    "READY_WAIT": str(READY_WAIT_S),
+    "DRAIN_WAIT": "3",  # the clients here keep sending through the edge: no drain ends early
 }
 # nearest first: ewr prefers ballast-a, sjc ballast-b
 XDS_ORDER = {"edge-ewr": ("ballast-a", "ballast-b", "ballast-c"),
-             "edge-sjc": ("ballast-b", "ballast-c", "ballast-a")}
+             "edge-sjc": ("ballast-b", "ballast-c", "ballast-a"),
+             "edge-ewr-2": ("ballast-a", "ballast-b", "ballast-c")}
 LEASE_S = 5  # the unit's --leader-ttl
 ETCD_ELECTION_S = 2  # etcd's default election timeout (1 s) and its campaign
 LISTENER = 10000
 DESIRED = fast_desired(listener=LISTENER, primary=8081, secondary=8082, sjc_offset=0,
                        listen_address="0.0.0.0", origin_address=ADDRESSES["origins"])
-SHIMS = ("systemctl", "scp", "useradd", "apt-get", "chown", "install")
+SHIMS = ("systemctl", "scp", "ssh", "useradd", "apt-get", "chown", "install")
+DEBIAN_PROMETHEUS_YML = "# the example Debian's prometheus package installs\nglobal: {}\n"
 
 
 class Deployment:
@@ -93,45 +132,52 @@ class Deployment:
         self.roots = top / "hosts"
         self.venv = top / "venv"
         self.bin = top / "bin"
-        self.dist = top / "dist"
         self.ran: list[tuple[str, str, float]] = []  # (step, host, seconds)
+        self.extra: dict[str, str] = {}  # variables every block gets from here on
 
     def host(self, name: str) -> Host:
         return self.net.hosts[name]
 
-    def env(self, name: str) -> dict[str, str]:
-        host = self.host(name)
+    def env(self, name: str, **extra: str) -> dict[str, str]:
         env = {"PATH": f"{self.bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                "HOME": str(self.roots / name / "root"), "LANG": "C.UTF-8",
-               "BALLAST_E2E_PYTHON": sys.executable,
+               "BALLAST_E2E_PYTHON": sys.executable, "BALLAST_E2E_BIN": str(self.bin),
                "BALLAST_E2E_ROOTS": str(self.roots), "BALLAST_E2E_HOST": name,
-               "BALLAST_E2E_VENV": str(self.venv), "HOST": name, "ADDR": host.address,
-               # inside the namespaces there is no package index: the built wheel only
-               "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(self.dist),
-               **SITE}
-        if name in EDGES:
-            env["POP"], env["NODE"] = EDGES[name]
+               "BALLAST_E2E_VENV": str(self.venv),
+               "BALLAST_E2E_NETNS": self.host("ballast-a").ns.removesuffix("ballast-a"),
+               "HOST": name,
+               # inside the namespaces there is no package index: the wheels only
+               "PIP_NO_INDEX": "1",
+               **SITE, **self.extra, **extra}
+        if name in self.net.hosts:
+            env["ADDR"] = self.host(name).address
+        if name in XDS_ORDER:
+            env["POP"], env["NODE"] = EDGES.get(name, NEW_EDGE[1:])
             env["XDS"] = " ".join(ADDRESSES[h] for h in XDS_ORDER[name])
         return env
 
     def path(self, name: str, path: str) -> Path:
         return self.roots / name / path.lstrip("/")
 
-    def run_block(self, block: Block, name: str) -> str:
+    def run_block(self, block: Block, name: str, *, fails: bool = False,
+                  **extra: str) -> subprocess.CompletedProcess[str]:
+        """`block` on host `name`, in its root's folder; it must succeed (or fail, `fails`)."""
         text = relocate(block.text, self.roots, name, self.venv)
         started = time.monotonic()
         try:
             done = self.host(name).run(["bash", "-euo", "pipefail", "-c", text],
-                                       env=self.env(name), timeout=180, cwd=str(ROOT))
+                                       env=self.env(name, **extra), timeout=240,
+                                       cwd=str(self.path(name, "/root")))
         except subprocess.TimeoutExpired as err:
             raise AssertionError(f"runbook step {block.step} on {name} timed out: "
                                  f"{str(err.stderr)[-2000:]}\n{self.logs()}") from None
         self.ran.append((block.step, name, time.monotonic() - started))
-        assert done.returncode == 0, (
-            f"runbook step {block.step} on {name} failed ({done.returncode}):\n{text}\n"
+        assert (done.returncode != 0) == fails, (
+            f"runbook step {block.step} on {name} "
+            f"{'succeeded' if fails else 'failed'} ({done.returncode}):\n{text}\n"
             f"--- stdout\n{done.stdout[-3000:]}\n--- stderr\n{done.stderr[-3000:]}\n"
             f"{self.logs()}")
-        return done.stdout
+        return done
 
     def logs(self, lines: int = 15) -> str:
         """The tail of every service's log, for a failure's message."""
@@ -141,12 +187,35 @@ class Deployment:
             out.append(f"--- {log.relative_to(self.roots)}\n" + "\n".join(tail))
         return "\n".join(out)
 
-    def run_step(self, step: str, runbook: list[Block]) -> dict[str, str]:
+    def run_step(self, step: str, runbook: list[Block], hosts: tuple[str, ...] | None = None,
+                 **extra: str) -> dict[str, str]:
+        """Every block of `step` on its hosts (`all`: the runbook's hosts), or on `hosts` only
+        (those of them the blocks name)."""
         outputs = {}
         for block in (b for b in runbook if b.step == step):
-            for name in block.hosts:
-                outputs[name] = self.run_block(block, name)
+            names = RUNBOOK_HOSTS if block.hosts == ("all",) else block.hosts
+            for name in names:
+                if hosts is None or name in hosts:
+                    outputs[name] = self.run_block(block, name, **extra).stdout
         return outputs
+
+    def block(self, step: str, runbook: list[Block], host: str) -> Block:
+        (found,) = [b for b in runbook if b.step == step
+                    and (host in b.hosts or b.hosts == ("all",))]
+        return found
+
+    def run_outside(self, block: Block, name: str, cwd: Path, **extra: str) -> str:
+        """A block outside the namespaces (the workstation's; the one install), which needs
+        the package index."""
+        env = {**self.env(name, **extra), "PIP_FIND_LINKS": "/opt/wheels"}
+        del env["PIP_NO_INDEX"]
+        text = relocate(block.text, self.roots, name, self.venv)
+        started = time.monotonic()
+        done = subprocess.run(["bash", "-euo", "pipefail", "-c", text], env=env, cwd=cwd,
+                              capture_output=True, text=True, timeout=600)
+        self.ran.append((block.step, name, time.monotonic() - started))
+        assert done.returncode == 0, f"{block.step} on {name}:\n{done.stderr[-3000:]}"
+        return done.stdout
 
     def curl(self, name: str, url: str, *extra: str) -> tuple[int, str]:
         done = self.host(name).run(["curl", "-s", "--max-time", "3", "-w", "\n%{http_code}",
@@ -185,6 +254,20 @@ class Deployment:
                             for e in assignment.get("endpoints", [])}
         return {}
 
+    def envoy_pid(self, edge: str) -> int:
+        return int(self.path(edge, "/run/envoy.pid").read_text())
+
+    def etcdctl(self, *args: str) -> str:
+        """etcdctl as etcd's root on ballast-a (the runbook's /root/etcdctl.env)."""
+        tls = self.path("ballast-a", "/etc/etcd/tls")
+        done = self.host("ballast-a").run(
+            ["etcdctl", *args],
+            env={"ETCDCTL_API": "3", "ETCDCTL_ENDPOINTS": "https://127.0.0.1:2379",
+                 "ETCDCTL_CACERT": str(tls / "ca.pem"), "ETCDCTL_CERT": str(tls / "root.pem"),
+                 "ETCDCTL_KEY": str(tls / "root.key"), "PATH": "/usr/bin:/bin"})
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
     def fault(self, body: str) -> None:
         code, _ = self.curl("origins", f"http://{ADDRESSES['origins']}:8081/_ballast/fault",
                             "-XPOST", "-d", body)
@@ -222,31 +305,53 @@ def _prepare(d: Deployment) -> None:
         path.write_text(f'#!/bin/sh\nPYTHONPATH={ROOT} exec "$BALLAST_E2E_PYTHON" -m '
                         f'tests.support.host_shims {shim} "$@"\n')
         path.chmod(0o755)
-    for name in ADDRESSES:
+    for name in (*ADDRESSES, "workstation"):
         (d.roots / name / "root").mkdir(parents=True)
         d.path(name, "/root").chmod(0o700)
-        for folder in ("/etc", "/var/lib", "/etc/systemd/system", "/etc/default"):
+        for folder in ("/etc", "/var/lib", "/var/backups", "/etc/systemd/system",
+                       "/etc/default"):
             d.path(name, folder).mkdir(parents=True, exist_ok=True)
+        d.path(name, "/etc/hosts").write_text("127.0.0.1 localhost\n")
         d.roots.joinpath(name).chmod(0o755)
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
-                            "--no-build-isolation", "-w", str(d.dist), str(ROOT)],
-                           capture_output=True, text=True, timeout=300)
-    assert built.returncode == 0, built.stderr
+    # what Debian's prometheus package leaves, and the backup host's directory
+    d.path("prometheus", "/etc/prometheus").mkdir()
+    d.path("prometheus", "/etc/prometheus/prometheus.yml").write_text(DEBIAN_PROMETHEUS_YML)
+    d.path("prometheus", BACKUP_DIR).mkdir(parents=True)
 
 
-def _install(d: Deployment, runbook: list[Block]) -> float:
-    """The install block, once, outside the namespaces (pip needs the package index): its
-    virtualenv is every host's /opt/ballast."""
-    (install,) = [b for b in runbook if b.step == "install"]
-    assert install.hosts == ("all",)
-    env = {**d.env("ballast-a"), "PIP_FIND_LINKS": f"{d.dist} /opt/wheels"}
-    del env["PIP_NO_INDEX"]
-    text = relocate(install.text, d.roots, "ballast-a", d.venv)
-    started = time.monotonic()
-    done = subprocess.run(["bash", "-euo", "pipefail", "-c", text], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return time.monotonic() - started
+def _checkout(d: Deployment, version: str, *, broken: bool = False) -> Path:
+    """A copy of the package's sources as a checkout of release `version` (`broken`: one whose
+    `ballast serve` exits at start, a release that never gets ready)."""
+    checkout = d.top / f"checkout-{version}"
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(ROOT / "control_plane", checkout / "control_plane", ignore=ignore)
+    project = (ROOT / "pyproject.toml").read_text()
+    (checkout / "pyproject.toml").write_text(
+        project.replace(f'version = "{VERSION}"', f'version = "{version}"', 1))
+    if broken:
+        serve = checkout / "control_plane/cli/serve.py"
+        serve.write_text(serve.read_text().replace(
+            "def run(args: argparse.Namespace) -> int:\n",
+            "def run(args: argparse.Namespace) -> int:\n"
+            "    raise SystemExit('ballast serve: a release that never gets ready')\n", 1))
+    return checkout
+
+
+def _release(d: Deployment, runbook: list[Block], version: str, *, broken: bool = False) -> None:
+    """Step 1's build and wheel blocks for `version`: its wheel on every host."""
+    d.run_outside(d.block("build", runbook, "workstation"), "workstation",
+                  _checkout(d, version, broken=broken), VERSION=version)
+    d.run_step("wheel", runbook, VERSION=version)
+    wheel = f"/root/ballast_xds-{version}-py3-none-any.whl"
+    assert all(d.path(h, wheel).exists() for h in RUNBOOK_HOSTS)
+
+
+def _installed_version(d: Deployment) -> str:
+    # -I: not the repository's egg-info beside the test's working directory
+    done = subprocess.run([str(d.venv / "bin/python"), "-I", "-c",
+                           "import importlib.metadata as m; print(m.version('ballast-xds'))"],
+                          capture_output=True, text=True, timeout=60, check=True, cwd=d.top)
+    return done.stdout.strip()
 
 
 def _refusals(d: Deployment) -> None:
@@ -291,7 +396,7 @@ def _statuses(path: Path, since: float) -> dict[str, list[int]]:
     return out
 
 
-async def test_the_runbook_on_six_hosts(deployment: Deployment) -> None:
+async def test_the_runbook_on_hosts(deployment: Deployment) -> None:
     d = deployment
     runbook = blocks()
     steps = [b.step for b in runbook]
@@ -300,19 +405,23 @@ async def test_the_runbook_on_six_hosts(deployment: Deployment) -> None:
     fences = [line for line in RUNBOOK.read_text().splitlines()
               if line.startswith("```") and line != "```"]
     assert len(fences) == len(runbook), [f for f in fences if "runbook=" not in f]
+    # nothing of the repository on the hosts: every path a block names is the host's own or
+    # what the wheel installed
+    assert not [b.step for b in runbook if re.search(r"(?<![\w/])(deploy|examples)/", b.text)]
+    not_walked = sorted({b.step for b in runbook if b.needs is not None})
+    print(f"not walked (needs systemd): {', '.join(not_walked)}")
     started = time.monotonic()
     _prepare(d)
-    reuse = os.environ.get("BALLAST_E2E_REUSE_VENV")  # debugging the later steps only
-    if reuse:
-        d.venv.symlink_to(reuse)
-        install_s = 0.0
-    else:
-        install_s = _install(d, runbook)
-    for name in CONTROL:
-        d.path(name, "/etc/ballast").mkdir()
-        d.path(name, "/etc/ballast/desired.yaml").write_text(DESIRED)
-    for step in ("users", "certs", "distribute", "permissions", "etcd", "etcd-auth"):
+    await _site_and_install(d, runbook)
+    install_s = time.monotonic() - started
+    for step in ("users", "firewall", "certs", "distribute", "permissions", "etcd-cert",
+                 "node-cert", "etcd", "etcd-health", "etcd-auth"):
         d.run_step(step, runbook)
+    # the site's desired state (its version control: a folder on ballast-a), to all three
+    d.path("ballast-a", "/root/site").mkdir()
+    d.path("ballast-a", "/root/site/desired.yaml").write_text(DESIRED)
+    d.run_step("desired", runbook)
+    assert all(d.path(h, "/etc/ballast/desired.yaml").read_text() == DESIRED for h in CONTROL)
     # the origins and the clients (the runbook's business ends at the edges)
     traffic = d.top / "traffic.log"
     origins = subprocess.Popen(
@@ -324,15 +433,50 @@ async def test_the_runbook_on_six_hosts(deployment: Deployment) -> None:
         stdout=subprocess.DEVNULL, stderr=open(d.top / "origins.log", "ab"))  # noqa: SIM115
     try:
         await _deployed_fleet(d, runbook, traffic)
+        await _upgrade(d, runbook)
+        await _rotations(d, runbook, traffic)
+        await _etcd_member_replaced(d, runbook)
+        await _backup_and_restore(d, runbook)
+        await _new_edge(d, runbook)
     finally:
         stop_pid(origins.pid, timeout=5)
         origins.wait()
-    print(f"install {install_s:.0f} s, whole walk {time.monotonic() - started:.0f} s")
+    # every runbook block ran but those that need systemd (the install block once, for the
+    # shared virtualenv)
+    ran = {step for step, _, _ in d.ran} | {"site"}
+    assert ran == {b.step for b in runbook} - set(not_walked), \
+        {b.step for b in runbook} - set(not_walked) - ran
+    print(f"site and install {install_s:.0f} s, whole walk {time.monotonic() - started:.0f} s")
+
+
+async def _site_and_install(d: Deployment, runbook: list[Block]) -> None:
+    """Step 0 (names, SSH) and step 1: the wheel built on the workstation from a checkout,
+    copied to every host, installed with the kit `ballast init` writes."""
+    d.run_step("names", runbook)
+    for name in RUNBOOK_HOSTS:
+        hosts = d.path(name, "/etc/hosts").read_text()
+        assert "127.0.0.1 localhost" in hosts
+        for host in RUNBOOK_HOSTS:
+            assert f"{ADDRESSES[host]} {host}  # ballast site" in hosts
+    (key,) = d.run_step("ssh-key", runbook).values()
+    assert key.startswith("ssh-ed25519 ") and key.strip().endswith("deploy@ballast-a")
+    d.extra["DEPLOY_KEY"] = key.strip()
+    d.run_step("ssh-authorize", runbook)
+    _release(d, runbook, VERSION)
+    (install,) = [b for b in runbook if b.step == "install"]
+    assert install.hosts == ("all",)
+    d.run_outside(install, "ballast-a", d.top)
+    assert _installed_version(d) == VERSION
+    kit = d.venv / "kit"
+    assert (kit / "ballast-replica.service").exists() and (kit / "desired.yaml").exists()
 
 
 async def _deployed_fleet(d: Deployment, runbook: list[Block], traffic: Path) -> None:
     for step in ("replica", "prometheus", "envoy"):
         d.run_step(step, runbook)
+    # Debian's example kept aside, not overwritten
+    assert d.path("prometheus", "/etc/prometheus/prometheus.yml.debian").read_text() == \
+        DEBIAN_PROMETHEUS_YML
     await until(lambda: all(d.admin(n, "/readyz").get("ready") for n in CONTROL), 60,
                 "three replicas ready")
     await until(lambda: d.leader() is not None, 30, "a leader")
@@ -342,18 +486,32 @@ async def _deployed_fleet(d: Deployment, runbook: list[Block], traffic: Path) ->
     assert "LEADER term" in status and "ewr-edge-1" in status and "sjc-edge-1" in status, status
     _refusals(d)
 
-    # Prometheus scrapes every edge's stats listener and every replica's HTTPS /metrics
-    def targets_up() -> bool:
-        code, body = d.curl("prometheus", f"http://{ADDRESSES['prometheus']}:9090/api/v1/targets")
-        active = json.loads(body)["data"]["activeTargets"] if code == 200 else []
-        return len(active) == 5 and all(t["health"] == "up" for t in active)
-
-    await until(targets_up, 60, "Prometheus: two edges and three replicas up")
+    # Prometheus scrapes every edge's stats listener and every replica's HTTPS /metrics,
+    # and sends its alerts to the Alertmanager given
+    await until(lambda: _targets_up(d, 5), 60, "Prometheus: two edges and three replicas up")
+    code, body = d.curl("prometheus", f"http://{ADDRESSES['prometheus']}:9090"
+                        "/api/v1/alertmanagers")
+    assert code == 200 and f"{SITE['ALERTMANAGER']}" in body, body
     code, _ = d.curl("prometheus", f"http://{ADDRESSES['edge-ewr']}:9902/config_dump")
     assert code == 404  # the stats listener serves nothing else of the admin
     code, _ = d.curl("prometheus", f"http://{ADDRESSES['edge-ewr']}:9901/ready")
     assert code == 0  # and the admin is not reachable from another host
+    # the firewall, from the other side: what the table allows, nothing else
+    d.run_step("firewall-check", runbook)
+    code, _ = d.curl("origins", f"https://{ADDRESSES['ballast-a']}:18001/healthz", "-k")
+    assert code == 0  # a client's host reaches no replica's admin API
+    code, _ = d.curl("origins", f"http://{ADDRESSES['edge-ewr']}:{LISTENER}/")
+    assert code != 0  # and every edge's listener
+    await _partition(d, traffic)
 
+
+def _targets_up(d: Deployment, count: int) -> bool:
+    code, body = d.curl("prometheus", f"http://{ADDRESSES['prometheus']}:9090/api/v1/targets")
+    active = json.loads(body)["data"]["activeTargets"] if code == 200 else []
+    return len(active) == count and all(t["health"] == "up" for t in active)
+
+
+async def _partition(d: Deployment, traffic: Path) -> None:
     # traffic through both edges
     since = time.time()
     await until(lambda: all(s.count(200) >= 20 for s in _statuses(traffic, since).values()),
@@ -409,41 +567,160 @@ async def _deployed_fleet(d: Deployment, runbook: list[Block], traffic: Path) ->
     print(f"partition: new leader after {took:.1f} s (lease {LEASE_S} s), "
           f"{time.monotonic() - cut:.0f} s until rejoined")
 
-    # upgrade one replica at a time; after each, three replicas serve and one leads
-    for block in (b for b in runbook if b.step == "upgrade"):
-        for name in block.hosts:
-            d.run_block(block, name)
-            await until(lambda: d.leader() is not None, 30, f"a leader after upgrading {name}")
 
-    # rotate: new server and node certificates; the Envoys restart and reconnect with them
+async def _upgrade(d: Deployment, runbook: list[Block]) -> None:
+    """Step 9: the order from `ballast status`, the leader last; a release that never gets
+    ready fails the wait and is rolled back; the new release everywhere; an edge's Envoy."""
+    leader = d.leader()
+    (order_text,) = d.run_step("upgrade-order", runbook).values()
+    order = order_text.split()
+    assert sorted(order) == sorted(CONTROL) and order[-1] == leader, (order, leader)
+    # a release whose replica never gets ready: the wait fails, non-zero, on the first host
+    _release(d, runbook, BROKEN_VERSION, broken=True)
+    version = d.block("replica-version", runbook, order[0])
+    began = time.monotonic()
+    failed = d.run_block(version, order[0], fails=True, TO=BROKEN_VERSION)
+    assert time.monotonic() - began >= READY_WAIT_S
+    assert f"{order[0]}: not ready after {READY_WAIT_S} s: roll it back" in failed.stderr
+    # the rollback: the same block back to the running version; ready again
+    d.run_block(version, order[0], TO=VERSION)
+    assert _installed_version(d) == VERSION
+    await until(lambda: d.leader() is not None, 30, "a leader after the rollback")
+    # the new release, host by host in that order; after each, three replicas, one leader
+    _release(d, runbook, NEW_VERSION)
+    for name in order:
+        d.run_block(version, name, TO=NEW_VERSION)
+        await until(lambda: d.leader() is not None, 30, f"a leader after upgrading {name}")
+    assert _installed_version(d) == NEW_VERSION
+    assert all(d.admin(n, "/readyz").get("ready") for n in CONTROL)
+    # an edge's Envoy: validated, drained, restarted, back and synced
+    before = d.envoy_pid("edge-ewr")
+    d.run_block(d.block("edge-upgrade", runbook, "edge-ewr"), "edge-ewr", TO=NEW_VERSION)
+    assert d.envoy_pid("edge-ewr") != before
+    await until(lambda: "ewr-edge-1" in _synced(d), 60, "ewr's Envoy back, SYNCED")
+    d.extra["VERSION"] = NEW_VERSION
+
+
+async def _rotations(d: Deployment, runbook: list[Block], traffic: Path) -> None:
+    """Step 10: server and node certificates (no Envoy restart, no request lost), etcd's, the
+    admin token."""
     before = {n: d.admin(n, "/status").get("xds_tls", {}).get("serial") for n in CONTROL}
+    pids = {edge: d.envoy_pid(edge) for edge in EDGES}
+    since = time.time()
     d.run_step("rotate", runbook)
-    d.run_step("rotate-apply", runbook)
-    await until(lambda: _connected(d) >= {"ewr-edge-1", "sjc-edge-1"}, 60,
-                "Envoys back after rotation")
-    after = {n: d.admin(n, "/status").get("xds_tls", {}).get("serial") for n in CONTROL}
-    assert any(after[n] != before[n] for n in CONTROL), (before, after)
+    d.run_step("rotate-server", runbook)
+    d.run_step("node-cert", runbook)
+    d.run_step("rotate-check", runbook)
+    assert {edge: d.envoy_pid(edge) for edge in EDGES} == pids  # no Envoy restarted
+    answered = _statuses(traffic, since)
+    assert all(s and s.count(200) == len(s) for s in answered.values()), answered
+    for edge in EDGES:
+        assert [p.name for p in d.path(edge, "/etc/envoy/tls").glob("node.*")] == \
+            [os.readlink(d.path(edge, "/etc/envoy/tls/node"))]
+        code, stats = d.curl(edge, "http://127.0.0.1:9901/stats?filter=key_rotation_failed")
+        assert code == 200 and stats.strip() and ": 0" in stats and ": 1" not in stats, stats
+    await until(lambda: all(d.admin(n, "/status").get("xds_tls", {}).get("serial")
+                            not in (None, before[n]) for n in CONTROL), 30,
+                "every replica serving its new certificate")
+    # etcd's member and client certificates
+    members = d.etcdctl("member", "list")
+    d.run_step("rotate-etcd", runbook)
+    d.run_step("etcd-cert", runbook)
+    d.run_step("rotate-etcd-apply", runbook)
+    d.run_step("etcd-health", runbook)
+    assert d.etcdctl("member", "list") == members
+    await until(lambda: all(d.admin(n, "/status").get("replication", {}).get("store_reachable")
+                            for n in CONTROL), 30, "every replica reaching etcd")
+    # a new admin token: the CLI with it, and Prometheus scraping with its new copy
+    old = d.path("ballast-a", "/etc/ballast/tls/admin.token").read_text()
+    d.run_step("rotate-token", runbook)
+    d.run_step("rotate-token-apply", runbook)
+    assert d.path("ballast-a", "/etc/ballast/tls/admin.token").read_text() != old
     (status,) = d.run_step("verify", runbook).values()
     assert "ewr-edge-1" in status and "sjc-edge-1" in status, status
+    since = time.time()
+    await until(lambda: _targets_up(d, 5) and _scraped_after(d, since), 30,
+                "Prometheus scraping the replicas with the new token")
 
-    # back up, stop, restore, start: the intent in etcd is the backup's
+
+async def _backup_and_restore(d: Deployment, runbook: list[Block]) -> None:
+    """Step 11: the snapshot service copies a checked snapshot off the host; a restore of the
+    whole cluster from one gives back the intent it holds."""
     d.run_step("backup", runbook)
-    backup = d.path("ballast-a", "/root/ballast-intent.backup").read_text()
-    assert "/ballast/intent/groups/ewr/shop" in backup
+    backups = d.path("prometheus", BACKUP_DIR)
+    assert [p.name for p in backups.glob("etcd-ballast-a-*.db")], list(backups.iterdir())
     d.run_step("stop", runbook)
-    d.run_step("restore", runbook)
-    etcdctl = d.host("ballast-a").run(
-        ["etcdctl", "get", "--prefix", "/ballast/intent/"],
-        env={"ETCDCTL_API": "3", "ETCDCTL_ENDPOINTS": "https://127.0.0.1:2379",
-             "ETCDCTL_CACERT": str(d.path("ballast-a", "/root/ballast-ca/etcd/ca.pem")),
-             "ETCDCTL_CERT": str(d.path("ballast-a", "/root/ballast-ca/etcd/clients/root.pem")),
-             "ETCDCTL_KEY": str(d.path("ballast-a", "/root/ballast-ca/etcd/clients/root.key")),
-             "PATH": "/usr/bin:/bin"})
-    assert etcdctl.stdout == backup
+    # the timer fires: a snapshot of the intent the stopped replicas left
+    fired = d.host("ballast-a").run(["systemctl", "start", "ballast-etcd-snapshot.service"],
+                                    env=d.env("ballast-a"), timeout=120)
+    assert fired.returncode == 0, fired.stderr + d.logs()
+    snapshot = max(p.name for p in backups.glob("etcd-ballast-a-*.db"))
+    intent = d.etcdctl("get", "--prefix", "/ballast/intent/")
+    assert "/ballast/intent/groups/ewr/shop" in intent
+    d.etcdctl("del", "--prefix", "/ballast/intent/")  # what the restore must give back
+    d.run_step("restore-fetch", runbook, SNAPSHOT=snapshot)
+    d.run_step("restore", runbook, SNAPSHOT=snapshot)
+    d.run_step("etcd-health", runbook)
+    assert d.etcdctl("get", "--prefix", "/ballast/intent/") == intent
     d.run_step("start", runbook)
     await until(lambda: all(d.admin(n, "/readyz").get("ready") for n in CONTROL), 60,
                 "three replicas ready after the restore")
     await until(lambda: d.leader() is not None, 30, "a leader after the restore")
-    # every runbook block ran (the install block once, for the shared virtualenv)
-    ran = {step for step, _, _ in d.ran} | {"site", "install"}
-    assert ran == set(b.step for b in runbook), set(b.step for b in runbook) - ran
+
+
+async def _etcd_member_replaced(d: Deployment, runbook: list[Block]) -> None:
+    """Step 12: ballast-c's member out and in again with an empty data directory."""
+    before = d.etcdctl("member", "list")
+    d.run_step("etcd-replace", runbook)
+    d.run_step("etcd-rejoin", runbook)
+    d.run_step("etcd-health", runbook)
+    after = d.etcdctl("member", "list")
+    c = [line for line in after.splitlines() if ", ballast-c, " in line]
+    assert len(after.splitlines()) == 3 and c and c[0].split(", ")[1] == "started", after
+    assert c[0].split(",")[0] not in before  # a new member
+    await until(lambda: d.admin("ballast-c", "/status").get("replication", {})
+                .get("store_reachable") is True and d.leader() is not None, 30,
+                "ballast-c's replica on its new member, a leader")
+
+
+async def _new_edge(d: Deployment, runbook: list[Block]) -> None:
+    """Step 12: a second edge in ewr, from its names and key to Prometheus scraping it."""
+    host, _, node = NEW_EDGE
+    d.extra["NEW_EDGE"] = ADDRESSES[host]
+    d.extra["EDGES"] = f"{SITE['EDGES']} {ADDRESSES[host]}"
+    for step in ("names", "ssh-authorize"):
+        d.run_block(d.block(step, runbook, "ballast-a"), host)
+    wheel = d.path("ballast-a", f"/root/ballast_xds-{NEW_VERSION}-py3-none-any.whl")
+    scp = subprocess.run(["scp", str(wheel), f"{host}:/root/"], env=d.env("ballast-a"),
+                         timeout=60, capture_output=True, text=True)
+    assert scp.returncode == 0, scp.stderr  # step 1's wheel block, for the new host
+    for step in ("users", "firewall"):
+        d.run_block(d.block(step, runbook, "edge-ewr"), host)
+    d.run_step("add-edge", runbook)
+    for step in ("node-cert", "envoy"):
+        d.run_block(d.block(step, runbook, "edge-ewr"), host)
+    d.run_step("firewall", runbook, hosts=CONTROL)
+    d.run_step("add-edge-prometheus", runbook)
+    await until(lambda: node in _synced(d), 60, f"{node} connected and SYNCED")
+    await until(lambda: _targets_up(d, 6), 60, "Prometheus: three edges and three replicas up")
+    (status,) = d.run_step("verify", runbook).values()
+    assert node in status, status
+
+
+def _synced(d: Deployment) -> set[str]:
+    return {n["node_id"] for r in CONTROL for n in d.admin(r, "/nodes").get("nodes", [])
+            if n.get("status") == "SYNCED"}
+
+
+def _scraped_after(d: Deployment, since: float) -> bool:
+    code, body = d.curl("prometheus", f"http://{ADDRESSES['prometheus']}:9090/api/v1/targets")
+    active = json.loads(body)["data"]["activeTargets"] if code == 200 else []
+    replicas = [t for t in active if t["labels"].get("job") == "ballast"]
+    return len(replicas) == 3 and all(
+        t["health"] == "up" and _rfc3339(t["lastScrape"]) > since for t in replicas)
+
+
+def _rfc3339(text: str) -> float:
+    # Prometheus writes nanoseconds; Python's parser takes microseconds
+    trimmed = re.sub(r"(\.\d{6})\d+", r"\1", text.replace("Z", "+00:00"))
+    return datetime.fromisoformat(trimmed).timestamp()

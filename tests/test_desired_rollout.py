@@ -43,6 +43,7 @@ def test_defaults_are_canary_then_half_then_all_baked_five_minutes() -> None:
     got = policy()
     assert got == RolloutPolicy()
     assert (got.strategy, got.canary, got.waves, got.bake_ms) == ("waves", (), (50, 100), 300_000)
+    assert got.renewals == "immediate"  # a renewal alone: every PoP at once after validation
     # the gates are tied to the weight controller's thresholds and evidence rule
     failover = FailoverPolicy()
     assert got.gates.max_5xx_increase == failover.error_rate_threshold
@@ -58,6 +59,8 @@ rollout:
   canary: [sjc, lhr]
   waves: [10%, 60, 100%]
   bake: 2m
+  renewals: waves
+  stats_flush_interval: 10s
   gates:
     max_5xx_increase: 1%
     max_p95_ratio: 2
@@ -70,6 +73,8 @@ rollout:
 """)
     assert got == RolloutPolicy(
         strategy="waves", canary=("sjc", "lhr"), waves=(10, 60, 100), bake_ms=120_000,
+        renewals="waves",
+        stats_flush_interval_ms=10_000,
         gates=RolloutGates(max_5xx_increase=0.01, max_p95_ratio=2.0, min_p95_increase_ms=50,
                            max_shed_increase=0.1, max_tier_action_onsets=1,
                            ack_timeout_ms=30_000, min_samples=20, evidence_timeout_ms=0))
@@ -77,6 +82,8 @@ rollout:
 
 def test_immediate_strategy() -> None:
     assert policy("rollout: {strategy: immediate}\n").strategy == "immediate"
+    # no bake, no gate: the shortest bake does not apply
+    assert policy("rollout: {strategy: immediate, bake: 1s}\n").bake_ms == 1000
 
 
 @pytest.mark.parametrize(("rollout", "expected"), [
@@ -96,8 +103,20 @@ def test_immediate_strategy() -> None:
      "the canary, cumulative, e.g. [50%, 100%]"),
     ("rollout: {bake: 500ms}\n",
      "test.yaml:16:17: rollout.bake: must be between 1s and 24h, got 500ms"),
+    ("rollout: {bake: 9s}\n",
+     "test.yaml:16:17: rollout.bake: bake (9s) is below 10s, two stats flushes (Envoys flush "
+     "every 5s, stats_flush_interval): the first flush after a wave's ACKs still carries "
+     "traffic served on the old version, so its gate could not judge one full flush of the "
+     "change's own"),
+    ("rollout: {bake: 3s, stats_flush_interval: 2s}\n",
+     "test.yaml:16:17: rollout.bake: bake (3s) is below 4s, two stats flushes (Envoys flush "
+     "every 2s, stats_flush_interval): the first flush after a wave's ACKs still carries "
+     "traffic served on the old version, so its gate could not judge one full flush of the "
+     "change's own"),
     ("rollout: {strategy: canary}\n",
      "test.yaml:16:21: rollout.strategy: must be one of waves, immediate, got 'canary'"),
+    ("rollout: {renewals: later}\n",
+     "test.yaml:16:21: rollout.renewals: must be one of immediate, waves, got 'later'"),
     ("rollout: {gates: {max_p95_ratio: 0.5}}\n",
      "test.yaml:16:34: rollout.gates.max_p95_ratio: must be between 1 and 100, got 0.5"),
     ("rollout: {gates: {ack_timout: 30s}}\n",

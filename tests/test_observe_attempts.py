@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -194,3 +195,72 @@ def test_host_rows_replace_zone_counters_and_unmapped_hosts_fall_back() -> None:
     got = assemble(results, served_endpoints(example_desired()))[("ewr", "shop")]["primary"]
     assert (got.requests, got.errors_5xx, got.connect_failures) == (16, 8, 1)
     assert got.observed_at_ms == 6000 and got.error_rate == 9 / 17
+
+
+HEDGED = {"primary": 95, "secondary": 5, "dead": 0}
+
+
+def _abandoned_at_envoy(fleet) -> int:  # type: ignore[no-untyped-def]
+    """rq_total - rq_success - rq_error of the primary's host in the critical tier (admin)."""
+    stats = {}
+    for line in fleet.envoy.admin("/stats?filter=shop.critical.endpoint").splitlines():
+        name, _, value = line.partition(": ")
+        if name.startswith(f"cluster.shop.critical.endpoint.127.0.0.1_{fleet.primary.port}."):
+            stats[name.rsplit(".", 1)[1]] = int(value)
+    return stats["rq_total"] - stats["rq_success"] - stats["rq_error"]
+
+
+@pytest.mark.prometheus
+@pytest.mark.skipif(prometheus_binary() is None, reason="prometheus binary not installed")
+async def test_hedges_that_win_show_as_the_primarys_abandoned_attempts_in_both_sources():
+    """Issue 33: the critical tier hedges after 50 ms; the primary answers 200 ms late and 40 %
+    5xx, so the standby wins almost every request and Envoy resets the primary's attempt. Its
+    host stats then count the attempt in rq_total only: both sources read the primary as
+    mostly abandoned, and the evidence rules call it a breach (it was 'inconclusive')."""
+    from control_plane.decide.evidence import judge
+    from control_plane.desired.model import FailoverPolicy
+
+    async with running_sink() as (store, port), \
+            translated_fleet(port, HEDGED, hedge_delay_ms=50) as fleet:
+        assert fleet.desired is not None
+        store.update_served(fleet.desired, {})
+        prometheus = await asyncio.to_thread(PrometheusServer([fleet.envoy.admin_port]).start)
+        try:
+            source = PrometheusSource(prometheus.url, desired=fleet.desired)
+            await fleet.traffic(20, concurrency=2)
+
+            async def host_series() -> bool:
+                origins = shop(await source.window(wall_ms(), 5000))
+                return {"primary", "secondary"} <= set(origins)
+
+            await eventually(host_series, 20, "Prometheus shows the host series", interval=0.3)
+            fleet.primary.set_fault(Fault(error_rate=0.4, latency_ms=200))
+            before = await asyncio.to_thread(_abandoned_at_envoy, fleet)
+            start = wall_ms()
+            statuses: list[int] = []
+            for _ in range(8):
+                statuses += await fleet.traffic(15, concurrency=3)
+            flushed = time.time() + 1.0
+            await eventually(lambda: prometheus.scraped_since(flushed), 10,
+                             "a scrape after Envoy's next stats flush", in_thread=True,
+                             interval=0.2)
+            abandoned = await asyncio.to_thread(_abandoned_at_envoy, fleet) - before
+            now = wall_ms()
+            sink = shop(await store.window(now, now - start + 500))["primary"]
+            prom = shop(await source.window(now, now - start + 2000))["primary"]
+        finally:
+            await asyncio.to_thread(prometheus.stop)
+    # the hedges answered nearly every request (one the retry budget refused waits for the
+    # primary: 5xx 40 % of the time, and its retry may be refused too)
+    assert statuses.count(200) >= 0.95 * len(statuses), statuses
+    assert abandoned >= 100
+    policy = FailoverPolicy()
+    for name, got in (("sink", sink), ("prometheus", prom)):
+        assert got.requests >= 100, (name, got)
+        assert got.abandoned == pytest.approx(abandoned, rel=0.15), (name, got, abandoned)
+        judged = judge(got, policy)
+        assert judged.verdict == "breach", (name, judged)
+        assert any(b.startswith("abandoned") for b in judged.breaches), (name, judged)
+        # without the abandoned attempts, the window had only its few answered ones
+        hidden = judge(replace(got, abandoned=0), policy)
+        assert not any(b.startswith("abandoned") for b in hidden.breaches)

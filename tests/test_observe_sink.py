@@ -156,3 +156,52 @@ async def test_bad_payloads_are_logged_and_the_stream_goes_on(sink: tuple[SinkSt
     assert "undecodable StreamMetricsMessage" in text
     assert "not a finite" in text
     assert store.nodes() == {}
+
+
+def test_a_host_series_new_on_a_running_connection_counts_from_zero() -> None:
+    """Issue 33: a change that sends traffic to a new origin address shows in the first export
+    that has it (it was taken as a baseline only, and the window read 0 attempts for a flush);
+    a connection's first export is a baseline, as on the metrics_service streams. Abandoned
+    attempts come from rq_success."""
+    from control_plane.observe.envoy_stats import HostPoint
+    from harness.models import example_desired
+
+    store = SinkStore(desired=example_desired())
+
+    def export(at: int, **by_port: dict[str, float]) -> None:
+        store.ingest_hosts("ipv4:127.0.0.1:5000", [
+            HostPoint("ewr", "shop.critical", f"127.0.0.1:{port}", stat, value)  # type: ignore[arg-type]
+            for port, stats in by_port.items() for stat, value in stats.items()], at)
+
+    export(1000, **{"8081": {"rq_total": 500, "rq_success": 500, "rq_error": 0}})
+    export(2000, **{"8081": {"rq_total": 510, "rq_success": 510, "rq_error": 0},
+                    "8082": {"rq_total": 7, "rq_success": 0, "rq_error": 7}})
+    export(3000, **{"8081": {"rq_total": 530, "rq_success": 512, "rq_error": 0},
+                    "8082": {"rq_total": 9, "rq_success": 0, "rq_error": 9}})
+    first = store.read_window(2000, 1500)[("ewr", "shop")]
+    assert first["primary"].requests == 10  # history before the first export: a baseline
+    assert (first["secondary"].requests, first["secondary"].errors_5xx) == (7, 7)
+    both = store.read_window(3000, 2500)[("ewr", "shop")]
+    assert (both["secondary"].requests, both["secondary"].errors_5xx) == (9, 9)
+    assert (both["primary"].requests, both["primary"].abandoned) == (30, 18)
+
+
+def test_a_windows_start_after_a_nodes_first_flush_waits_for_that_flushs_host_stats() -> None:
+    """Issue 33: a wave's window starts just after the node's first stats flush after its ACK,
+    the metrics_service flush and the OTLP export of the same flush's per-host stats both; an
+    export that comes late moves the start after it."""
+    from control_plane.observe.envoy_stats import HostPoint
+
+    store = SinkStore()
+    stream = store.open_stream("ewr-1", "ewr")
+    point = [HostPoint("ewr", "shop.critical", "127.0.0.1:8081", "rq_total", 1.0)]
+    for at in (1000, 2000):
+        store.ingest(stream, [], at)
+        store.ingest_hosts("c1", point, at + 5)
+    assert store.stats_after("ewr-1", "ewr", 2500, 1000) is None  # no flush since
+    store.ingest(stream, [], 3000)
+    # c1 exported since 2500 (at 2005) but not yet the 3000 flush's host stats
+    assert store.stats_after("ewr-1", "ewr", 2500, 1000) is None
+    store.ingest_hosts("c1", point, 3700)  # late: the start moves after it
+    assert store.stats_after("ewr-1", "ewr", 2500, 1000) == 3701
+    assert store.stats_after("ewr-1", "sjc", 2500, 1000) == 3001  # another PoP's exports

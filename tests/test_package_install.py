@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from control_plane.cli.init import KIT
 from harness.envoy_process import free_port, stop_group
 from harness.eventually import eventually_blocking
 
@@ -96,6 +97,23 @@ def test_the_wheel_holds_the_product_only(installed: Installed) -> None:
     assert {t for t in tops if not t.endswith(".dist-info")} == {"control_plane"}
     assert "control_plane/admin/static/dashboard.js" in names
     assert not [n for n in names if n.startswith(("tests/", "bench/", "harness/"))]
+    # the deploy kit `ballast init` writes out: a host needs the wheel only (issue 37)
+    assert {f"control_plane/kit/{name}" for name in KIT if name != "ballast-alerts.yaml"} \
+        <= set(names)
+    assert "control_plane/own_metrics/ballast-alerts.yaml" in names
+
+
+def test_init_writes_the_kit_from_the_installed_wheel(installed: Installed) -> None:
+    result = installed.run("init", "kit")
+    assert result.returncode == 0, result.stderr
+    kit = installed.cwd / "kit"
+    assert sorted(p.name for p in kit.iterdir()) == sorted(KIT)
+    assert (kit / "desired.yaml").read_bytes() == EXAMPLE.read_bytes()
+    assert (kit / "ballast-replica.service").read_bytes() == \
+        (ROOT / "control_plane/kit/ballast-replica.service").read_bytes()
+    assert (kit / "ballast-alerts.yaml").read_bytes() == \
+        (ROOT / "deploy/prometheus/ballast-alerts.yaml").read_bytes()
+    assert os.access(kit / "etcd-snapshot.sh", os.X_OK)
 
 
 def test_bootstrap_from_the_installed_wheel_outside_the_repository(installed: Installed) -> None:
@@ -162,3 +180,6 @@ def test_validate_with_the_envoy_extra_has_envoy_judge_every_pop(installed: Inst
     assert result.returncode == 0, result.stdout + result.stderr
     assert "pop ewr: OK (envoy 1.40" in result.stdout
     assert "pop sjc: OK (envoy 1.40" in result.stdout
+    # the kit's example desired state, as `ballast init` wrote it, is valid for that Envoy
+    kit = installed.run("validate", "kit/desired.yaml")
+    assert kit.returncode == 0, kit.stdout + kit.stderr

@@ -54,6 +54,19 @@ def test_immediate_and_a_pop_left_out_by_pop() -> None:
     assert got["gates"] is None and got["bake_ms"] == 0
 
 
+def test_a_renewal_alone_is_planned_at_once_or_in_waves_by_its_policy() -> None:
+    plans = [PopPlan("ewr", "", [CHANGE]), PopPlan("sjc", "", [CHANGE])]
+    now = rollout_plan(RolloutPolicy(), ("ewr", "sjc"), ("ewr", "sjc"), plans, ("https.shop",))
+    assert rollout_lines(now)[:2] == [
+        "Rollout: every PoP at once (a renewal of certificate(s) https.shop alone: "
+        "rollout.renewals immediate, no bake, no gate)",
+        "  wave 1: starts at once"]
+    assert now["bake_ms"] == 0 and len(now["waves"]) == 1
+    waves = rollout_plan(RolloutPolicy(renewals="waves"), ("ewr", "sjc"), ("ewr", "sjc"), plans,
+                         ("https.shop",))
+    assert len(waves["waves"]) == 2 and waves["bake_ms"] == RolloutPolicy().bake_ms
+
+
 def test_plan_prints_the_rollout_before_its_summary(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     old = write_desired(tmp_path / "old.yaml", **PORTS)

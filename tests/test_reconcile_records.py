@@ -120,10 +120,15 @@ def test_the_last_record_of_a_pair_in_a_tick_is_what_the_cache_serves(script: li
 
 def test_a_ramp_capped_shift_is_one_record_of_what_was_pushed(tmp_path: Path) -> None:
     """The cold standby: the controller proposes 95 -> 80 for the primary, the ramp caps the
-    standby at 10 %: the weight_shift record says 95 -> 90 and shows the proposal inside."""
+    standby at 10 %: the weight_shift record says 95 -> 90 (its weights and the start of its
+    rule) and shows the proposal inside."""
     script: list[Window] = [{pair: {"primary": 3, "secondary": 0} for pair in PAIRS}] * 2
     records = asyncio.run(_run(tmp_path, script))
     shift = next(r for r in records if r["kind"] == "weight_shift" and r["pop"] == "ewr")
     assert shift["weights_after"] == {"primary": 90, "secondary": 10}
     assert shift["detail"]["proposed"]["primary"] < 90
     assert shift["detail"]["changed_by"].startswith("ramp_start: secondary is cold")
+    # its words say what was pushed first, and that the proposal was not
+    assert shift["rule"].startswith("pushed primary 95→90, secondary 5→10 (ramp_start changed "
+                                    "the controller's proposal primary "), shift["rule"]
+    assert "which was not pushed); the controller's step: " in shift["rule"]

@@ -4,10 +4,11 @@ starts a rollout.
 
 Two Ballast replicas in-process share the intent in etcd.
 
-- No Envoys (a PoP without nodes needs no evidence, so a wave passes once baked): a change
-  rolls out; the follower serves what the leader decided, PoP by PoP. The leader stops while
-  the canary bakes; the follower takes over, bakes the canary again from its election and
-  carries the rollout to the end.
+- No Envoys (each replica's gates read one made-up node per PoP applying what its PoP serves
+  and healthy windows, `tests/support/rollout_inputs.py`, so a wave passes once baked): a
+  change rolls out; the follower serves what the leader decided, PoP by PoP. The leader stops
+  while the canary bakes; the follower takes over, bakes the canary again from its election
+  and carries the rollout to the end.
 - A real Envoy of the canary PoP connected to the follower only: its NACK rolls the leader's
   rollout back, the message in the record; while it has not ACKed (stopped), the wave waits
   for it, and the leader's status counts it, on the follower.
@@ -36,8 +37,9 @@ from control_plane.decisions.read import iter_records
 from control_plane.translate.bootstrap import ads_bootstrap
 from harness.envoy_process import EnvoyProcess, free_port
 from harness.eventually import eventually
-from harness.rollout_fleet import Ports, rollout_desired
+from harness.rollout_fleet import POPS, Ports, rollout_desired
 from tests.support.etcd import EtcdServer, etcd_binary
+from tests.support.rollout_inputs import with_made_up_inputs
 
 pytestmark = [pytest.mark.etcd,
               pytest.mark.skipif(etcd_binary() is None or shutil.which("etcdctl") is None,
@@ -54,10 +56,12 @@ def etcd() -> Iterator[EtcdServer]:
 
 @contextlib.asynccontextmanager
 async def replica(etcd: EtcdServer, tmp_path: Path, name: str, desired: Path,
-                  reload_poll_s: float = 0.1) -> AsyncIterator[BallastService]:
+                  reload_poll_s: float = 0.1, *, admin: bool = False
+                  ) -> AsyncIterator[BallastService]:
     service = BallastService(ServiceConfig(
         desired_path=desired, state_dir=tmp_path / name, xds_address=f"127.0.0.1:{free_port()}",
-        admin_address=None, probes=False, reload_poll_s=reload_poll_s, rollout_poll_ms=100,
+        admin_address="127.0.0.1:0" if admin else None, probes=False,
+        reload_poll_s=reload_poll_s, rollout_poll_ms=100,
         store_url=f"etcd://{etcd.endpoint}", replica_id=name, leader_ttl_s=2))
     await service.start()
     try:
@@ -76,8 +80,10 @@ async def test_a_new_leader_carries_the_rollout_on(etcd: EtcdServer, tmp_path: P
     desired = tmp_path / "desired.yaml"
     desired.write_text(rollout_desired(ports))
     async with replica(etcd, tmp_path, "a", desired) as a:
+        with_made_up_inputs(a, POPS)
         await eventually(lambda: _leading(a), 10, "a leads")
         async with replica(etcd, tmp_path, "b", desired) as b:
+            with_made_up_inputs(b, POPS)
             old = a.server.intent.desired.digest
             desired.write_text(rollout_desired(ports, marker="replicated", bake="4s"))
             await eventually(lambda: a.rollouts.rollout is not None
@@ -116,6 +122,7 @@ async def test_a_peer_value_that_cannot_be_read_holds_the_wave_and_stops_no_mirr
     desired = tmp_path / "desired.yaml"
     desired.write_text(rollout_desired(ports))
     async with replica(etcd, tmp_path, "a", desired) as a:
+        with_made_up_inputs(a, POPS)  # the ghost's unreadable nodes still come from a's ACKs
         await eventually(lambda: _leading(a), 10, "a leads")
         async with replica(etcd, tmp_path, "b", desired) as b:
             await eventually(lambda: b.replication is not None
@@ -124,7 +131,7 @@ async def test_a_peer_value_that_cannot_be_read_holds_the_wave_and_stops_no_mirr
             await asyncio.to_thread(etcdctl, "put", "/ballast/replicas/ghost", '{"id": "ghost"}')
             await eventually(lambda: "ghost" in a.replication.peer_acks(), 10,
                              "a sees the ghost registered")
-            desired.write_text(rollout_desired(ports, marker="held", bake="1s"))
+            desired.write_text(rollout_desired(ports, marker="held", bake="2s"))
 
             def held(why: str) -> bool:
                 rollout = a.rollouts.rollout
@@ -219,7 +226,7 @@ async def test_the_wave_waits_for_a_followers_node_to_ack(
     async with leader_and_follower(etcd, tmp_path, desired) as (a, b, process):
         assert len(b.server.nodes) == 1 and len(a.server.nodes) == 0
         os.kill(process, signal.SIGSTOP)  # it cannot ACK what the wave sends it
-        desired.write_text(rollout_desired(ports, marker="waits", bake="1s"))
+        desired.write_text(rollout_desired(ports, marker="waits", bake="2s"))
 
         def waiting_past_the_bake() -> bool:
             rollout = a.rollouts.rollout
@@ -288,3 +295,49 @@ async def test_a_sighup_on_a_follower_starts_no_rollout(etcd: EtcdServer, tmp_pa
             await eventually(lambda: b.rollouts.rollout is not None
                              and b.rollouts.rollout.to_version == new, 10,
                              "b rolls out the file it reads")
+
+
+async def test_a_file_edited_while_every_replica_was_down(etcd: EtcdServer, tmp_path: Path
+                                                          ) -> None:
+    """Issue 37. v2 bakes in the canary; the only replica stops; its file is edited (v3). It
+    starts alone, is elected, and applies the file it reads: v3 supersedes v2 (the canary on
+    v3, the others on v1), recorded as made while Ballast was down. A replica that starts as a
+    follower with yet another file leaves it to the leader (`config_deferred`) and serves what
+    the leader decided."""
+    ports = _free_ports()
+    files = {name: tmp_path / f"{name}.yaml" for name in ("a", "b")}
+    files["a"].write_text(rollout_desired(ports))
+    async with replica(etcd, tmp_path, "a", files["a"]) as a:
+        await eventually(lambda: _leading(a), 10, "a leads")
+        v1 = a.server.intent.desired.digest
+        files["a"].write_text(rollout_desired(ports, marker="v2", bake="60s"))
+        await eventually(lambda: a.rollouts.rollout is not None
+                         and a.rollouts.rollout.phase == "baking", 10, "v2's canary")
+        v2 = a.rollouts.rollout.to_version
+    files["a"].write_text(rollout_desired(ports, marker="v3", bake="60s"))
+    async with replica(etcd, tmp_path, "a", files["a"]) as a:
+        await eventually(lambda: a.rollouts.rollout is not None
+                         and a.rollouts.rollout.to_version not in (v1, v2), 10,
+                         "a, elected, rolls the edited file out")
+        rollout = a.rollouts.rollout
+        v3 = rollout.to_version
+        assert rollout.phase == "baking" and rollout.wave == 0 and rollout.from_version == v1
+        assert a.server.intent.intent.versions() == {"ewr": v3, "sjc": v1, "lax": v1}
+        records = list(iter_records(tmp_path / "a"))
+        elected = max(r["seq"] for r in records if r["kind"] == "leader_elected")
+        after = [r for r in records if r["seq"] > elected]
+        assert [r["detail"]["superseded_by"] for r in after
+                if r["kind"] == "rollout_superseded"] == [v3], after
+        applied = [r for r in after if r["kind"] == "config_applied"]
+        assert len(applied) == 1 and applied[0]["detail"]["digest"] == v3, applied
+        files["b"].write_text(rollout_desired(ports, marker="only-on-b"))
+        async with replica(etcd, tmp_path, "b", files["b"]) as b:
+            deferred = await eventually(
+                lambda: [r for r in iter_records(tmp_path / "b")
+                         if r["kind"] == "config_deferred" and r.get("replica") == "b"], 10,
+                "b leaves its file to a")
+            assert "replica b does not lead (leader: a, term" in deferred[0]["rule"], deferred
+            await eventually(lambda: b.rollouts.rollout == a.rollouts.rollout, 10,
+                             "b follows a's rollout")
+            assert b.server.intent.intent.versions() == {"ewr": v3, "sjc": v1, "lax": v1}
+            assert a.rollouts.rollout.to_version == v3

@@ -128,6 +128,7 @@ change = st.one_of(
     st.tuples(st.just("actions"), st.integers(0, GROUPS - 1), st.integers(0, 2)),
     st.tuples(st.just("caps"), st.booleans(), st.just(0)),
     st.tuples(st.just("mirror"), st.integers(0, GROUPS - 1), st.integers(0, 2)),
+    st.tuples(st.just("hedge"), st.integers(0, GROUPS - 1), st.integers(0, 2)),
     st.tuples(st.just("edit"), st.integers(0, 7), st.tuples(st.integers(0, GROUPS - 1),
                                                              st.integers(0, 50))),
     st.tuples(st.just("reread"), st.just(0), st.just(0)),
@@ -143,6 +144,7 @@ def test_incremental_translation_is_byte_identical_to_the_full_one(
     weights: dict[str, GroupWeights] = {}
     actions: dict[str, TierActions] = {}
     mirrors: dict[str, Mirror] = {}
+    hedges: dict[str, int] = {}
     previous = translate_pop(desired, pop, caps, PopIntent(weights=weights, tier_actions=actions))
     for kind, a, b in changes:
         if kind == "weights":
@@ -164,6 +166,12 @@ def test_incremental_translation_is_byte_identical_to_the_full_one(
                 mirrors.pop(name, None)
             else:
                 mirrors[name] = Mirror(standby, 5.0 * int(str(b)))
+        elif kind == "hedge":  # a hedge guard starts (two shares) or stops
+            name = f"g{a:03d}"
+            if b == 0:
+                hedges.pop(name, None)
+            else:
+                hedges[name] = 50_000 * int(str(b))
         elif kind == "edit":
             assert isinstance(a, int) and isinstance(b, tuple)
             desired = _edit(desired, a, *b)
@@ -172,7 +180,8 @@ def test_incremental_translation_is_byte_identical_to_the_full_one(
                                                            desired.origin_groups))
         mirrors = {name: m for name, m in mirrors.items()
                    if set(m.origins) <= set(desired.group(name).preference[pop][1:])}
-        held = PopIntent(weights=weights, tier_actions=actions, mirrors=mirrors)
+        held = PopIntent(weights=weights, tier_actions=actions, mirrors=mirrors,
+                         hedges=hedges)
         incremental = translate_pop(desired, pop, caps, held, previous=previous)
         full = translate_pop(desired, pop, caps, held)
         assert wire(incremental) == wire(full)

@@ -156,3 +156,46 @@ def test_hedging_tier_gets_envoys_hedge_policy_and_the_delay_as_per_try_timeout(
     assert normal.retry_policy.per_try_timeout.ToMilliseconds() == 4000
     assert not normal.retry_policy.HasField("per_try_idle_timeout")
     assert normal.retry_policy.host_selection_retry_max_attempts == 100  # every tier
+
+
+def _hedging_desired():  # type: ignore[no-untyped-def]
+    desired = example_desired()
+    (group,) = desired.origin_groups
+    tiers = tuple(dataclasses.replace(t, hedge_delay_ms=50) if t.name == "critical" else t
+                  for t in group.tiers)
+    return dataclasses.replace(desired, origin_groups=(dataclasses.replace(group, tiers=tiers),))
+
+
+def test_a_guarded_hedge_share_splits_each_hedging_route() -> None:
+    """Hedges respect the ramp (issue 33): `share` per million of a hedging route's requests
+    keep the hedge (a `-hedged` copy before the route), the rest wait for their attempt."""
+    from control_plane.translate import PopIntent
+
+    desired = _hedging_desired()
+    plain = translate_pop(desired, "ewr", Capabilities())
+    resources = translate_pop(desired, "ewr", Capabilities(), PopIntent(hedges={"shop": 52_631}))
+    (before,) = plain.of_type(ROUTE_TYPE)["edge"].message.virtual_hosts
+    (vhost,) = resources.of_type(ROUTE_TYPE)["edge"].message.virtual_hosts
+    names = [r.name for r in vhost.routes]
+    hedging = [r.name for r in before.routes if r.route.HasField("hedge_policy")]
+    assert hedging and len(names) == len(before.routes) + len(hedging)
+    for name in hedging:
+        copy = vhost.routes[names.index(f"{name}-hedged")]
+        base = vhost.routes[names.index(name)]
+        assert names.index(f"{name}-hedged") + 1 == names.index(name)
+        assert copy.match.runtime_fraction.default_value.numerator == 52_631
+        assert copy.match.runtime_fraction.default_value.denominator == 2  # MILLION
+        assert copy.route.hedge_policy.hedge_on_per_try_timeout
+        assert copy.route.retry_policy.per_try_timeout.ToMilliseconds() == 50
+        assert not base.route.HasField("hedge_policy")
+        assert base.route.retry_policy.per_try_timeout.ToMilliseconds() == 2000
+        assert not base.route.retry_policy.HasField("per_try_idle_timeout")
+        assert base.route.retry_policy.retry_host_predicate  # retries still leave the origin
+        assert not base.match.HasField("runtime_fraction")
+    for route in vhost.routes:
+        if route.name not in hedging and not route.name.endswith("-hedged"):
+            assert route in before.routes
+    none = translate_pop(desired, "ewr", Capabilities(), PopIntent(hedges={"shop": 0}))
+    (off,) = none.of_type(ROUTE_TYPE)["edge"].message.virtual_hosts
+    assert not any(r.route.HasField("hedge_policy") for r in off.routes)
+    assert len(off.routes) == len(before.routes)

@@ -4,13 +4,15 @@ Routes (on the admin API's application, so its bind and its authentication apply
 
 - ``/dashboard/`` the page; ``/dashboard/static/{name}`` its script and style, shipped inside the
   package (nothing is fetched from anywhere else: the page's Content-Security-Policy says so).
-- ``/dashboard/api/overview`` fleet cards (see ``dashboard_views.overview``), the
+- ``/dashboard/api/overview`` fleet cards (see ``dashboard_views.overview``) with each
+  origin's last reading and health score (``origins``, as ``/status`` has them), the
   certificates the TLS listeners serve with their days to expiry, and the latest rollout of a
   desired-state version (its waves, the wave baking, the last gate reading, each PoP's version
   and its nodes' ACKs).
 - ``/dashboard/api/pops/{pop}`` one PoP's nodes and groups.
 - ``/dashboard/api/timeline?pop=P&group=G&range=15m|1h|6h|24h`` one group's weights over time,
-  with its active tier actions and whatever ``controllers`` (given by the server) report for it.
+  with its active tier actions and whatever ``controllers`` (given by the server) report for it
+  (the failover ramp in words: ``dashboard_views.ramp_view``).
 - ``/dashboard/api/decisions?[pop][&group][&kind][&limit]`` the newest matching records.
 - ``/dashboard/api/decisions/{seq}`` one record.
 - ``/dashboard/api/stream?[pop][&group][&kind]`` new records as server-sent events
@@ -35,9 +37,11 @@ from aiohttp import web
 from control_plane.admin.dashboard_views import (
     NACKED_LISTED_PER_POP,
     NODES_LISTED_PER_POP,
+    RAMP,
     actions_json,
     overview,
     pop_view,
+    ramp_view,
     timeline,
 )
 from control_plane.admin.decision_feed import (
@@ -111,11 +115,15 @@ class Dashboard:
         clock: Callable[[], datetime],
         controllers: Controllers | None = None,
         rollout: Callable[[], dict[str, Any]] | None = None,
+        origins: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         """`rollout`: the latest rollout of a desired-state version, its gate reading and each
-        PoP's version (`RolloutControl.shown`), for the overview's rollout panel."""
+        PoP's version (`RolloutControl.shown`), for the overview's rollout panel; `origins`:
+        PoP -> group -> each origin's last reading and health score (`/status`'s `origins`),
+        for the PoP cards."""
         self.nodes = nodes
         self._rollout = rollout
+        self._origins = origins
         self._controllers = controllers
         self.intent = intent
         self.feed = feed
@@ -188,6 +196,7 @@ class Dashboard:
         now_ms = int(self._clock().timestamp() * 1000)
         body["served_certificates"] = [s.as_dict() for s in served_certificates(desired, now_ms)]
         body["rollout"] = None if self._rollout is None else self._rollout()
+        body["origins"] = {} if self._origins is None else self._origins()
         return web.json_response(body)
 
     def _known_pop(self, pop: str) -> web.Response | None:
@@ -244,10 +253,14 @@ class Dashboard:
         actions = self.intent.tier_actions(pop, group_name)
         body["range"] = span
         body["log_begins"] = log_begins
+        controllers = self._controllers(pop, group_name) if self._controllers is not None \
+            else {}
+        ramp = controllers.get(RAMP)
+        if ramp is not None:  # in words: each standby's step, share, since when and why
+            controllers[RAMP] = ramp_view(desired.group(group_name), ramp, window.records,
+                                          self.intent.weights(pop, group_name))
         body["controllers"] = {
-            "Tier actions": None if actions is None else actions_json(actions),
-            **(self._controllers(pop, group_name) if self._controllers is not None else {}),
-        }
+            "Tier actions": None if actions is None else actions_json(actions), **controllers}
         return web.json_response(body)
 
     async def decisions(self, request: web.Request) -> web.Response:

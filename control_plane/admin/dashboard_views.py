@@ -8,6 +8,8 @@
   weights, home and tier actions.
 - ``timeline``: one (PoP, group)'s weights and health scores over a range, from the decision
   records of that range, with the thresholds to draw as reference lines.
+- ``ramp_view``: the failover ramp of one (PoP, group) in words, from its state and the ramp
+  records of the range.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ NODES_LISTED_PER_POP = 5
 NACKED_LISTED_PER_POP = 5
 AWAY_LISTED_PER_POP = 20
 SCORE_AT_THRESHOLD = 1 - 1 / ZERO_AT_RATIO  # a signal exactly at its threshold scores this
+RAMP = "Failover ramp"  # the controller panel `ramp_view` words
 
 # PoP -> group -> origin -> weight; in `overview`, pairs left out are at their home weights
 Weights = Mapping[str, Mapping[str, Mapping[str, int]]]
@@ -194,3 +197,45 @@ def timeline(
         },
         "config_version": desired.digest[:16],
     }
+
+
+def ramp_view(group: OriginGroup, state: Mapping[str, Any], records: list[Record],
+              weights: Mapping[str, int]) -> dict[str, Any]:
+    """The failover ramp of one (PoP, group) (`state`: `RampState.to_dict`) in words, one entry
+    per ramping standby: its step of the schedule and the share that step allows, its weight
+    now, since when it ramps (the record that started it: the newest one of `records` — the
+    pair's, oldest first — whose step took it from not ramping to ramping) and why it is where
+    it is (the newest ramp record that has it ramping: its rule and what comes next)."""
+    schedule = group.standby_ramp.schedule
+    ramp_records = [r for r in records if str(r.get("kind", "")).startswith("ramp_")]
+    standbys = []
+    for origin, index in sorted(dict(state.get("ramps") or {}).items()):
+        if not 0 <= index < len(schedule):
+            continue
+        holding = [r for r in ramp_records if origin in _ramps(r.get("detail"), "state")]
+        started = [r for r in holding
+                   if origin not in _ramps(r.get("inputs"), "state_before")]
+        since = started[-1]["time"] if started else None
+        last = holding[-1] if holding else None
+        weight = weights.get(origin)
+        words = (f"{origin} ramps: step {index + 1} of {len(schedule)}, at most "
+                 f"{schedule[index]} % of the traffic (now {weight} %), since "
+                 + (f"{since[11:19]}Z" if since else "before the records shown") + "; why: "
+                 + (str(last.get("rule")) if last else "its last ramp record is older than "
+                    "the range shown"))
+        detail = last.get("detail") if last else None
+        following = detail.get("next") if isinstance(detail, dict) else None
+        standbys.append({
+            "origin": origin, "step": index + 1, "steps": len(schedule),
+            "share": schedule[index], "weight": weight, "since": since,
+            "why": None if last is None else last.get("rule"),
+            "seq": None if last is None else last.get("seq"),
+            "next": following, "sentence": words})
+    return {"standbys": standbys}
+
+
+def _ramps(part: Any, key: str) -> Mapping[str, Any]:
+    """The `ramps` of a ramp record's `detail.state` or `inputs.state_before` ({} if none)."""
+    state = part.get(key) if isinstance(part, dict) else None
+    ramps = state.get("ramps") if isinstance(state, dict) else None
+    return ramps if isinstance(ramps, dict) else {}

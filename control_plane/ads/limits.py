@@ -15,9 +15,16 @@ would stall the event loop (a 3 M-name delta subscription held 1.1 GB and took 2
 
 from __future__ import annotations
 
+import resource
 from dataclasses import dataclass
 
-__all__ = ["DEFAULT_LIMITS", "AdsLimits", "clip"]
+__all__ = ["DEFAULT_LIMITS", "DESCRIPTOR_RESERVE", "AdsLimits", "clip", "connection_cap"]
+
+# descriptors the xDS port's connections leave to the rest of the process: the admin API's
+# connections (at most 256, `admin/connections.py`), the state store, the desired file, the
+# decision log, etcd and Prometheus clients, probes, gRPC's own
+DESCRIPTOR_RESERVE = 512
+MIN_CONNECTIONS_TOTAL = 64
 
 
 @dataclass(frozen=True)
@@ -37,7 +44,9 @@ class AdsLimits:
     request_bytes: int = 4 * 1024 * 1024  # gRPC max receive message length
     # a new connection's TLS / HTTP/2 handshake; gRPC's default lets an idle one hold 120 s
     handshake_ms: int = 10_000
-    # a connection without a stream for this long is closed (GOAWAY); gRPC's default: never
+    # a connection without a stream for this long is closed (GOAWAY; gRPC's default: never),
+    # and one without a valid stream for this long, whatever other streams it opens
+    # (`connections.py`)
     connection_idle_ms: int = 60_000
     # deadlines: a stream's first request; a response write that makes no progress
     first_request_s: float = 10.0
@@ -50,9 +59,25 @@ class AdsLimits:
     held_bytes_per_identity: int = 16 * 1024 * 1024
     streams_total: int = 20_000
     held_bytes_total: int = 256 * 1024 * 1024
+    # connections (`connections.py`): the port's total (0: the descriptor limit less
+    # `DESCRIPTOR_RESERVE`, `connection_cap()`), and what one peer address may hold in
+    # connections that never carried a valid stream
+    connections_total: int = 0
+    unproven_per_address: int = 32
 
 
 DEFAULT_LIMITS = AdsLimits()
+
+
+def connection_cap(limits: AdsLimits) -> int:
+    """The xDS port's connection cap: `limits.connections_total`, else the process's soft
+    descriptor limit less `DESCRIPTOR_RESERVE` (at least `MIN_CONNECTIONS_TOTAL`)."""
+    if limits.connections_total:
+        return limits.connections_total
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        soft = 1 << 20
+    return max(MIN_CONNECTIONS_TOTAL, soft - DESCRIPTOR_RESERVE)
 
 
 def clip(text: str, limit: int, *, tail: int = 0) -> str:

@@ -20,7 +20,9 @@ most so many streams, connections and bytes in requests being handled and respon
 written; over one, the newest stream is refused with RESOURCE_EXHAUSTED. A stream must send its
 first request within `first_request_s`; a write that makes no progress for `write_stall_s` (a
 client granting no flow-control window) ends the stream. Any ending interrupts a blocked write,
-and frees the stream's initial-sync slot at once.
+and frees the stream's initial-sync slot at once. A stream that passed its node checks is
+vouched for (`vouch`): its connection is in use until it ends, and the connection sweeper
+(`sweeper.py`) closes the connections no such stream uses.
 
 With `verify_peer` (mTLS on), the client certificate's identity must name the PoP and node id
 the first request claims, else the stream ends with PERMISSION_DENIED (`on_stream_refused`).
@@ -28,13 +30,15 @@ Private keys: SDS Secrets go only where `key_gate` lets them (an mTLS port has n
 plaintext one refuses every stream unless the operator allowed loopback peers): an SDS request
 on any other stream is never answered and reported once (`on_secrets_refused`).
 One live stream per node id: a newer stream of the same id closes the older one (ABORTED,
-`on_stream_superseded`), so the registry never holds one id twice.
+`on_stream_superseded`), so the registry never holds one id twice; a proxyless gRPC client has
+one per channel target (`live_key`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import ipaddress
 import logging
 import sys
@@ -56,7 +60,7 @@ from control_plane.ads.budget import Identify, Ledger, Refusal, peer_address
 from control_plane.ads.callbacks import Callbacks
 from control_plane.ads.encoding import ResponseEncoder, encode_delta, encode_sotw, pass_bytes
 from control_plane.ads.fanout import PushHub
-from control_plane.ads.limits import DEFAULT_LIMITS, AdsLimits, clip
+from control_plane.ads.limits import DEFAULT_LIMITS, AdsLimits, clip, connection_cap
 from control_plane.ads.nodes import NodeEntry, NodeRegistry
 from control_plane.ads.protocol import (
     Ack,
@@ -67,7 +71,9 @@ from control_plane.ads.protocol import (
     short_name,
 )
 from control_plane.ads.snapshots import SnapshotCache
+from control_plane.security.peer import Vouch
 from control_plane.translate.capabilities import NodeCapabilities, read_node_capabilities
+from control_plane.translate.grpc_capabilities import describe_grpc_client, is_grpc_client
 from control_plane.translate.resources import (
     CLUSTER_TYPE,
     SECRET_TYPE,
@@ -87,8 +93,13 @@ CLAIMED_CHARS = 64  # a refused stream's claimed node id and PoP, as logged and 
 
 
 def server_options(limits: AdsLimits = DEFAULT_LIMITS) -> tuple[tuple[str, int], ...]:
-    """grpc.aio server options: keepalive tolerance and the per-connection bounds."""
+    """grpc.aio server options: keepalive tolerance, the per-connection bounds and the cap on
+    connections (`connection_cap`: gRPC closes a connection over it as soon as it accepts it)."""
     return (
+        ("grpc.max_allowed_incoming_connections", connection_cap(limits)),
+        # the port is this process's alone: no other process (of the same user) can bind it
+        # and take a share of its connections, and the sweeper sees every connection of it
+        ("grpc.so_reuseport", 0),
         # Envoy's xDS cluster may ping every few seconds (the edge bootstrap: HTTP/2
         # keepalive 30 s); without these a gRPC server answers pings with GOAWAY
         # too_many_pings (docs/architecture.md, "gRPC and the fan-out floor").
@@ -107,6 +118,10 @@ def server_options(limits: AdsLimits = DEFAULT_LIMITS) -> tuple[tuple[str, int],
 VerifyPeer = Callable[[grpc.aio.ServicerContext[Any, Any], str, str], str | None]
 # the stream's context -> why private keys (SDS Secrets) may not go to it, or None
 KeyGate = Callable[[grpc.aio.ServicerContext[Any, Any]], str | None]
+
+
+def _nothing() -> None:
+    pass
 
 
 def plaintext_key_gate(allow_loopback: bool) -> KeyGate:
@@ -232,7 +247,24 @@ def _peer_identity(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
     return peer_address(context.peer())
 
 
+def live_key(node_id: str, grpc_client: bool, first: Any) -> str:
+    """What a newer stream must share with an older one to replace it: the node id; for a
+    proxyless gRPC client, also what its first request names. grpcio keeps one xDS client per
+    channel target, each with a stream of its own and the same node (measured, grpcio 1.85:
+    replacing by node id alone made two targets' streams replace each other every second), and
+    each one's first request names its target's listener."""
+    if not grpc_client:
+        return node_id
+    names = (first.resource_names if isinstance(first, DiscoveryRequest)
+             else first.resource_names_subscribe)
+    digest = hashlib.sha256("\0".join(sorted(names)).encode()).hexdigest()[:16]
+    return f"{node_id}\0{digest}"
+
+
 def envoy_version(node: Node, limit: int = DEFAULT_LIMITS.text_chars) -> str:
+    """The node's Envoy version, or a gRPC client's language and release."""
+    if is_grpc_client(node):
+        return clip(describe_grpc_client(node), limit)
     if node.HasField("user_agent_build_version"):
         v = node.user_agent_build_version.version
         return f"{v.major_number}.{v.minor_number}.{v.patch}"
@@ -290,6 +322,7 @@ class _Stream:
         "entry",
         "identity",
         "keys_refused",
+        "live_key",
         "push",
         "push_due",
         "reading",
@@ -324,6 +357,7 @@ class _Stream:
         # why private keys may not go to this stream (None: they may); its SDS requests are
         # then never answered, and the first one is reported
         self.keys_refused: str | None = None
+        self.live_key = entry.node_id  # what a newer stream must share to replace it
 
     def wake(self) -> None:
         """The stream's PoP changed: one push is due, however many wake-ups came."""
@@ -391,10 +425,14 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         verify_peer: VerifyPeer | None = None,
         identify: Identify | None = None,
         key_gate: KeyGate | None = None,
+        vouch: Vouch | None = None,
     ) -> None:
         """`identify`: a stream's client identity for the budgets (`budget.py`); by default
-        the peer's IP address (loopback peers: the process totals only)."""
+        the peer's IP address (loopback peers: the process totals only). `vouch`: told of each
+        stream whose first request passed the node checks (a valid stream: its connection is
+        in use until the release it returns is called, as the stream ends; `sweeper.py`)."""
         self.cache = cache
+        self._vouch = vouch
         self._identify = identify if identify is not None else _peer_identity
         self.ledger = Ledger(limits)
         self._verify_peer = verify_peer
@@ -544,8 +582,14 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         node_id = node.id
         version = sys.intern(envoy_version(node, self.limits.text_chars))
         del node  # a real Envoy's first request lists ~500 extensions: not kept
+        # a valid stream from here on: its connection is in use until `release`
+        release = self._vouch(context) if self._vouch is not None else _nothing
         # waits unread for an initial-sync slot; in the registry (and /nodes) once admitted
-        await self._admission.acquire()
+        try:
+            await self._admission.acquire()
+        except BaseException:
+            release()
+            raise
         self.syncing += 1
         caps = self.cache.effective_capabilities(pop, advertised.capabilities, advertised.reason)
         entry = self.nodes.connect(
@@ -558,6 +602,7 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         )
         del caps
         state = _Stream(self, context, stream, entry, advertised, identity)
+        state.live_key = live_key(node_id, advertised.capabilities.grpc is not None, first)
         if self._key_gate is not None:
             state.keys_refused = self._key_gate(context)
         state.admitted = True
@@ -624,15 +669,16 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             assert state.ending is not None
             signal = state.ending
         finally:
+            release()
             self.end_admission(state)
             if state.push is not None:
                 state.push.cancel()
             self.hub.unsubscribe(pop, state.wake)
             self._streams.discard(state)
             self.nodes.disconnect(entry)
-            live = self._live.get(entry.node_id)
+            live = self._live.get(state.live_key)
             if live is not None and live[0] is entry:
-                del self._live[entry.node_id]
+                del self._live[state.live_key]
             self._notify(self.callbacks.on_stream_closed, entry, signal.status.name,
                          signal.details)
             log.info("node %r disconnected (%s)", node_id, signal.details or signal.status.name)
@@ -726,8 +772,8 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
     def _supersede(self, entry: NodeEntry, state: _Stream) -> None:
         """`entry` is now the node id's live stream; an older one is closed and leaves the
         registry at once, so status never lists the id twice."""
-        older = self._live.get(entry.node_id)
-        self._live[entry.node_id] = (entry, state)
+        older = self._live.get(state.live_key)
+        self._live[state.live_key] = (entry, state)
         if older is None:
             return
         old_entry, old_state = older

@@ -54,6 +54,7 @@ class LeaderElection:
         self.reachable = False
         self.unreachable_since: float | None = None
         self._refreshed_at = 0.0
+        self.campaigned = asyncio.Event()  # set once a campaign said whether this one leads
 
     def leading(self) -> Leadership | None:
         """This replica's leadership, if its lease is certainly still alive."""
@@ -92,9 +93,11 @@ class LeaderElection:
             lead = await self.store.campaign(self.replica_id, lease)
             if lead is not None:
                 await self._set(lead, f"elected for term {lead.term}")
+                self.campaigned.set()
                 why = await self._keep(lease, lead)
                 await self._set(None, why)
                 return
+            self.campaigned.set()
             await self._keep(lease, None)
 
     async def _keep(self, lease: int, lead: Leadership | None) -> str:

@@ -34,14 +34,16 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 from control_plane.app.heap import free_later
 from control_plane.decide.controller import ControllerState, StepResult, step
+from control_plane.decide.health import HealthScore
 from control_plane.decide.ramp import RampResult, RampState, ramp_step
 from control_plane.decide.runs import END_KINDS, QuietRun, follow_run
+from control_plane.decide.signals import GroupSignals
 from control_plane.decide.tiers import TierState, TierStepResult, service_time_ms, tier_step
 from control_plane.decisions.log import Draft, draft
 from control_plane.desired.model import Desired, OriginGroup
@@ -54,6 +56,8 @@ from control_plane.observe.source import (
     Signals,
     TierSignals,
     TierSource,
+    silent_fix,
+    silent_nodes,
     wall_ms,
 )
 from control_plane.own_metrics.registry import BallastMetrics
@@ -63,7 +67,17 @@ from control_plane.translate.weights import check_group_weights
 log = logging.getLogger(__name__)
 
 GroupKey = tuple[str, str]  # (PoP, origin group)
+SILENT_REASONS = frozenset({"fail_static", "no_evidence"})  # holds a silent node may cause
 PHASES = {"decide": "deciding", "push": "pushing"}
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What one pair's last tick read and scored, for the faces."""
+
+    at_ms: int
+    signals: GroupSignals  # origin -> its window (absent: no signal of it)
+    scores: dict[str, HealthScore]  # empty when the signals were missing or stale
 
 
 @dataclass(frozen=True)
@@ -98,6 +112,7 @@ class PairDecision:
     pair: PairChange  # what the intent owner is given
     records: tuple[Draft, ...]  # what the decision log gets, in order
     run: QuietRun | None  # the pair's quiet run after this tick
+    signals: GroupSignals  # what the step read (the faces show it)
 
 
 @dataclass(frozen=True)
@@ -123,6 +138,9 @@ class Reconciler:
         interval_ms: int | None = None,
         seed: int = 0,
         clock: Callable[[], int] = wall_ms,
+        connected: Callable[[], Mapping[str, Mapping[str, int]]] | None = None,
+        reporting: Callable[[int, int], set[str] | None] | None = None,
+        source_kind: str = "sink",
     ) -> None:
         if intent.recorder is None:
             raise ValueError("the reconcile loop records its decisions: give the intent owner "
@@ -135,10 +153,20 @@ class Reconciler:
         self.interval_override_ms = interval_ms
         self.seed = seed
         self.clock = clock
+        # who should report (PoP -> node id -> connected at, ms) and who did (node ids; None:
+        # the source cannot tell per node): a hold for lack of metrics names the nodes
+        # connected for a whole window that sent nothing, and the fix
+        self._connected = connected
+        self._reporting = reporting
+        self.source_kind = source_kind
+        self.silent: dict[str, tuple[str, ...]] = {}  # PoP -> nodes heard nothing from (last tick)
         self._rngs: dict[str, random.Random] = {}
         self._runs: dict[GroupKey, QuietRun | None] = {}  # absent: not ticked yet
         self._due: dict[GroupKey, int] = {}
         self._next_due = 0  # no pair is due before this (a tick before it has nothing to do)
+        # each pair's last tick: when, the signals it read and the health scores it gave (the
+        # faces show them: `app/status.py`); dropped with the pair
+        self.readings: dict[GroupKey, Reading] = {}
 
     def interval_ms(self, group: OriginGroup) -> int:
         return self.interval_override_ms or group.failover.interval_ms
@@ -174,6 +202,12 @@ class Reconciler:
                 log.warning("metric source failed, holding weights: %s", err)
                 signals_by_window[window] = {}
         tiers_by_window = {window: await self._tier_signals(now, window) for window in windows}
+        if self._connected is not None:
+            widest = max(windows)
+            self.silent = silent_nodes(
+                self._connected(), signals_by_window[widest],
+                None if self._reporting is None else self._reporting(now, widest),
+                now - widest)
         # every due pair's steps, its records and what changes: O(PoPs x groups), so on a
         # worker thread while the loop keeps serving, from the running intent as it is now;
         # only this reconciler changes streaks and states, and a reload (a new desired state
@@ -201,6 +235,9 @@ class Reconciler:
                 for (pop, group), weights in plan.changes.weights.items():
                     for origin, weight in weights.items():
                         self.metrics.weight.labels(pop, group, origin).set(weight)
+        for decision in plan.decided:
+            key = (decision.outcome.pop, decision.outcome.group)
+            self.readings[key] = Reading(now, decision.signals, decision.outcome.result.scores)
         self._runs = plan.runs
         self._due = plan.schedule
         self._next_due = min(plan.schedule.values(), default=0)
@@ -302,7 +339,7 @@ class Reconciler:
                                  None if outcome.tiers is None else outcome.tiers.state,
                                  None if outcome.ramp is None else outcome.ramp.state, actions)
             records, run = self._records(outcome, desired, now)
-            return PairDecision(outcome, decided, records, run)
+            return PairDecision(outcome, decided, records, run, signals.get(key) or {})
         except Exception as err:
             log.exception("deciding %s/%s failed", pop, group.name)
             return PairFailure(pop, group.name, "decide", f"{type(err).__name__}: {err}")
@@ -322,6 +359,11 @@ class Reconciler:
             now,
             self._jitter(pop, group.failover.jitter),
         )
+        silent = self.silent.get(pop)
+        if silent and result.reason in SILENT_REASONS:  # the cause, named, with the fix
+            fix = silent_fix(pop, silent, self.source_kind)
+            result = replace(result, rule=f"{result.rule}; {fix}", next=f"{result.next}; {fix}",
+                             silent=silent)
         if self.metrics is not None and group_signals:
             newest = max(s.observed_at_ms for s in group_signals.values())
             self.metrics.source_staleness.labels(pop, group.name).set(max(0, now - newest) / 1000)
@@ -387,6 +429,10 @@ class Reconciler:
         return tuple(draft(kind, pop=outcome.pop, group=outcome.group, config_version=version,
                            **fields) for kind, fields in records), run.run
 
+    def quiet_run(self, pop: str, group: str) -> QuietRun | None:
+        """The pair's run of quiet ticks now (a hold or steady run), if any."""
+        return self._runs.get((pop, group))
+
     def defer_all(self, now_ms: int) -> None:
         """Every pair's next step one interval from `now_ms` (a new leader: the last one may
         have stepped just before it went, so no step comes early)."""
@@ -402,10 +448,11 @@ class Reconciler:
         owner's carry-over)."""
         keep = set(running.pairs())
         self._next_due = 0  # pairs it adds are due at once
-        for key in [*self._due, *self._runs]:
+        for key in [*self._due, *self._runs, *self.readings]:
             if key not in keep:
                 self._due.pop(key, None)
                 self._runs.pop(key, None)
+                self.readings.pop(key, None)
 
     async def run(self, poll_ms: int = 250) -> None:
         """Tick each (PoP, group) on its own interval until cancelled."""

@@ -155,7 +155,7 @@ class DesiredReload:
                     await change.prepare()
                     diffs = pop_diffs(change.over, change.target, served, change.prepared())
                     changes = await asyncio.to_thread(diffs)
-                    change.record(lambda pushed: [_applied_record(new, changes, pushed)])
+                    change.record(lambda pushed: [_applied_record(new, changes, pushed, by)])
                     change.record(begun.records)
                 begun.done()
         except (RolloutError, Deposed) as err:  # the lead lost since the check: the new
@@ -210,8 +210,9 @@ def log_warnings(desired: Desired) -> None:
 
 
 def _applied_record(new: Desired, changes: dict[str, list[ResourceChange]],
-                    pushed: frozenset[str]) -> Draft:
-    """The `config_applied` record of a reload: per PoP what changes, the PoPs pushed to."""
+                    pushed: frozenset[str], by: str) -> Draft:
+    """The `config_applied` record of a reload: who asked (`by`), per PoP what changes, the
+    PoPs pushed to."""
     lines = [f"pop {pop}: {summarize(c)}" for pop, c in sorted(changes.items())]
     diff = [line for pop, c in sorted(changes.items())
             for line in [f"pop {pop}:", *format_changes(c)]]
@@ -219,8 +220,8 @@ def _applied_record(new: Desired, changes: dict[str, list[ResourceChange]],
         "config_applied",
         config_version=new.digest[:16],
         rule=f"desired state applied ({'; '.join(lines)}); pushed to "
-        f"{', '.join(sorted(pushed)) or 'no PoP'}",
-        detail={"digest": new.digest, "pushed_pops": sorted(pushed),
+        f"{', '.join(sorted(pushed)) or 'no PoP'} ({by})",
+        detail={"digest": new.digest, "pushed_pops": sorted(pushed), "by": by,
                 "diff": diff[:DIFF_LINES_IN_RECORD], "diff_lines": len(diff),
                 "warnings": desired_warnings(new)},
     )

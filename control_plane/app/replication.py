@@ -38,7 +38,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
 from control_plane.app.config_acks import MAX_PEERS, MAX_TEXT_CHARS, ConfigAcks, SharedAcks
@@ -83,7 +83,7 @@ class Replication:
         survey_s: float = 1.0,
         rollouts: Callable[[], Rollouts | None] = lambda: None,
         acks: Callable[[], ConfigAcks | None] = lambda: None,
-        elected: Callable[[], None] = lambda: None,
+        elected: Callable[[], Awaitable[None]] | None = None,
         clock: Callable[[], int] = wall_ms,
     ) -> None:
         """`rollouts`: the service's rollout driver, which follows the rollout the leader saved
@@ -201,7 +201,7 @@ class Replication:
         while True:
             self._membership_changed.clear()
             with contextlib.suppress(StoreUnavailable):
-                self.leader = await self.etcd.leader()
+                await self.read_leader()
                 self.replicas = sorted(await self.etcd.replicas(),
                                        key=lambda r: str(r.get("id")))
             if self._metrics is not None:
@@ -211,6 +211,11 @@ class Replication:
                 self._metrics.intent_store_reachable.labels(me).set(self.election.reachable)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._membership_changed.wait(), every_s)
+
+    async def read_leader(self) -> tuple[str, int] | None:
+        """Who leads, read from etcd now (and kept for status)."""
+        self.leader = await self.etcd.leader()
+        return self.leader
 
     async def stop(self) -> None:
         await self._stop_reconciling()
@@ -257,6 +262,7 @@ class Replication:
     async def _leadership_changed(self, lead: Leadership | None, why: str) -> None:
         if lead is None:
             await self._stop_reconciling()
+            self._reconciler().readings.clear()  # the leader's now: none shown here
             if self.term is not None:
                 self.recorder.record("leader_lost", rule=f"replica {self.replica_id} stopped "
                                      f"reconciling term {self.term}: {why}",
@@ -282,7 +288,8 @@ class Replication:
                 "replica": self.replica_id, "term": lead.term,
                 "pairs_restored": len(stored.groups)})
         self._loop_task = asyncio.create_task(reconciler.run())
-        self._elected()
+        if self._elected is not None:
+            await self._elected()
 
     async def _adopt_after_leading(self) -> None:
         """A former leader takes what etcd holds (its own last writes, or a new leader's)."""

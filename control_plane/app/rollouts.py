@@ -6,9 +6,12 @@ supersede, the operator's actions); this module feeds it and publishes what it d
 - **inputs**: the clock, the ACKs and NACKs of the reached PoPs' nodes (`config_acks.py`, read
   from the ADS streams; with replicas, of every live replica's streams, shared through etcd)
   and the signal windows from the metric source the weight controller reads (per PoP, group
-  and origin: the wave's PoPs since the wave started, the PoPs still on
-  the previous version over the same time, the wave's PoPs before it started), with the
-  tier-action onsets since the wave started;
+  and origin: the wave's PoPs over their own traffic — from just after their nodes' first
+  stats flush after each applied the change, `own_starts` —, the PoPs still on the previous
+  version since
+  the wave started, the wave's PoPs before it started), with each tier's requests and sheds
+  from the access logs (`AccessLogStore.sheds`: the shed rate) and the tier-action onsets
+  since the wave started;
 - **publishing**: every rollout decision that changes which PoP serves which version — a reload
   starting (or superseding) one, a wave starting, a rollback, an abort, a promote — is one
   change through the change transaction (`change.desired(target, serving=...)`): the output of
@@ -42,11 +45,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from control_plane.app.config_acks import ConfigAcks
-from control_plane.decide.gates import GateInputs, PopWindow, TierShed
+from control_plane.decide.gates import GateInputs, NodeAck, PopWindow, TierShed
 from control_plane.decide.rollout import (
     PHASES,
     Rollout,
@@ -58,6 +61,9 @@ from control_plane.decide.rollout import (
     pause,
     promote,
     reached,
+    rebase,
+    renew,
+    renewal,
     resume,
     serving_since,
     start,
@@ -68,7 +74,8 @@ from control_plane.decide.rollout import look as rollout_look
 from control_plane.decide.signals import OriginSignals
 from control_plane.decisions.log import Draft, draft
 from control_plane.decisions.recorder import DecisionRecorder
-from control_plane.desired import parse_desired
+from control_plane.desired import DesiredStateError, parse_desired
+from control_plane.desired.loader import files_read, version_digest
 from control_plane.desired.model import Desired, TierActions
 from control_plane.intent.change import Change, SwapFailed
 from control_plane.intent.etcd_store import Deposed
@@ -105,8 +112,34 @@ class Version:
     def digest(self) -> str:
         return self.desired.digest
 
-    def stored(self) -> dict[str, str]:
-        return {"source": self.desired.source, "yaml": self.data.decode("utf-8")}
+    def stored(self) -> dict[str, Any]:
+        """As the store keeps it: the bytes, and what the files it names held (by fingerprint:
+        read again after they changed, the bytes still prove which version they were)."""
+        files = files_read(self.desired)
+        return {"source": self.desired.source, "yaml": self.data.decode("utf-8"),
+                **({"files": [list(entry) for entry in files]} if files else {})}
+
+
+def stored_version(digest: str, value: Mapping[str, Any],
+                   parse: Callable[[bytes, str], Desired]) -> Version:
+    """A version as the store holds it (`Version.stored`), parsed again: the files it names are
+    read now, so its digest is not `digest` when they changed since (certificates renewed while
+    Ballast was down) — accepted when the bytes, with what those files held then, make
+    `digest`. ValueError when the bytes are not the version's; what `parse` raises when they no
+    longer validate."""
+    data = str(value["yaml"]).encode("utf-8")
+    desired = parse(data, str(value["source"]))
+    if desired.digest != digest:
+        held = value.get("files")
+        if held is not None:
+            then = [(str(name), str(cert), str(key)) for name, cert, key in held]
+            proven = version_digest(data, then) == digest
+        else:  # stored before the files were: bytes naming files cannot prove it
+            proven = bool(files_read(desired))
+        if not proven:
+            raise ValueError(f"version {digest[:16]}: its bytes have digest "
+                             f"{desired.digest[:16]}")
+    return Version(desired, data)
 
 
 @dataclass(frozen=True)
@@ -121,6 +154,9 @@ class Restored:
     versions: dict[str, Version]
     saved: frozenset[str]  # the digests whose bytes the store holds
     before: dict[str, PopWindow]  # reached PoP -> its window before its wave (gate baseline)
+    # stored digest -> the version's digest read again now: the files it names changed since
+    # (certificates renewed while Ballast was down); the rollout is rebased on them
+    renamed: dict[str, str] = field(default_factory=dict)
 
 
 def target_of(rollout: Rollout) -> str:
@@ -143,14 +179,18 @@ def serving_of(rollout: Rollout, versions: Mapping[str, Version]) -> dict[str, D
 
 
 def restored(records: Mapping[str, Mapping[str, Any]], known: Mapping[str, Version],
-             parse: Callable[[bytes, str], Desired], where: str) -> Restored | None:
+             parse: Callable[[bytes, str], Desired], where: str, now_ms: int = 0
+             ) -> Restored | None:
     """The rollout the store held (`records`: kind -> key -> JSON), with its versions parsed
     again (`parse(bytes, source)`; a version in `known` — the file's, those held already — is
-    that same object); None when it held none. StateCorrupted (naming `where`) when it does
-    not parse."""
+    that same object); None when it held none. A version whose files changed since it was
+    stored (`stored_version`) is the version they make now: the rollout is rebased on it at
+    `now_ms` (`decide/rollout.py`, `rebase`). StateCorrupted (naming `where`) when it does not
+    parse."""
     held = records.get(ROLLOUT_KIND, {}).get(ROLLOUT_KEY)
     if held is None:
         return None
+    renamed: dict[str, str] = {}
     try:
         rollout = Rollout.from_dict(held["rollout"])
         failed = {str(k): str(v) for k, v in dict(held.get("failed", {})).items()}
@@ -158,17 +198,16 @@ def restored(records: Mapping[str, Mapping[str, Any]], known: Mapping[str, Versi
         for digest, value in records.get(VERSION_KIND, {}).items():
             if digest in versions:
                 continue
-            data = str(value["yaml"]).encode("utf-8")
-            desired = parse(data, str(value["source"]))
-            if desired.digest != digest:
-                raise ValueError(f"version {digest[:16]}: its bytes have digest "
-                                 f"{desired.digest[:16]}")
-            versions[digest] = Version(desired, data)
+            version = stored_version(digest, value, parse)
+            if version.digest != digest:
+                renamed[digest] = version.digest
+            versions.setdefault(version.digest, version)
     except (KeyError, TypeError, ValueError) as err:
         raise StateCorrupted(f"{where}: rollout: {type(err).__name__}: {err}") from err
     except Exception as err:  # a stored version that no longer validates (DesiredStateError)
         raise StateCorrupted(f"{where}: a desired-state version of the rollout does not "
                              f"parse: {err}") from err
+    rollout = rebase(rollout, renamed, now_ms)
     missing = {rollout.from_version, rollout.to_version} - set(versions)
     if target_of(rollout) in missing or (rollout.in_progress and missing):
         raise StateCorrupted(f"{where}: rollout: the bytes of version(s) "
@@ -182,13 +221,43 @@ def restored(records: Mapping[str, Mapping[str, Any]], known: Mapping[str, Versi
               if d in (rollout.from_version, rollout.to_version)}
     # which PoP serves which version, as the change that saved the rollout stated it
     held_serving = records.get(SERVING_KIND, {}).get(SERVING_KEY) or {}
-    if not isinstance(held_serving, dict) or set(map(str, held_serving.values())) - set(needed):
+    if not isinstance(held_serving, dict) or {
+            renamed.get(str(digest), str(digest)) for digest in held_serving.values()} - set(
+            needed):
         raise StateCorrupted(f"{where}: serving: {held_serving!r} names versions the rollout "
                              "does not hold")
-    serving = {str(pop): needed[str(digest)].desired for pop, digest in held_serving.items()}
+    serving = {str(pop): needed[renamed.get(str(digest), str(digest))].desired
+               for pop, digest in held_serving.items()}
+    serving = {pop: desired for pop, desired in serving.items()
+               if desired.digest != target_of(rollout)}
     return Restored(versions[target_of(rollout)], serving, rollout,
                     failed, needed, frozenset(records.get(VERSION_KIND, {})),
-                    before if rollout.in_progress else {})
+                    before if rollout.in_progress else {}, renamed)
+
+
+def baseline(records: Mapping[str, Mapping[str, Any]], digest: str | None,
+             known: Mapping[str, Version], parse: Callable[[bytes, str], Desired], where: str
+             ) -> Version | None:
+    """With no rollout stored, the version the store says was served (`digest`) from the bytes
+    it kept of it (`Rollouts.settle`): a restart serves it, and a file edited while Ballast was
+    down rolls out from it. None when it kept none (a new state, or one saved before the bytes
+    were). Read again with the files it names now (`stored_version`). StateCorrupted (naming
+    `where`) when the bytes are not that version's or no longer parse."""
+    if digest is None:
+        return None
+    if digest in known:
+        return known[digest]
+    value = records.get(VERSION_KIND, {}).get(digest)
+    if value is None:
+        return None
+    try:
+        return stored_version(digest, value, parse)
+    except (KeyError, TypeError, ValueError) as err:
+        raise StateCorrupted(f"{where}: desired-state version {digest[:16]}: "
+                             f"{type(err).__name__}: {err}") from err
+    except Exception as err:  # bytes that no longer validate (DesiredStateError)
+        raise StateCorrupted(f"{where}: the desired-state version served before the stop "
+                             f"({digest[:16]}) does not parse: {err}") from err
 
 
 @dataclass(frozen=True)
@@ -232,7 +301,12 @@ class Rollouts:
         leading: Callable[[], bool] = lambda: True,
         changed: Callable[[], None] = lambda: None,
         parse: Callable[[bytes, str], Desired] = parse_desired,
+        saved: Iterable[str] = (),
+        stats_after: Callable[[str, str, int, int], int | None] | None = None,
+        sheds: Callable[[int, int], Mapping[tuple[str, str, str], tuple[int, int]]]
+        | None = None,
     ) -> None:
+        """`saved`: the digests whose bytes the store holds (a baseline, `baseline`)."""
         self.owner = owner
         self.acks = acks
         self.source = source
@@ -246,11 +320,20 @@ class Rollouts:
         self.rollout: Rollout | None = None
         self.failed: dict[str, str] = {}  # digest -> why it failed
         self._versions: dict[str, Version] = {running.digest: running}
-        self._saved: set[str] = set()  # digests whose bytes the store holds
+        self._saved: set[str] = set(saved)  # digests whose bytes the store holds
         # PoP -> its groups demoting or shedding when the wave started (onsets count from it)
         self._actions_at_wave: dict[str, frozenset[str]] = {}
         self._before: dict[str, PopWindow] = {}  # reached PoP -> its window before its wave
         self._unpublished: Unpublished | None = None  # recorded, its swap failed
+        # where a window of a node's stats taken after a time starts (the sink knows each
+        # node's flushes, `SinkStore.stats_after`; None: a source that does not, e.g.
+        # Prometheus): where a wave's own window starts (`own_starts`)
+        self._stats_after = stats_after
+        # (now, window) -> (PoP, group, tier) -> (requests, shed): the tiers' shed rate
+        self._sheds = sheds
+        # (version, wave start) and when each node of the wave was first seen applying it
+        self._acked_wave: tuple[str, int] | None = None
+        self._acked_at: dict[tuple[str, str], int] = {}
         self._gauges()
 
     # -- start-up --------------------------------------------------------------------------
@@ -284,9 +367,13 @@ class Rollouts:
         store): which PoP serves which version, made this replica's through the change
         transaction (saving nothing: the leader saved it). A new leader starts from it."""
         held = await asyncio.to_thread(restored, records, dict(self._versions), self._parse,
-                                       where)
+                                       where, self.clock())
         if held is None or (held.rollout == self.rollout and held.failed == self.failed):
             return
+        if held.renamed:
+            log.warning("the certificate files of %s read differently here than where they "
+                        "were saved: this replica serves what its own files hold", ", ".join(
+                            d[:16] for d in sorted(held.renamed)))
         async with self.lock:
             async with self.owner.change(save=False) as change:
                 change.desired(held.target.desired, serving=held.serving)
@@ -306,18 +393,66 @@ class Rollouts:
         now = self.clock()
         running = self.owner.intent
         versions = {**self._versions, new.digest: new}
-        if self.rollout is None:
-            last = running.desired
+        current = self.rollout
+        if current is not None and current.in_progress and not immediate \
+                and new.digest not in (current.to_version, current.from_version):
+            renewed = await asyncio.to_thread(renewal, versions[current.to_version].desired,
+                                              new.desired)
+            if renewed:  # the rollout goes on where it is (not superseded)
+                return await self._renew(change, current, new, renewed, versions, now, by)
+        last = running.desired if current is None else versions[last_passed(current)].desired
+        renewed = await asyncio.to_thread(renewal, last, new.desired)
+        if current is None:
             rollout, events = start(new.desired.rollout, last.digest, new.digest,
                                     new.desired.pop_names, last.pop_names, now,
-                                    immediate=immediate, by=by)
+                                    immediate=immediate, by=by, renewed=renewed)
         else:
-            last = versions[last_passed(self.rollout)].desired
-            _, rollout, events = supersede(self.rollout, new.desired.rollout, new.digest,
+            _, rollout, events = supersede(current, new.desired.rollout, new.digest,
                                            new.desired.pop_names, last.pop_names, now,
-                                           immediate=immediate, by=by)
+                                           immediate=immediate, by=by, renewed=renewed)
         captured = await self._capture(None, rollout, new.desired)
         return self._state(change, rollout, events, versions, self.failed, captured)
+
+    async def _renew(self, change: Change, rollout: Rollout, new: Version,
+                     renewed: tuple[str, ...], versions: dict[str, Version], now: int, by: str
+                     ) -> Begun:
+        """`new` renews the version `rollout` rolls out (`decide/rollout.py`, `renew`): the
+        last passed version is read again, with the renewed files, for the PoPs not reached."""
+        again = await asyncio.to_thread(_read_again, versions[rollout.from_version], self._parse)
+        if again is not None:
+            versions[again.digest] = versions.get(again.digest, again)
+        after, events = renew(rollout, new.desired.rollout, new.digest,
+                              None if again is None else again.digest, renewed, now, by)
+        return self._state(change, after, events, versions, self.failed, {})
+
+    async def settle(self) -> None:
+        """The store made to hold what this driver serves from (at start; with replicas, once
+        elected): with a rollout, its state under its versions' digests as read now (certificates
+        renewed while Ballast was down rename them: `Restored.renamed`); without one, the bytes of
+        the version served (`baseline`: a restart serves it, and a file edited while Ballast was
+        down rolls out from it). Nothing is written when the store holds that already; raises what
+        the change transaction raises."""
+        async with self.lock:
+            if not self._leading():
+                return
+            rollout = self.rollout
+            if rollout is not None:
+                if self._saved == {rollout.from_version, rollout.to_version} & set(self._versions):
+                    return
+                async with self.owner.change() as change:
+                    begun = self._state(change, rollout, (), self._versions, self.failed, {})
+                begun.done()
+                return
+            running = self._versions.get(self.owner.desired.digest)
+            if running is None or self._saved == {running.digest}:
+                return
+            records: list[StoreRecord] = [(VERSION_KIND, running.digest, running.stored())]
+            records += [(VERSION_KIND, digest, None) for digest in sorted(self._saved)
+                        if digest != running.digest]
+            async with self.owner.change() as change:
+                change.desired(running.desired)  # the same: nothing served changes
+                change.keep(records, [(VERSION_KIND, running.digest, None)])
+            self._saved = {running.digest}
 
     def refused(self, digest: str) -> str | None:
         """Why a version's bytes are not applied again (it failed its rollout), or None."""
@@ -377,8 +512,27 @@ class Rollouts:
         running = self.owner.intent
         others = [pop for pop in running.pop_names if pop not in wave]
         span = max(now - rollout.wave_started_ms, 1)
+        nodes = self.acks.nodes(sorted(wave))
         after = await self._window(now, span)
         onsets = self._onsets(running.tier_actions)
+        sheds = await self._shed_counts(now, span)
+        # each reached PoP's window starts at its nodes' first stats after they applied the
+        # change (`own_starts`); a PoP whose nodes have not flushed since has no window yet
+        starts = self.own_starts(rollout, nodes, now)
+        own: list[PopWindow] = []
+        by_start: dict[int, list[str]] = {}
+        for pop in sorted(wave):
+            start = starts.get(pop, rollout.wave_started_ms)
+            if start is None or start >= now:
+                own.append(PopWindow(pop, tier_action_onsets=onsets.get(pop, 0)))
+            else:
+                by_start.setdefault(start, []).append(pop)
+        for start, pops in sorted(by_start.items()):
+            signals = after if start == rollout.wave_started_ms else await self._window(
+                now, now - start)
+            counts = sheds if start == rollout.wave_started_ms else await self._shed_counts(
+                now, now - start)
+            own.extend(_windows(signals, pops, onsets, counts))
         # each reached PoP's own window before it got the new version: taken when its wave
         # started (the source may keep less than a rollout lasts), else read back now
         since: dict[int, list[str]] = {}
@@ -387,14 +541,46 @@ class Rollouts:
                              []).append(pop)
         before = [self._before[pop] for pop in sorted(wave) if pop in self._before]
         before += [window for at, pops in sorted(since.items())
-                   for window in _windows(await self._window(at, span), pops, {})]
+                   for window in _windows(await self._window(at, span), pops, {},
+                                          await self._shed_counts(at, span))]
         return GateInputs(
-            nodes=self.acks.nodes(sorted(wave)),
+            nodes=nodes,
             nacks=self.acks.nacks(rollout.started_ms),
-            after=_windows(after, sorted(wave), onsets),
-            peers=_windows(after, others, onsets),
+            after=tuple(sorted(own, key=lambda w: w.pop)),
+            peers=_windows(after, others, onsets, sheds),
             before=tuple(before),
         )
+
+    def own_starts(self, rollout: Rollout, nodes: Iterable[NodeAck], now: int
+                   ) -> dict[str, int | None]:
+        """Reached PoP -> where its window of the change's own traffic starts, the latest over
+        its nodes; None while one of them has not applied the version or not flushed since.
+        A node's ACK time is when its ACK arrived (its replica says; else when a look first saw
+        it applied, never earlier); its window starts just after its first stats flush after
+        that (both of the flush's
+        streams, `SinkStore.stats_after`): that flush closes the interval the ACK fell in, so
+        it still holds traffic served on the old version. Without per-node flush times
+        (Prometheus: counters scraped live, histograms as of the last flush), a flush interval
+        and a half after the ACK. PoPs without nodes are left out."""
+        key = (rollout.to_version, rollout.wave_started_ms)
+        if self._acked_wave != key:
+            self._acked_wave, self._acked_at = key, {}
+        flush = self._versions[rollout.to_version].desired.rollout.stats_flush_interval_ms
+        starts: dict[str, int | None] = {}
+        for node in nodes:
+            if node.acked != rollout.to_version:
+                starts[node.pop] = None
+                continue
+            at = self._acked_at.setdefault((node.pop, node.node), node.acked_ms or now)
+            if self._stats_after is None:
+                mine: int | None = at + flush + flush // 2
+            else:
+                mine = self._stats_after(node.node, node.pop, at, flush)
+            if node.pop in starts and starts[node.pop] is None:
+                continue
+            was = starts.get(node.pop)
+            starts[node.pop] = None if mine is None else max(mine, was or mine)
+        return starts
 
     # -- publishing --------------------------------------------------------------------------
 
@@ -434,12 +620,14 @@ class Rollouts:
         if not after.in_progress:
             return {}
         entering = sorted(reached(after) - (reached(before) if before is not None
-                                            and before.to_version == after.to_version
+                                            and _same_rollout(before, after)
                                             else frozenset()))
         if not entering:
             return {}
-        signals = await self._window(self.clock(), target.rollout.bake_ms)
-        return {window.pop: window for window in _windows(signals, entering, {})}
+        now = self.clock()
+        signals = await self._window(now, target.rollout.bake_ms)
+        counts = await self._shed_counts(now, target.rollout.bake_ms)
+        return {window.pop: window for window in _windows(signals, entering, {}, counts)}
 
     def _state(self, change: Change, rollout: Rollout, events: Iterable[RolloutEvent],
                versions: Mapping[str, Version], failed: Mapping[str, str],
@@ -468,8 +656,7 @@ class Rollouts:
             records.append((VERSION_KIND, digest, None))
             if digest in self._versions:
                 undo.append((VERSION_KIND, digest, self._versions[digest].stored()))
-        same = self.rollout is not None and self.rollout.to_version == rollout.to_version \
-            and self.rollout.started_ms == rollout.started_ms
+        same = self.rollout is not None and _same_rollout(self.rollout, rollout)
         baselines = {} if not rollout.in_progress else {
             **(self._before if same else {}), **captured}
         for pop in sorted(set(self._before) | set(baselines)):
@@ -503,6 +690,12 @@ class Rollouts:
             log.warning("metric source failed for the rollout's gates: %s", err)
             return {}
 
+    async def _shed_counts(self, now: int, span: int
+                           ) -> Mapping[tuple[str, str, str], tuple[int, int]]:
+        """(PoP, group, tier) -> (requests, shed) over (now - span, now]; empty without a
+        source of them (the shed readings are then absent: neither pass nor fail)."""
+        return {} if self._sheds is None else self._sheds(now, span)
+
     def _note_wave(self) -> None:
         """The groups with tier actions per PoP when the wave started (onsets count from)."""
         self._actions_at_wave = _active(self.owner.intent.tier_actions)
@@ -522,6 +715,22 @@ class Rollouts:
                                  self.owner.intent.versions())
 
 
+def _same_rollout(before: Rollout, after: Rollout) -> bool:
+    """Whether `after` goes on from `before` (a look, an action, a renewal: its versions may be
+    renewed), not a rollout that started since."""
+    return before.started_ms == after.started_ms and before.waves == after.waves
+
+
+def _read_again(version: Version,
+                parse: Callable[[bytes, str], Desired]) -> Version | None:
+    """`version`'s bytes read again (`parse`) with the files they name now; None when they no
+    longer validate with them."""
+    try:
+        return Version(parse(version.data, version.desired.source), version.data)
+    except DesiredStateError:
+        return None
+
+
 def rollout_draft(event: RolloutEvent) -> Draft:
     """A rollout event as the decision record the one recorder writes."""
     fields = event.record_fields()
@@ -539,15 +748,20 @@ def _active(tier_actions: Mapping[tuple[str, str], TierActions]) -> dict[str, fr
     return {pop: frozenset(groups) for pop, groups in active.items()}
 
 
-def _windows(signals: Signals, pops: Iterable[str], onsets: Mapping[str, int]
-             ) -> tuple[PopWindow, ...]:
-    """The signals of `pops` as the gates' windows."""
+def _windows(signals: Signals, pops: Iterable[str], onsets: Mapping[str, int],
+             sheds: Mapping[tuple[str, str, str], tuple[int, int]]) -> tuple[PopWindow, ...]:
+    """The signals of `pops` as the gates' windows, with each tier's shed counts."""
     by_pop: dict[str, list[tuple[str, str, Any]]] = {}
     for (pop, group), origins in signals.items():
         for origin, values in origins.items():
             by_pop.setdefault(pop, []).append((group, origin, values))
+    tiers: dict[str, list[tuple[str, str, TierShed]]] = {}
+    for (pop, group, tier), (requests, shed) in sheds.items():
+        if requests > 0:
+            tiers.setdefault(pop, []).append((group, tier, TierShed(requests, shed)))
     return tuple(PopWindow(pop, tuple(sorted(by_pop.get(pop, []), key=lambda o: o[:2])),
-                           (), onsets.get(pop, 0)) for pop in pops)
+                           tuple(sorted(tiers.get(pop, []), key=lambda t: t[:2])),
+                           onsets.get(pop, 0)) for pop in pops)
 
 
 

@@ -23,6 +23,7 @@ from control_plane.ads.limits import DEFAULT_LIMITS, AdsLimits
 from control_plane.ads.nodes import NodeRegistry
 from control_plane.ads.server import AdsServicer, plaintext_key_gate, server_options
 from control_plane.ads.snapshots import SnapshotCache
+from control_plane.ads.sweeper import ConnectionSweeper
 from control_plane.app.ads_observer import AdsObserver, Record
 from control_plane.app.config_acks import ConfigAcks, SharedAcks
 from control_plane.app.heap import free_later
@@ -120,6 +121,8 @@ class BallastServer:
                                lambda pop: self.intent.intent.desired_of(pop).digest,
                                replica=replica, peers=peer_acks)
         self.cache.add_listener(self.acks.touch)
+        # the port's connections: capped, and swept of those without a valid stream
+        self.connections = ConnectionSweeper(limits)
         self.ads = AdsServicer(
             self.cache, self.hub, self.nodes,
             callbacks=AdsObserver(record=record, metrics=metrics, nacked=self.acks.nacked,
@@ -128,6 +131,7 @@ class BallastServer:
             verify_peer=check_node_peer if tls is not None else None,
             identify=_certificate_or_address if tls is not None else None,
             key_gate=None if tls is not None else plaintext_key_gate(allow_plaintext_secrets),
+            vouch=self.connections.vouch,
         )
         self.grpc: grpc.aio.Server | None = None
         self.port = 0
@@ -155,14 +159,18 @@ class BallastServer:
         if self.port == 0:
             raise OSError(f"cannot listen on {self.xds_address}")
         await self.grpc.start()
+        if not self.xds_address.startswith("unix"):
+            self.connections.start(self.port)
         host = self.xds_address.rsplit(":", 1)[0]
-        log.info("serving xDS (ADS, SotW and delta) on %s:%d (%s)", host, self.port,
-                 "mTLS" if self.tls is not None else "plaintext")
+        log.info("serving xDS (ADS, SotW and delta) on %s:%d (%s), at most %d connections",
+                 host, self.port, "mTLS" if self.tls is not None else "plaintext",
+                 self.connections.rules.total)
 
     async def stop(self, grace: float = 1.0) -> None:
         """Refuse new streams, end open ones with UNAVAILABLE, then stop after `grace` s."""
         if self.grpc is None:
             return
         self.ads.close_streams()
+        await self.connections.stop()
         await self.grpc.stop(grace)
         log.info("xDS server stopped")

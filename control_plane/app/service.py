@@ -9,7 +9,13 @@ Start-up order matters and is the point of this module:
 3. translate every PoP's resources on a worker thread (Envoys reconnecting after a restart find
    them ready), then bind xDS (ADS + the metrics_service sink on the same port), then the admin
    API;
-4. start the reconcile loop, the active probes and the desired-state watcher; report ready.
+4. compare the desired-state file with what was served before the stop (a rollout the store
+   held, else the version whose bytes it kept): a file edited while Ballast was down is a new
+   change through the reload (`reloading.py`: rolled out per its `rollout:`, superseding a
+   stored rollout), recorded as such — before the port is bound, so reconnecting Envoys get
+   its first wave at once. With replicas the leader does it once elected (the file it reads);
+   a follower records that it leaves a differing file to the leader (`config_deferred`);
+5. start the reconcile loop, the active probes and the desired-state watcher; report ready.
 Each part is registered with what stops it as it starts (`runnables.py`: one exit stack), so
 a start-up that fails half-way and `stop` unwind the same way: newest first, ending with the
 decision log, the state store and the state directory's lock. Hot reloads are
@@ -27,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from control_plane.admin.api import AdminApi
 from control_plane.admin.auth import AdminAuth, AdminAuthError, TokenFile, check_bind
@@ -37,16 +43,22 @@ from control_plane.admin.decision_feed import DecisionFeed
 from control_plane.ads.limits import DEFAULT_LIMITS, AdsLimits
 from control_plane.app.config_acks import SharedAcks
 from control_plane.app.heap import release_heap, reload_heap, settle_heap
+from control_plane.app.load_reports import MetricSourceKind, host_load_reports, passive_source
 from control_plane.app.log_budget import limit_client_logs
 from control_plane.app.reconcile import Reconciler
 from control_plane.app.reload import DesiredFileWatcher
 from control_plane.app.reloading import DesiredReload, log_warnings
 from control_plane.app.replication import Replication
 from control_plane.app.rollout_control import ServiceRollouts
-from control_plane.app.rollouts import Restored, Rollouts, Version, restored
+from control_plane.app.rollouts import Restored, Rollouts, Version, baseline, restored
 from control_plane.app.runnables import Runnables
 from control_plane.app.server import BallastServer
-from control_plane.app.status import controller_states, not_ready_reason, service_status
+from control_plane.app.status import (
+    controller_states,
+    not_ready_reason,
+    origin_readings,
+    service_status,
+)
 from control_plane.decisions.budget import DEFAULT_BUDGET, BudgetConfig, RecordBudget
 from control_plane.decisions.log import DecisionLog, log_files
 from control_plane.decisions.read import FileSource
@@ -61,7 +73,7 @@ from control_plane.intent.replicated_store import ReplicatedStore
 from control_plane.intent.running import ramp_key, tier_key
 from control_plane.intent.sqlite_store import StateStore
 from control_plane.intent.state_dir_lock import StateDirLock
-from control_plane.intent.store import RAMP_KIND, StoredIntent
+from control_plane.intent.store import RAMP_KIND, VERSION_KIND, StoredIntent
 from control_plane.observe.access_log import (
     AccessLogStore,
     WithAttemptLatency,
@@ -70,6 +82,9 @@ from control_plane.observe.access_log import (
 )
 from control_plane.observe.certificates import CertificateStatus
 from control_plane.observe.combine import CombinedSource
+from control_plane.observe.fill_in import FilledIn, PassiveSource
+from control_plane.observe.load_reports import LoadReports
+from control_plane.observe.lrs_service import DEFAULT_INTERVAL_MS
 from control_plane.observe.probes import Prober, probe_targets
 from control_plane.observe.prometheus import PrometheusSource
 from control_plane.observe.sink import SinkStore, add_metrics_service
@@ -82,10 +97,12 @@ from control_plane.translate.resources import Capabilities
 
 log = logging.getLogger(__name__)
 
-MetricSourceKind = Literal["sink", "prometheus"]
 DIFF_LINES_IN_RECORD = 60
 PROBLEMS_IN_RECORD = 50
 MIN_FREE_BYTES = 1024 * 1024  # a reload must be able to save the state and record it
+# who asked, in the records of a change the file made while Ballast was down
+EDITED_WHILE_DOWN = "the file differs from what was served before the stop: edited while " \
+    "Ballast was down"
 
 
 @dataclass(frozen=True)
@@ -95,6 +112,8 @@ class ServiceConfig:
     xds_address: str = "127.0.0.1:18000"
     admin_address: str | None = "127.0.0.1:18001"
     metrics_source: MetricSourceKind = "sink"
+    lrs_interval_ms: int = DEFAULT_INTERVAL_MS  # how often clients send load reports
+    lrs_endpoint_granularity: bool = False  # load reports per endpoint, not only per locality
     prometheus_url: str | None = None
     probes: bool = True
     probe_interval_ms: int | None = None  # default: the groups' health_check interval
@@ -150,7 +169,8 @@ class BallastService:
         self.reconciler: Reconciler
         self.admin: AdminApi | None = None
         self.prober: Prober | None = None
-        self._passive: (SinkStore | PrometheusSource) | None = None
+        self._passive: PassiveSource | None = None
+        self.load_reports: LoadReports
         self.watcher: DesiredFileWatcher
 
     # -- start-up --------------------------------------------------------------------------
@@ -196,13 +216,16 @@ class BallastService:
             self.store = StateStore(config.state_dir, history=history)
             runnables.hold(self.store.close)
             stored = self.store.load()
-        # a rollout the store held resumes: each PoP serves what it served before the stop
-        running = Version(desired, self._desired_bytes)
-        held = restored(stored.records, {running.digest: running}, self.parse,
-                        self._store_where())
-        if held is not None:
-            running = held.target
-            desired = running.desired
+        # what was served before the stop, served again: a rollout the store held resumes
+        # (each PoP serves what it served), else the version whose bytes it kept; the file
+        # (read above) is compared with it once everything is built (`_apply_file`)
+        file = Version(desired, self._desired_bytes)
+        held = restored(stored.records, {file.digest: file}, self.parse,
+                        self._store_where(), wall_ms())
+        running = held.target if held is not None else baseline(
+            stored.records, stored.desired_digest, {file.digest: file}, self.parse,
+            self._store_where()) or file
+        desired = running.desired
         self.server = BallastServer(
             desired,
             xds_address=config.xds_address,
@@ -220,15 +243,17 @@ class BallastService:
         )
         await self._restore(stored)
         if stored.desired_digest != desired.digest:
+            before = stored.desired_digest
             self.recorder.record(
                 "config_applied",
                 config_version=desired.digest[:16],
-                rule="desired state loaded at start-up",
+                rule="desired state loaded at start-up" + (
+                    "" if before is None else f" on every PoP at once: the store kept no "
+                    f"bytes of the version served before the stop ({before[:16]}), so "
+                    "nothing rolls out from it"),
                 detail={"source": str(config.desired_path), "digest": desired.digest,
-                        "warnings": desired_warnings(desired)},
+                        "warnings": desired_warnings(desired), "stored_digest": before},
             )
-            if self.replication is None:  # replicas: the leader saves it with its next step
-                await self.server.intent.save_digest()
         source = self._metric_source(desired)
         self.reconciler = Reconciler(
             self.server.intent,
@@ -237,12 +262,20 @@ class BallastService:
             metrics=self.metrics,
             interval_ms=config.reconcile_interval_ms,
             seed=config.seed,
+            connected=self._connected_nodes,
+            reporting=self._passive.reporting_nodes
+            if isinstance(self._passive, SinkStore | LoadReports | FilledIn) else None,
+            source_kind=config.metrics_source,
         )
         leading = self._leading
         self.rollouts = Rollouts(
             self.server.intent, self.server.acks, source, self.recorder, running,
             metrics=self.metrics, leading=leading,
-            changed=self._follow_served, parse=self.parse)
+            changed=self._follow_served, parse=self.parse,
+            saved=stored.records.get(VERSION_KIND, {}),
+            stats_after=self._passive.stats_after if isinstance(self._passive, SinkStore)
+            else None,
+            sheds=self.access_logs.sheds)
         if held is not None:
             self._resume_rollout(held)
         self._follow_served()  # a rollout restored: PoPs on its previous version too
@@ -255,12 +288,14 @@ class BallastService:
             config.desired_path,
             self.reload.apply,
             poll=config.reload_poll_s,
-            # a file that differs from the version restored is a new change: it rolls out
-            current=running.data,
+            current=file.data,  # compared at start (`_apply_file`): only later edits count
             on_unreadable=self.reload.unreadable,
             on_error=self.reload.failed,
             also=lambda: watched_files(self.server.intent.intent.desired),
         )
+        if self.replication is None:  # replicas: the leader, once elected (`_elected`)
+            await self.rollouts.settle()
+            await self._apply_file(file)
         # every PoP translated for Envoy 1.40 (FIFO queue policies; with and without the access
         # log its --metrics-sink bootstrap asks for), off the loop and before the port is bound:
         # a reconnect storm finds its snapshots ready
@@ -276,6 +311,7 @@ class BallastService:
         else:  # the reconcile loop runs while this replica leads
             replication = self.replication
             await runnables.start(replication.start, replication.stop)
+            runnables.spawn(self._follower_file())
         runnables.spawn(self.rollouts.run(config.rollout_poll_ms))
         runnables.spawn(self._sync_decisions())
         self.watcher_task = runnables.spawn(self.watcher.run())
@@ -294,6 +330,36 @@ class BallastService:
         if config.freeze_heap:  # what start-up built lives as long as the server
             settle_heap()
             runnables.hold(release_heap)
+
+    async def _apply_file(self, file: Version) -> None:
+        """The desired-state file compared with the running intent (what the target is): a
+        file that differs is a new change, applied through the reload like an edit (its
+        `rollout:`, superseding a rollout in progress; a version that failed its rollout is
+        not applied again), its records saying it was made while Ballast was down."""
+        if file.digest != self.server.intent.desired.digest:
+            await self.reload.apply(file.data, by=EDITED_WHILE_DOWN)
+
+    async def _elected(self) -> None:
+        """This replica leads: the store made to hold what it serves from (`Rollouts.settle`),
+        then the file it reads applied (a file a follower left to the old leader, or one edited
+        on this host while it was down, rolls out now)."""
+        try:
+            await self.rollouts.settle()
+        except Exception:  # the lead stays: the next change saves it all
+            log.exception("saving the versions served after the election failed")
+        self.watcher.trigger()
+
+    async def _follower_file(self) -> None:
+        """A replica that started as a follower compares its file with what the replicas serve
+        once it knows who leads: a differing file is left to the leader, recorded
+        (`config_deferred`). The leader reads its own file when elected (`_elected`)."""
+        replication = self.replication
+        if replication is None:
+            return
+        await replication.election.campaigned.wait()
+        if replication.term is None:
+            await replication.read_leader()
+            self.watcher.trigger()
 
     def _leading(self) -> bool:
         """Whether this process saves what changes (replicas: while it leads)."""
@@ -324,9 +390,12 @@ class BallastService:
             rule=f"rollout of {rollout.to_version[:16]} from {rollout.from_version[:16]} "
             f"restored ({rollout.phase.replace('_', ' ')}, wave {rollout.wave + 1} of "
             f"{len(rollout.waves)}): each PoP serves what it served before the stop"
+            + ("" if not held.renamed else ", with the certificate files on disk now (renewed "
+               "while Ballast was down: " + ", ".join(f"{old[:16]} is {new[:16]}" for old, new
+                                                       in sorted(held.renamed.items())) + ")")
             + ("; it goes on from here" if rollout.in_progress else ""),
             detail={"rollout": rollout.to_dict(), "pop_versions": versions,
-                    "failed_versions": sorted(held.failed)},
+                    "failed_versions": sorted(held.failed), "renamed": held.renamed},
         )
 
     def _defaults_note(self) -> dict[str, str]:
@@ -392,10 +461,18 @@ class BallastService:
             acks=lambda: self.server.acks,
             # the leader applies the file it reads: read again once elected (a file a follower
             # left to the old leader, or one edited on this host only, rolls out now)
-            elected=lambda: self.watcher.trigger(),
+            elected=self._elected,
             info={"id": replica, "xds": config.xds_address, "admin": config.admin_address},
             metrics=self.metrics,
         )
+
+    def _connected_nodes(self) -> dict[str, dict[str, int]]:
+        """PoP -> node id -> since when (ms) it is connected to this replica (its metrics
+        should arrive)."""
+        reports = self.config.metrics_source.endswith("lrs")  # gRPC clients send nothing else
+        return {pop: {entry.node_id: round(entry.connected_since * 1000) for entry in entries
+                      if reports or not entry.capability_key.startswith("grpc")}
+                for pop, entries in self.server.nodes.by_pop().items()}
 
     def _store_where(self) -> str:
         return self.store.where if isinstance(self.store, ReplicatedStore) else str(
@@ -407,19 +484,25 @@ class BallastService:
         self.access_logs = AccessLogStore(desired=desired)
         access_logs = self.access_logs
         bound = config.tls is not None  # mTLS: what a node reports is bound to its cert
+        # a sink stream whose node passes the checks is a valid stream of its connection
+        vouch = self.server.connections.vouch
         self.server.add_service(lambda server: add_access_log_service(
-            server, access_logs, verify_peer=check_node_peer if bound else None))
-        passive: SinkStore | PrometheusSource
-        if config.metrics_source == "prometheus":
+            server, access_logs, verify_peer=check_node_peer if bound else None, vouch=vouch))
+        # the load-report server is hosted whatever the source is (gRPC clients report)
+        self.load_reports = host_load_reports(
+            self.server, desired, interval_ms=config.lrs_interval_ms,
+            endpoint_granularity=config.lrs_endpoint_granularity)
+        first: SinkStore | PrometheusSource | None = None
+        if config.metrics_source.startswith("prometheus"):
             if not config.prometheus_url:
                 raise ValueError("metrics source 'prometheus' needs a Prometheus URL")
-            passive = PrometheusSource(config.prometheus_url, desired=desired)
-        else:
-            sink = SinkStore(desired=desired)
+            first = PrometheusSource(config.prometheus_url, desired=desired)
+        elif config.metrics_source.startswith("sink"):
+            sink = first = SinkStore(desired=desired)
             self.server.add_service(lambda grpc_server: add_metrics_service(
                 grpc_server, sink, verify_peer=check_node_peer if bound else None,
-                peer_pop=peer_pop if bound else None))
-            passive = sink
+                peer_pop=peer_pop if bound else None, vouch=vouch))
+        passive = passive_source(config.metrics_source, first, self.load_reports)
         self._passive = passive  # host stats map to origins through the desired state
         # each origin's latency from the attempts it answered, where Envoys send access logs
         attributed = WithAttemptLatency(passive, access_logs)
@@ -458,8 +541,9 @@ class BallastService:
         dashboard = Dashboard(nodes=self.server.nodes, intent=self.server.intent, feed=feed,
                               state_dir=self.config.state_dir, clock=lambda: datetime.now(UTC),
                               controllers=lambda pop, group: controller_states(
-                                  self.server.intent, pop, group),
-                              rollout=rollouts.shown)
+                                  self.server.intent, pop, group,
+                                  self.reconciler.quiet_run(pop, group)),
+                              rollout=rollouts.shown, origins=lambda: origin_readings(self))
         self.admin = AdminApi(
             nodes=self.server.nodes,
             intent=self.server.intent,
@@ -494,6 +578,8 @@ class BallastService:
         self.reconciler.forget_missing(running)
         if self._passive is not None:
             self._passive.update_served(running.desired, running.serving)
+            if self._passive is not self.load_reports:
+                self.load_reports.update_served(running.desired, running.serving)
             self.access_logs.update_served(running.desired, running.serving)
         if self.prober is not None:
             self.prober.retarget(probe_targets(running.desired, running.serving))
@@ -547,6 +633,8 @@ class BallastService:
                 f"node {node} rejected {detail.get('type')} version {version}: "
                 f"{detail.get('message', '')}"
             )
+        elif kind == "capability_fallback" and str(detail.get("capabilities")).startswith("grpc"):
+            rule = f"gRPC client {node} not sent: {'; '.join(detail.get('notes') or [])}"
         elif kind == "capability_fallback":
             rule = f"node {node} lacks adaptive LIFO: FIFO sent"
         elif kind == "node_refused":

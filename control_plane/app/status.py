@@ -7,9 +7,10 @@ from typing import TYPE_CHECKING, Any
 
 from control_plane.decide import damping
 from control_plane.decide.rollout import timeline
+from control_plane.decide.runs import QuietRun
 from control_plane.intent.owner import IntentOwner
 from control_plane.observe.certificates import served_certificates
-from control_plane.observe.source import wall_ms
+from control_plane.observe.source import silent_fix, wall_ms
 
 if TYPE_CHECKING:
     from control_plane.app.service import BallastService
@@ -50,13 +51,62 @@ def service_status(service: BallastService) -> dict[str, Any]:
         "admin_auth": " or ".join(ways) or "none (loopback only)",
         "state_dir": str(config.state_dir),
         "metrics_source": config.metrics_source,
+        "load_reports": load_report_streams(service),
         "ready": not_ready_reason(service) == "",
         "certificates": service.prober.certificates_json() if service.prober else [],
         "served_certificates": [c.as_dict() for c in served_certificates(desired, wall_ms())],
         **({"replication": service.replication.status()} if service.replication else {}),
+        "metrics_silent": [
+            {"pop": pop, "nodes": list(nodes),
+             "fix": silent_fix(pop, nodes, config.metrics_source)}
+            for pop, nodes in sorted(service.reconciler.silent.items())],
         "pop_versions": pop_versions(service),
         "rollout": rollout_status(service),
+        "origins": origin_readings(service),
     }
+
+
+def origin_readings(service: BallastService) -> dict[str, dict[str, dict[str, Any]]]:
+    """PoP -> origin group -> what the reconcile loop's last tick of the pair read and scored
+    (`read_at_ms`), per origin: the weight in force, the requests of its window, the 5xx rate
+    (5xx and connect failures over all attempts, in percent), the p95 (ms) and the health score
+    (1 perfect, 0 dead, below 0 past five times a threshold: `decide/health.py`) with the
+    signal that limits it; None where the tick had no signal of the origin. Rounded as the
+    dashboard shows them. Empty on a replica that does not lead (the leader reconciles)."""
+    owner = service.server.intent
+    shown: dict[str, dict[str, dict[str, Any]]] = {}
+    for (pop, group), reading in sorted(service.reconciler.readings.items()):
+        if not owner.has_pop(pop):
+            continue
+        origins = {}
+        for origin, weight in owner.weights(pop, group).items():
+            signals, score = reading.signals.get(origin), reading.scores.get(origin)
+            origins[origin] = {
+                "weight": weight,
+                "requests": None if signals is None else signals.requests,
+                "error_rate_pct": None if signals is None else round(
+                    signals.error_rate * 100, 1),
+                "p95_ms": None if signals is None or signals.p95_ms is None else round(
+                    signals.p95_ms),
+                "score": None if score is None else round(score.composite, 2),
+                "limiting": None if score is None else score.limiting,
+            }
+        shown.setdefault(pop, {})[group] = {"read_at_ms": reading.at_ms, "origins": origins}
+    return shown
+
+
+LISTED_REPORTERS = 100  # load-report streams listed in /status (all are counted)
+
+
+def load_report_streams(service: BallastService) -> dict[str, Any]:
+    """The open load-report streams: how many per PoP, and the first `LISTED_REPORTERS` by
+    node id (node, PoP, reports, the newest one's time, clusters named, per endpoint)."""
+    reporters = sorted(service.load_reports.reporters(), key=lambda r: str(r["node"]))
+    per_pop: dict[str, int] = {}
+    for reporter in reporters:
+        per_pop[str(reporter["pop"])] = per_pop.get(str(reporter["pop"]), 0) + 1
+    return {"streams": len(reporters), "per_pop": per_pop,
+            "listed": reporters[:LISTED_REPORTERS]}
 
 
 def pop_versions(service: BallastService) -> dict[str, dict[str, Any]]:
@@ -77,14 +127,18 @@ def rollout_status(service: BallastService) -> dict[str, Any] | None:
             "failed_versions": dict(rollouts.failed)}
 
 
-def controller_states(owner: IntentOwner, pop: str, group: str
+def controller_states(owner: IntentOwner, pop: str, group: str, run: QuietRun | None = None
                       ) -> dict[str, dict[str, Any] | None]:
-    """The reconcile loop's state of one (PoP, group) beyond its weights (None: idle)."""
+    """The reconcile loop's state of one (PoP, group) beyond its weights (None: idle); `run`:
+    its quiet run now (a hold shows its reason and rule: "no_evidence", "fail_static", ...)."""
     tier = owner.tier_state((pop, group))
     ramp = owner.ramp_state((pop, group))
     flaps = owner.controller((pop, group)).flaps
     policy = owner.desired.group(group).failover
     return {
+        "Weight controller": None if run is None or run.kind != "hold" else {
+            "holding": run.reason, "since_ms": run.started_ms, "ticks": run.ticks,
+            "rule": run.last_rule},
         "Tier controller": None if tier.idle else tier.to_dict(),
         "Failover ramp": ramp.to_dict() if ramp.ramping else None,
         "Flap damping": damping.shown(flaps, policy, wall_ms()) if flaps else None,

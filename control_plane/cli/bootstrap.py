@@ -1,10 +1,15 @@
-"""`ballast bootstrap --pop NAME --node-id ID`: print a ready Envoy bootstrap fed by Ballast.
+"""`ballast bootstrap --pop NAME --node-id ID`: print a ready Envoy bootstrap fed by Ballast
+(`--grpc`: a proxyless gRPC client's, `translate/grpc_bootstrap.py`).
 
 ADS over gRPC (or delta with --delta) to Ballast at --xds, node locality zone = the PoP, admin on
 127.0.0.1. Templates live in `envoy/` (edge, sidecar). With --tls-cert/--tls-key/--tls-ca the
-connection to Ballast is mTLS (the node's certificate from `ballast certs`), the certificate read
-through file-based SDS: the command also writes that SDS file (--tls-sds-file, default next to the
-certificate), and Envoy re-reads the pair when `ballast certs --node` renews it in place.
+connection to Ballast is mTLS (the node's certificate from `ballast certs`), the certificate and
+the CA read through file-based SDS: the command also writes those two SDS files (--tls-sds-file,
+default next to the certificate; the CA's beside it as NAME.ca.sds.json), and Envoy re-reads
+them when a file is renamed into their directory. When the certificate's directory is a symbolic
+link, the SDS files go beside the link and its parent is watched: replacing the link (one
+rename) hands Envoy a new certificate, key and CA together (deploy/README.md, "Rotate
+certificates").
 """
 
 from __future__ import annotations
@@ -14,15 +19,26 @@ import json
 import os
 import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
 
-from control_plane.translate.bootstrap import XdsClientTls, ads_bootstrap, xds_client_sds
+from control_plane.translate.bootstrap import (
+    XdsClientTls,
+    ads_bootstrap,
+    xds_client_sds,
+    xds_server_ca_sds,
+)
 from control_plane.translate.bootstrap_templates import TEMPLATES
 from control_plane.translate.capabilities import ENVOY_RELEASES, NEWEST_RELEASE
+from control_plane.translate.grpc_bootstrap import grpc_bootstrap
 
-HELP = "print an Envoy bootstrap that streams its config from Ballast (ADS)"
+HELP = ("print an Envoy bootstrap that streams its config from Ballast (ADS), or with --grpc "
+        "a proxyless gRPC client's (GRPC_XDS_BOOTSTRAP)")
+# Envoy-only options, refused with --grpc (their defaults: not given)
+ENVOY_ONLY = ("delta", "metrics_sink", "all_stats", "stats_listener", "max_connections",
+              "load_reports", "tls_sds_file")
 NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
@@ -44,7 +60,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--admin-port", default="9901", metavar="N", help="Envoy admin port on 127.0.0.1"
     )
+    parser.add_argument("--grpc", action="store_true",
+                        help="a proxyless gRPC client's bootstrap (JSON, for GRPC_XDS_BOOTSTRAP): "
+                        "xDS to Ballast (its replicas as fallback), the PoP as locality zone; "
+                        "with --tls-* mTLS to Ballast (gRFC A65) and to TLS services' origins "
+                        "(certificate provider 'ballast', gRFC A29)")
     parser.add_argument("--delta", action="store_true", help="use delta (incremental) ADS")
+    parser.add_argument("--load-reports", action="store_true",
+                        help="send load reports (LRS) to Ballast: per-locality requests, "
+                        "errors and requests in flight (ballast serve --metrics-source lrs)")
     parser.add_argument(
         "--metrics-sink",
         action="store_true",
@@ -89,7 +113,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     tls.add_argument("--tls-sds-file", metavar="FILE",
                      help="where to write the file-based SDS file Envoy reads its certificate "
                      "through (watched: certificates renewed in place are used without a "
-                     "restart); default: next to --tls-cert, as NAME.sds.json")
+                     "restart); default: next to --tls-cert (next to its directory when that "
+                     "is a symbolic link), as NAME.sds.json; the CA's is NAME.ca.sds.json")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -106,6 +131,17 @@ def run(args: argparse.Namespace) -> int:
             )
         if not args.node_id.strip():
             raise BootstrapArgumentError("--node-id must not be empty")
+        if args.grpc:
+            envoy_only = [f"--{name.replace('_', '-')}" for name in ENVOY_ONLY
+                          if getattr(args, name) not in (None, False)]
+            if envoy_only:
+                raise BootstrapArgumentError(f"{', '.join(envoy_only)}: Envoy options, not "
+                                             "for --grpc")
+            tls = client_tls(args.tls_cert, args.tls_key, args.tls_ca)
+            print(json.dumps(grpc_bootstrap(
+                node_id=args.node_id, pop=args.pop, servers=[(host, port), *replicas],
+                tls=None if tls is None else replace(tls, sds_file=None)), indent=2))
+            return 0
         tls = client_tls(args.tls_cert, args.tls_key, args.tls_ca, args.tls_sds_file)
         stats = None
         if args.stats_listener is not None:
@@ -117,14 +153,16 @@ def run(args: argparse.Namespace) -> int:
     except BootstrapArgumentError as err:
         print(f"ballast bootstrap: {err}", file=sys.stderr)
         return 2
-    if tls is not None and tls.sds_file is not None:
-        try:
-            write_atomically(Path(tls.sds_file), json.dumps(xds_client_sds(tls), indent=2))
-        except OSError as err:
-            print(f"ballast bootstrap: cannot write {tls.sds_file}: {err}", file=sys.stderr)
-            return 1
-        print(f"ballast bootstrap: wrote {tls.sds_file} (Envoy's xDS client certificate, "
-              "file-based SDS)", file=sys.stderr)
+    if tls is not None and tls.sds_file is not None and tls.ca_sds_file is not None:
+        for path, content, what in (
+                (tls.sds_file, xds_client_sds(tls), "Envoy's xDS client certificate"),
+                (tls.ca_sds_file, xds_server_ca_sds(tls), "the CA of Ballast's certificate")):
+            try:
+                write_atomically(Path(path), json.dumps(content, indent=2))
+            except OSError as err:
+                print(f"ballast bootstrap: cannot write {path}: {err}", file=sys.stderr)
+                return 1
+            print(f"ballast bootstrap: wrote {path} ({what}, file-based SDS)", file=sys.stderr)
     bootstrap = ads_bootstrap(
         node_id=args.node_id,
         pop=args.pop,
@@ -140,6 +178,7 @@ def run(args: argparse.Namespace) -> int:
         xds_replicas=replicas,
         max_connections=args.max_connections,
         stats_listener=stats,
+        load_reports=args.load_reports,
     )
     if args.format == "json":
         print(json.dumps(bootstrap, indent=2))
@@ -150,8 +189,9 @@ def run(args: argparse.Namespace) -> int:
 
 def client_tls(cert: str | None, key: str | None, ca: str | None,
                sds_file: str | None = None) -> XdsClientTls | None:
-    """The node's mTLS files; its certificate through file-based SDS at `sds_file` (default:
-    `<cert without suffix>.sds.json`)."""
+    """The node's mTLS files; its certificate and the CA through file-based SDS at `sds_file`
+    (default: `<cert without suffix>.sds.json`, beside the certificate's directory when that is
+    a symbolic link)."""
     given = [name for name, value in (("--tls-cert", cert), ("--tls-key", key),
                                       ("--tls-ca", ca)) if value]
     if not given:
@@ -162,9 +202,18 @@ def client_tls(cert: str | None, key: str | None, ca: str | None,
     if Path(cert).parent.absolute() != Path(key).parent.absolute():
         raise BootstrapArgumentError("--tls-cert and --tls-key must be in one directory (Envoy "
                                      "watches it to re-read them together)")
-    sds = Path(sds_file) if sds_file else Path(cert).with_suffix(".sds.json")
-    return XdsClientTls(cert=str(Path(cert).absolute()), key=str(Path(key).absolute()),
-                        ca=str(Path(ca).absolute()), sds_file=str(sds.absolute()))
+    cert_path = Path(cert).absolute()
+    watch = watched_directory(cert_path)
+    sds = Path(sds_file).absolute() if sds_file else watch / f"{cert_path.stem}.sds.json"
+    return XdsClientTls(cert=str(cert_path), key=str(Path(key).absolute()),
+                        ca=str(Path(ca).absolute()), sds_file=str(sds), watch_dir=str(watch),
+                        ca_watch_dir=str(watched_directory(Path(ca).absolute())))
+
+
+def watched_directory(path: Path) -> Path:
+    """Where a rename means Envoy should read `path` again: its directory, or the directory
+    holding that directory when it is a symbolic link (a link replaced is a rename there)."""
+    return path.parent.parent if path.parent.is_symlink() else path.parent
 
 
 def write_atomically(path: Path, text: str) -> None:

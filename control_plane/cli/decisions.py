@@ -127,10 +127,7 @@ def _weights(record: Record) -> str:
     for name in names:
         old, new = before.get(name), after.get(name)
         parts.append(f"{name} {old}→{new}" if old != new else f"{name} {new}")
-    proposed = (record.get("detail") or {}).get("proposed")
-    if proposed:  # a proposal a later step of the tick changed: never shown as the weights
-        parts.append("proposed " + " ".join(f"{name} {value}" for name, value in proposed.items())
-                     + ", not pushed")
+    # what was pushed only: a proposal a later step of the tick changed is in the rule
     return ", ".join(parts)
 
 
@@ -149,46 +146,52 @@ def _row(record: Record) -> tuple[str, ...]:
     ))
 
 
-def _widths(rows: list[tuple[str, ...]]) -> list[int]:
-    return [max(len(row[i]) for row in rows) for i in range(len(HEADER) - 1)]
+# the narrowest each column but the rule starts (a followed table keeps its columns where a
+# new PoP, group or weight change would otherwise shift every later column): the time is
+# fixed, every kind fits, a weight change of two origins fits
+MIN_WIDTHS = (23, 5, max(map(len, KINDS)), 5, 7, 34)
 
 
-def _table(rows: list[tuple[str, ...]], widths: list[int]) -> str:
-    return "\n".join(
-        "  ".join([*(cell.ljust(w) for cell, w in zip(row, widths, strict=False)), row[-1]])
-        for row in rows
-    )
+class Columns:
+    """The table's column widths, kept from the first rows to the last one followed: as wide
+    as the rows printed so far needed (at least `MIN_WIDTHS`), never narrower, so rows printed
+    one at a time (`--follow`) line up with those before them."""
+
+    def __init__(self) -> None:
+        self.widths = [max(len(h), w) for h, w in zip(HEADER[:-1], MIN_WIDTHS, strict=True)]
+
+    def lines(self, rows: list[tuple[str, ...]]) -> str:
+        """`rows` padded to the widths, widened first where a cell of them needs it."""
+        for row in rows:
+            self.widths = [max(w, len(cell)) for w, cell in zip(self.widths, row, strict=False)]
+        return "\n".join(
+            "  ".join([*(cell.ljust(w) for cell, w in zip(row, self.widths, strict=False)),
+                       row[-1]])
+            for row in rows
+        )
 
 
-def _print_all(records: Iterator[Record], as_json: bool) -> int | None:
-    """Print records as they stream in, a batch at a time (the table's columns are as wide as
-    the first batch needs); the last seq printed, None when there were none."""
+def _print_all(records: Iterator[Record], as_json: bool, columns: Columns) -> int | None:
+    """Print records as they stream in, a batch at a time, under a header (`columns` keeps the
+    widths); the last seq printed, None when there were none."""
     last: int | None = None
-    widths: list[int] | None = None
     while batch := list(itertools.islice(records, TABLE_BATCH)):
+        rows = [HEADER] if last is None else []
         last = int(batch[-1]["seq"])
         if as_json:
-            _emit(batch, True, header=False)
+            _emit(batch, True, columns)
             continue
-        rows = [_row(record) for record in batch]
-        if widths is None:
-            rows.insert(0, HEADER)
-            widths = _widths(rows)
-        print(_table(rows, widths))
+        print(columns.lines([*rows, *map(_row, batch)]))
         sys.stdout.flush()
     return last
 
 
-def _emit(records: list[Record], as_json: bool, header: bool) -> None:
+def _emit(records: list[Record], as_json: bool, columns: Columns) -> None:
     if as_json:
         for record in records:
             print(json.dumps(record, separators=(",", ":")))
-    elif header:
-        rows = [HEADER, *map(_row, records)]
-        print(_table(rows, _widths(rows)))
     else:
-        for record in records:
-            print("  ".join(_row(record)))
+        print(columns.lines([_row(record) for record in records]))
     sys.stdout.flush()
 
 
@@ -211,8 +214,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"ballast decisions: --since: {err}", file=sys.stderr)
         return 2
     query = Query(pop=args.pop, group=args.group, kinds=kinds, since=since, limit=args.limit)
+    columns = Columns()
     try:
-        last = _print_all(source.records(query), args.json)
+        last = _print_all(source.records(query), args.json, columns)
         if last is None and not args.follow:
             unknown = _unknown(source, args.pop, args.group)
             if unknown:
@@ -221,10 +225,12 @@ def run(args: argparse.Namespace) -> int:
             print(f"no decisions in {source} matching the filters")
         if args.follow:
             after = last or 0
+            if last is None and not args.json:  # the followed rows get the header
+                print(columns.lines([HEADER]))
             stream = source.follow(Query(args.pop, args.group, kinds, since), after,
                                    args.interval, stop=lambda: False)
             for record in stream:
-                _emit([record], args.json, header=False)
+                _emit([record], args.json, columns)
     except AdminError as err:
         print(f"ballast decisions: {err}", file=sys.stderr)
         return 1

@@ -12,6 +12,7 @@ import sys
 from types import ModuleType
 
 COMMANDS: dict[str, str] = {
+    "init": "control_plane.cli.init",
     "validate": "control_plane.cli.validate",
     "render": "control_plane.cli.render",
     "bootstrap": "control_plane.cli.bootstrap",

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NoReturn
 
 from control_plane.admin.capability_keys import capabilities_for_key
@@ -33,7 +33,7 @@ from control_plane.cli.translate_options import (
     load_or_report,
     release_capabilities,
 )
-from control_plane.decide.rollout import plan_waves
+from control_plane.decide.rollout import plan_waves, renewal
 from control_plane.desired import Desired
 from control_plane.desired.model import RolloutPolicy
 from control_plane.intent.carry_over import carry_over
@@ -124,7 +124,10 @@ def run(args: argparse.Namespace) -> int:
     except (PlanError, AdminError) as err:
         print(f"ballast plan: {err}", file=sys.stderr)
         return ERROR
-    waves = rollout_plan(new.rollout, new.pop_names, old_pops, plans)
+    # a renewal alone (known when the file is compared with another file; the server decides
+    # it against the version it serves)
+    renewed = renewal(old, new) if args.against is not None else ()
+    waves = rollout_plan(new.rollout, new.pop_names, old_pops, plans, renewed)
     print(report(args.file, source, plans, waves))
     return CHANGES if any(plan.changes for plan in plans) else NO_CHANGES
 
@@ -197,15 +200,21 @@ def _render(desired: Desired, pop: str, caps: Capabilities, intent: PopIntent | 
 
 
 def rollout_plan(policy: RolloutPolicy, pops: Sequence[str], old_pops: Sequence[str],
-                 plans: Sequence[PopPlan]) -> dict[str, Any]:
+                 plans: Sequence[PopPlan], renewed: Sequence[str] = ()) -> dict[str, Any]:
     """The waves applying the file would go through (`decide/rollout.py`'s `plan_waves`, the
-    new file's `rollout:` policy) and what each PoP gets in its wave; JSON-ready."""
-    waves = plan_waves(policy, pops, old_pops)
-    immediate = policy.strategy == "immediate"
+    new file's `rollout:` policy; `renewed`: the certificates it renews when that is all it
+    changes, at once under `renewals: immediate`) and what each PoP gets in its wave;
+    JSON-ready."""
+    immediate = policy.strategy == "immediate" or (
+        bool(renewed) and policy.renewals == "immediate")
+    waves = plan_waves(replace(policy, strategy="immediate") if immediate else policy, pops,
+                       old_pops)
     planned = {plan.pop: plan for plan in plans}
     gates = policy.gates
     return {
         "strategy": policy.strategy,
+        "at_once": immediate,
+        "renewed": list(renewed),
         "bake_ms": 0 if immediate else policy.bake_ms,
         "gates": None if immediate else {
             "ack_timeout_ms": gates.ack_timeout_ms,
@@ -250,6 +259,10 @@ def rollout_lines(rollout: dict[str, Any]) -> list[str]:
     waves = rollout["waves"]
     if rollout["strategy"] == "immediate":
         head = "Rollout: every PoP at once (rollout strategy immediate: no bake, no gate)"
+    elif rollout["at_once"]:
+        head = (f"Rollout: every PoP at once (a renewal of certificate(s) "
+                f"{', '.join(rollout['renewed'])} alone: rollout.renewals immediate, no bake, "
+                "no gate)")
     else:
         gates = rollout["gates"]
         head = (f"Rollout: {len(waves)} wave(s), each baked {_duration(rollout['bake_ms'])}, "
@@ -269,7 +282,7 @@ def rollout_lines(rollout: dict[str, Any]) -> list[str]:
         lines.append(f"  wave {wave['wave']}{name}: {when}")
         lines.extend(f"    {pop['pop']}: {pop['gets']} ({pop['changes']})"
                      for pop in wave["pops"])
-    if rollout["strategy"] != "immediate":
+    if not rollout["at_once"]:
         lines.append(f"  passes at the earliest {_duration(rollout['passes_after_ms'])} "
                      "after wave 1; PoPs not yet in a wave keep the running version")
     return lines

@@ -12,6 +12,11 @@ metrics, shipped with the package). Two jobs:
   (read-only: `/metrics` and nothing else; `ballast certs --admin-token` writes it as
   `scrape.token`, replicas take it with `--admin-scrape-token-file`) and the CA that signed the
   replicas' certificate; the alert rules are on these series.
+
+With `--alertmanager` the rules' alerts go to those Alertmanagers (`alerting:`); without, they
+only show in Prometheus, and the command says so. File paths in the configuration are absolute
+(Prometheus would take a relative one from the configuration's own directory). A file already
+in DIR with other contents is left alone unless --force (`files_out`).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -26,7 +32,7 @@ from typing import Any
 import yaml
 
 from control_plane.cli.bootstrap import BootstrapArgumentError, parse_host_port
-from control_plane.security.cert_dir import write_atomic
+from control_plane.cli.files_out import OutFile, write_files
 
 HELP = "write the scrape configuration and alert rules of a central Prometheus"
 POP = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -71,10 +77,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scrape-interval", type=_interval, default="5s",
                         help="how often Envoys and replicas are scraped (default 5s; the "
                         "leader's signals are at most this old)")
+    parser.add_argument("--alertmanager", action="append", type=_address, default=[],
+                        metavar="HOST:PORT", help="an Alertmanager the alerts go to; repeat")
+    parser.add_argument("--force", action="store_true",
+                        help="replace prometheus.yml or the rules file when they differ")
 
 
 def prometheus_config(edges: list[tuple[str, str]], replicas: list[str], *, ca: Path | None,
-                      token_file: Path | None, rules: Path, interval: str) -> dict[str, Any]:
+                      token_file: Path | None, rules: Path, interval: str,
+                      alertmanagers: Sequence[str] = ()) -> dict[str, Any]:
     by_pop: dict[str, list[str]] = {}
     for pop, address in edges:
         by_pop.setdefault(pop, []).append(address)
@@ -93,11 +104,15 @@ def prometheus_config(edges: list[tuple[str, str]], replicas: list[str], *, ca: 
         if token_file is not None:
             ballast["authorization"] = {"type": "Bearer", "credentials_file": str(token_file)}
         jobs.append(ballast)
-    return {
+    config: dict[str, Any] = {
         "global": {"scrape_interval": interval, "evaluation_interval": interval},
         "rule_files": [str(rules)],
         "scrape_configs": jobs,
     }
+    if alertmanagers:
+        targets = [{"targets": list(alertmanagers)}]
+        config["alerting"] = {"alertmanagers": [{"static_configs": targets}]}
+    return config
 
 
 def run(args: argparse.Namespace) -> int:
@@ -105,16 +120,18 @@ def run(args: argparse.Namespace) -> int:
         print("ballast prometheus-config: give --edge and/or --ballast targets", file=sys.stderr)
         return 2
     rules = args.dir.absolute() / RULES
-    config = prometheus_config(args.edge, args.ballast, ca=args.ca, token_file=args.token_file,
-                               rules=rules, interval=args.scrape_interval)
+    config = prometheus_config(
+        args.edge, args.ballast, ca=args.ca and args.ca.absolute(),
+        token_file=args.token_file and args.token_file.absolute(), rules=rules,
+        interval=args.scrape_interval, alertmanagers=args.alertmanager)
     text = resources.files("control_plane.own_metrics").joinpath(RULES).read_bytes()
-    try:
-        write_atomic(rules, text, 0o644)
-        write_atomic(args.dir / "prometheus.yml",
-                   ("# written by `ballast prometheus-config`\n"
-                    + yaml.safe_dump(config, sort_keys=False)).encode(), 0o644)
-    except OSError as err:
-        print(f"ballast prometheus-config: {err}", file=sys.stderr)
-        return 1
-    print(f"wrote {args.dir / 'prometheus.yml'} and {rules}")
-    return 0
+    done = write_files("ballast prometheus-config", [
+        OutFile(rules, text),
+        OutFile(args.dir.absolute() / "prometheus.yml",
+                ("# written by `ballast prometheus-config`\n"
+                 + yaml.safe_dump(config, sort_keys=False)).encode()),
+    ], force=args.force)
+    if done == 0 and not args.alertmanager:
+        print("ballast prometheus-config: no --alertmanager: the alert rules fire in "
+              "Prometheus but notify nobody", file=sys.stderr)
+    return done

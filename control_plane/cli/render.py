@@ -1,4 +1,5 @@
-"""`ballast render FILE --pop NAME`: print exactly what a PoP's Envoys will get, as JSON."""
+"""`ballast render FILE --pop NAME`: print exactly what a PoP's Envoys (or, with --grpc-client,
+its proxyless gRPC clients) will get, as JSON."""
 
 from __future__ import annotations
 
@@ -24,8 +25,10 @@ from control_plane.translate import (
     render_json,
     translate_pop,
 )
+from control_plane.translate.grpc_capabilities import FEATURES
+from control_plane.translate.resources import Capabilities
 
-HELP = "print a PoP's Envoy resources (protobuf JSON mapping)"
+HELP = "print a PoP's Envoy (or gRPC client) resources (protobuf JSON mapping)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,7 +46,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     target.add_argument(
         "--extensions-from-node",
         metavar="FILE",
-        help="render for the extensions of this Envoy node (protobuf JSON of a Node)",
+        help="render for the extensions of this Envoy node (protobuf JSON of a Node; a gRPC "
+        "client's node: what that client's release gets)",
+    )
+    target.add_argument(
+        "--grpc-client", action="store_true",
+        help="render what a proxyless gRPC client of a current release gets: the gRPC services",
     )
     parser.add_argument(
         "--weights",
@@ -61,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
         caps = (
             node_capabilities(args.extensions_from_node)
             if args.extensions_from_node
+            else Capabilities(grpc=frozenset(FEATURES)) if args.grpc_client
             else release_capabilities(args.envoy_version)
         )
         weights = parse_weights(args.weights) if args.weights else {}

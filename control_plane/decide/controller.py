@@ -6,6 +6,9 @@ to replay it (``replay_record``). The rules, with seed 002's numbers as defaults
 
 1. **Fail static.** No signals, an origin without signals, or a newest sample older than
    ``stale_after_ms``: the weights and the streaks are held and the reason is given.
+   **No evidence.** Signals, but no origin's window is conclusive (``decide/evidence.py``
+   ``no_evidence``: too few attempts and latency observations everywhere, even none at all):
+   a hold of its own (``no_evidence``), weights and streaks held, never "steady".
 2. **Streaks.** A window *breaches* when 5xx + connect failures > ``error_rate_threshold`` or
    p95 > ``p95_threshold_ms`` with enough evidence (``decide/evidence.py``: ``min_samples`` and
    a confidence bound); it is *healthy* when it has enough samples, does not breach and
@@ -46,7 +49,7 @@ from typing import Any, Literal
 
 from control_plane.decide import damping
 from control_plane.decide.damping import Flap
-from control_plane.decide.evidence import WindowEvidence, judge
+from control_plane.decide.evidence import WindowEvidence, judge, no_evidence
 from control_plane.decide.health import HealthScore, score_origin
 from control_plane.decide.inputs import LazyInputs
 from control_plane.decide.signals import GroupSignals, OriginSignals
@@ -120,11 +123,14 @@ class StepResult:
     state: ControllerState  # the new state
     inputs: LazyInputs  # signals, scores, jitter, time, preference, state before (JSON-ready)
     # why the weights did not move, for runs of quiet ticks (`decide/runs.py`): "fail_static",
-    # "sick_held" (at its target or warm pool), "nowhere_better" (no origin better by the
-    # margin), "return_wait" or "steady"; the kind itself when they moved
+    # "no_evidence", "sick_held" (at its target or warm pool), "nowhere_better" (no origin
+    # better by the margin), "return_wait" or "steady"; the kind itself when they moved
     reason: str = ""
     # origin -> its flap penalty now and whether it is suppressed (origins that flapped only)
     damping: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # the PoP's connected nodes the metric source heard nothing from, when the shell names them
+    # as the cause of a hold (`app/reconcile.py`): a run of holds changes with them
+    silent: tuple[str, ...] = ()
 
     @property
     def changed(self) -> bool:
@@ -136,22 +142,31 @@ class StepResult:
 
         ``pushed``: the weights the tick gives Envoy when a later step of the tick (the standby
         ramp) changed this step's proposal; the record's ``weights_after`` is then ``pushed``,
-        and ``detail`` says what was proposed (``proposed``) and why it changed
-        (``changed_by``): a record never shows weights that were not pushed.
+        its rule starts with what was pushed and which step changed the proposal, and
+        ``detail`` says what was proposed (``proposed``) and why it changed (``changed_by``):
+        a record never shows, or reads as, weights that were not pushed.
         """
         detail: dict[str, Any] = {"next": self.next, "state": self.state.to_dict()}
         if self.damping:
             detail["damping"] = self.damping
         after = dict(self.weights_after)
+        rule = self.rule
         if pushed is not None and dict(pushed) != after:
             detail["proposed"] = after
             detail["changed_by"] = changed_by
+            moves = ", ".join(f"{name} {self.weights_before[name]}→{weight}"
+                              for name, weight in pushed.items()
+                              if weight != self.weights_before.get(name))
+            proposal = ", ".join(f"{name} {weight}" for name, weight in after.items())
+            step = changed_by.partition(":")[0] or "a later step of the tick"
+            rule = (f"pushed {moves or 'no change'} ({step} changed the controller's proposal "
+                    f"{proposal}, which was not pushed); the controller's step: {self.rule}")
             after = dict(pushed)
         return {
             "weights_before": dict(self.weights_before),
             "weights_after": after,
             "inputs": self.inputs.json(),
-            "rule": self.rule,
+            "rule": rule,
             "detail": detail,
         }
 
@@ -504,6 +519,23 @@ def step(
         )
     scores = {name: score_origin(signals[name], policy) for name in preference}
     evidence = {name: judge(signals[name], policy) for name in preference}
+    if no_evidence(evidence):
+        return StepResult(
+            kind="hold",
+            rule="no evidence: no origin has a conclusive window ("
+                 + "; ".join(f"{name}: {', '.join(evidence[name].notes)}"
+                             for name in preference) + "); weights and streaks held",
+            next=f"weights move once an origin's window holds {policy.min_samples} attempts "
+                 "(probes filling in) and as many latency observations",
+            weights_before=before,
+            weights_after=dict(before),
+            scores=scores,
+            state=state,
+            inputs=LazyInputs(_inputs_json, now_ms, jitter, preference, home, state, signals,
+                              scores, evidence),
+            reason="no_evidence",
+            damping=damping.shown(state.flaps, policy, now_ms),
+        )
     breaches = {name: evidence[name].breaches for name in preference}
     # streaks count up to the thresholds that read them (one past, for the breach, so a rule
     # can say "more than N"), then stay: a pair that stays healthy or sick changes no state

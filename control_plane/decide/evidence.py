@@ -18,17 +18,42 @@ window: one 5xx is 17 %, one slow request is the p95. So a window is judged on i
   true p95 lies above with ~97.5 % confidence, ``quantile_lower_rank``) above it too: the p95
   is backed by several samples over the threshold, not one (at n = 10, three).
 
+- **abandoned attempts**: attempts the origin started and never finished (``abandoned``: no
+  answer, no failure) because another attempt of the request won (a hedge after
+  ``hedge_delay``) or the client went away. Envoy resets them: they count in the host's
+  ``rq_total`` only, with no ``rq_success``, no ``rq_error`` and no latency sample, so a
+  hedged tier hides an origin that answers too late however badly it answers (measured on
+  Envoy 1.40: a primary 200 ms slow and 40 % 5xx behind a 50 ms hedge showed 1 % errors and no
+  latency sample). Envoy's own outlier detection counts the per-try timeout that starts a hedge
+  as a timeout of that host; here n = the attempts the origin started, k = the abandoned ones,
+  and the window *breaches* with n >= ``min_samples`` and the Wilson lower bound of k / n above
+  ``abandon_threshold`` (10 %: ordinary hedging, an origin's tail beyond the hedge delay, loses
+  a few percent of its attempts and stays well below; docs/benchmarks.md has the measured
+  shares). An origin with abandoned attempts of which none of its started attempts (at least
+  ``NONE_COMPLETED_MIN``) succeeded breaches whatever ``min_samples`` says: it answered
+  nothing, it is not inconclusive.
+
 The window's verdict is ``breach`` when any signal breaches with evidence; otherwise
 ``inconclusive`` when either signal lacks samples (it neither breaches nor counts as healthy:
 the controller keeps both streaks as they were); otherwise ``healthy`` when the point estimates
-are within the thresholds and p50 < ``return_p50_ms``, else ``neither`` (enough samples, no
-breach, not healthy: e.g. one 5xx in 20, or p50 over the return bar).
+(the abandoned share included) are within the thresholds and p50 < ``return_p50_ms``, else
+``neither`` (enough samples, no breach, not healthy: e.g. one 5xx in 20, or p50 over the return
+bar).
+
+**No evidence** (``no_evidence``): a window in which no origin of the group has a conclusive
+verdict (every one inconclusive, even with no request at all while Envoys report) says nothing
+about the group: the controller holds with its own rule, never "steady: within thresholds".
+
+The same rules hold for every metric source (Envoy's sinks, Prometheus, a load-report source):
+a source fills ``OriginSignals.requests`` with the attempts started, ``errors_5xx`` with the
+failed ones, ``abandoned`` with ``abandoned_attempts(started, succeeded, failed)``; the judging
+is here only.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -36,6 +61,9 @@ from control_plane.decide.signals import OriginSignals
 from control_plane.desired.model import FailoverPolicy
 
 Z = 1.96  # 95 % two-sided: the confidence of every bound here
+# started attempts of a window that, all unfinished, make a breach without min_samples: one
+# attempt still in flight when the window closed is not an origin that answers nothing
+NONE_COMPLETED_MIN = 2
 Verdict = Literal["breach", "healthy", "neither", "inconclusive"]
 VERDICTS: tuple[str, ...] = ("breach", "healthy", "neither", "inconclusive")
 
@@ -84,6 +112,17 @@ class WindowEvidence:
                 "latency_samples": self.latency_samples}
 
 
+def abandoned_attempts(started: float, succeeded: float, failed: float,
+                       in_flight_change: float = 0.0) -> int:
+    """Attempts of a window that an origin started and never finished: ``started`` minus the
+    ``succeeded`` and ``failed`` ones (increases over the window, any unit), less the growth
+    of the attempts in flight where the source knows it (``in_flight_change``: a load report's
+    ``total_requests_in_progress`` at the end minus at the start). Never negative. For Envoy's
+    per-host counters: ``rq_total - rq_success - (rq_error - cx_connect_fail)`` (a connect
+    failure is an ``rq_error`` without ``rq_total``)."""
+    return max(0, round(started - succeeded - failed - in_flight_change))
+
+
 def latency_samples(signals: OriginSignals) -> int:
     """How many observations the quantiles come from (the completed requests when the source
     did not say); 0 without quantiles."""
@@ -98,7 +137,9 @@ def error_counts(signals: OriginSignals, min_samples: int) -> tuple[int, int]:
     """(failed, total) behind a window's error verdict: the attempts the origin served, with
     the window's active probes filling in when the attempts are fewer than `min_samples`."""
     total = signals.requests + signals.connect_failures
-    failed = signals.errors_5xx + signals.connect_failures
+    # counters read apart (a 5xx counter and a request counter of different flushes) can
+    # disagree: a rate is never above 100 %
+    failed = min(signals.errors_5xx + signals.connect_failures, total)
     if total < min_samples and signals.probes and signals.probe_success is not None:
         total += signals.probes
         failed += round((1 - signals.probe_success) * signals.probes)
@@ -142,14 +183,58 @@ def judge(signals: OriginSignals, policy: FailoverPolicy) -> WindowEvidence:
                          f"{low_ms:.0f} ms is not: too few slow samples")
     elif not latency_known:
         notes.append(f"latency: {counted} samples < min_samples {need}")
+    abandoned_ok = _abandoned(signals, policy, breaches, notes)
     if breaches:
         verdict: Verdict = "breach"
     elif not (errors_known and latency_known):
         verdict = "inconclusive"
-    elif (rate <= policy.error_rate_threshold and p95 is not None
+    elif (rate <= policy.error_rate_threshold and abandoned_ok and p95 is not None
           and p95 <= policy.p95_threshold_ms and signals.p50_ms is not None
           and signals.p50_ms < policy.return_p50_ms):
         verdict = "healthy"
     else:
         verdict = "neither"
     return WindowEvidence(verdict, tuple(breaches), tuple(notes), total, counted)
+
+
+def abandoned_share(signals: OriginSignals) -> float:
+    """The share of the origin's started attempts it never finished (0 with none started)."""
+    if signals.requests <= 0:
+        return 0.0
+    return min(1.0, signals.abandoned / signals.requests)
+
+
+def _abandoned(signals: OriginSignals, policy: FailoverPolicy, breaches: list[str],
+               notes: list[str]) -> bool:
+    """The abandoned-attempts rule (module docstring): appends its breach and notes; whether
+    the point estimate is within ``abandon_threshold``."""
+    started, abandoned = signals.requests, min(signals.abandoned, signals.requests)
+    if abandoned <= 0:
+        return True
+    share = abandoned / started
+    if abandoned + signals.errors_5xx >= started and started >= NONE_COMPLETED_MIN:
+        failed = started - abandoned
+        breaches.append(f"none of its {started} attempts succeeded ({abandoned} abandoned: "
+                        f"another attempt won or the client left"
+                        + (f"; {failed} failed)" if failed else ")"))
+        return False
+    limit = policy.abandon_threshold
+    if started >= policy.min_samples:
+        low = wilson_lower(abandoned, started)
+        if low > limit:
+            breaches.append(f"abandoned {share:.1%} > {limit * 100:g}%")
+            notes.append(f"abandoned lower bound {low:.1%} ({abandoned} of {started} attempts "
+                         "unfinished: another attempt won or the client left)")
+        else:
+            notes.append(f"abandoned {share:.1%} of {started} attempts (lower bound {low:.1%}, "
+                         f"breach above {limit * 100:g}%)")
+    else:
+        notes.append(f"abandoned: {abandoned} of {started} attempts < min_samples "
+                     f"{policy.min_samples}")
+    return share <= limit
+
+
+def no_evidence(evidence: Mapping[str, WindowEvidence]) -> bool:
+    """Whether a group's window is no evidence at all: every origin's verdict inconclusive
+    (module docstring). False without origins (that is the caller's fail static)."""
+    return bool(evidence) and all(e.verdict == "inconclusive" for e in evidence.values())

@@ -5,7 +5,8 @@ into a sub-score by ``1 - q / 5`` (at most 1): at the threshold the sub-score is
 it 0.6, at five times it 0 (seed 002's "0.0 (dead)").
 
 - ``errors``: 5xx + connect failures over all attempts, against ``error_rate_threshold``
-  (so 7.9 % against 2 % scores 0.21).
+  (so 7.9 % against 2 % scores 0.21), or the abandoned attempts over the started ones against
+  ``abandon_threshold`` (an origin whose attempts a hedge keeps winning), whichever is worse.
 - ``latency``: p95 against ``p95_threshold_ms``.
 - ``saturation``: the worse of pending requests against the adaptive-LIFO high watermark
   (seed 001: 80) and the share of requests refused by ``max_pending_requests`` against
@@ -37,7 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from control_plane.decide.evidence import judge
+from control_plane.decide.evidence import abandoned_share, judge
 from control_plane.decide.signals import OriginSignals
 from control_plane.desired.model import AdaptiveLifo, FailoverPolicy
 
@@ -116,7 +117,9 @@ def score_origin(
 ) -> HealthScore:
     """The health score of one origin from one window of its signals."""
     attempts = signals.requests + signals.connect_failures
-    errors = ratio_score(signals.error_rate, policy.error_rate_threshold) if attempts else None
+    errors = min(ratio_score(signals.error_rate, policy.error_rate_threshold),
+                 ratio_score(abandoned_share(signals), policy.abandon_threshold)
+                 if policy.abandon_threshold > 0 else 1.0) if attempts else None
     latency = (
         ratio_score(signals.p95_ms, policy.p95_threshold_ms)
         if signals.p95_ms is not None

@@ -32,6 +32,10 @@ weights in force:
 
 Every tick that starts, steps, holds, backs off, completes, ends or caps a ramp returns a record
 (``kind``) with its inputs, so it can be replayed (``replay_ramp_record``).
+
+What follows from the ramp's state for the routes: the cache-warming mirror while a standby
+ramps (``active_mirror``), and the share of a hedged tier's requests that may hedge while a
+standby is cold or ramping (``hedge_share``: hedges respect the ramp).
 """
 
 from __future__ import annotations
@@ -385,3 +389,43 @@ def active_mirror(group: OriginGroup, state: RampState) -> Mirror | None:
     if not state.ramps or not policy.enabled or policy.mirror_percent <= 0:
         return None
     return Mirror(state.ramping, policy.mirror_percent, policy.cacheable_routes)
+
+
+HEDGE_SHARE_UNIT = 1_000_000  # `hedge_share` is per million of a hedged tier's requests
+
+
+def hedge_share(group: OriginGroup, preference: tuple[str, ...], weights: Mapping[str, int],
+                state: RampState | None) -> int | None:
+    """The share (per million) of a hedged tier's requests that may hedge in one (PoP, group)
+    while a standby is guarded by the ramp; None when every request may (no guard).
+
+    A hedge goes to another origin than the request's first attempt, so a slow or failing
+    primary sends a hedged tier's whole load to the standby, past its ramp (issue 33: a standby
+    at its 5 % warm pool answered nearly every checkout request). A standby is guarded while it
+    ramps (its allowed share is its step's ceiling) or sits at its warm pool (it is cold; its
+    allowed share is the schedule's first step above its weight, the ramp's first step): at
+    most its headroom, the allowed share minus its weight, may reach it through hedges. With a
+    share X of the requests hedging, a standby at weight w gets at most X (1 - w) of them as
+    hedges (the requests first sent elsewhere), so X = headroom / (100 - w), the smallest over
+    the guarded standbys. Not guarded: the ramp off, no tier of the group hedges, or every
+    standby warm (above its warm pool, not ramping)."""
+    policy = group.standby_ramp
+    if not policy.enabled or not any(tier.hedge_delay_ms for tier in group.tiers):
+        return None
+    warm = group.failover.min_warm_pool
+    ramps = {} if state is None else state.ramps
+    shares = []
+    for name in preference[1:]:
+        weight = weights.get(name, 0)
+        index = ramps.get(name)
+        if index is not None and 0 <= index < len(policy.schedule):
+            allowed = max(policy.schedule[index], warm)
+        elif weight <= warm:
+            first = _first_step_above(policy.schedule, weight)
+            allowed = 100 if first is None else policy.schedule[first]
+        else:
+            continue
+        if weight < 100:
+            shares.append(max(0, allowed - weight) * HEDGE_SHARE_UNIT // (100 - weight))
+    share = min(shares, default=HEDGE_SHARE_UNIT)
+    return None if share >= HEDGE_SHARE_UNIT else share

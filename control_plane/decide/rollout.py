@@ -26,6 +26,17 @@ back to the last passed version, except those in the new rollout's first wave, w
 new version. A new version equal to the last passed one ends the rollout with every PoP on it
 (a revert); the same version as the one rolling out changes nothing.
 
+**Certificate renewals** (`renewal`: a new version that differs from the one it rolls out from
+only in the contents of certificates its TLS listeners already serve, for the same hostnames)
+follow the policy's `renewals`: `immediate` (the default) puts every PoP on the renewed version
+at once after validation (`start`), `waves` rolls it out like any change. A renewal arriving
+while a rollout is in progress does not supersede it (`renew`): the rollout goes on in the wave
+it is in, its bake not restarted (N renewals within a bake do not restart the canary N times);
+the PoPs it reached get the version rolling out with the renewed certificates and, with
+`immediate`, the others get the last passed version with them. Certificates renewed while
+Ballast was down (`rebase`: the stored versions read again name other files' contents) are
+served at the restart, whatever the policy: the old files are gone.
+
 For the faces and the shell: `timeline` (each wave's PoPs, state and start), `serving_since`
 (when a PoP got the new version: where its own window before the change ends).
 
@@ -43,7 +54,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from control_plane.decide.gates import GateInputs, GateResult, evaluate
-from control_plane.desired.model import RolloutPolicy
+from control_plane.desired.model import Desired, RolloutPolicy
 
 Phase = Literal["baking", "paused", "passed", "rolled_back", "aborted", "superseded"]
 PHASES: tuple[str, ...] = ("baking", "paused", "passed", "rolled_back", "aborted", "superseded")
@@ -60,6 +71,7 @@ ROLLOUT_KINDS: tuple[str, ...] = (
     "rollout_aborted",
     "rollout_promoted",
     "rollout_superseded",
+    "certificates_renewed",
 )
 NEXT_STEP_AFTER_ROLLBACK = (
     "fix the desired state and save it: a new version starts a new rollout (these bytes are "
@@ -269,10 +281,11 @@ def failed_version(rollout: Rollout) -> str | None:
 
 
 def start(policy: RolloutPolicy, from_version: str, to_version: str, pops: Sequence[str],
-          old_pops: Sequence[str], now_ms: int, *, immediate: bool = False, by: str = ""
-          ) -> tuple[Rollout, tuple[RolloutEvent, ...]]:
+          old_pops: Sequence[str], now_ms: int, *, immediate: bool = False, by: str = "",
+          renewed: Sequence[str] = ()) -> tuple[Rollout, tuple[RolloutEvent, ...]]:
     """A rollout of `to_version` (PoPs `pops`) from `from_version` (PoPs `old_pops`); `by`
-    names who asked (e.g. "file change", "operator --now")."""
+    names who asked (e.g. "file change", "operator --now"); `renewed`: the certificates (SDS
+    secret names) it renews when that is all it changes (`renewal`)."""
     waves = plan_waves(policy, pops, old_pops)
     if to_version == from_version:
         why = "it is the last version that passed: every PoP serves it at once"
@@ -280,6 +293,10 @@ def start(policy: RolloutPolicy, from_version: str, to_version: str, pops: Seque
         why = "immediate apply (--now): every PoP at once, no bake, no gate"
     elif policy.strategy == "immediate":
         why = "rollout strategy immediate: every PoP at once, no bake, no gate"
+    elif renewed and policy.renewals == "immediate":
+        why = (f"a renewal of certificate(s) {', '.join(renewed)} for hostnames already served "
+               "(nothing else changes): every PoP at once after validation (rollout.renewals: "
+               "immediate)")
     else:
         why = ""
     now_all = bool(why)
@@ -298,7 +315,8 @@ def start(policy: RolloutPolicy, from_version: str, to_version: str, pops: Seque
            + f", each baked {policy.bake_ms / 1000:g} s"),
         to_version, rollout.pops,
         {"from_version": from_version, "waves": [list(w) for w in waves],
-         "immediate": rollout.immediate, "by": by, "bake_ms": policy.bake_ms})
+         "immediate": rollout.immediate, "by": by, "bake_ms": policy.bake_ms,
+         **({"renewed": list(renewed)} if renewed else {})})
     if now_all:
         passed = RolloutEvent("rollout_passed", f"{to_version[:16]} on every PoP: {why}",
                               to_version, rollout.pops, {"immediate": rollout.immediate})
@@ -463,7 +481,8 @@ def promote(rollout: Rollout, now_ms: int, by: str = ""
 
 
 def supersede(old: Rollout, policy: RolloutPolicy, to_version: str, pops: Sequence[str],
-              old_pops: Sequence[str], now_ms: int, *, immediate: bool = False, by: str = ""
+              old_pops: Sequence[str], now_ms: int, *, immediate: bool = False, by: str = "",
+              renewed: Sequence[str] = ()
               ) -> tuple[Rollout, Rollout, tuple[RolloutEvent, ...]]:
     """A new version arriving while `old` may be in progress: (old as it ends, the new
     rollout, the events). `old_pops`: the PoPs of `last_passed(old)`, what the new rollout
@@ -483,5 +502,97 @@ def supersede(old: Rollout, policy: RolloutPolicy, to_version: str, pops: Sequen
             + (f"; {', '.join(back)} leave {old.to_version[:16]}" if back else ""),
             old.to_version, tuple(back), {"by": by, "superseded_by": to_version}))
     new, started = start(policy, last_passed(old), to_version, pops, old_pops, now_ms,
-                         immediate=immediate, by=by)
+                         immediate=immediate, by=by, renewed=renewed)
     return ended, new, (*events, *started)
+
+
+def renewal(old: Desired, new: Desired) -> tuple[str, ...]:
+    """The certificates (SDS secret names) `new` renews when that is all that differs from
+    `old`: every listener, hostname and setting the same (a TLS listener's `shape`), only the
+    contents of some certificates and keys served for the same hostnames new (renewed files, or
+    other files). () when anything else differs (a hostname added or moved, a client CA, any
+    other field: a change like any other), or no certificate does."""
+    pairs = [(a, b) for x, y in zip(old.listeners, new.listeners, strict=False)
+             if x.tls is not None and y.tls is not None
+             for a, b in zip(x.tls.certificates, y.tls.certificates, strict=False)]
+    renewed = tuple(b.secret_name for a, b in pairs
+                    if (a.fingerprint, a.key_fingerprint) != (b.fingerprint, b.key_fingerprint))
+    if not renewed or _shape(old) != _shape(new):
+        return ()
+    return renewed
+
+
+def _shape(desired: Desired) -> Desired:
+    """`desired` without what a renewal changes: its certificates' contents, its digest and
+    where it was read from."""
+    return replace(desired, listeners=tuple(listener.shape for listener in desired.listeners),
+                   digest="", source="")
+
+
+def renew(rollout: Rollout, policy: RolloutPolicy, to_version: str, renewed_from: str | None,
+          renewed: Sequence[str], now_ms: int, by: str = ""
+          ) -> tuple[Rollout, tuple[RolloutEvent, ...]]:
+    """A renewal (`renewal`) of the version `rollout` (in progress) rolls out: the rollout goes
+    on where it is, its wave baking since it started (a renewal does not restart the canary).
+    The PoPs it reached get `to_version` (the version rolling out, renewed); the others get
+    `renewed_from` (the last passed version read again with the renewed files; None: it could
+    not be) when the policy sends renewals at once, else they keep what they serve until their
+    wave."""
+    if not rollout.in_progress:
+        raise RolloutError(f"the rollout of {rollout.to_version[:16]} is not in progress")
+    at_once = policy.renewals == "immediate" and renewed_from not in (None,
+                                                                       rollout.from_version)
+    from_version = renewed_from if at_once and renewed_from is not None \
+        else rollout.from_version
+    after = replace(rollout, from_version=from_version, to_version=to_version,
+                    updated_ms=now_ms)
+    if from_version == to_version:  # the two versions read the same files now: nothing left
+        after = replace(after, phase="passed", promoted=True,
+                        reason=f"certificate(s) {', '.join(renewed)} renewed: the version rolling "
+                        "out and the last passed one are the same with them; every PoP serves "
+                        "it")
+    got = [pop for pop in rollout.pops if pop in reached(rollout)]  # in wave order
+    others = [pop for pop in rollout.pops if pop not in got]
+    if not others:
+        rest = ""
+    elif renewed_from == rollout.from_version:
+        rest = f"; {', '.join(others)} serve none of them"
+    elif at_once:
+        rest = (f"; {', '.join(others)} get {from_version[:16]} (the last passed version with "
+                "them) now: rollout.renewals immediate")
+    elif policy.renewals == "immediate":
+        rest = (f"; {', '.join(others)} keep {rollout.from_version[:16]} until their wave: the "
+                "last passed version does not read with the renewed files")
+    else:
+        rest = f"; {', '.join(others)} get them with their wave: rollout.renewals waves"
+    who = f" ({by})" if by else ""
+    event = RolloutEvent(
+        "certificates_renewed",
+        f"certificate(s) {', '.join(renewed)} renewed{who} during the rollout of "
+        f"{rollout.to_version[:16]}: it goes on in wave {rollout.wave + 1} of "
+        f"{len(rollout.waves)}, {rollout.phase.replace('_', ' ')} as before (its bake not "
+        f"restarted); {', '.join(got)} get {to_version[:16]}{rest}",
+        to_version, tuple(got) if not at_once else rollout.pops,
+        {"renewed": list(renewed), "by": by, "wave": rollout.wave,
+         "from_version": {"before": rollout.from_version, "after": from_version},
+         "to_version": {"before": rollout.to_version, "after": to_version},
+         "renewals": policy.renewals})
+    return after, (event,)
+
+
+def rebase(rollout: Rollout, renamed: Mapping[str, str], now_ms: int) -> Rollout:
+    """`rollout` with its versions renamed (`renamed`: old digest -> new): the stored versions
+    read again with the certificate files on disk now (renewed while Ballast was down). A
+    rollout in progress whose two versions became one has nothing left to roll out: every PoP
+    serves it (passed, its remaining waves skipped, and the reason says why)."""
+    from_version = renamed.get(rollout.from_version, rollout.from_version)
+    to_version = renamed.get(rollout.to_version, rollout.to_version)
+    if (from_version, to_version) == (rollout.from_version, rollout.to_version):
+        return rollout
+    after = replace(rollout, from_version=from_version, to_version=to_version)
+    if from_version != to_version or not rollout.in_progress:
+        return after
+    return replace(after, phase="passed", promoted=True, updated_ms=now_ms,
+                   reason=f"certificates renewed while Ballast was down: the version rolling "
+                   f"out and the last passed one read the same files now ({to_version[:16]}); "
+                   "every PoP serves it")

@@ -7,9 +7,11 @@ ends (`hold_ended`/`steady_ended`, with the number of ticks and the last tick's 
 per tick: with 100 PoPs x 50 groups and no metrics, the log grows by 5,000 records once, not by
 5,000 per tick.
 
-A run is identified by the step's kind and its `reason` (``fail_static``, ``sick_held``,
-``nowhere_better``, ``return_wait``, ``steady``): a hold that changes its reason ends one run and
-starts another (so every run of "nowhere better" holds starts with a record of its scores).
+A run is identified by the step's kind and its `reason` (``fail_static``, ``no_evidence``,
+``sick_held``, ``nowhere_better``, ``return_wait``, ``steady``) and the silent nodes the shell
+named as its cause: a hold that changes its reason ends one run and starts another (so every run
+of "nowhere better" holds starts with a record of its scores, and a node found silent is named
+by a record at once).
 The run a process finds at its first tick when it is steady is not logged (nothing happened),
 so its end is not logged either.
 """
@@ -35,6 +37,7 @@ class QuietRun:
     last_rule: str
     last_ms: int
     logged: bool  # its start was written (its end will be)
+    silent: tuple[str, ...] = ()  # the nodes named as its cause (`StepResult.silent`)
 
     def end_fields(self, ended_by: str) -> dict[str, object]:
         """`rule` and `detail` of the record that closes this run."""
@@ -69,10 +72,12 @@ def follow_run(previous: QuietRun | None, result: StepResult, now_ms: int, *,
     ended = previous if previous is not None and previous.logged else None
     if result.kind not in QUIET_KINDS:
         return RunUpdate(None, True, ended)
-    if previous is not None and (previous.kind, previous.reason) == (result.kind, result.reason):
+    if previous is not None and (previous.kind, previous.reason, previous.silent) == (
+            result.kind, result.reason, result.silent):
         longer = QuietRun(previous.kind, previous.reason, previous.started_ms, previous.ticks + 1,
-                          result.rule, now_ms, previous.logged)
+                          result.rule, now_ms, previous.logged, previous.silent)
         return RunUpdate(longer, False, None)
     logged = not (result.kind == "steady" and first_tick)
-    run = QuietRun(result.kind, result.reason, now_ms, 1, result.rule, now_ms, logged)
+    run = QuietRun(result.kind, result.reason, now_ms, 1, result.rule, now_ms, logged,
+                   result.silent)
     return RunUpdate(run, logged, ended)

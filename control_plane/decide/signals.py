@@ -34,6 +34,13 @@ class OriginSignals:
     p95_low_ms: float | None = None
     latency_from: str = "whole_request"
     probes: int = 0  # active probes in the window (probe_success is their passing share)
+    # Attempts of `requests` the origin never finished: neither answered nor failed, because
+    # another attempt of the request won (a hedge) or the client went away; Envoy resets them
+    # (`decide/evidence.py` `abandoned_attempts`). 0 where the source cannot tell.
+    abandoned: int = 0
+    # requests in progress at the window's end, the PoP's clients summed (load reports; 0 where
+    # the source does not say): shown, not judged
+    in_flight: float = 0.0
 
     @property
     def error_rate(self) -> float:

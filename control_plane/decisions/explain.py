@@ -58,10 +58,6 @@ def _moves(before: dict[str, int], after: dict[str, int]) -> str:
 def _line(record: Record) -> str:
     text = record.get("rule") or record.get("detail") or ""
     moves = _moves(record.get("weights_before") or {}, record.get("weights_after") or {})
-    detail = record.get("detail")
-    if isinstance(detail, dict) and detail.get("proposed"):
-        text = (f"{text}; proposed {_weights(detail['proposed'])}, not pushed: "
-                f"{detail.get('changed_by') or ''}")
     if moves:
         return f"{_clock(record)} {record['kind']}: {moves} ({text})"
     return f"{_clock(record)} {record['kind']}: {text}"

@@ -82,13 +82,37 @@ def parse_desired(text: str | bytes, source: str, now_s: float | None = None, *,
         if root is not None else None
     sink.raise_if_any()
     assert desired is not None, "a document without problems always builds"
-    if files.read_any:  # the certificates served are part of what the version identifies
-        served = [(c.secret_name, c.fingerprint, c.key_fingerprint)
-                  for listener in desired.listeners if listener.tls is not None
-                  for c in listener.tls.certificates]
-        digest = hashlib.sha256(data + repr(served).encode()).hexdigest()
-        desired = dataclasses.replace(desired, digest=digest)
+    if files.read_any:  # the files' contents are part of what the version identifies
+        desired = dataclasses.replace(desired,
+                                      digest=version_digest(data, files_read(desired)))
     return desired
+
+
+FileContents = list[tuple[str, str, str]]
+
+
+def files_read(desired: Desired) -> FileContents:
+    """What the files a desired state names held when it was read, by fingerprint (no secret:
+    a key's is a hash): each served certificate's (secret name, certificate, key) and each
+    client CA's (`<listener>.client_ca`, its hash, ""). With the file's bytes, they make the
+    version's digest (`version_digest`)."""
+    read: FileContents = []
+    for listener in desired.listeners:
+        if listener.tls is None:
+            continue
+        read += [(c.secret_name, c.fingerprint, c.key_fingerprint)
+                 for c in listener.tls.certificates]
+        if listener.tls.client_ca_pem is not None:
+            read.append((f"{listener.name}.client_ca",
+                         hashlib.sha256(listener.tls.client_ca_pem).hexdigest()[:16], ""))
+    return read
+
+
+def version_digest(data: bytes, files: FileContents) -> str:
+    """A desired-state version's digest: its bytes, with what the files it names held."""
+    if not files:
+        return hashlib.sha256(data).hexdigest()
+    return hashlib.sha256(data + repr(files).encode()).hexdigest()
 
 
 class LocalFiles:

@@ -96,6 +96,11 @@ class FailoverPolicy:
     # in; latency observations) neither breaches nor counts as healthy. 10: a standby's 12
     # probes of a 30 s window suffice, and one failure in 10 is no breach (lower bound 1.8 %).
     min_samples: int = 10
+    # Abandoned attempts (decide/evidence.py): the share of an origin's attempts it never
+    # finished (another attempt won: a hedge) whose lower bound breaches above this. Ordinary
+    # hedging loses a few percent of a healthy origin's attempts; twice seed 002's "about 5 %
+    # duplication" leaves room for them (measured: docs/benchmarks.md).
+    abandon_threshold: float = 0.10
     # Compare, not only threshold: weight leaves a sick origin for any origin whose composite
     # score is higher by at least this much, even one that breaches a threshold too.
     compare_margin: float = 0.1
@@ -291,6 +296,33 @@ class Origin:
 
 
 @dataclass(frozen=True)
+class GrpcService:
+    """What makes an origin group a gRPC service: proxyless gRPC clients dial it as
+    `xds:///<target>` or `xds:///<target>:<port>`, and get its origins as weighted localities
+    (`translate/grpc_resources.py`); Envoys get nothing of it. Its weights, ramp and rollout
+    are the group's, as for any origin group.
+
+    `port`: the port clients name in the target and the origins' port unless one sets its own.
+    `tls`: the clients reach the origins over TLS, with the certificates of their bootstrap's
+    certificate provider (gRFC A29). `max_requests`: concurrent requests per client to the
+    service (gRFC A32; None: gRPC's default, 1024). `timeout_ms`: the longest a call may last
+    (gRFC A31 `max_stream_duration`; 0: no limit). `health_service`: the service name
+    Ballast's probes ask the origins' gRPC health service about ("": the whole server)."""
+
+    target: str
+    port: int
+    tls: bool = False
+    max_requests: int | None = None
+    timeout_ms: int = 0
+    health_service: str = ""
+
+    @property
+    def listener_names(self) -> tuple[str, str]:
+        """The names clients ask for: the target as dialled, without and with the port."""
+        return self.target, f"{self.target}:{self.port}"
+
+
+@dataclass(frozen=True)
 class OriginGroup:
     name: str
     origins: tuple[Origin, ...]
@@ -304,6 +336,7 @@ class OriginGroup:
     origin_tls: OriginTlsPolicy = field(default_factory=OriginTlsPolicy)
     standby_ramp: StandbyRampPolicy = field(default_factory=StandbyRampPolicy)
     affinity: Affinity | None = None  # off unless the group asks for it
+    grpc: GrpcService | None = None  # a gRPC service (`grpc_services:`): no tiers, no Envoy
 
     def origin(self, name: str) -> Origin:
         return next(o for o in self.origins if o.name == name)
@@ -450,6 +483,7 @@ class AccessLog:
 
 
 RolloutStrategy = Literal["waves", "immediate"]
+RenewalPolicy = Literal["immediate", "waves"]
 
 
 @dataclass(frozen=True)
@@ -502,7 +536,22 @@ class RolloutPolicy:
     # controller judges 30 s windows and needs breach_windows (2) of them to see a regression,
     # tier actions hold 30 s before they act; 5 min covers ten windows
     bake_ms: int = 300_000
+    # how often the Envoys flush their stats (`ballast bootstrap`: 5 s): a wave's gate reads
+    # only stats that postdate its ACKs, so a bake shorter than two flushes never judges one
+    # full flush of the change's own traffic (checked at load)
+    stats_flush_interval_ms: int = 5_000
     gates: RolloutGates = field(default_factory=RolloutGates)
+    # a version that only renews certificates served for the same hostnames (`decide/rollout.py`,
+    # `renewal`): every PoP at once once it validated (the key matches, the dates hold, the SANs
+    # cover the hostnames), or in waves like any change
+    renewals: RenewalPolicy = "immediate"
+
+    @property
+    def min_bake_ms(self) -> int:
+        """The shortest bake that lets a gate judge one full stats flush after the change: the
+        first flush after the ACKs still carries traffic served on the old version (its
+        baseline, `app/rollouts.py` `own_starts`), the second is the change's own."""
+        return 2 * self.stats_flush_interval_ms
 
 
 @dataclass(frozen=True)
@@ -534,6 +583,11 @@ class Desired:
         """The type names of every operator-added HTTP filter (the capability gate's concern)."""
         return frozenset(f.type_name for listener in self.listeners
                          for f in listener.http_filters)
+
+    @cached_property
+    def grpc_services(self) -> tuple[OriginGroup, ...]:
+        """The groups proxyless gRPC clients dial (`OriginGroup.grpc`)."""
+        return tuple(g for g in self.origin_groups if g.grpc is not None)
 
     @cached_property
     def pop_names(self) -> tuple[str, ...]:

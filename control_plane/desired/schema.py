@@ -106,6 +106,7 @@ FAILOVER_FIELDS: FieldTable = {
     "return_speed": ("return_speed", number(0.01, 1)),
     "stale_after": ("stale_after_ms", duration(1000, 86_400_000)),
     "min_samples": ("min_samples", integer(1, 1_000_000)),
+    "abandon_threshold": ("abandon_threshold", fraction(0, 1)),
     "compare_margin": ("compare_margin", number(0, 1)),
     **DAMPING_FIELDS,
 }
@@ -212,6 +213,8 @@ ROLLOUT_FIELDS: FieldTable = {
     "canary": ("canary", pop_names),
     "waves": ("waves", rollout_waves),
     "bake": ("bake_ms", duration(1000, 86_400_000)),
+    "renewals": ("renewals", choice("immediate", "waves")),
+    "stats_flush_interval": ("stats_flush_interval_ms", duration(100, 3_600_000)),
 }
 
 ROLLOUT_GATE_FIELDS: FieldTable = {

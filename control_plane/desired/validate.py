@@ -38,6 +38,7 @@ from control_plane.desired.fields import (
     text,
 )
 from control_plane.desired.filter_types import DEFAULT_ALLOWED, AllowedFilters, refusal
+from control_plane.desired.grpc_services import read_grpc_services
 from control_plane.desired.layers import (
     GLOBAL,
     GROUP,
@@ -187,6 +188,7 @@ class _Document:
         access_log = read_layer(access, ACCESS_LOG_FIELDS, GLOBAL)
         access.finish()
         groups = self._origin_groups(doc)
+        services = read_grpc_services(self, doc, self.groups)
         default_tier, rules, trusted = self._classification(doc)
         self._check_cacheable_routes({rule.name for rule in rules} | {CATCH_ALL_ROUTE_NAME})
         listeners = self._listeners(doc)
@@ -196,7 +198,7 @@ class _Document:
             return None
         return Desired(
             pops=tuple(self.pops.values()),
-            origin_groups=tuple(g for g in groups if g is not None),
+            origin_groups=(*(g for g in groups if g is not None), *services),
             classification=tuple(rules),
             default_tier=default_tier,
             listeners=tuple(listeners),
@@ -229,7 +231,17 @@ class _Document:
                    if located.value is not None}
         gate_values = {key: located.value for key, located in gate_layer.items()
                        if located.value is not None}
-        return RolloutPolicy(**written, gates=RolloutGates(**gate_values))
+        policy = RolloutPolicy(**written, gates=RolloutGates(**gate_values))
+        bake, flush = layer.get("bake_ms"), layer.get("stats_flush_interval_ms")
+        if policy.strategy == "waves" and policy.bake_ms < policy.min_bake_ms:
+            self.sink.add(blame(fields.at(), *(x for x in (bake, flush) if x is not None)),
+                          f"bake ({policy.bake_ms / 1000:g}s) is below "
+                          f"{policy.min_bake_ms / 1000:g}s, two stats flushes (Envoys flush "
+                          f"every {policy.stats_flush_interval_ms / 1000:g}s, "
+                          "stats_flush_interval): the first flush after a wave's ACKs still "
+                          "carries traffic served on the old version, so its gate could not "
+                          "judge one full flush of the change's own")
+        return policy
 
     # --- standby ramp ------------------------------------------------------------------------
 
@@ -424,7 +436,7 @@ class _Document:
     def _origin_groups(self, doc: Fields) -> list[OriginGroup | None]:
         fields = Fields(doc.node_of("origin_groups"), "origin_groups", self.sink)
         self._note_broken(fields)
-        if not doc.has("origin_groups"):
+        if not doc.has("origin_groups") and not doc.has("grpc_services"):
             self.sink.add(doc.at(), "missing required key 'origin_groups'")
         elif fields.ok and not fields.entries:
             self.sink.add(fields.at(), "must list at least one origin group")
@@ -788,7 +800,8 @@ class _Document:
     # --- listeners ---------------------------------------------------------------------------
 
     def _listeners(self, doc: Fields) -> list[Listener]:
-        _, items = self._list(doc, "listeners", "listener")
+        # without listeners, Envoys get nothing: a fleet of proxyless gRPC clients only
+        _, items = self._list(doc, "listeners", "listener", required=not doc.has("grpc_services"))
         listeners: list[Listener] = []
         ports: dict[tuple[str, int], tuple[str, str]] = {}
         for named, listener in self._unique_names(items, "listeners", "listener"):

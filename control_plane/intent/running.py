@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from control_plane.decide.controller import ControllerState
-from control_plane.decide.ramp import RampState, active_mirror
+from control_plane.decide.ramp import RampState, active_mirror, hedge_share
 from control_plane.decide.tiers import TierState
 from control_plane.desired.model import Desired, GroupWeights, Mirror, TierActions
 from control_plane.intent.store import PairKey
@@ -112,12 +112,26 @@ class RunningIntent:
         return {g: m for (p, g) in self.ramps if p == pop
                 for m in (self.mirror(p, g),) if m is not None}
 
+    def hedge_share(self, pop: str, group: str) -> int | None:
+        """Per million of the group's hedged-tier requests that may hedge in `pop` while a
+        standby is guarded by its ramp (`decide/ramp.py` `hedge_share`); None: every one. It
+        follows from the weights, the ramp state and the group's policy."""
+        found = self.desired_of(pop).group(group)
+        return hedge_share(found, found.preference[pop], self.weights_of(pop, group),
+                           self.ramps.get((pop, group)))
+
+    def pop_hedges(self, pop: str) -> dict[str, int]:
+        """group -> per million of its hedged-tier requests that may hedge (guarded groups)."""
+        return {g.name: share for g in self.desired_of(pop).origin_groups
+                for share in (self.hedge_share(pop, g.name),) if share is not None}
+
     def for_pop(self, pop: str) -> PopIntent:
         """Everything `pop`'s translation takes from this intent (`translate_pop`'s input):
         the weights the controller set, the tier actions active, the mirrors on, the sick
-        origins of groups with session affinity."""
+        origins of groups with session affinity, the hedging a ramp guards."""
         return PopIntent(weights=self.pop_weights(pop), tier_actions=self.pop_tier_actions(pop),
-                         mirrors=self.pop_mirrors(pop), sick=self.pop_sick(pop))
+                         mirrors=self.pop_mirrors(pop), sick=self.pop_sick(pop),
+                         hedges=self.pop_hedges(pop))
 
 
 def tier_key(pop: str, group: str) -> str:

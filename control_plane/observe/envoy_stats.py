@@ -54,8 +54,8 @@ _FULL_ZONE = re.compile(
 _FULL_CLUSTER = re.compile(r"^cluster\.(?P<cluster>.+)\.(?P<stat>[^.]+)$")
 _TAGGED_ZONE = re.compile(r"^zone\.(?:(?P<pop>[^.]+)\.(?P<origin>[^.]+)\.)?(?P<stat>[^.]+)$")
 
-HostStat = Literal["rq_total", "rq_error", "cx_connect_fail"]
-HOST_COUNTERS: tuple[HostStat, ...] = ("rq_total", "rq_error", "cx_connect_fail")
+HostStat = Literal["rq_total", "rq_success", "rq_error", "cx_connect_fail"]
+HOST_COUNTERS: tuple[HostStat, ...] = ("rq_total", "rq_success", "rq_error", "cx_connect_fail")
 _FULL_HOST = re.compile(
     r"^cluster\.(?P<cluster>.+)\.endpoint\.(?P<host>.+)_(?P<port>[0-9]+)\.(?P<stat>[a-z_]+)$"
 )

@@ -1,4 +1,5 @@
-"""Active probes (seed 002): synthetic GETs to each origin's cacheable and uncacheable paths.
+"""Active probes (seed 002): synthetic GETs to each origin's cacheable and uncacheable paths
+(a gRPC service's origins: two health `Check`s, `grpc_probe.py`).
 
 Probes run from Ballast itself, one prober for every PoP: an origin's probe result is the same
 for all PoPs (the PoPs' own view of an origin comes from the passive signals). Every
@@ -33,11 +34,15 @@ import aiohttp
 
 from control_plane.desired.model import Desired, HealthCheck, Origin, OriginGroup
 from control_plane.observe.certificates import CertificateCheck, CertificateStatus, assess
+from control_plane.observe.grpc_probe import grpc_health_check
 from control_plane.observe.source import wall_ms
 
 log = logging.getLogger(__name__)
 
 ProbeResult = tuple[int, bool]  # (time ms, passed)
+# a gRPC origin gets as many probes a round as an HTTP origin's two paths: a 30 s window of
+# 5 s rounds holds 12, what evidence needs (`decide/evidence.py`)
+GRPC_CHECKS_PER_ROUND = 2
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,9 @@ class ProbeTarget:
     port: int = 0
     ca_file: str | None = None  # TLS origins only
     certificate: CertificateCheck | None = None  # TLS origins only
+    # an origin of a gRPC service: the health service's name its `Check`s ask about
+    # (`grpc_probe.py`); None: an HTTP origin
+    grpc_health: str | None = None
 
 
 CertificateListener = Callable[[CertificateStatus, CertificateStatus | None], None]
@@ -72,7 +80,17 @@ def probe_targets(desired: Desired, serving: Mapping[str, Desired] | None = None
 
 
 def _targets(desired: Desired) -> list[ProbeTarget]:
-    return [
+    """Every origin of every group; a gRPC service's through its health service, unless it is
+    TLS (its origins may want the clients' certificates, which Ballast does not have: its
+    load reports alone speak for it)."""
+    grpc = [
+        ProbeTarget(group=group.name, origin=origin.name, base_url=f"{origin.address}:"
+                    f"{origin.port}", health_check=group.health_check, host=origin.address,
+                    port=origin.port, grpc_health=group.grpc.health_service)
+        for group in desired.grpc_services if group.grpc is not None and not group.grpc.tls
+        for origin in group.origins
+    ]
+    return grpc + [
         ProbeTarget(
             group=group.name,
             origin=origin.name,
@@ -84,7 +102,7 @@ def _targets(desired: Desired) -> list[ProbeTarget]:
             ca_file=origin.ca_file if origin.tls else None,
             certificate=_certificate_check(group, origin) if origin.tls else None,
         )
-        for group in desired.origin_groups
+        for group in desired.origin_groups if group.grpc is None
         for origin in group.origins
     ]
 
@@ -237,11 +255,23 @@ class Prober:
         await asyncio.gather(
             *(
                 self._probe(session, target, path)
-                for target in self.targets
+                for target in self.targets if target.grpc_health is None
                 for path in (target.health_check.cacheable_path,
                              target.health_check.uncacheable_path)
-            )
+            ),
+            *(self._probe_grpc(target) for target in self.targets
+              if target.grpc_health is not None for _ in range(GRPC_CHECKS_PER_ROUND)),
         )
+
+    async def _probe_grpc(self, target: ProbeTarget) -> None:
+        started = time.perf_counter()
+        assert target.grpc_health is not None
+        passed, why = await grpc_health_check(target.base_url, target.grpc_health,
+                                              target.health_check)
+        if not passed:
+            log.info("probe of gRPC origin %s failed: %s", target.base_url, why)
+        self.record(target.group, target.origin, self.clock(), passed,
+                    (time.perf_counter() - started) * 1000)
 
     async def check_certificate(
         self, target: ProbeTarget, certificate: CertificateCheck

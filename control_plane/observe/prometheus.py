@@ -21,8 +21,10 @@ Envoys do not set that tag must give every scrape target a `ballast_pop` target 
 (constructor / `update_served`) maps (cluster, address) to the origin. Per (PoP, group, origin),
 when host series exist in the window: `requests` = increase of `rq_total` (attempts),
 `errors_5xx` = of `rq_error` minus `cx_connect_fail` (every failed attempt: 5xx, reset, timeout;
-Envoy counts a connect failure as an `rq_error` too), `connect_failures` = of `cx_connect_fail`;
-otherwise the zone counters as before.
+Envoy counts a connect failure as an `rq_error` too), `connect_failures` = of `cx_connect_fail`,
+`abandoned` = `requests` minus the increase of `rq_success` minus `errors_5xx` (attempts Envoy
+reset unfinished: a hedge won elsewhere, the client left; `decide/evidence.py`); otherwise the
+zone counters as before.
 
 Latency comes from the zone histogram, its tiers merged per (PoP, group, origin): the window's
 increase of every bucket (`latency_buckets`, one query) and, from those buckets, the same
@@ -50,7 +52,7 @@ from typing import Any
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
 from requests import RequestException
 
-from control_plane.decide.evidence import quantile_lower_rank
+from control_plane.decide.evidence import abandoned_attempts, quantile_lower_rank
 from control_plane.decide.signals import OriginSignals, TierPending
 from control_plane.desired.model import Desired
 from control_plane.observe.endpoints import ServedEndpoints, served_endpoints
@@ -64,6 +66,7 @@ QUANTILE = ("local_zone", "ballast_group", "upstream_zone")
 HOST = ("ballast_pop", "envoy_cluster_name", "envoy_endpoint_address")
 HOST_SIGNALS = {
     "host_requests": "requests",
+    "host_successes": "successes",
     "host_errors": "errors_5xx",
     "host_connect_failures": "connect_failures",
     "host_observed_at": "observed_at",
@@ -97,6 +100,7 @@ def queries(window_ms: int) -> dict[str, str]:
         "queue_overflow": "sum by (ballast_pop, ballast_cluster) "
         f"(increase(envoy_cluster_upstream_rq_pending_overflow{r}))",
         "host_requests": f"sum by ({host}) (increase(envoy_cluster_endpoint_rq_total{r}))",
+        "host_successes": f"sum by ({host}) (increase(envoy_cluster_endpoint_rq_success{r}))",
         "host_errors": f"sum by ({host}) (increase(envoy_cluster_endpoint_rq_error{r}))",
         "host_connect_failures": f"sum by ({host}) "
         f"(increase(envoy_cluster_endpoint_cx_connect_fail{r}))",
@@ -199,6 +203,7 @@ def assemble(results: dict[str, Vector], endpoints: ServedEndpoints | None = Non
             requests=round(sum(row.get("requests", 0.0) for row in rows)),
             errors_5xx=round(sum(row.get("errors_5xx", 0.0) for row in rows)),
             connect_failures=round(sum(row.get("connect_failures", 0.0) for row in rows)),
+            abandoned=round(sum(row.get("abandoned", 0.0) for row in rows)),
             p50_ms=quantile(0.5, buckets),
             p95_ms=quantile(0.95, buckets),
             pending_active=pending.get((pop, group), 0.0),
@@ -253,6 +258,9 @@ def _hosts(
         if "observed_at" in values:
             failed = values.get("errors_5xx", 0.0) - values.get("connect_failures", 0.0)
             values["errors_5xx"] = max(0.0, failed)
+            if "successes" in values:
+                values["abandoned"] = float(abandoned_attempts(
+                    values.get("requests", 0.0), values["successes"], values["errors_5xx"]))
             hosts[(pop, *endpoints.of(pop)[cluster, address])].append(values)
     return hosts
 

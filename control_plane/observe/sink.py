@@ -24,13 +24,19 @@ Export`, fed by the `envoy.stat_sinks.open_telemetry` sink of `ads_bootstrap(met
 and carry the PoP as `ballast_pop`; the desired state (constructor / `update_served`) maps them
 to origins. OTLP exports are unary and carry no node, so one Envoy is one gRPC connection
 (`context.peer()`): its series are cumulative, a series' first sample is a baseline and a drop is
-a reset (`window.counter_increase`), exactly like the metrics_service streams. Per (PoP, group,
+a reset (`window.counter_increase`), exactly like the metrics_service streams: a series first
+seen on a connection's first export is a baseline only, one that appears on a later export
+(a host the connection's Envoy started using since, e.g. a new origin address) counts from
+zero, so a change that moves traffic to a new address shows in its first export. Per (PoP, group,
 origin), when host stats arrived in the window:
 - `requests` = increase of host `rq_total` (attempts that got a stream, retries included),
 - `errors_5xx` = increase of host `rq_error` minus `cx_connect_fail` (measured: Envoy also counts
   a connect failure as an `rq_error` of that host, without `rq_total`): attempts answered 5xx
   or failed by reset/timeout, including those the retries hid from clients,
-- `connect_failures` = increase of host `cx_connect_fail`;
+- `connect_failures` = increase of host `cx_connect_fail`,
+- `abandoned` = `requests` minus the increase of host `rq_success` minus `errors_5xx`: attempts
+  Envoy reset unfinished because another attempt won (a hedge) or the client left — measured
+  on Envoy 1.40, they count in `rq_total` only (`decide/evidence.py` judges them);
 so `error_rate` = rq_error / (rq_total + cx_connect_fail). Otherwise (older bootstraps, unknown
 addresses) the zone counters as before (`upstream_rq_completed`, `upstream_rq_5xx`, connect
 failures 0). Latency quantiles come from the zone histogram (`latency_from` `whole_request`:
@@ -66,7 +72,7 @@ import grpc
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as otlp_metrics
 
-from control_plane.decide.evidence import quantile_lower_rank
+from control_plane.decide.evidence import abandoned_attempts, quantile_lower_rank
 from control_plane.decide.signals import OriginSignals, TierPending
 from control_plane.desired.model import Desired
 from control_plane.gen.ballast.v1 import metrics_service_pb2, prometheus_metrics_pb2
@@ -91,7 +97,7 @@ from control_plane.observe.window import (
     quantile,
     split_cluster,
 )
-from control_plane.security.peer import NodePeerCheck, PeerPop
+from control_plane.security.peer import NodePeerCheck, PeerPop, Vouch
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +111,7 @@ MAX_HOST_WARNINGS = 100  # distinct warnings kept (and logged) per stream, and f
 MAX_SERIES_PER_STREAM = 20_000
 MAX_HOST_SERIES = 100_000
 MAX_NAME_CHARS = 512  # of a cluster, origin or endpoint address
+MAX_EXPORT_POPS = 64  # PoPs one OTLP connection's exports are noted to name
 
 SeriesKey = tuple[str, str, str]  # (stat, cluster, origin); origin "" for cluster-wide stats
 
@@ -116,6 +123,7 @@ class _Stream:
     flushes: int = 0
     last_flush_ms: int = 0
     open: bool = True
+    flush_times: list[int] = field(default_factory=list)  # arrivals within the retention
     counters: dict[SeriesKey, list[Sample]] = field(default_factory=dict)
     gauges: dict[SeriesKey, list[Sample]] = field(default_factory=dict)
     # interval histograms: (arrival ms, observation count, buckets)
@@ -133,6 +141,9 @@ class SinkStore:
         self._served = served_endpoints(desired)
         # (connection, PoP, cluster, address, stat) -> cumulative samples
         self._hosts: dict[tuple[str, str, str, str, str], list[Sample]] = {}
+        # connection -> its exports' arrivals (within the retention) and the PoPs they named
+        self._exports: dict[str, list[int]] = {}
+        self._export_pops: dict[str, set[str]] = {}
         self._host_warned: set[str] = set()
 
     def update_served(self, desired: Desired, serving: Mapping[str, Desired]) -> None:
@@ -153,16 +164,27 @@ class SinkStore:
                 self._warn_host(f"a name over {MAX_NAME_CHARS} characters: dropped")
                 continue
             flush[connection, point.pop, point.cluster, point.address, point.stat] += point.value
+        arrivals = self._exports.get(connection)
+        previous = arrivals[-1] if arrivals else None
         for key, value in flush.items():
             samples = self._hosts.get(key)
             if samples is None:
                 if len(self._hosts) >= MAX_HOST_SERIES:
                     self._warn_host(f"over {MAX_HOST_SERIES:,} host series held: new ones dropped")
                     continue
-                samples = self._hosts[key] = []
+                # new on a connection that exported before: created since, so it counts from
+                # zero (a change that sends traffic to a new address shows at its first export)
+                samples = self._hosts[key] = [] if previous is None else [(previous, 0.0)]
             if samples and samples[-1][0] >= received_ms:
                 continue  # one sample per arrival time; out-of-order exports are dropped
             samples.append((received_ms, value))
+        if flush and (previous is None or received_ms > previous):
+            times = self._exports.setdefault(connection, [])
+            times.append(received_ms)
+            del times[:sum(1 for t in times if t < received_ms - self.retention_ms)]
+            pops = self._export_pops.setdefault(connection, set())
+            if len(pops) < MAX_EXPORT_POPS:
+                pops.update(key[1] for key in flush)
         self._prune(received_ms)
         return len(flush)
 
@@ -188,6 +210,38 @@ class SinkStore:
     def nodes(self) -> dict[str, str]:
         """Node id -> PoP of the open streams."""
         return {s.node_id: s.pop for s in self._streams.values() if s.open}
+
+    def stats_after(self, node_id: str, pop: str, at_ms: int, flush_ms: int) -> int | None:
+        """Where a window of `node_id`'s stats taken after `at_ms` starts (None: not yet known):
+        its first stats flush arriving after `at_ms` is the baseline (it closes the interval
+        `at_ms` fell in: traffic from before it), with the OTLP export of that flush's per-host
+        stats, which comes on another connection a little apart: each connection of `pop`
+        still exporting (within two flush intervals of the baseline) has its first export
+        after half a flush interval before the baseline in it too. The window starts just
+        after both."""
+        flushes = [t for stream in self._streams.values() if stream.node_id == node_id
+                   for t in stream.flush_times if t > at_ms]
+        if not flushes:
+            return None
+        start = min(flushes)
+        for connection, times in self._exports.items():
+            if pop not in self._export_pops.get(connection, ()) \
+                    or times[-1] <= start - 2 * flush_ms:
+                continue  # another PoP's, or an Envoy that no longer exports
+            near = [t for t in times if t > start - flush_ms // 2]
+            if not near:
+                return None  # the baseline flush's host stats are still on their way
+            start = max(start, near[0])
+        return start + 1
+
+    def flushed(self, node_id: str) -> int:
+        """How many stats flushes `node_id` has sent (every stream of it)."""
+        return sum(s.flushes for s in self._streams.values() if s.node_id == node_id)
+
+    def reporting_nodes(self, now_ms: int, window_ms: int) -> set[str]:
+        """The node ids whose stats flushed within (now - window, now]."""
+        start = now_ms - window_ms
+        return {s.node_id for s in self._streams.values() if start < s.last_flush_ms <= now_ms}
 
     def ingest(
         self,
@@ -224,6 +278,10 @@ class SinkStore:
             stream.histograms.setdefault(key, []).append((received_ms, count, buckets))
         stream.flushes += 1
         stream.last_flush_ms = max(stream.last_flush_ms, received_ms)
+        times = stream.flush_times
+        times.append(received_ms)
+        old = sum(1 for t in times if t < received_ms - self.retention_ms)
+        del times[:old]
         self._prune(received_ms)
         return kept
 
@@ -287,6 +345,10 @@ class SinkStore:
                 del samples[: old - 1]
             if samples[-1][0] < cutoff:
                 del self._hosts[host]
+        for connection, times in list(self._exports.items()):
+            if times[-1] < cutoff:
+                del self._exports[connection]
+                self._export_pops.pop(connection, None)
 
     async def window(self, now_ms: int, window_ms: int) -> Signals:
         return self.read_window(now_ms, window_ms)
@@ -384,26 +446,33 @@ class SinkStore:
 
         Hosts whose (cluster, address) the desired state does not name are left out.
         """
-        grown: dict[tuple[str, str, str], dict[str, float]] = defaultdict(
-            lambda: dict.fromkeys(("rq_total", "rq_error", "cx_connect_fail", "seen"), 0.0)
-        )
-        for (_, pop, cluster, address, stat), samples in self._hosts.items():
+        per_host: dict[tuple[str, str, str, str], dict[str, float]] = defaultdict(dict)
+        owners: dict[tuple[str, str, str, str], tuple[str, str, str]] = {}
+        for (connection, pop, cluster, address, stat), samples in self._hosts.items():
             owner = self._served.of(pop).get((cluster, address))
             seen = [t for t, _ in samples if start_ms < t <= end_ms]
             if owner is None or not seen:
                 continue
-            totals = grown[(pop, *owner)]
-            totals[stat] += counter_increase(samples, start_ms, end_ms)
-            totals["seen"] = max(totals["seen"], max(seen))
-        return {
-            key: HostWindow(
-                requests=t["rq_total"],
-                errors=max(0.0, t["rq_error"] - t["cx_connect_fail"]),
-                connect_failures=t["cx_connect_fail"],
-                observed_at_ms=int(t["seen"]),
+            host = (connection, pop, cluster, address)
+            owners[host] = (pop, *owner)
+            values = per_host[host]
+            values[stat] = counter_increase(samples, start_ms, end_ms)
+            values["seen"] = max(values.get("seen", 0.0), max(seen))
+        result: dict[tuple[str, str, str], HostWindow] = {}
+        for host, values in per_host.items():
+            errors = max(0.0, values.get("rq_error", 0.0) - values.get("cx_connect_fail", 0.0))
+            started = values.get("rq_total", 0.0)
+            window = HostWindow(
+                requests=started,
+                errors=errors,
+                connect_failures=values.get("cx_connect_fail", 0.0),
+                observed_at_ms=int(values["seen"]),
+                abandoned=float(abandoned_attempts(started, values["rq_success"], errors))
+                if "rq_success" in values else 0.0,
             )
-            for key, t in grown.items()
-        }
+            key = owners[host]
+            result[key] = result[key].merge(window) if key in result else window
+        return result
 
 
 def assemble(
@@ -449,6 +518,7 @@ def assemble(
             requests=round(merged.requests),
             errors_5xx=round(merged.errors_5xx),
             connect_failures=round(host.connect_failures) if host is not None else 0,
+            abandoned=round(host.abandoned) if host is not None else 0,
             p50_ms=quantile(0.5, merged.latency, merged.latency_count),
             p95_ms=quantile(0.95, merged.latency, merged.latency_count),
             pending_active=group_pending.get((pop, group), 0.0),
@@ -467,16 +537,18 @@ class MetricsServicer:
 
     def __init__(
         self, store: SinkStore, clock: Callable[[], int] = wall_ms,
-        verify_peer: NodePeerCheck | None = None,
+        verify_peer: NodePeerCheck | None = None, vouch: Vouch | None = None,
     ) -> None:
         self.store = store
         self.clock = clock
         self._verify_peer = verify_peer
+        self._vouch = vouch
 
     async def stream_metrics(
         self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
     ) -> bytes:
         stream_id: int | None = None
+        release: Callable[[], None] | None = None
         try:
             async for raw in requests:
                 try:
@@ -496,10 +568,14 @@ class MetricsServicer:
                         log.warning("refusing metrics stream from %s: %s", context.peer(), why)
                         await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
                     stream_id = self.store.open_stream(node.id, node.locality.zone)
+                    if self._vouch is not None:
+                        release = self._vouch(context)
                 self.store.ingest(stream_id, message.envoy_metrics, self.clock())
         finally:
             if stream_id is not None:
                 self.store.close_stream(stream_id)
+            if release is not None:
+                release()
         return metrics_service_pb2.StreamMetricsResponse().SerializeToString()
 
 
@@ -537,11 +613,13 @@ class OtlpMetricsServicer:
 def add_metrics_service(
     server: grpc.aio.Server, store: SinkStore, clock: Callable[[], int] = wall_ms,
     *, verify_peer: NodePeerCheck | None = None, peer_pop: PeerPop | None = None,
+    vouch: Vouch | None = None,
 ) -> None:
     """Host the metrics_service sink and the OTLP metrics endpoint on `server` (e.g. the ADS
     server), both feeding `store`; with mTLS, `verify_peer` and `peer_pop` bind what a peer may
-    report to its certificate."""
-    servicer = MetricsServicer(store, clock, verify_peer)
+    report to its certificate. `vouch` is told of a metrics stream once its node passed (a
+    valid stream of its connection, until it ends)."""
+    servicer = MetricsServicer(store, clock, verify_peer, vouch)
     handler = grpc.method_handlers_generic_handler(
         SERVICE,
         {

@@ -122,13 +122,17 @@ class HostWindow:
 
     `requests` = host `rq_total` (every attempt, retried ones included), `errors` = `rq_error`
     minus `cx_connect_fail` (attempts answered 5xx or failed by reset/timeout; Envoy counts a
-    connect failure as an `rq_error` too), `connect_failures` = `cx_connect_fail`.
+    connect failure as an `rq_error` too), `connect_failures` = `cx_connect_fail`, `abandoned`
+    = the attempts neither answered nor failed (`rq_total - rq_success - errors`: a hedge won,
+    the client left; `decide/evidence.py` `abandoned_attempts`), 0 where `rq_success` was not
+    reported.
     """
 
     requests: float = 0.0
     errors: float = 0.0
     connect_failures: float = 0.0
     observed_at_ms: int = 0
+    abandoned: float = 0.0
 
     def merge(self, other: HostWindow) -> HostWindow:
         return HostWindow(
@@ -136,4 +140,5 @@ class HostWindow:
             errors=self.errors + other.errors,
             connect_failures=self.connect_failures + other.connect_failures,
             observed_at_ms=max(self.observed_at_ms, other.observed_at_ms),
+            abandoned=self.abandoned + other.abandoned,
         )

@@ -14,6 +14,9 @@ from control_plane.security.identity import NodeIdentity, identities, node_misma
 NodePeerCheck = Callable[[grpc.aio.ServicerContext[Any, Any], str, str], str | None]
 # call context -> the PoP of the peer's certificate, None when it names no node
 PeerPop = Callable[[grpc.aio.ServicerContext[Any, Any]], str | None]
+# a valid stream's call context (one whose node passed the checks) -> what to call once, as
+# the stream ends: its connection is in use meanwhile (`ads/sweeper.py`)
+Vouch = Callable[[grpc.aio.ServicerContext[Any, Any]], Callable[[], None]]
 
 
 def peer_uris(context: grpc.aio.ServicerContext[Any, Any]) -> list[str]:

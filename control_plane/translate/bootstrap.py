@@ -17,6 +17,7 @@ from control_plane.translate.bootstrap_templates import TEMPLATES
 from control_plane.translate.capabilities import (
     ACCESS_LOG_METADATA,
     ENVOY_RELEASES,
+    LOAD_REPORTS_METADATA,
     NEWEST_RELEASE,
 )
 from control_plane.translate.listeners import XDS_CLUSTER
@@ -34,32 +35,64 @@ class XdsClientTls:
     """The node's side of mTLS to Ballast: its certificate and key, and the CA that signed
     Ballast's certificate (paths as Envoy will open them).
 
-    With `sds_file`, Envoy reads its certificate through file-based SDS: that file holds the
-    Secret `xds_client_secret(...)` names (the certificate and key by path, their directory
-    watched), so files renewed in place (`ballast certs --node`, renamed into the directory)
-    are taken up without a restart; new connections to Ballast present the new certificate.
-    Without it the pair is read once, at start-up."""
+    With `sds_file`, Envoy reads all three through file-based SDS: that file holds the Secret
+    `XDS_CLIENT_SECRET` names (the certificate and key by path), `ca_sds_file` the one
+    `XDS_SERVER_CA_SECRET` names (the CA); Envoy reads a Secret's files again, together, when a
+    file or directory is renamed into its watched directory (`watch_dir`, `ca_watch_dir`;
+    default the files' own). New connections to Ballast then use them, without a restart.
+    Renaming one file at a time leaves Envoy a moment with a key that is not its certificate's
+    (it refuses that pair and logs `KEY_VALUES_MISMATCH`); a directory reached through a
+    symbolic link, whose parent is watched, changes all of them in one rename
+    (deploy/README.md, "Rotate certificates"). Without `sds_file` they are read once, at start.
+    """
 
     cert: str
     key: str
     ca: str
     sds_file: str | None = None
+    watch_dir: str | None = None
+    ca_watch_dir: str | None = None
+
+    @property
+    def ca_sds_file(self) -> str | None:
+        """The CA's SDS file, beside the certificate's: NAME.ca.sds.json for NAME.sds.json."""
+        if self.sds_file is None:
+            return None
+        if self.sds_file.endswith(".sds.json"):
+            return self.sds_file.removesuffix(".sds.json") + ".ca.sds.json"
+        root, ext = posixpath.splitext(self.sds_file)
+        return f"{root}.ca{ext}"
 
 
 XDS_CLIENT_SECRET = "ballast_xds_client"
+XDS_SERVER_CA_SECRET = "ballast_xds_ca"
 SECRET_TYPE_URL = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
 
 
 def xds_client_sds(tls: XdsClientTls) -> dict[str, Any]:
-    """The file-based SDS file's contents (a DiscoveryResponse as JSON): the node's certificate
-    and key by path, re-read together when a file is renamed into their directory."""
+    """The certificate's file-based SDS file (a DiscoveryResponse as JSON): the node's
+    certificate and key by path, re-read together when a file is renamed into the watched
+    directory."""
     return {"resources": [{
         "@type": SECRET_TYPE_URL,
         "name": XDS_CLIENT_SECRET,
         "tls_certificate": {
             "certificate_chain": {"filename": tls.cert},
             "private_key": {"filename": tls.key},
-            "watched_directory": {"path": posixpath.dirname(tls.cert)},
+            "watched_directory": {"path": tls.watch_dir or posixpath.dirname(tls.cert)},
+        },
+    }]}
+
+
+def xds_server_ca_sds(tls: XdsClientTls) -> dict[str, Any]:
+    """The CA's file-based SDS file: the CA Ballast's certificate must chain to, re-read when a
+    file is renamed into its watched directory (a CA rollover without restarting Envoy)."""
+    return {"resources": [{
+        "@type": SECRET_TYPE_URL,
+        "name": XDS_SERVER_CA_SECRET,
+        "validation_context": {
+            "trusted_ca": {"filename": tls.ca},
+            "watched_directory": {"path": tls.ca_watch_dir or posixpath.dirname(tls.ca)},
         },
     }]}
 
@@ -103,6 +136,7 @@ def ads_bootstrap(
     xds_replicas: Sequence[tuple[str, int]] = (),
     max_connections: int | None = None,
     stats_listener: tuple[str, int] | None = None,
+    load_reports: bool = False,
 ) -> dict[str, Any]:
     """A bootstrap for one Envoy of `pop`, streaming config (and, if asked, stats and sampled
     access logs: node metadata `ballast_access_log`) to Ballast.
@@ -120,6 +154,8 @@ def ads_bootstrap(
     `max_connections` caps downstream connections (default per template, `MAX_CONNECTIONS`).
     `stats_listener` (host, port) adds a listener serving only `/stats/prometheus` from the
     admin (which stays on loopback), for a central Prometheus: see `stats_listener`.
+    `load_reports` streams load reports (LRS) to Ballast over the xDS cluster
+    (`cluster_manager.load_stats_config`: Envoy reports only where the bootstrap asks).
     """
     text = TEMPLATES[template]
     filled = string.Template(text).substitute(
@@ -169,6 +205,13 @@ def ads_bootstrap(
         ]
         # Asks Ballast for listeners with the gRPC access log (the measured pool wait).
         bootstrap["node"].setdefault("metadata", {})[ACCESS_LOG_METADATA] = True
+    if load_reports:
+        bootstrap.setdefault("cluster_manager", {})["load_stats_config"] = {
+            "api_type": "GRPC", "transport_api_version": "V3",
+            "grpc_services": [{"envoy_grpc": {"cluster_name": XDS_CLUSTER}}]}
+        # Envoy refuses clusters with per-endpoint stats once it reports load: Ballast leaves
+        # them out for nodes that say so
+        bootstrap["node"].setdefault("metadata", {})[LOAD_REPORTS_METADATA] = True
     if needed_stats_only:
         matcher = {"inclusion_list": {"patterns": [{"safe_regex": {"regex": r}}
                                                    for r in NEEDED_STATS]}}
@@ -294,36 +337,37 @@ def xds_transport_socket(tls: XdsClientTls, server: str) -> dict[str, Any]:
     except ValueError:
         san_type = "DNS"
     common: dict[str, Any] = {"alpn_protocols": ["h2"]}
-    if tls.sds_file is None:
+    names = {"match_typed_subject_alt_names": [{"san_type": san_type,
+                                                "matcher": {"exact": server}}]}
+    if tls.sds_file is None or tls.ca_sds_file is None:
         common["tls_certificates"] = [{"certificate_chain": {"filename": tls.cert},
                                        "private_key": {"filename": tls.key}}]
+        common["validation_context"] = {"trusted_ca": {"filename": tls.ca}, **names}
     else:
-        common["tls_certificate_sds_secret_configs"] = [{
-            "name": XDS_CLIENT_SECRET,
-            "sds_config": {
-                "path_config_source": {
-                    "path": tls.sds_file,
-                    "watched_directory": {"path": posixpath.dirname(tls.sds_file)},
-                },
-                "resource_api_version": "V3",
-            },
-        }]
+        common["tls_certificate_sds_secret_configs"] = [
+            _file_sds(XDS_CLIENT_SECRET, tls.sds_file)]
+        common["combined_validation_context"] = {
+            "default_validation_context": names,
+            "validation_context_sds_secret_config": _file_sds(XDS_SERVER_CA_SECRET,
+                                                              tls.ca_sds_file),
+        }
     context: dict[str, Any] = {
         "@type": "type.googleapis.com/"
         "envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
-        "common_tls_context": {
-            **common,
-            "validation_context": {
-                "trusted_ca": {"filename": tls.ca},
-                "match_typed_subject_alt_names": [
-                    {"san_type": san_type, "matcher": {"exact": server}}
-                ],
-            },
-        },
+        "common_tls_context": common,
     }
     if san_type == "DNS":
         context["sni"] = server
     return {"name": "envoy.transport_sockets.tls", "typed_config": context}
+
+
+def _file_sds(name: str, path: str) -> dict[str, Any]:
+    """An SdsSecretConfig read from the file `path` (watched: renamed over, it is read again)."""
+    return {"name": name, "sds_config": {
+        "path_config_source": {"path": path,
+                               "watched_directory": {"path": posixpath.dirname(path)}},
+        "resource_api_version": "V3",
+    }}
 
 
 def _yaml_str(value: str) -> str:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from envoy.config.core.v3.base_pb2 import Node
 
 from control_plane.translate.envoy_http_filters import ENVOY_1_40_HTTP_FILTER_TYPES
+from control_plane.translate.grpc_capabilities import grpc_node_capabilities, is_grpc_client
 from control_plane.translate.resources import (
     ADAPTIVE_LIFO_EXTENSION,
     FIFO_EXTENSION,
@@ -25,6 +26,7 @@ from control_plane.translate.resources import (
 
 HTTP_FILTER_CATEGORY = "envoy.filters.http"
 ACCESS_LOG_METADATA = "ballast_access_log"  # set by `ballast bootstrap --metrics-sink`
+LOAD_REPORTS_METADATA = "ballast_load_reports"  # set by `ballast bootstrap --load-reports`
 FIFO_TYPE_NAME = "envoy.extensions.queue_policy.fifo.v3.FifoQueuePolicyConfig"
 ADAPTIVE_LIFO_TYPE_NAME = (
     "envoy.extensions.queue_policy.adaptive_lifo.v3.AdaptiveLifoQueuePolicyConfig"
@@ -66,13 +68,23 @@ def capabilities_from_node(node: Node) -> Capabilities:
 
 
 def read_node_capabilities(node: Node) -> NodeCapabilities:
+    if is_grpc_client(node):  # a proxyless gRPC client: none of an Envoy's gates apply
+        return NodeCapabilities(*grpc_node_capabilities(node))
     found = _with_filters(_queue_capabilities(node), node)
     field = node.metadata.fields.get(ACCESS_LOG_METADATA)
+    if field is not None and field.bool_value:
+        found = NodeCapabilities(
+            replace(found.capabilities, access_log=True),
+            f"{found.reason}; its node.metadata has {ACCESS_LOG_METADATA}: access logs to "
+            "Ballast",
+        )
+    field = node.metadata.fields.get(LOAD_REPORTS_METADATA)
     if field is None or not field.bool_value:
         return found
     return NodeCapabilities(
-        replace(found.capabilities, access_log=True),
-        f"{found.reason}; its node.metadata has {ACCESS_LOG_METADATA}: access logs to Ballast",
+        replace(found.capabilities, load_reports=True),
+        f"{found.reason}; its node.metadata has {LOAD_REPORTS_METADATA}: load reports to "
+        "Ballast, so no per-endpoint stats (Envoy refuses a cluster with both)",
     )
 
 

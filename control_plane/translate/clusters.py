@@ -51,9 +51,11 @@ def tier_concurrency(group: OriginGroup, tier: Tier) -> int:
     return group.guarantee(tier)
 
 
-def tier_cluster(group: OriginGroup, tier: Tier, queue_policy: QueuePolicyChoice) -> Cluster:
+def tier_cluster(group: OriginGroup, tier: Tier, queue_policy: QueuePolicyChoice,
+                 per_endpoint_stats: bool = True) -> Cluster:
     """The EDS cluster of one tier, field 62 (queue policy) merged in. Lending raises the
-    breakers by runtime overrides (`runtime.py`), never here."""
+    breakers by runtime overrides (`runtime.py`), never here. Without `per_endpoint_stats`
+    (an Envoy that sends load reports refuses them) its per-host counters go."""
     cluster = Cluster(
         name=cluster_name(group.name, tier.name),
         type=Cluster.EDS,
@@ -70,8 +72,10 @@ def tier_cluster(group: OriginGroup, tier: Tier, queue_policy: QueuePolicyChoice
         circuit_breakers=_circuit_breakers(group, tier),
         # Per-host counters (`cluster.<name>.endpoint.<addr>_<port>.rq_error`, ...) count every
         # attempt, retried ones included; the zone `upstream_rq_*` stats do not (observe/).
-        track_cluster_stats=TrackClusterStats(per_endpoint_stats=True),
+        track_cluster_stats=TrackClusterStats(per_endpoint_stats=per_endpoint_stats),
     )
+    if not per_endpoint_stats:
+        cluster.ClearField("track_cluster_stats")
     cluster.typed_extension_protocol_options[HTTP_PROTOCOL_OPTIONS].CopyFrom(
         packed(
             HttpProtocolOptions(

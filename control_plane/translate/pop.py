@@ -16,9 +16,12 @@ are translated and serialized. The inputs of each resource are exactly what its 
   (chain and key as read from its files);
 - RouteConfiguration (`<listener>` and, with trusted priority sources, `<listener>.trusted`): the
   desired listener, the PoP, which of the two, the classification rules, the default tier, and
-  per virtual host its origin group and that group's active tier actions.
+  per virtual host its origin group and that group's active tier actions, mirror and hedge share.
 
 - Runtime `ballast_tiers` (RTDS): every group's lent limits (`runtime.py`).
+
+A proxyless gRPC client (`caps.grpc`) gets its gRPC services instead, built by
+`grpc_resources.py` with the same builder.
 
 So a weight change re-builds the ClusterLoadAssignments of that group, a tier action the routes
 and the runtime layer,
@@ -48,6 +51,7 @@ from control_plane.desired.model import (
 )
 from control_plane.translate.clusters import cluster_name, tier_cluster
 from control_plane.translate.endpoints import load_assignment
+from control_plane.translate.grpc_resources import grpc_resources
 from control_plane.translate.listeners import listener, trusted_route_name
 from control_plane.translate.mirror import (
     has_mirror,
@@ -145,13 +149,16 @@ class PopIntent:
     (`runtime.py`). `mirrors`: origin group -> its active cache-warming mirror (`mirror.py`);
     only the routes change (the mirror clusters of every standby are always there). `sick`:
     origin group with session affinity -> the origins its sessions may not stay on (their
-    endpoints are not marked HEALTHY, `endpoints.py`).
+    endpoints are not marked HEALTHY, `endpoints.py`). `hedges`: the routes change.
     """
 
     weights: Mapping[str, GroupWeights] = field(default_factory=dict)
     tier_actions: Mapping[str, TierActions] = field(default_factory=dict)
     mirrors: Mapping[str, Mirror] = field(default_factory=dict)
     sick: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    # origin group -> per million of its hedged tiers' requests that may hedge while a standby
+    # is guarded by its ramp (`decide/ramp.py` `hedge_share`; `routes.py` `hedged_routes`)
+    hedges: Mapping[str, int] = field(default_factory=dict)
 
 
 def translate_pop(
@@ -176,7 +183,11 @@ def translate_pop(
     held = intent or PopIntent()
     inputs = _PopInputs(desired, caps, resolve_weights(desired, pop, held.weights),
                         dict(held.tier_actions), dict(held.mirrors),
-                        {g: sick for g, sick in held.sick.items() if sick})
+                        {g: sick for g, sick in held.sick.items() if sick}, dict(held.hedges))
+    if caps.grpc is not None:  # a proxyless gRPC client: its gRPC services, nothing else
+        make = _Builder(previous if previous is not None and previous.pop == pop else None)
+        by_type, notes = grpc_resources(desired, caps.grpc, inputs.weights, make)
+        return _finish(pop, inputs, make, notes, by_type)
     last = None if previous is None or previous.pop != pop else previous.derived(
         _POP_INPUTS, lambda _: None)
     if previous is not None and last is not None and last.desired is desired \
@@ -195,6 +206,7 @@ class _PopInputs:
     actions: Mapping[str, TierActions]
     mirrors: Mapping[str, Mirror]
     sick: Mapping[str, frozenset[str]]  # groups with affinity: origins sessions may not stay on
+    hedges: Mapping[str, int]  # groups whose hedging a ramp guards: per million that may hedge
 
 
 def _translate(pop: str, inputs: _PopInputs, make: _Builder) -> PopResources:
@@ -291,7 +303,8 @@ def _changed_weights_or_actions(
         by_type[ENDPOINT_TYPE] = endpoints
     if inputs.actions != last.actions:
         by_type[RUNTIME_TYPE] = _runtime(make, inputs)
-    if inputs.actions != last.actions or inputs.mirrors != last.mirrors:
+    if (inputs.actions != last.actions or inputs.mirrors != last.mirrors
+            or inputs.hedges != last.hedges):
         groups = {
             g.name: make.previous_input(CLUSTER_TYPE, cluster_name(g.name, g.tiers[0].name), 0)
             or g
@@ -316,7 +329,8 @@ def _routes(
 ) -> dict[str, Resource]:
     """Each listener's route configuration, then (with trusted priority sources) each one's
     `<listener>.trusted` configuration."""
-    desired, actions, mirrors = inputs.desired, inputs.actions, inputs.mirrors
+    desired, actions, mirrors, hedges = (inputs.desired, inputs.actions, inputs.mirrors,
+                                         inputs.hedges)
     routes: dict[str, Resource] = {}
     for trusted in (False, True) if desired.trusted_priority_sources else (False,):
         for item in _served(desired, pop):
@@ -328,11 +342,12 @@ def _routes(
                 ROUTE_TYPE, name,
                 (item.shape, pop, trusted, desired.classification, desired.default_tier,
                  tuple((groups.get(v.origin_group), actions.get(v.origin_group),
-                        mirrors.get(v.origin_group))
+                        mirrors.get(v.origin_group), hedges.get(v.origin_group))
                        for v in item.virtual_hosts), left_out),
                 lambda item=item, trusted=trusted, left_out=left_out: (
                     _without_configs_of(route_configuration(
-                        desired, item, pop, actions, trusted=trusted, mirrors=mirrors), left_out),
+                        desired, item, pop, actions, trusted=trusted, mirrors=mirrors,
+                        hedges=hedges), left_out),
                     None),
             ).resource
     return routes
@@ -377,7 +392,8 @@ def _cluster(
     name: str, group: OriginGroup, tier: Tier, caps: Capabilities
 ) -> tuple[Message, str | None]:
     choice = choose_queue_policy(name, tier, caps)
-    return tier_cluster(group, tier, choice), choice.fallback_note
+    return (tier_cluster(group, tier, choice, per_endpoint_stats=not caps.load_reports),
+            choice.fallback_note)
 
 
 def built_resources(resources: PopResources) -> tuple[ResourceKey, ...]:

@@ -46,19 +46,29 @@ class Capabilities:
     to Ballast (node metadata `ballast_access_log: true`), so its listeners get the gRPC access
     log (key suffix `+als`). `missing_filters`: HTTP filter types (type names) that Envoy 1.40
     lists and this node does not; operator-added filters of those types are not sent to it
-    (key suffix `-f<hash>`).
+    (key suffix `-f<hash>`). `load_reports`: its bootstrap sends load reports to Ballast (node
+    metadata `ballast_load_reports: true`): Envoy then refuses clusters with per-endpoint stats,
+    so its clusters have none (key suffix `+lrs`). `grpc`: the node is a proxyless gRPC client,
+    not an Envoy; the gRPC features it has that Ballast gates on (`grpc_capabilities.py`), key
+    `grpc+<features>`.
     """
 
     adaptive_lifo: bool = False
     queue_policies: bool = True
     access_log: bool = False
     missing_filters: frozenset[str] = frozenset()
+    grpc: frozenset[str] | None = None
+    load_reports: bool = False
 
     @property
     def key(self) -> str:
+        if self.grpc is not None:
+            return "".join(("grpc", *(f"+{feature}" for feature in sorted(self.grpc))))
         base = ("lifo" if self.adaptive_lifo else "fifo") if self.queue_policies else "none"
         if self.access_log:
             base = f"{base}+als"
+        if self.load_reports:
+            base = f"{base}+lrs"
         if self.missing_filters:
             listed = "\n".join(sorted(self.missing_filters)).encode()
             base = f"{base}-f{hashlib.sha256(listed).hexdigest()[:8]}"

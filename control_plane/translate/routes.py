@@ -30,6 +30,11 @@ retry budget (`upstream_rq_retry_overflow`) beyond it. A stalled attempt is stil
 the read timeout, as `per_try_idle_timeout` (no byte for that long ends it). A hedge, like any
 retry, reaches the other origin despite a 95/5 weight split (see Retries).
 Envoy adds `x-envoy-attempt-count` toward the origin, so it can tell a hedge (2, 3) apart.
+Hedges respect the standby ramp: while a standby of the group is cold (at its warm pool) or
+ramping, only its headroom may reach it through hedges, so each hedging route is split
+(`hedged_routes`, share from `decide/ramp.py` `hedge_share`): a copy `<route>-hedged` for that
+share of the requests (`runtime_fraction`) hedges, the route itself does not (measured through
+Envoy 1.40: docs/benchmarks.md, "Hedges respect the ramp").
 The request header `x-ballast-tier: <tier>` (overwriting any client value) tells the origin and
 operators how a request was classified.
 
@@ -49,7 +54,9 @@ Tier actions (adaptive re-prioritization, seed 000), when active for the group i
   retries stay those of the route's own tier (the client's deadline does not change);
 - shedding (the re-prioritization's shed tier and the tiers shed for utilization): the routes
   of a shed tier answer at the edge with `direct_response`, `retry-after` = the recovery time in
-  seconds and `x-ballast-shed: <tier>`; nothing reaches an origin. The tier's `shed_action`
+  seconds and `x-ballast-shed: <tier>`; nothing reaches an origin. Each is named
+  `<rule>@shed/<group>/<tier>`, so the access log counts a shed request against its tier (the
+  rollout gates' shed rate). The tier's `shed_action`
   picks the answer: `reject` 503; `defer` 202 (the client may do the work later); `stale` 503
   with `x-ballast-serve-stale: 1` and `cache-control: no-store`, which tells a cache in front
   to answer with its stale copy (e.g. nginx `proxy_cache_use_stale http_503`) and never to
@@ -63,7 +70,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from envoy.config.core.v3.base_pb2 import DataSource, HeaderValue, HeaderValueOption
+from envoy.config.core.v3.base_pb2 import (
+    DataSource,
+    HeaderValue,
+    HeaderValueOption,
+    RuntimeFractionalPercent,
+)
 from envoy.config.route.v3.route_components_pb2 import (
     DirectResponseAction,
     HeaderMatcher,
@@ -80,6 +92,7 @@ from envoy.extensions.retry.host.previous_hosts.v3.previous_hosts_pb2 import (
     PreviousHostsPredicate,
 )
 from envoy.type.matcher.v3.string_pb2 import StringMatcher
+from envoy.type.v3.percent_pb2 import FractionalPercent
 from google.protobuf.any_pb2 import Any
 
 from control_plane.desired.model import (
@@ -113,6 +126,8 @@ DEMOTED_HEADER = "x-ballast-demoted-from"
 SHED_HEADER = "x-ballast-shed"
 TRUSTED_ROUTE_PREFIX = "trusted-"  # the trusted routes are named trusted-<tier>
 SERVE_STALE_HEADER = "x-ballast-serve-stale"
+HEDGED_ROUTE_SUFFIX = "-hedged"
+SHED_ROUTE_MARK = "@shed/"  # `<rule>@shed/<group>/<tier>`: a shed route (`shed_route_name`)
 
 
 def route_timeout_ms(tier: Tier) -> int:
@@ -127,17 +142,21 @@ def route_configuration(
     *,
     trusted: bool = False,
     mirrors: Mapping[str, Mirror] | None = None,
+    hedges: Mapping[str, int] | None = None,
 ) -> RouteConfiguration:
     """`tier_actions`: origin group -> the tier actions active for it in this PoP. `trusted`:
     the configuration for connections from trusted sources (named `<listener>.trusted`).
-    `mirrors`: origin group -> its active cache-warming mirror (`mirror.py`)."""
+    `mirrors`: origin group -> its active cache-warming mirror (`mirror.py`). `hedges`: origin
+    group -> the share (per million) of its hedged tiers' requests that may hedge while a
+    standby is guarded by its ramp (`hedged_routes`); a group absent hedges every request."""
     actions = tier_actions or {}
     active = mirrors or {}
+    guarded = hedges or {}
     return RouteConfiguration(
         name=trusted_route_name(listener.name) if trusted else listener.name,
         virtual_hosts=[
             _virtual_host(desired, vhost, actions.get(vhost.origin_group), trusted,
-                          active.get(vhost.origin_group))
+                          active.get(vhost.origin_group), guarded.get(vhost.origin_group))
             for vhost in listener.virtual_hosts
         ],
         request_headers_to_add=[_overwrite(POP_HEADER, pop)],
@@ -146,7 +165,7 @@ def route_configuration(
 
 def _virtual_host(
     desired: Desired, vhost: DesiredVirtualHost, actions: TierActions | None, trusted: bool,
-    mirror: Mirror | None = None,
+    mirror: Mirror | None = None, hedge_share: int | None = None,
 ) -> VirtualHost:
     group = desired.group(vhost.origin_group)
     if actions is not None:
@@ -167,6 +186,8 @@ def _virtual_host(
     )
     if mirror is not None:
         routes = [each for route in routes for each in mirrored_routes(group.name, route, mirror)]
+    if hedge_share is not None:
+        routes = [each for route in routes for each in hedged_routes(route, hedge_share)]
     host = VirtualHost(name=vhost.name, domains=list(vhost.domains), routes=routes,
                        include_request_attempt_count=True)
     if group.affinity is not None:
@@ -217,7 +238,8 @@ def _route(
     name: str, match: RouteMatch, group: OriginGroup, tier: Tier, actions: TierActions | None
 ) -> Route:
     if actions is not None and tier.name in actions.shed:
-        return _shed_route(name, match, tier, actions.retry_after_s)
+        return _shed_route(shed_route_name(name, group.name, tier.name), match, tier,
+                           actions.retry_after_s)
     action = RouteAction(
         timeout=duration_ms(route_timeout_ms(tier)),
         retry_policy=_retry_policy(tier),
@@ -271,6 +293,45 @@ def _shed_route(name: str, match: RouteMatch, tier: Tier, retry_after_s: int) ->
         ),
         response_headers_to_add=headers,
     )
+
+
+def shed_route_name(rule: str, group: str, tier: str) -> str:
+    """A shed route's name: its rule's, then the group and tier it sheds (`<rule>@shed/<group>/
+    <tier>`). Envoy's access log names the route that answered a request, so a shed request is
+    counted against its (group, tier) (`observe/access_log.py`)."""
+    return f"{rule}{SHED_ROUTE_MARK}{group}/{tier}"
+
+
+def shed_of_route(name: str) -> tuple[str, str] | None:
+    """(group, tier) a shed route's name (`shed_route_name`) names; None for any other."""
+    _, mark, rest = name.partition(SHED_ROUTE_MARK)
+    group, slash, tier = rest.partition("/")
+    if not mark or not slash or not group or not tier or "/" in tier:
+        return None
+    return group, tier
+
+
+def hedged_routes(route: Route, share: int) -> list[Route]:
+    """A hedging route split by `share` (per million of its requests): a copy named
+    `<route>-hedged` matching that share (`runtime_fraction`) keeps the hedge, then the route
+    itself without it (its attempts wait `read_timeout`, its retries still leave a failing
+    origin). Routes that do not hedge are left as they are."""
+    if route.WhichOneof("action") != "route" or not route.route.HasField("hedge_policy"):
+        return [route]
+    base = Route()
+    base.CopyFrom(route)
+    base.route.ClearField("hedge_policy")
+    base.route.retry_policy.ClearField("per_try_idle_timeout")
+    base.route.retry_policy.per_try_timeout.CopyFrom(
+        route.route.retry_policy.per_try_idle_timeout)
+    if share <= 0:
+        return [base]
+    copy = Route()
+    copy.CopyFrom(route)
+    copy.name = route.name + HEDGED_ROUTE_SUFFIX
+    copy.match.runtime_fraction.CopyFrom(RuntimeFractionalPercent(
+        default_value=FractionalPercent(numerator=share, denominator=FractionalPercent.MILLION)))
+    return [copy, base]
 
 
 def _overwrite(name: str, value: str) -> HeaderValueOption:

@@ -1,20 +1,28 @@
 """Stand-ins for the few commands of deploy/README.md's runbook that would change the shared test
-machine itself, for the multi-host test (`tests/test_deploy_hosts.py`). Each runbook block runs
-in its host's network namespace with these first on PATH:
+machine itself, or that need what one machine lacks (sshd, systemd), for the multi-host test
+(`tests/test_deploy_hosts.py`). Each runbook block runs in its host's network namespace with
+these first on PATH:
 
-- `systemctl`: starts, stops and restarts a unit from the host's `/etc/systemd/system` (the
-  runbook copies ours there), or Debian's etcd and prometheus units (their ExecStart, as the
-  packages ship them): ExecStart with `${VAR}`s from EnvironmentFile=/Environment=, as the
-  unit's User= (mapped by `runbook.SERVICE_USERS`), in its own session, output in the host's
-  `log/`, PID in `run/<unit>.pid` (and every PID ever started in `run/all`, which the test
-  stops at the end). `daemon-reload` and `enable` have nothing to do here.
-- `scp SRC... HOST:PATH`: a copy into that host's folder (one machine).
+- `systemctl`: starts, stops, restarts and reloads (SIGHUP) a unit from the host's
+  `/etc/systemd/system` (the runbook copies the kit's there), or Debian's etcd and prometheus
+  units (their ExecStart, as the packages ship them): ExecStart with `${VAR}`s from
+  EnvironmentFile=/Environment=, as the unit's User= (mapped by `runbook.SERVICE_USERS`), in
+  its own session, output in the host's `log/`, PID in `run/<unit>.pid` (and every PID ever
+  started in `run/all`, which the test stops at the end). A `Type=oneshot` unit runs to its end
+  and `start` returns its status, as systemd's does. `daemon-reload`, `enable` and timers have
+  nothing to do here (a timer's schedule is systemd's own: not walked).
+- `scp [OPTIONS] SRC... DEST` and `ssh [OPTIONS] HOST COMMAND`: a copy between the hosts'
+  folders, a command run in HOST's namespace and folder; both refused (as sshd would) unless
+  the calling host's `/root/.ssh/id_ed25519.pub` is in HOST's `/root/.ssh/authorized_keys`, so
+  the runbook's SSH set-up is walked too. The workstation (outside the hosts) is the operator's
+  own access.
 - `useradd`, `apt-get`: nothing (the accounts and packages are the machine's, see
   `SERVICE_USERS`; `deploy/ensure-test-services.sh` installs the packages).
 - `chown`, `install`: the real commands with the service users mapped.
 
 Environment: BALLAST_E2E_ROOTS (the hosts' folders), BALLAST_E2E_HOST (this host),
-BALLAST_E2E_VENV (the shared /opt/ballast).
+BALLAST_E2E_VENV (the shared /opt/ballast), BALLAST_E2E_NETNS (the namespaces' name prefix),
+BALLAST_E2E_BIN (these shims' folder), BALLAST_E2E_PYTHON.
 """
 
 from __future__ import annotations
@@ -66,7 +74,10 @@ def _unit(name: str) -> dict[str, str]:
 
 
 def _environment(unit: dict[str, str]) -> dict[str, str]:
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+    # the shims first, for a unit's own commands (the etcd snapshot script's scp)
+    env = {"PATH": f"{os.environ['BALLAST_E2E_BIN']}:/usr/local/bin:/usr/bin:/bin",
+           "LANG": "C.UTF-8",
+           **{k: v for k, v in os.environ.items() if k.startswith("BALLAST_E2E_")}}
     for line in unit.get("Environment", "").splitlines():
         key, _, value = line.partition("=")
         env[key] = value
@@ -81,7 +92,7 @@ def _environment(unit: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def _start(name: str) -> None:
+def _start(name: str) -> int:
     roots, host, _ = _env()
     unit = _unit(name)
     env = _environment(unit)
@@ -93,12 +104,17 @@ def _start(name: str) -> None:
     (roots / host / "log").mkdir(exist_ok=True)
     (roots / host / "run").mkdir(exist_ok=True)
     with open(roots / host / "log" / f"{name}.log", "ab") as log:
+        if unit.get("Type") == "oneshot":
+            return subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                  stderr=subprocess.STDOUT, cwd=unit.get("WorkingDirectory")
+                                  or "/", timeout=120, check=False).returncode
         proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True,
                                 cwd=unit.get("WorkingDirectory") or "/")
     (roots / host / "run" / f"{name}.pid").write_text(f"{proc.pid}\n")
     with open(roots / host / "run" / "all", "a") as every:
         every.write(f"{proc.pid}\n")
+    return 0
 
 
 def alive(pid: int) -> bool:
@@ -138,30 +154,101 @@ def systemctl(args: list[str]) -> int:
     command, units = words[0], [u.removesuffix(".service") for u in words[1:]]
     if command == "daemon-reload" or (command == "enable" and "--now" not in args):
         return 0
+    status = 0
     for unit in units:
+        if unit.endswith(".timer"):
+            continue  # systemd's clock: not walked
+        if command == "reload":
+            _reload(unit)
         if command in ("stop", "restart"):
             _stop(unit)
         if command in ("start", "restart", "enable"):
-            _start(unit)
-    return 0
+            status = status or _start(unit)
+    return status
+
+
+def _reload(name: str) -> None:
+    roots, host, _ = _env()
+    os.kill(int((roots / host / "run" / f"{name}.pid").read_text()), signal.SIGHUP)
+
+
+# ssh and scp options that take a value (the next argument)
+SSH_VALUE_OPTIONS = {"-o", "-i", "-P", "-p", "-F", "-J", "-l", "-S", "-c", "-E"}
+
+
+def _operands(args: list[str]) -> list[str]:
+    out, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg in SSH_VALUE_OPTIONS:
+            skip = True
+        elif not arg.startswith("-"):
+            out.append(arg)
+    return out
+
+
+def _remote(spec: str) -> tuple[str | None, str]:
+    """(host, path) of `[user@]host:path`; (None, spec) for a local path."""
+    if ":" not in spec or spec.startswith("/"):
+        return None, spec
+    host, _, path = spec.partition(":")
+    return host.rpartition("@")[2], path
+
+
+def _authorized(to_host: str) -> bool:
+    """Whether this host's key logs it in as root on `to_host`, as sshd would decide."""
+    roots, here, _ = _env()
+    if here == "workstation":
+        return True
+    try:
+        key = (roots / here / "root/.ssh/id_ed25519.pub").read_text().strip()
+        allowed = (roots / to_host / "root/.ssh/authorized_keys").read_text().splitlines()
+    except OSError:
+        return False
+    if key in (line.strip() for line in allowed):
+        return True
+    print(f"root@{to_host}: Permission denied (publickey).", file=sys.stderr)
+    return False
+
+
+def _on_host(host: str, path: str) -> Path:
+    """A path of `host` (relocated for whichever host, or as the runbook wrote it)."""
+    roots = _env()[0]
+    located = host_of(path, roots)
+    inside = located[1] if located else path
+    return roots / host / inside.lstrip("/")
 
 
 def scp(args: list[str]) -> int:
-    roots = _env()[0]
-    *sources, target = [a for a in args if not a.startswith("-")]
-    to_host, colon, path = target.partition(":")
-    if not colon:
-        return 2
-    located = host_of(path, roots)
-    inside = located[1] if located else path
-    destination = roots / to_host / inside.lstrip("/")
-    if path.endswith("/"):
-        destination = Path(f"{destination}/")
+    *sources, target = _operands(args)
+    to_host, path = _remote(target)
+    if to_host is not None and not _authorized(to_host):
+        return 255
+    destination = Path(target) if to_host is None else _on_host(to_host, path)
     for source in sources:
-        into = destination / Path(source).name if destination.is_dir() else destination
-        shutil.copyfile(source, into)
-        os.chmod(into, os.stat(source).st_mode & 0o777)
+        from_host, source_path = _remote(source)
+        if from_host is not None and not _authorized(from_host):
+            return 255
+        origin = Path(source_path) if from_host is None else _on_host(from_host, source_path)
+        into = destination / origin.name if destination.is_dir() else destination
+        shutil.copyfile(origin, into)
+        os.chmod(into, os.stat(origin).st_mode & 0o777)
     return 0
+
+
+def ssh(args: list[str]) -> int:
+    host, *command = _operands(args)
+    host = host.rpartition("@")[2]
+    if not _authorized(host):
+        return 255
+    roots, here, _ = _env()
+    # the command was relocated for the calling host: its paths are the target's own
+    text = " ".join(command).replace(f"{roots / here}/", f"{roots / host}/")
+    env = {**os.environ, "BALLAST_E2E_HOST": host, "HOME": str(roots / host / "root")}
+    return subprocess.run(["ip", "netns", "exec", f"{os.environ['BALLAST_E2E_NETNS']}{host}",
+                           "bash", "-c", text], env=env, cwd=roots / host / "root",
+                          check=False, timeout=120).returncode
 
 
 def _user(name: str) -> str:
@@ -195,6 +282,8 @@ def main() -> int:
         return systemctl(args)
     if name == "scp":
         return scp(args)
+    if name == "ssh":
+        return ssh(args)
     if name in ("useradd", "apt-get"):
         return 0
     if name in ("chown", "install"):

@@ -53,6 +53,7 @@ class HostNetwork:
                 self._made.append(host.ns)
                 _ip("link", "add", host.veth, "type", "veth", "peer", "name", "eth0",
                     "netns", host.ns)
+                self._made.append(host.veth)
                 _ip("link", "set", host.veth, "master", self.bridge, "up")
                 _ip("-n", host.ns, "addr", "add", f"{host.address}/24", "dev", "eth0")
                 _ip("-n", host.ns, "link", "set", "eth0", "up")
@@ -69,8 +70,11 @@ class HostNetwork:
         _ip("link", "set", self.hosts[host].veth, "up" if up else "down")
 
     def teardown(self) -> None:
-        """Delete what was made, by name (a namespace takes its veth pair with it)."""
+        """Delete what was made, by name. A veth pair is deleted by itself first: a deleted
+        namespace takes its veths along only once the kernel frees it, later, and a next
+        network of the same process (the same names) would find them still there."""
+        namespaces = {host.ns for host in self.hosts.values()}
         for name in reversed(self._made):
-            kind = ["link", "del", name] if name == self.bridge else ["netns", "del", name]
+            kind = ["netns", "del", name] if name in namespaces else ["link", "del", name]
             subprocess.run(["ip", *kind], capture_output=True, timeout=30)
         self._made.clear()

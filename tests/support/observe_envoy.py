@@ -101,12 +101,14 @@ def translated_edge_bootstrap(
     admin_port: int,
     listen_port: int,
     sink_port: int,
+    hedges: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """Ballast's ADS bootstrap (stats tags, both sinks) with the PoP's translated resources
-    inlined statically (`static_bootstrap`): real routes (retries), real tier clusters."""
+    inlined statically (`static_bootstrap`): real routes (retries), real tier clusters;
+    `hedges`: the hedge share per group (`PopIntent.hedges`)."""
     bootstrap = _sink_only_bootstrap(pop, node_id, admin_port, sink_port)
     static = static_bootstrap(translate_pop(desired, pop, Capabilities(),
-                                            PopIntent(weights=weights)))
+                                            PopIntent(weights=weights, hedges=hedges or {})))
     bootstrap["static_resources"]["clusters"].extend(static["static_resources"]["clusters"])
     (listener,) = static["static_resources"]["listeners"]
     listener["address"]["socket_address"]["port_value"] = listen_port

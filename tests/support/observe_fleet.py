@@ -96,8 +96,10 @@ async def edge_fleet(
 
 
 @asynccontextmanager
-async def translated_fleet(sink_port: int, weights: dict[str, int]) -> AsyncIterator[Fleet]:
-    """Envoy of PoP `ewr` running the translation of `shop` = primary, secondary, dead."""
+async def translated_fleet(sink_port: int, weights: dict[str, int], *, hedge_delay_ms: int = 0
+                           ) -> AsyncIterator[Fleet]:
+    """Envoy of PoP `ewr` running the translation of `shop` = primary, secondary, dead (with
+    `hedge_delay_ms`, the critical tier hedges, unguarded)."""
     primary = await DemoOrigin("primary", free_port()).start()
     secondary = await DemoOrigin("secondary", free_port()).start()
     origins = (
@@ -111,6 +113,10 @@ async def translated_fleet(sink_port: int, weights: dict[str, int]) -> AsyncIter
         origins=origins,
         preference={"ewr": order, "sjc": order},
     )
+    if hedge_delay_ms:
+        group = replace(group, tiers=tuple(
+            replace(t, hedge_delay_ms=hedge_delay_ms) if t.name == "critical" else t
+            for t in group.tiers))
     desired = example_desired(group)
     admin_port, listen_port = free_port(), free_port()
     bootstrap = translated_edge_bootstrap(

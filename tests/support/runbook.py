@@ -2,7 +2,8 @@
 ```` ```sh runbook=STEP hosts=H1,H2 ````, and what makes them runnable on one test machine.
 
 - `blocks()` parses them in document order: the test runs exactly these texts, so the runbook and
-  the test cannot drift apart.
+  the test cannot drift apart. A block marked `needs=systemd` talks to systemd itself (time
+  sync, the journal): the test names it as not walked.
 - `relocate()` moves the absolute paths a host owns (`/etc/ballast`, `/var/lib/etcd`, `/root`,
   ...) under that host's own folder, and `/opt/ballast` to the one virtualenv the hosts share:
   the text is otherwise unchanged. Any other absolute path the runbook names is the machine's
@@ -24,12 +25,12 @@ ROOT = Path(__file__).resolve().parents[2]
 RUNBOOK = ROOT / "deploy" / "README.md"
 SHARED_VENV = "/opt/ballast"
 HOST_PATHS = ("/etc/ballast", "/etc/envoy", "/etc/etcd", "/etc/prometheus", "/etc/default",
-              "/etc/systemd/system", "/var/lib/ballast", "/var/lib/etcd", "/var/lib/prometheus",
-              "/root")
+              "/etc/systemd/system", "/etc/hosts", "/etc/nftables.conf", "/var/lib/ballast",
+              "/var/lib/etcd", "/var/lib/prometheus", "/var/backups", "/root")
 SERVICE_USERS = {"ballast": ("nobody", "nogroup"), "envoy": ("nobody", "nogroup"),
                  "etcd": ("etcd", "etcd"), "prometheus": ("prometheus", "prometheus")}
-_FENCE = re.compile(r"^```sh runbook=(?P<step>[\w-]+)(?: hosts=(?P<hosts>[\w,-]+))?\n"
-                    r"(?P<text>.*?)^```$", re.MULTILINE | re.DOTALL)
+_FENCE = re.compile(r"^```sh runbook=(?P<step>[\w-]+)(?: hosts=(?P<hosts>[\w,-]+))?"
+                    r"(?: needs=(?P<needs>\w+))?\n(?P<text>.*?)^```$", re.MULTILINE | re.DOTALL)
 _PATHS = re.compile(r"(?<![\w./])(" + "|".join(re.escape(p) for p in
                                                   (SHARED_VENV, *HOST_PATHS)) +
                     r")(?=[/\s'\";:)]|$)")
@@ -40,12 +41,13 @@ class Block:
     step: str
     hosts: tuple[str, ...]  # ("all",) for every host; () for the site block
     text: str
+    needs: str | None = None  # "systemd": not walked
 
 
 def blocks(text: str | None = None) -> list[Block]:
     source = RUNBOOK.read_text() if text is None else text
     return [Block(m["step"], tuple((m["hosts"] or "").split(",")) if m["hosts"] else (),
-                  m["text"]) for m in _FENCE.finditer(source)]
+                  m["text"], m["needs"]) for m in _FENCE.finditer(source)]
 
 
 def relocate(text: str, roots: Path, host: str, venv: Path) -> str:

@@ -254,7 +254,7 @@ async function renderOverview(route) {
         Object.entries(pop.by_status).filter(([, n]) => n).map(([st, n]) =>
           h("span", { class: `badge ${st.toLowerCase()}` }, `${n} ${st}`)),
         " ", h("span", { class: "muted" },
-          Object.entries(pop.envoy_versions).map(([v, n]) => `Envoy ${v} ×${n}`).join(", "))),
+          Object.entries(pop.envoy_versions).map(([v, n]) => `${v.startsWith("gRPC") ? "" : "Envoy "}${v} ×${n}`).join(", "))),
       h("ul", { class: "nodes" }, pop.nodes.map((node) => h("li", { class: "node", "data-node": node.node_id },
         badge(node.status), " ", node.node_id, " ", h("span", { class: "muted" }, node.envoy_version),
         node.last_nack ? h("div", { class: "nack" }, `${node.last_nack.type} NACK: ${node.last_nack.message}`) : null)),
@@ -265,10 +265,33 @@ async function renderOverview(route) {
       pop.away.length ? h("ul", { class: "away" }, pop.away.map((g) => h("li", {},
         groupLink(pop.name, g.group), " ", weightBar(g.weights), " ", weightsText(g.weights)))) : null,
       Object.keys(pop.tier_actions).length ? h("div", { class: "tiers" }, h("strong", {}, "Tier actions: "),
-        Object.entries(pop.tier_actions).map(([g, a]) => h("div", {}, groupLink(pop.name, g), `: ${a.description}`))) : null);
+        Object.entries(pop.tier_actions).map(([g, a]) => h("div", {}, groupLink(pop.name, g), `: ${a.description}`))) : null,
+      originReadings(pop.name, (data.origins || {})[pop.name] || {}));
   });
   setView(configPanel(data.config), rolloutPanel(data.rollout), h("section", { class: "pops" }, cards),
     servedCertificatesPanel(data.served_certificates || []));
+}
+
+// each origin's last reading in a PoP, per group, as /status has it (app/status.py): weight,
+// 5xx rate, p95 and health score (below 0 past five times a threshold: drawn as such)
+function originReadings(pop, groups) {
+  const names = Object.keys(groups);
+  if (!names.length) return null;
+  const cell = (value, text, cls) => h("td", { class: cls || "" }, value === null || value === undefined ? "–" : text);
+  return names.map((group) => {
+    const reading = groups[group];
+    return h("table", { class: "origins", "data-group": group, "data-read-at": String(reading.read_at_ms) },
+      h("caption", {}, groupLink(pop, group), h("span", { class: "muted" },
+        ` read ${new Date(reading.read_at_ms).toISOString().slice(11, 19)}Z`)),
+      h("tr", {}, h("th", {}, "origin"), h("th", {}, "weight"), h("th", {}, "5xx"), h("th", {}, "p95"),
+        h("th", {}, "health")),
+      Object.entries(reading.origins).map(([origin, o]) => h("tr", { "data-origin": origin },
+        h("td", {}, origin), h("td", { class: "weight" }, `${o.weight} %`),
+        cell(o.error_rate_pct, `${Number(o.error_rate_pct).toFixed(1)} %`, "error-rate"),
+        cell(o.p95_ms, `${o.p95_ms} ms`, "p95"),
+        cell(o.score, o.score === null ? "" : Number(o.score).toFixed(2),
+          `score${o.score !== null && o.score < 0 ? " negative" : o.score !== null && o.score < 0.8 ? " low" : ""}`))));
+  });
 }
 
 // the latest rollout of a desired-state version: its waves in order with their state and start
@@ -279,10 +302,15 @@ function rolloutPanel(shown) {
   const versions = h("table", { class: "pop-versions" },
     h("tr", {}, h("th", {}, "PoP"), h("th", {}, "version"), h("th", {}, "applied"),
       h("th", {}, "pending"), h("th", {}, "NACKed")),
-    Object.entries(shown.pop_versions).map(([pop, v]) => h("tr", { "data-pop": pop },
+    Object.entries(shown.pop_versions).flatMap(([pop, v]) => [h("tr", { "data-pop": pop },
       h("td", {}, popLink(pop)), h("td", {}, h("code", {}, v.version.slice(0, 16))),
       h("td", {}, String(v.applied)), h("td", {}, String(v.pending)),
-      h("td", { class: v.nacked ? "warn" : "" }, String(v.nacked)))));
+      h("td", { class: v.nacked ? "warn" : "" }, String(v.nacked))),
+      // with replicas: each replica's nodes of the PoP (every replica counts in the row above)
+      ...Object.entries(v.replicas || {}).map(([replica, r]) => h("tr", { class: "replica", "data-pop": pop, "data-replica": replica },
+        h("td", { class: "muted" }, `via ${replica}`), h("td", {}, h("code", {}, String(r.version).slice(0, 16))),
+        h("td", {}, String(r.applied)), h("td", {}, String(r.pending)),
+        h("td", { class: r.nacked ? "warn" : "" }, String(r.nacked))))]));
   if (!rollout) {
     return h("section", { class: "panel rollout", "data-phase": "none" }, h("h2", {}, "Rollout"),
       h("p", { class: "muted" }, "no rollout since the state was new"), versions);
@@ -458,11 +486,15 @@ function healthChart(data) {
   const W = 860, H = 170, M = { l: 44, r: 12, t: 16, b: 24 };
   const width = W - M.l - M.r, height = H - M.t - M.b;
   const x = timeScale(data, width);
-  // a score below 0 (an origin failing past five times a threshold) is drawn at 0; its
-  // point's title keeps the number (decide/health.py)
-  const y = (v) => height - Math.max(0, v) * height;
+  // scores go below 0 past five times a threshold (decide/health.py: 60 % 5xx scores -5):
+  // the axis reaches down to the lowest one shown, 0 is a line of its own
+  const scores = data.points.flatMap((p) => Object.values(p.scores).filter((v) => typeof v === "number"));
+  const low = Math.min(0, Math.floor(Math.min(...scores, 0)));
+  const y = (v) => height - ((v - low) / (1 - low)) * height;
   const g = s("g", { transform: `translate(${M.l},${M.t})` });
-  axes(g, data, width, height, [0, 0.5, 1].map((v) => [v.toFixed(1), y(v)]), "health");
+  const ticks = low < 0 ? [low, ...(low < -1 ? [Math.round(low / 2)] : []), 0, 1] : [0, 0.5, 1];
+  axes(g, data, width, height, ticks.map((v) => [v.toFixed(1), y(v)]), "health");
+  g.append(s("line", { x1: 0, x2: width, y1: y(0), y2: y(0), class: "zero", "data-value": 0 }));
   const t = data.thresholds;
   refLine(g, width, y(t.score_at_threshold),
     `at threshold (5xx ${(t.error_rate * 100).toFixed(1)}% · p95 ${t.p95_ms} ms)`);
@@ -473,7 +505,8 @@ function healthChart(data) {
       points: pts.map((p) => `${x(p.time).toFixed(1)},${y(p.scores[origin]).toFixed(1)}`).join(" "),
       class: "hline", stroke: COLORS[i % COLORS.length], "data-origin": origin }));
     for (const p of pts) {
-      g.append(s("circle", { cx: x(p.time), cy: y(p.scores[origin]), r: 2.5, fill: COLORS[i % COLORS.length] },
+      g.append(s("circle", { cx: x(p.time), cy: y(p.scores[origin]), r: 2.5, fill: COLORS[i % COLORS.length],
+                             "data-origin": origin, "data-score": p.scores[origin], "data-seq": p.seq },
         s("title", {}, `${origin} ${p.scores[origin].toFixed(2)} at ${hhmmss(p.time)}Z`)));
     }
   });
@@ -486,6 +519,16 @@ function legend(data) {
     h("span", { class: "swatch", style: { background: COLORS[i % COLORS.length] } }), origin,
     h("strong", { "data-current": origin }, ` ${data.current[origin] ?? "?"}%`),
     h("span", { class: "muted" }, ` (home ${data.home[origin]}%)`))));
+}
+
+// the failover ramp in words (admin/dashboard_views.py ramp_view): each standby's step and
+// share, its weight, since when it ramps and why, linked to the record that says so
+function rampSentences(route, standbys) {
+  if (!standbys.length) return h("p", { class: "muted" }, "none active");
+  return standbys.map((r) => h("div", { class: "ramp", "data-origin": r.origin },
+    h("p", { class: "ramp-sentence" }, r.sentence,
+      r.seq ? h("span", {}, " ", h("a", { href: groupHash(route, { seq: r.seq }) }, `#${r.seq}`)) : null),
+    r.next ? h("p", { class: "muted" }, `next: ${r.next}`) : null));
 }
 
 function genericTable(obj) {
@@ -503,8 +546,8 @@ function recordDetail(record) {
       ? h("p", { class: "next" }, h("strong", {}, "next: "), (record.detail && record.detail.next) || record.next) : null,
     record.weights_before ? h("p", {}, h("strong", {}, "weights: "),
       `${weightsText(record.weights_before)} → ${weightsText(record.weights_after)}`) : null,
-    record.detail && record.detail.proposed ? h("p", { class: "proposed" }, h("strong", {}, "proposed: "),
-      `${weightsText(record.detail.proposed)}, not pushed: ${record.detail.changed_by}`) : null,
+    record.detail && record.detail.proposed ? h("p", { class: "proposed" }, h("strong", {}, "the controller proposed: "),
+      `${weightsText(record.detail.proposed)} (not pushed: ${record.detail.changed_by})`) : null,
     record.inputs ? h("details", { open: true }, h("summary", {}, "inputs"),
       h("pre", {}, JSON.stringify(record.inputs, null, 2))) : null,
     record.detail ? h("details", {}, h("summary", {}, "detail"),
@@ -539,7 +582,8 @@ async function renderGroup(route) {
     h("td", {}, weightsText(p.weights)), h("td", { class: "rule" }, p.rule)))));
   const controllers = Object.entries(data.controllers || {}).map(([name, value]) =>
     h("section", { class: "panel controller", "data-controller": name }, h("h2", {}, name),
-      value ? genericTable(value) : h("p", { class: "muted" }, "none active")));
+      !value ? h("p", { class: "muted" }, "none active")
+        : value.standbys ? rampSentences(route, value.standbys) : genericTable(value)));
   setView(
     h("h1", {}, `${route.group} in ${route.pop}`),
     h("div", { class: "toolbar" }, ranges, legend(data),
