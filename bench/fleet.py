@@ -24,10 +24,11 @@ from __future__ import annotations
 import asyncio
 import gc
 import multiprocessing
+import os
 import sys
 import tempfile
 import time
-from collections.abc import Coroutine, Generator
+from collections.abc import Callable, Coroutine, Generator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -35,18 +36,18 @@ from typing import Any
 import grpc
 
 from bench.command_pipe import ServerProcess
-from bench.common import table
+from bench.common import median, table
 from bench.fanout import BenchClient
 from harness.xds_client import XdsClient, connect, local_channel, make_node
 
 CONNECTING = 500
-SIDES = ("floor", "ballast")
 
 
 def _lag(out: dict[str, Any], phase: str, lag: dict[str, float]) -> None:
     out[f"stall_{phase}_s"] = lag["worst"]
     out[f"gc_longest_{phase}_s"] = lag["gc_longest"]
     out[f"gc_total_{phase}_s"] = lag["gc_total"]
+    out[f"gc_longest_cpu_{phase}_s"] = lag["gc_longest_cpu"]
 
 
 def pop_of(index: int, pops: int) -> str:
@@ -54,12 +55,13 @@ def pop_of(index: int, pops: int) -> str:
 
 
 async def run_side(kind: str, pops: int, groups: int, nodes: int, per_connection: int,
-                   pushes: int, timeout: float = 600.0, push_timeout: float = 120.0
-                   ) -> dict[str, Any]:
-    out: dict[str, Any] = {"side": kind, "nodes": nodes, "pops": pops, "groups": groups,
-                           "errors": []}
+                   pushes: int, timeout: float = 600.0, push_timeout: float = 120.0,
+                   variant: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {"side": kind, "variant": variant, "nodes": nodes, "pops": pops,
+                           "groups": groups, "errors": []}
     server = ServerProcess(
-        [sys.executable, "-m", "bench.fleet_server", kind, str(pops), str(groups)],
+        [sys.executable, "-m", "bench.fleet_server", kind, str(pops), str(groups),
+         *([variant] if variant else [])],
         stop_wait_s=20)
     connections = -(-nodes // per_connection)
     channels: list[grpc.aio.Channel] = []
@@ -83,7 +85,7 @@ async def run_side(kind: str, pops: int, groups: int, nodes: int, per_connection
             if pop_of(index, pops) == "p000":
                 connected["p000"] += 1
 
-        start = time.monotonic()
+        start, client_cpu0 = time.monotonic(), time.process_time()
         storm = asyncio.ensure_future(asyncio.wait_for(
             asyncio.gather(*(gated(i, c) for i, c in enumerate(clients))), timeout))
         while connected["all"] < nodes // 2 and not storm.done():
@@ -109,9 +111,13 @@ async def run_side(kind: str, pops: int, groups: int, nodes: int, per_connection
         everyone_synced = int(synced["synced"])
         out["storm_s"] = synced["last_sync"] - start
         out["storm_cpu_per_node_us"] = (server.cpu() - cpu0) * 1e6 / nodes
+        out["storm_client_cpu_per_node_us"] = (time.process_time() - client_cpu0) * 1e6 / nodes
         _lag(out, "storm", await server.call(cmd="lag"))
         await asyncio.sleep(1.0)  # let the server settle before reading RSS
         out["rss_per_node"] = (server.rss() - rss0) / nodes
+        heap = await server.call(cmd="heap")
+        out["walked_per_node"] = heap["walked"] / nodes  # what a full collection walks
+        out["frozen_per_node"] = heap["frozen"] / nodes
         await server.call(cmd="lag")
         one: list[float] = []
         for n in range(pushes):
@@ -158,8 +164,9 @@ async def run_side(kind: str, pops: int, groups: int, nodes: int, per_connection
 
 
 def _side_in_process(kind: str, pops: int, groups: int, nodes: int, per_connection: int,
-                     pushes: int) -> dict[str, Any]:
-    return asyncio.run(run_side(kind, pops, groups, nodes, per_connection, pushes))
+                     pushes: int, variant: str = "") -> dict[str, Any]:
+    return asyncio.run(run_side(kind, pops, groups, nodes, per_connection, pushes,
+                                variant=variant))
 
 
 # -- the reconcile tick, in this process -----------------------------------------------------
@@ -291,20 +298,38 @@ async def tick_cost(pops: int, groups: int) -> dict[str, Any]:
 
 # -- driver and report -----------------------------------------------------------------------
 
-def run(nodes: int, pops: int, groups: int, per_connection: int, pushes: int) -> dict[str, Any]:
-    results: dict[str, Any] = {}
+def run(nodes: int, pops: int, groups: int, per_connection: int, pushes: int, *,
+        runs: int = 1, variants: Sequence[str] = ()) -> dict[str, Any]:
+    """`runs` rounds, each: the floor, Ballast and each of `variants` (Ballast without one of
+    its parts, `fleet_server.VARIANTS`), every side a fresh server and client process, then the
+    reconcile tick; the load average noted at each side's start and end."""
+    rounds: list[dict[str, Any]] = []
     context = multiprocessing.get_context("spawn")
-    for kind in SIDES:
-        with ProcessPoolExecutor(1, mp_context=context) as pool:
-            side = pool.submit(_side_in_process, kind, pops, groups, nodes, per_connection,
-                               pushes).result()
-        results[kind] = side
-        print(f"  {kind}: storm {side.get('storm_s', float('nan')):.2f} s, one-PoP p50 "
-              f"{_pct(side.get('one_pop_s', []), 50) * 1e3:.1f} ms, global "
-              f"{_pct(side.get('global_s', []), 50):.2f} s"
-              + (f"  ERRORS: {side['errors']}" if side["errors"] else ""), flush=True)
-    results["tick"] = asyncio.run(tick_cost(pops, groups))
-    return results
+    sides = [("floor", "floor", ""), ("ballast", "ballast", ""),
+             *((variant, "ballast", variant) for variant in variants)]
+    for number in range(runs):
+        done: dict[str, Any] = {}
+        for name, kind, variant in sides:
+            load = os.getloadavg()[0]
+            with ProcessPoolExecutor(1, mp_context=context) as pool:
+                side = pool.submit(_side_in_process, kind, pops, groups, nodes, per_connection,
+                                   pushes, variant).result()
+            side["loadavg"] = [load, os.getloadavg()[0]]
+            done[name] = side
+            print(f"  run {number + 1}, {name}: storm {side.get('storm_s', float('nan')):.2f} s,"
+                  f" one-PoP p50 {_pct(side.get('one_pop_s', []), 50) * 1e3:.1f} ms, global "
+                  f"{_pct(side.get('global_s', []), 50):.2f} s, load {load:.1f}"
+                  + (f"  ERRORS: {side['errors']}" if side["errors"] else ""), flush=True)
+        done["tick"] = asyncio.run(tick_cost(pops, groups))
+        rounds.append(done)
+    return {"nodes": nodes, "pops": pops, "groups": groups, "variants": list(variants),
+            "runs": rounds}
+
+
+def errors(results: dict[str, Any]) -> list[str]:
+    return [f"run {number + 1}, {name}: {error}"
+            for number, done in enumerate(results["runs"])
+            for name, side in done.items() if name != "tick" for error in side["errors"]]
 
 
 def _pct(values: list[float], pct: int) -> float:
@@ -314,59 +339,114 @@ def _pct(values: list[float], pct: int) -> float:
     return ordered[min(len(ordered) - 1, round(pct / 100 * (len(ordered) - 1)))]
 
 
+def _one(values: Any) -> float:
+    return float("nan") if values is None else float(values)
+
+
+def _worst(values: Any) -> float:
+    return max(values) if values else float("nan")
+
+
+def _p(n: int) -> Callable[[Any], float]:
+    return lambda values: _pct(values or [], n)
+
+
+# (label, key, scale, unit, how a side's values become one number, goal)
+METRICS: list[tuple[str, str, float, str, Callable[[Any], float], str]] = [
+    ("one-PoP change: push -> last ACK, p50", "one_pop_s", 1e3, "ms", _p(50), ""),
+    ("one-PoP change: push -> last ACK, p99", "one_pop_s", 1e3, "ms", _p(99), "≤ 100 ms"),
+    ("global change: push -> last ACK of all nodes", "global_s", 1e3, "ms", _worst,
+     "≤ 1.2x floor"),
+    ("global change: the pushing callback (loop time)", "global_tick_s", 1e3, "ms", _worst, ""),
+    ("reconnect storm: all nodes synced", "storm_s", 1, "s", _one, "≤ 10 s"),
+    ("one-PoP push during the storm", "storm_push_s", 1e3, "ms", _one, ""),
+    ("server CPU per node during the storm", "storm_cpu_per_node_us", 1, "µs", _one, ""),
+    ("server CPU per node in a global change", "global_cpu_per_node_us", 1, "µs", _one, ""),
+    ("the simulated nodes' CPU per node during the storm", "storm_client_cpu_per_node_us", 1,
+     "µs", _one, ""),
+    ("server RSS per connected node", "rss_per_node", 1e-3, "KB", _one, "≤ 1.25x floor"),
+    ("objects a full collection walks, per node", "walked_per_node", 1, "", _one, ""),
+    ("largest loop stall: storm", "stall_storm_s", 1e3, "ms", _one, ""),
+    ("largest loop stall: one-PoP pushes", "stall_one_pop_s", 1e3, "ms", _one, ""),
+    ("largest loop stall: global change", "stall_global_s", 1e3, "ms", _one, "< 100 ms"),
+    ("longest garbage collection: storm", "gc_longest_storm_s", 1e3, "ms", _one,
+     "≤ 1.2x floor"),
+    ("  its CPU", "gc_longest_cpu_storm_s", 1e3, "ms", _one, ""),
+    ("time in garbage collection: storm", "gc_total_storm_s", 1e3, "ms", _one, ""),
+    ("longest garbage collection: one-PoP pushes", "gc_longest_one_pop_s", 1e3, "ms", _one, ""),
+    ("longest garbage collection: global change", "gc_longest_global_s", 1e3, "ms", _one,
+     "≤ 1.2x floor"),
+    ("  its CPU", "gc_longest_cpu_global_s", 1e3, "ms", _one, ""),
+    ("time in garbage collection: global change", "gc_total_global_s", 1e3, "ms", _one, ""),
+]
+# the rows the variants table shows
+VARIANT_KEYS = ("storm_s", "storm_cpu_per_node_us", "global_s", "stall_global_s",
+                "gc_longest_storm_s", "gc_total_storm_s", "gc_longest_global_s",
+                "gc_total_global_s", "walked_per_node")
+
+
+def spread(values: Sequence[float], scale: float = 1.0, unit: str = "") -> str:
+    """`median (min-max) unit` of what is not NaN (one value: itself)."""
+    kept = sorted(v * scale for v in values if v == v)
+    if not kept:
+        return "n/a"
+    suffix = f" {unit}" if unit else ""
+    mid = median(kept)
+    if len(kept) == 1:
+        return f"{mid:,.{_digits(mid)}f}{suffix}"
+    return (f"{mid:,.{_digits(mid)}f} ({kept[0]:,.{_digits(kept[0])}f}-"
+            f"{kept[-1]:,.{_digits(kept[-1])}f}){suffix}")
+
+
+def _digits(value: float) -> int:
+    return 0 if abs(value) >= 100 else 1 if abs(value) >= 1 else 2
+
+
 def report(results: dict[str, Any]) -> str:
-    floor, ballast = results["floor"], results["ballast"]
+    rounds = results["runs"]
 
-    def row(what: str, key: str, scale: float, unit: str, pick: Any, goal: str) -> list[Any]:
-        b, f = pick(ballast.get(key)), pick(floor.get(key))
-        ratio = b / f if f else float("nan")
-        return [what, f"{b * scale:,.1f} {unit}", f"{f * scale:,.1f} {unit}", f"{ratio:.2f}",
-                goal]
+    def values(side: str, key: str, pick: Callable[[Any], float]) -> list[float]:
+        return [pick(done[side].get(key)) for done in rounds]
 
-    def p(n: int) -> Any:
-        return lambda values: _pct(values or [], n)
+    def ratios(side: str, key: str, pick: Callable[[Any], float]) -> list[float]:
+        return [b / f if f else float("nan")
+                for b, f in zip(values(side, key, pick), values("floor", key, pick),
+                                strict=True)]
 
-    def one(values: Any) -> float:
-        return float("nan") if values is None else float(values)
+    rows = [[label, spread(values("ballast", key, pick), scale, unit),
+             spread(values("floor", key, pick), scale, unit),
+             spread(ratios("ballast", key, pick)), goal]
+            for label, key, scale, unit, pick, goal in METRICS]
+    loads = [load for done in rounds for name, side in done.items() if name != "tick"
+             for load in side["loadavg"]]
+    text = [f"{len(rounds)} run(s): median (min-max); ratios taken within each run; load "
+            f"average {min(loads):.1f}-{max(loads):.1f} over the sides",
+            table(["", "Ballast", "floor", "Ballast ÷ floor", "goal"], rows)]
+    if results["variants"]:
+        by_key = {key: (label, pick) for label, key, _, _, pick, _ in METRICS}
+        text.append("\nBallast without one of its parts (bench/fleet_server.VARIANTS), each "
+                    "÷ the floor of the same run:")
+        text.append(table(
+            ["", "Ballast", *results["variants"]],
+            [[by_key[key][0], *(spread(ratios(side, key, by_key[key][1]))
+                                for side in ("ballast", *results["variants"]))]
+             for key in VARIANT_KEYS]))
+    ticks = [done["tick"] for done in rounds]
+    text.append(f"\nReconcile tick, {ticks[0]['pops']} PoPs x {ticks[0]['groups']} groups (one "
+                "group breaching in every PoP; in the benchmark process, no nodes):")
 
-    def worst(values: Any) -> float:
-        return max(values) if values else float("nan")
+    def per_tick(index: int, key: str, scale: float = 1e3) -> str:
+        return spread([tick["ticks"][index][key] for tick in ticks], scale)
 
-    rows = [
-        row("one-PoP change: push -> last ACK, p50", "one_pop_s", 1e3, "ms", p(50), ""),
-        row("one-PoP change: push -> last ACK, p99", "one_pop_s", 1e3, "ms", p(99),
-            "≤ 100 ms"),
-        row("global change: push -> last ACK of all nodes", "global_s", 1e3, "ms", worst,
-            "≤ 1.2x floor"),
-        row("global change: the pushing callback (loop time)", "global_tick_s", 1e3, "ms",
-            worst, ""),
-        row("reconnect storm: all nodes synced", "storm_s", 1, "s", one, "≤ 10 s"),
-        row("one-PoP push during the storm", "storm_push_s", 1e3, "ms", one, ""),
-        row("server CPU per node during the storm", "storm_cpu_per_node_us", 1, "µs", one, ""),
-        row("server RSS per connected node", "rss_per_node", 1e-3, "KB", one, "≤ 1.25x floor"),
-        row("largest loop stall: storm", "stall_storm_s", 1e3, "ms", one, ""),
-        row("largest loop stall: one-PoP pushes", "stall_one_pop_s", 1e3, "ms", one, ""),
-        row("largest loop stall: global change", "stall_global_s", 1e3, "ms", one, ""),
-        row("longest garbage collection: storm", "gc_longest_storm_s", 1e3, "ms", one, ""),
-        row("time in garbage collection: storm", "gc_total_storm_s", 1e3, "ms", one, ""),
-        row("longest garbage collection: one-PoP pushes", "gc_longest_one_pop_s", 1e3, "ms",
-            one, ""),
-        row("longest garbage collection: global change", "gc_longest_global_s", 1e3, "ms", one,
-            ""),
-    ]
-    text = [table(["", "Ballast", "floor", "Ballast ÷ floor", "goal"], rows)]
-    tick = results["tick"]
-    text.append(f"\nReconcile tick, {tick['pops']} PoPs x {tick['groups']} groups "
-                "(one group breaching in every PoP; in the benchmark process, no nodes):")
     text.append(table(
         ["tick", "wall ms", "on the event loop ms (goal ≤ 20)", "its longest step ms",
          "largest loop stall ms", "longest GC ms", "pairs shifted", "PoPs re-translated",
          "store rows written"],
-        [[r["tick"], r["wall_s"] * 1e3, r["loop_s"] * 1e3, r["longest_step_s"] * 1e3,
-          r["stall_s"] * 1e3, r["gc_longest_s"] * 1e3, r["shifted"], r["pushed_pops"],
-          r["rows_written"]]
-         for r in tick["ticks"]]))
-    errors = [f"{side}: {e}" for side in SIDES for e in results[side]["errors"]]
-    if errors:
-        text.append("errors: " + "; ".join(errors))
+        [[row["tick"], per_tick(i, "wall_s"), per_tick(i, "loop_s"),
+          per_tick(i, "longest_step_s"), per_tick(i, "stall_s"), per_tick(i, "gc_longest_s"),
+          row["shifted"], row["pushed_pops"], row["rows_written"]]
+         for i, row in enumerate(ticks[0]["ticks"])]))
+    failed = errors(results)
+    if failed:
+        text.append("errors: " + "; ".join(failed))
     return "\n".join(text)

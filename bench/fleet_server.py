@@ -1,6 +1,7 @@
 """The server side of the fleet benchmark (`bench/fleet.py`): Ballast, or the raw grpc.aio floor.
 
-`python -m bench.fleet_server ballast|floor POPS GROUPS` prints `{"port": ...}` when serving,
+`python -m bench.fleet_server ballast|floor POPS GROUPS [VARIANT]` prints `{"port": ...}` when
+serving (VARIANT: Ballast without one of its parts, `VARIANTS`),
 then answers one JSON command per stdin line with one JSON line (times are `time.monotonic()`,
 shared with the client process):
 
@@ -12,7 +13,8 @@ shared with the client process):
   callback; Ballast: the rest of the transaction, whose last step is the swap — no store or
   log here); returns the time of that swap (`tick_s`), first/last ACK, CPU;
 - `lag`: the largest event-loop stall since the last `lag` (a 5 ms sleep, measured), and the
-  longest garbage collection and the time in them, then reset;
+  longest garbage collection (its wall time and its CPU) and the time in them, then reset;
+- `heap`: the objects a full collection would walk now, and the frozen ones;
 - `stop`.
 
 `ballast`: a real `BallastServer` (every PoP translated before the port is bound, on a worker
@@ -40,7 +42,8 @@ from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest
 
 from bench.command_pipe import commands, reply
 from control_plane.ads import nodes as nodes_module
-from control_plane.app.heap import settle_heap
+from control_plane.app import heap
+from control_plane.app.heap import release_heap, settle_heap
 from control_plane.app.server import BallastServer
 from control_plane.desired.model import Desired, GroupWeights
 from control_plane.intent.pair_changes import PairChange, changes_of
@@ -99,16 +102,19 @@ class LagProbe:
         self.worst = 0.0
         self.gc_longest = 0.0
         self.gc_total = 0.0
-        self._gc_started = 0.0
+        self.gc_longest_cpu = 0.0  # the CPU of the longest (a loaded machine stretches walls)
+        self._gc_started = (0.0, 0.0)
         gc.callbacks.append(self._on_gc)
 
     def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
-            self._gc_started = time.perf_counter()
+            self._gc_started = (time.perf_counter(), time.thread_time())
             return
-        spent = time.perf_counter() - self._gc_started
+        spent = time.perf_counter() - self._gc_started[0]
         self.gc_total += spent
-        self.gc_longest = max(self.gc_longest, spent)
+        if spent > self.gc_longest:
+            self.gc_longest = spent
+            self.gc_longest_cpu = time.thread_time() - self._gc_started[1]
 
     async def run(self) -> None:
         while True:
@@ -117,9 +123,21 @@ class LagProbe:
             self.worst = max(self.worst, time.perf_counter() - started - PROBE_S)
 
     def take(self) -> dict[str, float]:
-        taken = {"worst": self.worst, "gc_longest": self.gc_longest, "gc_total": self.gc_total}
-        self.worst = self.gc_longest = self.gc_total = 0.0
+        taken = {"worst": self.worst, "gc_longest": self.gc_longest, "gc_total": self.gc_total,
+                 "gc_longest_cpu": self.gc_longest_cpu}
+        self.worst = self.gc_longest = self.gc_total = self.gc_longest_cpu = 0.0
         return taken
+
+
+def _freeze_survivors(phase: str, info: dict[str, Any]) -> None:
+    if phase == "stop" and info["generation"] == 2:
+        gc.freeze()
+
+
+def heap_census() -> dict[str, int]:
+    """The objects a full garbage collection would walk now (tracked, not frozen), and the
+    frozen ones."""
+    return {"walked": len(gc.get_objects()), "frozen": gc.get_freeze_count()}
 
 
 def shifted(desired: Desired, pop: str, step: int) -> GroupWeights:
@@ -132,10 +150,22 @@ def shifted(desired: Desired, pop: str, step: int) -> GroupWeights:
 
 # -- Ballast ---------------------------------------------------------------------------------
 
+# Ballast as it was before one of its parts (`python -m bench.run --only fleet --variants ...`):
+# what each part is worth, measured in the same run (these reach into the parts' internals)
+VARIANTS = {
+    "gc-startup": "the heap frozen once at start-up, CPython's collections (no survivors "
+                  "frozen, no collections on the loop)",
+    "gc-survivors": "what a full collection finds alive frozen, on CPython's schedule",
+    "gc-no-young": "full collections on the loop, without its own young collections",
+    "unsliced": "a change's streams all woken in one loop turn",
+}
+
+
 class BallastSide:
-    def __init__(self, desired: Desired, tracker: Tracker) -> None:
+    def __init__(self, desired: Desired, tracker: Tracker, variant: str = "") -> None:
         self.desired = desired
         self.tracker = tracker
+        self.variant = variant
         original = nodes_module.NodeEntry.acked
 
         def acked(entry: Any, type_url: str, version: str) -> None:
@@ -151,6 +181,19 @@ class BallastSide:
         cache.commit_entries(await asyncio.to_thread(cache.prepare_entries(Capabilities())))
         await self.server.start()
         settle_heap()  # as `ballast serve` does
+        if self.variant.startswith("gc-"):
+            release_heap()
+            gc.collect()
+            gc.freeze()
+            if self.variant == "gc-survivors":
+                gc.callbacks.append(_freeze_survivors)
+            elif self.variant == "gc-no-young":
+                settle_heap()
+                assert heap._collections is not None
+                heap._collections.stop()
+                gc.set_threshold(*heap._collections.thresholds[:2], heap.NO_FULL_COLLECTION)
+        elif self.variant == "unsliced":
+            self.server.hub.turn_s = 1e9
         return int(self.server.port)
 
     async def push(self, pops: list[str], step: int, started: Callable[[], None]
@@ -278,12 +321,12 @@ class FloorSide:
 
 # -- command loop ----------------------------------------------------------------------------
 
-async def main(kind: str, pops: int, groups: int) -> None:
+async def main(kind: str, pops: int, groups: int, variant: str = "") -> None:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     desired = fleet_desired(pops, groups)
     tracker = Tracker()
-    side: BallastSide | FloorSide = (
-        BallastSide(desired, tracker) if kind == "ballast" else FloorSide(desired, tracker))
+    side: BallastSide | FloorSide = (BallastSide(desired, tracker, variant)
+                                     if kind == "ballast" else FloorSide(desired, tracker))
     port = await side.start()
     gc.collect()
     probe = LagProbe()
@@ -297,6 +340,8 @@ async def main(kind: str, pops: int, groups: int) -> None:
                    "types_acked": dict(Counter(len(t) for t in tracker.types.values()))})
         elif name == "lag":
             reply(probe.take())
+        elif name == "heap":
+            reply(heap_census())
         elif name == "push":
             step += 1
             targets = list(desired.pop_names) if command["pops"] == "*" else command["pops"]
@@ -337,4 +382,4 @@ async def push(side: BallastSide | FloorSide, tracker: Tracker, pops: list[str],
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3])))
+    asyncio.run(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), *sys.argv[4:5]))

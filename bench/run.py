@@ -17,8 +17,18 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from bench import dashboard, fanout, fleet, protocol_core, standby_ramp, translation
+from bench import (
+    dashboard,
+    fanout,
+    fleet,
+    protocol_core,
+    replicas,
+    soak,
+    standby_ramp,
+    translation,
+)
 from bench.common import ROOT
+from bench.fleet_server import VARIANTS
 from harness.standby_ramp import report as report_standby_ramp
 
 
@@ -73,11 +83,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pushes", type=int, help="weight updates per fan-out run (default 5)")
     parser.add_argument("--only",
                         choices=("fanout", "translation", "protocol", "dashboard", "fleet",
-                                 "standby"),
+                                 "standby", "replicas", "soak"),
                         help="one benchmark")
     parser.add_argument("--fleet", default="10000x100x20", metavar="NODESxPOPSxGROUPS",
                         help="the fleet benchmark's size (default 10000x100x20; --quick: "
                         "400x20x20)")
+    parser.add_argument("--runs", type=int, default=1,
+                        help="the fleet and replicas benchmarks' rounds (medians and ranges; "
+                        "default 1)")
+    parser.add_argument("--soak-minutes", type=float, default=10.0,
+                        help="the soak's length (default 10; `python -m bench.soak --hours 2` "
+                        "for the committed run)")
+    parser.add_argument("--variants", default="",
+                        help="the fleet benchmark also runs Ballast without one of its parts, "
+                        f"each in every round: comma-separated, or 'all' ({', '.join(VARIANTS)})")
     parser.add_argument("--compare-protocol", action="store_true",
                         help="fan-out runs twice per (size, mode): with the protocol core of "
                         "harness/protocol_baseline.py, then with the current one")
@@ -145,12 +164,36 @@ def main(argv: list[str] | None = None) -> int:
         nodes, pops, groups = (int(part) for part in size.split("x"))
         print(f"== fleet: {nodes:,} nodes over {pops} PoPs, {groups} groups, Ballast vs the "
               "raw grpc.aio floor", flush=True)
+        variants = list(VARIANTS) if args.variants == "all" else [
+            v for v in args.variants.split(",") if v]
+        unknown = set(variants) - set(VARIANTS)
+        if unknown:
+            parser.error(f"unknown variants: {', '.join(sorted(unknown))}")
         results["fleet"] = fleet.run(nodes, pops, groups, args.per_connection,
-                                     pushes=args.pushes or 20)
+                                     pushes=args.pushes or 20, runs=args.runs,
+                                     variants=variants)
         out += [f"== Fleet: {nodes:,} nodes over {pops} PoPs, {groups} origin groups "
                 f"({args.per_connection} streams per connection), Ballast vs the floor "
                 "measured in the same run", fleet.report(results["fleet"])]
         print(out[-1] + "\n", flush=True)
+    if args.only in (None, "replicas"):
+        size = "400x20x20" if args.quick and args.fleet == "10000x100x20" else args.fleet
+        nodes, pops, groups = (int(part) for part in size.split("x"))
+        print(f"== replicas: {nodes:,} nodes over 1 and 2 replicas on etcd", flush=True)
+        results["replicas"] = replicas.run(nodes, pops, groups, [1, 2], args.runs)
+        out += [f"== Replicas on etcd: {nodes:,} nodes spread over them by connection",
+                replicas.report(results["replicas"])]
+        print(out[-1] + "\n", flush=True)
+    soak_ok = True
+    if args.only in (None, "soak"):
+        minutes = 2.0 if args.quick else args.soak_minutes
+        print(f"== soak: {minutes:g} minutes (report in bench/results/soak)", flush=True)
+        soak_ok = asyncio.run(soak.soak(60 * minutes, ROOT / "bench" / "results" / "soak",
+                                        f"python -m bench.soak --minutes {minutes:g}"))
+        results["soak"] = json.loads(
+            (ROOT / "bench" / "results" / "soak" / "samples.json").read_text())
+        out += ["== Soak", (ROOT / "bench" / "results" / "soak" / "report.md").read_text()
+                .split("\n![samples]")[0]]
     results["elapsed_s"] = time.time() - started
     results["loadavg_end"] = os.getloadavg()
     path = ROOT / "bench" / "results" / "latest.json"
@@ -159,9 +202,10 @@ def main(argv: list[str] | None = None) -> int:
     print("\n\n".join(out))
     print(f"\n{results['elapsed_s']:.0f} s; load average {os.getloadavg()[0]:.1f} on "
           f"{os.cpu_count()} CPUs; results in {path.relative_to(ROOT)}")
-    fleet_errors = [side.get("errors") for name, side in results.get("fleet", {}).items()
-                    if name in fleet.SIDES]
-    failed = any(r.get("errors") for r in results.get("fanout", [])) or any(fleet_errors)
+    failed = (any(r.get("errors") for r in results.get("fanout", []))
+              or ("fleet" in results and bool(fleet.errors(results["fleet"])))
+              or ("replicas" in results and bool(replicas.errors(results["replicas"])))
+              or not soak_ok)
     return 1 if failed else 0
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from control_plane.ads.fanout import PushHub
 from control_plane.ads.snapshots import SnapshotCache
-from control_plane.app.server import intent_and_cache
+from control_plane.app.server import intent_and_cache, intent_pops, translate_intent
 from control_plane.desired.model import Desired
 from control_plane.intent.carry_over import carry_over
 from control_plane.intent.owner import IntentOwner
@@ -195,6 +195,22 @@ async def test_a_desired_state_prepared_off_the_cache_keeps_changes_made_meanwhi
     after = cache.resources("p002", Capabilities(adaptive_lifo=True))
     assert after is not lifo
     assert after == translate_pop(new, "p002", Capabilities(adaptive_lifo=True))
+
+
+async def test_a_commit_hands_over_the_source_and_entries_it_replaced() -> None:
+    """To be freed off the event loop (`release`, `app/heap.free_later` in the server)."""
+    desired = fleet_desired(pops=2, groups=2)
+    owner = IntentOwner(desired)
+    released: list[list[object]] = []
+    cache = SnapshotCache(translate_intent, intent_pops, owner.intent, release=released.append)
+    old = cache.resources("p000", FIFO)
+    source = carry_over(owner.intent, replace(desired, origin_groups=tuple(
+        replace(g, max_origin_concurrency=60) for g in desired.origin_groups))).intent
+    before = cache.source
+    cache.commit(cache.prepare(source)(), source)
+    assert cache.resources("p000", FIFO) is not old
+    [(replaced_source, replaced_entries)] = released
+    assert replaced_source is before and replaced_entries[("p000", FIFO.key)] is old
 
 
 async def test_entries_translated_ahead_are_kept_only_while_they_hold() -> None:

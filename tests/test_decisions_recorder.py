@@ -5,16 +5,18 @@ A real decision log in a temporary folder; the full disk is the log's write rais
 
 from __future__ import annotations
 
+import asyncio
 import errno
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from control_plane.decisions.budget import BudgetConfig, RecordBudget
-from control_plane.decisions.log import DecisionLog, draft
+from control_plane.decisions.log import DecisionLog, Lines, draft
 from control_plane.decisions.read import iter_records
-from control_plane.decisions.recorder import DecisionRecorder
+from control_plane.decisions.recorder import LINES_OFF_LOOP, DecisionRecorder
 from control_plane.own_metrics.registry import BallastMetrics
 
 
@@ -84,3 +86,71 @@ def test_routine_records_over_the_budget_are_counted_and_noted_once(tmp_path: Pa
     assert kinds.count("records_suppressed") == 1 and "weight_shift" in kinds
     (note,) = [r for r in iter_records(tmp_path) if r["kind"] == "records_suppressed"]
     assert note["detail"]["suppressed"] == {"node_connected": written.count(False)}
+
+
+async def test_a_large_batch_is_made_off_the_loop_and_other_writers_follow_it_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A change's 150 records have their lines made on a worker thread; a routine record, a
+    replicated one and the periodic flush that come meanwhile wait and land after the batch,
+    in the order they came, with seqs that follow; a replicated value that is no record is
+    refused at once, as when nothing is held."""
+    threads: dict[int, int] = {}  # records -> the thread that made their lines
+    made = Lines.made
+
+    def on_thread(lines: Lines) -> Any:
+        threads.setdefault(len(lines.drafts), threading.get_ident())
+        return made(lines)
+
+    monkeypatch.setattr(Lines, "made", on_thread)
+    with DecisionLog(tmp_path) as log:
+        recorder = DecisionRecorder(log)
+        recorder.record("startup", rule="serving")
+        batch = [draft("hold", pop=f"p{i:03d}", group="g", rule="the tick's")
+                 for i in range(LINES_OFF_LOOP + 50)]
+        writing = asyncio.create_task(recorder.write_synced(batch))
+        await asyncio.sleep(0)  # the batch's lines are being made on a thread
+        assert log.seq == 1
+        recorder.record("node_connected", rule="meanwhile", durable=False)
+        recorder.replicated({"time": "2026-12-01T00:00:00.000Z", "kind": "leader_elected",
+                             "rule": "another replica's", "replica": "r1", "term": 3})
+        with pytest.raises(ValueError, match="not a replicated decision record"):
+            recorder.replicated({"kind": "hold", "rule": "no replica"})
+        recorder.flush()
+        await writing
+    assert threads[len(batch)] != threading.get_ident()
+    records = list(iter_records(tmp_path))
+    assert [r["rule"] for r in records] == ["serving", *["the tick's"] * len(batch),
+                                            "meanwhile", "another replica's"]
+    assert [r["seq"] for r in records] == list(range(1, len(batch) + 4))
+
+
+async def test_a_batch_made_while_the_disk_is_full_waits_behind_the_kept_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with DecisionLog(tmp_path) as log:
+        recorder = DecisionRecorder(log)
+        with monkeypatch.context() as full:
+            full.setattr(log, "write_drafts", full_disk)
+            recorder.record("startup", rule="kept")
+            await recorder.write_synced([draft("hold", pop=f"p{i}", group="g", rule="batch")
+                                         for i in range(LINES_OFF_LOOP)])
+            assert recorder.waiting == LINES_OFF_LOOP + 1
+        recorder.flush()
+    assert [r["rule"] for r in iter_records(tmp_path)] == ["kept", *["batch"] * LINES_OFF_LOOP]
+
+
+async def test_a_batch_cancelled_while_its_lines_are_made_lets_the_held_records_through(
+    tmp_path: Path
+) -> None:
+    with DecisionLog(tmp_path) as log:
+        recorder = DecisionRecorder(log)
+        writing = asyncio.create_task(recorder.write_synced(
+            [draft("hold", pop=f"p{i}", group="g", rule="batch") for i in range(LINES_OFF_LOOP)]))
+        await asyncio.sleep(0)
+        recorder.record("shutdown", rule="held")
+        writing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await writing
+        recorder.record("startup", rule="after")
+    assert [r["rule"] for r in iter_records(tmp_path)] == ["held", "after"]

@@ -98,9 +98,12 @@ class SnapshotCache(Generic[S]):
         pops_of: Callable[[S], Sequence[str]],
         source: S,
         narrow: Callable[[S, Capabilities], Capabilities] | None = None,
+        release: Callable[[list[object]], None] | None = None,
     ) -> None:
         """`narrow(source, caps)`: the part of a node's capabilities that matters under
-        `source` (so nodes that differ only in what the source does not use share entries)."""
+        `source` (so nodes that differ only in what the source does not use share entries).
+        `release(replaced)`: the source and entries a `commit` replaced are handed over (to be
+        freed off the event loop) instead of dropped."""
         self._build_fn = build
         self._pops_of = pops_of
         self._narrow = narrow
@@ -111,6 +114,7 @@ class SnapshotCache(Generic[S]):
         self._changes = 0  # counts changes; `_touched[pop]`: the count at the PoP's last one
         self._touched: dict[str, int] = {}
         self._listeners: list[ChangeListener] = []
+        self._release = release
         self.translations = 0  # how many times an entry was built (tests, metrics)
 
     # -- reading ---------------------------------------------------------------------------
@@ -240,6 +244,8 @@ class SnapshotCache(Generic[S]):
         self._touch(*(pops if prepared.pops is None else prepared.pops & pops))
         self.translations += prepared.built
         changed = prepared.changed | late_changed
+        if self._release is not None:
+            self._release(list(saved))
         if changed:
             self._announce(changed)
         return changed

@@ -40,6 +40,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from control_plane.app.heap import free_later
 from control_plane.decide.controller import ControllerState, StepResult, step
 from control_plane.decide.health import HealthScore
 from control_plane.decide.ramp import RampResult, RampState, ramp_step
@@ -224,17 +225,8 @@ class Reconciler:
         # worker thread while the loop keeps serving, from the running intent as it is now;
         # only this reconciler changes streaks and states, and a reload (a new desired state
         # since `desired` was read) makes the tick's change stale: it is dropped
-        plan = await asyncio.to_thread(lambda: self._plan([
-            *(self._decide_one(running, pop, group, signals_by_window[group.failover.window_ms],
-                               tiers_by_window[group.failover.window_ms], now,
-                               running.desired_of(pop))
-              for pop, group in due),
-            *(self._decide_tiers(running, pop, group,
-                                 signals_by_window[group.failover.window_ms],
-                                 tiers_by_window[group.failover.window_ms], now,
-                                 running.desired_of(pop))
-              for pop, group in tiers_only),
-        ], running, *self._schedule(due, tiers_only, now)))
+        plan = await asyncio.to_thread(self._plan_due, running, due, tiers_only,
+                                       signals_by_window, tiers_by_window, now)
         try:
             async with self.intent.change() as change:
                 plan = await self._prepared(change, running, plan)
@@ -267,7 +259,26 @@ class Reconciler:
         self._next_due = self._earliest()
         if self.metrics is not None:
             self.metrics.reconcile_tick.observe(time.perf_counter() - started)
-        return [decision.outcome for decision in plan.decided if decision.outcome is not None]
+        outcomes = [decision.outcome for decision in plan.decided if decision.outcome is not None]
+        # what the tick made for every pair (and the intent it replaced) is freed off the loop
+        made = [plan, change, running, signals_by_window, tiers_by_window, due, tiers_only]
+        del plan, change, running, signals_by_window, tiers_by_window, due, tiers_only
+        free_later(made)
+        return outcomes
+
+    def _plan_due(self, running: RunningIntent, due: list[tuple[str, OriginGroup]],
+                  tiers_only: list[tuple[str, OriginGroup]], signals: dict[int, Signals],
+                  tiers: dict[int, TierSignals | None], now: int) -> TickPlan:
+        """Every due pair's steps and records (a tier tick's pairs: their tier step alone), and
+        what they change (on a worker thread)."""
+        return self._plan([
+            *(self._decide_one(running, pop, group, signals[group.failover.window_ms],
+                               tiers[group.failover.window_ms], now, running.desired_of(pop))
+              for pop, group in due),
+            *(self._decide_tiers(running, pop, group, signals[group.failover.window_ms],
+                                 tiers[group.failover.window_ms], now, running.desired_of(pop))
+              for pop, group in tiers_only),
+        ], running, *self._schedule(due, tiers_only, now))
 
     def _schedule(self, due: list[tuple[str, OriginGroup]],
                   tiers_only: list[tuple[str, OriginGroup]], now: int

@@ -26,6 +26,7 @@ from control_plane.ads.snapshots import SnapshotCache
 from control_plane.ads.sweeper import ConnectionSweeper
 from control_plane.app.ads_observer import AdsObserver, Record
 from control_plane.app.config_acks import ConfigAcks, SharedAcks
+from control_plane.app.heap import free_later
 from control_plane.decisions.recorder import DecisionRecorder
 from control_plane.desired.model import Desired
 from control_plane.intent.owner import IntentOwner
@@ -75,7 +76,8 @@ def intent_and_cache(
     their own desired states: a rollout restored) and the output cache it publishes to, whose
     entries are the running intent translated (`translate_intent`)."""
     owner = IntentOwner(desired, store=store, recorder=recorder, serving=serving)
-    cache = SnapshotCache(translate_intent, intent_pops, owner.intent, used_capabilities)
+    cache = SnapshotCache(translate_intent, intent_pops, owner.intent, used_capabilities,
+                          release=free_later)
     owner.connect(cache)
     return owner, cache
 

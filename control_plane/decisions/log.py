@@ -115,6 +115,12 @@ def parse_line(line: bytes) -> dict[str, Any] | None:
     return record if parsed.tzinfo is not None else None
 
 
+def check_replicated(record: dict[str, Any]) -> None:
+    """ValueError unless `record` is one another replica wrote (a known kind, its replica)."""
+    if record.get("kind") not in KINDS or not isinstance(record.get("replica"), str):
+        raise ValueError(f"not a replicated decision record: {str(record)[:200]}")
+
+
 def _last_seq(path: Path) -> int | None:
     for line in reversed(path.read_bytes().splitlines()):
         record = parse_line(line)
@@ -129,6 +135,37 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+class Lines:
+    """Records made ahead (`Draft`s) as the log's lines, with their time and the seqs that follow
+    `after`, and the records as written (for the log's listeners). `made()` does the work once,
+    on whichever thread calls it first: it reads nothing of the log."""
+
+    def __init__(self, drafts: Sequence[Draft], stamp: str, after: int,
+                 origin: dict[str, Any]) -> None:
+        self.drafts = drafts
+        self.stamp = stamp
+        self.after = after  # the log's seq when they were made
+        self.origin = origin
+        self._made: tuple[bytes, list[dict[str, Any]]] | None = None
+
+    def made(self) -> tuple[bytes, list[dict[str, Any]]]:
+        if self._made is None:
+            time = json.dumps(self.stamp)
+            origin = self.origin
+            tail = f",{_members(origin)}" if origin else ""
+            lines: list[str] = []
+            records: list[dict[str, Any]] = []
+            seq = self.after
+            for made in self.drafts:
+                seq += 1
+                lines.append(
+                    f'{{"time":{time},"seq":{seq},"kind":"{made.kind}",{made.body}{tail}}}\n')
+                records.append({"time": self.stamp, "seq": seq, "kind": made.kind,
+                                **made.fields, **origin})
+            self._made = ("".join(lines).encode(), records)
+        return self._made
 
 
 class DecisionLog:
@@ -202,19 +239,19 @@ class DecisionLog:
         are in the log after it: a failed write is taken back); returns them as written."""
         if not drafts:
             return []
-        stamp = format_time(self._clock())
-        time = json.dumps(stamp)
-        origin = self.origin
-        tail = f",{_members(origin)}" if origin else ""
-        lines: list[str] = []
-        records: list[dict[str, Any]] = []
-        seq = self.seq
-        for made in drafts:
-            seq += 1
-            lines.append(f'{{"time":{time},"seq":{seq},"kind":"{made.kind}",{made.body}{tail}}}\n')
-            records.append({"time": stamp, "seq": seq, "kind": made.kind,
-                            **made.fields, **origin})
-        self._write("".join(lines).encode(), len(drafts), durable)
+        return self.append_lines(self.lines(drafts), durable=durable)
+
+    def lines(self, drafts: Sequence[Draft]) -> Lines:
+        """`drafts` as the lines the log would append now (`append_lines`): the work of a
+        write, done where it is cheapest (`Lines.make` runs on any thread)."""
+        return Lines(drafts, format_time(self._clock()), self.seq, dict(self.origin))
+
+    def append_lines(self, lines: Lines, *, durable: bool = True) -> list[dict[str, Any]]:
+        """Append lines made by `lines` (made if not yet) in one write; nothing may have been
+        written since they were made (their seqs follow the log's). Returns the records."""
+        assert lines.after == self.seq, f"lines made after seq {lines.after}, log at {self.seq}"
+        data, records = lines.made()
+        self._write(data, len(records), durable)
         for record in records:
             self._tell(record)
         return records
@@ -222,8 +259,7 @@ class DecisionLog:
     def append_replicated(self, record: dict[str, Any], *, durable: bool = True) -> dict[str, Any]:
         """Append a record another replica wrote (its time, kind, fields, replica and term kept;
         ``seq`` is this log's own). Records of unknown kinds or without a replica are refused."""
-        if record.get("kind") not in KINDS or not isinstance(record.get("replica"), str):
-            raise ValueError(f"not a replicated decision record: {str(record)[:200]}")
+        check_replicated(record)
         copy = {
             "time": str(record.get("time", "")),
             "seq": self.seq + 1,

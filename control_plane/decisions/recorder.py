@@ -9,6 +9,10 @@ all hand their records here; the recorder owns what each of them needs the same 
 - **durability**: `write(..., durable=True)` fsyncs at once; `sync` (awaited, the fsync on a
   worker thread) makes everything written before it durable — a tick's records, written with
   one write, get one fsync;
+- **the event loop**: `write_synced` (a change's records) makes the lines of a large batch on a
+  worker thread — a first tick's 2,000 records are 3 MB of JSON, 17 ms of the loop — while what
+  other writers hand in meanwhile waits, in order, for the batch to be appended (so the seqs
+  the lines were made with still follow the log's);
 - **the budget** for routine, client-caused records (`routine`: node connects, NACKs, ...);
   decisions are never budgeted;
 - **metrics**: `ballast_decisions_total` per kind, counted when a record reaches the log.
@@ -16,22 +20,31 @@ all hand their records here; the recorder owns what each of them needs the same 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from control_plane.decisions.budget import RecordBudget
-from control_plane.decisions.log import DecisionLog, Draft, draft, format_time
+from control_plane.decisions.log import (
+    DecisionLog,
+    Draft,
+    Lines,
+    check_replicated,
+    draft,
+    format_time,
+)
 from control_plane.own_metrics.registry import BallastMetrics
 
 log = logging.getLogger(__name__)
 
 UNWRITTEN_RECORDS = 1000  # records kept in memory while the log cannot be written (disk full)
 RECORD_OVERHEAD_BYTES = 256  # time, seq, kind and the empty fields of a record (the budget)
+LINES_OFF_LOOP = 100  # a batch of at least these many records has its lines made on a thread
 
 
 @dataclass(frozen=True)
@@ -56,6 +69,9 @@ class DecisionRecorder:
         self._unwritten: deque[_Unwritten] = deque(maxlen=keep)
         self.dropped = 0  # records lost past the bound while the log could not be written
         self.error: str | None = None  # why the log cannot be written now
+        # while a batch's lines are made on a thread: what other writers do meanwhile, in order
+        self._held: list[Callable[[], None]] | None = None
+        self._making = asyncio.Lock()
 
     @property
     def waiting(self) -> int:
@@ -85,11 +101,48 @@ class DecisionRecorder:
         log cannot take them (and when older records still wait)."""
         if not drafts:
             return
+        if self._held is not None:
+            self._held.append(lambda: self.write(drafts, durable=durable))
+            return
+        self._append(drafts, None, durable)
+
+    async def write_synced(self, drafts: Sequence[Draft]) -> None:
+        """Records made ahead, in one write, made durable (`sync`): a change's records. The
+        lines of a batch of `LINES_OFF_LOOP` or more are made on a worker thread; records
+        other writers hand in meanwhile are written after the batch, in the order they came."""
+        if len(drafts) < LINES_OFF_LOOP:
+            self.write(drafts, durable=False)
+        else:
+            async with self._making:
+                await self._write_made(drafts)
+        await self.sync()
+
+    async def _write_made(self, drafts: Sequence[Draft]) -> None:
+        if self._unwritten:
+            self._flush_unwritten()
+        if self._unwritten:  # the log takes nothing now: these wait behind the others
+            self.write(drafts, durable=False)
+            return
+        lines = self.log.lines(drafts)
+        self._held = []
+        try:
+            await asyncio.to_thread(lines.made)
+            self._append(drafts, lines, False)
+        finally:
+            held, self._held = self._held, None
+            for deferred in held:
+                deferred()
+
+    def _append(self, drafts: Sequence[Draft], lines: Lines | None, durable: bool) -> None:
+        """`drafts` (as `lines`, when made ahead for the log as it is) appended, or kept."""
         if self._unwritten:
             self._flush_unwritten()
         if not self._unwritten:
             try:
-                self.log.write_drafts(drafts, durable=durable)
+                if lines is None:
+                    self.log.write_drafts(drafts, durable=durable)
+                else:
+                    self.log.append_lines(lines, durable=durable)
             except OSError as err:
                 self._failed(err, drafts)
             except Exception:  # a listener of the log raised: the records are in the log
@@ -107,6 +160,10 @@ class DecisionRecorder:
         """A record another replica wrote, appended with its own time, replica and term (made
         durable by the next sync); kept in order like any other while the log cannot take it.
         ValueError (nothing kept) for one that is not a replicated record."""
+        if self._held is not None:
+            check_replicated(record)
+            self._held.append(lambda: self.replicated(record))
+            return
         if self._unwritten:
             self._flush_unwritten()
         if not self._unwritten:
@@ -130,6 +187,8 @@ class DecisionRecorder:
     def flush(self) -> None:
         """The periodic chores: records kept meanwhile written, a note of the budget's
         suppressed records, everything made durable."""
+        if self._held is not None:
+            return  # the batch being made is followed by a sync
         self._flush_unwritten()
         self.note_suppressed()
         try:

@@ -100,8 +100,7 @@ class IntentOwner:
             if drafts:
                 if self.recorder is None:
                     raise RuntimeError("records without a recorder to write them")
-                self.recorder.write(drafts, durable=False)
-                await self.recorder.sync()  # durable before anything is pushed
+                await self.recorder.write_synced(drafts)  # durable before anything is pushed
             if stated is None:
                 return
             old = self._intent  # `change.over`: only a change changes it, under this lock
