@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from control_plane.decide import damping
 from control_plane.decide.controller import ControllerState, StepResult, home_weights, step
 from control_plane.decide.damping import Flap
-from control_plane.decide.evidence import judge
+from control_plane.decide.evidence import judge, no_evidence
 from control_plane.decide.health import breach_reasons, is_healthy_window
 from control_plane.decide.signals import OriginSignals
 from control_plane.desired.model import FailoverPolicy
@@ -277,6 +277,8 @@ def test_a_sick_origin_with_a_better_alternative_loses_weight(case: tuple) -> No
         if not fresh(policy, signals, tick * TICK):
             continue
         assert signals is not None
+        if no_evidence({n: judge(signals[n], policy) for n in names}):
+            continue  # nothing conclusive this window: it holds for no evidence, sick or not
         before, scores = result.weights_before, result.scores
         sick = [n for n in names if result.state.unhealthy(n) >= policy.breach_windows]
         movable = [n for n in sick
