@@ -36,6 +36,7 @@ from control_plane.decisions.read import iter_records
 from control_plane.translate.bootstrap import ads_bootstrap
 from harness.demo_origin import CacheAnswer, ColdCache, DemoOrigin, Fault
 from harness.envoy_process import EnvoyProcess, free_port
+from harness.eventually import eventually
 from harness.fleet import write_fast_desired
 
 ERROR_THRESHOLD = 0.02  # seed 002: 2 % 5xx
@@ -173,12 +174,11 @@ async def _run(ramp: bool, scenario: Scenario, base: Path) -> RunResult:
         client_before = sum(statuses.values()), sum(n for s, n in statuses.items() if s != 200)
         origins["primary"].set_fault(Fault(error_rate=scenario.primary_error_rate))
         failed_at = time.monotonic()
-        done_at = None
-        while time.monotonic() - failed_at < scenario.max_shift_s:
-            if service.server.intent.weights("ewr", "shop")["secondary"] >= DONE_SHARE:
-                done_at = time.monotonic()
-                break
-            await asyncio.sleep(0.1)
+        done_at: float | None = None
+        with contextlib.suppress(AssertionError):  # not within the time: reported as such
+            done_at = await eventually(
+                lambda: service.server.intent.weights("ewr", "shop")["secondary"] >= DONE_SHARE
+                and time.monotonic(), scenario.max_shift_s, "the shift done", interval=0.1)
         answers = [a for a in standby.answers[seen_before:] if not a.shadow]
         shift = [a for a in answers if done_at is None or a.at <= done_at]
         latencies = sorted(a.ms for a in shift if a.status == 200) or [0.0]

@@ -7,7 +7,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ import pytest
 from control_plane.decide.controller import ControllerState
 from control_plane.intent.sqlite_store import GroupState, StateCorrupted, StateStore, StoredIntent
 from control_plane.intent.store import IntentBatch
+from harness.eventually import eventually_blocking
 
 STATE = ControllerState({"a": 2, "b": 0}, {"a": 0, "b": 7})
 
@@ -141,10 +141,9 @@ def test_kill_9_in_the_middle_of_a_write_loop(tmp_path: Path) -> None:
         stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parent.parent,
     )
     assert child.stdout is not None
-    acknowledged = 0
-    deadline = time.monotonic() + 30
-    while acknowledged < 200 and time.monotonic() < deadline:
-        acknowledged = int(child.stdout.readline())
+    stdout = child.stdout
+    acknowledged = eventually_blocking(lambda: (n := int(stdout.readline())) >= 200 and n, 30,
+                                       "200 acknowledged saves", interval=0)
     os.kill(child.pid, signal.SIGKILL)
     child.wait()
     assert acknowledged >= 200

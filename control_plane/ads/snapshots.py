@@ -105,7 +105,6 @@ class SnapshotCache(Generic[S]):
         self._pops_of = pops_of
         self._narrow = narrow
         self._source = source
-        self._overrides: dict[str, Capabilities] = {}
         self._entries: dict[tuple[str, str], PopResources] = {}
         self._cap_keys: set[str] = set()  # every capability key an entry was made for
         self._changes = 0  # counts changes; `_touched[pop]`: the count at the PoP's last one
@@ -129,10 +128,8 @@ class SnapshotCache(Generic[S]):
     def effective_capabilities(
         self, pop: str, advertised: Capabilities, why: str = "node.extensions"
     ) -> EffectiveCapabilities:
-        """A PoP override (set by an operator or a test) wins over what the node advertised."""
-        override = self._overrides.get(pop)
-        if override is not None:
-            return EffectiveCapabilities(override, f"override for PoP {pop}")
+        """What a node's resources are translated for: what it advertised, as far as the
+        source uses it (`narrow`)."""
         if self._narrow is not None:
             advertised = self._narrow(self._source, advertised)
         return EffectiveCapabilities(advertised, why)
@@ -271,15 +268,6 @@ class SnapshotCache(Generic[S]):
                 self._cap_keys.add(key[1])
                 kept += 1
         return kept
-
-    def override_capabilities(self, pop: str, caps: Capabilities | None) -> None:
-        """Force `caps` onto every node of `pop` (None: back to what nodes advertise)."""
-        self._check_pop(pop)
-        if caps is None:
-            self._overrides.pop(pop, None)
-        else:
-            self._overrides[pop] = caps
-        self._announce(frozenset({pop}))
 
     # -- internals -------------------------------------------------------------------------
 

@@ -97,9 +97,6 @@ from control_plane.translate.resources import Capabilities
 
 log = logging.getLogger(__name__)
 
-DIFF_LINES_IN_RECORD = 60
-PROBLEMS_IN_RECORD = 50
-MIN_FREE_BYTES = 1024 * 1024  # a reload must be able to save the state and record it
 # who asked, in the records of a change the file made while Ballast was down
 EDITED_WHILE_DOWN = "the file differs from what was served before the stop: edited while " \
     "Ballast was down"
