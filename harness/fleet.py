@@ -28,7 +28,7 @@ failover:
   interval: 1s
   window: 3s
   stale_after: 10s
-  min_samples: 5  # a 3 s window holds 6 probes (1 s rounds, two paths), not seed 002's 12
+  min_samples: 5  # a 3 s window holds 6 probes (1 s rounds, two paths), not the source's 12
 origin_groups:
   shop:
     origins:

@@ -1,4 +1,4 @@
-"""The cold-standby ramp against the seed 002 incident, through a real Envoy 1.40.
+"""The cold-standby ramp against the failover source's incident, through a real Envoy 1.40.
 
 A primary origin starts failing (half its answers 503); the standby sits behind a cold cache
 (`ColdCache`: the first fetch of each object is slow, repeats are fast, a capacity cap refuses
@@ -39,8 +39,8 @@ from harness.envoy_process import EnvoyProcess, free_port
 from harness.eventually import eventually
 from harness.fleet import write_fast_desired
 
-ERROR_THRESHOLD = 0.02  # seed 002: 2 % 5xx
-P95_THRESHOLD_MS = 800.0  # seed 002
+ERROR_THRESHOLD = 0.02  # the failover source: 2 % 5xx
+P95_THRESHOLD_MS = 800.0  # the failover source
 DONE_SHARE = 90  # the shift is complete when the standby carries this much
 
 
@@ -54,8 +54,8 @@ class Scenario:
     capacity: int = 8  # requests the standby can have in flight; more are refused
     primary_error_rate: float = 0.5
     warmup_s: float = 2.0  # before the primary fails
-    # one reconcile tick per interval, over a window as long: a ramp step's load is what the
-    # next tick judges (seed 002: 20 s and 30 s; compressed)
+    # one reconcile tick per interval, over a window as long: a ramp stage's load is what the
+    # next tick judges (the failover source: 20 s and 30 s; compressed)
     interval_s: int = 2
     max_shift_s: float = 60.0  # give up after this long
     seed: int = 1

@@ -98,7 +98,7 @@ async def test_etcd_unreachable_drops_leadership_and_it_comes_back(etcd: EtcdSer
     try:
         await eventually(lambda: a.election.leading() is not None, 10, "a leads")
         etcd.pause()
-        await eventually(lambda: a.election.leading() is None, 2 + 1, "a steps down")
+        await eventually(lambda: a.election.leading() is None, 2 + 1, "a gives the lead up")
         await eventually(lambda: not a.election.reachable, 5, "a finds etcd unreachable")
         assert a.changes[-1][0] is None
         etcd.resume()

@@ -400,13 +400,13 @@ async def test_cold_standby_ramps_step_by_step_and_the_ramp_survives_a_restart(
             seen.append(reconciler.intent.weights("ewr", "shop")["secondary"])
             mirrors.append(reconciler.intent.intent.mirror("ewr", "shop"))
         saved = store.load().ramps
-    # breach, then 5 -> 10 -> 20 (one schedule step per interval), although the controller
+    # breach, then 5 -> 10 -> 20 (one stage per interval), although the controller
     # would move 10-15 points a tick
     assert seen[:3] == [5, 10, 20] and 20 < seen[3] <= 40, seen
     ramps = [r for r in iter_records(state) if r["kind"].startswith("ramp_")]
-    assert [r["kind"] for r in ramps] == ["ramp_start", "ramp_step", "ramp_step"], ramps
+    assert [r["kind"] for r in ramps] == ["ramp_start", "ramp_advance", "ramp_advance"], ramps
     assert "secondary is cold" in ramps[0]["rule"] and "allows 10 %" in ramps[0]["rule"]
-    assert saved["ewr/shop"]["ramps"] == {"secondary": 3}  # the last step: 40 %
+    assert saved["ewr/shop"]["ramps"] == {"secondary": 3}  # the last stage: 40 %
     # the cache-warming mirror starts with the ramp, in ewr only
     assert mirrors == [None] + [Mirror(("secondary",), 5.0)] * 3
     assert reconciler.intent.intent.mirror("sjc", "shop") is None
@@ -426,8 +426,8 @@ async def test_cold_standby_ramps_step_by_step_and_the_ramp_survives_a_restart(
     finally:
         await service.stop()
     text = explain(list(iter_records(state)), "ewr", "shop")
-    assert "standby ramp: secondary at step" in text, text
-    assert "ramp_step: primary" in text, text
+    assert "standby ramp: secondary at stage" in text, text
+    assert "ramp_advance: primary" in text, text
 
 
 class Corrupt:

@@ -4,7 +4,7 @@ Level-triggered and safe to run any number of times: each tick reads the desired
 current weights and streaks from the intent owner, the signals of the last window from the
 metric source, and asks the pure controller for the next weights. Order per tick: state is saved
 (one store write) before weights reach Envoys, so a crash never leaves Envoys on weights the
-restarted server would not restore. Jitter comes from a seeded RNG per PoP, so PoPs never step
+restarted server would not restore. Jitter comes from a seeded RNG per PoP, so PoPs never tick
 in lockstep and a run is reproducible.
 
 The same tick runs the tier step (`decide/tiers.py`) per (PoP, group) on the per-tier pending
@@ -423,7 +423,7 @@ class Reconciler:
 
     def defer_all(self, now_ms: int) -> None:
         """Every pair's next step one interval from `now_ms` (a new leader: the last one may
-        have stepped just before it went, so no step comes early)."""
+        have ticked just before it went, so no tick comes early)."""
         running = self.intent.intent
         for pop in running.pop_names:
             for group in running.desired_of(pop).origin_groups:

@@ -13,7 +13,7 @@ translation that raises, a swap that fails — is a `config_rejected` record, an
 as it was. One reload at a time (the file watcher
 and SIGHUP share it).
 
-With replicas on etcd only the leader applies a file: a rollout is started, stepped and
+With replicas on etcd only the leader applies a file: a rollout is started, advanced and
 superseded by the leader alone, and every replica serves what the leader saved
 (`rollouts.follow`). A follower's reload (its file watcher, SIGHUP) validates the file and,
 when it differs from the version the replicas serve, records `config_deferred` — valid, left to

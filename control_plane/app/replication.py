@@ -3,8 +3,8 @@ how decision records reach every replica's log.
 
 - **Leadership** (`leadership.py`): exactly one replica runs the reconcile loop. When a replica is
   elected it first reads the whole intent back from etcd (streaks, tier states: the shift goes on
-  from where the last leader left it) and waits one reconcile interval before its first step (the
-  last leader may have stepped just before it died: no step is repeated early). When it loses the
+  from where the last leader left it) and waits one reconcile interval before its first tick (the
+  last leader may have ticked just before it died: no tick comes early). When it loses the
   lease (or etcd), the loop stops; its writes would be refused anyway (fenced by term).
 - **Mirror**: every replica watches ``intent/`` and adopts each change into its own intent owner
   (a rollout's state first: which PoP serves which desired-state version, `rollouts.follow`),

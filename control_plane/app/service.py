@@ -44,7 +44,7 @@ from control_plane.ads.limits import DEFAULT_LIMITS, AdsLimits
 from control_plane.app.config_acks import SharedAcks
 from control_plane.app.heap import release_heap, reload_heap, settle_heap
 from control_plane.app.load_reports import MetricSourceKind, host_load_reports, passive_source
-from control_plane.app.log_budget import limit_client_logs
+from control_plane.app.log_rate_limit import limit_client_logs
 from control_plane.app.reconcile import Reconciler
 from control_plane.app.reload import DesiredFileWatcher
 from control_plane.app.reloading import DesiredReload, log_warnings
@@ -59,8 +59,8 @@ from control_plane.app.status import (
     origin_readings,
     service_status,
 )
-from control_plane.decisions.budget import DEFAULT_BUDGET, BudgetConfig, RecordBudget
 from control_plane.decisions.log import DecisionLog, log_files
+from control_plane.decisions.rate_limit import DEFAULT_RATE_LIMIT, RateLimit, RecordLimiter
 from control_plane.decisions.read import FileSource
 from control_plane.decisions.recorder import DecisionRecorder
 from control_plane.desired import parse_desired, read_desired_bytes
@@ -119,7 +119,7 @@ class ServiceConfig:
     rollout_poll_ms: int = 1000  # how often a rollout in progress is looked at (its gates)
     debounce_s: float = 0.1
     seed: int = 0
-    routine_records: BudgetConfig = DEFAULT_BUDGET
+    routine_records: RateLimit = DEFAULT_RATE_LIMIT
     ads_limits: AdsLimits = DEFAULT_LIMITS  # what ADS clients may make the server hold
     accept_empty_state: bool = False  # a missing/empty state.db next to a decision log: start
     tls: TlsFiles | None = None  # mTLS on the xDS/sink port when set
@@ -175,7 +175,7 @@ class BallastService:
     async def start(self) -> None:
         """Raises DesiredStateError, StateCorrupted or OSError; nothing is left running then."""
         config = self.config
-        limit_client_logs()  # what clients make the log say passes a byte budget
+        limit_client_logs()  # what clients make the log say is rate-limited
         self.started_at_ms = wall_ms()
         self._desired_bytes = read_desired_bytes(config.desired_path)
         desired = self.parse(self._desired_bytes, str(config.desired_path))
@@ -200,7 +200,7 @@ class BallastService:
         self.decisions = DecisionLog(config.state_dir)
         runnables.hold(self.decisions.close)
         self.recorder = DecisionRecorder(
-            self.decisions, budget=RecordBudget(config.routine_records), metrics=self.metrics)
+            self.decisions, limiter=RecordLimiter(config.routine_records), metrics=self.metrics)
         runnables.hold(self._record_shutdown)
         if config.store_url is not None:
             self.replication = self._replication(config.store_url)
@@ -292,7 +292,7 @@ class BallastService:
             await self._apply_file(file)
         # every PoP translated for Envoy 1.40 (FIFO queue policies; with and without the access
         # log its --metrics-sink bootstrap asks for), off the loop and before the port is bound:
-        # a reconnect storm finds its snapshots ready
+        # a reconnect storm finds its output ready
         for caps in (Capabilities(), Capabilities(access_log=True)):
             warm = self.server.cache.prepare_entries(caps)
             self.server.cache.commit_entries(await asyncio.to_thread(warm))

@@ -17,7 +17,7 @@ from control_plane.ads.limits import DEFAULT_LIMITS, AdsLimits
 from control_plane.app.load_reports import METRIC_SOURCES
 from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.cli.translate_options import add_filter_option, filters_of
-from control_plane.decisions.budget import DEFAULT_BURST_BYTES, DEFAULT_BYTES_PER_S, BudgetConfig
+from control_plane.decisions.rate_limit import DEFAULT_BURST_BYTES, DEFAULT_BYTES_PER_S, RateLimit
 from control_plane.desired import DesiredStateError
 from control_plane.intent.etcd_store import StoreCredentials, StoreUnavailable, parse_store_url
 from control_plane.intent.sqlite_store import StateCorrupted
@@ -250,7 +250,7 @@ def run(args: argparse.Namespace) -> int:
         probe_interval_ms=args.probe_interval,
         reconcile_interval_ms=args.reconcile_interval,
         seed=args.seed,
-        routine_records=BudgetConfig(args.routine_records_burst, args.routine_records_rate),
+        routine_records=RateLimit(args.routine_records_burst, args.routine_records_rate),
         ads_limits=_ads_limits(args),
         accept_empty_state=args.accept_empty_state,
         tls=TlsFiles(args.tls_cert, args.tls_key, args.client_ca) if all(tls_given) else None,

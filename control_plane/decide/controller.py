@@ -2,7 +2,7 @@
 
 ``step`` is a pure function of its inputs (policy, preference, current weights, streaks, one window
 of signals, the tick's time and the PoP's jitter draw), so a decision record holds everything needed
-to replay it (``replay_record``). The rules, with seed 002's numbers as defaults:
+to replay it (``replay_record``). The rules, with the failover source's numbers as defaults:
 
 1. **Fail static.** No signals, an origin without signals, or a newest sample older than
    ``stale_after_ms``: the weights and the streaks are held and the reason is given.

@@ -4,8 +4,8 @@ Three parts, each with its own decision records, decided from the same window of
 (``TierPending`` per tier: the worst Envoy's pool, since breakers and the LIFO watermarks act per
 Envoy) with the defaults of ``TierActionPolicy``:
 
-1. **Re-prioritization** (seed 000: "If P0 wait time exceeds 35ms for more than 30 seconds, we
-   automatically demote 50% of P1 to P2 and shed P2 entirely"). Trigger ``wait``: the
+1. **Re-prioritization** (the tiers source: "If P0 wait time exceeds 35ms for more than 30
+   seconds, we automatically demote 50% of P1 to P2 and shed P2 entirely"). Trigger ``wait``: the
    ``trigger_wait_quantile`` of the trigger tier's pool wait (access logs) above
    ``trigger_wait_ms``, over requests that took one attempt (a retried or hedged request's
    wait holds its failed attempts and backoff); a window with fewer such samples than
@@ -15,13 +15,13 @@ Envoy) with the defaults of ``TierActionPolicy``:
    (``upstream_queue_overloaded`` > 0: past its adaptive LIFO high watermark) where a node
    reports it. Off → on once the trigger held at every tick for ``for_ms``; on → off
    once ``recover_after_ms`` passed without it. Kind ``tier_action``.
-2. **Utilization shedding** (seed 000 ``shed_threshold: 0.85``). The origin concurrency in use is
-   each Envoy's active requests of the group's tier pools, each tier counted up to its
-   guarantee (borrowed slots are idle capacity of another tier and are reclaimed by lending,
-   not by shedding), over ``max_origin_concurrency``; the worst Envoy counts. Above
-   ``shed_threshold`` at every tick for ``for_ms``: every sheddable tier (never the trigger
-   tier) is shed. Lifted with hysteresis: once it stayed below ``shed_lift_threshold`` for
-   ``recover_after_ms``. Kind ``tier_shed``.
+2. **Utilization shedding** (the tiers source's ``shed_threshold: 0.85``). The origin
+   concurrency in use is each Envoy's active requests of the group's tier pools, each tier
+   counted up to its guarantee (borrowed slots are idle capacity of another tier and are
+   reclaimed by lending, not by shedding), over ``max_origin_concurrency``; the worst Envoy
+   counts. Above ``shed_threshold`` at every tick for ``for_ms``: every sheddable tier (never
+   the trigger tier) is shed. Lifted with hysteresis: once it stayed below
+   ``shed_lift_threshold`` for ``recover_after_ms``. Kind ``tier_shed``.
 3. **Lending** (work-conserving shares). Each tier's guarantee G (``OriginGroup.guarantee``) is
    its own whenever it wants it. Demand D = active + pending peak (worst Envoy). A tier with
    D < G - headroom lends the difference (headroom = ``lend_headroom_percent`` of G, kept
@@ -33,9 +33,9 @@ Envoy) with the defaults of ``TierActionPolicy``:
    demand comes and goes does not flap); when a lender's demand returns, the borrowers give
    back at this tick whatever exceeds the new spare (least critical first). Kind ``tier_lend``.
 
-4. **Queues bounded in time** (seed 000: "800 ms for P2 before we just serve stale or a 202";
-   "the most common misconfiguration we see is setting queue limits in counts instead of bytes
-   or time"). Envoy has no timeout for a request waiting in a pool's pending queue, so the
+4. **Queues bounded in time** (the tiers source: "800 ms for P2 before we just serve stale or
+   a 202"; "the most common misconfiguration we see is setting queue limits in counts instead
+   of bytes or time"). Envoy has no timeout for a request waiting in a pool's pending queue, so the
    queue's length is bounded instead: with S slots (the tier's per-Envoy limit, lent slots
    included) each taking the origin's measured service time L (``latency_ms``: the p50 of the
    group's origins this window, weighted by their weights), a queue drains S / L requests per

@@ -5,7 +5,8 @@ becomes `circuit_breakers.<group>.<tier>.default.max_pending_requests`. A borrow
 per-Envoy concurrency (`TierActions.limits`) becomes runtime overrides of its
 cluster's circuit breakers, `circuit_breakers.<group>.<tier>.default.max_requests` and
 `.max_connections`; the Cluster (CDS) keeps the tier's guaranteed share, so lending and reclaim
-never rebuild a cluster or drain its connection pool (measured against CDS: README, facts). The
+never rebuild a cluster or drain its connection pool (measured against CDS: docs/architecture.md,
+"Facts the code relies on", lending by RTDS). The
 layer `ballast_tiers` is always served, empty when nothing is lent: Envoys whose bootstrap names
 it (the edge bootstrap template) wait for it at start-up.
 """
