@@ -138,7 +138,8 @@ class StepResult:
 
     def record_fields(self, pushed: Mapping[str, int] | None = None,
                       changed_by: str = "") -> dict[str, Any]:
-        """Fields for ``DecisionLog.record(result.kind, pop=..., group=..., **these)``.
+        """Fields of its decision record (``draft(result.kind, pop=..., group=..., **these)``,
+        handed to the decision recorder).
 
         ``pushed``: the weights the tick gives Envoy when a later step of the tick (the standby
         ramp) changed this step's proposal; the record's ``weights_after`` is then ``pushed``,

@@ -159,7 +159,7 @@ class TierStepResult:
         return self.decisions[0].kind if self.decisions else None
 
     def record_fields(self, decision: TierDecision) -> dict[str, Any]:
-        """Fields for ``DecisionLog.record(decision.kind, pop=..., group=..., **these)``."""
+        """Fields of its decision record (``draft(decision.kind, pop=..., group=..., **these)``)."""
         return {
             "inputs": self.inputs.json(),
             "rule": decision.rule,
