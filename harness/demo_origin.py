@@ -1,19 +1,19 @@
 """A small HTTP origin for the demo fleet and the tests, with faults that can be switched on.
 
-Every path answers 200 with `x-origin: <name>` and echoes the tier Envoy classified the request into
-(`x-ballast-tier` in, `x-seen-tier` out). Faults are deterministic: with an error rate of 0.25
-exactly every fourth request fails, so tests can assert on counts, not luck. A fault can be limited
-to requests that came through some PoPs (Envoy adds `x-ballast-pop`), which is how a regional
-problem between one PoP and an origin is simulated. Mirrored copies (Envoy's request mirroring
-appends `-shadow` to the Host) are counted apart in `shadowed`. With a `ColdCache`, the origin
-stands for a standby whose cache is cold (the secondary of the failover source's incident): first
-fetches are slow, repeats fast, and a capacity cap refuses what it cannot take. `POST
-/_ballast/fault` (JSON body with the fields of `Fault`) changes them over HTTP, which is how `make
-run` lets an operator break an origin by hand. `max_concurrency` caps the requests it works on at
-once (the rest wait inside the origin, as a real origin's worker pool would): the concurrency-capped
-origin of the tier benchmarks. `attempt_log` keeps each attempt with Envoy's request id and attempt
-number, so a test can tell a hedge (sent while the first attempt was still unanswered) from a retry
-(sent after it failed).
+Every path answers 200 with `x-origin: <name>` and echoes the tier Envoy classified the request
+into (`x-ballast-tier` in, `x-seen-tier` out). Faults are deterministic: with an error rate of
+0.25 exactly every fourth request fails, so tests can assert on counts, not luck. A fault can
+be limited to requests that came through some PoPs (Envoy adds `x-ballast-pop`), which is how a
+regional problem between one PoP and an origin is simulated. Mirrored copies (Envoy's request
+mirroring appends `-shadow` to the Host) are counted apart in `shadowed`. With a `ColdCache`, the
+origin stands for a standby whose cache is cold (the secondary of the failover source's
+incident): first fetches are slow, repeats fast, and a capacity cap refuses what it cannot take.
+`POST /_ballast/fault` (JSON body with the fields of `Fault`) changes them over HTTP, which is how
+`make run` lets an operator break an origin by hand.
+`max_concurrency` caps the requests it works on at once (the rest wait inside the origin, as a
+real origin's worker pool would): the concurrency-capped origin of the tier benchmarks.
+`attempt_log` keeps each attempt with Envoy's request id, attempt number and PoP, so a test can tell
+a hedge (sent while the first attempt was still unanswered) from a retry (sent after it failed).
 """
 
 from __future__ import annotations
@@ -89,6 +89,7 @@ class Attempt:
     arrived: float
     done: float
     status: int
+    pop: str = ""  # the PoP it came through (`x-ballast-pop`)
 
 
 @dataclass(frozen=True)
@@ -173,7 +174,7 @@ class DemoOrigin:
                 request.headers.get("x-request-id", "")[:64],
                 int(count) if count.isdigit() and len(count) < 4 else 1,
                 request.headers.get("x-ballast-tier", "")[:64], arrived, time.monotonic(),
-                response.status))
+                response.status, request.headers.get("x-ballast-pop", "")[:64]))
         return response
 
     def in_flight_peak_reset(self) -> int:

@@ -42,11 +42,11 @@ class StandbyShare:
 
 
 def standby_share(primary: Iterable[Attempt], standby: Iterable[Attempt], tier: str,
-                  since: float, until: float) -> StandbyShare:
-    """The standby's share of `tier`'s requests whose first attempt arrived in [since, until)
-    (time.monotonic())."""
-    mine = [a for a in primary if a.tier == tier]
-    theirs = [a for a in standby if a.tier == tier]
+                  since: float, until: float, pop: str | None = None) -> StandbyShare:
+    """The standby's share of `tier`'s requests (through `pop`, or any) whose first attempt
+    arrived in [since, until) (time.monotonic())."""
+    mine = [a for a in primary if a.tier == tier and pop in (None, a.pop)]
+    theirs = [a for a in standby if a.tier == tier and pop in (None, a.pop)]
     started = {a.request_id for a in (*mine, *theirs)
                if a.number == 1 and since <= a.arrived < until and a.request_id}
     earlier: dict[str, list[Attempt]] = {}

@@ -77,6 +77,7 @@ def _closed_within(connection: socket.socket, ms: int) -> bool:
 class StallingOrigin:
     def __init__(self, name: str, attempts: Attempts, *, stall_every: int, stall_ms: int,
                  answer_ms: int) -> None:
+        self.name = name
         firsts = itertools.count()
 
         class Handler(BaseHTTPRequestHandler):
@@ -128,6 +129,8 @@ class HedgeRun:
     statuses: Counter[int]
     stats: dict[str, int]
     attempts: Attempts
+    # origin -> its host's counters in the critical tier (rq_total, rq_success, rq_error)
+    hosts: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def percentile(self, p: float) -> float:
         ordered = sorted(self.latencies_ms)
@@ -173,11 +176,12 @@ def run_hedging(hedge_delay_ms: int, *, requests: int, concurrency: int, stall_e
             with ThreadPoolExecutor(concurrency) as pool:
                 results = list(pool.map(lambda _: _get(port), range(requests)))
             stats = _stats(envoy)
+            hosts = {origin.name: _host_stats(envoy, origin.port) for origin in origins}
     finally:
         for origin in origins:
             origin.close()
     return HedgeRun(hedge_delay_ms, [ms for ms, _ in results],
-                    Counter(status for _, status in results), stats, attempts)
+                    Counter(status for _, status in results), stats, attempts, hosts)
 
 
 def _get(port: int) -> tuple[float, int]:
@@ -191,6 +195,14 @@ def _get(port: int) -> tuple[float, int]:
     finally:
         connection.close()
     return (time.perf_counter() - started) * 1000, status
+
+
+def _host_stats(envoy: EnvoyProcess, port: int) -> dict[str, int]:
+    """One origin's per-host counters in the critical tier (`per_endpoint_stats`)."""
+    prefix = f"cluster.shop.critical.endpoint.127.0.0.1_{port}."
+    found: Any = envoy.admin_json(f"/stats?format=json&filter=^{prefix.replace('.', '[.]')}")
+    return {item["name"].removeprefix(prefix): int(item["value"]) for item in found["stats"]
+            if "value" in item}
 
 
 def _stats(envoy: EnvoyProcess) -> dict[str, int]:

@@ -6,7 +6,8 @@ release (`canary_builds`: release -> binary; node `ewr-<release>`), sharing its 
 The desired state's `rollout:` policy takes ewr as the canary, then sjc (50 % of the rest),
 then lax; each wave bakes `bake`. `rollout_desired` writes versions of it: `marker` adds a
 classification rule (a route every PoP gets: a harmless change), `primary_port` moves the
-primary origin (to a broken one: a harmful change), `newer_filter` adds an HTTP filter whose
+primary origin (to a broken one: a harmful change), `read_timeout` sets the critical tier's (1ms:
+a harmful change that keeps every address), `newer_filter` adds an HTTP filter whose
 config only Envoy 1.37 and later accept (`NEWER_FILTER`: Envoy 1.36 NACKs it, 1.40 ACKs it).
 """
 
@@ -45,6 +46,7 @@ failover:
   window: 3s
   stale_after: 10s
   min_samples: 5
+{tiers}access_log: {{sample_rate: 1.0}}  # every request logged: each tier's shed rate
 origin_groups:
   shop:
     origins:
@@ -59,6 +61,7 @@ rollout:
   canary: [ewr]
   waves: [50%, 100%]
   bake: {bake}
+  stats_flush_interval: 1s  # the Envoys' (start_envoys): the shortest bake is 2s
   # a loaded test machine moves p95 by hundreds of ms and may set off tier actions: the
   # tests' subjects are the waves, 5xx regressions and NACKs
   gates: {{min_samples: 5, ack_timeout: 30s, min_p95_increase: 5s, max_tier_action_onsets: 100}}
@@ -117,9 +120,12 @@ class Ports:
 
 def rollout_desired(ports: Ports, *, marker: str | None = None, primary_port: int | None = None,
                     newer_filter: bool = False, bad_filter: bool = False,
-                    bake: str = "2s") -> str:
+                    bake: str = "2s", read_timeout: str | None = None) -> str:
     listener = ports.listeners["ewr"]
     return DESIRED.format(
+        tiers="" if read_timeout is None else
+        "tiers:\n  critical: {read_timeout: " + read_timeout + "}\n  normal: {}\n"
+        "  background: {}\n",
         sjc_offset=ports.listeners["sjc"] - listener,
         lax_offset=ports.listeners["lax"] - listener,
         primary=ports.primary if primary_port is None else primary_port,
@@ -189,11 +195,11 @@ class RolloutFleet:
         """How many Envoys `pop` has."""
         return 1 + (len(self.canary_builds) if pop == POPS[0] else 0)
 
-    def start_traffic(self, rps: float = 20.0) -> None:
-        """Steady traffic through every PoP's listener until the fleet stops (Envoys ready)."""
+    def start_traffic(self, rps: float = 20.0, pops: tuple[str, ...] = POPS) -> None:
+        """Steady traffic through `pops`' listeners until the fleet stops (Envoys ready)."""
         self.traffic.extend(asyncio.create_task(steady_traffic(
-            f"http://127.0.0.1:{port}", TRAFFIC_PATHS, rps, self.stop, self.count_status))
-            for port in self.ports.listeners.values())
+            f"http://127.0.0.1:{self.ports.listeners[pop]}", TRAFFIC_PATHS, rps, self.stop,
+            self.count_status)) for pop in pops)
 
     def count_status(self, status: int) -> None:
         """One answer of the steady traffic (0: the request failed)."""
@@ -237,10 +243,10 @@ async def origins_and_envoys(tmp_path: Path, canary_builds: Mapping[str, str] | 
 
 @contextlib.asynccontextmanager
 async def rollout_fleet(tmp_path: Path, *, admin_token: str | None = None,
-                        canary_builds: Mapping[str, str] | None = None
-                        ) -> AsyncIterator[RolloutFleet]:
+                        canary_builds: Mapping[str, str] | None = None,
+                        traffic: tuple[str, ...] = POPS) -> AsyncIterator[RolloutFleet]:
     """`origins_and_envoys` with Ballast in-process (no active probes: the gates judge what
-    Envoys report; the rollout looked at every 200 ms)."""
+    Envoys report; the rollout looked at every 200 ms), steady traffic through `traffic`."""
     token_file = None
     if admin_token is not None:
         token_file = tmp_path / "admin.token"
@@ -257,7 +263,7 @@ async def rollout_fleet(tmp_path: Path, *, admin_token: str | None = None,
         try:
             for envoy in fleet.every_envoy():
                 await asyncio.to_thread(envoy.wait_ready, 20)
-            fleet.start_traffic()
+            fleet.start_traffic(pops=traffic)
             yield fleet
         finally:
             await service.stop(0.5)

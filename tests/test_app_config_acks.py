@@ -193,3 +193,18 @@ def test_a_peers_nacks_are_dated_when_this_replica_first_read_them() -> None:
     assert again.read_ms == (3_601_000, 3_700_000)
     leader, _, _ = acks({"b": again})
     assert [n.node for n in leader.nacks(3_650_000)] == ["e2"]
+
+
+def test_a_local_node_says_when_its_ack_arrived() -> None:
+    """Issue 33: a wave's own window starts after each node's ACK: a local node carries the
+    time its ACK made every type SYNCED; a pending one none; a peer's node none (unknown)."""
+    import time
+
+    mine, nodes, cache = acks()
+    before = time.time()
+    connect(nodes, cache, "ewr", "e1", "applied")
+    connect(nodes, cache, "ewr", "e2", "pending")
+    applied, pending = mine.nodes(["ewr"])
+    assert applied.acked == NEW and applied.acked_ms is not None
+    assert before * 1000 - 1 <= applied.acked_ms <= time.time() * 1000 + 1
+    assert pending.acked is None and pending.acked_ms is None

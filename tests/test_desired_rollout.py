@@ -60,6 +60,7 @@ rollout:
   waves: [10%, 60, 100%]
   bake: 2m
   renewals: waves
+  stats_flush_interval: 10s
   gates:
     max_5xx_increase: 1%
     max_p95_ratio: 2
@@ -73,6 +74,7 @@ rollout:
     assert got == RolloutPolicy(
         strategy="waves", canary=("sjc", "lhr"), waves=(10, 60, 100), bake_ms=120_000,
         renewals="waves",
+        stats_flush_interval_ms=10_000,
         gates=RolloutGates(max_5xx_increase=0.01, max_p95_ratio=2.0, min_p95_increase_ms=50,
                            max_shed_increase=0.1, max_tier_action_onsets=1,
                            ack_timeout_ms=30_000, min_samples=20, evidence_timeout_ms=0))
@@ -80,6 +82,8 @@ rollout:
 
 def test_immediate_strategy() -> None:
     assert policy("rollout: {strategy: immediate}\n").strategy == "immediate"
+    # no bake, no gate: the shortest bake does not apply
+    assert policy("rollout: {strategy: immediate, bake: 1s}\n").bake_ms == 1000
 
 
 @pytest.mark.parametrize(("rollout", "expected"), [
@@ -99,6 +103,16 @@ def test_immediate_strategy() -> None:
      "the canary, cumulative, e.g. [50%, 100%]"),
     ("rollout: {bake: 500ms}\n",
      "test.yaml:16:17: rollout.bake: must be between 1s and 24h, got 500ms"),
+    ("rollout: {bake: 9s}\n",
+     "test.yaml:16:17: rollout.bake: bake (9s) is below 10s, two stats flushes (Envoys flush "
+     "every 5s, stats_flush_interval): the first flush after a wave's ACKs still carries "
+     "traffic served on the old version, so its gate could not judge one full flush of the "
+     "change's own"),
+    ("rollout: {bake: 3s, stats_flush_interval: 2s}\n",
+     "test.yaml:16:17: rollout.bake: bake (3s) is below 4s, two stats flushes (Envoys flush "
+     "every 2s, stats_flush_interval): the first flush after a wave's ACKs still carries "
+     "traffic served on the old version, so its gate could not judge one full flush of the "
+     "change's own"),
     ("rollout: {strategy: canary}\n",
      "test.yaml:16:21: rollout.strategy: must be one of waves, immediate, got 'canary'"),
     ("rollout: {renewals: later}\n",

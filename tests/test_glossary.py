@@ -37,7 +37,7 @@ RULES = [
          _r(r"\bstep (?:\d+|\{[^}]*\}) of\b|\bschedule(?:'s)? (?:first )?step|\bone step per "
             r"interval|(?:standby|origin)'s step\b|\b(?:within|at) its step\b|\bramp step's "
             r"load|[\"']ramp_step[\"']|`ramp_step`[,;s]|\bsteps on\b|\bone step on\b|"
-            r"\bfirst step above")),
+            r"\bfirst step above|\bstep's ceiling|\bfirst ramp step|past (?:its|the) first step")),
     Rule("step", "a rollout advancing (say: advance)",
          _r(r"\b(?:steps|stepped|stepping) (?:a |the )?rollout|\brollout is (?:started, )?"
             r"stepped|\bstarts, steps\b|\bwith each\s+step\b")),

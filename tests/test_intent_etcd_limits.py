@@ -19,7 +19,6 @@ from control_plane.app.config_acks import ConfigAcks
 from control_plane.app.rollouts import ROLLOUT_KEY, Rollouts, Version, restored
 from control_plane.app.server import intent_and_cache
 from control_plane.decide.rollout import start
-from control_plane.decide.signals import OriginSignals
 from control_plane.decisions.log import DecisionLog
 from control_plane.decisions.recorder import DecisionRecorder
 from control_plane.desired import parse_desired
@@ -44,8 +43,8 @@ from control_plane.intent.store import (
     VERSION_KIND,
     IntentBatch,
 )
-from control_plane.observe.source import Signals
 from tests.support.etcd import EtcdServer, etcd_binary
+from tests.support.rollout_inputs import Healthy, WithNodes
 
 T0 = 1_800_000_000_000
 KEYS = [f"kinds/v/{i}" for i in range(8)] + ["digest", "kinds/rollout/current"]
@@ -204,18 +203,6 @@ def versions(pops: int, pad: int) -> tuple[Version, Version]:
     return made(8002), made(9002)
 
 
-class Healthy:
-    def __init__(self, pops: list[str]) -> None:
-        self.pops = pops
-
-    async def window(self, now_ms: int, window_ms: int) -> Signals:
-        def origin() -> OriginSignals:
-            return OriginSignals(1000, 0, 0, 20.0, 60.0, 0.0, 0, 1.0, now_ms)
-
-        return {(pop, "shop"): {"primary": origin(), "secondary": origin()}
-                for pop in self.pops}
-
-
 @pytest.fixture(scope="module")
 def etcd() -> Iterator[EtcdServer]:
     if etcd_binary() is None:
@@ -247,7 +234,9 @@ async def test_a_rollout_of_large_versions_to_149_pops_at_once_is_saved_in_etcd(
     owner, cache = intent_and_cache(old.desired, store=shared, recorder=recorder)
     acks = ConfigAcks(NodeRegistry(), cache, lambda pop: owner.intent.desired_of(pop).digest)
     now = [T0]
-    rollouts = Rollouts(owner, acks, Healthy(list(old.desired.pop_names)), recorder, old,
+    # a wave with no connected node waits (issue 33): one made-up node per PoP
+    rollouts = Rollouts(owner, WithNodes(owner, acks),  # type: ignore[arg-type]
+                        Healthy(list(old.desired.pop_names)), recorder, old,
                         clock=lambda: now[0])
     try:
         # the rollout starts: both versions' bytes in one change (about 2 MB)
@@ -256,6 +245,8 @@ async def test_a_rollout_of_large_versions_to_149_pops_at_once_is_saved_in_etcd(
                 begun = await rollouts.begin(change, new, immediate=False, by="test")
                 change.record(begun.records)
             begun.done()
+        now[0] = T0 + 1000  # a look early in the bake sees the canary's node applying it
+        await rollouts.look()
         # the canary baked: the other 149 PoPs get the new version and their baselines at once
         now[0] = T0 + 60_001
         await rollouts.look()

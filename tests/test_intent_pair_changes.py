@@ -3,6 +3,8 @@ differs, laid over the intent pair by pair; a step that changes nothing costs no
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -13,10 +15,13 @@ from control_plane.desired.model import TierActions
 from control_plane.intent.pair_changes import PairChange, TickChanges, applied, changes_of
 from control_plane.intent.running import RunningIntent
 from control_plane.intent.store import RAMP_KIND, TIER_KIND
-from harness.models import example_desired
+from harness.models import example_desired, shop_group
 
 PAIRS = [("ewr", "shop"), ("sjc", "shop")]
-DESIRED = example_desired()
+# critical hedges: the ramp guards its hedges, so a ramp step can change a PoP's routes
+_GROUP = shop_group()
+DESIRED = example_desired(replace(_GROUP, tiers=tuple(
+    replace(t, hedge_delay_ms=50) if t.name == "critical" else t for t in _GROUP.tiers)))
 
 weights = st.integers(0, 100).map(lambda p: {"primary": p, "secondary": 100 - p})
 streaks = st.builds(
@@ -26,6 +31,7 @@ tier_states = st.sampled_from([
     TierState(), TierState(active=True, trigger_since_ms=1, active_since_ms=2),
     TierState(shedding=True, shed_since_ms=5)])
 ramps = st.sampled_from([RampState(), RampState(ramps={"secondary": 1}),
+                         RampState(ramps={"secondary": 2}),  # a step on: the mirror stays
                          RampState(warm_pool_since_ms={"primary": 0})])
 actions = st.sampled_from([None, TierActions(demote_share=10), TierActions(demote_share=30)])
 
@@ -57,7 +63,8 @@ def view(intent: RunningIntent) -> dict[tuple[str, str], tuple[object, ...]]:
                    intent.tier_states.get(pair, TierState()),
                    intent.ramps.get(pair, RampState()),
                    intent.tier_actions.get(pair),
-                   intent.mirror(*pair))
+                   intent.mirror(*pair),
+                   intent.hedge_share(*pair))
             for pair in PAIRS}
 
 
@@ -68,13 +75,15 @@ def test_applying_a_ticks_changes_gives_what_the_steps_say_and_nothing_else(
     after = applied(running, changes_of(running, steps))
     expected = view(running)
     for step in steps:
-        *_, tiers, ramp, acts, _ = expected[step.key]
+        *_, tiers, ramp, acts, _, _ = expected[step.key]
         if step.tier_state is not None:
             tiers, acts = step.tier_state, step.tier_actions
         if step.ramp is not None:
             ramp = step.ramp
-        mirror = RunningIntent(DESIRED, ramps={step.key: ramp}).mirror(*step.key)
-        expected[step.key] = (step.weights, step.controller, tiers, ramp, acts, mirror)
+        alone = RunningIntent(DESIRED, weights={step.key: step.weights},
+                              ramps={step.key: ramp})
+        expected[step.key] = (step.weights, step.controller, tiers, ramp, acts,
+                              alone.mirror(*step.key), alone.hedge_share(*step.key))
     assert view(after) == expected
 
 
@@ -93,13 +102,17 @@ def test_the_same_steps_again_change_nothing(
 def test_only_pops_whose_output_moves_are_named(
     running: RunningIntent, steps: list[PairChange]
 ) -> None:
-    """A PoP is re-translated when its weights, tier actions or mirror change — never for a
-    streak, a tier state or a ramp that leaves the mirror as it was."""
+    """A PoP is re-translated when its weights, tier actions, mirror or hedge share change —
+    never for a streak, a tier state or a ramp that leaves the mirror and the hedge share as
+    they were."""
     changes = changes_of(running, steps)
     before, after = view(running), view(applied(running, changes))
+
+    def output(parts: tuple[object, ...]) -> tuple[object, ...]:
+        return parts[0], parts[4], parts[5], parts[6]
+
     moved = {pop for (pop, group), now in after.items()
-             if (now[0], now[4], now[5]) != (before[(pop, group)][0], before[(pop, group)][4],
-                                            before[(pop, group)][5])}
+             if output(now) != output(before[(pop, group)])}
     assert changes.pops == moved
 
 
@@ -120,3 +133,19 @@ def test_a_steady_pair_writes_nothing_and_a_changed_one_writes_its_row_and_recor
                        [PairChange(PAIRS[1], moved, ControllerState(), TierState(), RampState())])
     assert ended.batch(DESIRED.digest).records == ((RAMP_KIND, "sjc/shop", None),)
     assert TIER_KIND not in {kind for kind, _, _ in ended.batch(DESIRED.digest).records}
+
+
+def test_a_ramp_step_at_the_same_weights_re_translates_for_its_hedge_share() -> None:
+    """Issue 33: the hedge share follows the ramp's step; a step on (the mirror stays on, the
+    weights as they were) gives the standby more headroom: the PoP's routes change."""
+    key = ("ewr", "shop")
+    held = {"primary": 90, "secondary": 10}
+    running = RunningIntent(DESIRED, weights={key: held},
+                            ramps={key: RampState(ramps={"secondary": 1})})
+    step = PairChange(key, dict(held), ControllerState(), None,
+                      RampState(ramps={"secondary": 2}), None)
+    changes = changes_of(running, [step])
+    assert running.mirror(*key) == applied(running, changes).mirror(*key)
+    assert running.hedge_share(*key) == 0
+    assert applied(running, changes).hedge_share(*key) == 111_111
+    assert changes.pops == frozenset({"ewr"})

@@ -184,3 +184,24 @@ def test_a_host_series_new_on_a_running_connection_counts_from_zero() -> None:
     both = store.read_window(3000, 2500)[("ewr", "shop")]
     assert (both["secondary"].requests, both["secondary"].errors_5xx) == (9, 9)
     assert (both["primary"].requests, both["primary"].abandoned) == (30, 18)
+
+
+def test_a_windows_start_after_a_nodes_first_flush_waits_for_that_flushs_host_stats() -> None:
+    """Issue 33: a wave's window starts just after the node's first stats flush after its ACK,
+    the metrics_service flush and the OTLP export of the same flush's per-host stats both; an
+    export that comes late moves the start after it."""
+    from control_plane.observe.envoy_stats import HostPoint
+
+    store = SinkStore()
+    stream = store.open_stream("ewr-1", "ewr")
+    point = [HostPoint("ewr", "shop.critical", "127.0.0.1:8081", "rq_total", 1.0)]
+    for at in (1000, 2000):
+        store.ingest(stream, [], at)
+        store.ingest_hosts("c1", point, at + 5)
+    assert store.stats_after("ewr-1", "ewr", 2500, 1000) is None  # no flush since
+    store.ingest(stream, [], 3000)
+    # c1 exported since 2500 (at 2005) but not yet the 3000 flush's host stats
+    assert store.stats_after("ewr-1", "ewr", 2500, 1000) is None
+    store.ingest_hosts("c1", point, 3700)  # late: the start moves after it
+    assert store.stats_after("ewr-1", "ewr", 2500, 1000) == 3701
+    assert store.stats_after("ewr-1", "sjc", 2500, 1000) == 3001  # another PoP's exports

@@ -329,7 +329,8 @@ def test_shed_readings(after: TierShed, before: TierShed, verdict: str) -> None:
 
 
 def test_a_tier_action_onset_only_the_wave_has_fails() -> None:
-    inputs = GateInputs(after=(window("ewr", onsets=1),), before=(window("ewr"),),
+    inputs = GateInputs(nodes=(NodeAck("ewr", "ewr-1", NEW),),
+                        after=(window("ewr", onsets=1),), before=(window("ewr"),),
                         peers=(window("sjc"),))
     gate = evaluate(inputs, {"ewr"}, NEW, 0, BAKE, GATES)
     assert gate.verdict == "fail" and "1 tier-action onset(s)" in gate.why[0]
@@ -351,10 +352,33 @@ def test_without_evidence_the_bake_extends_then_the_gates_pause() -> None:
     assert version_of(rollout, "ewr") == NEW and version_of(rollout, "sjc") == OLD
 
 
-def test_a_pop_without_nodes_needs_no_evidence() -> None:
+def test_a_wave_without_a_connected_node_waits_then_pauses() -> None:
+    """Issue 33: a canary with no connected node 'passed: every node ACKed'; nothing served
+    the version, so there is nothing to judge: it waits, and pauses after the evidence
+    timeout as for no evidence."""
     rollout = begin()
     gate = evaluate(GateInputs(), reached(rollout), NEW, 0, BAKE, GATES)
-    assert gate.verdict == "pass"
+    assert gate.verdict == "wait"
+    assert gate.why == (f"no node of ewr is connected: nothing serves version {NEW[:16]} to "
+                        "judge yet",)
+    rollout, events = look(rollout, GateInputs(), BAKE + GATES.evidence_timeout_ms, POLICY)
+    assert rollout.phase == "paused" and [e.kind for e in events] == ["rollout_paused"]
+
+
+def test_a_pop_without_nodes_beside_one_with_nodes_needs_no_evidence() -> None:
+    rollout = begin()
+    both = healthy(rollout)
+    gate = evaluate(both, reached(rollout) | {"lax"}, NEW, 0, BAKE, GATES)
+    assert gate.verdict == "pass", gate
+
+
+def test_a_rate_is_never_above_its_count() -> None:
+    """Issue 33: a rolled_back record read '5xx 101.4 % (75 of 74)'."""
+    over = window("ewr", signals(requests=74, errors=75))
+    gate = evaluate(GateInputs(nodes=(NodeAck("ewr", "ewr-1", NEW),), after=(over,),
+                               before=(window("ewr"),)), {"ewr"}, NEW, 0, BAKE, GATES)
+    assert gate.verdict == "fail"
+    assert "5xx 100.0% (74 of 74" in gate.why[0], gate.why
 
 
 # --- operator actions --------------------------------------------------------------------------

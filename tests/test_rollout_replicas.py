@@ -4,10 +4,11 @@ starts a rollout.
 
 Two Ballast replicas in-process share the intent in etcd.
 
-- No Envoys (a PoP without nodes needs no evidence, so a wave passes once baked): a change
-  rolls out; the follower serves what the leader decided, PoP by PoP. The leader stops while
-  the canary bakes; the follower takes over, bakes the canary again from its election and
-  carries the rollout to the end.
+- No Envoys (each replica's gates read one made-up node per PoP applying what its PoP serves
+  and healthy windows, `tests/support/rollout_inputs.py`, so a wave passes once baked): a
+  change rolls out; the follower serves what the leader decided, PoP by PoP. The leader stops
+  while the canary bakes; the follower takes over, bakes the canary again from its election
+  and carries the rollout to the end.
 - A real Envoy of the canary PoP connected to the follower only: its NACK rolls the leader's
   rollout back, the message in the record; while it has not ACKed (stopped), the wave waits
   for it, and the leader's status counts it, on the follower.
@@ -36,8 +37,9 @@ from control_plane.decisions.read import iter_records
 from control_plane.translate.bootstrap import ads_bootstrap
 from harness.envoy_process import EnvoyProcess, free_port
 from harness.eventually import eventually
-from harness.rollout_fleet import Ports, rollout_desired
+from harness.rollout_fleet import POPS, Ports, rollout_desired
 from tests.support.etcd import EtcdServer, etcd_binary
+from tests.support.rollout_inputs import with_made_up_inputs
 
 pytestmark = [pytest.mark.etcd,
               pytest.mark.skipif(etcd_binary() is None or shutil.which("etcdctl") is None,
@@ -78,8 +80,10 @@ async def test_a_new_leader_carries_the_rollout_on(etcd: EtcdServer, tmp_path: P
     desired = tmp_path / "desired.yaml"
     desired.write_text(rollout_desired(ports))
     async with replica(etcd, tmp_path, "a", desired) as a:
+        with_made_up_inputs(a, POPS)
         await eventually(lambda: _leading(a), 10, "a leads")
         async with replica(etcd, tmp_path, "b", desired) as b:
+            with_made_up_inputs(b, POPS)
             old = a.server.intent.desired.digest
             desired.write_text(rollout_desired(ports, marker="replicated", bake="4s"))
             await eventually(lambda: a.rollouts.rollout is not None
@@ -118,6 +122,7 @@ async def test_a_peer_value_that_cannot_be_read_holds_the_wave_and_stops_no_mirr
     desired = tmp_path / "desired.yaml"
     desired.write_text(rollout_desired(ports))
     async with replica(etcd, tmp_path, "a", desired) as a:
+        with_made_up_inputs(a, POPS)  # the ghost's unreadable nodes still come from a's ACKs
         await eventually(lambda: _leading(a), 10, "a leads")
         async with replica(etcd, tmp_path, "b", desired) as b:
             await eventually(lambda: b.replication is not None
@@ -126,7 +131,7 @@ async def test_a_peer_value_that_cannot_be_read_holds_the_wave_and_stops_no_mirr
             await asyncio.to_thread(etcdctl, "put", "/ballast/replicas/ghost", '{"id": "ghost"}')
             await eventually(lambda: "ghost" in a.replication.peer_acks(), 10,
                              "a sees the ghost registered")
-            desired.write_text(rollout_desired(ports, marker="held", bake="1s"))
+            desired.write_text(rollout_desired(ports, marker="held", bake="2s"))
 
             def held(why: str) -> bool:
                 rollout = a.rollouts.rollout
@@ -221,7 +226,7 @@ async def test_the_wave_waits_for_a_followers_node_to_ack(
     async with leader_and_follower(etcd, tmp_path, desired) as (a, b, process):
         assert len(b.server.nodes) == 1 and len(a.server.nodes) == 0
         os.kill(process, signal.SIGSTOP)  # it cannot ACK what the wave sends it
-        desired.write_text(rollout_desired(ports, marker="waits", bake="1s"))
+        desired.write_text(rollout_desired(ports, marker="waits", bake="2s"))
 
         def waiting_past_the_bake() -> bool:
             rollout = a.rollouts.rollout

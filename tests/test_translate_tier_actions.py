@@ -17,6 +17,7 @@ from control_plane.translate.resources import (
     RUNTIME_TYPE,
     Capabilities,
 )
+from control_plane.translate.routes import shed_of_route
 from harness.intent_changes import set_tier_actions
 from harness.models import example_desired, shop_group
 
@@ -25,7 +26,7 @@ def routes(pop: str = "ewr", actions: dict[str, TierActions] | None = None) -> d
     resources = translate_pop(example_desired(), pop, Capabilities(),
                               PopIntent(tier_actions=actions or {}))
     (vhost,) = resources.of_type(ROUTE_TYPE)["edge"].message.virtual_hosts
-    return {route.name: route for route in vhost.routes}
+    return {route.name.partition("@")[0]: route for route in vhost.routes}
 
 
 def headers(options: object) -> dict[str, str]:
@@ -58,6 +59,8 @@ def test_shedding_answers_background_routes_at_the_edge() -> None:
     after = routes(actions={"shop": TierActions()})
     for name in ("prefetch", "bots", "next-image"):
         route = after[name]
+        assert route.name == f"{name}@shed/shop/background"  # the access log names it
+        assert shed_of_route(route.name) == ("shop", "background")
         assert route.WhichOneof("action") == "direct_response", name
         assert route.direct_response.status == 503
         assert headers(route.response_headers_to_add) == {
@@ -136,7 +139,7 @@ def test_each_shed_action_of_a_tier_shed_for_utilization(
     resources = translate_pop(example_desired(group), "ewr", Capabilities(),
                               PopIntent(tier_actions={"shop": actions}))
     (vhost,) = resources.of_type(ROUTE_TYPE)["edge"].message.virtual_hosts
-    route = {r.name: r for r in vhost.routes}["x-prefetch"]
+    route = {r.name: r for r in vhost.routes}["x-prefetch@shed/shop/normal"]
     assert route.direct_response.status == status
     assert headers(route.response_headers_to_add) == {
         "retry-after": "60", "x-ballast-shed": "normal", **extra

@@ -108,6 +108,7 @@ class NodeEntry:
     # the PoP output the stream last answered from (a push or a request): with every type
     # SYNCED, the node has applied it (`applied`)
     answered_from: PopResources | None = None
+    synced_at: float = 0.0  # unix time of the ACK that made every type SYNCED (0: never)
 
     def _record(self, type_url: str) -> _TypeRecord:
         record = self.types.get(type_url)
@@ -124,8 +125,10 @@ class NodeEntry:
     def acked(self, type_url: str, version: str) -> None:
         record = self._record(type_url)
         record.last_acked = version
-        if version == record.last_sent:
+        if version == record.last_sent and record.outcome != "SYNCED":
             record.outcome = "SYNCED"
+            if self.overall == "SYNCED":  # when the node applied what it was last sent
+                self.synced_at = time.time()
 
     def nacked(self, type_url: str, version: str, message: str) -> int:
         """Note a NACK; how many NACKs of this version came in a row (1: a new one)."""

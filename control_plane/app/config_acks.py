@@ -259,8 +259,10 @@ class ConfigAcks:
         others = self._others()
         for pop in pops:
             version = self._version_of(pop)
-            acks.extend(NodeAck(pop, entry.node_id,
-                                version if self._applied(pop, entry) else None, self.replica)
+            acks.extend(NodeAck(pop, entry.node_id, version, self.replica,
+                                round(entry.synced_at * 1000) or None)
+                        if self._applied(pop, entry) else NodeAck(pop, entry.node_id, None,
+                                                                  self.replica)
                         for entry in sorted(self._nodes.entries(pop), key=lambda e: e.node_id))
             for replica, shared in others:
                 if shared.unreadable:  # fails closed: one node that has not applied it

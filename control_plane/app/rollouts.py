@@ -6,9 +6,12 @@ supersede, the operator's actions); this module feeds it and publishes what it d
 - **inputs**: the clock, the ACKs and NACKs of the reached PoPs' nodes (`config_acks.py`, read
   from the ADS streams; with replicas, of every live replica's streams, shared through etcd)
   and the signal windows from the metric source the weight controller reads (per PoP, group
-  and origin: the wave's PoPs since the wave started, the PoPs still on
-  the previous version over the same time, the wave's PoPs before it started), with the
-  tier-action onsets since the wave started;
+  and origin: the wave's PoPs over their own traffic — from just after their nodes' first
+  stats flush after each applied the change, `own_starts` —, the PoPs still on the previous
+  version since
+  the wave started, the wave's PoPs before it started), with each tier's requests and sheds
+  from the access logs (`AccessLogStore.sheds`: the shed rate) and the tier-action onsets
+  since the wave started;
 - **publishing**: every rollout decision that changes which PoP serves which version — a reload
   starting (or superseding) one, a wave starting, a rollback, an abort, a promote — is one
   change through the change transaction (`change.desired(target, serving=...)`): the output of
@@ -46,7 +49,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from control_plane.app.config_acks import ConfigAcks
-from control_plane.decide.gates import GateInputs, PopWindow, TierShed
+from control_plane.decide.gates import GateInputs, NodeAck, PopWindow, TierShed
 from control_plane.decide.rollout import (
     PHASES,
     Rollout,
@@ -299,6 +302,9 @@ class Rollouts:
         changed: Callable[[], None] = lambda: None,
         parse: Callable[[bytes, str], Desired] = parse_desired,
         saved: Iterable[str] = (),
+        stats_after: Callable[[str, str, int, int], int | None] | None = None,
+        sheds: Callable[[int, int], Mapping[tuple[str, str, str], tuple[int, int]]]
+        | None = None,
     ) -> None:
         """`saved`: the digests whose bytes the store holds (a baseline, `baseline`)."""
         self.owner = owner
@@ -319,6 +325,15 @@ class Rollouts:
         self._actions_at_wave: dict[str, frozenset[str]] = {}
         self._before: dict[str, PopWindow] = {}  # reached PoP -> its window before its wave
         self._unpublished: Unpublished | None = None  # recorded, its swap failed
+        # where a window of a node's stats taken after a time starts (the sink knows each
+        # node's flushes, `SinkStore.stats_after`; None: a source that does not, e.g.
+        # Prometheus): where a wave's own window starts (`own_starts`)
+        self._stats_after = stats_after
+        # (now, window) -> (PoP, group, tier) -> (requests, shed): the tiers' shed rate
+        self._sheds = sheds
+        # (version, wave start) and when each node of the wave was first seen applying it
+        self._acked_wave: tuple[str, int] | None = None
+        self._acked_at: dict[tuple[str, str], int] = {}
         self._gauges()
 
     # -- start-up --------------------------------------------------------------------------
@@ -497,8 +512,27 @@ class Rollouts:
         running = self.owner.intent
         others = [pop for pop in running.pop_names if pop not in wave]
         span = max(now - rollout.wave_started_ms, 1)
+        nodes = self.acks.nodes(sorted(wave))
         after = await self._window(now, span)
         onsets = self._onsets(running.tier_actions)
+        sheds = await self._shed_counts(now, span)
+        # each reached PoP's window starts at its nodes' first stats after they applied the
+        # change (`own_starts`); a PoP whose nodes have not flushed since has no window yet
+        starts = self.own_starts(rollout, nodes, now)
+        own: list[PopWindow] = []
+        by_start: dict[int, list[str]] = {}
+        for pop in sorted(wave):
+            start = starts.get(pop, rollout.wave_started_ms)
+            if start is None or start >= now:
+                own.append(PopWindow(pop, tier_action_onsets=onsets.get(pop, 0)))
+            else:
+                by_start.setdefault(start, []).append(pop)
+        for start, pops in sorted(by_start.items()):
+            signals = after if start == rollout.wave_started_ms else await self._window(
+                now, now - start)
+            counts = sheds if start == rollout.wave_started_ms else await self._shed_counts(
+                now, now - start)
+            own.extend(_windows(signals, pops, onsets, counts))
         # each reached PoP's own window before it got the new version: taken when its wave
         # started (the source may keep less than a rollout lasts), else read back now
         since: dict[int, list[str]] = {}
@@ -507,14 +541,46 @@ class Rollouts:
                              []).append(pop)
         before = [self._before[pop] for pop in sorted(wave) if pop in self._before]
         before += [window for at, pops in sorted(since.items())
-                   for window in _windows(await self._window(at, span), pops, {})]
+                   for window in _windows(await self._window(at, span), pops, {},
+                                          await self._shed_counts(at, span))]
         return GateInputs(
-            nodes=self.acks.nodes(sorted(wave)),
+            nodes=nodes,
             nacks=self.acks.nacks(rollout.started_ms),
-            after=_windows(after, sorted(wave), onsets),
-            peers=_windows(after, others, onsets),
+            after=tuple(sorted(own, key=lambda w: w.pop)),
+            peers=_windows(after, others, onsets, sheds),
             before=tuple(before),
         )
+
+    def own_starts(self, rollout: Rollout, nodes: Iterable[NodeAck], now: int
+                   ) -> dict[str, int | None]:
+        """Reached PoP -> where its window of the change's own traffic starts, the latest over
+        its nodes; None while one of them has not applied the version or not flushed since.
+        A node's ACK time is when its ACK arrived (its replica says; else when a look first saw
+        it applied, never earlier); its window starts just after its first stats flush after
+        that (both of the flush's
+        streams, `SinkStore.stats_after`): that flush closes the interval the ACK fell in, so
+        it still holds traffic served on the old version. Without per-node flush times
+        (Prometheus: counters scraped live, histograms as of the last flush), a flush interval
+        and a half after the ACK. PoPs without nodes are left out."""
+        key = (rollout.to_version, rollout.wave_started_ms)
+        if self._acked_wave != key:
+            self._acked_wave, self._acked_at = key, {}
+        flush = self._versions[rollout.to_version].desired.rollout.stats_flush_interval_ms
+        starts: dict[str, int | None] = {}
+        for node in nodes:
+            if node.acked != rollout.to_version:
+                starts[node.pop] = None
+                continue
+            at = self._acked_at.setdefault((node.pop, node.node), node.acked_ms or now)
+            if self._stats_after is None:
+                mine: int | None = at + flush + flush // 2
+            else:
+                mine = self._stats_after(node.node, node.pop, at, flush)
+            if node.pop in starts and starts[node.pop] is None:
+                continue
+            was = starts.get(node.pop)
+            starts[node.pop] = None if mine is None else max(mine, was or mine)
+        return starts
 
     # -- publishing --------------------------------------------------------------------------
 
@@ -558,8 +624,10 @@ class Rollouts:
                                             else frozenset()))
         if not entering:
             return {}
-        signals = await self._window(self.clock(), target.rollout.bake_ms)
-        return {window.pop: window for window in _windows(signals, entering, {})}
+        now = self.clock()
+        signals = await self._window(now, target.rollout.bake_ms)
+        counts = await self._shed_counts(now, target.rollout.bake_ms)
+        return {window.pop: window for window in _windows(signals, entering, {}, counts)}
 
     def _state(self, change: Change, rollout: Rollout, events: Iterable[RolloutEvent],
                versions: Mapping[str, Version], failed: Mapping[str, str],
@@ -622,6 +690,12 @@ class Rollouts:
             log.warning("metric source failed for the rollout's gates: %s", err)
             return {}
 
+    async def _shed_counts(self, now: int, span: int
+                           ) -> Mapping[tuple[str, str, str], tuple[int, int]]:
+        """(PoP, group, tier) -> (requests, shed) over (now - span, now]; empty without a
+        source of them (the shed readings are then absent: neither pass nor fail)."""
+        return {} if self._sheds is None else self._sheds(now, span)
+
     def _note_wave(self) -> None:
         """The groups with tier actions per PoP when the wave started (onsets count from)."""
         self._actions_at_wave = _active(self.owner.intent.tier_actions)
@@ -674,15 +748,20 @@ def _active(tier_actions: Mapping[tuple[str, str], TierActions]) -> dict[str, fr
     return {pop: frozenset(groups) for pop, groups in active.items()}
 
 
-def _windows(signals: Signals, pops: Iterable[str], onsets: Mapping[str, int]
-             ) -> tuple[PopWindow, ...]:
-    """The signals of `pops` as the gates' windows."""
+def _windows(signals: Signals, pops: Iterable[str], onsets: Mapping[str, int],
+             sheds: Mapping[tuple[str, str, str], tuple[int, int]]) -> tuple[PopWindow, ...]:
+    """The signals of `pops` as the gates' windows, with each tier's shed counts."""
     by_pop: dict[str, list[tuple[str, str, Any]]] = {}
     for (pop, group), origins in signals.items():
         for origin, values in origins.items():
             by_pop.setdefault(pop, []).append((group, origin, values))
+    tiers: dict[str, list[tuple[str, str, TierShed]]] = {}
+    for (pop, group, tier), (requests, shed) in sheds.items():
+        if requests > 0:
+            tiers.setdefault(pop, []).append((group, tier, TierShed(requests, shed)))
     return tuple(PopWindow(pop, tuple(sorted(by_pop.get(pop, []), key=lambda o: o[:2])),
-                           (), onsets.get(pop, 0)) for pop in pops)
+                           tuple(sorted(tiers.get(pop, []), key=lambda t: t[:2])),
+                           onsets.get(pop, 0)) for pop in pops)
 
 
 

@@ -269,7 +269,10 @@ class BallastService:
             self.server.intent, self.server.acks, source, self.recorder, running,
             metrics=self.metrics, leading=leading,
             changed=self._follow_served, parse=self.parse,
-            saved=stored.records.get(VERSION_KIND, {}))
+            saved=stored.records.get(VERSION_KIND, {}),
+            stats_after=self._passive.stats_after if isinstance(self._passive, SinkStore)
+            else None,
+            sheds=self.access_logs.sheds)
         if held is not None:
             self._resume_rollout(held)
         self._follow_served()  # a rollout restored: PoPs on its previous version too

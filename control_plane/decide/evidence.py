@@ -137,7 +137,9 @@ def error_counts(signals: OriginSignals, min_samples: int) -> tuple[int, int]:
     """(failed, total) behind a window's error verdict: the attempts the origin served, with
     the window's active probes filling in when the attempts are fewer than `min_samples`."""
     total = signals.requests + signals.connect_failures
-    failed = signals.errors_5xx + signals.connect_failures
+    # counters read apart (a 5xx counter and a request counter of different flushes) can
+    # disagree: a rate is never above 100 %
+    failed = min(signals.errors_5xx + signals.connect_failures, total)
     if total < min_samples and signals.probes and signals.probe_success is not None:
         total += signals.probes
         failed += round((1 - signals.probe_success) * signals.probes)

@@ -28,16 +28,18 @@
   baseline.
 
 The gate's verdict: `fail` on a NACK, a missing ACK past the timeout or a failing reading;
-else `wait` while ACKs are missing or a reached PoP with nodes has no passing reading of 5xx,
-p95 or shed rate (no evidence yet: the bake extends); else `pass`. A PoP without nodes serves
-nobody: it needs no evidence.
+else `wait` while no reached PoP has a connected node (nothing serves the version to judge: it
+waits, and the rollout pauses after `evidence_timeout` as for no evidence), while ACKs are
+missing or a reached PoP with nodes has no passing reading of 5xx, p95 or shed rate (no
+evidence yet: the bake extends); else `pass`. A PoP without nodes beside PoPs with nodes serves
+nobody: it needs no evidence of its own. Rates are failures over samples, never above 100 %.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from control_plane.decide.evidence import error_counts, latency_samples, wilson_lower
@@ -76,12 +78,14 @@ class PopWindow:
 @dataclass(frozen=True)
 class NodeAck:
     """A node of a PoP and the desired-state version (digest) its last ACK applied, if any;
-    `replica`: the Ballast replica it is connected to ("" without replicas)."""
+    `replica`: the Ballast replica it is connected to ("" without replicas); `acked_ms`: when
+    that ACK arrived, where the replica that holds the node's stream says (None: unknown)."""
 
     pop: str
     node: str
     acked: str | None
     replica: str = ""
+    acked_ms: int | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -189,6 +193,10 @@ def evaluate(inputs: GateInputs, reached: Iterable[str], version: str, wave_star
     if failing:
         verdict: GateVerdict = "fail"
         why = _bounded([r.text for r in failing], "failing readings")
+    elif not with_nodes:
+        verdict = "wait"
+        why = (f"no node of {', '.join(sorted(pops))} is connected: nothing serves version "
+               f"{version[:16]} to judge yet",)
     elif waiting or unmeasured:
         verdict = "wait"
         why = _bounded([r.text for r in waiting] + [
@@ -358,6 +366,8 @@ def _rate_comparison(failed: int, total: int, base_failed: int, base_total: int,
 def _rate_reading(pop: str, signal: str, key: str, failed: int, total: int,
                   baselines: Sequence[tuple[str, int, int]], max_increase: float,
                   need: int, what: str) -> Reading:
+    failed = min(failed, total)  # counters read at different moments: never above 100 %
+    baselines = [(name, min(f, t), t) for name, f, t in baselines]
     if total < need:
         return Reading(pop, signal, key, "inconclusive",
                        f"pop {pop} {key}: {what} {total} samples < min_samples {need}")

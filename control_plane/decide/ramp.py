@@ -32,6 +32,10 @@ the weights in force:
 
 Every tick that starts, advances, holds, backs off, completes, ends or caps a ramp returns a record
 (``kind``) with its inputs, so it can be replayed (``replay_ramp_record``).
+
+What follows from the ramp's state for the routes: the cache-warming mirror while a standby
+ramps (``active_mirror``), and the share of a hedged tier's requests that may hedge while a
+standby is cold or ramping (``hedge_share``: hedges respect the ramp).
 """
 
 from __future__ import annotations

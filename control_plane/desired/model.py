@@ -538,11 +538,22 @@ class RolloutPolicy:
     # controller judges 30 s windows and needs breach_windows (2) of them to see a regression,
     # tier actions hold 30 s before they act; 5 min covers ten windows
     bake_ms: int = 300_000
+    # how often the Envoys flush their stats (`ballast bootstrap`: 5 s): a wave's gate reads
+    # only stats that postdate its ACKs, so a bake shorter than two flushes never judges one
+    # full flush of the change's own traffic (checked at load)
+    stats_flush_interval_ms: int = 5_000
     gates: RolloutGates = field(default_factory=RolloutGates)
     # a version that only renews certificates served for the same hostnames (`decide/rollout.py`,
     # `renewal`): every PoP at once once it validated (the key matches, the dates hold, the SANs
     # cover the hostnames), or in waves like any change
     renewals: RenewalPolicy = "immediate"
+
+    @property
+    def min_bake_ms(self) -> int:
+        """The shortest bake that lets a gate judge one full stats flush after the change: the
+        first flush after the ACKs still carries traffic served on the old version (its
+        baseline, `app/rollouts.py` `own_starts`), the second is the change's own."""
+        return 2 * self.stats_flush_interval_ms
 
 
 @dataclass(frozen=True)

@@ -214,6 +214,7 @@ ROLLOUT_FIELDS: FieldTable = {
     "waves": ("waves", rollout_waves),
     "bake": ("bake_ms", duration(1000, 86_400_000)),
     "renewals": ("renewals", choice("immediate", "waves")),
+    "stats_flush_interval": ("stats_flush_interval_ms", duration(100, 3_600_000)),
 }
 
 ROLLOUT_GATE_FIELDS: FieldTable = {

@@ -17,7 +17,7 @@ from control_plane.desired.errors import Sink
 from control_plane.desired.fields import Fields, did_you_mean, integer, ip_address
 from control_plane.desired.filter_types import DEFAULT_ALLOWED, AllowedFilters
 from control_plane.desired.grpc_services import read_grpc_services
-from control_plane.desired.layers import GLOBAL, read_layer
+from control_plane.desired.layers import GLOBAL, blame, read_layer
 from control_plane.desired.listeners import read_listeners
 from control_plane.desired.model import AccessLog, Desired, Pop, RolloutGates, RolloutPolicy
 from control_plane.desired.origin_groups import read_origin_groups
@@ -104,7 +104,17 @@ def _rollout(document: Document, doc: Fields) -> RolloutPolicy:
                if located.value is not None}
     gate_values = {key: located.value for key, located in gate_layer.items()
                    if located.value is not None}
-    return RolloutPolicy(**written, gates=RolloutGates(**gate_values))
+    policy = RolloutPolicy(**written, gates=RolloutGates(**gate_values))
+    bake, flush = layer.get("bake_ms"), layer.get("stats_flush_interval_ms")
+    if policy.strategy == "waves" and policy.bake_ms < policy.min_bake_ms:
+        document.sink.add(blame(fields.at(), *(x for x in (bake, flush) if x is not None)),
+                          f"bake ({policy.bake_ms / 1000:g}s) is below "
+                          f"{policy.min_bake_ms / 1000:g}s, two stats flushes (Envoys flush "
+                          f"every {policy.stats_flush_interval_ms / 1000:g}s, "
+                          "stats_flush_interval): the first flush after a wave's ACKs still "
+                          "carries traffic served on the old version, so its gate could not "
+                          "judge one full flush of the change's own")
+    return policy
 
 
 def _pops(document: Document, doc: Fields) -> dict[str, Pop]:

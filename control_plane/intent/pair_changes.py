@@ -94,7 +94,8 @@ def changes_of(running: RunningIntent, decided: Sequence[PairChange]) -> TickCha
         if pair.ramp is not None and pair.ramp != running.ramps.get(key, RampState()):
             ramps[key] = None if pair.ramp == RampState() else pair.ramp
     after = applied(running, TickChanges(ramps=ramps, controllers=controllers))
-    pops.update(key[0] for key in ramps if running.mirror(*key) != after.mirror(*key))
+    pops.update(key[0] for key in ramps if running.mirror(*key) != after.mirror(*key)
+                or running.hedge_share(*key) != after.hedge_share(*key))
     pops.update(key[0] for key in controllers if running.sick(*key) != after.sick(*key))
     return TickChanges(weights, controllers, tiers, ramps, actions, tuple(rows), frozenset(pops))
 

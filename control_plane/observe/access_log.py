@@ -41,6 +41,9 @@ standby; the entries name the primary with its own timing, first byte sent at 0 
 
 Per (PoP, tier cluster) the store keeps one `WaitSample` per logged request, at most
 `max_samples` per cluster and `retention_ms` long; `waits` gives p50 / p95 / p99 per window.
+A request a tier action shed at the edge has no upstream: the route that answered it names its
+(group, tier) (`<rule>@shed/<group>/<tier>`), and `sheds` gives each tier's logged requests and
+how many of them were shed, the rollout gates' shed rate.
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ from control_plane.observe.source import (
 )
 from control_plane.observe.window import split_cluster
 from control_plane.security.peer import NodePeerCheck
+from control_plane.translate.routes import shed_of_route
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +94,7 @@ class WaitSample:
     attempts: int = 1  # upstream_request_attempt_count: > 1 retried or hedged
     host: str = ""  # the last attempt's upstream "address:port" ("" when none was chosen)
     served_ms: float | None = None  # the last attempt's service time (None: no answer byte)
+    started_ms: int = 0  # when the request started (Envoy's clock, epoch ms; 0: not logged)
 
     @property
     def is_wait(self) -> bool:
@@ -136,7 +141,14 @@ def wait_sample(entry: HTTPAccessLogEntry, received_ms: int) -> tuple[str, WaitS
     host = _host(common)
     return cluster, WaitSample(received_ms, wait, duration,
                                max(1, common.upstream_request_attempt_count), host[:MAX_NAME_CHARS],
-                               _served_ms(common) if host else None)
+                               _served_ms(common) if host else None, _started_ms(common))
+
+
+def _started_ms(common: object) -> int:
+    """When the request started at Envoy (epoch ms, its clock); 0 when the entry does not say."""
+    if not common.HasField("start_time"):  # type: ignore[attr-defined]
+        return 0
+    return int(common.start_time.ToMilliseconds())  # type: ignore[attr-defined]
 
 
 def nearest_rank(ordered: list[float], q: float) -> float:
@@ -162,6 +174,9 @@ class AccessLogStore:
         self.max_samples = max_samples
         self._served = served_endpoints(desired)
         self._samples: dict[tuple[str, str], deque[WaitSample]] = {}
+        # PoP -> (arrival ms, request start ms, group, tier) of each logged request a tier action
+        # shed at the edge
+        self._sheds: dict[str, deque[tuple[int, int, str, str]]] = {}
         self.received = 0  # entries seen, samples or not
         self.dropped = 0  # samples of (PoP, cluster) pairs over the bounds
 
@@ -170,6 +185,10 @@ class AccessLogStore:
         kept = 0
         for entry in entries:
             self.received += 1
+            shed = shed_of_route(entry.common_properties.route_name)
+            if shed is not None and pop:
+                self._shed(pop, received_ms, _started_ms(entry.common_properties), *shed)
+                continue
             found = wait_sample(entry, received_ms)
             if found is None or not pop:
                 continue
@@ -186,6 +205,16 @@ class AccessLogStore:
         self._prune(received_ms)
         return kept
 
+    def _shed(self, pop: str, received_ms: int, started_ms: int, group: str, tier: str
+              ) -> None:
+        queue = self._sheds.get(pop)
+        if queue is None:
+            if len(self._sheds) >= MAX_CLUSTERS or len(pop) > MAX_NAME_CHARS:
+                self.dropped += 1
+                return
+            queue = self._sheds[pop] = deque(maxlen=self.max_samples)
+        queue.append((received_ms, started_ms, group[:MAX_NAME_CHARS], tier[:MAX_NAME_CHARS]))
+
     def _prune(self, now_ms: int) -> None:
         cutoff = now_ms - self.retention_ms
         for key, queue in list(self._samples.items()):
@@ -193,6 +222,34 @@ class AccessLogStore:
                 queue.popleft()
             if not queue:
                 del self._samples[key]
+        for pop, sheds in list(self._sheds.items()):
+            while sheds and sheds[0][0] < cutoff:
+                sheds.popleft()
+            if not sheds:
+                del self._sheds[pop]
+
+    def sheds(self, now_ms: int, window_ms: int) -> dict[tuple[str, str, str], tuple[int, int]]:
+        """(PoP, group, tier) -> (logged requests, of them shed at the edge) that started in
+        (now - window, now]: the tier's shed rate (the access log samples every request alike,
+        so the share is the tier's). A request counts by when it started at Envoy (entries
+        arrive in batches, a second or more later: a rollout gate's window must not count a
+        request served before the change), by its arrival where the entry does not say. A shed
+        request names its (group, tier) by the route that answered it (`translate/routes.py`
+        `shed_route_name`); the others by their tier cluster."""
+        start = now_ms - window_ms
+        counts: dict[tuple[str, str, str], list[int]] = {}
+        for (pop, cluster), queue in self._samples.items():
+            split = split_cluster(cluster)
+            found = sum(1 for s in queue if start < (s.started_ms or s.received_ms) <= now_ms)
+            if split is not None and found:
+                counts.setdefault((pop, *split), [0, 0])[0] += found
+        for pop, sheds in self._sheds.items():
+            for at, started, group, tier in sheds:
+                if start < (started or at) <= now_ms:
+                    count = counts.setdefault((pop, group, tier), [0, 0])
+                    count[0] += 1
+                    count[1] += 1
+        return {key: (requests, shed) for key, (requests, shed) in sorted(counts.items())}
 
     def samples(self, now_ms: int, window_ms: int) -> dict[tuple[str, str], list[WaitSample]]:
         """(PoP, tier cluster) -> the samples that arrived in (now - window, now]."""

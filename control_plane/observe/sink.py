@@ -111,6 +111,7 @@ MAX_HOST_WARNINGS = 100  # distinct warnings kept (and logged) per stream, and f
 MAX_SERIES_PER_STREAM = 20_000
 MAX_HOST_SERIES = 100_000
 MAX_NAME_CHARS = 512  # of a cluster, origin or endpoint address
+MAX_EXPORT_POPS = 64  # PoPs one OTLP connection's exports are noted to name
 
 SeriesKey = tuple[str, str, str]  # (stat, cluster, origin); origin "" for cluster-wide stats
 
@@ -122,6 +123,7 @@ class _Stream:
     flushes: int = 0
     last_flush_ms: int = 0
     open: bool = True
+    flush_times: list[int] = field(default_factory=list)  # arrivals within the retention
     counters: dict[SeriesKey, list[Sample]] = field(default_factory=dict)
     gauges: dict[SeriesKey, list[Sample]] = field(default_factory=dict)
     # interval histograms: (arrival ms, observation count, buckets)
@@ -139,7 +141,9 @@ class SinkStore:
         self._served = served_endpoints(desired)
         # (connection, PoP, cluster, address, stat) -> cumulative samples
         self._hosts: dict[tuple[str, str, str, str, str], list[Sample]] = {}
-        self._exports: dict[str, int] = {}  # connection -> its newest export's arrival
+        # connection -> its exports' arrivals (within the retention) and the PoPs they named
+        self._exports: dict[str, list[int]] = {}
+        self._export_pops: dict[str, set[str]] = {}
         self._host_warned: set[str] = set()
 
     def update_served(self, desired: Desired, serving: Mapping[str, Desired]) -> None:
@@ -160,7 +164,8 @@ class SinkStore:
                 self._warn_host(f"a name over {MAX_NAME_CHARS} characters: dropped")
                 continue
             flush[connection, point.pop, point.cluster, point.address, point.stat] += point.value
-        previous = self._exports.get(connection)
+        arrivals = self._exports.get(connection)
+        previous = arrivals[-1] if arrivals else None
         for key, value in flush.items():
             samples = self._hosts.get(key)
             if samples is None:
@@ -174,7 +179,12 @@ class SinkStore:
                 continue  # one sample per arrival time; out-of-order exports are dropped
             samples.append((received_ms, value))
         if flush and (previous is None or received_ms > previous):
-            self._exports[connection] = received_ms
+            times = self._exports.setdefault(connection, [])
+            times.append(received_ms)
+            del times[:sum(1 for t in times if t < received_ms - self.retention_ms)]
+            pops = self._export_pops.setdefault(connection, set())
+            if len(pops) < MAX_EXPORT_POPS:
+                pops.update(key[1] for key in flush)
         self._prune(received_ms)
         return len(flush)
 
@@ -200,6 +210,33 @@ class SinkStore:
     def nodes(self) -> dict[str, str]:
         """Node id -> PoP of the open streams."""
         return {s.node_id: s.pop for s in self._streams.values() if s.open}
+
+    def stats_after(self, node_id: str, pop: str, at_ms: int, flush_ms: int) -> int | None:
+        """Where a window of `node_id`'s stats taken after `at_ms` starts (None: not yet known):
+        its first stats flush arriving after `at_ms` is the baseline (it closes the interval
+        `at_ms` fell in: traffic from before it), with the OTLP export of that flush's per-host
+        stats, which comes on another connection a little apart: each connection of `pop`
+        still exporting (within two flush intervals of the baseline) has its first export
+        after half a flush interval before the baseline in it too. The window starts just
+        after both."""
+        flushes = [t for stream in self._streams.values() if stream.node_id == node_id
+                   for t in stream.flush_times if t > at_ms]
+        if not flushes:
+            return None
+        start = min(flushes)
+        for connection, times in self._exports.items():
+            if pop not in self._export_pops.get(connection, ()) \
+                    or times[-1] <= start - 2 * flush_ms:
+                continue  # another PoP's, or an Envoy that no longer exports
+            near = [t for t in times if t > start - flush_ms // 2]
+            if not near:
+                return None  # the baseline flush's host stats are still on their way
+            start = max(start, near[0])
+        return start + 1
+
+    def flushed(self, node_id: str) -> int:
+        """How many stats flushes `node_id` has sent (every stream of it)."""
+        return sum(s.flushes for s in self._streams.values() if s.node_id == node_id)
 
     def reporting_nodes(self, now_ms: int, window_ms: int) -> set[str]:
         """The node ids whose stats flushed within (now - window, now]."""
@@ -241,6 +278,10 @@ class SinkStore:
             stream.histograms.setdefault(key, []).append((received_ms, count, buckets))
         stream.flushes += 1
         stream.last_flush_ms = max(stream.last_flush_ms, received_ms)
+        times = stream.flush_times
+        times.append(received_ms)
+        old = sum(1 for t in times if t < received_ms - self.retention_ms)
+        del times[:old]
         self._prune(received_ms)
         return kept
 
@@ -304,9 +345,10 @@ class SinkStore:
                 del samples[: old - 1]
             if samples[-1][0] < cutoff:
                 del self._hosts[host]
-        for connection, at in list(self._exports.items()):
-            if at < cutoff:
+        for connection, times in list(self._exports.items()):
+            if times[-1] < cutoff:
                 del self._exports[connection]
+                self._export_pops.pop(connection, None)
 
     async def window(self, now_ms: int, window_ms: int) -> Signals:
         return self.read_window(now_ms, window_ms)

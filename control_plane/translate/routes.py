@@ -54,7 +54,9 @@ Tier actions (adaptive re-prioritization, the tiers source), when active for the
   retries stay those of the route's own tier (the client's deadline does not change);
 - shedding (the re-prioritization's shed tier and the tiers shed for utilization): the routes
   of a shed tier answer at the edge with `direct_response`, `retry-after` = the recovery time in
-  seconds and `x-ballast-shed: <tier>`; nothing reaches an origin. The tier's `shed_action`
+  seconds and `x-ballast-shed: <tier>`; nothing reaches an origin. Each is named
+  `<rule>@shed/<group>/<tier>`, so the access log counts a shed request against its tier (the
+  rollout gates' shed rate). The tier's `shed_action`
   picks the answer: `reject` 503; `defer` 202 (the client may do the work later); `stale` 503
   with `x-ballast-serve-stale: 1` and `cache-control: no-store`, which tells a cache in front
   to answer with its stale copy (e.g. nginx `proxy_cache_use_stale http_503`) and never to
@@ -125,6 +127,7 @@ SHED_HEADER = "x-ballast-shed"
 TRUSTED_ROUTE_PREFIX = "trusted-"  # the trusted routes are named trusted-<tier>
 SERVE_STALE_HEADER = "x-ballast-serve-stale"
 HEDGED_ROUTE_SUFFIX = "-hedged"
+SHED_ROUTE_MARK = "@shed/"  # `<rule>@shed/<group>/<tier>`: a shed route (`shed_route_name`)
 
 
 def route_timeout_ms(tier: Tier) -> int:
@@ -235,7 +238,8 @@ def _route(
     name: str, match: RouteMatch, group: OriginGroup, tier: Tier, actions: TierActions | None
 ) -> Route:
     if actions is not None and tier.name in actions.shed:
-        return _shed_route(name, match, tier, actions.retry_after_s)
+        return _shed_route(shed_route_name(name, group.name, tier.name), match, tier,
+                           actions.retry_after_s)
     action = RouteAction(
         timeout=duration_ms(route_timeout_ms(tier)),
         retry_policy=_retry_policy(tier),
@@ -289,6 +293,22 @@ def _shed_route(name: str, match: RouteMatch, tier: Tier, retry_after_s: int) ->
         ),
         response_headers_to_add=headers,
     )
+
+
+def shed_route_name(rule: str, group: str, tier: str) -> str:
+    """A shed route's name: its rule's, then the group and tier it sheds (`<rule>@shed/<group>/
+    <tier>`). Envoy's access log names the route that answered a request, so a shed request is
+    counted against its (group, tier) (`observe/access_log.py`)."""
+    return f"{rule}{SHED_ROUTE_MARK}{group}/{tier}"
+
+
+def shed_of_route(name: str) -> tuple[str, str] | None:
+    """(group, tier) a shed route's name (`shed_route_name`) names; None for any other."""
+    _, mark, rest = name.partition(SHED_ROUTE_MARK)
+    group, slash, tier = rest.partition("/")
+    if not mark or not slash or not group or not tier or "/" in tier:
+        return None
+    return group, tier
 
 
 def hedged_routes(route: Route, share: int) -> list[Route]:

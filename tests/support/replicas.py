@@ -101,7 +101,8 @@ class ReplicaFleet:
         return [r for r in self.results if since <= r[0] <= until and r[2] != 200]
 
 
-def _serve(replica: Replica, desired: Path, etcd: EtcdServer, prometheus: str) -> None:
+def serve_replica(replica: Replica, desired: Path, etcd: EtcdServer, prometheus: str) -> None:
+    """`ballast serve` as `replica` on `etcd`, reading Prometheus at `prometheus`."""
     replica.state.mkdir(parents=True, exist_ok=True)
     with open(replica.state.parent / f"{replica.name}.log", "ab") as log:
         replica.proc = subprocess.Popen(
@@ -152,7 +153,7 @@ async def replica_fleet(
     tasks: list[asyncio.Task[None]] = []
     try:
         for member in members:
-            _serve(member, desired, etcd, prometheus.url)
+            serve_replica(member, desired, etcd, prometheus.url)
         for member in members:
             await until(lambda m=member: get_json(f"{m.url}/readyz")[0] == 200, 30,
                         f"{member.name} ready")
