@@ -271,14 +271,17 @@ def test_streaks_stop_at_their_thresholds_without_changing_a_decision(
 def test_a_sick_origin_with_a_better_alternative_loses_weight(case: tuple) -> None:
     """Compare, don't only threshold: the worst sick origin that is above its mode's target
     (by the hysteresis, so above its warm pool) and has another origin breaching nothing or
-    scoring better by the margin, loses weight, whether or not that origin breaches too."""
+    scoring better by the margin, loses weight, whether or not that origin breaches too. A
+    window with no conclusive evidence of any origin is a hold of its own (`no_evidence`), not
+    a judgement of the sick origin: the streaks that made it sick are older than the window."""
     policy, names, windows, jitters = case
     for tick, (signals, result) in enumerate(simulate(policy, names, windows, jitters), 1):
         if not fresh(policy, signals, tick * TICK):
             continue
         assert signals is not None
         if no_evidence({n: judge(signals[n], policy) for n in names}):
-            continue  # nothing conclusive this window: it holds for no evidence, sick or not
+            assert (result.kind, result.reason) == ("hold", "no_evidence"), result.rule
+            continue
         before, scores = result.weights_before, result.scores
         sick = [n for n in names if result.state.unhealthy(n) >= policy.breach_windows]
         movable = [n for n in sick

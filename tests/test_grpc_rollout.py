@@ -13,7 +13,7 @@ from pathlib import Path
 from harness.eventually import eventually
 from harness.grpc_fleet import grpc_fleet
 
-WAVES = "rollout: {canary: [ewr], waves: [100%], bake: 2s}\n"
+WAVES = "rollout: {canary: [ewr], waves: [100%], bake: 2s, stats_flush_interval: 1s}\n"
 
 
 def _waves(text: str) -> str:

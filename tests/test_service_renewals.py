@@ -5,7 +5,8 @@ A `BallastService` in-process serves an HTTPS listener in three PoPs (ewr the ca
 then lax); its certificate files are renewed on disk (each file replaced by a rename, as certbot
 does) and the file watcher reads them. What each PoP is served is read from the output cache
 (the SDS Secret Ballast sends that PoP's Envoys), what Ballast decided from its decision log.
-No Envoy connects: a PoP without nodes needs no evidence, so a wave passes once baked.
+No Envoy connects: the rollout driver reads made-up nodes applying what their PoP serves and
+healthy windows (`tests/support/rollout_inputs.py`), so a wave passes once baked.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from control_plane.decisions.read import iter_records
 from control_plane.translate.resources import SECRET_TYPE, Capabilities
 from harness.envoy_process import free_port
 from harness.eventually import eventually
+from tests.support.rollout_inputs import with_made_up_inputs
 from tests.support.tls_listeners import TlsSite
 
 pytestmark = pytest.mark.timeout(90)
@@ -38,7 +40,8 @@ origin_groups:
   shop:
     origins:
       primary: {{address: 127.0.0.1, port: {origin}}}
-rollout: {{canary: [ewr], waves: [50%, 100%], bake: {bake}, renewals: {renewals}}}
+rollout: {{canary: [ewr], waves: [50%, 100%], bake: {bake}, renewals: {renewals},
+          stats_flush_interval: 1s}}
 classification:
   default_tier: critical
   rules:
@@ -81,6 +84,7 @@ async def serving(site: Site, state_dir: Path) -> AsyncIterator[BallastService]:
         desired_path=site.path, state_dir=state_dir, xds_address="127.0.0.1:0",
         admin_address=None, probes=False, reload_poll_s=0.1, rollout_poll_ms=100))
     await service.start()
+    with_made_up_inputs(service, POPS)
     try:
         yield service
     finally:
