@@ -152,7 +152,7 @@ async def test_restored_states_continue_streaks(tmp_path: Path) -> None:
     await first.tick(T0)  # one bad window: breach noted, no move yet
     assert intent.weights("ewr", "shop")["primary"] == 95
     fresh, _ = intent_and_cache(example_desired(), store=store, recorder=_recorder(tmp_path))
-    fresh.restore(store.load(), where=str(store.path))
+    await fresh.restore(store.load(), where=str(store.path))
     second = Reconciler(fresh, source, seed=1)
     await second.tick(T0 + 20_000)  # the second consecutive bad window: leave now
     assert fresh.weights("ewr", "shop")["primary"] < 95
@@ -250,10 +250,10 @@ async def test_service_restores_active_tier_actions_before_serving(tmp_path: Pat
     desired.write_text(Path("examples/desired.yaml").read_text())
     state = tmp_path / "state"
     with StateStore(state) as store:
-        store.set_tier_decision("ewr/shop", {"active": True, "trigger_since_ms": T0,
-                                             "clear_since_ms": None, "active_since_ms": T0})
-        store.set_tier_decision("lhr/shop", {"active": True, "trigger_since_ms": T0,
-                                             "clear_since_ms": None, "active_since_ms": T0})
+        active = {"active": True, "trigger_since_ms": T0, "clear_since_ms": None,
+                  "active_since_ms": T0}
+        await store.write(IntentBatch(records=(("tier", "ewr/shop", active),
+                                               ("tier", "lhr/shop", active))))
     service = BallastService(ServiceConfig(
         desired_path=desired, state_dir=state, xds_address=f"127.0.0.1:{free_port()}",
         admin_address=None, probes=False,

@@ -67,7 +67,6 @@ class DesiredReload:
         recorder: DecisionRecorder,
         metrics: BallastMetrics,
         *,
-        leading: Callable[[], bool],
         follower: Callable[[], str | None] = lambda: None,
         rollouts: Callable[[], Rollouts],
         heap: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
@@ -79,7 +78,6 @@ class DesiredReload:
         self.server = server
         self.recorder = recorder
         self.metrics = metrics
-        self._leading = leading  # whether this process saves what changes (replicas: leader)
         self.follower = follower  # why a replica leaves the file to the leader (None: leads)
         self._rollouts = rollouts  # the rollout driver each new version goes through
         self._parse = parse
@@ -148,7 +146,7 @@ class DesiredReload:
             # saved before it applies (replicas: by the leader; the others follow etcd)
             # one rollout at a time: started (or superseding the one in progress) here
             async with rollouts.lock:
-                async with owner.change(save=self._leading()) as change:
+                async with owner.change() as change:
                     begun = await rollouts.begin(change, Version(new, data),
                                                  immediate=immediate, by=by)
                     served = served_now(cache, owner.intent)  # as the build reads the cache

@@ -88,11 +88,6 @@ class Publisher(Protocol[P]):
         output changed (announced to the streams)."""
         ...
 
-    def update(self, source: RunningIntent, pops: Collection[str] | None) -> frozenset[str]:
-        """Rebuild the output of `pops` (None: all) from `source` at once, on the loop (a
-        restore before serving); the PoPs that changed."""
-        ...
-
 
 class SwapFailed(Exception):
     """Publishing a change raised; the intent and the store were kept as they were."""
@@ -206,16 +201,18 @@ class Change:
             self._state(lambda base: _Stated(base, frozenset(), IntentBatch(), IntentBatch()))
         self._stated = None  # stated again with them when the change prepares
 
-    def replace(self, build: Callable[[RunningIntent], tuple[RunningIntent, Iterable[str] | None]]
-                ) -> None:
+    def replace(self, build: Callable[[RunningIntent], tuple[RunningIntent, Iterable[str] | None]],
+                *, digest: str | None = None, undo_digest: str | None = None) -> None:
         """A whole new intent made from the running one by `build` (a replica adopting what
-        the store holds): it returns the intent and the PoPs whose output may change (None:
-        every PoP). Saves nothing."""
+        the store holds, a start-up restoring it): it returns the intent and the PoPs whose
+        output may change (None: every PoP). Saves nothing but `digest`, the desired state's
+        (a start-up's), put back to `undo_digest` when the swap fails."""
 
         def state(base: RunningIntent) -> _Stated:
             intent, pops = build(base)
-            return _Stated(intent, None if pops is None else frozenset(pops), IntentBatch(),
-                           IntentBatch())
+            return _Stated(intent, None if pops is None else frozenset(pops),
+                           IntentBatch(desired_digest=digest),
+                           IntentBatch(desired_digest=undo_digest))
 
         self._state(state)
 
