@@ -150,6 +150,12 @@ class SnapshotCache(Generic[S]):
         """The PoP's resources for `caps` if they were built already (never builds)."""
         return self._entries.get((pop, caps.key))
 
+    def prepared_entry(self, prepared: Prepared[S], pop: str, caps: Capabilities
+                       ) -> PopResources | None:
+        """What `pop`'s nodes with `caps` get once `prepared` is committed, where it built
+        that (never builds)."""
+        return prepared.entries.get((pop, caps.key))
+
     def entry(self, pop: str, capability_key: str) -> PopResources | None:
         """The PoP's current resources for nodes of `capability_key`, if built (never builds)."""
         return self._entries.get((pop, capability_key))

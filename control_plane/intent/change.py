@@ -63,6 +63,7 @@ from control_plane.intent.store import (
     PairKey,
     StoreRecord,
 )
+from control_plane.translate.resources import Capabilities, PopResources
 
 P = TypeVar("P")
 
@@ -81,6 +82,15 @@ class Publisher(Protocol[P]):
 
     def changed(self, prepared: P) -> frozenset[str]:
         """The PoPs whose output `prepared` changes."""
+        ...
+
+    def cached(self, pop: str, caps: Capabilities) -> PopResources | None:
+        """What `pop`'s nodes with `caps` are served now, where it was built (never builds)."""
+        ...
+
+    def prepared_entry(self, prepared: P, pop: str, caps: Capabilities) -> PopResources | None:
+        """What `pop`'s nodes with `caps` get once `prepared` is committed, where it built
+        that (None: it did not)."""
         ...
 
     def commit(self, prepared: P, source: RunningIntent) -> frozenset[str]:
@@ -250,6 +260,19 @@ class Change:
         if self._prepared is None or self._prepared[0] is not self._stated:
             return None
         return self._prepared[1]
+
+    def served(self, pop: str, caps: Capabilities) -> PopResources | None:
+        """What `pop`'s nodes with `caps` are served now, where it was built (a reload's diff
+        reads it before the change prepares)."""
+        return None if self._publisher is None else self._publisher.cached(pop, caps)
+
+    def built(self, pop: str, caps: Capabilities) -> PopResources | None:
+        """What `pop`'s nodes with `caps` get once the change is published, where `prepare`
+        built it (else None: the caller translates it when it needs it)."""
+        prepared = self.prepared()
+        if prepared is None or self._publisher is None:
+            return None
+        return self._publisher.prepared_entry(prepared, pop, caps)
 
     async def outcome(self) -> tuple[_Stated | None, Any, frozenset[str]]:
         """What is stated, its prepared output and the PoPs it changes (prepared if not yet):
