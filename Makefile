@@ -35,10 +35,11 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=20
 
-# The pure rooms' tests (desired/, translate/, decide/: no I/O, no peers) and the import rules,
-# for a quick loop while editing; `make test` stays the whole suite.
+# The pure rooms' tests (desired/, translate/, decide/: no I/O, no peers) and the house rules
+# (imports, words, waits), for a quick loop while editing; `make test` stays the whole suite.
 PURE_ROOMS := desired translate decide
-UNIT_TESTS := tests/test_rooms.py $(sort $(wildcard $(PURE_ROOMS:%=tests/test_%_*.py)))
+HOUSE_RULES := tests/test_rooms.py tests/test_glossary.py tests/test_waits.py
+UNIT_TESTS := $(HOUSE_RULES) $(sort $(wildcard $(PURE_ROOMS:%=tests/test_%_*.py)))
 PEERS := envoy or prometheus or etcd or chromium or package
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not ($(PEERS))" $(UNIT_TESTS)

@@ -10,6 +10,7 @@ ACK of that PoP's nodes (both timestamps taken in the server). Server CPU and RS
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing
 import sys
 import time
@@ -22,6 +23,7 @@ import grpc
 from bench.command_pipe import ServerProcess
 from bench.common import median, table
 from control_plane.translate.resources import ENDPOINT_TYPE as EDS
+from harness.eventually import eventually
 from harness.xds_client import XdsClient, connect, local_channel, make_node
 
 POPS = ("ewr", "sjc")
@@ -87,6 +89,20 @@ class FanoutResult:
         return data
 
 
+async def all_synced(server: ServerProcess, nodes: int, timeout: float) -> dict[str, Any]:
+    """The server's `synced` answer once all `nodes` have synced, or its last one after
+    `timeout` s (the caller reports the nodes that did not)."""
+    last: dict[str, Any] = {}
+
+    async def every_node_synced() -> bool:
+        last.update(await server.call(cmd="synced"))
+        return int(last["synced"]) >= nodes
+
+    with contextlib.suppress(AssertionError):
+        await eventually(every_node_synced, timeout, f"{nodes} nodes synced")
+    return last
+
+
 class BenchClient(XdsClient):
     """`XdsClient` with its writes serialized: grpc.aio refuses a second write on a call
     while one is in flight (GRPC_CALL_ERROR_TOO_MANY_OPERATIONS), and the reader's ACK can
@@ -136,11 +152,7 @@ async def run_one(
                 await connect(client, timeout)
 
         await asyncio.wait_for(asyncio.gather(*(gated(c) for c in clients)), timeout)
-        synced = await server.call(cmd="synced")
-        deadline = time.monotonic() + 10
-        while synced["synced"] < nodes and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)  # the clients saw everything; the last ACKs are in flight
-            synced = await server.call(cmd="synced")
+        synced = await all_synced(server, nodes, 10)  # the last ACKs may be in flight
         await asyncio.sleep(0.5)  # let the server settle before reading RSS
         if synced["synced"] != nodes:
             result.errors.append(f"only {synced['synced']} of {nodes} nodes synced")

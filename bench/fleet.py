@@ -37,7 +37,7 @@ import grpc
 
 from bench.command_pipe import ServerProcess
 from bench.common import median, table
-from bench.fanout import BenchClient
+from bench.fanout import BenchClient, all_synced
 from harness.xds_client import XdsClient, connect, local_channel, make_node
 
 CONNECTING = 500
@@ -96,11 +96,7 @@ async def run_side(kind: str, pops: int, groups: int, nodes: int, per_connection
             out["storm_push_s"] = during["last_ack"] - during["start"]
             out["storm_push_nodes"] = connected["p000"]
         await storm
-        synced = await server.call(cmd="synced")
-        deadline = time.monotonic() + 30
-        while synced["synced"] < nodes and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-            synced = await server.call(cmd="synced")
+        synced = await all_synced(server, nodes, 30)
         if synced["synced"] != nodes:
             out["errors"].append(
                 f"only {synced['synced']} of {nodes} nodes synced (streams seen ACKing: "

@@ -6,8 +6,8 @@ into (`x-ballast-tier` in, `x-seen-tier` out). Faults are deterministic: with an
 be limited to requests that came through some PoPs (Envoy adds `x-ballast-pop`), which is how a
 regional problem between one PoP and an origin is simulated. Mirrored copies (Envoy's request
 mirroring appends `-shadow` to the Host) are counted apart in `shadowed`. With a `ColdCache`, the
-origin stands for a standby whose cache is cold (the secondary of seed 002's incident): first
-fetches are slow, repeats fast, and a capacity cap refuses what it cannot take.
+origin stands for a standby whose cache is cold (the secondary of the failover source's
+incident): first fetches are slow, repeats fast, and a capacity cap refuses what it cannot take.
 `POST /_ballast/fault` (JSON body with the fields of `Fault`) changes them over HTTP, which is how
 `make run` lets an operator break an origin by hand.
 `max_concurrency` caps the requests it works on at once (the rest wait inside the origin, as a

@@ -9,8 +9,8 @@ yet". `eventually_blocking` is the same for code without an event loop (sync tes
 threads).
 
 A test waits for the thing, not for a while. A sleep stays only where the time itself is the
-subject (a rate, a window's length, "nothing happens for N seconds" when no event can show it);
-docs/architecture.md lists the few waits not yet turned into conditions.
+subject (a rate, a window's length, "nothing happens for N seconds" when no event can show it).
+`tests/test_waits.py` finds hand-written deadline loops in tests, the harness and the bench.
 """
 
 from __future__ import annotations

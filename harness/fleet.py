@@ -28,7 +28,7 @@ failover:
   interval: 1s
   window: 3s
   stale_after: 10s
-  min_samples: 5  # a 3 s window holds 6 probes (1 s rounds, two paths), not seed 002's 12
+  min_samples: 5  # a 3 s window holds 6 probes (1 s rounds, two paths), not the source's 12
 origin_groups:
   shop:
     origins:
@@ -187,11 +187,7 @@ async def running_fleet(
     the Prometheus URL to read from, so a test can start Prometheus scraping those Envoys.
     With `admin_token`, the admin API requires it (written to a token file, mode 0600).
     """
-    token_file = None
-    if admin_token is not None:
-        token_file = tmp_path / "admin.token"
-        token_file.write_text(admin_token + "\n")
-        token_file.chmod(0o600)
+    token_file = _token_file(tmp_path, admin_token)
     origins = {
         "primary": await DemoOrigin("primary", free_port()).start(),
         "secondary": await DemoOrigin("secondary", free_port()).start(),
@@ -206,40 +202,26 @@ async def running_fleet(
     stop = asyncio.Event()
     tasks: list[asyncio.Task[None]] = []
     try:
-        admin_ports = {pop: free_port() for pop in ("ewr", "sjc")}
         xds_port = free_port()
-        for pop, admin in admin_ports.items():
-            bootstrap = ads_bootstrap(
-                node_id=f"{pop}-edge-1",
-                pop=pop,
-                xds_port=xds_port,
-                admin_port=admin,
-                metrics_sink=metrics_source.startswith("sink"),
-                load_reports=metrics_source.endswith("lrs"),
-                needed_stats_only=True,
-                stats_flush_interval_ms=1000,
-            )
-            envoys[pop] = EnvoyProcess(bootstrap, admin).start()
+        _start_edges(envoys, xds_port, metrics_source)
         url = None
         if prometheus_url is not None:
             url = prometheus_url(envoys)
             if asyncio.iscoroutine(url):
                 url = await url
-        service = BallastService(
-            ServiceConfig(
-                desired_path=desired,
-                state_dir=state_dir,
-                xds_address=f"127.0.0.1:{xds_port}",
-                admin_address="127.0.0.1:0",
-                metrics_source="prometheus" if url else metrics_source,  # type: ignore[arg-type]
-                lrs_interval_ms=1000,
-                lrs_endpoint_granularity=lrs_endpoint_granularity,
-                prometheus_url=url,
-                probe_interval_ms=1000,
-                reload_poll_s=0.1,
-                admin_token_file=token_file,
-            )
-        )
+        service = BallastService(ServiceConfig(
+            desired_path=desired,
+            state_dir=state_dir,
+            xds_address=f"127.0.0.1:{xds_port}",
+            admin_address="127.0.0.1:0",
+            metrics_source="prometheus" if url else metrics_source,  # type: ignore[arg-type]
+            lrs_interval_ms=1000,
+            lrs_endpoint_granularity=lrs_endpoint_granularity,
+            prometheus_url=url,
+            probe_interval_ms=1000,
+            reload_poll_s=0.1,
+            admin_token_file=token_file,
+        ))
         await service.start()
         for envoy in envoys.values():
             await asyncio.to_thread(envoy.wait_ready, 20)
@@ -247,20 +229,11 @@ async def running_fleet(
             await eventually(lambda: len([r for r in service.load_reports.reporters()
                                           if r["clusters"]]) == len(envoys), 20,
                              "every Envoy's load reports to name its clusters")
-        fleet = Fleet(
-            service,
-            origins,
-            envoys,
-            {"ewr": listener, "sjc": sjc_listener},
-            state_dir,
-            stop_traffic=stop.set,
-        )
-        tasks = [
-            asyncio.create_task(steady_traffic(
-                f"http://127.0.0.1:{port}", TRAFFIC_PATHS, rps, stop, fleet.count_status
-            ))
-            for port in fleet.listener_ports.values()
-        ]
+        fleet = Fleet(service, origins, envoys, {"ewr": listener, "sjc": sjc_listener},
+                      state_dir, stop_traffic=stop.set)
+        tasks = [asyncio.create_task(steady_traffic(f"http://127.0.0.1:{port}", TRAFFIC_PATHS,
+                                                    rps, stop, fleet.count_status))
+                 for port in fleet.listener_ports.values()]
         yield fleet
     finally:
         await stop_tasks(stop, tasks)
@@ -270,6 +243,33 @@ async def running_fleet(
             await service.stop(0.5)
         for origin in origins.values():
             await origin.stop()
+
+
+def _token_file(tmp_path: Path, admin_token: str | None) -> Path | None:
+    """The admin token written to a file only its owner reads (None: no token)."""
+    if admin_token is None:
+        return None
+    token_file = tmp_path / "admin.token"
+    token_file.write_text(admin_token + "\n")
+    token_file.chmod(0o600)
+    return token_file
+
+
+def _start_edges(envoys: dict[str, EnvoyProcess], xds_port: int, metrics_source: str) -> None:
+    """One Envoy per PoP (ewr, sjc), each into `envoys` as it starts (the caller stops them)."""
+    for pop in ("ewr", "sjc"):
+        admin = free_port()
+        bootstrap = ads_bootstrap(
+            node_id=f"{pop}-edge-1",
+            pop=pop,
+            xds_port=xds_port,
+            admin_port=admin,
+            metrics_sink=metrics_source.startswith("sink"),
+            load_reports=metrics_source.endswith("lrs"),
+            needed_stats_only=True,
+            stats_flush_interval_ms=1000,
+        )
+        envoys[pop] = EnvoyProcess(bootstrap, admin).start()
 
 
 def dump_records(records: list[dict[str, Any]]) -> str:

@@ -1,4 +1,4 @@
-"""The cold-standby ramp against the seed 002 incident, through a real Envoy 1.40.
+"""The cold-standby ramp against the failover source's incident, through a real Envoy 1.40.
 
 A primary origin starts failing (half its answers 503); the standby sits behind a cold cache
 (`ColdCache`: the first fetch of each object is slow, repeats are fast, a capacity cap refuses
@@ -36,10 +36,11 @@ from control_plane.decisions.read import iter_records
 from control_plane.translate.bootstrap import ads_bootstrap
 from harness.demo_origin import CacheAnswer, ColdCache, DemoOrigin, Fault
 from harness.envoy_process import EnvoyProcess, free_port
+from harness.eventually import eventually
 from harness.fleet import write_fast_desired
 
-ERROR_THRESHOLD = 0.02  # seed 002: 2 % 5xx
-P95_THRESHOLD_MS = 800.0  # seed 002
+ERROR_THRESHOLD = 0.02  # the failover source: 2 % 5xx
+P95_THRESHOLD_MS = 800.0  # the failover source
 DONE_SHARE = 90  # the shift is complete when the standby carries this much
 
 
@@ -53,8 +54,8 @@ class Scenario:
     capacity: int = 8  # requests the standby can have in flight; more are refused
     primary_error_rate: float = 0.5
     warmup_s: float = 2.0  # before the primary fails
-    # one reconcile tick per interval, over a window as long: a ramp step's load is what the
-    # next tick judges (seed 002: 20 s and 30 s; compressed)
+    # one reconcile tick per interval, over a window as long: a ramp stage's load is what the
+    # next tick judges (the failover source: 20 s and 30 s; compressed)
     interval_s: int = 2
     max_shift_s: float = 60.0  # give up after this long
     seed: int = 1
@@ -173,12 +174,11 @@ async def _run(ramp: bool, scenario: Scenario, base: Path) -> RunResult:
         client_before = sum(statuses.values()), sum(n for s, n in statuses.items() if s != 200)
         origins["primary"].set_fault(Fault(error_rate=scenario.primary_error_rate))
         failed_at = time.monotonic()
-        done_at = None
-        while time.monotonic() - failed_at < scenario.max_shift_s:
-            if service.server.intent.weights("ewr", "shop")["secondary"] >= DONE_SHARE:
-                done_at = time.monotonic()
-                break
-            await asyncio.sleep(0.1)
+        done_at: float | None = None
+        with contextlib.suppress(AssertionError):  # not within the time: reported as such
+            done_at = await eventually(
+                lambda: service.server.intent.weights("ewr", "shop")["secondary"] >= DONE_SHARE
+                and time.monotonic(), scenario.max_shift_s, "the shift done", interval=0.1)
         answers = [a for a in standby.answers[seen_before:] if not a.shadow]
         shift = [a for a in answers if done_at is None or a.at <= done_at]
         latencies = sorted(a.ms for a in shift if a.status == 200) or [0.0]

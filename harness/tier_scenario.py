@@ -1,5 +1,5 @@
-"""Seed 000's scenario, time compressed: an origin with a hard concurrency cap whose latency rises
-from 110 ms to 480 ms and back, under a mixed load (many background image requests in closed
+"""The tiers source's scenario, time compressed: an origin with a hard concurrency cap whose latency
+rises from 110 ms to 480 ms and back, under a mixed load (many background image requests in closed
 loops, a steady open-loop stream of checkout requests), through a real Envoy 1.40 fed by an
 in-process Ballast. Three set-ups:
 
@@ -32,7 +32,7 @@ from harness.demo_origin import DemoOrigin, Fault
 from harness.envoy_process import EnvoyProcess, free_port
 
 CAP = 20  # the origin's hard concurrency cap = max_origin_concurrency
-FAST, SLOW = 110, 480  # origin latency, ms (seed 000)
+FAST, SLOW = 110, 480  # origin latency, ms (the tiers source)
 TIERS = """\
 tiers:
   critical: {priority: 0, share: 70, max_queue_depth: 2000, queue_timeout: 3s,

@@ -27,6 +27,7 @@ from tests.support.admin_stack import (
     samples,
     start_stack,
 )
+from tests.support.forced_capabilities import force_capabilities
 
 NOW = datetime.now(UTC)
 
@@ -136,7 +137,7 @@ async def test_weights_and_resources_match_the_cache(
     assert lifo["resources"] == render_json(
         cache.resources("sjc", Capabilities(adaptive_lifo=True))
     )
-    cache.override_capabilities("sjc", Capabilities(adaptive_lifo=True))
+    force_capabilities(cache, "sjc", Capabilities(adaptive_lifo=True))
     overridden = await get(http, "/resources?pop=sjc")
     assert (overridden["capabilities"], overridden["capabilities_reason"]) == (
         "lifo", "override for PoP sjc"

@@ -286,11 +286,13 @@ async def test_a_client_that_does_not_read_stops_being_read(server: Any) -> None
                 written += 1
 
         task = asyncio.create_task(flood())
-        for _ in range(100):  # until the writes stall
-            before = written
-            await asyncio.sleep(0.5)
-            if written == before:
-                break
+        seen = [-1]
+
+        def stalled() -> bool:  # no write went through in the last half second
+            before, seen[0] = seen[0], written
+            return written == before
+
+        await eventually(stalled, 50, "the writes stall", interval=0.5)
         stalled_at, sends = written, ballast.ads.sends
         await asyncio.sleep(1.0)
         assert written == stalled_at and ballast.ads.sends == sends  # stays stalled

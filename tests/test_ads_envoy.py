@@ -22,6 +22,7 @@ from harness.demo_origin import DemoOrigin
 from harness.envoy_process import EnvoyProcess, free_port
 from harness.eventually import eventually_blocking
 from harness.intent_changes import set_desired, set_weights
+from tests.support.forced_capabilities import force_capabilities
 
 pytestmark = pytest.mark.envoy
 
@@ -219,9 +220,8 @@ def test_rejected_config_one_nack_no_loop_other_pop_unaffected(stack: Stack) -> 
     sjc_before = stack.node("sjc")
     try:
         stack.bg.call(
-            lambda: stack.ballast.cache.override_capabilities(
-                "ewr", Capabilities(adaptive_lifo=True)
-            )
+            lambda: force_capabilities(stack.ballast.cache, "ewr",
+                                       Capabilities(adaptive_lifo=True), stack.ballast.hub.changed)
         )
         eventually_blocking(lambda: stack.node("ewr")["status"] == "NACKED", 2,
                             "ewr NACKs adaptive LIFO")
@@ -243,7 +243,8 @@ def test_rejected_config_one_nack_no_loop_other_pop_unaffected(stack: Stack) -> 
         sjc = stack.node("sjc")
         assert sjc["status"] == "SYNCED" and sjc["types"] == sjc_before["types"]
     finally:
-        stack.bg.call(lambda: stack.ballast.cache.override_capabilities("ewr", None))
+        stack.bg.call(lambda: force_capabilities(stack.ballast.cache, "ewr", None,
+                                                 stack.ballast.hub.changed))
         stack.bg.run(set_weights(stack.ballast.intent, "ewr", "shop",
                                  {"primary": 95, "secondary": 5}))
     eventually_blocking(lambda: stack.node("ewr")["status"] == "SYNCED", 2, "ewr back in sync")

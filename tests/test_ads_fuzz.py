@@ -10,7 +10,7 @@ second. What must hold:
 - its peak RSS (VmHWM) stays under `RSS_BOUND_MB`;
 - the well-behaved node receives and ACKs every change within `CHANGE_TO_ACK_BOUND_S` of the
   SIGHUP that made it (an upper bound of its push-to-ACK);
-- the decision log keeps its earliest records (client-caused records are budgeted, so fuzzing
+- the decision log keeps its earliest records (client-caused records are rate-limited, so fuzzing
   cannot rotate them away).
 """
 

@@ -32,6 +32,7 @@ from harness.ads_desired import desired
 from harness.eventually import eventually
 from harness.intent_changes import set_weights
 from harness.xds_client import XdsClient, local_channel, make_node
+from tests.support.forced_capabilities import force_capabilities
 
 SHOP = ["shop.background", "shop.critical", "shop.normal"]
 MEDIA = ["media.background", "media.critical", "media.normal"]
@@ -228,7 +229,8 @@ async def test_nack_recorded_once_and_not_resent(server: Any) -> None:
         await client.subscribe(CDS)
         await client.wait_for(lambda c: len(c.names(CDS)) == 7)  # 3 tiers each, shop's mirror
         rejecting = True
-        ballast.cache.override_capabilities("ewr", Capabilities(adaptive_lifo=True))
+        force_capabilities(ballast.cache, "ewr", Capabilities(adaptive_lifo=True),
+                           ballast.hub.changed)
         await client.wait_for(lambda c: len(c.responses(CDS)) == 2)
         await asyncio.sleep(0.5)
         assert len(client.responses(CDS)) == 2  # no resend loop
@@ -238,7 +240,7 @@ async def test_nack_recorded_once_and_not_resent(server: Any) -> None:
         (status,) = ballast.nodes.statuses()
         assert status.status == "NACKED" and status.capability_key == "lifo"
         rejecting = False
-        ballast.cache.override_capabilities("ewr", None)
+        force_capabilities(ballast.cache, "ewr", None, ballast.hub.changed)
         await client.wait_for(lambda c: len(c.responses(CDS)) == 3)
         await eventually(lambda: ballast.nodes.statuses()[0].status == "SYNCED", 2,
                          "the server reads the ACK")

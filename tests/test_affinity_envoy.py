@@ -1,7 +1,7 @@
-"""Session affinity (seed 002) through a real Envoy 1.40 fed by Ballast over ADS: a user's cookie
-keeps it on the origin it started on while the weights move 95/5 -> 60/40; once the controller
-holds that origin sick, its users are balanced by the weights again (and get a new cookie),
-while users of the healthy origin stay. Plus the translation and the desired state (unit).
+"""Session affinity (the failover source) through a real Envoy 1.40 fed by Ballast over ADS: a
+user's cookie keeps it on the origin it started on while the weights move 95/5 -> 60/40; once the
+controller holds that origin sick, its users are balanced by the weights again (and get a new
+cookie), while users of the healthy origin stay. Plus the translation and the desired state (unit).
 
 The reconcile loop ticks once at start-up and then not for an hour; weights and the controller
 state are saved through the intent owner as the loop's tick would save them.

@@ -34,7 +34,7 @@ class Cache:
 def connect(nodes: NodeRegistry, cache: Cache, pop: str, node: str, state: str) -> NodeEntry:
     entry = nodes.connect(node_id=node, pop=pop, mode="sotw", envoy_version="1.40.0",
                           capability_key="k", capability_reason="")
-    entry.snapshot = cache.entry(pop, "k")  # type: ignore[assignment]
+    entry.answered_from = cache.entry(pop, "k")  # type: ignore[assignment]
     entry.sent(CDS, "1")
     if state == "applied":
         entry.acked(CDS, "1")

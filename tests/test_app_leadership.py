@@ -18,6 +18,7 @@ from control_plane.intent.owner import IntentOwner
 from harness.eventually import eventually
 from harness.models import example_desired
 from tests.support.etcd import EtcdServer, etcd_binary
+from tests.support.replica_loops import start_replica
 
 pytestmark = pytest.mark.skipif(etcd_binary() is None, reason="etcd not installed")
 
@@ -98,7 +99,7 @@ async def test_etcd_unreachable_drops_leadership_and_it_comes_back(etcd: EtcdSer
     try:
         await eventually(lambda: a.election.leading() is not None, 10, "a leads")
         etcd.pause()
-        await eventually(lambda: a.election.leading() is None, 2 + 1, "a steps down")
+        await eventually(lambda: a.election.leading() is None, 2 + 1, "a gives the lead up")
         await eventually(lambda: not a.election.reachable, 5, "a finds etcd unreachable")
         assert a.changes[-1][0] is None
         etcd.resume()
@@ -121,10 +122,9 @@ async def test_a_followers_status_follows_the_membership_at_once(
     decisions = DecisionLog(tmp_path)
     follower = Replication(
         EtcdStore([(host, int(port))], timeout_s=1), "f", ttl_s=2, owner=lambda: owner,
-        recorder=DecisionRecorder(decisions),
-        reconciler=lambda: pytest.fail("a follower does not reconcile"), info={"id": "f"},
+        recorder=DecisionRecorder(decisions), info={"id": "f"},
         survey_s=60)
-    await follower.start()
+    running = await start_replica(follower)
     late: Replica | None = None
     try:
         await eventually(lambda: (follower.status()["leader"] or {}).get("replica") == "a")
@@ -133,7 +133,7 @@ async def test_a_followers_status_follows_the_membership_at_once(
                     == {"a", "f", "late"})
         assert follower.status()["leading"] is False
     finally:
-        await follower.stop()
+        await running.stop()
         await follower.etcd.close()
         decisions.close()
         await leader.stop()

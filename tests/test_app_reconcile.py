@@ -152,7 +152,7 @@ async def test_restored_states_continue_streaks(tmp_path: Path) -> None:
     await first.tick(T0)  # one bad window: breach noted, no move yet
     assert intent.weights("ewr", "shop")["primary"] == 95
     fresh, _ = intent_and_cache(example_desired(), store=store, recorder=_recorder(tmp_path))
-    fresh.restore(store.load(), where=str(store.path))
+    await fresh.restore(store.load(), where=str(store.path))
     second = Reconciler(fresh, source, seed=1)
     await second.tick(T0 + 20_000)  # the second consecutive bad window: leave now
     assert fresh.weights("ewr", "shop")["primary"] < 95
@@ -281,10 +281,10 @@ async def test_service_restores_active_tier_actions_before_serving(tmp_path: Pat
     desired.write_text(Path("examples/desired.yaml").read_text())
     state = tmp_path / "state"
     with StateStore(state) as store:
-        store.set_tier_decision("ewr/shop", {"active": True, "trigger_since_ms": T0,
-                                             "clear_since_ms": None, "active_since_ms": T0})
-        store.set_tier_decision("lhr/shop", {"active": True, "trigger_since_ms": T0,
-                                             "clear_since_ms": None, "active_since_ms": T0})
+        active = {"active": True, "trigger_since_ms": T0, "clear_since_ms": None,
+                  "active_since_ms": T0}
+        await store.write(IntentBatch(records=(("tier", "ewr/shop", active),
+                                               ("tier", "lhr/shop", active))))
     service = BallastService(ServiceConfig(
         desired_path=desired, state_dir=state, xds_address=f"127.0.0.1:{free_port()}",
         admin_address=None, probes=False,
@@ -432,13 +432,13 @@ async def test_cold_standby_ramps_step_by_step_and_the_ramp_survives_a_restart(
             seen.append(reconciler.intent.weights("ewr", "shop")["secondary"])
             mirrors.append(reconciler.intent.intent.mirror("ewr", "shop"))
         saved = store.load().ramps
-    # breach, then 5 -> 10 -> 20 (one schedule step per interval), although the controller
+    # breach, then 5 -> 10 -> 20 (one stage per interval), although the controller
     # would move 10-15 points a tick
     assert seen[:3] == [5, 10, 20] and 20 < seen[3] <= 40, seen
     ramps = [r for r in iter_records(state) if r["kind"].startswith("ramp_")]
-    assert [r["kind"] for r in ramps] == ["ramp_start", "ramp_step", "ramp_step"], ramps
+    assert [r["kind"] for r in ramps] == ["ramp_start", "ramp_advance", "ramp_advance"], ramps
     assert "secondary is cold" in ramps[0]["rule"] and "allows 10 %" in ramps[0]["rule"]
-    assert saved["ewr/shop"]["ramps"] == {"secondary": 3}  # the last step: 40 %
+    assert saved["ewr/shop"]["ramps"] == {"secondary": 3}  # the last stage: 40 %
     # the cache-warming mirror starts with the ramp, in ewr only
     assert mirrors == [None] + [Mirror(("secondary",), 5.0)] * 3
     assert reconciler.intent.intent.mirror("sjc", "shop") is None
@@ -458,8 +458,8 @@ async def test_cold_standby_ramps_step_by_step_and_the_ramp_survives_a_restart(
     finally:
         await service.stop()
     text = explain(list(iter_records(state)), "ewr", "shop")
-    assert "standby ramp: secondary at step" in text, text
-    assert "ramp_step: primary" in text, text
+    assert "standby ramp: secondary at stage" in text, text
+    assert "ramp_advance: primary" in text, text
 
 
 class Corrupt:

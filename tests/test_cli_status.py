@@ -1,6 +1,6 @@
 """`ballast status` against a real Ballast and a real Envoy 1.40 that NACKs adaptive LIFO.
 
-Adaptive LIFO is forced on PoP ewr (`cache.override_capabilities`); Envoy 1.40 has no such
+Adaptive LIFO is forced on PoP ewr (`tests/support/forced_capabilities.py`); Envoy 1.40 has no such
 queue policy and rejects the CDS update with its own message, which `ballast status` shows.
 A simulated node in sjc stays SYNCED next to it. Tier actions are set in the cache of sjc (as the
 reconcile loop would) and shown under the table and in the node detail.
@@ -36,6 +36,7 @@ from tests.support.admin_stack import (
     samples,
     start_stack,
 )
+from tests.support.forced_capabilities import force_capabilities
 
 pytestmark = pytest.mark.envoy
 
@@ -67,8 +68,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     envoy: EnvoyProcess | None = None
     sim: tuple[XdsClient, grpc.aio.Channel] | None = None
     try:
-        bg.call(lambda: stack.ballast.cache.override_capabilities(
-            "ewr", Capabilities(adaptive_lifo=True)))
+        bg.call(lambda: force_capabilities(stack.ballast.cache, "ewr",
+                                           Capabilities(adaptive_lifo=True)))
         admin = free_port()
         envoy = EnvoyProcess(
             ads_bootstrap(node_id="ewr-1", pop="ewr", xds_port=stack.ballast.port,

@@ -35,7 +35,7 @@ def test_example_passes_envoy_validation_for_every_pop(capsys) -> None:
     notes = [line for line in out.splitlines() if line.startswith("note: ")]
     assert notes == ["note: adaptive_lifo requested, node lacks envoy.queue_policy.adaptive_lifo"
                      ": FIFO sent: shop.critical, shop.normal, shop.background in ewr, sjc"], out
-    assert "\n  why: adaptive LIFO (seed 001) is what these tiers ask for" in out
+    assert "\n  why: adaptive LIFO is what these tiers ask for" in out
 
 
 @pytest.mark.envoy

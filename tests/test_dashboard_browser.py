@@ -7,8 +7,8 @@ admin API's /login form, the fleet shows with no console error and nothing fetch
 
 The primary origin starts failing for ewr only; the page, left open, must draw the move and list
 the decisions within a few seconds, without a reload. Deep links open the right views in a fresh
-page. With BALLAST_DASHBOARD_SCREENSHOT=path the group view is also saved there (the README's
-screenshot comes from this test)."""
+page. With BALLAST_DASHBOARD_SCREENSHOT=path the group view is also saved there (the
+screenshot in docs/operations.md comes from this test)."""
 
 from __future__ import annotations
 

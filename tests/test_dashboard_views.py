@@ -146,18 +146,18 @@ def test_the_ramp_in_words_step_share_since_and_why() -> None:
         _ramp(2, "ramp_end", {"secondary": 0}, {}, "it ended"),
         record(3, "weight_shift", rule="not a ramp record"),
         _ramp(4, "ramp_start", {}, {"secondary": 1}, "secondary is cold: ramp starts"),
-        _ramp(5, "ramp_step", {"secondary": 1}, {"secondary": 2}, "secondary healthy: step 3"),
+        _ramp(5, "ramp_advance", {"secondary": 1}, {"secondary": 2}, "secondary healthy: stage 3"),
     ]
     shown = ramp_view(SHOP, {"ramps": {"secondary": 2}, "warm_pool_since_ms": {}}, records,
                       {"primary": 80, "secondary": 20})
     assert shown == {"standbys": [{
-        "origin": "secondary", "step": 3, "steps": 4, "share": 20, "weight": 20,
-        "since": "2026-11-30T11:54:00.000Z", "why": "secondary healthy: step 3", "seq": 5,
+        "origin": "secondary", "stage": 3, "stages": 4, "share": 20, "weight": 20,
+        "since": "2026-11-30T11:54:00.000Z", "why": "secondary healthy: stage 3", "seq": 5,
         "next": "next after 5",
-        "sentence": "secondary ramps: step 3 of 4, at most 20 % of the traffic (now 20 %), "
-                    "since 11:54:00Z; why: secondary healthy: step 3"}]}
+        "sentence": "secondary ramps: stage 3 of 4, at most 20 % of the traffic (now 20 %), "
+                    "since 11:54:00Z; why: secondary healthy: stage 3"}]}
     # its records older than the range: said so, not made up
     alone = ramp_view(SHOP, {"ramps": {"secondary": 0}}, [], {"secondary": 5})
     assert alone["standbys"][0]["sentence"] == (
-        "secondary ramps: step 1 of 4, at most 5 % of the traffic (now 5 %), since before the "
+        "secondary ramps: stage 1 of 4, at most 5 % of the traffic (now 5 %), since before the "
         "records shown; why: its last ramp record is older than the range shown")

@@ -1,4 +1,4 @@
-"""Table tests of the weight controller: one scenario per rule of seed 002."""
+"""Table tests of the weight controller: one scenario per rule of the failover source."""
 
 from __future__ import annotations
 

@@ -34,7 +34,7 @@ def sized(cap: int, **changes: object) -> OriginGroup:
     return replace(group, tier_actions=replace(TierActionPolicy(trigger="pending"), **changes))
 
 
-# seed 000's priority scenario: 20 slots, guarantees 14 / 5 / 1, floors (5 %) 1 / 1 / 1
+# the tiers source's priority scenario: 20 slots, guarantees 14 / 5 / 1, floors (5 %) 1 / 1 / 1
 SMALL = sized(20)
 
 

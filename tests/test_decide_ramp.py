@@ -48,7 +48,7 @@ COLD = RampState({}, {"secondary": NOW - 100_000})
 @pytest.mark.parametrize(
     ("name", "before", "proposed", "state", "sigs", "after", "kind", "ramps"),
     [
-        ("cold standby starts at the first step above its share",
+        ("cold standby starts at the first stage above its share",
          {"primary": 95, "secondary": 5}, {"primary": 80, "secondary": 20}, COLD, None,
          {"primary": 90, "secondary": 10}, "ramp_start", {"secondary": 1}),
         ("unknown history counts as cold",
@@ -58,19 +58,19 @@ COLD = RampState({}, {"secondary": NOW - 100_000})
          {"primary": 95, "secondary": 5}, {"primary": 80, "secondary": 20},
          RampState({}, {"secondary": NOW - 10_000}), None,
          {"primary": 80, "secondary": 20}, None, {}),
-        ("healthy at its step: one step on",
+        ("healthy at its stage: one stage on",
          {"primary": 90, "secondary": 10}, {"primary": 75, "secondary": 25},
          RampState({"secondary": 1}, {}), None,
-         {"primary": 80, "secondary": 20}, "ramp_step", {"secondary": 2}),
-        ("not yet at its step: no step, capped",
+         {"primary": 80, "secondary": 20}, "ramp_advance", {"secondary": 2}),
+        ("not yet at its stage: no advance, capped",
          {"primary": 92, "secondary": 8}, {"primary": 77, "secondary": 23},
          RampState({"secondary": 1}, {}), None,
          {"primary": 90, "secondary": 10}, "ramp_capped", {"secondary": 1}),
-        ("healthy at the last step: complete, controller free",
+        ("healthy at the last stage: complete, controller free",
          {"primary": 60, "secondary": 40}, {"primary": 45, "secondary": 55},
          RampState({"secondary": 3}, {}), None,
          {"primary": 45, "secondary": 55}, "ramp_complete", {}),
-        ("degrading standby worse than the primary backs off one step",
+        ("degrading standby worse than the primary backs off one stage",
          {"primary": 80, "secondary": 20}, {"primary": 80, "secondary": 20},
          RampState({"secondary": 2}, {}), signals("healthy", "breach"),
          {"primary": 90, "secondary": 10}, "ramp_back_off", {"secondary": 1}),
@@ -78,15 +78,15 @@ COLD = RampState({}, {"secondary": NOW - 100_000})
          {"primary": 80, "secondary": 20}, {"primary": 70, "secondary": 30},
          RampState({"secondary": 2}, {}), signals("breach", "breach"),
          {"primary": 80, "secondary": 20}, "ramp_hold", {"secondary": 2}),
-        ("breaching standby better than the primary by the margin steps on",
+        ("breaching standby better than the primary by the margin advances",
          {"primary": 80, "secondary": 20}, {"primary": 70, "secondary": 30},
          RampState({"secondary": 2}, {}), signals("breach", "slow"),
-         {"primary": 70, "secondary": 30}, "ramp_step", {"secondary": 3}),
-        ("too few samples at its step: no evidence of health, the ramp holds",
+         {"primary": 70, "secondary": 30}, "ramp_advance", {"secondary": 3}),
+        ("too few samples at its stage: no evidence of health, the ramp holds",
          {"primary": 90, "secondary": 10}, {"primary": 75, "secondary": 25},
          RampState({"secondary": 1}, {}), signals("breach", "thin"),
          {"primary": 90, "secondary": 10}, "ramp_hold", {"secondary": 1}),
-        ("too few samples below its step: grows within the step, no step on",
+        ("too few samples below its stage: grows within the stage, no advance",
          {"primary": 92, "secondary": 8}, {"primary": 77, "secondary": 23},
          RampState({"secondary": 1}, {}), signals("breach", "thin"),
          {"primary": 90, "secondary": 10}, "ramp_capped", {"secondary": 1}),
@@ -94,10 +94,10 @@ COLD = RampState({}, {"secondary": NOW - 100_000})
          {"primary": 80, "secondary": 20}, {"primary": 70, "secondary": 30},
          RampState({"secondary": 2}, {}), signals("healthy", "uneven"),
          {"primary": 80, "secondary": 20}, "ramp_hold", {"secondary": 2}),
-        ("not healthy, no breach, better than the breaching primary: steps on",
+        ("not healthy, no breach, better than the breaching primary: advances",
          {"primary": 80, "secondary": 20}, {"primary": 70, "secondary": 30},
          RampState({"secondary": 2}, {}), signals("breach", "uneven"),
-         {"primary": 70, "secondary": 30}, "ramp_step", {"secondary": 3}),
+         {"primary": 70, "secondary": 30}, "ramp_advance", {"secondary": 3}),
         ("no metrics: ramp holds",
          {"primary": 90, "secondary": 10}, {"primary": 90, "secondary": 10},
          RampState({"secondary": 1}, {}), {}, {"primary": 90, "secondary": 10}, None,
@@ -207,12 +207,12 @@ def test_ramp_properties(case) -> None:
             index_before = state.ramps.get(name)
             index_after = result.state.ramps.get(name)
             if index_after is not None:
-                # the ramp never grows a standby past its step, nor by more than one step a tick
+                # the ramp never grows a standby past its stage, nor by more than one stage a tick
                 assert after[name] <= max(schedule[index_after], weights[name]), result.rule
                 if index_before is not None:
                     assert index_after <= index_before + 1
                 # a degrading (breaching) standby doing worse than every origin its traffic
-                # could go back to stops the ramp: no growth, no step
+                # could go back to stops the ramp: no growth, no advance
                 if (sigs is not None and window is not None
                         and window[name] in ("breach", "slow", "dead")
                         and all(score_origin(sigs[o], failover).composite
@@ -236,12 +236,12 @@ def test_hedge_share_guards_a_cold_or_ramping_standby() -> None:
     group = replace(plain, tiers=tuple(
         replace(t, hedge_delay_ms=50) if t.name == "critical" else t for t in plain.tiers))
     pref = ("primary", "secondary")
-    # at the warm pool (5): the first step above is 10, so 5 points of 95 hedge
+    # at the warm pool (5): the first stage above is 10, so 5 points of 95 hedge
     assert hedge_share(group, pref, {"primary": 95, "secondary": 5}, None) == 52_631
-    # ramping at step 3 (20 %) with 10 %: 10 of 90
+    # ramping at stage 3 (20 %) with 10 %: 10 of 90
     ramping = RampState(ramps={"secondary": 2})
     assert hedge_share(group, pref, {"primary": 90, "secondary": 10}, ramping) == 111_111
-    # at its step's ceiling: no room for hedges
+    # at its stage's ceiling: no room for hedges
     assert hedge_share(group, pref, {"primary": 80, "secondary": 20}, ramping) == 0
     # warm (above the warm pool, not ramping): every request may hedge
     assert hedge_share(group, pref, {"primary": 60, "secondary": 40}, RampState()) is None

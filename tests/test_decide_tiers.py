@@ -89,7 +89,7 @@ def wait(p95: float | None, pending_max: float = 0, now: int = T0,
          pending(40), None, False, "tier actions disabled"),
         ("for 0 s: on at the first trigger", with_policy(PENDING, for_ms=0), TierState(),
          pending(11), "tier_action", True, "for 0 s (≥ 0 s)"),
-        # the default trigger: measured pool wait (seed 000's 35 ms)
+        # the default trigger: measured pool wait (the tiers source's 35 ms)
         ("wait p95 below 35 ms", GROUP, TierState(), wait(20), None, False,
          "critical wait p95 20 ms ≤ 35 ms (200 sampled, 0 retried/hedged left out)"),
         ("wait p95 above 35 ms held 30 s: on", GROUP, TierState(trigger_since_ms=T0 - 30_000),

@@ -70,7 +70,7 @@ def test_newest_stops_at_the_limit(tmp_path: Path) -> None:
     assert window.scanned_bytes < 300_000
 
 
-def test_newest_says_truncated_when_the_byte_budget_ends_the_scan(tmp_path: Path) -> None:
+def test_newest_says_truncated_when_the_byte_cap_ends_the_scan(tmp_path: Path) -> None:
     write(tmp_path, 3000)
     window = newest(tmp_path, Query(pop="nowhere"), max_bytes=50_000)
     assert window.records == []

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from control_plane.decisions.budget import BudgetConfig, RecordBudget
 from control_plane.decisions.log import DecisionLog, Lines, draft
+from control_plane.decisions.rate_limit import RateLimit, RecordLimiter
 from control_plane.decisions.read import iter_records
 from control_plane.decisions.recorder import LINES_OFF_LOOP, DecisionRecorder
 from control_plane.own_metrics.registry import BallastMetrics
@@ -73,14 +73,14 @@ def test_past_its_bound_the_oldest_kept_records_are_dropped_and_counted(
     assert [r["rule"] for r in iter_records(tmp_path)] == ["tick 2", "tick 3", "tick 4"]
 
 
-def test_routine_records_over_the_budget_are_counted_and_noted_once(tmp_path: Path) -> None:
-    budget = RecordBudget(BudgetConfig(burst_bytes=1000, bytes_per_s=1), clock=lambda: 0.0)
+def test_routine_records_over_the_rate_limit_are_counted_and_noted_once(tmp_path: Path) -> None:
+    limiter = RecordLimiter(RateLimit(burst_bytes=1000, bytes_per_s=1), clock=lambda: 0.0)
     with DecisionLog(tmp_path) as log:
-        recorder = DecisionRecorder(log, budget=budget)
+        recorder = DecisionRecorder(log, limiter=limiter)
         written = [recorder.routine("node_connected", pop="ewr", rule="node n connected",
                                     detail={"node": f"n{n}"}) for n in range(10)]
         assert written[0] and not written[-1]
-        recorder.record("weight_shift", pop="ewr", group="shop", rule="never budgeted")
+        recorder.record("weight_shift", pop="ewr", group="shop", rule="never limited")
         recorder.flush()
     kinds = [r["kind"] for r in iter_records(tmp_path)]
     assert kinds.count("records_suppressed") == 1 and "weight_shift" in kinds

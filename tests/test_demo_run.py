@@ -8,7 +8,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from harness.envoy_process import free_port
+from harness.eventually import eventually_blocking
 from harness.fleet import fast_desired
 
 pytestmark = pytest.mark.envoy
@@ -23,17 +23,19 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _wait_for_line(proc: subprocess.Popen[str], text: str, timeout: float) -> str:
-    assert proc.stdout is not None
-    seen = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
+    stdout = proc.stdout
+    assert stdout is not None
+    seen: list[str] = []
+
+    def heard() -> bool:
+        line = stdout.readline()
         if not line and proc.poll() is not None:
-            break
+            raise AssertionError(f"no {text!r} from the demo, which exited: {''.join(seen)}")
         seen.append(line)
-        if text in line:
-            return "".join(seen)
-    raise AssertionError(f"no {text!r} from the demo: {''.join(seen)}")
+        return text in line
+
+    eventually_blocking(heard, timeout, f"{text!r} from the demo", interval=0)
+    return "".join(seen)
 
 
 def test_demo_serves_both_pops_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:

@@ -44,7 +44,8 @@ def test_example_identity(example: Desired) -> None:
 
 
 SEED_NUMBERS = [
-    # (tier, model field, seed value) -- seed 000 tiers, seed 001 watermarks
+    # (tier, model field, source value) -- the tiers source's tiers, the queue-policy source's
+    # watermarks
     ("critical", "share_percent", 70), ("normal", "share_percent", 25),
     ("background", "share_percent", 5),
     ("critical", "max_queue_depth", 2000), ("normal", "max_queue_depth", 8000),

@@ -1,5 +1,5 @@
 """`tiers.<t>.hedge_delay`: off by default, a duration or `off`, checked against retries and the
-read timeout; the example hedges critical requests after 50 ms (seed 000)."""
+read timeout; the example hedges critical requests after 50 ms (the tiers source)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""`tier_actions`: seed 000 defaults, global block < group overrides, tier roles by priority."""
+"""`tier_actions`: the tiers source's defaults, global block < group overrides, tier roles by
+priority."""
 
 from __future__ import annotations
 

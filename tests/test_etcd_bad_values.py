@@ -10,7 +10,7 @@ they run: both replicas start, each bad value is quarantined (left out, recorded
 key, listed in `/status`), the mirror logs no traceback, and the follower still adopts the
 leader's rollout. The control: the same values made good are adopted (nothing is left out for
 being there). A lease-less leader key is never shown as a leader: the replicas delete it and
-elect one of their own, with a new term, and the leader it displaced steps down.
+elect one of their own, with a new term, and the leader it displaced gives the lead up.
 """
 
 from __future__ import annotations

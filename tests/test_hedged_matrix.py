@@ -5,8 +5,8 @@ tiers} that a user can configure (replicas read Prometheus: `--store` requires i
 A regional fault in ewr (both groups' primaries answer 40 % 5xx and 200 ms slow, slower than
 the critical tier's 50 ms hedge) moves each group's ewr weights within `MAX_TICKS` ticks (1 s,
 3 s windows); sjc never moves; and from the fault until the ramp allows the standby more than
-its first step, the standby of each group takes no more of ewr's hedged (critical) requests by
-its weight and through hedges than that step (10 %) plus a 5-point margin: a standby at its
+its first stage, the standby of each group takes no more of ewr's hedged (critical) requests by
+its weight and through hedges than that stage (10 %) plus a 5-point margin: a standby at its
 5 % warm pool or ramping is guarded (hedges may go to it for only its ramp headroom,
 `decide/ramp.py` `hedge_share`). Unguarded, every request was hedged to it. Retries after
 the primary's 5xx answer are the retry budget's, as in every tier, and are reported beside
@@ -39,10 +39,10 @@ pytestmark = [pytest.mark.envoy, pytest.mark.timeout(240)]
 FAULT = Fault(error_rate=0.4, latency_ms=200, pops=("ewr",))
 TICK_S = 1.0  # the fleet's failover interval
 MAX_TICKS = 8  # the first shift comes within this many ticks of the fault
-RAMP_STEP = 0.10  # the standby's first ramp step above its 5 % warm pool
+RAMP_STAGE = 0.10  # the standby's first ramp stage above its 5 % warm pool
 MARGIN = 0.05
 WARM_UP_S = 4.0  # traffic through every (PoP, group) for longer than a 3 s window
-PAST_FIRST_STEP = ("ramp_step", "ramp_complete", "ramp_end")
+PAST_FIRST_STAGE = ("ramp_advance", "ramp_complete", "ramp_end")
 
 
 def _warm(fleet: HedgedFleet) -> bool:
@@ -57,10 +57,10 @@ def _warm(fleet: HedgedFleet) -> bool:
 
 
 def _ramped_on(fleet: HedgedFleet) -> bool:
-    """Both groups shifted in ewr and their standby's ramp went past its first step (or
-    completed): until then its allowed share was the first step."""
+    """Both groups shifted in ewr and their standby's ramp went past its first stage (or
+    completed): until then its allowed share was the first stage."""
     return all(fleet.records("weight_shift", pop="ewr", group=g)
-               and fleet.records(*PAST_FIRST_STEP, pop="ewr", group=g) for g in GROUPS)
+               and fleet.records(*PAST_FIRST_STAGE, pop="ewr", group=g) for g in GROUPS)
 
 
 @pytest.mark.parametrize("mode", [
@@ -81,7 +81,7 @@ async def test_a_regional_fault_behind_a_hedged_tier_moves_weights_the_ramp_hold
         for group in GROUPS:
             fleet.origins[f"{group}-primary"].set_fault(FAULT)
         await eventually(lambda: _ramped_on(fleet), 40,
-                         "both groups shifting in ewr, their ramps past the first step",
+                         "both groups shifting in ewr, their ramps past the first stage",
                          in_thread=True, interval=0.2)
         now_mono, now_wall = time.monotonic(), time.time()
         records = fleet.records()
@@ -91,9 +91,9 @@ async def test_a_regional_fault_behind_a_hedged_tier_moves_weights_the_ramp_hold
         shifts = [r for r in mine if r["kind"] == "weight_shift"]
         first = record_time(shifts[0]).timestamp()
         ticks = (first - fault_wall) / TICK_S
-        # from the fault until the ramp allowed the standby more than its first step
-        stepped = record_time(next(r for r in mine if r["kind"] in PAST_FIRST_STEP))
-        until = now_mono - (now_wall - stepped.timestamp())
+        # from the fault until the ramp allowed the standby more than its first stage
+        advanced = record_time(next(r for r in mine if r["kind"] in PAST_FIRST_STAGE))
+        until = now_mono - (now_wall - advanced.timestamp())
         share = standby_share(fleet.origins[f"{group}-primary"].attempt_log,
                               fleet.origins[f"{group}-secondary"].attempt_log, "critical",
                               fault_at, until, pop="ewr")
@@ -112,9 +112,9 @@ async def test_a_regional_fault_behind_a_hedged_tier_moves_weights_the_ramp_hold
     for figure in figures:
         assert figure["ticks_to_shift"] <= MAX_TICKS, log
         assert figure["requests"] >= 10, log
-        # not above the first step and the margin, with 95 % confidence (a few dozen requests:
+        # not above the first stage and the margin, with 95 % confidence (a few dozen requests:
         # the point estimates over runs are in docs/benchmarks.md); unguarded it was ~100 %
-        assert figure["weight_and_hedges_low"] <= RAMP_STEP + MARGIN, log
+        assert figure["weight_and_hedges_low"] <= RAMP_STAGE + MARGIN, log
     # the unaffected PoP never moves
     assert not [r for r in records if r.get("pop") == "sjc"
                 and r["kind"] in ("weight_shift", "return", "ramp_start")], log

@@ -1,5 +1,5 @@
-"""P0 hedging through a real Envoy 1.40 (seed 000: "50ms for P0 before we attempt hedging to a
-secondary origin"), with the critical tier's hedge_delay of 50 ms against the same tier without.
+"""P0 hedging through a real Envoy 1.40 (the tiers source: "50ms for P0 before we attempt hedging to
+a secondary origin"), with the critical tier's hedge_delay of 50 ms against the same tier without.
 
 - A primary that stalls some first attempts past the delay: the client's p99 falls with hedging
   (direction only; the numbers are in docs/benchmarks.md, from bench/hedging.py), every request

@@ -56,6 +56,7 @@ from harness.intent_changes import apply_pair_changes
 from harness.models import example_desired
 from tests.support.etcd import EtcdServer, etcd_binary
 from tests.support.example_service import example_service
+from tests.support.replica_loops import start_replica
 
 T0 = 1_800_000_000_000
 FAULTS = ["save", "record", "swap"]
@@ -87,8 +88,7 @@ def assert_served_is_stored(cache: SnapshotCache[RunningIntent], owner: IntentOw
     """What a restart would restore from the store, translated, is what is served now, and the
     owner's intent is what is served."""
     stored = store.load() if isinstance(store, StateStore) else store
-    restored = IntentOwner(desired)
-    restored.restore(stored, where="test")
+    restored = IntentOwner(desired).carried(stored, where="test")
     assert stored.desired_digest in (None, desired.digest)
     for pop in desired.pop_names:
         served = render_json(cache.resources(pop, CAPS))
@@ -344,11 +344,10 @@ async def test_an_adopt_with_a_fault_leaves_served_and_stored_agreeing(
     commit = cache.commit
     async with etcd_leader() as leader:
         follower = Replication(
-            leader.client(), "f", ttl_s=2, owner=lambda: owner, recorder=recorder,
-            reconciler=lambda: pytest.fail("a follower does not reconcile"), info={"id": "f"})
+            leader.client(), "f", ttl_s=2, owner=lambda: owner, recorder=recorder, info={"id": "f"})
         owner.store = follower.store  # as the service wires a replica's owner
         try:
-            await follower.start()
+            running = await start_replica(follower)
             with monkeypatch.context() as patched:
                 inject(fault, patched, follower.store, log, cache)
                 if fault == "swap":
@@ -376,7 +375,7 @@ async def test_an_adopt_with_a_fault_leaves_served_and_stored_agreeing(
                                  "the follower catches up")
                 assert_served_is_stored(cache, owner, stored, desired)
         finally:
-            await follower.stop()
+            await running.stop()
             await follower.etcd.close()
             log.close()
 
@@ -406,8 +405,7 @@ async def test_an_etcd_write_that_landed_in_part_is_put_back_and_never_adopted(
                                         recorder=DecisionRecorder(log))
         follower = Replication(
             leader.client(), "f", ttl_s=2, owner=lambda: follower_owner,
-            recorder=DecisionRecorder(follower_log),
-            reconciler=lambda: pytest.fail("a follower does not reconcile"), info={"id": "f"})
+            recorder=DecisionRecorder(follower_log), info={"id": "f"})
         follower_owner.store = follower.store
         for pop in desired.pop_names:
             cache.resources(pop, CAPS)
@@ -421,7 +419,7 @@ async def test_an_etcd_write_that_landed_in_part_is_put_back_and_never_adopted(
             return await transaction(*args)
 
         try:
-            await follower.start()
+            running = await start_replica(follower)
             await eventually(lambda: follower.leader is not None, 10, "f knows its leader")
             monkeypatch.setattr(leader.store, "_transaction", flaky)
             home = {pop: owner.weights(pop, "shop") for pop in ("ewr", "sjc")}
@@ -446,7 +444,7 @@ async def test_an_etcd_write_that_landed_in_part_is_put_back_and_never_adopted(
             assert_served_is_stored(follower_cache, follower_owner, await leader.shared.read(),
                                     desired)
         finally:
-            await follower.stop()
+            await running.stop()
             await follower.etcd.close()
             log.close()
             follower_log.close()

@@ -218,7 +218,7 @@ def test_a_node_has_applied_its_pops_output_only_when_it_acked_all_of_it() -> No
     entry = NodeRegistry().connect(node_id="n1", pop="ewr", mode="sotw", envoy_version="1.40.0",
                                    capability_key=CAPS.key, capability_reason="test")
     assert not entry.applied(current)
-    entry.snapshot = current
+    entry.answered_from = current
     entry.sent("type.googleapis.com/envoy.config.cluster.v3.Cluster", "v1")
     assert not entry.applied(current)  # sent, not yet ACKed
     entry.acked("type.googleapis.com/envoy.config.cluster.v3.Cluster", "v1")

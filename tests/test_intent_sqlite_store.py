@@ -7,7 +7,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,8 @@ import pytest
 from control_plane.decide.controller import ControllerState
 from control_plane.intent.sqlite_store import GroupState, StateCorrupted, StateStore, StoredIntent
 from control_plane.intent.store import IntentBatch
+from harness.eventually import eventually_blocking
+from tests.support.stored import write_now
 
 STATE = ControllerState({"a": 2, "b": 0}, {"a": 0, "b": 7})
 
@@ -26,12 +27,14 @@ def test_empty_store_loads_empty(tmp_path: Path) -> None:
 
 def test_round_trip_survives_reopen(tmp_path: Path) -> None:
     with StateStore(tmp_path) as store:
-        store.save_group("ewr", "api", {"a": 85, "b": 15}, STATE)
-        store.save_groups([("sjc", "api", {"a": 95, "b": 5}, ControllerState()),
-                           ("ewr", "api", {"a": 75, "b": 25}, STATE)], desired_digest="d1")
-        store.set_tier_decision("ewr/api/background", {"action": "shed", "since_ms": 5})
-        store.set_tier_decision("ewr/api/normal", "demote")
-        store.clear_tier_decision("ewr/api/normal")
+        write_now(store, IntentBatch(groups=(("ewr", "api", {"a": 85, "b": 15}, STATE),)))
+        write_now(store, IntentBatch(groups=(("sjc", "api", {"a": 95, "b": 5}, ControllerState()),
+                                             ("ewr", "api", {"a": 75, "b": 25}, STATE)),
+                                     desired_digest="d1"))
+        write_now(store, IntentBatch(records=(
+            ("tier", "ewr/api/background", {"action": "shed", "since_ms": 5}),
+            ("tier", "ewr/api/normal", "demote"))))
+        write_now(store, IntentBatch(records=(("tier", "ewr/api/normal", None),)))
     with StateStore(tmp_path) as store:
         stored = store.load()
     assert stored.groups == {
@@ -53,10 +56,11 @@ def test_wal_and_full_sync(tmp_path: Path) -> None:
 @pytest.mark.parametrize("weights", [{"a": 90, "b": 5}, {"a": 100.0}, {}, {"a": -5, "b": 105}])
 def test_bad_weights_are_refused_and_state_kept(tmp_path: Path, weights: dict) -> None:
     with StateStore(tmp_path) as store:
-        store.save_group("ewr", "api", {"a": 95, "b": 5}, STATE)
+        write_now(store, IntentBatch(groups=(("ewr", "api", {"a": 95, "b": 5}, STATE),)))
         with pytest.raises(ValueError, match="summing to 100"):
-            store.save_groups([("sjc", "api", {"a": 95, "b": 5}, STATE),
-                               ("ewr", "api", weights, STATE)], desired_digest="new")
+            write_now(store, IntentBatch(groups=(("sjc", "api", {"a": 95, "b": 5}, STATE),
+                                                 ("ewr", "api", weights, STATE)),
+                                         desired_digest="new"))
         stored = store.load()
     assert set(stored.groups) == {("ewr", "api")}
     assert stored.desired_digest is None
@@ -72,7 +76,7 @@ def test_not_a_database(tmp_path: Path) -> None:
 def test_damaged_pages_fail_the_integrity_check(tmp_path: Path) -> None:
     with StateStore(tmp_path) as store:
         for i in range(300):
-            store.save_group(f"pop{i}", "api", {"a": 95, "b": 5}, STATE)
+            write_now(store, IntentBatch(groups=((f"pop{i}", "api", {"a": 95, "b": 5}, STATE),)))
     db = sqlite3.connect(tmp_path / "state.db")
     db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     db.close()
@@ -96,7 +100,7 @@ def test_damaged_pages_fail_the_integrity_check(tmp_path: Path) -> None:
 )
 def test_unparsable_rows(tmp_path: Path, column: str, value: str, message: str) -> None:
     with StateStore(tmp_path) as store:
-        store.save_group("ewr", "api", {"a": 95, "b": 5}, STATE)
+        write_now(store, IntentBatch(groups=(("ewr", "api", {"a": 95, "b": 5}, STATE),)))
     db = sqlite3.connect(tmp_path / "state.db")
     db.execute(f"UPDATE groups SET {column} = ?", (value,))
     db.commit()
@@ -118,9 +122,11 @@ def test_unknown_schema_version(tmp_path: Path) -> None:
 
 
 WRITER = """
+import asyncio
 import sys
 from control_plane.decide.controller import ControllerState
 from control_plane.intent.sqlite_store import StateStore
+from control_plane.intent.store import IntentBatch
 
 store = StateStore(sys.argv[1])
 i = 0
@@ -129,8 +135,9 @@ while True:
     shift = i % 91
     weights = {"primary": 95 - shift, "secondary": 5 + shift}
     state = ControllerState({"primary": i}, {"secondary": i})
-    store.save_groups([("ewr", "api", weights, state), ("sjc", "api", weights, state)],
-                      desired_digest=str(i))
+    asyncio.run(store.write(IntentBatch(
+        groups=(("ewr", "api", weights, state), ("sjc", "api", weights, state)),
+        desired_digest=str(i))))
     print(i, flush=True)
 """
 
@@ -141,10 +148,9 @@ def test_kill_9_in_the_middle_of_a_write_loop(tmp_path: Path) -> None:
         stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parent.parent,
     )
     assert child.stdout is not None
-    acknowledged = 0
-    deadline = time.monotonic() + 30
-    while acknowledged < 200 and time.monotonic() < deadline:
-        acknowledged = int(child.stdout.readline())
+    stdout = child.stdout
+    acknowledged = eventually_blocking(lambda: (n := int(stdout.readline())) >= 200 and n, 30,
+                                       "200 acknowledged saves", interval=0)
     os.kill(child.pid, signal.SIGKILL)
     child.wait()
     assert acknowledged >= 200
@@ -161,10 +167,10 @@ def test_kill_9_in_the_middle_of_a_write_loop(tmp_path: Path) -> None:
 
 def test_forget_group_and_digest(tmp_path: Path) -> None:
     with StateStore(tmp_path) as store:
-        store.save_group("ewr", "api", {"a": 95, "b": 5}, STATE)
-        store.save_group("ewr", "img", {"a": 95, "b": 5}, STATE)
-        store.forget_group("ewr", "img")
-        store.set_desired_digest("sha256:abc")
+        write_now(store, IntentBatch(groups=(("ewr", "api", {"a": 95, "b": 5}, STATE),
+                                             ("ewr", "img", {"a": 95, "b": 5}, STATE))))
+        write_now(store, IntentBatch(forget_groups=(("ewr", "img"),)))
+        write_now(store, IntentBatch(desired_digest="sha256:abc"))
         stored = store.load()
     assert set(stored.groups) == {("ewr", "api")}
     assert stored.desired_digest == "sha256:abc"

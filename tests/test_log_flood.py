@@ -3,14 +3,14 @@
 The probes that filed it, against `ballast serve` (mTLS on the xDS port, the admin token on):
 an unauthenticated `GET /healthz?a…` (8,300 characters) logged a 740-byte traceback per request
 (2.27 MB/s); a chunked multipart `POST /login` answered 500 and logged a traceback (1.42 MB/s);
-a node reconnecting and NACKing logged 480 KB/s, outside the decision log's budget.
+a node reconnecting and NACKing logged 480 KB/s, outside the decision log's rate limit.
 
 Now: a malformed request is answered 400 and logged in one line without a traceback, and the
-loggers whose lines clients cause pass a byte budget (`app/log_budget.py`). Shown here with the
-server's own log file (what operators read) at the default level: 200 hostile admin requests
-grow it by less than 50 KB, and a node reconnecting and NACKing for 10 s within its budget; a
-hypothesis property test throws generated malformed requests at the admin parser and bounds the
-log bytes of each one (none is a 500, none logs a traceback).
+loggers whose lines clients cause pass a rate limit in bytes (`app/log_rate_limit.py`). Shown
+here with the server's own log file (what operators read) at the default level: 200 hostile
+admin requests grow it by less than 50 KB, and a node reconnecting and NACKing for 10 s stays
+within its rate limit; a hypothesis property test throws generated malformed requests at the
+admin parser and bounds the log bytes of each one (none is a 500, none logs a traceback).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from control_plane.app.log_budget import CLIENT_LOGGERS
+from control_plane.app.log_rate_limit import CLIENT_LOGGERS
 from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.security.cert_dir import CertDir
 from control_plane.translate.resources import CLUSTER_TYPE
@@ -155,8 +155,10 @@ def test_200_hostile_admin_requests_grow_the_log_by_under_50_kb(serve: Serve) ->
     assert "bad request from 127.0.0.1" in log  # one line per kind at least, not silence
 
 
-async def test_a_node_reconnecting_and_nacking_stays_within_its_log_budget(serve: Serve) -> None:
-    budget = CLIENT_LOGGERS["control_plane.ads.server"]
+async def test_a_node_reconnecting_and_nacking_stays_within_its_log_rate_limit(
+    serve: Serve,
+) -> None:
+    limit = CLIENT_LOGGERS["control_plane.ads.server"]
     node = serve.certs.node("ewr", "ewr-nacker")
     credentials = grpc.ssl_channel_credentials(
         serve.certs.ca.cert.read_bytes(), node.key.read_bytes(), node.cert.read_bytes())
@@ -173,13 +175,13 @@ async def test_a_node_reconnecting_and_nacking_stays_within_its_log_budget(serve
             streams += 1
     elapsed = time.monotonic() - started
     grown = serve.log_size() - before
-    allowed = budget.burst_bytes + budget.bytes_per_s * elapsed + 4096  # other lines
+    allowed = limit.burst_bytes + limit.bytes_per_s * elapsed + 4096  # other lines
     assert streams >= 20, f"only {streams} reconnects in {elapsed:.1f} s"
-    # the control: unbudgeted, each reconnect logs its NACK (2 KB) and two lines more
+    # the control: unlimited, each reconnect logs its NACK (2 KB) and two lines more
     assert streams * len(NACK_TEXT) > allowed, "the flood was too slow to prove anything"
     assert grown <= allowed, f"{grown:,} bytes for {streams} reconnects in {elapsed:.1f} s"
     log = serve.log.read_text(errors="replace")
-    assert "[log budget:" in log or grown < budget.burst_bytes
+    assert "[log rate limit:" in log or grown < limit.burst_bytes
 
 
 # -- the admin parser, fuzzed ---------------------------------------------------------------
@@ -210,17 +212,17 @@ def in_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, 
     bg.run(service.start(), 30)
     captured = Captured()
     logging.getLogger().addHandler(captured)
-    # one request's lines, unbudgeted: the budget would only hide a long one
-    budgets = [(logging.getLogger(name), list(logging.getLogger(name).filters))
+    # one request's lines, unlimited: the limit would only hide a long one
+    limited = [(logging.getLogger(name), list(logging.getLogger(name).filters))
                for name in CLIENT_LOGGERS]
-    for logger, filters in budgets:
+    for logger, filters in limited:
         for kept in filters:
             logger.removeFilter(kept)
     try:
         assert service.admin is not None
         yield service.admin.port, captured
     finally:
-        for logger, filters in budgets:
+        for logger, filters in limited:
             for kept in filters:
                 logger.addFilter(kept)
         logging.getLogger().removeHandler(captured)

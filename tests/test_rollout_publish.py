@@ -194,8 +194,6 @@ async def test_a_replica_deposed_while_its_step_looked_records_and_swaps_nothing
     await driver.apply_new()
     driver.clock.now = T0 + 1000  # a look early in the bake sees the canary applying it
     await driver.rollouts.look()
-    lead = iter([True])  # leads at the step's look, not after
-    monkeypatch.setattr(driver.rollouts, "_leading", lambda: next(lead, False))
 
     async def fenced(batch: IntentBatch) -> None:
         raise Deposed("term 7 ended: replica r1 leads")

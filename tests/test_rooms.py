@@ -4,8 +4,8 @@ network.
 `docs/rooms.toml` names every room of control_plane/ with the rooms it must not import (or "any
 other room"), which rooms are pure, what a pure room never imports, and which top-level folders
 never import which. Every import of every module (at any depth, inside functions too) is checked
-against it. docs/architecture.md shows the same data as tables and README's room table says the
-same in words: both are checked against the file.
+against it. docs/architecture.md shows the same data as tables, and its room table ("What each
+room holds") says the same in words: both are checked against the file.
 """
 
 from __future__ import annotations
@@ -34,11 +34,12 @@ def forbidden_rooms(data: dict[str, Any]) -> dict[str, set[str] | None]:
             for room, row in data["rooms"].items()}
 
 
-def readme_room_table() -> dict[str, set[str] | None]:
-    """The same, as README's room table says it ("never does": "importing `a/`, `b/`", or
-    "importing any other room")."""
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("## Architecture"):]
+def room_table_in_words() -> dict[str, set[str] | None]:
+    """The same, as docs/architecture.md's room table says it ("never does": "importing `a/`,
+    `b/`", or "importing any other room")."""
+    text = ARCHITECTURE.read_text()
+    start = text.index("## What each room holds")
+    section = text[start:text.index("\n## ", start + 1)]
     forbidden: dict[str, set[str] | None] = {}
     for line in section.splitlines():
         match = ROW.match(line)
@@ -143,15 +144,16 @@ def top_level_imports(folder: Path) -> set[tuple[str, str]]:
             for name, _ in _imported_names(ast.parse(path.read_text(), str(path)))}
 
 
-def test_every_room_on_disk_has_rules_and_a_readme_row() -> None:
+def test_every_room_on_disk_has_rules_and_a_row_in_words() -> None:
     rooms = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
     assert rooms == set(rules()["rooms"]), "docs/rooms.toml and control_plane/ differ"
-    assert rooms - set(readme_room_table()) == set(), "rooms missing from README's room table"
+    assert rooms - set(room_table_in_words()) == set(), (
+        "rooms missing from docs/architecture.md's room table")
 
 
-def test_readme_and_architecture_doc_show_the_rules_of_the_data() -> None:
+def test_the_architecture_doc_shows_the_rules_of_the_data() -> None:
     data = rules()
-    assert readme_room_table() == forbidden_rooms(data)
+    assert room_table_in_words() == forbidden_rooms(data)
     expected = rooms_markdown(data)
     assert expected in ARCHITECTURE.read_text(), (
         "docs/architecture.md does not show docs/rooms.toml; its tables should read:\n" + expected)

@@ -24,6 +24,7 @@ from control_plane.decisions.log import log_files
 from control_plane.decisions.read import iter_records
 from control_plane.desired.served_certs import key_fingerprint
 from harness.envoy_process import free_port
+from harness.eventually import eventually
 from tests.support.tls_listeners import HOSTNAMES, TlsSite, key_pem, tls_desired_yaml
 
 pytestmark = pytest.mark.timeout(60)
@@ -70,11 +71,7 @@ async def test_no_face_shows_a_private_key(tmp_path: Path, capsys: pytest.Captur
             return any(r["kind"] == "config_applied" and "secrets" in str(r["detail"])
                        for r in iter_records(state_dir))
 
-        for _ in range(100):
-            if applied():
-                break
-            await asyncio.sleep(0.05)
-        assert applied(), "the renewal applied"
+        await eventually(applied, 5, "the renewal applied")
         assert service.admin is not None
         url = service.admin.url
         faces: dict[str, str] = {}

@@ -5,7 +5,7 @@
   Envoy of the PoP applies the same weights within a second of each change whichever replica it
   is connected to, and no client request fails because of the kill.
 - The leader `SIGSTOP`ped past its lease, then resumed: a new term is led by another replica, the
-  old leader's writes are refused and it steps down; the log shows one leader per term.
+  old leader's writes are refused and it gives the lead up; the log shows one leader per term.
 - etcd stopped for 20 s: no weight changes, no crash, every replica stays ready (degraded), and
   the shift resumes afterwards.
 """
@@ -177,7 +177,7 @@ async def test_leader_killed_mid_shift_follower_continues_envoys_agree(tmp_path:
         old_records = _decisions(fleet, fleet.replicas.index(old))  # fsync'd before the kill
 
     # across the kill: the new leader starts from exactly the weights the old one left (no jump
-    # back, no default weights), and its first step comes at least one interval after the old
+    # back, no default weights), and its first tick comes at least one interval after the old
     # leader's last one (no step repeated early)
     old_last = [r for r in _weight_decisions(old_records) if r.get("term") == old_term][-1]
     new_term = [r for r in _weight_decisions(records) if r.get("term", 0) > old_term]
@@ -229,12 +229,12 @@ async def test_fencing_and_an_etcd_outage(tmp_path: Path) -> None:
 
         # it stops acting as leader at once (its lease is certainly gone) and says so in its log
         await until(lambda: not paused.status().get("replication", {}).get("leading", True), 10,
-                    "the paused leader stepped down")
+                    "the paused leader gave the lead up")
         await until(lambda: bool(stepped_down()), 10, "the deposed leader's leader_lost record")
         steps_down = stepped_down()
         mine_after = [r for r in _decisions(fleet, index) if r.get("term") == old_term
                       and r["kind"] in SHIFT_KINDS and r["seq"] > steps_down[-1]["seq"]]
-        assert mine_after == [], "the deposed leader decided nothing after stepping down"
+        assert mine_after == [], "the deposed leader decided nothing after giving the lead up"
 
         # etcd away for 20 s: nobody changes weights, nobody crashes, everyone stays ready
         fleet.etcd.pause()
@@ -243,7 +243,7 @@ async def test_fencing_and_an_etcd_outage(tmp_path: Path) -> None:
         # land before that): from then on, nothing may change
         await until(lambda: not any(r.status().get("replication", {}).get("leading")
                                     for r in fleet.replicas), LEADER_TTL_S + 10,
-                    "the leader stepping down without etcd")
+                    "the leader giving the lead up without etcd")
         frozen = fleet.weights()
         readiness: list[int] = []
         said_degraded: set[str] = set()

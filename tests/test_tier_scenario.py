@@ -1,6 +1,6 @@
-"""Seed 000's scenario, compressed to seconds, through a real Envoy: the direction only (checkout
-p95: tier controller ≤ static tiers ≤ one FIFO cluster) and the controller's decisions going
-back once the origin is fast again. The numbers themselves: `python -m bench.scenarios
+"""The tiers source's scenario, compressed to seconds, through a real Envoy: the direction only
+(checkout p95: tier controller ≤ static tiers ≤ one FIFO cluster) and the controller's decisions
+going back once the origin is fast again. The numbers themselves: `python -m bench.scenarios
 priority`, docs/scenarios/priority.md."""
 
 from __future__ import annotations

@@ -66,8 +66,8 @@ def test_demotion_splits_the_normal_routes_and_keeps_their_timeouts() -> None:
 
 
 def test_a_demoted_share_is_answered_at_the_edge_while_its_target_is_shed() -> None:
-    """Seed 000's defaults (demote 50 % of normal, shed background): background's pool is at its
-    floor, so the demoted half of normal is answered at once, the other half stays normal."""
+    """The tiers source's defaults (demote 50 % of normal, shed background): background's pool is
+    at its floor, so the demoted half of normal is answered at once, the other half stays normal."""
     after = routes(actions={"shop": TierActions()})
     names = list(after)
     assert names.index("x-prefetch@shed/shop/normal") == names.index("x-prefetch") - 1

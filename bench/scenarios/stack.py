@@ -11,7 +11,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,10 +20,20 @@ from bench.scenarios.origin import POP_HEADER
 from bench.scenarios.timers import compressed, duration, envoy_duration
 from control_plane.translate.bootstrap import ads_bootstrap
 from harness.envoy_process import EnvoyProcess, free_port, stop_group
+from harness.eventually import eventually_blocking
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = "shop.critical"  # Ballast's weights are the same in every tier cluster of the group
 UNCACHEABLE = "/api/"  # the checkout API: never cacheable, never mirrored
+
+
+def _until(check: Callable[[], object], timeout: float, what: str,
+           ignore: tuple[type[BaseException], ...] = ()) -> None:
+    """`eventually_blocking`, failing with TimeoutError (a failed run, not a bench error)."""
+    try:
+        eventually_blocking(check, timeout, what, interval=0.1, ignore=ignore)
+    except AssertionError as err:
+        raise TimeoutError(str(err)) from None
 
 
 class Edge(Protocol):
@@ -120,18 +129,14 @@ class BallastEdge:
     def wait_serving(self, timeout: float) -> None:
         """Until Ballast accepts connections on its xDS port (an Envoy that finds it closed
         backs off before trying again)."""
-        deadline = time.monotonic() + timeout
-        while True:
+        def listening() -> bool:
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"ballast serve exited with {self.proc.returncode}, see "
                                    f"{self.workdir / 'ballast.log'}")
-            try:
-                socket.create_connection(("127.0.0.1", self.xds_port), timeout=1).close()
-                return
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError("ballast serve does not listen") from None
-                time.sleep(0.05)
+            socket.create_connection(("127.0.0.1", self.xds_port), timeout=1).close()
+            return True
+
+        _until(listening, timeout, "ballast serve listening", ignore=(OSError,))
 
     def start(self, timeout: float = 30.0) -> None:
         self.start_ballast()
@@ -140,11 +145,8 @@ class BallastEdge:
             envoy.start()
         for envoy in self.envoys.values():
             envoy.wait_ready(timeout)
-        deadline = time.monotonic() + timeout
-        while not all(self.weights(pop) for pop in self.envoys):
-            if time.monotonic() > deadline:
-                raise TimeoutError("Envoys got no endpoints from Ballast")
-            time.sleep(0.1)
+        _until(lambda: all(self.weights(pop) for pop in self.envoys), timeout,
+               "the Envoys getting endpoints from Ballast")
 
     def kill_ballast(self) -> None:
         """kill -9, as a crash would."""
@@ -635,11 +637,8 @@ class StaticEdge:
         for envoy in self.envoys.values():
             envoy.wait_ready(timeout)
         first = self.layout[0].origin
-        deadline = time.monotonic() + timeout
-        while not all(self.observe(pop)[0].get(first) for pop in self.envoys):
-            if time.monotonic() > deadline:
-                raise TimeoutError("the baseline's health checks never passed the primary")
-            time.sleep(0.1)
+        _until(lambda: all(self.observe(pop)[0].get(first) for pop in self.envoys), timeout,
+               "the baseline's health checks passing the primary")
 
     def observe(self, pop: str) -> tuple[dict[str, int], list[str]]:
         """The share each origin gets (`envoy_shares`) and the hosts out, as

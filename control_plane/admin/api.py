@@ -431,14 +431,14 @@ class AdminApi:
             known = ", ".join(self.cache.pops)
             return error(404, f"unknown PoP {pop!r}; known: {known}")
         caps, why = self._capabilities(pop, params.get("caps"))
-        snapshot = self.cache.resources(pop, caps)
+        resources = self.cache.resources(pop, caps)
         return web.json_response(
             {
                 "pop": pop,
                 "capabilities": caps.key,
                 "capabilities_reason": why,
-                "notes": list(snapshot.notes),
-                "resources": render_json(snapshot),
+                "notes": list(resources.notes),
+                "resources": render_json(resources),
             }
         )
 

@@ -17,7 +17,7 @@ Otherwise: 401 with `WWW-Authenticate: Bearer` (a JSON error; for a browser aski
 page, a page pointing at `/login`). Before any of it, a state-changing request a browser says
 comes from another page is refused (403), and one a session authenticates needs the session's
 CSRF token (`sessions.py`); a peer presenting wrong tokens is slowed down (429), each wrong one
-logged (on this module's logger, under its log budget: `app/log_budget.py`). With no
+logged (on this module's logger, under its log rate limit: `app/log_rate_limit.py`). With no
 authentication configured the API is open, and then it may only listen on a loopback address;
 off loopback it must be HTTPS (`check_bind`).
 """
@@ -197,7 +197,7 @@ def bearer(request: web.Request) -> str | None:
 
 
 def refuse_wrong_token(auth: AdminAuth, request: web.Request, where: str) -> None:
-    """Count a wrong token against its peer, and log it (the log budget bounds the lines)."""
+    """Count a wrong token against its peer, and log it (the log rate limit bounds the lines)."""
     peer = peer_key(request.remote)
     count = auth.throttle.failed(peer)
     log.warning("admin API: wrong token from %s (%s; %d wrong from this address)",

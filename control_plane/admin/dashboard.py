@@ -19,7 +19,7 @@ Routes (on the admin API's application, so its bind and its authentication apply
   (``id:`` is the seq; a reconnect with ``Last-Event-ID`` replays what it missed).
 
 Every read of the decision log is bounded (``decisions/recent.py``): by the range's start, a
-record count and a byte budget; an answer cut by the budget says ``truncated``.
+record count and a byte cap; an answer cut by the cap says ``truncated``.
 """
 
 from __future__ import annotations
@@ -256,7 +256,7 @@ class Dashboard:
         controllers = self._controllers(pop, group_name) if self._controllers is not None \
             else {}
         ramp = controllers.get(RAMP)
-        if ramp is not None:  # in words: each standby's step, share, since when and why
+        if ramp is not None:  # in words: each standby's stage, share, since when and why
             controllers[RAMP] = ramp_view(desired.group(group_name), ramp, window.records,
                                           self.intent.weights(pop, group_name))
         body["controllers"] = {

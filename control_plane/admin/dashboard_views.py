@@ -202,9 +202,9 @@ def timeline(
 def ramp_view(group: OriginGroup, state: Mapping[str, Any], records: list[Record],
               weights: Mapping[str, int]) -> dict[str, Any]:
     """The failover ramp of one (PoP, group) (`state`: `RampState.to_dict`) in words, one entry
-    per ramping standby: its step of the schedule and the share that step allows, its weight
+    per ramping standby: its stage of the schedule and the share that stage allows, its weight
     now, since when it ramps (the record that started it: the newest one of `records` — the
-    pair's, oldest first — whose step took it from not ramping to ramping) and why it is where
+    pair's, oldest first — that took it from not ramping to ramping) and why it is where
     it is (the newest ramp record that has it ramping: its rule and what comes next)."""
     schedule = group.standby_ramp.schedule
     ramp_records = [r for r in records if str(r.get("kind", "")).startswith("ramp_")]
@@ -218,7 +218,7 @@ def ramp_view(group: OriginGroup, state: Mapping[str, Any], records: list[Record
         since = started[-1]["time"] if started else None
         last = holding[-1] if holding else None
         weight = weights.get(origin)
-        words = (f"{origin} ramps: step {index + 1} of {len(schedule)}, at most "
+        words = (f"{origin} ramps: stage {index + 1} of {len(schedule)}, at most "
                  f"{schedule[index]} % of the traffic (now {weight} %), since "
                  + (f"{since[11:19]}Z" if since else "before the records shown") + "; why: "
                  + (str(last.get("rule")) if last else "its last ramp record is older than "
@@ -226,7 +226,7 @@ def ramp_view(group: OriginGroup, state: Mapping[str, Any], records: list[Record
         detail = last.get("detail") if last else None
         following = detail.get("next") if isinstance(detail, dict) else None
         standbys.append({
-            "origin": origin, "step": index + 1, "steps": len(schedule),
+            "origin": origin, "stage": index + 1, "stages": len(schedule),
             "share": schedule[index], "weight": weight, "since": since,
             "why": None if last is None else last.get("rule"),
             "seq": None if last is None else last.get("seq"),

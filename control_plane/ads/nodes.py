@@ -107,7 +107,7 @@ class NodeEntry:
     secrets_refused: str | None = None  # why its SDS requests go unanswered (not mTLS)
     # the PoP output the stream last answered from (a push or a request): with every type
     # SYNCED, the node has applied it (`applied`)
-    snapshot: PopResources | None = None
+    answered_from: PopResources | None = None
     synced_at: float = 0.0  # unix time of the ACK that made every type SYNCED (0: never)
 
     def _record(self, type_url: str) -> _TypeRecord:
@@ -143,10 +143,11 @@ class NodeEntry:
             record.outcome = "NACKED"
         return count
 
-    def applied(self, snapshot: PopResources | None) -> bool:
-        """Whether the node ACKed everything `snapshot` (its PoP's current output) holds: the
+    def applied(self, current: PopResources | None) -> bool:
+        """Whether the node ACKed everything `current` (its PoP's current output) holds: the
         stream last answered from it and every type's last response was ACKed."""
-        return snapshot is not None and self.snapshot is snapshot and self.overall == "SYNCED"
+        return (current is not None and self.answered_from is current
+                and self.overall == "SYNCED")
 
     def nack_count(self, type_url: str) -> int:
         """NACKs in a row of the latest NACKed version of `type_url` (0: none)."""

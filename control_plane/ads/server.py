@@ -740,7 +740,7 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                 log.warning("node %r: bad request: %s", entry.node_id, err)
                 return _Signal(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         await self._apply(state, output)
-        entry.snapshot = snapshot  # what the node has been answered from (all of it written)
+        entry.answered_from = snapshot  # what the node has been answered from (all of it written)
         if state.admitted and output.events and _initial_sync_done(entry):
             self.end_admission(state)
         return None

@@ -108,7 +108,6 @@ class SnapshotCache(Generic[S]):
         self._pops_of = pops_of
         self._narrow = narrow
         self._source = source
-        self._overrides: dict[str, Capabilities] = {}
         self._entries: dict[tuple[str, str], PopResources] = {}
         self._cap_keys: set[str] = set()  # every capability key an entry was made for
         self._changes = 0  # counts changes; `_touched[pop]`: the count at the PoP's last one
@@ -133,10 +132,8 @@ class SnapshotCache(Generic[S]):
     def effective_capabilities(
         self, pop: str, advertised: Capabilities, why: str = "node.extensions"
     ) -> EffectiveCapabilities:
-        """A PoP override (set by an operator or a test) wins over what the node advertised."""
-        override = self._overrides.get(pop)
-        if override is not None:
-            return EffectiveCapabilities(override, f"override for PoP {pop}")
+        """What a node's resources are translated for: what it advertised, as far as the
+        source uses it (`narrow`)."""
         if self._narrow is not None:
             advertised = self._narrow(self._source, advertised)
         return EffectiveCapabilities(advertised, why)
@@ -156,6 +153,12 @@ class SnapshotCache(Generic[S]):
     def cached(self, pop: str, caps: Capabilities) -> PopResources | None:
         """The PoP's resources for `caps` if they were built already (never builds)."""
         return self._entries.get((pop, caps.key))
+
+    def prepared_entry(self, prepared: Prepared[S], pop: str, caps: Capabilities
+                       ) -> PopResources | None:
+        """What `pop`'s nodes with `caps` get once `prepared` is committed, where it built
+        that (never builds)."""
+        return prepared.entries.get((pop, caps.key))
 
     def entry(self, pop: str, capability_key: str) -> PopResources | None:
         """The PoP's current resources for nodes of `capability_key`, if built (never builds)."""
@@ -277,15 +280,6 @@ class SnapshotCache(Generic[S]):
                 self._cap_keys.add(key[1])
                 kept += 1
         return kept
-
-    def override_capabilities(self, pop: str, caps: Capabilities | None) -> None:
-        """Force `caps` onto every node of `pop` (None: back to what nodes advertise)."""
-        self._check_pop(pop)
-        if caps is None:
-            self._overrides.pop(pop, None)
-        else:
-            self._overrides[pop] = caps
-        self._announce(frozenset({pop}))
 
     # -- internals -------------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 
 CPython's full (generation 2) collection walks every container object the process holds and
 stops everything while it does. What Ballast builds before it serves — the desired state, the
-translated snapshots of every PoP, the restored intent — lives as long as the server, is freed
+translated resources of every PoP, the restored intent — lives as long as the server, is freed
 by reference counting if it ever goes, and is most of the heap until nodes connect: walking it
 finds it alive every time. `settle_heap` (called once, when the server is ready) moves it into
 the generation the collector never walks (`gc.freeze()`).

@@ -7,9 +7,9 @@ stops acting as leader on its own, before etcd tells it), and every write it mak
 its term anyway. A follower waits on a watch of the leader key and campaigns as soon as the key
 goes (the old leader's lease expired or was revoked), so a takeover takes at most the TTL plus
 the watch's delivery. The leader watches the key too: when it is no longer its own (another
-writer's `put` took it off the lease, or replaced it), it steps down at once rather than at
-its next fenced write. Any etcd error drops leadership (fail static: the replicas keep serving
-the last intent) and the loop starts over after a short back-off.
+writer's `put` took it off the lease, or replaced it), it gives the lead up at once rather
+than at its next fenced write. Any etcd error drops leadership (fail static: the replicas keep
+serving the last intent) and the loop starts over after a short back-off.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ class LeaderElection:
                         return "the leader key changed"
                     if not await self.store.holds(self.replica_id, lead):
                         log.warning("replica %s: the leader key is no longer term %d's: "
-                                    "stepping down", self.replica_id, lead.term)
+                                    "giving the lead up", self.replica_id, lead.term)
                         return "the leader key was taken"
                     continue
                 remaining = await self.store.refresh_lease(lease)

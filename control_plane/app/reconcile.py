@@ -4,7 +4,7 @@ Level-triggered and safe to run any number of times: each tick reads the desired
 current weights and streaks from the intent owner, the signals of the last window from the
 metric source, and asks the pure controller for the next weights. Order per tick: state is saved
 (one store write) before weights reach Envoys, so a crash never leaves Envoys on weights the
-restarted server would not restore. Jitter comes from a seeded RNG per PoP, so PoPs never step
+restarted server would not restore. Jitter comes from a seeded RNG per PoP, so PoPs never tick
 in lockstep and a run is reproducible.
 
 The same tick runs the tier step (`decide/tiers.py`) per (PoP, group) on the per-tier pending
@@ -12,7 +12,7 @@ maxima of the same window from `tier_source`: its state is saved under "<pop>/<g
 changes, a record is written for each change of mind, and then the actions of the current
 policy (or none) are set on the intent owner, which pushes RDS and the runtime layer when they
 change. Without a tier source, or when it fails, the tier actions hold. Between two ticks of a
-pair, its tier step also runs alone every `tier_actions.interval` (seed 000's 5 s export
+pair, its tier step also runs alone every `tier_actions.interval` (the tiers source's 5 s export
 interval; a tier tick: preemption acts within one), with the weights, streaks and ramp held.
 
 Each (PoP, group) is reconciled on its own (controller-runtime's per-key reconcile): an
@@ -486,7 +486,7 @@ class Reconciler:
 
     def defer_all(self, now_ms: int) -> None:
         """Every pair's next step one interval from `now_ms` (a new leader: the last one may
-        have stepped just before it went, so no step comes early)."""
+        have ticked just before it went, so no tick comes early)."""
         running = self.intent.intent
         for pop in running.pop_names:
             for group in running.desired_of(pop).origin_groups:

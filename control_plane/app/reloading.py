@@ -13,7 +13,7 @@ translation that raises, a swap that fails — is a `config_rejected` record, an
 as it was. One reload at a time (the file watcher
 and SIGHUP share it).
 
-With replicas on etcd only the leader applies a file: a rollout is started, stepped and
+With replicas on etcd only the leader applies a file: a rollout is started, advanced and
 superseded by the leader alone, and every replica serves what the leader saved
 (`rollouts.follow`). A follower's reload (its file watcher, SIGHUP) validates the file and,
 when it differs from the version the replicas serve, records `config_deferred` — valid, left to
@@ -34,7 +34,6 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-from control_plane.ads.snapshots import Prepared, SnapshotCache
 from control_plane.app.rollouts import Rollouts, Version
 from control_plane.app.server import BallastServer, translate_intent
 from control_plane.decide.rollout import RolloutError
@@ -43,7 +42,7 @@ from control_plane.decisions.recorder import DecisionRecorder
 from control_plane.desired import DesiredStateError, parse_desired
 from control_plane.desired.model import Desired
 from control_plane.desired.warnings import desired_warnings
-from control_plane.intent.change import SwapFailed
+from control_plane.intent.change import Change, SwapFailed
 from control_plane.intent.etcd_store import Deposed, StoreUnavailable, TooLarge
 from control_plane.intent.running import RunningIntent
 from control_plane.own_metrics.registry import BallastMetrics
@@ -67,7 +66,6 @@ class DesiredReload:
         recorder: DecisionRecorder,
         metrics: BallastMetrics,
         *,
-        leading: Callable[[], bool],
         follower: Callable[[], str | None] = lambda: None,
         rollouts: Callable[[], Rollouts],
         heap: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
@@ -79,12 +77,10 @@ class DesiredReload:
         self.server = server
         self.recorder = recorder
         self.metrics = metrics
-        self._leading = leading  # whether this process saves what changes (replicas: leader)
         self.follower = follower  # why a replica leaves the file to the leader (None: leads)
         self._rollouts = rollouts  # the rollout driver each new version goes through
         self._parse = parse
         self._heap = heap  # around the apply: `heap.reload_heap` in `ballast serve`
-        self._lock = asyncio.Lock()
         self.error: str | None = None  # an internal error of the last reload attempt
 
     def unreadable(self, err: DesiredStateError) -> None:
@@ -105,8 +101,10 @@ class DesiredReload:
 
         Everything that grows with the desired state (parsing, the per-PoP diffs, translating
         every cached PoP) runs on a worker thread; the loop keeps answering Envoys meanwhile.
+        One apply at a time, and none while the rollout driver decides: the driver's one lock
+        (a reload starts or supersedes a rollout) covers the whole apply.
         """
-        async with self._lock:
+        async with self._rollouts().lock:
             try:
                 with self._heap():
                     applied = await self._apply(data, immediate, by)
@@ -125,7 +123,7 @@ class DesiredReload:
         except DesiredStateError as err:
             self._reject(digest, [str(p) for p in err.problems])
             return False
-        owner, cache = self.server.intent, self.server.cache
+        owner = self.server.intent
         if new.digest == owner.desired.digest:
             return False
         follower = self.follower()
@@ -145,19 +143,20 @@ class DesiredReload:
                                   f"({self.state_dir}); not applied"])
             return False
         try:
-            # saved before it applies (replicas: by the leader; the others follow etcd)
-            # one rollout at a time: started (or superseding the one in progress) here
-            async with rollouts.lock:
-                async with owner.change(save=self._leading()) as change:
-                    begun = await rollouts.begin(change, Version(new, data),
-                                                 immediate=immediate, by=by)
-                    served = served_now(cache, owner.intent)  # as the build reads the cache
-                    await change.prepare()
-                    diffs = pop_diffs(change.over, change.target, served, change.prepared())
-                    changes = await asyncio.to_thread(diffs)
-                    change.record(lambda pushed: [_applied_record(new, changes, pushed, by)])
-                    change.record(begun.records)
-                begun.done()
+            # saved before it applies (replicas: by the leader; the others follow etcd); one
+            # rollout at a time (under the driver's lock, `apply`): started, or superseding the
+            # one in progress, here
+            async with owner.change() as change:
+                begun = await rollouts.begin(change, Version(new, data),
+                                             immediate=immediate, by=by)
+                served = _served(change, owner.intent)  # as the build reads the cache
+                await change.prepare()
+                diffs = pop_diffs(change.over, change.target, served,
+                                  _served(change, change.target, built=True))
+                changes = await asyncio.to_thread(diffs)
+                change.record(lambda pushed: [_applied_record(new, changes, pushed, by)])
+                change.record(begun.records)
+            begun.done()
         except (RolloutError, Deposed) as err:  # the lead lost since the check: the new
             self._defer(new, str(err), by)       # leader applies the file it reads
             return False
@@ -236,25 +235,25 @@ def _pops(old: RunningIntent, new: RunningIntent) -> list[str]:
     return sorted(set(old.pop_names) | set(new.pop_names))
 
 
-def served_now(cache: SnapshotCache[RunningIntent], intent: RunningIntent
-               ) -> dict[str, PopResources | None]:
-    """What each PoP's Envoys without adaptive LIFO are served now, where it was built."""
+def _served(change: Change, intent: RunningIntent, *, built: bool = False
+            ) -> dict[str, PopResources | None]:
+    """What each PoP's Envoys without adaptive LIFO are served now (`built`: once the change
+    is published, where it built that), where it was built."""
     caps = Capabilities()
-    return {pop: cache.cached(pop, caps) for pop in intent.pop_names}
+    if built:
+        return {pop: change.built(pop, caps) for pop in intent.pop_names}
+    return {pop: change.served(pop, caps) for pop in intent.pop_names}
 
 
 def pop_diffs(
     before: RunningIntent, after: RunningIntent, served: dict[str, PopResources | None],
-    prepared: Prepared[RunningIntent] | None,
+    built: dict[str, PopResources | None],
 ) -> Callable[[], dict[str, list[ResourceChange]]]:
     """A call that computes, per PoP, what it gets differently under the carried-over intent
-    `after` than under `before` (Envoys without adaptive LIFO), touching nothing of the cache
-    (a worker thread may run it). `served`: what is served now; `prepared`: the output the
-    change built (the same bytes a full translation gives, made incrementally), used where it
-    holds the PoP; others are translated."""
-    caps = Capabilities()
-    built = {} if prepared is None else {pop: entry for (pop, key), entry
-                                        in prepared.entries.items() if key == caps.key}
+    `after` than under `before` (Envoys without adaptive LIFO), touching nothing served (a
+    worker thread may run it). `served`: what is served now; `built`: what the change built
+    (the same bytes a full translation gives, made incrementally), used where it holds the
+    PoP; others are translated."""
 
     def diffs() -> dict[str, list[ResourceChange]]:
         return {pop: diff_pop(before, after, pop, served.get(pop), built.get(pop))

@@ -1,11 +1,12 @@
 """One replica among several on etcd: who reconciles, how every replica holds the same intent, and
 how decision records reach every replica's log.
 
-- **Leadership** (`leadership.py`): exactly one replica runs the reconcile loop. When a replica is
-  elected it first reads the whole intent back from etcd (streaks, tier states: the shift goes on
-  from where the last leader left it) and waits one reconcile interval before its first step (the
-  last leader may have stepped just before it died: no step is repeated early). When it loses the
-  lease (or etcd), the loop stops; its writes would be refused anyway (fenced by term).
+- **Leadership** (`leadership.py`): exactly one replica leads. The service's manager
+  (`manager.py`) runs what only the leader runs (the reconcile loop, the rollout driver's looks)
+  and tells this replica when it is elected (`took_lead`: the whole intent read back from etcd,
+  with the rollout it holds, in one change transaction: the shift goes on from where the last
+  leader left it) and when it lost the lead (`lost_lead`: what etcd holds adopted); its writes
+  would be refused anyway once it lost the lead (fenced by term).
 - **Mirror**: every replica watches ``intent/`` and adopts each change into its own intent owner
   (a rollout's state first: which PoP serves which desired-state version, `rollouts.follow`),
   which publishes to its own output cache, so an Envoy of a PoP gets the same versions whichever
@@ -42,10 +43,8 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
 from control_plane.app.config_acks import MAX_PEERS, MAX_TEXT_CHARS, ConfigAcks, SharedAcks
-from control_plane.app.leadership import LeaderElection
-from control_plane.app.reconcile import Reconciler
-from control_plane.app.rollouts import Rollouts
-from control_plane.app.tasks import cancel_all
+from control_plane.app.leadership import LeaderElection, LeadershipListener
+from control_plane.decisions.log import draft
 from control_plane.decisions.recorder import DecisionRecorder
 from control_plane.intent.etcd_store import (
     WRITING,
@@ -56,6 +55,7 @@ from control_plane.intent.etcd_store import (
 )
 from control_plane.intent.owner import IntentOwner
 from control_plane.intent.replicated_store import ReplicatedStore, checked
+from control_plane.intent.store import StoredIntent
 from control_plane.observe.source import wall_ms
 from control_plane.own_metrics.registry import BallastMetrics
 from control_plane.security.terminal import escape
@@ -68,6 +68,11 @@ SHARE_POLL_S = 0.25  # how often a replica looks whether its nodes' ACK state ch
 QUARANTINE_SHOWN = 20  # quarantined keys listed in /status (all are counted)
 
 
+# what makes the store's intent this replica's (`Rollouts.adopt`): the intent, the rollout under
+# it; with `elected`, a new leader's bookkeeping; `records` recorded with it
+Adopt = Callable[..., Awaitable[frozenset[str]]]
+
+
 class Replication:
     def __init__(
         self,
@@ -77,43 +82,42 @@ class Replication:
         ttl_s: int,
         owner: Callable[[], IntentOwner],
         recorder: DecisionRecorder,
-        reconciler: Callable[[], Reconciler],
         info: dict[str, Any],
         metrics: BallastMetrics | None = None,
         survey_s: float = 1.0,
-        rollouts: Callable[[], Rollouts | None] = lambda: None,
+        adopt: Callable[[], Adopt | None] = lambda: None,
         acks: Callable[[], ConfigAcks | None] = lambda: None,
-        elected: Callable[[], Awaitable[None]] | None = None,
+        on_leadership: LeadershipListener | None = None,
+        adopting: Callable[[], bool] | None = None,
         clock: Callable[[], int] = wall_ms,
     ) -> None:
-        """`rollouts`: the service's rollout driver, which follows the rollout the leader saved
-        (None: the intent alone is adopted); `acks`: this replica's nodes' ACK state, shared
-        with the others (None: nothing shared); `elected`: told once this replica leads and
-        took the intent from etcd (the service reads its desired-state file again); `clock`:
-        wall ms, the time a peer's NACK is first read."""
+        """`adopt`: how the intent and the rollout the leader saved become this replica's
+        (`Rollouts.adopt`; None: the intent alone, `IntentOwner.adopt`); `acks`: this
+        replica's nodes' ACK state, shared with the others (None: nothing shared);
+        `on_leadership`: the election's listener (the service's manager, which starts and
+        stops what only the leader runs and calls `took_lead` and `lost_lead`; None: nobody
+        listens); `adopting`: whether the mirror adopts what etcd holds now (the manager's:
+        not while this replica leads; default: while no term was taken); `clock`: wall ms, the
+        time a peer's NACK is first read."""
         self.etcd = etcd
         self.survey_s = survey_s
         self.replica_id = replica_id
         self._owner = owner
         self.recorder = recorder
         self.decisions = recorder.log
-        self._reconciler = reconciler
-        self._rollouts = rollouts
+        self._adopt_with = adopt
         self._acks = acks
-        self._elected = elected
+        self._adopting = adopting or (lambda: self.term is None)
         self._metrics = metrics
         self._clock = clock
-        self.election = LeaderElection(
-            etcd, replica_id, ttl_s, info=info, on_change=self._leadership_changed
-        )
+        self.election = LeaderElection(etcd, replica_id, ttl_s, info=info,
+                                       on_change=on_leadership or _nobody)
         self.store = ReplicatedStore(etcd, self.election.leading, self._quarantine)
         self.quarantined: dict[str, str] = {}  # intent key -> why it is left out
         self._mirror_error = ""  # the mirror's last failure, logged once
-        self.term: int | None = None
+        self.term: int | None = None  # the term this replica leads (`took_lead`)
         self.leader: tuple[str, int] | None = None  # (replica, term) as etcd said last
         self.replicas: list[dict[str, Any]] = []
-        self._loop_task: asyncio.Task[None] | None = None
-        self._tasks: list[asyncio.Task[None]] = []
         self._outbox: list[dict[str, Any]] = []
         self._queued = asyncio.Event()
         self._dropped = 0
@@ -184,14 +188,14 @@ class Replication:
             log.info("etcd value intent/%s is readable again (or gone)", escape(key[:200]))
         self.quarantined = dict(bad)
 
-    # -- lifecycle -------------------------------------------------------------------------
+    # -- lifecycle ------------------------------------------------------------------------
 
-    async def start(self) -> None:
-        self._spawn(self.election.run())
-        self._spawn(self._mirror())
-        self._spawn(self._forward())
-        self._spawn(self._survey(self.survey_s))
-        self._spawn(self._share_acks())
+    def loops(self) -> list[Coroutine[Any, Any, None]]:
+        """What runs on every replica until the stop (the service's manager runs them): the
+        election, the mirror of etcd, the hand-off of records, the survey of who is there, the
+        sharing of this replica's nodes' ACKs."""
+        return [self.election.run(), self._mirror(), self._forward(),
+                self._survey(self.survey_s), self._share_acks()]
 
     async def _survey(self, every_s: float) -> None:
         """Who leads and which replicas are registered, for status (never awaited by it), and
@@ -217,9 +221,9 @@ class Replication:
         self.leader = await self.etcd.leader()
         return self.leader
 
-    async def stop(self) -> None:
-        await self._stop_reconciling()
-        await cancel_all(self._tasks)
+    async def leave(self) -> None:
+        """At the stop, once the loops ended: the records not yet handed on written to etcd,
+        this replica's nodes taken out of the shared ACKs, the term given up at once."""
         await self._flush()
         lease = self.election.lease
         if lease is not None:  # its nodes reconnect elsewhere: they are not this one's now
@@ -254,54 +258,41 @@ class Replication:
                 continue
             shared = (lease, value)
 
-    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
-        self._tasks.append(asyncio.create_task(coroutine))
+    # -- leadership (told by the manager) --------------------------------------------------
 
-    # -- leadership ------------------------------------------------------------------------
-
-    async def _leadership_changed(self, lead: Leadership | None, why: str) -> None:
-        if lead is None:
-            await self._stop_reconciling()
-            self._reconciler().readings.clear()  # the leader's now: none shown here
-            if self.term is not None:
-                self.recorder.record("leader_lost", rule=f"replica {self.replica_id} stopped "
-                                     f"reconciling term {self.term}: {why}",
-                                     detail={"replica": self.replica_id, "term": self.term})
-            self.decisions.origin = {"replica": self.replica_id}
-            await self._adopt_after_leading()
-            return
-        self.term = lead.term
-        self.decisions.origin = {"replica": self.replica_id, "term": lead.term}
-        # the whole intent read back (a StoreUnavailable here drops the leadership again)
+    async def took_lead(self, term: int) -> None:
+        """Elected for `term`: the whole intent read back from etcd and made this replica's,
+        with the rollout it holds, in one change transaction that saves what a leader must
+        hold of the rollout and records `leader_elected` (a StoreUnavailable here drops the
+        lead again); a split write the last leader broke off settled."""
+        self.term = term
+        self.decisions.origin = {"replica": self.replica_id, "term": term}
         stored = await self.store.read()
-        await self._follow_rollout(stored.records)  # the new leader goes on from it
-        rollouts = self._rollouts()
-        if rollouts is not None:
-            rollouts.rebake(f"replica {self.replica_id} leads term {lead.term}")
-        await self._owner().adopt(stored, where=self.store.where)
+        elected = draft("leader_elected", rule=f"replica {self.replica_id} leads term {term}: "
+                        "reconciling from the intent in etcd", detail={
+                            "replica": self.replica_id, "term": term,
+                            "pairs_restored": len(stored.groups)})
+        await self._adopted(stored, elected=f"replica {self.replica_id} leads term {term}",
+                            records=[elected])
         await self.store.settle()  # a write the last leader broke off is over
-        reconciler = self._reconciler()
-        reconciler.defer_all(reconciler.clock())
-        self.recorder.record(
-            "leader_elected", rule=f"replica {self.replica_id} leads term {lead.term}: "
-            "reconciling from the intent in etcd", detail={
-                "replica": self.replica_id, "term": lead.term,
-                "pairs_restored": len(stored.groups)})
-        self._loop_task = asyncio.create_task(reconciler.run())
-        if self._elected is not None:
-            await self._elected()
 
-    async def _adopt_after_leading(self) -> None:
-        """A former leader takes what etcd holds (its own last writes, or a new leader's)."""
+    async def lost_lead(self, why: str) -> None:
+        """The lead lost (the manager stopped what only the leader runs): recorded, and what
+        etcd holds adopted (its own last writes, or a new leader's)."""
+        if self.term is not None:
+            self.recorder.record("leader_lost", rule=f"replica {self.replica_id} stopped "
+                                 f"reconciling term {self.term}: {why}",
+                                 detail={"replica": self.replica_id, "term": self.term})
+        self.decisions.origin = {"replica": self.replica_id}
         self.term = None
         await self._adopt()
 
-    async def _stop_reconciling(self) -> None:
-        task, self._loop_task = self._loop_task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+    async def _adopted(self, stored: StoredIntent, **how: Any) -> frozenset[str]:
+        adopt = self._adopt_with()
+        if adopt is not None:
+            return await adopt(stored, self.store.where, **how)
+        return await self._owner().adopt(stored, where=self.store.where,
+                                         records=how.get("records", ()))
 
     # -- mirror ----------------------------------------------------------------------------
 
@@ -418,7 +409,7 @@ class Replication:
         Through the change transaction, which saves nothing here (the leader saved it). If it
         fails, the last intent is kept and `_behind` set (the mirror tries again)."""
         behind, self._behind = self._behind, False
-        if self.term is not None:  # what the leader would adopt, for its quarantine only
+        if not self._adopting():  # the leader: for its quarantine only
             self._quarantine(checked(self._values)[1])
             return
         if WRITING in self._values:  # the leader's write is under way: adopt it once whole
@@ -426,20 +417,14 @@ class Replication:
             return
         try:
             stored = self.store.intent_of(self._values)
-            # which PoP serves which version first, then the intent under those versions
-            await self._follow_rollout(stored.records)
-            pops = await self._owner().adopt(stored, where=self.store.where)
+            # which PoP serves which version, and the intent under those versions: one change
+            pops = await self._adopted(stored)
             log.debug("adopted the intent from etcd; output changed in %s",
                       ", ".join(sorted(pops)) or "no PoP")
         except Exception:  # a bad key in etcd must not stop the mirror: keep the last intent
             if not behind:  # once, not at every retry
                 log.exception("could not adopt the intent from etcd; keeping the last one")
             self._behind = True
-
-    async def _follow_rollout(self, records: dict[str, dict[str, Any]]) -> None:
-        rollouts = self._rollouts()
-        if rollouts is not None:
-            await rollouts.follow(records, self.store.where)
 
     # -- decision hand-off -----------------------------------------------------------------
 
@@ -475,3 +460,7 @@ class Replication:
             self._outbox = batch + self._outbox  # kept (bounded) until etcd is back
             del self._outbox[MAX_FORWARD_QUEUE:]
             raise
+
+
+async def _nobody(lead: Leadership | None, why: str) -> None:
+    """No listener: a replica run on its own (a test's follower)."""

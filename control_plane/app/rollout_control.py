@@ -34,11 +34,13 @@ class ServiceRollouts:
 
     async def act(self, action: str, by: str, *, now: bool = False) -> dict[str, Any]:
         service = self._service
+        if action != "apply" and action not in ACTIONS:
+            raise KeyError(action)
+        follower = service.reload.follower()
+        if follower is not None:  # only the leader starts or changes a rollout
+            raise RolloutError(f"{follower}: {'apply' if action == 'apply' else 'act'} on the "
+                               "leader (`ballast status --json` names it)")
         if action == "apply":
-            follower = service.reload.follower()
-            if follower is not None:  # only the leader starts a rollout
-                raise RolloutError(f"{follower}: apply on the leader (`ballast status --json` "
-                                   "names it)")
             try:
                 data = await asyncio.to_thread(read_desired_bytes, service.config.desired_path)
             except DesiredStateError as err:
@@ -51,7 +53,5 @@ class ServiceRollouts:
             applied = await service.reload.apply(
                 data, immediate=now, by=f"{by}{' --now' if now else ''}")
             return {"applied": applied, **self.shown()}
-        if action not in ACTIONS:
-            raise KeyError(action)
         await service.rollouts.act(action, by)
         return self.shown()

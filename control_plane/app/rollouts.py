@@ -77,7 +77,7 @@ from control_plane.decisions.recorder import DecisionRecorder
 from control_plane.desired import DesiredStateError, parse_desired
 from control_plane.desired.loader import files_read, version_digest
 from control_plane.desired.model import Desired, TierActions
-from control_plane.intent.change import Change, SwapFailed
+from control_plane.intent.change import Change, Records, SwapFailed
 from control_plane.intent.etcd_store import Deposed
 from control_plane.intent.owner import IntentOwner
 from control_plane.intent.store import (
@@ -87,6 +87,7 @@ from control_plane.intent.store import (
     SERVING_KIND,
     VERSION_KIND,
     StateCorrupted,
+    StoredIntent,
     StoreRecord,
 )
 from control_plane.observe.source import MetricSource, Signals, wall_ms
@@ -261,6 +262,32 @@ def baseline(records: Mapping[str, Mapping[str, Any]], digest: str | None,
 
 
 @dataclass(frozen=True)
+class _Held:
+    """A rollout driver's state: the rollout, the failed versions, the versions it keeps, the
+    digests whose bytes the store holds, the reached PoPs' baselines."""
+
+    rollout: Rollout | None
+    failed: Mapping[str, str]
+    versions: Mapping[str, Version]
+    saved: frozenset[str]
+    before: Mapping[str, PopWindow]
+
+    @classmethod
+    def of(cls, held: Restored) -> _Held:
+        return cls(held.rollout, dict(held.failed), dict(held.versions), held.saved,
+                   dict(held.before))
+
+
+def _rebaked(rollout: Rollout | None, now: int, why: str) -> Rollout | None:
+    """The wave in progress baking again from `now` (`Rollouts.rebake`)."""
+    if rollout is None or not rollout.in_progress:
+        return rollout
+    return replace(rollout, wave_started_ms=now, gate=None, updated_ms=now,
+                   reason=f"{rollout.reason}; wave {rollout.wave + 1} bakes again from now: "
+                   f"{why}")
+
+
+@dataclass(frozen=True)
 class Unpublished:
     """A decision recorded whose swap failed: the rollout it was decided from, the rollout it
     makes, its events (recorded already) and the baselines captured for it."""
@@ -298,7 +325,6 @@ class Rollouts:
         *,
         metrics: BallastMetrics | None = None,
         clock: Callable[[], int] = wall_ms,
-        leading: Callable[[], bool] = lambda: True,
         changed: Callable[[], None] = lambda: None,
         parse: Callable[[bytes, str], Desired] = parse_desired,
         saved: Iterable[str] = (),
@@ -313,7 +339,6 @@ class Rollouts:
         self.recorder = recorder
         self.metrics = metrics
         self.clock = clock
-        self._leading = leading  # replicas: only the leader starts, looks at and acts on a rollout
         self._changed = changed  # told after each change of which PoP serves what
         self._parse = parse  # how a stored version is read again (the service's filter list)
         self.lock = asyncio.Lock()
@@ -340,6 +365,21 @@ class Rollouts:
 
     def restore(self, held: Restored) -> None:
         """What the store held (`restored`) taken as the driver's state (before serving)."""
+        self._take(_Held.of(held))
+
+    def rebake(self, why: str) -> None:
+        """The wave in progress bakes again from now (a restart, a new leader): the ACKs and
+        readings of before are gone with the process that had them, and nodes reconnect now;
+        its gate judges a fresh bake, its ACK timeout counts from now. Saved with the next
+        look."""
+        self.rollout = _rebaked(self.rollout, self.clock(), why)
+        self._note_wave()
+
+    def _held(self) -> _Held:
+        return _Held(self.rollout, dict(self.failed), dict(self._versions),
+                     frozenset(self._saved), dict(self._before))
+
+    def _take(self, held: _Held) -> None:
         self.rollout = held.rollout
         self.failed = dict(held.failed)
         self._versions = dict(held.versions)
@@ -348,48 +388,48 @@ class Rollouts:
         self._note_wave()
         self._gauges()
 
-    def rebake(self, why: str) -> None:
-        """The wave in progress bakes again from now (a restart, a new leader): the ACKs and
-        readings of before are gone with the process that had them, and nodes reconnect now;
-        its gate judges a fresh bake, its ACK timeout counts from now. Saved with the next
-        look."""
-        rollout = self.rollout
-        if rollout is None or not rollout.in_progress:
-            return
-        now = self.clock()
-        self.rollout = replace(rollout, wave_started_ms=now, gate=None, updated_ms=now,
-                               reason=f"{rollout.reason}; wave {rollout.wave + 1} bakes again "
-                               f"from now: {why}")
-        self._note_wave()
-
-    async def follow(self, records: Mapping[str, Mapping[str, Any]], where: str) -> None:
-        """A replica taking the rollout its leader saved (`records`, read back from the shared
-        store): which PoP serves which version, made this replica's through the change
-        transaction (saving nothing: the leader saved it). A new leader starts from it."""
-        held = await asyncio.to_thread(restored, records, dict(self._versions), self._parse,
-                                       where, self.clock())
-        if held is None or (held.rollout == self.rollout and held.failed == self.failed):
-            return
-        if held.renamed:
-            log.warning("the certificate files of %s read differently here than where they "
-                        "were saved: this replica serves what its own files hold", ", ".join(
-                            d[:16] for d in sorted(held.renamed)))
+    async def adopt(self, stored: StoredIntent, where: str, *, elected: str | None = None,
+                    records: Records = ()) -> frozenset[str]:
+        """A replica taking what the shared store holds, in one change transaction (saving
+        nothing its leader saved): the rollout the leader saved (which PoP serves which version)
+        and the intent under it (`IntentOwner.adopt`). `elected`: this replica was just elected
+        (why): the rollout in progress bakes again from now, and what the store must hold of it
+        (`settlement`) is saved with the change; `records` are recorded with it. Nothing of the
+        driver changes when the change raises. The PoPs whose output changed."""
+        held = await asyncio.to_thread(restored, stored.records, dict(self._versions),
+                                       self._parse, where, self.clock())
         async with self.lock:
-            async with self.owner.change(save=False) as change:
-                change.desired(held.target.desired, serving=held.serving)
-            self.restore(held)
-            self._changed()
+            follows = held is not None and (held.rollout != self.rollout
+                                            or held.failed != self.failed)
+            if follows and held is not None and held.renamed:
+                log.warning("the certificate files of %s read differently here than where "
+                            "they were saved: this replica serves what its own files hold",
+                            ", ".join(d[:16] for d in sorted(held.renamed)))
+            now = _Held.of(held) if follows and held is not None else self._held()
+            settled = None
+            if elected is not None:
+                now = replace(now, rollout=_rebaked(now.rollout, self.clock(), elected))
+                settled = self._settlement(now)
+            pops = await self.owner.adopt(
+                stored, where=where,
+                desired=held.target.desired if follows and held is not None else None,
+                serving=held.serving if follows and held is not None else None,
+                keep=((), ()) if settled is None else settled[:2], records=records)
+            self._take(now)
+            if settled is not None:
+                settled[2]()
+            if follows:
+                self._changed()
+            return pops
 
     # -- a new version (the reload) --------------------------------------------------------
 
     async def begin(self, change: Change, new: Version, *, immediate: bool, by: str) -> Begun:
         """State on `change` (a reload's) the rollout of `new`: started, or superseding the
         one in progress; its records and what to call once the change published. Call under
-        `lock`. RolloutError on a replica that does not lead: only the leader starts or
-        supersedes a rollout (the others follow what it saved)."""
-        if not self._leading():
-            raise RolloutError("this replica does not lead: the leader applies the file it "
-                               "reads")
+        `lock`. Only the leader starts or supersedes a rollout (the others follow what it
+        saved): a follower's reload never gets here, and a lead lost since is refused by the
+        store's fenced write (`Deposed`)."""
         now = self.clock()
         running = self.owner.intent
         versions = {**self._versions, new.digest: new}
@@ -425,34 +465,37 @@ class Rollouts:
                               None if again is None else again.digest, renewed, now, by)
         return self._state(change, after, events, versions, self.failed, {})
 
-    async def settle(self) -> None:
-        """The store made to hold what this driver serves from (at start; with replicas, once
-        elected): with a rollout, its state under its versions' digests as read now (certificates
-        renewed while Ballast was down rename them: `Restored.renamed`); without one, the bytes of
-        the version served (`baseline`: a restart serves it, and a file edited while Ballast was
-        down rolls out from it). Nothing is written when the store holds that already; raises what
-        the change transaction raises."""
-        async with self.lock:
-            if not self._leading():
-                return
-            rollout = self.rollout
-            if rollout is not None:
-                if self._saved == {rollout.from_version, rollout.to_version} & set(self._versions):
-                    return
-                async with self.owner.change() as change:
-                    begun = self._state(change, rollout, (), self._versions, self.failed, {})
-                begun.done()
-                return
-            running = self._versions.get(self.owner.desired.digest)
-            if running is None or self._saved == {running.digest}:
-                return
-            records: list[StoreRecord] = [(VERSION_KIND, running.digest, running.stored())]
-            records += [(VERSION_KIND, digest, None) for digest in sorted(self._saved)
-                        if digest != running.digest]
-            async with self.owner.change() as change:
-                change.desired(running.desired)  # the same: nothing served changes
-                change.keep(records, [(VERSION_KIND, running.digest, None)])
+    def settlement(self, held: _Held | None = None
+                   ) -> tuple[list[StoreRecord], list[StoreRecord], Callable[[], None]] | None:
+        """What the store must hold for this driver to serve from it (at start; with replicas,
+        once elected), for the change that makes it so (records, undo, and what to call once it
+        published), from `held` (default: the driver's state): with a rollout, its state under
+        its versions' digests as read now (certificates renewed while Ballast was down rename
+        them: `Restored.renamed`); without one, the bytes of the version served (`baseline`: a
+        restart serves it, and a file edited while Ballast was down rolls out from it). None
+        when the store holds that already."""
+        return self._settlement(self._held() if held is None else held)
+
+    def _settlement(self, held: _Held
+                    ) -> tuple[list[StoreRecord], list[StoreRecord], Callable[[], None]] | None:
+        rollout, versions = held.rollout, held.versions
+        if rollout is not None:
+            needed = {rollout.from_version, rollout.to_version} & set(versions)
+            if held.saved == needed:
+                return None
+            return self._kept(rollout, {d: versions[d] for d in needed}, held.failed, {},
+                              held.before, held)
+        running = versions.get(self.owner.desired.digest)
+        if running is None or held.saved == {running.digest}:
+            return None
+        records: list[StoreRecord] = [(VERSION_KIND, running.digest, running.stored())]
+        records += [(VERSION_KIND, digest, None) for digest in sorted(held.saved)
+                    if digest != running.digest]
+
+        def done() -> None:
             self._saved = {running.digest}
+
+        return records, [(VERSION_KIND, running.digest, None)], done
 
     def refused(self, digest: str) -> str | None:
         """Why a version's bytes are not applied again (it failed its rollout), or None."""
@@ -473,7 +516,7 @@ class Rollouts:
         """One look at the rollout in progress: its gate judged, what it decides published."""
         async with self.lock:
             rollout = self.rollout
-            if rollout is None or not rollout.in_progress or not self._leading():
+            if rollout is None or not rollout.in_progress:
                 return ()
             unpublished = self._unpublished
             if unpublished is not None and unpublished.before == rollout:
@@ -493,12 +536,10 @@ class Rollouts:
 
     async def act(self, action: str, by: str) -> Rollout:
         """An operator's `pause`, `resume`, `abort` or `promote`; RolloutError when it does not
-        apply (nothing changed), or on a replica that does not lead."""
+        apply (nothing changed). Operators act on the leader (`rollout_control.py` refuses the
+        others' actions); a lead lost since is refused by the store's fenced write."""
         if action not in ACTIONS:
             raise RolloutError(f"unknown action {action!r}; known: {', '.join(ACTIONS)}")
-        if not self._leading():
-            raise RolloutError("this replica does not lead: act on the leader (`ballast status "
-                               "--json` names it)")
         async with self.lock:
             if self.rollout is None:
                 raise RolloutError("no rollout: nothing was applied since the start")
@@ -635,42 +676,53 @@ class Rollouts:
         """`rollout` stated on `change`: which PoP serves which version, the rollout's records
         in the store. Returns its events as decision records (for the change to record) and
         what makes it this driver's state once the change published."""
+        needed = {rollout.from_version, rollout.to_version} & set(versions)
+        kept = {digest: versions[digest] for digest in needed}
+        change.desired(kept[target_of(rollout)].desired, serving=serving_of(rollout, kept))
+        same = self.rollout is not None and _same_rollout(self.rollout, rollout)
+        records, undo, done = self._kept(rollout, kept, failed, captured,
+                                         self._before if same else {}, self._held())
+        change.keep(records, undo)
+        return Begun(tuple(rollout_draft(event) for event in events), done)
+
+    def _kept(self, rollout: Rollout, kept: Mapping[str, Version], failed: Mapping[str, str],
+              captured: Mapping[str, PopWindow], earlier: Mapping[str, PopWindow], was: _Held
+              ) -> tuple[list[StoreRecord], list[StoreRecord], Callable[[], None]]:
+        """The store records that hold `rollout` (its state, the failed versions, the bytes of
+        the versions `kept`, the baselines: `earlier` ones of the same rollout and `captured`
+        new ones) over what the store holds (`was`), what puts the store back, and what makes
+        it this driver's state."""
         failed = dict(failed)
         refused = failed_version(rollout)
         if refused is not None:
             failed[refused] = rollout.reason
             for old in list(failed)[:-MAX_FAILED]:
                 del failed[old]
-        needed = {rollout.from_version, rollout.to_version} & set(versions)
-        kept = {digest: versions[digest] for digest in needed}
-        change.desired(kept[target_of(rollout)].desired, serving=serving_of(rollout, kept))
+        needed = set(kept)
         state = {"rollout": rollout.to_dict(), "failed": failed}
-        before = None if self.rollout is None else {"rollout": self.rollout.to_dict(),
-                                                    "failed": self.failed}
+        before = None if was.rollout is None else {"rollout": was.rollout.to_dict(),
+                                                   "failed": dict(was.failed)}
         records: list[StoreRecord] = [(ROLLOUT_KIND, ROLLOUT_KEY, state)]
         undo: list[StoreRecord] = [(ROLLOUT_KIND, ROLLOUT_KEY, before)]
-        for digest in sorted(needed - self._saved):
+        for digest in sorted(needed - was.saved):
             records.append((VERSION_KIND, digest, kept[digest].stored()))
             undo.append((VERSION_KIND, digest, None))
-        for digest in sorted(self._saved - needed):
+        for digest in sorted(was.saved - needed):
             records.append((VERSION_KIND, digest, None))
-            if digest in self._versions:
-                undo.append((VERSION_KIND, digest, self._versions[digest].stored()))
-        same = self.rollout is not None and _same_rollout(self.rollout, rollout)
-        baselines = {} if not rollout.in_progress else {
-            **(self._before if same else {}), **captured}
-        for pop in sorted(set(self._before) | set(baselines)):
+            if digest in was.versions:
+                undo.append((VERSION_KIND, digest, was.versions[digest].stored()))
+        baselines = {} if not rollout.in_progress else {**earlier, **captured}
+        for pop in sorted(set(was.before) | set(baselines)):
             if pop in captured or pop not in baselines:
                 records.append((ROLLOUT_BEFORE_KIND, pop, None if pop not in baselines
                                 else window_json(baselines[pop])))
-                undo.append((ROLLOUT_BEFORE_KIND, pop, None if pop not in self._before
-                             else window_json(self._before[pop])))
-        change.keep(records, undo)
+                undo.append((ROLLOUT_BEFORE_KIND, pop, None if pop not in was.before
+                             else window_json(was.before[pop])))
 
         def done() -> None:
             moved = self.rollout is None or (rollout.wave, rollout.phase) != (
                 self.rollout.wave, self.rollout.phase)
-            self.rollout, self.failed, self._versions = rollout, failed, kept
+            self.rollout, self.failed, self._versions = rollout, failed, dict(kept)
             self._unpublished = None  # what was decided from the rollout before is void
             self._before = baselines
             self._saved = set(needed)
@@ -679,7 +731,7 @@ class Rollouts:
             self._gauges()
             self._changed()
 
-        return Begun(tuple(rollout_draft(event) for event in events), done)
+        return records, undo, done
 
     # -- internals -----------------------------------------------------------------------------
 

@@ -16,8 +16,9 @@ Start-up order matters and is the point of this module:
    its first wave at once. With replicas the leader does it once elected (the file it reads);
    a follower records that it leaves a differing file to the leader (`config_deferred`);
 5. start the reconcile loop, the active probes and the desired-state watcher; report ready.
-Each part is registered with what stops it as it starts (`runnables.py`: one exit stack), so
-a start-up that fails half-way and `stop` unwind the same way: newest first, ending with the
+Each part is registered with what stops it as it starts (`manager.py`: one exit stack, and
+what only the leader runs started and stopped with the lead), so a start-up that fails half-way
+and `stop` unwind the same way: newest first, ending with the
 decision log, the state store and the state directory's lock. Hot reloads are
 `reloading.py`'s.
 """
@@ -44,14 +45,14 @@ from control_plane.ads.limits import DEFAULT_LIMITS, AdsLimits
 from control_plane.app.config_acks import SharedAcks
 from control_plane.app.heap import release_heap, reload_heap, settle_heap
 from control_plane.app.load_reports import MetricSourceKind, host_load_reports, passive_source
-from control_plane.app.log_budget import limit_client_logs
+from control_plane.app.log_rate_limit import limit_client_logs
+from control_plane.app.manager import Manager
 from control_plane.app.reconcile import Reconciler
 from control_plane.app.reload import DesiredFileWatcher
 from control_plane.app.reloading import DesiredReload, log_warnings
 from control_plane.app.replication import Replication
 from control_plane.app.rollout_control import ServiceRollouts
 from control_plane.app.rollouts import Restored, Rollouts, Version, baseline, restored
-from control_plane.app.runnables import Runnables
 from control_plane.app.server import BallastServer
 from control_plane.app.status import (
     controller_states,
@@ -59,8 +60,8 @@ from control_plane.app.status import (
     origin_readings,
     service_status,
 )
-from control_plane.decisions.budget import DEFAULT_BUDGET, BudgetConfig, RecordBudget
-from control_plane.decisions.log import DecisionLog, log_files
+from control_plane.decisions.log import DecisionLog, Draft, draft, log_files
+from control_plane.decisions.rate_limit import DEFAULT_RATE_LIMIT, RateLimit, RecordLimiter
 from control_plane.decisions.read import FileSource
 from control_plane.decisions.recorder import DecisionRecorder
 from control_plane.desired import parse_desired, read_desired_bytes
@@ -68,12 +69,13 @@ from control_plane.desired.filter_types import DEFAULT_ALLOWED, AllowedFilters
 from control_plane.desired.loader import watched_files
 from control_plane.desired.model import Desired
 from control_plane.desired.warnings import desired_warnings
+from control_plane.intent.carry_over import CarryOver
 from control_plane.intent.etcd_store import EtcdStore, StoreCredentials, parse_store_url
 from control_plane.intent.replicated_store import ReplicatedStore
 from control_plane.intent.running import ramp_key, tier_key
 from control_plane.intent.sqlite_store import StateStore
 from control_plane.intent.state_dir_lock import StateDirLock
-from control_plane.intent.store import RAMP_KIND, VERSION_KIND, StoredIntent
+from control_plane.intent.store import VERSION_KIND, StoredIntent
 from control_plane.observe.access_log import (
     AccessLogStore,
     WithAttemptLatency,
@@ -97,9 +99,6 @@ from control_plane.translate.resources import Capabilities
 
 log = logging.getLogger(__name__)
 
-DIFF_LINES_IN_RECORD = 60
-PROBLEMS_IN_RECORD = 50
-MIN_FREE_BYTES = 1024 * 1024  # a reload must be able to save the state and record it
 # who asked, in the records of a change the file made while Ballast was down
 EDITED_WHILE_DOWN = "the file differs from what was served before the stop: edited while " \
     "Ballast was down"
@@ -122,7 +121,7 @@ class ServiceConfig:
     rollout_poll_ms: int = 1000  # how often a rollout in progress is looked at (its gates)
     debounce_s: float = 0.1
     seed: int = 0
-    routine_records: BudgetConfig = DEFAULT_BUDGET
+    routine_records: RateLimit = DEFAULT_RATE_LIMIT
     ads_limits: AdsLimits = DEFAULT_LIMITS  # what ADS clients may make the server hold
     accept_empty_state: bool = False  # a missing/empty state.db next to a decision log: start
     tls: TlsFiles | None = None  # mTLS on the xDS/sink port when set
@@ -157,7 +156,7 @@ class BallastService:
         self._desired_bytes = b""
         self._started = False  # every part started (a `shutdown` record is due at the stop)
         self._grace = 1.0  # how long `stop` lets open xDS streams finish
-        self._runnables: Runnables
+        self.manager: Manager  # what runs, and what only the leader runs
         self.reload: DesiredReload
         self.rollouts: Rollouts
         self.watcher_task: asyncio.Task[None] | None = None
@@ -178,7 +177,7 @@ class BallastService:
     async def start(self) -> None:
         """Raises DesiredStateError, StateCorrupted or OSError; nothing is left running then."""
         config = self.config
-        limit_client_logs()  # what clients make the log say passes a byte budget
+        limit_client_logs()  # what clients make the log say is rate-limited
         self.started_at_ms = wall_ms()
         self._desired_bytes = read_desired_bytes(config.desired_path)
         desired = self.parse(self._desired_bytes, str(config.desired_path))
@@ -186,36 +185,19 @@ class BallastService:
         # TLS files read and checked before anything is held: bad ones refuse the start
         tls = ReloadingCredentials(config.tls) if config.tls is not None else None
         admin_auth = self._admin_auth()
-        runnables = Runnables()
+        self.manager = manager = Manager()
         try:
-            await self._start(runnables, desired, tls, admin_auth)
+            await self._start(manager, desired, tls, admin_auth)
         except BaseException:
-            await runnables.stop()  # what was started stops, newest first, as in `stop`
+            await manager.stop()  # what was started stops, newest first, as in `stop`
             raise
-        self._runnables = runnables
         self.ready = True
 
-    async def _start(self, runnables: Runnables, desired: Desired,
+    async def _start(self, manager: Manager, desired: Desired,
                      tls: ReloadingCredentials | None, admin_auth: AdminAuth) -> None:
         """Each part started and registered with what stops it, in start-up order."""
         config = self.config
-        runnables.hold(StateDirLock(config.state_dir).acquire().release)
-        self.decisions = DecisionLog(config.state_dir)
-        runnables.hold(self.decisions.close)
-        self.recorder = DecisionRecorder(
-            self.decisions, budget=RecordBudget(config.routine_records), metrics=self.metrics)
-        runnables.hold(self._record_shutdown)
-        if config.store_url is not None:
-            self.replication = self._replication(config.store_url)
-            runnables.hold_async(self.replication.etcd.close)
-            self.store = self.replication.store
-            runnables.hold(self.store.close)
-            stored = await self.store.read()
-        else:
-            history = None if config.accept_empty_state else _log_history(config.state_dir)
-            self.store = StateStore(config.state_dir, history=history)
-            runnables.hold(self.store.close)
-            stored = self.store.load()
+        stored = await self._open_state(manager)
         # what was served before the stop, served again: a rollout the store held resumes
         # (each PoP serves what it served), else the version whose bytes it kept; the file
         # (read above) is compared with it once everything is built (`_apply_file`)
@@ -225,9 +207,8 @@ class BallastService:
         running = held.target if held is not None else baseline(
             stored.records, stored.desired_digest, {file.digest: file}, self.parse,
             self._store_where()) or file
-        desired = running.desired
         self.server = BallastServer(
-            desired,
+            running.desired,
             xds_address=config.xds_address,
             record=self._on_ads_event,
             debounce=config.debounce_s,
@@ -241,20 +222,54 @@ class BallastService:
             replica="" if self.replication is None else self.replication.replica_id,
             peer_acks=dict if self.replication is None else self._peer_acks,
         )
-        await self._restore(stored)
-        if stored.desired_digest != desired.digest:
-            before = stored.desired_digest
-            self.recorder.record(
-                "config_applied",
-                config_version=desired.digest[:16],
-                rule="desired state loaded at start-up" + (
-                    "" if before is None else f" on every PoP at once: the store kept no "
-                    f"bytes of the version served before the stop ({before[:16]}), so "
-                    "nothing rolls out from it"),
-                detail={"source": str(config.desired_path), "digest": desired.digest,
-                        "warnings": desired_warnings(desired), "stored_digest": before},
-            )
-        source = self._metric_source(desired)
+        self._drivers(running, stored, file, held)
+        await self._restore(stored, held)
+        self._follow_served()  # a rollout restored: PoPs on its previous version too
+        if self.replication is None:  # replicas: the leader, once elected (`_elected`)
+            await self._apply_file(file)
+        await self._serve(manager, admin_auth)
+        await self._run(manager)
+        self.recorder.record(
+            "startup",
+            config_version=running.desired.digest[:16],
+            rule=f"serving xDS on port {self.server.port}",
+            detail={"restored_groups": self.restored_groups,
+                    "restored_tier_actions": self.restored_tier_actions,
+                    "xds_port": self.server.port,
+                    **self._defaults_note()},
+        )
+        self._started = True
+        if config.freeze_heap:  # what start-up built lives as long as the server
+            settle_heap()
+            manager.hold(release_heap)
+
+    async def _open_state(self, manager: Manager) -> StoredIntent:
+        """The state directory's lock, the decision log and its recorder, the store (with
+        replicas: etcd, through the replica's `Replication`); what the store holds."""
+        config = self.config
+        manager.hold(StateDirLock(config.state_dir).acquire().release)
+        self.decisions = DecisionLog(config.state_dir)
+        manager.hold(self.decisions.close)
+        self.recorder = DecisionRecorder(
+            self.decisions, limiter=RecordLimiter(config.routine_records), metrics=self.metrics)
+        manager.hold(self._record_shutdown)
+        if config.store_url is not None:
+            self.replication = self._replication(config.store_url, manager)
+            manager.hold_async(self.replication.etcd.close)
+            self.store = self.replication.store
+            manager.hold(self.store.close)
+            return await self.store.read()
+        history = None if config.accept_empty_state else _log_history(config.state_dir)
+        self.store = StateStore(config.state_dir, history=history)
+        manager.hold(self.store.close)
+        return self.store.load()
+
+    def _drivers(self, running: Version, stored: StoredIntent, file: Version,
+                 held: Restored | None) -> None:
+        """What drives changes: the metric source, the reconcile loop, the rollout driver (with
+        the rollout the store held, baking again from now), the reload and the file watcher."""
+        config = self.config
+        source = self._metric_source(running.desired)
         self.reconciler = Reconciler(
             self.server.intent,
             source,
@@ -267,21 +282,19 @@ class BallastService:
             if isinstance(self._passive, SinkStore | LoadReports | FilledIn) else None,
             source_kind=config.metrics_source,
         )
-        leading = self._leading
         self.rollouts = Rollouts(
             self.server.intent, self.server.acks, source, self.recorder, running,
-            metrics=self.metrics, leading=leading,
-            changed=self._follow_served, parse=self.parse,
+            metrics=self.metrics, changed=self._follow_served, parse=self.parse,
             saved=stored.records.get(VERSION_KIND, {}),
             stats_after=self._passive.stats_after if isinstance(self._passive, SinkStore)
             else None,
             sheds=self.access_logs.sheds)
         if held is not None:
-            self._resume_rollout(held)
-        self._follow_served()  # a rollout restored: PoPs on its previous version too
+            self.rollouts.restore(held)
+            self.rollouts.rebake("Ballast restarted")
         self.reload = DesiredReload(
             config.desired_path, config.state_dir, self.server, self.recorder, self.metrics,
-            leading=leading, follower=self._follower, rollouts=lambda: self.rollouts,
+            follower=self._follower, rollouts=lambda: self.rollouts,
             heap=reload_heap if config.freeze_heap else contextlib.nullcontext,
             parse=self.parse)
         self.watcher = DesiredFileWatcher(
@@ -293,43 +306,47 @@ class BallastService:
             on_error=self.reload.failed,
             also=lambda: watched_files(self.server.intent.intent.desired),
         )
-        if self.replication is None:  # replicas: the leader, once elected (`_elected`)
-            await self.rollouts.settle()
-            await self._apply_file(file)
-        # every PoP translated for Envoy 1.40 (FIFO queue policies; with and without the access
-        # log its --metrics-sink bootstrap asks for), off the loop and before the port is bound:
-        # a reconnect storm finds its snapshots ready
+
+    async def _serve(self, manager: Manager, admin_auth: AdminAuth) -> None:
+        """Every PoP translated for Envoy 1.40 (FIFO queue policies; with and without the
+        access log its --metrics-sink bootstrap asks for), off the loop and before the port is
+        bound (a reconnect storm finds its output ready); then the xDS port, the admin API."""
+        config = self.config
         for caps in (Capabilities(), Capabilities(access_log=True)):
             warm = self.server.cache.prepare_entries(caps)
             self.server.cache.commit_entries(await asyncio.to_thread(warm))
-        await runnables.start(self.server.start, lambda: self.server.stop(self._grace))
+        await manager.start(self.server.start, lambda: self.server.stop(self._grace))
         if config.admin_address is not None:
-            await runnables.start(lambda: self._start_admin(config.admin_address, admin_auth),
-                                  self._stop_admin)
-        if self.replication is None:
-            runnables.spawn(self.reconciler.run())
-        else:  # the reconcile loop runs while this replica leads
-            replication = self.replication
-            await runnables.start(replication.start, replication.stop)
-            runnables.spawn(self._follower_file())
-        runnables.spawn(self.rollouts.run(config.rollout_poll_ms))
-        runnables.spawn(self._sync_decisions())
-        self.watcher_task = runnables.spawn(self.watcher.run())
+            address = config.admin_address
+            await manager.start(lambda: self._start_admin(address, admin_auth),
+                                self._stop_admin)
+
+    async def _run(self, manager: Manager) -> None:
+        """The loops: the reconcile loop and the rollout driver's looks where this process
+        leads (alone: from now on; with replicas: from each election, `_replicate`), the
+        decision log's sync, the file watcher, the probes."""
+        manager.leader_only(self.reconciler.run)
+        manager.leader_only(lambda: self.rollouts.run(self.config.rollout_poll_ms))
+        if self.replication is not None:
+            self._replicate(manager, self.replication)
+        manager.spawn(self._sync_decisions())
+        self.watcher_task = manager.spawn(self.watcher.run())
         if self.prober is not None:
-            runnables.spawn(self.prober.run())
-        self.recorder.record(
-            "startup",
-            config_version=desired.digest[:16],
-            rule=f"serving xDS on port {self.server.port}",
-            detail={"restored_groups": self.restored_groups,
-                    "restored_tier_actions": self.restored_tier_actions,
-                    "xds_port": self.server.port,
-                    **self._defaults_note()},
-        )
-        self._started = True
-        if config.freeze_heap:  # what start-up built lives as long as the server
-            settle_heap()
-            runnables.hold(release_heap)
+            manager.spawn(self.prober.run())
+        if self.replication is None:
+            await manager.lead()
+
+    def _replicate(self, manager: Manager, replication: Replication) -> None:
+        """A replica's loops (the election among them) and what the manager does on election
+        and loss besides starting and stopping what only the leader runs."""
+        manager.on_elected(replication.took_lead)
+        manager.on_elected(self._elected)
+        manager.on_lost(self._lost)
+        manager.on_lost(replication.lost_lead)
+        manager.hold_async(replication.leave)  # after its loops stopped
+        for loop in replication.loops():
+            manager.spawn(loop)
+        manager.spawn(self._follower_file())
 
     async def _apply_file(self, file: Version) -> None:
         """The desired-state file compared with the running intent (what the target is): a
@@ -339,15 +356,16 @@ class BallastService:
         if file.digest != self.server.intent.desired.digest:
             await self.reload.apply(file.data, by=EDITED_WHILE_DOWN)
 
-    async def _elected(self) -> None:
-        """This replica leads: the store made to hold what it serves from (`Rollouts.settle`),
-        then the file it reads applied (a file a follower left to the old leader, or one edited
-        on this host while it was down, rolls out now)."""
-        try:
-            await self.rollouts.settle()
-        except Exception:  # the lead stays: the next change saves it all
-            log.exception("saving the versions served after the election failed")
+    async def _elected(self, term: int) -> None:
+        """This replica leads (the intent and the rollout read back): no pair ticks before an
+        interval from now (the last leader may have ticked just before it went), and the file
+        it reads applied (a file a follower left to the old leader, or one edited on this host
+        while it was down, rolls out now)."""
+        self.reconciler.defer_all(self.reconciler.clock())
         self.watcher.trigger()
+
+    async def _lost(self, why: str) -> None:
+        self.reconciler.readings.clear()  # the leader's now: none shown here
 
     async def _follower_file(self) -> None:
         """A replica that started as a follower compares its file with what the replicas serve
@@ -357,19 +375,15 @@ class BallastService:
         if replication is None:
             return
         await replication.election.campaigned.wait()
-        if replication.term is None:
+        if not self.manager.leading:
             await replication.read_leader()
             self.watcher.trigger()
-
-    def _leading(self) -> bool:
-        """Whether this process saves what changes (replicas: while it leads)."""
-        return self.replication is None or self.replication.term is not None
 
     def _follower(self) -> str | None:
         """Why this replica leaves applying a desired-state file to the leader (None: it leads,
         or is alone)."""
         replication = self.replication
-        if replication is None or replication.term is not None:
+        if replication is None or self.manager.leading:
             return None
         leader = replication.leader
         return (f"replica {replication.replica_id} does not lead (leader: "
@@ -377,26 +391,6 @@ class BallastService:
 
     def _peer_acks(self) -> Mapping[str, SharedAcks]:
         return {} if self.replication is None else self.replication.peer_acks()
-
-    def _resume_rollout(self, held: Restored) -> None:
-        """The rollout the store held, taken up where it was (a `state_restored` record)."""
-        self.rollouts.restore(held)
-        self.rollouts.rebake("Ballast restarted")
-        rollout = self.rollouts.rollout or held.rollout
-        versions = self.server.intent.intent.versions()
-        self.recorder.record(
-            "state_restored",
-            config_version=rollout.to_version[:16],
-            rule=f"rollout of {rollout.to_version[:16]} from {rollout.from_version[:16]} "
-            f"restored ({rollout.phase.replace('_', ' ')}, wave {rollout.wave + 1} of "
-            f"{len(rollout.waves)}): each PoP serves what it served before the stop"
-            + ("" if not held.renamed else ", with the certificate files on disk now (renewed "
-               "while Ballast was down: " + ", ".join(f"{old[:16]} is {new[:16]}" for old, new
-                                                       in sorted(held.renamed.items())) + ")")
-            + ("; it goes on from here" if rollout.in_progress else ""),
-            detail={"rollout": rollout.to_dict(), "pop_versions": versions,
-                    "failed_versions": sorted(held.failed), "renamed": held.renamed},
-        )
 
     def _defaults_note(self) -> dict[str, str]:
         """What the `startup` record says when the state store held nothing: every weight,
@@ -409,12 +403,36 @@ class BallastService:
             note["empty_state_accepted"] = str(self.store.path)
         return note
 
-    async def _restore(self, stored: StoredIntent) -> None:
-        """What the store held, under the carry-over rule; a `state_restored` record says what
-        was restored and what was dropped (pairs the desired state no longer has, or whose
-        weights no longer fit). Ramp states of pairs that are gone leave the store."""
-        owner = self.server.intent
-        carried = owner.restore(stored, where=self._store_where())
+    async def _restore(self, stored: StoredIntent, held: Restored | None) -> None:
+        """What the store held, under the carry-over rule, in one change transaction with
+        start-up's bookkeeping (alone: the ramp records of pairs that are gone deleted, and
+        what the store must hold of the version served or the rollout, `Rollouts.settlement`;
+        replicas: only the leader writes) and its records: `state_restored` (what was restored
+        and what was dropped: pairs the desired state no longer has, or whose weights no
+        longer fit), `config_applied` when the store held another version and no rollout from
+        it, `state_restored` of the rollout held."""
+        alone = self.replication is None
+        settled = self.rollouts.settlement() if alone else None
+        running = self.server.intent.desired
+
+        def records(carried: CarryOver) -> list[Draft]:
+            return [*self._restored_records(stored, carried),
+                    *_loaded_records(stored, running, self.config.desired_path),
+                    *self._rollout_records(held)]
+
+        carried = await self.server.intent.restore(
+            stored, where=self._store_where(), save=alone,
+            keep=((), ()) if settled is None else settled[:2], records=records)
+        if settled is not None:
+            settled[2]()
+        intent = carried.intent
+        self.restored_groups = len(intent.weights)
+        self.restored_tier_actions = len(intent.tier_actions)
+
+    def _restored_records(self, stored: StoredIntent, carried: CarryOver) -> list[Draft]:
+        """The `state_restored` record of the pairs (none when the store held none)."""
+        if not (stored.groups or stored.tier_decisions):
+            return []
         intent = carried.intent
         restored = sorted(intent.weights)
         active = sorted(tier_key(*key) for key in intent.tier_actions)
@@ -422,32 +440,46 @@ class BallastService:
         kept_tiers = {tier_key(*key) for key in intent.tier_states}
         skipped += sorted(set(stored.tier_decisions) - kept_tiers - set(skipped))
         ramps = sorted(intent.ramps.items())
-        if self.replication is None:  # replicas: only the leader writes
-            await owner.forget_records(
-                RAMP_KIND, sorted(set(stored.ramps) - {ramp_key(*key) for key, _ in ramps}))
         ramping = [f"{ramp_key(*key)} ({', '.join(s.ramping)})" for key, s in ramps if s.ramping]
-        self.restored_groups = len(restored)
-        self.restored_tier_actions = len(active)
-        if stored.groups or stored.tier_decisions:
-            self.recorder.record(
-                "state_restored",
-                rule=f"restored weights and streaks of {len(restored)} (PoP, group) pairs; tier "
-                f"actions active for {', '.join(active) or 'none'}; standby ramps "
-                f"{', '.join(ramping) or 'none'}"
-                + (f"; dropped (no longer in desired state): {', '.join(skipped)}" if skipped
-                   else ""),
-                detail={
-                    "restored": {tier_key(*key): owner.weights(*key) for key in restored},
-                    "tier_states": {tier_key(*k): s.to_dict()
-                                    for k, s in sorted(intent.tier_states.items(),
-                                                       key=lambda item: tier_key(*item[0]))},
-                    "tier_actions_active": active,
-                    "ramps": {ramp_key(*k): s.to_dict() for k, s in ramps},
-                    "dropped": skipped,
-                },
-            )
+        return [draft(
+            "state_restored",
+            rule=f"restored weights and streaks of {len(restored)} (PoP, group) pairs; tier "
+            f"actions active for {', '.join(active) or 'none'}; standby ramps "
+            f"{', '.join(ramping) or 'none'}"
+            + (f"; dropped (no longer in desired state): {', '.join(skipped)}" if skipped
+               else ""),
+            detail={
+                "restored": {tier_key(*key): intent.weights_of(*key) for key in restored},
+                "tier_states": {tier_key(*k): s.to_dict()
+                                for k, s in sorted(intent.tier_states.items(),
+                                                   key=lambda item: tier_key(*item[0]))},
+                "tier_actions_active": active,
+                "ramps": {ramp_key(*k): s.to_dict() for k, s in ramps},
+                "dropped": skipped,
+            },
+        )]
 
-    def _replication(self, url: str) -> Replication:
+    def _rollout_records(self, held: Restored | None) -> list[Draft]:
+        """The `state_restored` record of the rollout the store held (taken up where it was)."""
+        if held is None:
+            return []
+        rollout = self.rollouts.rollout or held.rollout
+        versions = self.server.intent.intent.versions()
+        return [draft(
+            "state_restored",
+            config_version=rollout.to_version[:16],
+            rule=f"rollout of {rollout.to_version[:16]} from {rollout.from_version[:16]} "
+            f"restored ({rollout.phase.replace('_', ' ')}, wave {rollout.wave + 1} of "
+            f"{len(rollout.waves)}): each PoP serves what it served before the stop"
+            + ("" if not held.renamed else ", with the certificate files on disk now (renewed "
+               "while Ballast was down: " + ", ".join(f"{old[:16]} is {new[:16]}" for old, new
+                                                       in sorted(held.renamed.items())) + ")")
+            + ("; it goes on from here" if rollout.in_progress else ""),
+            detail={"rollout": rollout.to_dict(), "pop_versions": versions,
+                    "failed_versions": sorted(held.failed), "renamed": held.renamed},
+        )]
+
+    def _replication(self, url: str, manager: Manager) -> Replication:
         config = self.config
         replica = config.replica_id or config.xds_address
         return Replication(
@@ -456,12 +488,10 @@ class BallastService:
             ttl_s=config.leader_ttl_s,
             owner=lambda: self.server.intent,
             recorder=self.recorder,
-            reconciler=lambda: self.reconciler,
-            rollouts=lambda: self.rollouts,
+            adopt=lambda: self.rollouts.adopt,
             acks=lambda: self.server.acks,
-            # the leader applies the file it reads: read again once elected (a file a follower
-            # left to the old leader, or one edited on this host only, rolls out now)
-            elected=self._elected,
+            on_leadership=manager.leadership_changed,
+            adopting=lambda: not manager.leading,
             info={"id": replica, "xds": config.xds_address, "admin": config.admin_address},
             metrics=self.metrics,
         )
@@ -659,12 +689,12 @@ class BallastService:
         loop.add_signal_handler(signal.SIGHUP, self.watcher.trigger)
 
     async def stop(self, grace: float = 1.0) -> None:
-        """Everything start-up started, stopped in reverse order (`runnables.py`): the term
+        """Everything start-up started, stopped in reverse order (`manager.py`): the term
         handed over at once, the loops, the admin API, the xDS streams (after `grace` s), a
         `shutdown` record, the log, the store, the lock."""
         self.ready = False
         self._grace = grace
-        await self._runnables.stop()
+        await self.manager.stop()
 
     def _record_shutdown(self) -> None:
         if self._started:
@@ -679,3 +709,20 @@ def _log_history(state_dir: Path) -> str | None:
     if not any(sizes):
         return None
     return f"the decision log next to it ({len(sizes)} file(s), {sum(sizes):,} bytes)"
+
+
+def _loaded_records(stored: StoredIntent, desired: Desired, path: Path) -> list[Draft]:
+    """The `config_applied` record of a start whose store held another version (or none)."""
+    if stored.desired_digest == desired.digest:
+        return []
+    before = stored.desired_digest
+    return [draft(
+        "config_applied",
+        config_version=desired.digest[:16],
+        rule="desired state loaded at start-up" + (
+            "" if before is None else f" on every PoP at once: the store kept no "
+            f"bytes of the version served before the stop ({before[:16]}), so "
+            "nothing rolls out from it"),
+        detail={"source": str(path), "digest": desired.digest,
+                "warnings": desired_warnings(desired), "stored_digest": before},
+    )]

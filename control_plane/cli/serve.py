@@ -18,7 +18,7 @@ from control_plane.app.accept_errors import QuietAcceptErrors
 from control_plane.app.load_reports import METRIC_SOURCES
 from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.cli.translate_options import add_filter_option, filters_of
-from control_plane.decisions.budget import DEFAULT_BURST_BYTES, DEFAULT_BYTES_PER_S, BudgetConfig
+from control_plane.decisions.rate_limit import DEFAULT_BURST_BYTES, DEFAULT_BYTES_PER_S, RateLimit
 from control_plane.desired import DesiredStateError
 from control_plane.intent.etcd_store import StoreCredentials, StoreUnavailable, parse_store_url
 from control_plane.intent.sqlite_store import StateCorrupted
@@ -56,6 +56,18 @@ def _positive_int(text: str) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", help="desired-state YAML (watched: edits apply live)")
     add_filter_option(parser)
+    _add_ports_and_state(parser)
+    _add_signals(parser)
+    _add_records(parser)
+    _add_ads_budgets(parser)
+    _add_tls(parser)
+    _add_admin(parser)
+    _add_replicas(parser)
+    parser.add_argument("--log-level", default="info",
+                        choices=["debug", "info", "warning", "error"], help="default info")
+
+
+def _add_ports_and_state(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--xds-address", default="127.0.0.1:18000", metavar="HOST:PORT",
                         help="where Envoys connect for ADS and the metrics sink "
                         "(default 127.0.0.1:18000)")
@@ -64,6 +76,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--state-dir", default=None,
                         help="weights, streaks and the decision log "
                         "(default $BALLAST_STATE_DIR or var/ballast)")
+
+
+def _add_signals(parser: argparse.ArgumentParser) -> None:
+    """What the controllers read, and how often they decide."""
     parser.add_argument("--metrics-source", choices=METRIC_SOURCES, default="sink",
                         help="what the controllers read: Envoy's stats sinks (default), a "
                         "Prometheus server, the load reports (LRS) of Envoys and gRPC clients, "
@@ -84,6 +100,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reconcile-interval", type=_milliseconds, default=None,
                         metavar="DURATION", help="override every group's failover interval")
     parser.add_argument("--seed", type=int, default=0, help="seed of the per-PoP jitter")
+
+
+def _add_records(parser: argparse.ArgumentParser) -> None:
+    """The state and decision log a start finds, and how fast clients may add records."""
     parser.add_argument("--accept-empty-state", action="store_true",
                         help="start from default weights even though state.db is empty while "
                         "the decision log shows earlier use (refused otherwise)")
@@ -94,6 +114,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="BYTES", help="decision-log bytes per second clients may cause "
                         f"after the burst (default {DEFAULT_BYTES_PER_S}); decisions are never "
                         "limited")
+
+
+def _add_ads_budgets(parser: argparse.ArgumentParser) -> None:
     budgets = parser.add_argument_group(
         "what ADS clients may make the server hold (docs/security.md): per client identity "
         "(its certificate's with mTLS, else its IP address; loopback peers of a plaintext port "
@@ -141,6 +164,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          default=int(d.write_stall_s * 1000),
                          help="a response write that makes no progress ends its stream "
                          f"(default {d.write_stall_s:g}s)")
+
+
+def _add_tls(parser: argparse.ArgumentParser) -> None:
     tls = parser.add_argument_group(
         "mTLS on the xDS/sink port (all three, or none for plaintext); files are re-read when "
         "they change, for rotation (`ballast certs` makes a set)")
@@ -153,6 +179,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="without mTLS, still send TLS listeners' certificates and private "
                      "keys (SDS) to Envoys connecting from loopback (this machine); never to "
                      "any other peer")
+
+
+def _add_admin(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--admin-token-file", type=Path, metavar="FILE",
                         help="require this bearer token (one word, >= 16 characters; re-read "
                         "when the file changes) for every admin route but /healthz and "
@@ -183,6 +212,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="serve the admin API over HTTPS with the --tls-* files; client "
                         "certificates naming an admin identity (ballast certs --admin NAME) are "
                         "accepted like the token")
+
+
+def _add_replicas(parser: argparse.ArgumentParser) -> None:
     replicas = parser.add_argument_group(
         "replicas: several `ballast serve` on one etcd; one leader reconciles, every replica "
         "serves the same intent (needs --metrics-source prometheus: the leader must see every "
@@ -204,8 +236,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           help="etcd user (password authentication), with --store-password-file")
     replicas.add_argument("--store-password-file", type=Path, metavar="FILE",
                           help="file holding that user's password (read at each connection)")
-    parser.add_argument("--log-level", default="info",
-                        choices=["debug", "info", "warning", "error"], help="default info")
 
 
 def _replica_problem(args: argparse.Namespace) -> str:
@@ -267,7 +297,7 @@ def run(args: argparse.Namespace) -> int:
         probe_interval_ms=args.probe_interval,
         reconcile_interval_ms=args.reconcile_interval,
         seed=args.seed,
-        routine_records=BudgetConfig(args.routine_records_burst, args.routine_records_rate),
+        routine_records=RateLimit(args.routine_records_burst, args.routine_records_rate),
         ads_limits=_ads_limits(args),
         accept_empty_state=args.accept_empty_state,
         tls=TlsFiles(args.tls_cert, args.tls_key, args.client_ca) if all(tls_given) else None,

@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
 # why a note is no problem to fix, for the causes every file meets (by the cause's start)
 NOTE_WHY = {
     "adaptive_lifo requested": (
-        "adaptive LIFO (seed 001) is what these tiers ask for, every tier's default unless its "
+        "adaptive LIFO is what these tiers ask for, every tier's default unless its "
         "queue_policy says fifo; the Envoy this is rendered for lacks it, so these pools queue "
         "FIFO, and an Envoy build that lists envoy.queue_policy.adaptive_lifo gets it with no "
         "change to the file"),

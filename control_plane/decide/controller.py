@@ -2,7 +2,7 @@
 
 ``step`` is a pure function of its inputs (policy, preference, current weights, streaks, one window
 of signals, the tick's time and the PoP's jitter draw), so a decision record holds everything needed
-to replay it (``replay_record``). The rules, with seed 002's numbers as defaults:
+to replay it (``replay_record``). The rules, with the failover source's numbers as defaults:
 
 1. **Fail static.** No signals, an origin without signals, or a newest sample older than
    ``stale_after_ms``: the weights and the streaks are held and the reason is given.
@@ -138,7 +138,8 @@ class StepResult:
 
     def record_fields(self, pushed: Mapping[str, int] | None = None,
                       changed_by: str = "") -> dict[str, Any]:
-        """Fields for ``DecisionLog.record(result.kind, pop=..., group=..., **these)``.
+        """Fields of its decision record (``draft(result.kind, pop=..., group=..., **these)``,
+        handed to the decision recorder).
 
         ``pushed``: the weights the tick gives Envoy when a later step of the tick (the standby
         ramp) changed this step's proposal; the record's ``weights_after`` is then ``pushed``,
@@ -537,30 +538,7 @@ def step(
             damping=damping.shown(state.flaps, policy, now_ms),
         )
     breaches = {name: evidence[name].breaches for name in preference}
-    # streaks count up to the thresholds that read them (one past, for the breach, so a rule
-    # can say "more than N"), then stay: a pair that stays healthy or sick changes no state
-    # (the healthy streak counts up to what a return to that origin needs now: more while its
-    # flaps are suppressed). An inconclusive window (too few samples, `decide/evidence.py`)
-    # neither breaches nor counts as healthy: both streaks stay as they were.
-    thin = {name for name in preference if evidence[name].verdict == "inconclusive"}
-    unhealthy_cap = policy.breach_windows + 1
-    unhealthy = {
-        name: state.unhealthy(name) if name in thin
-        else min(state.unhealthy(name) + 1, unhealthy_cap) if breaches[name] else 0
-        for name in preference
-    }
-    flaps = _flaps(policy, state, unhealthy, now_ms)
-    new_state = ControllerState(
-        unhealthy_windows=unhealthy,
-        healthy_windows={
-            name: state.healthy(name) if name in thin
-            else min(state.healthy(name) + 1,
-                     damping.return_windows(flaps.get(name), policy, now_ms))
-            if evidence[name].verdict == "healthy" else 0
-            for name in preference
-        },
-        flaps=flaps,
-    )
+    new_state = _counted(policy, preference, state, evidence, now_ms)
     tick = _Tick(policy, preference, before, home, scores, breaches, new_state, jitter, now_ms)
     kind: StepKind
     reason: str
@@ -580,6 +558,36 @@ def step(
                         evidence)
     return StepResult(kind, rule, nxt, before, after, scores, new_state, inputs, reason,
                       damping.shown(new_state.flaps, policy, now_ms))
+
+
+def _counted(policy: FailoverPolicy, preference: tuple[str, ...], state: ControllerState,
+             evidence: Mapping[str, WindowEvidence], now_ms: int) -> ControllerState:
+    """The streaks and flaps after this window.
+
+    Streaks count up to the thresholds that read them (one past, for the breach, so a rule can
+    say "more than N"), then stay: a pair that stays healthy or sick changes no state (the
+    healthy streak counts up to what a return to that origin needs now: more while its flaps are
+    suppressed). An inconclusive window (too few samples, `decide/evidence.py`) neither breaches
+    nor counts as healthy: both streaks stay as they were."""
+    thin = {name for name in preference if evidence[name].verdict == "inconclusive"}
+    unhealthy_cap = policy.breach_windows + 1
+    unhealthy = {
+        name: state.unhealthy(name) if name in thin
+        else min(state.unhealthy(name) + 1, unhealthy_cap) if evidence[name].breaches else 0
+        for name in preference
+    }
+    flaps = _flaps(policy, state, unhealthy, now_ms)
+    return ControllerState(
+        unhealthy_windows=unhealthy,
+        healthy_windows={
+            name: state.healthy(name) if name in thin
+            else min(state.healthy(name) + 1,
+                     damping.return_windows(flaps.get(name), policy, now_ms))
+            if evidence[name].verdict == "healthy" else 0
+            for name in preference
+        },
+        flaps=flaps,
+    )
 
 
 def _flaps(policy: FailoverPolicy, state: ControllerState, unhealthy: Mapping[str, int],

@@ -1,16 +1,16 @@
 """Evidence before a verdict: what one window of one origin's signals is enough to say. Pure.
 
-Seed 002 leaves an origin "when the passive 5xx rate crosses 2% or p95 origin latency spikes past
-800ms for two consecutive windows", and warns "Don't tie your shift directly to a single 5xx or
-timeout". At 40 requests/s with a 5 % warm pool about six standby requests fall in a 30 s
+The failover source leaves an origin "when the passive 5xx rate crosses 2% or p95 origin latency
+spikes past 800ms for two consecutive windows", and warns "Don't tie your shift directly to a single
+5xx or timeout". At 40 requests/s with a 5 % warm pool about six standby requests fall in a 30 s
 window: one 5xx is 17 %, one slow request is the p95. So a window is judged on its evidence:
 
 - **errors**: n = attempts the origin served (requests + connect failures), k = the failed ones.
-  When n is below ``min_samples``, the window's active probes fill in (seed 002: every 5 s, a
-  cacheable and an uncacheable path, so 12 in a 30 s window): n += probes, k += failed probes.
-  It *breaches* only with n >= ``min_samples`` and the Wilson lower bound of k / n (95 %
-  two-sided, z = 1.96) above ``error_rate_threshold``: at 20 attempts two 5xx breach (10 %,
-  lower bound 2.8 %), one does not (5 %, lower bound 0.9 %).
+  When n is below ``min_samples``, the window's active probes fill in (the failover source: every 5
+  s, a cacheable and an uncacheable path, so 12 in a 30 s window): n += probes, k += failed probes.
+  It *breaches* only with n >= ``min_samples`` and the Wilson lower bound of k / n (95 % two-sided,
+  z = 1.96) above ``error_rate_threshold``: at 20 attempts two 5xx breach (10 %, lower bound 2.8 %),
+  one does not (5 %, lower bound 0.9 %).
 - **latency**: n = the observations behind the quantiles (``OriginSignals.latency_samples``;
   a source that does not count them leaves it None and the completed requests stand in).
   It *breaches* only with n >= ``min_samples``, p95 above ``p95_threshold_ms`` and, where the

@@ -2,27 +2,27 @@
 
 Each signal maps to a sub-score (1 = perfect). A "badness ratio" q = value / threshold is turned
 into a sub-score by ``1 - q / 5`` (at most 1): at the threshold the sub-score is 0.8, at twice
-it 0.6, at five times it 0 (seed 002's "0.0 (dead)").
+it 0.6, at five times it 0 (the failover source's "0.0 (dead)").
 
 - ``errors``: 5xx + connect failures over all attempts, against ``error_rate_threshold``
   (so 7.9 % against 2 % scores 0.21), or the abandoned attempts over the started ones against
   ``abandon_threshold`` (an origin whose attempts a hedge keeps winning), whichever is worse.
 - ``latency``: p95 against ``p95_threshold_ms``.
-- ``saturation``: the worse of pending requests against the adaptive-LIFO high watermark
-  (seed 001: 80) and the share of requests refused by ``max_pending_requests`` against
+- ``saturation``: the worse of pending requests against the adaptive-LIFO high watermark (the
+  queue-policy source: 80) and the share of requests refused by ``max_pending_requests`` against
   ``error_rate_threshold`` (a refused request is a failed request); clamped to 0..1.
 - ``probe``: the share of active probes that passed (0..1).
 
 Errors and latency are not clamped at 0: past five times the threshold they go on falling, one
 threshold's worth (0.2) per threshold, so two origins failing past "dead" still order (60 % 5xx
-scores -5, 95 % -8.5: seed 002's "an origin that's 70% healthy shouldn't be treated the same as
-one that's 0% healthy") and the failover ``compare_margin`` (0.1: half a threshold's worth)
+scores -5, 95 % -8.5: the failover source's "an origin that's 70% healthy shouldn't be treated the
+same as one that's 0% healthy") and the failover ``compare_margin`` (0.1: half a threshold's worth)
 means the same at both ends. A strictly lower 5xx rate or p95 gives a strictly lower badness and,
-where that signal is the composite's minimum, a strictly better composite. A composite below 0
-is a health-proportional target of 0 (the warm pool holds), and the dashboard draws it at 0.
+where that signal is the composite's minimum, a strictly better composite. A composite below 0 is a
+health-proportional target of 0 (the warm pool holds), and the dashboard draws it at 0.
 
-Seed 002 combines them with the **weighted minimum**, not the average, so one failing signal pulls
-the whole score down::
+The failover source combines them with the **weighted minimum**, not the average, so one failing
+signal pulls the whole score down::
 
     composite = min over signals with evidence of (1 - w_i * (1 - s_i))
 
@@ -140,7 +140,7 @@ def score_origin(
 
 
 def breach_reasons(signals: OriginSignals, policy: FailoverPolicy) -> tuple[str, ...]:
-    """Why this window breaches seed 002's leave thresholds with enough evidence
+    """Why this window breaches the failover source's leave thresholds with enough evidence
     (``decide/evidence.py``); empty when it does not."""
     return judge(signals, policy).breaches
 

@@ -1,27 +1,27 @@
 """The cold-standby ramp of one (PoP, origin group): a pure step after the weight controller.
 
-Seed 002's binary-failover incident was a *cold* secondary that fell over when it suddenly got the
-traffic. A standby that has sat at its warm pool for ``cold_after_ms`` or longer (or for as long as
-this state knows) is cold. When the controller moves weight towards a cold standby, its share grows
-along ``schedule`` (5 -> 10 -> 20 -> 40 %), one schedule step per interval, then the normal
-controller takes over. ``ramp_step`` takes the controller's proposed weights and returns the
-weights in force:
+The failover source's binary-failover incident was a *cold* secondary that fell over when it
+suddenly got the traffic. A standby that has sat at its warm pool for ``cold_after_ms`` or longer
+(or for as long as this state knows) is cold. When the controller moves weight towards a cold
+standby, its share grows along ``schedule`` (5 -> 10 -> 20 -> 40 %), one stage per interval, then
+the normal controller takes over. ``ramp_step`` takes the controller's proposed weights and returns
+the weights in force:
 
-1. **Start.** A cold standby the controller gives weight to starts ramping at the first schedule
-   step above its current share; its share is capped there.
-2. **Step.** A ramping standby that holds its current step's share and whose window is
+1. **Start.** A cold standby the controller gives weight to starts ramping at the first stage
+   of the schedule above its current share; its share is capped there.
+2. **Advance.** A ramping standby that holds its current stage's share and whose window is
    *healthy* (``decide/evidence.py``: enough samples, within the failover thresholds, p50 under
-   the return bar: it stayed healthy under the new load) moves one step on; past the last step
+   the return bar: it stayed healthy under the new load) moves one stage on; past the last stage
    the ramp is complete and the cap goes. A window that does not breach but is no evidence of
-   health (too few samples, or over a threshold without the evidence to breach) steps it on only
+   health (too few samples, or over a threshold without the evidence to breach) advances it only
    when it is the better place by the margin (as in 3); otherwise the ramp holds it within its
-   step (``ramp_hold``): an absence of evidence is not health.
+   stage (``ramp_hold``): an absence of evidence is not health.
 3. **Degrade.** A ramping standby whose window breaches is compared with where its traffic
    would otherwise go (the origins the ramp gives weight back to: those that gave it this tick,
    else the most preferred origin not ramping). Worse than that by the failover's
-   ``compare_margin``: the ramp stops, ``back_off`` lowers its cap by one step (weight goes back
-   to the origins it came from), ``hold`` keeps it where it is. Better by the margin: it steps
-   on as a healthy one does (backing off would send the traffic somewhere worse). Within the
+   ``compare_margin``: the ramp stops, ``back_off`` lowers its cap by one stage (weight goes back
+   to the origins it came from), ``hold`` keeps it where it is. Better by the margin: it advances
+   as a healthy one does (backing off would send the traffic somewhere worse). Within the
    margin: the ramp holds. Without fresh signals the ramp holds silently, as the controller does
    (fail static). Never pour load into a falling standby that is not the better place.
 4. **End.** When the controller takes weight off a ramping standby (the shift reverses), the ramp
@@ -30,7 +30,7 @@ weights in force:
    preferred first: the primary never leaves faster than the standby can take, and every origin
    keeps at least ``min_warm_pool``.
 
-Every tick that starts, steps, holds, backs off, completes, ends or caps a ramp returns a record
+Every tick that starts, advances, holds, backs off, completes, ends or caps a ramp returns a record
 (``kind``) with its inputs, so it can be replayed (``replay_ramp_record``).
 
 What follows from the ramp's state for the routes: the cache-warming mirror while a standby
@@ -58,11 +58,11 @@ from control_plane.desired.model import (
 )
 
 RAMP_KINDS: tuple[str, ...] = (
-    "ramp_start", "ramp_step", "ramp_hold", "ramp_back_off", "ramp_complete", "ramp_end",
+    "ramp_start", "ramp_advance", "ramp_hold", "ramp_back_off", "ramp_complete", "ramp_end",
     "ramp_capped",
 )
 # when several origins ramp at once, the record is named after the most pressing event
-_PRIORITY = ("ramp_back_off", "ramp_hold", "ramp_start", "ramp_step", "ramp_complete",
+_PRIORITY = ("ramp_back_off", "ramp_hold", "ramp_start", "ramp_advance", "ramp_complete",
              "ramp_end", "ramp_capped")
 
 
@@ -78,7 +78,7 @@ def _ms_map(value: Any, what: str) -> dict[str, int]:
 class RampState:
     """What the ramp remembers between ticks."""
 
-    ramps: dict[str, int] = field(default_factory=dict)  # ramping origin -> schedule step index
+    ramps: dict[str, int] = field(default_factory=dict)  # ramping origin -> stage index
     # origin -> when it came down to its warm pool (0: before this state knew)
     warm_pool_since_ms: dict[str, int] = field(default_factory=dict)
 
@@ -140,7 +140,7 @@ def _cold(policy: StandbyRampPolicy, since: int | None, now_ms: int) -> bool:
     return since is not None and now_ms - since >= policy.cold_after_ms
 
 
-def _first_step_above(schedule: tuple[int, ...], share: int) -> int | None:
+def _first_stage_above(schedule: tuple[int, ...], share: int) -> int | None:
     return next((i for i, ceiling in enumerate(schedule) if ceiling > share), None)
 
 
@@ -174,128 +174,168 @@ def ramp_step(
 ) -> RampResult:
     """The weights in force after the ramp (from the controller's ``proposed``). Pure."""
     warm = failover.min_warm_pool
-    schedule = policy.schedule
     standbys = preference[1:]
     inputs = LazyInputs(_inputs_json, now_ms, preference, proposed, state, signals)
-    since = {name: state.warm_pool_since_ms.get(name, 0)
-             for name in standbys if before[name] <= warm}
-    ramps = {name: index for name, index in state.ramps.items()
-             if name in standbys and 0 <= index < len(schedule)}
-    events: list[tuple[str, str, str]] = []  # (origin, kind, words)
-    ceilings: dict[str, int] = {}
+    tick = _RampTick(policy, failover, preference, before, proposed, signals, now_ms)
+    tick.since = {name: state.warm_pool_since_ms.get(name, 0)
+                  for name in standbys if before[name] <= warm}
+    tick.ramps = {name: index for name, index in state.ramps.items()
+                  if name in standbys and 0 <= index < len(policy.schedule)}
     for name in standbys:
-        index = ramps.get(name)
-        if not policy.enabled:
-            if index is not None:
-                del ramps[name]
-                events.append((name, "ramp_end",
-                               f"{name}: ramp switched off in the desired state"))
-            continue
-        if index is None:
-            if proposed[name] > before[name] and _cold(policy, since.get(name), now_ms):
-                start = _first_step_above(schedule, before[name])
-                if start is None:
-                    continue
-                ramps[name] = start
-                ceilings[name] = schedule[start]
-                cold_for = (now_ms - since[name]) / 1000 if since[name] else None
-                how_long = f"{cold_for:g} s" if cold_for is not None else "as long as known"
-                events.append((name, "ramp_start", (
-                    f"{name} is cold (at its warm pool {warm} % for {how_long}, cold after "
-                    f"{policy.cold_after_ms / 1000:g} s): ramp starts, step {start + 1} of "
-                    f"{len(schedule)} allows {schedule[start]} %{_mirror_words(policy, name)}")))
-            continue
-        if proposed[name] < before[name]:
-            del ramps[name]
-            events.append((name, "ramp_end", f"{name}: the shift reverses (controller moves it "
-                                             f"{before[name]}→{proposed[name]}): ramp ends"
-                                             f"{_mirror_words(policy, name, stop=True)}"))
-            continue
-        ceiling = schedule[index]
-        if (signals is None or name not in signals
-                or now_ms - signals[name].observed_at_ms > failover.stale_after_ms):
-            ceilings[name] = min(ceiling, before[name])  # fail static, as the controller does
-            continue
-        evidence = judge(signals[name], failover)
-        breach = evidence.breaches
-        verdict, compared = (("", "") if evidence.verdict in ("healthy", "inconclusive") else
-                             _compare(failover, preference, before, proposed, signals, name,
-                                      set(ramps), now_ms))
-        if not breach and evidence.verdict != "healthy" and verdict != "better":
-            ceilings[name] = ceiling  # no evidence of health: it stays within its step
-            if before[name] >= ceiling:
-                events.append((name, "ramp_hold", (
-                    f"{name} at {before[name]} % {_not_healthy(evidence, failover)}{compared}: "
-                    f"ramp holds at step {index + 1} of {len(schedule)} ({ceiling} %)")))
-            continue
-        if breach and verdict != "better":
-            why = ", ".join(breach) + compared
-            if verdict == "within":
-                ceilings[name] = min(ceiling, before[name])
-                events.append((name, "ramp_hold", (
-                    f"{name} breaches under the ramp ({why}): ramp holds at "
-                    f"{ceilings[name]} % (step {index + 1} of {len(schedule)})")))
-            elif policy.on_degrade == "back_off":
-                index = max(0, index - 1)
-                ramps[name] = index
-                ceilings[name] = min(schedule[index], before[name])
-                events.append((name, "ramp_back_off", (
-                    f"{name} degrades under the ramp ({why}): backs off to step {index + 1} of "
-                    f"{len(schedule)}, at most {ceilings[name]} %")))
-            else:
-                ceilings[name] = min(ceiling, before[name])
-                events.append((name, "ramp_hold", (
-                    f"{name} degrades under the ramp ({why}): ramp holds at {ceilings[name]} % "
-                    f"(step {index + 1} of {len(schedule)})")))
-            continue
-        if before[name] < ceiling:
-            ceilings[name] = ceiling
-            continue  # still growing into its current step
-        if index + 1 == len(schedule):
-            del ramps[name]
-            events.append((name, "ramp_complete", (
-                f"{name} {'the better place' if verdict else 'healthy'} at {before[name]} %, "
-                f"the last step: ramp complete, the "
-                f"controller moves it from now on{_mirror_words(policy, name, stop=True)}")))
-            continue
-        ramps[name] = index + 1
-        ceilings[name] = schedule[index + 1]
-        how = (f"breaches ({', '.join(breach)}) but is the better place{compared}" if breach
-               else f"{_not_healthy(evidence, failover)}, but is the better place{compared}"
-               if verdict
-               else f"healthy at {before[name]} % (within 5xx "
-                    f"{failover.error_rate_threshold * 100:g} % and p95 "
-                    f"{failover.p95_threshold_ms} ms)")
-        events.append((name, "ramp_step", (
-            f"{name} {how}: step {index + 2} of {len(schedule)} allows "
-            f"{schedule[index + 1]} %")))
-    noted = {name for name, _, _ in events}
-    ceilings = {name: max(warm, ceiling) for name, ceiling in ceilings.items()}
-    after = dict(proposed)
-    for name, ceiling in ceilings.items():
-        if after[name] > ceiling:
-            excess = after[name] - ceiling
-            after[name] = ceiling
-            _give_back(after, excess, before, proposed, preference, set(ceilings))
-            if name not in noted:
-                events.append((name, "ramp_capped", (
-                    f"{name} ramping at step {ramps[name] + 1} of {len(schedule)}: capped at "
-                    f"{ceiling} %")))
+        tick.decide(name)
+    after = tick.capped()
     new_since = {  # 0 (since before this state knew) is what an absent entry means already
-        name: since.get(name, now_ms) for name in standbys if after[name] <= warm
+        name: tick.since.get(name, now_ms) for name in standbys if after[name] <= warm
     }
     new_since = {name: ms for name, ms in new_since.items() if ms}
-    new_state = RampState(ramps, new_since)
+    new_state = RampState(tick.ramps, new_since)
     kind = None
-    if events:
-        kind = min((k for _, k, _ in events), key=_PRIORITY.index)
-    rule = "; ".join(words for _, _, words in events)
+    if tick.events:
+        kind = min((k for _, k, _ in tick.events), key=_PRIORITY.index)
+    rule = "; ".join(words for _, _, words in tick.events)
     if after != dict(proposed):
         moves = ", ".join(f"{name} {proposed[name]}→{after[name]}" for name in preference
                           if after[name] != proposed[name])
         rule += f"; controller proposed {_weights(proposed)}, ramp made it {moves}"
-    return RampResult(after, new_state, kind, rule, _next(policy, ramps, after), inputs,
-                      ceilings)
+    return RampResult(after, new_state, kind, rule, _next(policy, tick.ramps, after), inputs,
+                      tick.ceilings)
+
+
+@dataclass
+class _RampTick:
+    """One tick of the ramp over a group's standbys: what each one's stage and cap become
+    (`decide`, one standby at a time), then the caps laid over the proposal (`capped`)."""
+
+    policy: StandbyRampPolicy
+    failover: FailoverPolicy
+    preference: tuple[str, ...]
+    before: Mapping[str, int]
+    proposed: Mapping[str, int]
+    signals: GroupSignals | None
+    now_ms: int
+    since: dict[str, int] = field(default_factory=dict)  # at its warm pool since
+    ramps: dict[str, int] = field(default_factory=dict)  # ramping origin -> stage index
+    events: list[tuple[str, str, str]] = field(default_factory=list)  # (origin, kind, words)
+    ceilings: dict[str, int] = field(default_factory=dict)
+
+    def event(self, name: str, kind: str, words: str) -> None:
+        self.events.append((name, kind, words))
+
+    def decide(self, name: str) -> None:
+        """Rules 1 to 4 of the module docstring for one standby."""
+        index = self.ramps.get(name)
+        if not self.policy.enabled:
+            if index is not None:
+                del self.ramps[name]
+                self.event(name, "ramp_end", f"{name}: ramp switched off in the desired state")
+        elif index is None:
+            self._start(name)
+        elif self.proposed[name] < self.before[name]:
+            del self.ramps[name]
+            self.event(name, "ramp_end", (
+                f"{name}: the shift reverses (controller moves it {self.before[name]}→"
+                f"{self.proposed[name]}): ramp ends{_mirror_words(self.policy, name, stop=True)}"))
+        elif (self.signals is None or name not in self.signals or self.now_ms
+              - self.signals[name].observed_at_ms > self.failover.stale_after_ms):
+            # fail static, as the controller does
+            self.ceilings[name] = min(self.policy.schedule[index], self.before[name])
+        else:
+            self._judge(name, index, self.signals)
+
+    def _start(self, name: str) -> None:
+        """Rule 1: a cold standby the controller gives weight to starts ramping."""
+        policy, before, schedule = self.policy, self.before, self.policy.schedule
+        if not (self.proposed[name] > before[name]
+                and _cold(policy, self.since.get(name), self.now_ms)):
+            return
+        start = _first_stage_above(schedule, before[name])
+        if start is None:
+            return
+        self.ramps[name] = start
+        self.ceilings[name] = schedule[start]
+        since = self.since[name]
+        how_long = f"{(self.now_ms - since) / 1000:g} s" if since else "as long as known"
+        self.event(name, "ramp_start", (
+            f"{name} is cold (at its warm pool {self.failover.min_warm_pool} % for {how_long}, "
+            f"cold after {policy.cold_after_ms / 1000:g} s): ramp starts, stage {start + 1} of "
+            f"{len(schedule)} allows {schedule[start]} %{_mirror_words(policy, name)}"))
+
+    def _judge(self, name: str, index: int, signals: GroupSignals) -> None:
+        """Rules 2 and 3: a ramping standby with fresh signals advances, holds or backs off."""
+        failover, before, schedule = self.failover, self.before, self.policy.schedule
+        ceiling, stages = schedule[index], len(schedule)
+        evidence = judge(signals[name], failover)
+        breach = evidence.breaches
+        verdict, compared = (("", "") if evidence.verdict in ("healthy", "inconclusive") else
+                             _compare(failover, self.preference, before, self.proposed,
+                                      signals, name, set(self.ramps), self.now_ms))
+        if not breach and evidence.verdict != "healthy" and verdict != "better":
+            self.ceilings[name] = ceiling  # no evidence of health: it stays within its stage
+            if before[name] >= ceiling:
+                self.event(name, "ramp_hold", (
+                    f"{name} at {before[name]} % {_not_healthy(evidence, failover)}{compared}: "
+                    f"ramp holds at stage {index + 1} of {stages} ({ceiling} %)"))
+        elif breach and verdict != "better":
+            self._degraded(name, index, ", ".join(breach) + compared, verdict == "within")
+        elif before[name] < ceiling:
+            self.ceilings[name] = ceiling  # still growing into its current stage
+        elif index + 1 == stages:
+            del self.ramps[name]
+            self.event(name, "ramp_complete", (
+                f"{name} {'the better place' if verdict else 'healthy'} at {before[name]} %, "
+                f"the last stage: ramp complete, the controller moves it from now on"
+                f"{_mirror_words(self.policy, name, stop=True)}"))
+        else:
+            self.ramps[name] = index + 1
+            self.ceilings[name] = schedule[index + 1]
+            how = (f"breaches ({', '.join(breach)}) but is the better place{compared}" if breach
+                   else f"{_not_healthy(evidence, failover)}, but is the better place{compared}"
+                   if verdict
+                   else f"healthy at {before[name]} % (within 5xx "
+                        f"{failover.error_rate_threshold * 100:g} % and p95 "
+                        f"{failover.p95_threshold_ms} ms)")
+            self.event(name, "ramp_advance", (
+                f"{name} {how}: stage {index + 2} of {stages} allows "
+                f"{schedule[index + 1]} %"))
+
+    def _degraded(self, name: str, index: int, why: str, within: bool) -> None:
+        """Rule 3: a breaching standby that is not the better place holds or backs off."""
+        schedule, before = self.policy.schedule, self.before
+        if within:
+            self.ceilings[name] = min(schedule[index], before[name])
+            self.event(name, "ramp_hold", (
+                f"{name} breaches under the ramp ({why}): ramp holds at "
+                f"{self.ceilings[name]} % (stage {index + 1} of {len(schedule)})"))
+        elif self.policy.on_degrade == "back_off":
+            index = max(0, index - 1)
+            self.ramps[name] = index
+            self.ceilings[name] = min(schedule[index], before[name])
+            self.event(name, "ramp_back_off", (
+                f"{name} degrades under the ramp ({why}): backs off to stage {index + 1} of "
+                f"{len(schedule)}, at most {self.ceilings[name]} %"))
+        else:
+            self.ceilings[name] = min(schedule[index], before[name])
+            self.event(name, "ramp_hold", (
+                f"{name} degrades under the ramp ({why}): ramp holds at "
+                f"{self.ceilings[name]} % (stage {index + 1} of {len(schedule)})"))
+
+    def capped(self) -> dict[str, int]:
+        """Rule 5: the proposal with each cap laid over it (never below the warm pool)."""
+        noted = {name for name, _, _ in self.events}
+        warm = self.failover.min_warm_pool
+        self.ceilings = {name: max(warm, ceiling) for name, ceiling in self.ceilings.items()}
+        after = dict(self.proposed)
+        for name, ceiling in self.ceilings.items():
+            if after[name] > ceiling:
+                excess = after[name] - ceiling
+                after[name] = ceiling
+                _give_back(after, excess, self.before, self.proposed, self.preference,
+                           set(self.ceilings))
+                if name not in noted:
+                    self.event(name, "ramp_capped", (
+                        f"{name} ramping at stage {self.ramps[name] + 1} of "
+                        f"{len(self.policy.schedule)}: capped at {ceiling} %"))
+        return after
 
 
 def _compare(
@@ -402,8 +442,8 @@ def hedge_share(group: OriginGroup, preference: tuple[str, ...], weights: Mappin
     A hedge goes to another origin than the request's first attempt, so a slow or failing
     primary sends a hedged tier's whole load to the standby, past its ramp (issue 33: a standby
     at its 5 % warm pool answered nearly every checkout request). A standby is guarded while it
-    ramps (its allowed share is its step's ceiling) or sits at its warm pool (it is cold; its
-    allowed share is the schedule's first step above its weight, the ramp's first step): at
+    ramps (its allowed share is its stage's ceiling) or sits at its warm pool (it is cold; its
+    allowed share is the schedule's first stage above its weight, the ramp's first stage): at
     most its headroom, the allowed share minus its weight, may reach it through hedges. With a
     share X of the requests hedging, a standby at weight w gets at most X (1 - w) of them as
     hedges (the requests first sent elsewhere), so X = headroom / (100 - w), the smallest over
@@ -421,7 +461,7 @@ def hedge_share(group: OriginGroup, preference: tuple[str, ...], weights: Mappin
         if index is not None and 0 <= index < len(policy.schedule):
             allowed = max(policy.schedule[index], warm)
         elif weight <= warm:
-            first = _first_step_above(policy.schedule, weight)
+            first = _first_stage_above(policy.schedule, weight)
             allowed = 100 if first is None else policy.schedule[first]
         else:
             continue

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class OriginSignals:
-    """One origin as seen from one PoP over the rolling window (seed 002: 30 s), all tiers."""
+    """One origin as seen from one PoP over the rolling window (the failover source: 30 s),
+    all tiers."""
 
     requests: int  # completed upstream requests in the window
     errors_5xx: int

@@ -5,10 +5,10 @@ Five parts, each with its own decision records, decided from the same window of 
 Envoy) with the defaults of ``TierActionPolicy``. Tiers share by priority: lending moves idle
 slots, preemption moves the slots a more critical tier needs from less critical tiers down to
 their floors, and shedding starts at the bottom; every tier keeps its floor
-(``OriginGroup.floor``: its ``min_share``, seed 000: "non-critical still makes progress").
+(``OriginGroup.floor``: its ``min_share``, the tiers source: "non-critical still makes progress").
 
-1. **Re-prioritization** (seed 000: "If P0 wait time exceeds 35ms for more than 30 seconds, we
-   automatically demote 50% of P1 to P2 and shed P2 entirely"). Trigger ``wait``: the
+1. **Re-prioritization** (the tiers source: "If P0 wait time exceeds 35ms for more than 30
+   seconds, we automatically demote 50% of P1 to P2 and shed P2 entirely"). Trigger ``wait``: the
    ``trigger_wait_quantile`` of the trigger tier's pool wait (access logs) above
    ``trigger_wait_ms``, over requests that took one attempt (a retried or hedged request's
    wait holds its failed attempts and backoff); a window with fewer such samples than
@@ -18,16 +18,16 @@ their floors, and shedding starts at the bottom; every tier keeps its floor
    (``upstream_queue_overloaded`` > 0: past its adaptive LIFO high watermark) where a node
    reports it. Off → on once the trigger held at every tick for ``for_ms``; on → off once
    ``recover_after_ms`` passed without it. Kind ``tier_action``.
-2. **Utilization shedding** (seed 000 ``shed_threshold: 0.85``). The origin concurrency in use is
-   each Envoy's active requests of the group's tier pools, each tier counted up to its own
-   slots (its guarantee, less what preemption took from it, plus what it took; borrowed slots
-   are idle capacity of another tier and are reclaimed by lending, not by shedding), over
-   ``max_origin_concurrency``; the worst Envoy counts. Above ``shed_threshold`` at every tick
-   for ``for_ms``: every sheddable tier (never the trigger tier) is shed. Lifted with
-   hysteresis: once it stayed below ``shed_lift_threshold`` for ``recover_after_ms``. Kind
-   ``tier_shed``.
+2. **Utilization shedding** (the tiers source ``shed_threshold: 0.85``). The origin
+   concurrency in use is each Envoy's active requests of the group's tier pools, each tier
+   counted up to its own slots (its guarantee, less what preemption took from it, plus what it
+   took; borrowed slots are idle capacity of another tier and are reclaimed by lending, not by
+   shedding), over ``max_origin_concurrency``; the worst Envoy counts. Above
+   ``shed_threshold`` at every tick for ``for_ms``: every sheddable tier (never the trigger
+   tier) is shed. Lifted with hysteresis: once it stayed below ``shed_lift_threshold`` for
+   ``recover_after_ms``. Kind ``tier_shed``.
 
-   **A shed tier keeps its floor** (seed 000's starvation prevention: "guarantee at least 1
+   **A shed tier keeps its floor** (the tiers source's starvation prevention: "guarantee at least 1
    dequeue per second per tier"; starved revalidations "triggered a thundering herd later"):
    its per-Envoy limit is its floor and its queue holds at most as many requests as the floor
    has slots, so what finds them busy is answered at once by Envoy with the tier's
@@ -58,9 +58,9 @@ their floors, and shedding starts at the bottom; every tier keeps its floor
    tick for ``recover_after_ms`` (hysteresis: the same quiet time that lifts the
    re-prioritization); a shed tier takes nothing and gives back at once. Kind
    ``tier_preempt``.
-5. **Queues bounded in time** (seed 000: "800 ms for P2 before we just serve stale or a 202";
-   "the most common misconfiguration we see is setting queue limits in counts instead of bytes
-   or time"). Envoy has no timeout for a request waiting in a pool's pending queue, so the
+5. **Queues bounded in time** (the tiers source: "800 ms for P2 before we just serve stale or
+   a 202"; "the most common misconfiguration we see is setting queue limits in counts instead
+   of bytes or time"). Envoy has no timeout for a request waiting in a pool's pending queue, so the
    queue's length is bounded instead: with S slots each taking the origin's measured service
    time L (``latency_ms``: the p50 of the group's origins this window, weighted by their
    weights), a queue drains S / L requests per ms, so a request behind N others waits about
@@ -206,7 +206,7 @@ class TierStepResult:
         return self.decisions[0].kind if self.decisions else None
 
     def record_fields(self, decision: TierDecision) -> dict[str, Any]:
-        """Fields for ``DecisionLog.record(decision.kind, pop=..., group=..., **these)``."""
+        """Fields of its decision record (``draft(decision.kind, pop=..., group=..., **these)``)."""
         return {
             "inputs": self.inputs.json(),
             "rule": decision.rule,

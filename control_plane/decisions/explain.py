@@ -7,7 +7,7 @@ record remembers an origin that flapped (its penalty, whether returns to it are 
 many healthy windows one needs). It ends with what would move the weights next.
 
 Then the standby ramp, when the group has one in its log (``ramp_*`` records): which standby
-ramps, at which step of the schedule, the last ramp decision in words and what comes next.
+ramps, at which stage of the schedule, the last ramp decision in words and what comes next.
 
 Then the tier actions of the group in that PoP (``tier_action`` records, written only when they go
 on or off): which are active now and since when, the decision that switched them on with its
@@ -237,7 +237,7 @@ def _explain_reprioritization(records: list[Record], pop: str, group: str) -> li
 
 
 def explain_ramp(records: Iterable[Record]) -> list[str]:
-    """The standby-ramp part of ``explain``: which standby ramps now, at which step, and why."""
+    """The standby-ramp part of ``explain``: which standby ramps now, at which stage, and why."""
     ramps = [r for r in records if str(r.get("kind", "")).startswith("ramp_")]
     if not ramps:
         return []
@@ -256,7 +256,7 @@ def explain_ramp(records: Iterable[Record]) -> list[str]:
             if record["kind"] == "ramp_start":
                 started[name] = _clock(record)
     parts = [
-        f"{name} at step {index + 1}" + (f", at most {ceilings[name]} %" if name in ceilings
+        f"{name} at stage {index + 1}" + (f", at most {ceilings[name]} %" if name in ceilings
                                           else "")
         + (f", since {started[name]}" if name in started else "")
         for name, index in active

@@ -1,5 +1,5 @@
 """Bounded reads for faces that render on request (the dashboard): the newest matching records
-of a range under a byte budget, and one record by seq.
+of a range under a byte cap, and one record by seq.
 
 Both stand on `scan.LogView` (the log is its own index): a range's start is found by bisection
 on time, a seq by bisection on seq. ``newest`` then walks the range backwards from the end and
@@ -25,7 +25,7 @@ START = (0, 0)
 
 @dataclass(frozen=True)
 class Window:
-    """Matching records, oldest first. ``truncated``: the byte budget ended the scan early;
+    """Matching records, oldest first. ``truncated``: the byte cap ended the scan early;
     ``exhausted``: the scan reached the oldest record the log keeps."""
 
     records: list[Record]

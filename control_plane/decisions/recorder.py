@@ -13,8 +13,8 @@ all hand their records here; the recorder owns what each of them needs the same 
   worker thread — a first tick's 2,000 records are 3 MB of JSON, 17 ms of the loop — while what
   other writers hand in meanwhile waits, in order, for the batch to be appended (so the seqs
   the lines were made with still follow the log's);
-- **the budget** for routine, client-caused records (`routine`: node connects, NACKs, ...);
-  decisions are never budgeted;
+- **the rate limit** for routine, client-caused records (`routine`: node connects, NACKs,
+  ...); decisions are never limited;
 - **metrics**: `ballast_decisions_total` per kind, counted when a record reaches the log.
 """
 
@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from control_plane.decisions.budget import RecordBudget
 from control_plane.decisions.log import (
     DecisionLog,
     Draft,
@@ -38,12 +37,13 @@ from control_plane.decisions.log import (
     draft,
     format_time,
 )
+from control_plane.decisions.rate_limit import RecordLimiter
 from control_plane.own_metrics.registry import BallastMetrics
 
 log = logging.getLogger(__name__)
 
 UNWRITTEN_RECORDS = 1000  # records kept in memory while the log cannot be written (disk full)
-RECORD_OVERHEAD_BYTES = 256  # time, seq, kind and the empty fields of a record (the budget)
+RECORD_OVERHEAD_BYTES = 256  # time, seq, kind and the empty fields of a record (the limit)
 LINES_OFF_LOOP = 100  # a batch of at least these many records has its lines made on a thread
 
 
@@ -59,12 +59,12 @@ class DecisionRecorder:
         self,
         decisions: DecisionLog,
         *,
-        budget: RecordBudget | None = None,
+        limiter: RecordLimiter | None = None,
         metrics: BallastMetrics | None = None,
         keep: int = UNWRITTEN_RECORDS,
     ) -> None:
         self.log = decisions
-        self.budget = budget
+        self.limiter = limiter
         self.metrics = metrics
         self._unwritten: deque[_Unwritten] = deque(maxlen=keep)
         self.dropped = 0  # records lost past the bound while the log could not be written
@@ -83,15 +83,16 @@ class DecisionRecorder:
         self.write([draft(kind, **fields)], durable=durable)
 
     def routine(self, kind: str, *, durable: bool = False, **fields: Any) -> bool:
-        """A client-caused record, written if the budget allows (by default not fsync'd at
+        """A client-caused record, written if the rate limit allows (by default not fsync'd at
         once: the periodic `flush` makes it durable within a second); False when it was
         counted instead."""
-        if self.budget is not None:
+        if self.limiter is not None:
             size = RECORD_OVERHEAD_BYTES + len(str(fields.get("rule", ""))) + len(json.dumps(
                 fields.get("detail"), separators=(",", ":"), ensure_ascii=False, default=str))
-            if not self.budget.take(kind, size):
-                if self.budget.suppressed_total == 1:
-                    log.warning("routine records over budget: counting them instead of writing")
+            if not self.limiter.take(kind, size):
+                if self.limiter.suppressed_total == 1:
+                    log.warning("routine records over their rate limit: counting them instead "
+                                "of writing")
                 return False
         self.record(kind, durable=durable, **fields)
         return True
@@ -197,19 +198,19 @@ class DecisionRecorder:
             log.error("cannot sync the decision log: %s", err)
 
     def note_suppressed(self) -> None:
-        """One record of the routine records the budget kept out since the last such note."""
-        if self.budget is None:
+        """One record of the routine records the rate limit kept out since the last such note."""
+        if self.limiter is None:
             return
-        counts = self.budget.pending_note()
+        counts = self.limiter.pending_note()
         if counts is None:
             return
-        config = self.budget.config
+        config = self.limiter.config
         self.record(
             "records_suppressed",
             rule=f"{sum(counts.values())} routine records not written: clients caused more "
-            f"than the budget ({config.burst_bytes:,} bytes at once, {config.bytes_per_s:,} "
+            f"than the rate limit ({config.burst_bytes:,} bytes at once, {config.bytes_per_s:,} "
             "bytes/s); decisions are never suppressed",
-            detail={"suppressed": counts, "total_since_start": self.budget.suppressed_total},
+            detail={"suppressed": counts, "total_since_start": self.limiter.suppressed_total},
         )
 
     # -- internals -------------------------------------------------------------------------

@@ -1,8 +1,10 @@
-"""The product's defaults, taken from the seed articles (see README, "Where the numbers come from").
+"""The product's defaults, taken from the sources (docs/architecture.md, "Sources" and "Where the
+numbers come from").
 
-Seed 000: tiers critical/normal/background with 70/25/5 of 120 origin connections, queue depths
-2000/8000/2000, queue timeouts 800/1500/3000 ms, connect 300 ms..1 s, read 2 s..8 s, retries 2/1/0.
-Seed 001: adaptive LIFO watermarks 80/60. Seed 002: the failover numbers (see model.FailoverPolicy).
+The tiers source: tiers critical/normal/background with 70/25/5 of 120 origin connections, queue
+depths 2000/8000/2000, queue timeouts 800/1500/3000 ms, connect 300 ms..1 s, read 2 s..8 s, retries
+2/1/0. The queue-policy source: adaptive LIFO watermarks 80/60. The failover source: the failover
+numbers (see model.FailoverPolicy).
 """
 
 from __future__ import annotations

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from typing import Protocol
 
 import yaml
 
-from control_plane.desired.errors import At, Sink
+from control_plane.desired.document import Document, Named
 from control_plane.desired.fields import (
     HOSTNAME_RE,
     Bad,
@@ -27,7 +26,7 @@ from control_plane.desired.fields import (
     ip_address,
     text,
 )
-from control_plane.desired.layers import GROUP, Layer, read_layer
+from control_plane.desired.layers import GROUP, read_layer
 from control_plane.desired.model import (
     FailoverPolicy,
     GrpcService,
@@ -37,6 +36,8 @@ from control_plane.desired.model import (
     StandbyRampPolicy,
     TierActionPolicy,
 )
+from control_plane.desired.origin_groups import read_preference
+from control_plane.desired.policies import check_failover
 from control_plane.desired.schema import (
     FAILOVER_FIELDS,
     HEALTH_CHECK_DEFAULTS,
@@ -56,28 +57,6 @@ GRPC_HEALTH_FIELDS = {
     "connect_timeout": ("connect_timeout_ms", duration()),
     "read_timeout": ("read_timeout_ms", duration()),
 }
-
-
-class _Named(Protocol):
-    name: str
-    at: At
-
-
-class Document(Protocol):
-    """What the section is read with: the document's reader (`validate.py`)."""
-
-    sink: Sink
-    failover: Layer
-    standby_ramp: Layer
-
-    def _named_entries(self, fields: Fields, what: str) -> Iterable[tuple[_Named, yaml.Node]]:
-        ...
-
-    def _preference(self, group: Fields, origin_names: list[str]) -> dict[str, tuple[str, ...]]:
-        ...
-
-    def _check_failover(self, layer: Layer, fallback: At, group: str = "",
-                        origins: int = 0) -> None: ...
 
 
 def target_name(node: yaml.Node) -> str:
@@ -113,7 +92,7 @@ def read_grpc_services(doc: Document, root: Fields, taken: Iterable[str]) -> lis
     groups = set(taken)
     targets: dict[str, str] = {}
     services = []
-    for named, value in doc._named_entries(fields, "gRPC service"):
+    for named, value in doc.named_entries(fields, "gRPC service"):
         if named.name in groups:
             doc.sink.add(named.at, f"'{named.name}' is already an origin group; a gRPC service "
                          "needs a name of its own")
@@ -125,7 +104,7 @@ def read_grpc_services(doc: Document, root: Fields, taken: Iterable[str]) -> lis
     return services
 
 
-def _service(doc: Document, named: _Named, service: Fields,
+def _service(doc: Document, named: Named, service: Fields,
              targets: dict[str, str]) -> OriginGroup | None:
     sink = doc.sink
     before = len(sink.problems)
@@ -143,11 +122,11 @@ def _service(doc: Document, named: _Named, service: Fields,
     else:
         targets[target] = named.name
     origins, names = _origins(doc, service, port or 0, tls)
-    preference = doc._preference(service, names)
+    preference = read_preference(doc, service, names)
     failover_fields = Fields(service.node_of("failover"), join(service.path, "failover"), sink)
     failover = doc.failover | read_layer(failover_fields, FAILOVER_FIELDS, GROUP)
     failover_fields.finish()
-    doc._check_failover(failover, service.at("origins"), named.name, len(names))
+    check_failover(doc, failover, service.at("origins"), named.name, len(names))
     ramp_fields = Fields(service.node_of("standby_ramp"), join(service.path, "standby_ramp"),
                          sink)
     for key in MIRROR_KEYS:
@@ -193,7 +172,7 @@ def _origins(doc: Document, service: Fields, port: int,
     origins: list[Origin] = []
     names: list[str] = []
     seen: dict[tuple[str, int], str] = {}
-    for named, node in doc._named_entries(fields, "origin"):
+    for named, node in doc.named_entries(fields, "origin"):
         origin_name = named.name
         names.append(origin_name)
         origin = Fields(node, named.at.path, sink)

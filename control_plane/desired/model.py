@@ -15,13 +15,14 @@ from typing import Literal
 QueuePolicyKind = Literal["fifo", "adaptive_lifo"]
 FailoverMode = Literal["health_proportional", "linear", "exponential"]
 HeaderMatchKind = Literal["exact", "prefix", "contains", "present"]
-# How Envoy answers a shed tier's requests (seed 000 "serve stale or 202"): `reject` 503 +
+# How Envoy answers a shed tier's requests (the tiers source "serve stale or 202"): `reject` 503 +
 # retry-after; `defer` 202 + retry-after (work a client can safely do later, e.g. prefetch);
 # `stale` 503 + retry-after + `x-ballast-serve-stale` (a cache in front serves its stale copy).
 ShedAction = Literal["reject", "defer", "stale"]
 SHED_STATUS: dict[str, int] = {"reject": 503, "defer": 202, "stale": 503}
-# A tier's default floor (`Tier.min_share_percent`): seed 000's smallest share (P2's 5 %), so
-# preemption leaves every tier at least one slot at the seed's 20-connection scale and above.
+# A tier's default floor (`Tier.min_share_percent`): the tiers source's smallest share (P2's
+# 5 %), so preemption leaves every tier at least one slot at the source's 20-connection scale
+# and above.
 MIN_SHARE_PERCENT = 5
 TriggerKind = Literal["wait", "pending"]
 WaitQuantile = Literal["p50", "p95", "p99"]
@@ -29,7 +30,8 @@ WaitQuantile = Literal["p50", "p95", "p99"]
 
 @dataclass(frozen=True)
 class AdaptiveLifo:
-    """Seed 001: LIFO once a pool's pending queue reaches `high`, FIFO again at or below `low`."""
+    """The queue-policy source: LIFO once a pool's pending queue reaches `high`, FIFO again at
+    or below `low`."""
 
     high_watermark: int = 80
     low_watermark: int = 60
@@ -57,20 +59,22 @@ class Tier:
     retries: int
     sheddable: bool
     queue_policy: QueuePolicy
-    retry_budget_percent: float = 15.0  # seed 002: at most 15% of requests may be retries
+    # the failover source: at most 15 % of requests may be retries
+    retry_budget_percent: float = 15.0
     shed_action: ShedAction = "reject"  # how its requests are answered while it is shed
-    # Seed 000 "50ms for P0 before we attempt hedging to a secondary origin": an attempt not
+    # The tiers source "50ms for P0 before we attempt hedging to a secondary origin": an attempt not
     # answered within this delay gets a second one to another origin; 0 = no hedging.
     hedge_delay_ms: int = 0
     # The tier's floor: the share of the origin connections preemption by a more critical tier
-    # never takes (seed 000: "non-critical still makes progress"; "guarantee at least 1 dequeue
-    # per second per tier"), at most its own share (`OriginGroup.floor`).
+    # never takes (the tiers source: "non-critical still makes progress"; "guarantee at least 1
+    # dequeue per second per tier"), at most its own share (`OriginGroup.floor`).
     min_share_percent: int = MIN_SHARE_PERCENT
 
 
 @dataclass(frozen=True)
 class HealthCheck:
-    """Active probes (seed 002): GETs every 5 s on a cacheable and an uncacheable path."""
+    """Active probes (the failover source): GETs every 5 s on a cacheable and an uncacheable
+    path."""
 
     interval_ms: int = 5000
     connect_timeout_ms: int = 2000
@@ -82,10 +86,10 @@ class HealthCheck:
 
 @dataclass(frozen=True)
 class FailoverPolicy:
-    """Seed 002's gradual, asymmetric failover parameters."""
+    """The failover source's gradual, asymmetric failover parameters."""
 
     mode: FailoverMode = "health_proportional"
-    interval_ms: int = 20_000  # one reconcile tick / evaluation window step
+    interval_ms: int = 20_000  # one reconcile tick per interval
     window_ms: int = 30_000  # passive signals' rolling window
     shift_step: int = 10  # weight points per interval when leaving
     max_step: int = 15  # hard cap per interval, whatever the mode
@@ -103,9 +107,9 @@ class FailoverPolicy:
     # in; latency observations) neither breaches nor counts as healthy. 10: a standby's 12
     # probes of a 30 s window suffice, and one failure in 10 is no breach (lower bound 1.8 %).
     min_samples: int = 10
-    # Abandoned attempts (decide/evidence.py): the share of an origin's attempts it never
-    # finished (another attempt won: a hedge) whose lower bound breaches above this. Ordinary
-    # hedging loses a few percent of a healthy origin's attempts; twice seed 002's "about 5 %
+    # Abandoned attempts (decide/evidence.py): the share of an origin's attempts it never finished
+    # (another attempt won: a hedge) whose lower bound breaches above this. Ordinary hedging loses a
+    # few percent of a healthy origin's attempts; twice the failover source's "about 5 %
     # duplication" leaves room for them (measured: docs/benchmarks.md).
     abandon_threshold: float = 0.10
     # Compare, not only threshold: weight leaves a sick origin for any origin whose composite
@@ -128,13 +132,13 @@ RampDegrade = Literal["hold", "back_off"]
 
 @dataclass(frozen=True)
 class StandbyRampPolicy:
-    """Seed 002's cold-standby ramp: how weight flows into a standby that has sat at its warm
-    pool (the "cold" secondary of the seed's binary-failover incident), and the cache-warming
+    """The failover source's cold-standby ramp: how weight flows into a standby that has sat at its
+    warm pool (the "cold" secondary of the source's binary-failover incident), and the cache-warming
     mirror that runs while it ramps."""
 
     enabled: bool = True
     schedule: tuple[int, ...] = (5, 10, 20, 40)  # the standby's share ceilings, one per interval
-    cold_after_ms: int = 90_000  # at the warm pool this long = cold (seed: ~90 s hit-ratio window)
+    cold_after_ms: int = 90_000  # at the warm pool this long = cold (source: ~90 s to warm)
     on_degrade: RampDegrade = "back_off"  # a standby breaching while it ramps: back off or hold
     mirror_percent: float = 5.0  # cacheable requests mirrored to a ramping standby (0: off)
     cacheable_routes: tuple[str, ...] | None = None  # route names mirrored; None: every route
@@ -145,11 +149,11 @@ AffinityKind = Literal["cookie", "header"]
 
 @dataclass(frozen=True)
 class Affinity:
-    """Seed 002's session affinity ("sticky sessions or JWTs pinned to a region"): a user stays
-    on the origin it started on while the weights shift, unless that origin is sick. Envoy's
-    stateful session filter names the origin in a cookie (or a header the client echoes back)
-    set on the first answer; a request carrying it goes to that origin while Ballast reports it
-    healthy, and by the weights (with a new cookie) once it is sick."""
+    """The failover source's session affinity ("sticky sessions or JWTs pinned to a region"): a user
+    stays on the origin it started on while the weights shift, unless that origin is sick. Envoy's
+    stateful session filter names the origin in a cookie (or a header the client echoes back) set on
+    the first answer; a request carrying it goes to that origin while Ballast reports it healthy,
+    and by the weights (with a new cookie) once it is sick."""
 
     kind: AffinityKind
     name: str  # the cookie's name (case kept) or the header's (lower-case)
@@ -236,23 +240,22 @@ class TierActions:
 
 @dataclass(frozen=True)
 class TierActionPolicy:
-    """Seed 000's adaptive re-prioritization of one origin group ("If P0 wait time exceeds 35ms
-    for more than 30 seconds, we automatically demote 50% of P1 to P2 and shed P2 entirely").
+    """The tiers source's adaptive re-prioritization of one origin group ("If P0 wait time exceeds
+    35ms for more than 30 seconds, we automatically demote 50% of P1 to P2 and shed P2 entirely").
 
-    The trigger (`trigger`): `wait`, the `trigger_wait_quantile` of the `trigger_tier`'s pool
-    wait measured from Envoy's access logs above `trigger_wait_ms`; or `pending`, the tier
-    cluster's `upstream_rq_pending_active` (worst Envoy) above `trigger_pending`. Held for
-    `for_ms`; the actions are lifted after `recover_after_ms` without the trigger.
-    Utilization shedding (seed 000 `shed_threshold: 0.85`): the group's origin concurrency in
-    use above `shed_threshold` for `for_ms` sheds every sheddable tier; lifted once it stayed
-    below `shed_lift_threshold` for `recover_after_ms`. Lending: unused guaranteed concurrency
-    is lent to tiers that want more (see `decide/tiers.py`).
-    Tier names are resolved (defaults by priority) when the file is read.
+    The trigger (`trigger`): `wait`, the `trigger_wait_quantile` of the `trigger_tier`'s pool wait
+    measured from Envoy's access logs above `trigger_wait_ms`; or `pending`, the tier cluster's
+    `upstream_rq_pending_active` (worst Envoy) above `trigger_pending`. Held for `for_ms`; the
+    actions are lifted after `recover_after_ms` without the trigger. Utilization shedding (the tiers
+    source `shed_threshold: 0.85`): the group's origin concurrency in use above `shed_threshold` for
+    `for_ms` sheds every sheddable tier; lifted once it stayed below `shed_lift_threshold` for
+    `recover_after_ms`. Lending: unused guaranteed concurrency is lent to tiers that want more (see
+    `decide/tiers.py`). Tier names are resolved (defaults by priority) when the file is read.
     """
 
     enabled: bool = True
-    # the tier tick: seed 000 exports "queue depth, wait time, and origin p99 per priority to
-    # our control plane every 5 seconds"; at most the failover interval (app/reconcile.py)
+    # the tier tick: the tiers source exports "queue depth, wait time, and origin p99 per priority
+    # to our control plane every 5 seconds"; at most the failover interval (app/reconcile.py)
     interval_ms: int = 5_000
     trigger_tier: str = "critical"
     trigger: TriggerKind = "wait"
@@ -293,9 +296,9 @@ EXPIRY_WARNING_DAYS = 14
 
 @dataclass(frozen=True)
 class OriginTlsPolicy:
-    """A group's settings for its TLS origins (seed 000: "Keep Origin SSL Verification ...
-    enabled even for internal origins"; seed 002: "Enforce strict checks on both origins ... so
-    you don't discover an expired cert at minute two of an incident")."""
+    """A group's settings for its TLS origins (the tiers source: "Keep Origin SSL Verification ...
+    enabled even for internal origins"; the failover source: "Enforce strict checks on both origins
+    ... so you don't discover an expired cert at minute two of an incident")."""
 
     ca_file: str = SYSTEM_CA_BUNDLE  # trusted CAs, a PEM file on the Envoy hosts
     expiry_warning_days: int = EXPIRY_WARNING_DAYS  # certificates closer to expiry fail probes
@@ -535,8 +538,8 @@ class RolloutGates:
     own window before the change.
     """
 
-    # 5xx rate: the lower confidence bound of the wave's rate above a baseline's rate by more
-    # than this; seed 002's error_rate_threshold (2 %), the rate the weight controller leaves at
+    # 5xx rate: the lower confidence bound of the wave's rate above a baseline's rate by more than
+    # this; the failover source's error_rate_threshold (2 %), where the weight controller leaves
     max_5xx_increase: float = 0.02
     # p95: the wave's p95 above a baseline's p95 times this AND by at least
     # `min_p95_increase_ms` (a 5 ms p95 doubling to 10 ms is no regression)
@@ -600,7 +603,7 @@ class Desired:
     classification: tuple[ClassificationRule, ...]
     default_tier: str  # unmatched requests: critical (fail safe)
     listeners: tuple[Listener, ...]
-    # Where a request's own `x-ballast-tier` is believed (seed 000: "tagging downstream
+    # Where a request's own `x-ballast-tier` is believed (the tiers source: "tagging downstream
     # sub-requests with the parent's priority"): networks (CIDR) of the trusted upstreams whose
     # sub-requests carry the parent's tier. Empty: the header is never believed.
     trusted_priority_sources: tuple[str, ...] = ()

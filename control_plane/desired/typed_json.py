@@ -10,7 +10,6 @@ nested inside (a compressor's library, say) resolves too.
 from __future__ import annotations
 
 import importlib
-import json
 import pkgutil
 from collections.abc import Iterator
 from typing import Any
@@ -82,10 +81,3 @@ def typed_config(value: Any) -> tuple[str, bytes]:
         raise Bad(f"{value['@type']}: {str(err)[:300]}") from None
     return packed.type_url, packed.value
 
-
-def canonical_json(type_url: str, config: bytes) -> dict[str, Any]:
-    """The typed JSON of a packed config (as `render` shows it)."""
-    packed = any_pb2.Any(type_url=type_url, value=config)
-    shown: dict[str, Any] = json.loads(json_format.MessageToJson(
-        packed, preserving_proto_field_name=True))
-    return shown

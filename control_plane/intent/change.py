@@ -63,6 +63,7 @@ from control_plane.intent.store import (
     PairKey,
     StoreRecord,
 )
+from control_plane.translate.resources import Capabilities, PopResources
 
 P = TypeVar("P")
 
@@ -83,14 +84,18 @@ class Publisher(Protocol[P]):
         """The PoPs whose output `prepared` changes."""
         ...
 
+    def cached(self, pop: str, caps: Capabilities) -> PopResources | None:
+        """What `pop`'s nodes with `caps` are served now, where it was built (never builds)."""
+        ...
+
+    def prepared_entry(self, prepared: P, pop: str, caps: Capabilities) -> PopResources | None:
+        """What `pop`'s nodes with `caps` get once `prepared` is committed, where it built
+        that (None: it did not)."""
+        ...
+
     def commit(self, prepared: P, source: RunningIntent) -> frozenset[str]:
         """Swap in what `prepared` holds with `source` as the running intent; the PoPs whose
         output changed (announced to the streams)."""
-        ...
-
-    def update(self, source: RunningIntent, pops: Collection[str] | None) -> frozenset[str]:
-        """Rebuild the output of `pops` (None: all) from `source` at once, on the loop (a
-        restore before serving); the PoPs that changed."""
         ...
 
 
@@ -206,16 +211,18 @@ class Change:
             self._state(lambda base: _Stated(base, frozenset(), IntentBatch(), IntentBatch()))
         self._stated = None  # stated again with them when the change prepares
 
-    def replace(self, build: Callable[[RunningIntent], tuple[RunningIntent, Iterable[str] | None]]
-                ) -> None:
+    def replace(self, build: Callable[[RunningIntent], tuple[RunningIntent, Iterable[str] | None]],
+                *, digest: str | None = None, undo_digest: str | None = None) -> None:
         """A whole new intent made from the running one by `build` (a replica adopting what
-        the store holds): it returns the intent and the PoPs whose output may change (None:
-        every PoP). Saves nothing."""
+        the store holds, a start-up restoring it): it returns the intent and the PoPs whose
+        output may change (None: every PoP). Saves nothing but `digest`, the desired state's
+        (a start-up's), put back to `undo_digest` when the swap fails."""
 
         def state(base: RunningIntent) -> _Stated:
             intent, pops = build(base)
-            return _Stated(intent, None if pops is None else frozenset(pops), IntentBatch(),
-                           IntentBatch())
+            return _Stated(intent, None if pops is None else frozenset(pops),
+                           IntentBatch(desired_digest=digest),
+                           IntentBatch(desired_digest=undo_digest))
 
         self._state(state)
 
@@ -253,6 +260,19 @@ class Change:
         if self._prepared is None or self._prepared[0] is not self._stated:
             return None
         return self._prepared[1]
+
+    def served(self, pop: str, caps: Capabilities) -> PopResources | None:
+        """What `pop`'s nodes with `caps` are served now, where it was built (a reload's diff
+        reads it before the change prepares)."""
+        return None if self._publisher is None else self._publisher.cached(pop, caps)
+
+    def built(self, pop: str, caps: Capabilities) -> PopResources | None:
+        """What `pop`'s nodes with `caps` get once the change is published, where `prepare`
+        built it (else None: the caller translates it when it needs it)."""
+        prepared = self.prepared()
+        if prepared is None or self._publisher is None:
+            return None
+        return self._publisher.prepared_entry(prepared, pop, caps)
 
     async def outcome(self) -> tuple[_Stated | None, Any, frozenset[str]]:
         """What is stated, its prepared output and the PoPs it changes (prepared if not yet):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 from control_plane.decide.controller import ControllerState
@@ -28,15 +28,17 @@ from control_plane.decide.tiers import TierState
 from control_plane.decisions.recorder import DecisionRecorder
 from control_plane.desired.model import Desired, GroupWeights, OriginGroup, TierActions
 from control_plane.intent.carry_over import CarryOver, carry_over
-from control_plane.intent.change import Change, Publisher, SwapFailed
+from control_plane.intent.change import Change, Publisher, Records, SwapFailed
 from control_plane.intent.running import RunningIntent, tier_key
 from control_plane.intent.store import (
+    RAMP_KIND,
     IntentBatch,
     IntentStore,
     PairKey,
     PartlyWritten,
     StateCorrupted,
     StoredIntent,
+    StoreRecord,
 )
 from control_plane.translate import UnknownPop
 from control_plane.translate.weights import WeightsError
@@ -192,73 +194,93 @@ class IntentOwner:
 
     # -- restore and adopt ----------------------------------------------------------------
 
-    def restore(self, stored: StoredIntent, *, where: str) -> CarryOver:
-        """What the store held, carried over to the current desired state, made the running
-        intent. A tier or ramp state that does not parse raises StateCorrupted (naming
-        `where`)."""
-        carried = carry_over(self._stored(stored, where), self._intent.desired,
-                             self._intent.serving)
-        self._swap(carried.intent, None)
+    def carried(self, stored: StoredIntent, *, where: str,
+                desired: Desired | None = None,
+                serving: Mapping[str, Desired] | None = None) -> CarryOver:
+        """What the store held as the running intent under `desired` (default: the running
+        one's) with the PoPs of `serving` on theirs: the carry-over rule a reload applies. Pure;
+        StateCorrupted (naming `where`) for a tier or ramp state that does not parse."""
+        desired = self._intent.desired if desired is None else desired
+        serving = self._intent.serving if serving is None else serving
+        return carry_over(self._stored(stored, where, desired, serving), desired, serving)
+
+    async def restore(self, stored: StoredIntent, *, where: str, save: bool = True,
+                      keep: tuple[Sequence[StoreRecord], Sequence[StoreRecord]] = ((), ()),
+                      records: Callable[[CarryOver], Records] = lambda carried: ()
+                      ) -> CarryOver:
+        """Start-up: what the store held (`carried`) made the running intent, in one change
+        transaction with its bookkeeping: the digest of the desired state it runs under, the
+        ramp records of pairs it no longer has deleted, the store records `keep` holds
+        (records, undo: a rollout's versions) saved with them (none of it when `save` is False:
+        a replica's store is its leader's to write), and `records(carried)` recorded."""
+        carried = self.carried(stored, where=where)
+        gone = sorted(set(stored.ramps) - {tier_key(*key) for key in carried.intent.ramps})
+        forgotten: list[StoreRecord] = [(RAMP_KIND, key, None) for key in gone]
+        put_back: list[StoreRecord] = [(RAMP_KIND, key, stored.ramps[key]) for key in gone]
+        async with self.change(save=save) as change:
+            change.replace(lambda base: (carried.intent, None),
+                           digest=carried.intent.desired.digest,
+                           undo_digest=stored.desired_digest)
+            change.keep([*forgotten, *keep[0]], [*put_back, *keep[1]])
+            change.record(records(carried))
         self._repair = None  # what is stored is what runs now
         return carried
 
-    async def adopt(self, stored: StoredIntent, *, where: str) -> frozenset[str]:
+    async def adopt(self, stored: StoredIntent, *, where: str,
+                    desired: Desired | None = None,
+                    serving: Mapping[str, Desired] | None = None,
+                    keep: tuple[Sequence[StoreRecord], Sequence[StoreRecord]] = ((), ()),
+                    records: Records = ()) -> frozenset[str]:
         """What a shared store holds now (another replica decided it), made the running intent
-        under the same rule as `restore`, through the change transaction (saved by the
-        replica that decided it, not here); only the PoPs whose weights, tier actions or
-        mirrors differ are re-built. The PoPs whose output changed. A store put back after a
-        partial write of this replica's is not any more: what it holds is what runs."""
+        under the same rule as `restore`, in one change transaction: with a rollout's
+        `desired` state and the PoPs of `serving` on theirs when given (which PoP serves which
+        version comes with the intent that goes with it), saving nothing but what `keep`
+        holds (records, undo: a new leader's bookkeeping; the rest is saved by the replica
+        that decided it), recording `records`. Only the PoPs whose desired state, weights,
+        tier actions or mirrors differ are re-built; returns the PoPs whose output changed. A
+        store put back after a partial write of this replica's is not any more: what it
+        holds is what runs."""
         def adopted(old: RunningIntent) -> tuple[RunningIntent, set[str]]:
-            new = carry_over(self._stored(stored, where), old.desired, old.serving).intent
+            new = self.carried(stored, where=where,
+                               desired=old.desired if desired is None else desired,
+                               serving=old.serving if serving is None else serving).intent
             return new, {
+                pop for pop in {*old.pop_names, *new.pop_names}
+                if pop not in old.pop_names or pop not in new.pop_names
+                or old.desired_of(pop) is not new.desired_of(pop)} | {
                 pop for pop, group in old.pairs()
-                if new.weights_of(pop, group) != old.weights_of(pop, group)
-                or new.tier_actions.get((pop, group)) != old.tier_actions.get((pop, group))
-                or new.mirror(pop, group) != old.mirror(pop, group)}
+                if (pop, group) in set(new.pairs()) and (
+                    new.weights_of(pop, group) != old.weights_of(pop, group)
+                    or new.tier_actions.get((pop, group)) != old.tier_actions.get((pop, group))
+                    or new.mirror(pop, group) != old.mirror(pop, group))}
 
-        async with self.change(save=False) as change:
+        async with self.change(save=bool(keep[0])) as change:
             change.replace(adopted)
+            if keep[0]:
+                change.keep(*keep)
+            change.record(records)
         self._repair = None
         return change.pushed
 
-    def _stored(self, stored: StoredIntent, where: str) -> RunningIntent:
-        """What a store holds as a running intent under the current desired state (before the
+    def _stored(self, stored: StoredIntent, where: str, desired: Desired,
+                serving: Mapping[str, Desired]) -> RunningIntent:
+        """What a store holds as a running intent under `desired` and `serving` (before the
         carry-over rule); StateCorrupted for a tier or ramp state that does not parse."""
-        keys = {tier_key(*k): k for k in self._intent.pairs()}
+        keys = {tier_key(*k): k
+                for k in RunningIntent(desired, serving=dict(serving)).pairs()}
         tier_states = _parsed(stored.tier_decisions, TierState.from_dict, keys,
                               f"{where}: tier decision")
         ramps = _parsed(stored.ramps, RampState.from_dict, keys, f"{where}: ramp")
         return RunningIntent(
-            desired=self._intent.desired,
-            serving=self._intent.serving,
+            desired=desired,
+            serving=serving,
             weights={k: dict(s.weights) for k, s in sorted(stored.groups.items())},
             controllers={k: s.controller for k, s in sorted(stored.groups.items())},
             tier_states=tier_states,
             ramps=ramps,
         )
 
-    # -- streaks and persistence -----------------------------------------------------------
-
-    async def forget_records(self, kind: str, keys: Iterable[str]) -> None:
-        """Delete stored records (e.g. of pairs a restore dropped)."""
-        if self.store is not None and keys:
-            await self.store.write(IntentBatch(records=tuple((kind, k, None) for k in keys)))
-
-    async def save_digest(self) -> None:
-        if self.store is not None:
-            await self.store.write(IntentBatch(desired_digest=self._intent.desired.digest))
-
     # -- internals -------------------------------------------------------------------------
-
-    def _swap(self, new: RunningIntent, pops: Iterable[str] | None) -> frozenset[str]:
-        old, self._intent = self._intent, new
-        if self._output is None:
-            return frozenset()
-        try:
-            return self._output.update(new, None if pops is None else frozenset(pops))
-        except BaseException:
-            self._intent = old
-            raise
 
     def _check_pop(self, pop: str) -> None:
         if not self.has_pop(pop):

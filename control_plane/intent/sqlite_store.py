@@ -23,7 +23,7 @@ import json
 import os
 import sqlite3
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -147,62 +147,6 @@ class StateStore:
                 self._db.execute("ROLLBACK")
                 raise
             self._db.execute("COMMIT")
-
-    def save_groups(
-        self,
-        groups: Iterable[tuple[str, str, Mapping[str, int], ControllerState]],
-        desired_digest: str | None = None,
-    ) -> None:
-        """Save several (pop, group, weights, state) at once, and optionally the digest."""
-        rows = [
-            (pop, group, json.dumps(check_weights(weights), sort_keys=True),
-             json.dumps(state.to_dict(), sort_keys=True))
-            for pop, group, weights, state in groups
-        ]
-        with self._transaction() as db:
-            db.executemany(
-                "INSERT INTO groups VALUES (?, ?, ?, ?) ON CONFLICT (pop, grp) DO UPDATE SET "
-                "weights = excluded.weights, controller = excluded.controller",
-                rows,
-            )
-            if desired_digest is not None:
-                db.execute(
-                    "INSERT OR REPLACE INTO meta VALUES ('desired_digest', ?)", (desired_digest,)
-                )
-
-    def save_group(
-        self, pop: str, group: str, weights: Mapping[str, int], state: ControllerState
-    ) -> None:
-        self.save_groups([(pop, group, weights, state)])
-
-    def forget_group(self, pop: str, group: str) -> None:
-        """Drop a (PoP, group) that left the desired state."""
-        with self._transaction() as db:
-            db.execute("DELETE FROM groups WHERE pop = ? AND grp = ?", (pop, group))
-
-    def set_desired_digest(self, digest: str) -> None:
-        with self._transaction() as db:
-            db.execute("INSERT OR REPLACE INTO meta VALUES ('desired_digest', ?)", (digest,))
-
-    def set_tier_decision(self, key: str, value: Any) -> None:
-        """Store an active tier decision (any JSON value)."""
-        text = json.dumps(value, sort_keys=True)
-        with self._transaction() as db:
-            db.execute("INSERT OR REPLACE INTO tier_decisions VALUES (?, ?)", (key, text))
-
-    def clear_tier_decision(self, key: str) -> None:
-        with self._transaction() as db:
-            db.execute("DELETE FROM tier_decisions WHERE key = ?", (key,))
-
-    def set_ramp(self, key: str, value: Any) -> None:
-        """Store the standby-ramp state of a (PoP, group) (any JSON value)."""
-        text = json.dumps(value, sort_keys=True)
-        with self._transaction() as db:
-            db.execute("INSERT OR REPLACE INTO ramps VALUES (?, ?)", (key, text))
-
-    def clear_ramp(self, key: str) -> None:
-        with self._transaction() as db:
-            db.execute("DELETE FROM ramps WHERE key = ?", (key,))
 
     def load(self) -> StoredIntent:
         """Everything stored; raises StateCorrupted on any row that does not parse."""

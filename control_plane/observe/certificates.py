@@ -3,7 +3,7 @@
 The probe (`probes.py`) fetches the leaf certificate an origin presents and lets OpenSSL check
 the chain against the origin's CA file and the dates; `assess` adds what Envoy also checks — the
 subject alt name against the expected name, the pins — and what Envoy does not: how many days
-are left, and whether that is inside the group's warning window (seed 002: "so you don't
+are left, and whether that is inside the group's warning window (the failover source: "so you don't
 discover an expired cert at minute two of an incident"). A certificate "fails" when it does not
 verify or expires within the window; an origin with verification turned off never fails here,
 but its days to expiry are still reported.

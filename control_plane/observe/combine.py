@@ -5,12 +5,12 @@ passive source has no sample of in a (PoP, group) it reported still appears when
 (no traffic, p50/p95 None), stamped with the passive group's newest sample time so staleness
 stays a property of the passive data.
 
-Probes fill in where passive traffic is too thin (seed 002: a standby at its 5 % warm pool sees
-a handful of requests a window): every origin carries the window's probe count (`probes`), which
-`decide/evidence.py` adds to the attempts when those are too few, and when the passing probes
-timed more answers than the passive latency has samples, their p50 / p95 replace it
-(`latency_from` `probes`). Probes run from Ballast, not from the PoP: their latency is the
-origin's own plus Ballast's path to it.
+Probes fill in where passive traffic is too thin (the failover source: a standby at its 5 % warm
+pool sees a handful of requests a window): every origin carries the window's probe count (`probes`),
+which `decide/evidence.py` adds to the attempts when those are too few, and when the passing probes
+timed more answers than the passive latency has samples, their p50 / p95 replace it (`latency_from`
+`probes`). Probes run from Ballast, not from the PoP: their latency is the origin's own plus
+Ballast's path to it.
 """
 
 from __future__ import annotations

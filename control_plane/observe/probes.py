@@ -1,5 +1,5 @@
-"""Active probes (seed 002): synthetic GETs to each origin's cacheable and uncacheable paths
-(a gRPC service's origins: two health `Check`s, `grpc_probe.py`).
+"""Active probes (the failover source): synthetic GETs to each origin's cacheable and uncacheable
+paths (a gRPC service's origins: two health `Check`s, `grpc_probe.py`).
 
 Probes run from Ballast itself, one prober for every PoP: an origin's probe result is the same
 for all PoPs (the PoPs' own view of an origin comes from the passive signals). Every
@@ -9,14 +9,14 @@ share of passing probes over a window (pure, from the recorded results). Each pa
 time (request sent to answer read) is kept too: where passive traffic is too thin for evidence
 (a standby at its warm pool), the probes' count and latencies fill in (`combine.py`).
 
-TLS origins also get their certificate checked each round, before the GETs (seed 002: "If your
-secondary origin hasn't been hit in hours, a stale or mismatched certificate will turn your
+TLS origins also get their certificate checked each round, before the GETs (the failover source: "If
+your secondary origin hasn't been hit in hours, a stale or mismatched certificate will turn your
 graceful failover into a hard outage"): one handshake verifying the chain and dates against the
 origin's `ca_file` (a second, unverified one fetches the certificate when that fails), then
-`certificates.assess` for names, pins and the expiry window. While the certificate fails, both
-GETs of the round count as failed probes, so a standby that only sees warm-pool traffic is marked
-before a shift would need it. Each check goes to `on_certificate` (the service turns changes
-into decision records and keeps the gauges).
+`certificates.assess` for names, pins and the expiry window. While the certificate fails, both GETs
+of the round count as failed probes, so a standby that only sees warm-pool traffic is marked before
+a shift would need it. Each check goes to `on_certificate` (the service turns changes into decision
+records and keeps the gauges).
 """
 
 from __future__ import annotations

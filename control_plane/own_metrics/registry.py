@@ -21,7 +21,14 @@ class BallastMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
+        self._xds(self.registry)
+        self._controllers(self.registry)
+        self._replicas(self.registry)
+        self._certificates(self.registry)
+        self._rollouts(self.registry)
+
+    def _xds(self, r: CollectorRegistry) -> None:
+        """The ADS streams: nodes, responses, ACKs and NACKs, convergence."""
         self.connected_nodes = Gauge(
             "ballast_connected_nodes", "Envoy nodes with an open ADS stream", ["pop"], registry=r
         )
@@ -40,6 +47,9 @@ class BallastMetrics:
             buckets=CONVERGENCE_BUCKETS,
             registry=r,
         )
+
+    def _controllers(self, r: CollectorRegistry) -> None:
+        """The reconcile loop, its decisions and what it reads; reloads."""
         self.reconcile_tick = Histogram(
             "ballast_reconcile_tick_seconds", "Duration of one reconcile tick", registry=r
         )
@@ -51,20 +61,6 @@ class BallastMetrics:
             "Current weight of an origin in a PoP (percent)",
             ["pop", "group", "origin"],
             registry=r,
-        )
-        self.replica_leading = Gauge(
-            "ballast_replica_leading",
-            "1 while this replica leads (reconciles) among replicas on etcd; its term",
-            ["replica"], registry=r,
-        )
-        self.leader_term = Gauge(
-            "ballast_leader_term", "The term this replica leads (0: it follows)", ["replica"],
-            registry=r,
-        )
-        self.intent_store_reachable = Gauge(
-            "ballast_intent_store_reachable",
-            "1 while this replica reaches the shared intent store (etcd); 0: reconcile paused",
-            ["replica"], registry=r,
         )
         self.source_staleness = Gauge(
             "ballast_metric_source_staleness_seconds",
@@ -83,6 +79,26 @@ class BallastMetrics:
         self.config_reloads = Counter(
             "ballast_config_reloads", "Desired-state reloads by result", ["result"], registry=r
         )
+
+    def _replicas(self, r: CollectorRegistry) -> None:
+        """Replicas on etcd: who leads, in which term, whether etcd answers."""
+        self.replica_leading = Gauge(
+            "ballast_replica_leading",
+            "1 while this replica leads (reconciles) among replicas on etcd; its term",
+            ["replica"], registry=r,
+        )
+        self.leader_term = Gauge(
+            "ballast_leader_term", "The term this replica leads (0: it follows)", ["replica"],
+            registry=r,
+        )
+        self.intent_store_reachable = Gauge(
+            "ballast_intent_store_reachable",
+            "1 while this replica reaches the shared intent store (etcd); 0: reconcile paused",
+            ["replica"], registry=r,
+        )
+
+    def _certificates(self, r: CollectorRegistry) -> None:
+        """Origins' certificates (probes) and the certificates TLS listeners serve."""
         self.certificate_days = Gauge(
             "ballast_origin_certificate_days_to_expiry",
             "Days until the certificate a TLS origin presents expires (negative: expired), "
@@ -97,7 +113,6 @@ class BallastMetrics:
             ["group", "origin"],
             registry=r,
         )
-
         self.served_certificate_days = Gauge(
             "ballast_served_certificate_days_to_expiry",
             "Days until a certificate a TLS listener serves (over SDS) expires (negative: "
@@ -106,6 +121,8 @@ class BallastMetrics:
             registry=r,
         )
 
+    def _rollouts(self, r: CollectorRegistry) -> None:
+        """The latest rollout and the version each PoP serves."""
         self.rollout_phase = Gauge(
             "ballast_rollout_phase",
             "1 for the phase of the latest rollout of a desired-state version (baking, paused, "

@@ -1,5 +1,5 @@
-"""Session affinity (seed 002: "if your app uses sticky sessions or JWTs pinned to a region, a naive
-weighted drain will break in-flight users"), for origin groups with `affinity`.
+"""Session affinity (the failover source: "if your app uses sticky sessions or JWTs pinned to a
+region, a naive weighted drain will break in-flight users"), for origin groups with `affinity`.
 
 Envoy's stateful session filter (`envoy.filters.http.stateful_session`) is in the listener's
 HTTP filters, before the router, without a session state of its own (a no-op); each virtual host
@@ -13,8 +13,8 @@ weights are unchanged, but sessions on it are balanced by the weights again (not
 get a new cookie.
 
 Why not hashing: with a ring hash on the cookie and the origins' weights, a key moves to another
-origin whenever the weights move the ring's points (measured: README, facts measured here);
-stateful session keeps every session where it is.
+origin whenever the weights move the ring's points; stateful session keeps every session where
+it is.
 """
 
 from __future__ import annotations

@@ -175,48 +175,61 @@ def ads_bootstrap(
         bootstrap["static_resources"].setdefault("listeners", []).append(listener)
         bootstrap["static_resources"]["clusters"].append(cluster)
     if tls is not None:
-        for cluster in bootstrap["static_resources"]["clusters"]:
-            if cluster["name"] == XDS_CLUSTER:
-                cluster["transport_socket"] = xds_transport_socket(tls, xds_host)
+        _xds_cluster(bootstrap)["transport_socket"] = xds_transport_socket(tls, xds_host)
     if xds_replicas:
-        for cluster in bootstrap["static_resources"]["clusters"]:
-            if cluster["name"] == XDS_CLUSTER:
-                add_failover_replicas(cluster, xds_replicas)
-        # a lost replica is left for another quickly: Envoy's own stream back-off would grow
-        # while it still tries the dead one
-        for service in bootstrap["dynamic_resources"]["ads_config"]["grpc_services"]:
-            service["envoy_grpc"]["retry_policy"] = {
-                "retry_back_off": {"base_interval": "0.25s", "max_interval": "2s"}}
+        _add_replicas(bootstrap, xds_replicas)
     if metrics_sink:
-        bootstrap["stats_sinks"] = [
-            {
-                "name": "envoy.stat_sinks.metrics_service",
-                "typed_config": {
-                    "@type": "type.googleapis.com/"
-                    "envoy.config.metrics.v3.MetricsServiceConfig",
-                    "transport_api_version": "V3",
-                    "emit_tags_as_labels": True,
-                    # Histograms only (no Summary copy): halves the histogram payload.
-                    "histogram_emit_mode": "HISTOGRAM",
-                    "grpc_service": {"envoy_grpc": {"cluster_name": XDS_CLUSTER}},
-                },
-            },
-            host_stats_sink(drop_others=ENVOY_RELEASES[envoy_release].otel_drop_action),
-        ]
-        # Asks Ballast for listeners with the gRPC access log (the measured pool wait).
-        bootstrap["node"].setdefault("metadata", {})[ACCESS_LOG_METADATA] = True
+        _add_metrics_sinks(bootstrap, envoy_release)
     if load_reports:
-        bootstrap.setdefault("cluster_manager", {})["load_stats_config"] = {
-            "api_type": "GRPC", "transport_api_version": "V3",
-            "grpc_services": [{"envoy_grpc": {"cluster_name": XDS_CLUSTER}}]}
-        # Envoy refuses clusters with per-endpoint stats once it reports load: Ballast leaves
-        # them out for nodes that say so
-        bootstrap["node"].setdefault("metadata", {})[LOAD_REPORTS_METADATA] = True
+        _add_load_reports(bootstrap)
     if needed_stats_only:
         matcher = {"inclusion_list": {"patterns": [{"safe_regex": {"regex": r}}
                                                    for r in NEEDED_STATS]}}
         bootstrap.setdefault("stats_config", {})["stats_matcher"] = matcher
     return bootstrap
+
+
+def _xds_cluster(bootstrap: dict[str, Any]) -> dict[str, Any]:
+    cluster: dict[str, Any] = next(c for c in bootstrap["static_resources"]["clusters"]
+                                   if c["name"] == XDS_CLUSTER)
+    return cluster
+
+
+def _add_replicas(bootstrap: dict[str, Any], replicas: Sequence[tuple[str, int]]) -> None:
+    add_failover_replicas(_xds_cluster(bootstrap), replicas)
+    # a lost replica is left for another quickly: Envoy's own stream back-off would grow while it
+    # still tries the dead one
+    for service in bootstrap["dynamic_resources"]["ads_config"]["grpc_services"]:
+        service["envoy_grpc"]["retry_policy"] = {
+            "retry_back_off": {"base_interval": "0.25s", "max_interval": "2s"}}
+
+
+def _add_metrics_sinks(bootstrap: dict[str, Any], envoy_release: str) -> None:
+    bootstrap["stats_sinks"] = [
+        {
+            "name": "envoy.stat_sinks.metrics_service",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.config.metrics.v3.MetricsServiceConfig",
+                "transport_api_version": "V3",
+                "emit_tags_as_labels": True,
+                # Histograms only (no Summary copy): halves the histogram payload.
+                "histogram_emit_mode": "HISTOGRAM",
+                "grpc_service": {"envoy_grpc": {"cluster_name": XDS_CLUSTER}},
+            },
+        },
+        host_stats_sink(drop_others=ENVOY_RELEASES[envoy_release].otel_drop_action),
+    ]
+    # Asks Ballast for listeners with the gRPC access log (the measured pool wait).
+    bootstrap["node"].setdefault("metadata", {})[ACCESS_LOG_METADATA] = True
+
+
+def _add_load_reports(bootstrap: dict[str, Any]) -> None:
+    bootstrap.setdefault("cluster_manager", {})["load_stats_config"] = {
+        "api_type": "GRPC", "transport_api_version": "V3",
+        "grpc_services": [{"envoy_grpc": {"cluster_name": XDS_CLUSTER}}]}
+    # Envoy refuses clusters with per-endpoint stats once it reports load: Ballast leaves them
+    # out for nodes that say so
+    bootstrap["node"].setdefault("metadata", {})[LOAD_REPORTS_METADATA] = True
 
 
 # Full stat names (before tag extraction) Envoy keeps with `needed_stats_only`. Envoy's regex

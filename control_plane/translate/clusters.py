@@ -1,11 +1,12 @@
 """One Cluster per (origin group, tier): its own connection pool, breakers and queue policy.
 
 Endpoints arrive by EDS over ADS (one ClusterLoadAssignment per cluster, see `endpoints.py`).
-Breaker numbers (seed 000): max_connections = max_requests = ceil(share% x max_origin_concurrency),
-so 70/25/5 % of 120 gives 84/30/6; max_pending_requests = the tier's queue depth. Retries are
-bounded by a retry budget (seed 002: 15 % of active requests); `max_retries` states the same bound
-as a count at full load, ceil(budget% x max_requests), and `min_retry_concurrency` lets an idle
-pool still spend one request's full retry count (the tier's retries).
+Breaker numbers (the tiers source): max_connections = max_requests = ceil(share% x
+max_origin_concurrency), so 70/25/5 % of 120 gives 84/30/6; max_pending_requests = the tier's queue
+depth. Retries are bounded by a retry budget (the failover source: 15 % of active requests);
+`max_retries` states the same bound as a count at full load, ceil(budget% x max_requests), and
+`min_retry_concurrency` lets an idle pool still spend one request's full retry count (the tier's
+retries).
 
 Upstream connections idle for one tier tick (`tier_actions.interval`) are closed
 (`common_http_protocol_options.idle_timeout`). Envoy keeps the connections a pool opened under a

@@ -90,7 +90,7 @@ class Built(Protocol):
 
 
 class Maker(Protocol):
-    """The incremental builder of `pop.py`: the previous snapshot's resource when `inputs`
+    """The incremental builder of `pop.py`: the previous translation's resource when `inputs`
     are equal, else `build()`."""
 
     def resource(self, type_url: str, name: str, inputs: tuple[object, ...],

@@ -1,6 +1,6 @@
-"""The cache-warming mirror (seed 002): while a standby ramps, a share of the group's cacheable
-requests is copied to it with Envoy's request mirroring, so its cache warms before it takes the
-traffic for real.
+"""The cache-warming mirror (the failover source): while a standby ramps, a share of the group's
+cacheable requests is copied to it with Envoy's request mirroring, so its cache warms before it
+takes the traffic for real.
 
 - Each standby origin of a group in a PoP (every origin but the PoP's preferred one) has its own
   cluster `<group>.mirror-<origin>` (EDS like the tier clusters), whose only endpoint is that

@@ -1,6 +1,6 @@
 """Translate the desired state into the Envoy resources of one PoP (pure: no I/O, no clocks).
 
-Incremental: given the PoP's `previous` snapshot, a resource whose inputs are equal to the ones
+Incremental: given the PoP's `previous` resources, a resource whose inputs are equal to the ones
 it was built from is taken over as it is (same object, same bytes, same version); only the others
 are translated and serialized. The inputs of each resource are exactly what its builder reads:
 
@@ -27,7 +27,7 @@ So a weight change re-builds the ClusterLoadAssignments of that group, a tier ac
 and the runtime layer,
 a desired-state edit the resources whose inputs it touched. Without `previous` every resource is
 built: that full translation is the reference the incremental one is tested against (byte for
-byte, `tests/test_translate_incremental.py`). What was built is kept with the snapshot
+byte, `tests/test_translate_incremental.py`). What was built is kept with the resources
 (`built_resources`).
 """
 
@@ -79,7 +79,7 @@ from control_plane.translate.weights import resolve_weights
 
 ResourceKey = tuple[str, str]  # (type URL, name)
 _INPUTS = "translate:inputs"  # derived slot: ResourceKey -> the inputs it was built from
-_BUILT = "translate:built"  # derived slot: the ResourceKeys translated for this snapshot
+_BUILT = "translate:built"  # derived slot: the ResourceKeys translated for these resources
 _POP_INPUTS = "translate:pop_inputs"  # derived slot: the `_PopInputs` it was translated from
 
 
@@ -95,7 +95,7 @@ class _Built:
 
 
 class _Builder:
-    """Takes a resource over from the previous snapshot when its inputs are equal."""
+    """Takes a resource over from the previous resources when its inputs are equal."""
 
     def __init__(self, previous: PopResources | None, *, carry: bool = False) -> None:
         """`carry`: every resource of `previous` is kept unless replaced (else only those
@@ -120,7 +120,7 @@ class _Builder:
 
     def resource(self, type_url: str, name: str, inputs: tuple[object, ...],
                  build: Callable[[], tuple[Message, str | None]]) -> _Built:
-        """The previous snapshot's resource when `inputs` equal its inputs, else `build()`."""
+        """The previous translation's resource when `inputs` equal its inputs, else `build()`."""
         key = (type_url, name)
         before = self._previous.get(key)
         if before is not None and before.inputs == inputs:
@@ -173,7 +173,7 @@ def translate_pop(
     under `intent` (what the running intent holds for it; None: the desired state as written).
 
     `caps` decides adaptive LIFO vs FIFO; every fallback is in `notes`. `previous`: this PoP's
-    last snapshot, whose resources are reused where their inputs did not change (see the
+    last translation, whose resources are reused where their inputs did not change (see the
     module docstring). The Cluster message carries field 62 (queue policy) among its unknown
     fields, so its payload, version and re-serializations include it. Raises `UnknownPop` for
     a PoP not in `desired` and `WeightsError` for weights that do not fit it.
@@ -198,7 +198,7 @@ def translate_pop(
 
 @dataclass(frozen=True)
 class _PopInputs:
-    """Everything a PoP's translation reads (kept with the snapshot as `_POP_INPUTS`)."""
+    """Everything a PoP's translation reads (kept with the resources as `_POP_INPUTS`)."""
 
     desired: Desired
     caps: Capabilities
@@ -210,7 +210,7 @@ class _PopInputs:
 
 
 def _translate(pop: str, inputs: _PopInputs, make: _Builder) -> PopResources:
-    """Every resource, each taken over from the previous snapshot when its inputs are equal."""
+    """Every resource, each taken over from the previous translation when its inputs are equal."""
     desired = inputs.desired
     the_pop = desired.pop(pop)
     clusters: dict[str, Resource] = {}
@@ -220,7 +220,7 @@ def _translate(pop: str, inputs: _PopInputs, make: _Builder) -> PopResources:
     for group in desired.origin_groups:
         for tier in group.tiers:
             name = cluster_name(group.name, tier.name)
-            # the previous snapshot's equal group object, so the comparisons below are cheap
+            # the previous translation's equal group object, so the comparisons below are cheap
             same = make.canonical(make.previous_input(CLUSTER_TYPE, name, 0), group)
             groups.setdefault(group.name, same)
             cluster = make.resource(
@@ -398,7 +398,7 @@ def _cluster(
 
 
 def built_resources(resources: PopResources) -> tuple[ResourceKey, ...]:
-    """The (type URL, name) of every resource translated (not taken over) for this snapshot."""
+    """The (type URL, name) of every resource translated (not taken over) for these resources."""
     return resources.derived(_BUILT, lambda r: tuple(
         (type_url, name) for type_url, items in r.by_type.items() for name in items
     ))

@@ -101,7 +101,7 @@ class PopResources:
     capabilities: Capabilities
     by_type: Mapping[str, Mapping[str, Resource]]
     notes: tuple[str, ...] = ()  # e.g. "shop.critical: adaptive_lifo -> fifo (not supported)"
-    # values computed from this snapshot once and shared by every stream (see `derived`)
+    # values computed from these resources once and shared by every stream (see `derived`)
     _derived: dict[str, Any] = field(
         default_factory=dict, init=False, repr=False, compare=False, hash=False
     )
@@ -119,14 +119,15 @@ class PopResources:
 
     def derived_if_built(self, key: str) -> Any:
         """What `derived` keeps under `key`, or None if nothing asked for it yet (never builds:
-        readers of a snapshot other threads serve may not add to it)."""
+        readers of resources other threads serve may not add to it)."""
         return self._derived.get(key)
 
     def derived(self, key: str, build: Callable[[PopResources], T]) -> T:
-        """`build(self)`, computed the first time `key` is asked for and kept with this snapshot.
+        """`build(self)`, computed the first time `key` is asked for and kept with them.
 
-        A snapshot is never changed after translation, so whatever is computed from it (per-type
-        indexes, versions) holds as long as it lives and is shared by every node of the PoP.
+        A PoP's resources never change after translation, so whatever is computed from them
+        (per-type indexes, versions) holds as long as they live and is shared by every node of
+        the PoP.
         """
         try:
             return self._derived[key]  # type: ignore[no-any-return]

@@ -3,7 +3,7 @@
 Each virtual host (one origin group) gets one route per classification rule (path prefix and
 header matchers -> `<group>.<tier>`), then a catch-all `/` to the default tier (fail safe).
 
-Timeouts per tier (seed 000):
+Timeouts per tier (the tiers source):
 - per_try_timeout = read_timeout (one attempt's time to answer);
 - timeout = queue_timeout + read_timeout x (retries + 1): the time a request may wait in the
   tier's pending queue plus every attempt; backoff waits (each at most 250 ms) come out of it.
@@ -19,7 +19,7 @@ tried (the critical tier's third attempt with two origins), Envoy takes the last
 `previous_priorities` would need the origins in separate priorities, which the weighted split
 does not use.
 
-Hedging (seed 000 "50ms for P0 before we attempt hedging to a secondary origin"), for a tier
+Hedging (the tiers source "50ms for P0 before we attempt hedging to a secondary origin"), for a tier
 with `hedge_delay`: Envoy's `hedge_policy.hedge_on_per_try_timeout` with `per_try_timeout` =
 the hedge delay. Measured on Envoy 1.40: when an attempt has not answered within the delay,
 Envoy sends another attempt (after the retry backoff) without cancelling the first, answers with
@@ -38,7 +38,7 @@ Envoy 1.40: docs/benchmarks.md, "Hedges respect the ramp").
 The request header `x-ballast-tier: <tier>` (overwriting any client value) tells the origin and
 operators how a request was classified.
 
-Priority that survives sub-requests (seed 000: "tagging downstream sub-requests with the
+Priority that survives sub-requests (the tiers source: "tagging downstream sub-requests with the
 parent's priority"): an origin that fetches a dependency through the edge while serving a
 request copies that request's `x-ballast-tier` onto the sub-request. Connections from
 `trusted_priority_sources` get the route configuration `<listener>.trusted` (`listeners.py`),
@@ -47,7 +47,7 @@ to that tier, before any classification rule; any other value falls through to t
 other connection gets the plain configuration, where the header is ignored and overwritten, so
 an untrusted client cannot pick its own tier.
 
-Tier actions (adaptive re-prioritization, seed 000), when active for the group in this PoP:
+Tier actions (adaptive re-prioritization, the tiers source), when active for the group in this PoP:
 - shedding (the re-prioritization's shed tier and the tiers shed for utilization) does not
   touch the routes: a shed tier keeps its floor, and its cluster's limits (the runtime layer,
   `runtime.py`) answer the rest at once with its `shed_action` (`overflow.py`);
@@ -56,7 +56,7 @@ Tier actions (adaptive re-prioritization, seed 000), when active for the group i
   in `x-ballast-tier`, and the demoted part also `x-ballast-demoted-from: <tier>`. Timeouts and
   retries stay those of the route's own tier (the client's deadline does not change). While the
   `demote_to` tier is shed (its pool is at its floor: a demoted request could not get through),
-  the demoted share is answered at the edge instead (seed 000's admission order: background
+  the demoted share is answered at the edge instead (the tiers source's admission order: background
   first, then the demoted share, then the rest of the tier): each route of the demoted tier is
   preceded by `<name>@shed/<group>/<tier>` (`shed_route_name`: an access log counts what it
   answered against the tier it shed, the rollout gates' shed rate), matching the same requests

@@ -10,9 +10,9 @@ and its queue at most as long (at least one place while the floor has slots, so 
 without a connection can still open one), so what finds the floor busy is answered at once with the
 tier's `shed_action` (`overflow.py`). The Cluster (CDS) keeps the tier's guaranteed share, so
 lending, preemption, shedding and their reversal never rebuild a cluster or drain its
-connection pool (measured against CDS: README, facts). The layer `ballast_tiers` is always
-served, empty when nothing is in force: Envoys whose bootstrap names it (the edge bootstrap
-template) wait for it at start-up.
+connection pool (measured against CDS: docs/architecture.md, "Facts the code relies on",
+lending by RTDS). The layer `ballast_tiers` is always served, empty when nothing is in force:
+Envoys whose bootstrap names it (the edge bootstrap template) wait for it at start-up.
 """
 
 from __future__ import annotations

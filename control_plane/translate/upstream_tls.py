@@ -1,7 +1,7 @@
 """The UpstreamTlsContext of a TLS origin: SNI, and a verified certificate unless turned off.
 
-Verification (seed 000: "Keep Origin SSL Verification ... enabled even for internal origins, and
-pin your origin certs"; seed 002: "Enforce strict checks on both origins"):
+Verification (the tiers source: "Keep Origin SSL Verification ... enabled even for internal origins,
+and pin your origin certs"; the failover source: "Enforce strict checks on both origins"):
 - the chain must end at a CA of `ca_file` (a PEM bundle on the Envoy host; the system bundle by
   default);
 - a subject alt name must equal the origin's expected name (`verify_name`, else the SNI, else the

@@ -13,6 +13,8 @@ import heapq
 import itertools
 from collections.abc import Callable
 
+from harness.eventually import eventually
+
 SETTLE_ROUNDS = 50  # loop turns after each wake-up: enough for a woken task's chain of awaits
 
 
@@ -58,11 +60,8 @@ class FakeClock:
     async def idle(self, waiting: int = 1, timeout_s: float = 10.0) -> None:
         """Let the loop run (no fake time passes) until `waiting` timers or sleepers are due:
         a task that was woken has done its work (threads included) and waits again."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while self.waiting() < waiting:
-            assert loop.time() < deadline, "nothing went back to waiting"
-            await asyncio.sleep(0)
+        await eventually(lambda: self.waiting() >= waiting, timeout_s,
+                         "a woken task waits again", interval=0)
 
     async def advance(self, seconds: float) -> None:
         target = self._now + seconds

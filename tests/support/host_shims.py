@@ -27,6 +27,7 @@ BALLAST_E2E_BIN (these shims' folder), BALLAST_E2E_PYTHON.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -34,9 +35,9 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+from harness.eventually import eventually_blocking
 from tests.support.runbook import SERVICE_USERS, host_of, relocate
 
 DEBIAN_UNITS = {
@@ -132,10 +133,8 @@ def stop_pid(pid: int, timeout: float = STOP_TIMEOUT_S) -> None:
             os.killpg(pid, signum)
         except ProcessLookupError:
             return
-        deadline = time.monotonic() + wait
-        while alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if not alive(pid):
+        with contextlib.suppress(AssertionError):  # still alive: the next signal
+            eventually_blocking(lambda: not alive(pid), wait, f"process {pid} ending")
             return
 
 

@@ -521,7 +521,7 @@ function legend(data) {
     h("span", { class: "muted" }, ` (home ${data.home[origin]}%)`))));
 }
 
-// the failover ramp in words (admin/dashboard_views.py ramp_view): each standby's step and
+// the failover ramp in words (admin/dashboard_views.py ramp_view): each standby's stage and
 // share, its weight, since when it ramps and why, linked to the record that says so
 function rampSentences(route, standbys) {
   if (!standbys.length) return h("p", { class: "muted" }, "none active");

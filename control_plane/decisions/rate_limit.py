@@ -1,12 +1,12 @@
-"""How fast clients may fill the decision log: a byte budget for routine records.
+"""How fast clients may fill the decision log: a rate limit in bytes for routine records.
 
 Records a client can cause (a node connecting, disconnecting, NACKing, falling back to FIFO)
 are routine; a fleet or one misbehaving client can cause any number of them, and enough of
 them would rotate the decisions on-call needs out of the log. They are written only while a
 token bucket of bytes allows (`burst_bytes` at once, refilled at `bytes_per_s`); what does not
 fit is counted by kind, and the counts are written as one `records_suppressed` record as soon
-as the budget allows again. Decisions (weights, tier actions, config, start-up) never pass
-through the budget: they are always written.
+as the limit allows again. Decisions (weights, tier actions, config, start-up) are never
+limited: they are always written.
 
 Pure apart from the injected clock.
 """
@@ -22,21 +22,22 @@ DEFAULT_BYTES_PER_S = 32 * 1024
 
 
 @dataclass(frozen=True)
-class BudgetConfig:
+class RateLimit:
     burst_bytes: int = DEFAULT_BURST_BYTES
     bytes_per_s: int = DEFAULT_BYTES_PER_S
 
     def __post_init__(self) -> None:
         if self.burst_bytes < 1 or self.bytes_per_s < 1:
-            raise ValueError("the routine-record budget needs burst and rate of at least 1 byte")
+            raise ValueError("the routine records' rate limit needs burst and rate of at least 1 "
+                             "byte")
 
 
-DEFAULT_BUDGET = BudgetConfig()
+DEFAULT_RATE_LIMIT = RateLimit()
 
 
-class RecordBudget:
+class RecordLimiter:
     def __init__(
-        self, config: BudgetConfig = DEFAULT_BUDGET, clock: Callable[[], float] = time.monotonic
+        self, config: RateLimit = DEFAULT_RATE_LIMIT, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.config = config
         self._clock = clock

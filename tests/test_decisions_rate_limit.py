@@ -1,4 +1,4 @@
-"""No client can rotate the decision log faster than the routine-record budget; decisions are
+"""No client can rotate the decision log faster than the routine records' rate limit; decisions are
 never suppressed (issue 8: "a handful of such connections rotated away all earlier history")."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from control_plane.app.service import BallastService, ServiceConfig
-from control_plane.decisions.budget import BudgetConfig, RecordBudget
 from control_plane.decisions.log import log_files
+from control_plane.decisions.rate_limit import RateLimit, RecordLimiter
 from control_plane.decisions.read import iter_records
 from control_plane.translate.resources import CLUSTER_TYPE as CDS
 from harness.eventually import eventually
@@ -27,27 +27,27 @@ class Clock:
 
 def test_bucket_allows_a_burst_then_the_rate_and_counts_the_rest() -> None:
     clock = Clock()
-    budget = RecordBudget(BudgetConfig(burst_bytes=1000, bytes_per_s=100), clock)
-    assert [budget.take("node_connected", 300) for _ in range(4)] == [True, True, True, False]
-    assert budget.take("nack", 200) is False
-    assert budget.suppressed == {"node_connected": 1, "nack": 1}
+    limiter = RecordLimiter(RateLimit(burst_bytes=1000, bytes_per_s=100), clock)
+    assert [limiter.take("node_connected", 300) for _ in range(4)] == [True, True, True, False]
+    assert limiter.take("nack", 200) is False
+    assert limiter.suppressed == {"node_connected": 1, "nack": 1}
     clock.now += 2.0  # 100 left + 200 refilled
-    assert budget.take("node_connected", 300) is True
-    assert budget.take("node_connected", 1) is False
-    assert budget.pending_note() == {"node_connected": 2, "nack": 1}
-    assert budget.pending_note() is None  # said once
+    assert limiter.take("node_connected", 300) is True
+    assert limiter.take("node_connected", 1) is False
+    assert limiter.pending_note() == {"node_connected": 2, "nack": 1}
+    assert limiter.pending_note() is None  # said once
     clock.now += 1000  # never more than the burst
-    assert budget.take("x", 1000) is True and budget.take("x", 1) is False
-    assert budget.suppressed_total == 4
+    assert limiter.take("x", 1000) is True and limiter.take("x", 1) is False
+    assert limiter.suppressed_total == 4
 
 
 async def test_a_connection_storm_cannot_rotate_the_log_and_decisions_are_kept(
     tmp_path: Path,
 ) -> None:
-    budget = BudgetConfig(burst_bytes=40_000, bytes_per_s=2_000)
+    limit = RateLimit(burst_bytes=40_000, bytes_per_s=2_000)
     service = BallastService(ServiceConfig(
         desired_path=EXAMPLE, state_dir=tmp_path, xds_address="127.0.0.1:0",
-        admin_address=None, probes=False, routine_records=budget,
+        admin_address=None, probes=False, routine_records=limit,
     ))
     await service.start()
     try:
