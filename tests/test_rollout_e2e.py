@@ -391,8 +391,12 @@ async def test_at_the_shortest_bake_no_wave_passes_on_traffic_served_before_the_
     assert any("no evidence yet" in r["rule"] or "waits" in r["rule"] for r in gates), \
         [r["rule"] for r in gates]
     # the failures of the new config's own attempts (1 ms read timeouts; a retry on the other
-    # origin may still answer the client)
+    # origin may still answer the client), or the overflows their retries make (a shed)
     rolled = fleet.records("rolled_back")[-1]
-    assert "5xx" in rolled["rule"] and "ewr" in rolled["rule"], rolled["rule"]
+    assert ("5xx" in rolled["rule"] or "shed" in rolled["rule"]) and "ewr" in rolled["rule"], \
+        rolled["rule"]
     assert statuses, "the new config's traffic was sent"
-    assert not fleet.records("wave_passed")
+    assert not fleet.records("wave_passed"), "\n".join(
+        f"{r['time']} {r['kind']}: {r['rule']} {r.get('detail')}" for r in fleet.records()
+        if r["kind"] in ("wave_started", "gate_reading", "wave_passed", "rolled_back",
+                         "config_applied", "config_rejected"))

@@ -33,6 +33,7 @@ from pathlib import Path
 import pytest
 
 from control_plane.app.service import BallastService, ServiceConfig
+from control_plane.decide.rollout import Rollout
 from control_plane.decisions.read import iter_records
 from control_plane.translate.bootstrap import ads_bootstrap
 from harness.envoy_process import EnvoyProcess, free_port
@@ -75,6 +76,13 @@ def _leading(service: BallastService) -> bool:
     return service.replication is not None and service.replication.term is not None
 
 
+
+def _place(rollout: Rollout | None) -> tuple[object, ...] | None:
+    """Where a rollout is (its last gate reading, which the leader saves as it turns, may lag
+    on a follower by a look)."""
+    return None if rollout is None else (rollout.from_version, rollout.to_version, rollout.wave,
+                                         rollout.phase, rollout.wave_started_ms)
+
 async def test_a_new_leader_carries_the_rollout_on(etcd: EtcdServer, tmp_path: Path) -> None:
     ports = Ports({"ewr": 10000, "sjc": 10001, "lax": 10002}, 8001, 8002, 0)
     desired = tmp_path / "desired.yaml"
@@ -90,7 +98,8 @@ async def test_a_new_leader_carries_the_rollout_on(etcd: EtcdServer, tmp_path: P
                              and a.rollouts.rollout.phase == "baking", 10, "a's canary")
             new = a.rollouts.rollout.to_version
             # the follower serves what the leader decided, PoP by PoP
-            await eventually(lambda: b.rollouts.rollout == a.rollouts.rollout, 10,
+            await eventually(lambda: _place(b.rollouts.rollout) == _place(a.rollouts.rollout),
+                             20,
                              "b follows a's rollout")
             assert b.server.intent.intent.versions() == {"ewr": new, "sjc": old, "lax": old}
             await a.stop(0.1)  # the leader goes away while the canary bakes
@@ -144,7 +153,8 @@ async def test_a_peer_value_that_cannot_be_read_holds_the_wave_and_stops_no_mirr
             await eventually(lambda: held("registered, but shares no ACK state"), 20,
                              "the canary waits for the ghost's nodes")
             # b's mirror goes on through the bad values: it follows a's rollout
-            await eventually(lambda: b.rollouts.rollout == a.rollouts.rollout, 10,
+            await eventually(lambda: _place(b.rollouts.rollout) == _place(a.rollouts.rollout),
+                             20,
                              "b follows a's rollout")
             await asyncio.to_thread(etcdctl, "put", "/ballast/acks/ghost", '{"pops": 7}')
             await eventually(lambda: held("its shared value is unreadable"), 10,
@@ -337,7 +347,8 @@ async def test_a_file_edited_while_every_replica_was_down(etcd: EtcdServer, tmp_
                          if r["kind"] == "config_deferred" and r.get("replica") == "b"], 10,
                 "b leaves its file to a")
             assert "replica b does not lead (leader: a, term" in deferred[0]["rule"], deferred
-            await eventually(lambda: b.rollouts.rollout == a.rollouts.rollout, 10,
+            await eventually(lambda: _place(b.rollouts.rollout) == _place(a.rollouts.rollout),
+                             20,
                              "b follows a's rollout")
             assert b.server.intent.intent.versions() == {"ewr": v3, "sjc": v1, "lax": v1}
             assert a.rollouts.rollout.to_version == v3

@@ -30,8 +30,10 @@
 The gate's verdict: `fail` on a NACK, a missing ACK past the timeout or a failing reading;
 else `wait` while no reached PoP has a connected node (nothing serves the version to judge: it
 waits, and the rollout pauses after `evidence_timeout` as for no evidence), while ACKs are
-missing or a reached PoP with nodes has no passing reading of 5xx, p95 or shed rate (no
-evidence yet: the bake extends); else `pass`. A PoP without nodes beside PoPs with nodes serves
+missing or a reached PoP with nodes has no passing reading of its whole 5xx rate (key `all`: no
+evidence yet, the bake extends; latency and shed readings come from the access logs, which can
+be conclusive while the stats flushes that carry the errors are not yet in, so they alone never
+pass a wave); else `pass`. A PoP without nodes beside PoPs with nodes serves
 nobody: it needs no evidence of its own. Rates are failures over samples, never above 100 %.
 """
 
@@ -50,7 +52,7 @@ ReadingVerdict = Literal["pass", "fail", "inconclusive", "wait"]
 GateVerdict = Literal["pass", "fail", "wait"]
 Comparison = Literal["regressed", "ok", "inconclusive"]
 SIGNALS: tuple[str, ...] = ("nack", "ack", "5xx", "p95", "shed", "tier_actions")
-EVIDENCE_SIGNALS = frozenset({"5xx", "p95", "shed"})  # what shows a PoP was measured
+ALL_KEY = "all"  # the key of the reading over a whole PoP
 SHOWN_READINGS = 20  # readings a gate result keeps for records and the store (failing first)
 SHOWN_WHY = 5  # reasons a gate result gives in words (rules of records stay short)
 MAX_MESSAGE_CHARS = 500  # of a NACK's message kept in a reading
@@ -186,7 +188,8 @@ def evaluate(inputs: GateInputs, reached: Iterable[str], version: str, wave_star
         if window.pop in pops:
             readings.extend(_signals(window, before.get(window.pop), peers, gates))
     with_nodes = {n.pop for n in inputs.nodes if n.pop in pops}
-    measured = {r.pop for r in readings if r.signal in EVIDENCE_SIGNALS and r.verdict == "pass"}
+    measured = {r.pop for r in readings
+                if r.signal == "5xx" and r.key == ALL_KEY and r.verdict == "pass"}
     unmeasured = sorted(with_nodes - measured)
     failing = [r for r in readings if r.verdict == "fail"]
     waiting = [r for r in readings if r.verdict == "wait"]
@@ -200,7 +203,7 @@ def evaluate(inputs: GateInputs, reached: Iterable[str], version: str, wave_star
     elif waiting or unmeasured:
         verdict = "wait"
         why = _bounded([r.text for r in waiting] + [
-            f"pop {pop}: no evidence yet (no 5xx, p95 or shed reading with "
+            f"pop {pop}: no evidence yet (its 5xx rate has no reading with "
             f"{gates.min_samples} samples against a baseline)" for pop in unmeasured],
             "reasons to wait")
     else:
@@ -425,7 +428,7 @@ def _five_xx_all(after: PopWindow, before: PopWindow | None, peers: _Peers,
         baselines.append(("old PoPs", *peers.all_errors))
     if before is not None and before.origins:
         baselines.append(("before", *_sum_errors(before, need)))
-    return _rate_reading(after.pop, "5xx", "all", failed, total, baselines,
+    return _rate_reading(after.pop, "5xx", ALL_KEY, failed, total, baselines,
                          gates.max_5xx_increase, need, "5xx")
 
 

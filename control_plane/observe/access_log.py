@@ -98,6 +98,14 @@ class WaitSample:
     started_ms: int = 0  # when the request started (Envoy's clock, epoch ms; 0: not logged)
 
     @property
+    def at_ms(self) -> int:
+        """When the request counts in a window: when it started at Envoy (entries arrive in
+        batches a second or more later, so a rollout gate's window of the change's own traffic
+        must not count a request served before the change), never after it arrived (a clock
+        ahead of Ballast's), by its arrival where the entry does not say."""
+        return min(self.started_ms or self.received_ms, self.received_ms)
+
+    @property
     def is_wait(self) -> bool:
         """A pool-wait sample: one attempt, so the wait holds no failed attempt nor backoff."""
         return self.attempts <= 1
@@ -253,7 +261,7 @@ class AccessLogStore:
         counts: dict[tuple[str, str, str], list[int]] = {}
         for (pop, cluster), queue in self._samples.items():
             split = split_cluster(cluster)
-            found = sum(1 for s in queue if start < (s.started_ms or s.received_ms) <= now_ms)
+            found = sum(1 for s in queue if start < s.at_ms <= now_ms)
             if split is not None and found:
                 counts.setdefault((pop, *split), [0, 0])[0] += found
         for pop, sheds in self._sheds.items():
@@ -265,10 +273,11 @@ class AccessLogStore:
         return {key: (requests, shed) for key, (requests, shed) in sorted(counts.items())}
 
     def samples(self, now_ms: int, window_ms: int) -> dict[tuple[str, str], list[WaitSample]]:
-        """(PoP, tier cluster) -> the samples that arrived in (now - window, now]."""
+        """(PoP, tier cluster) -> the samples that started in (now - window, now]
+        (`WaitSample.at_ms`)."""
         start = now_ms - window_ms
         return {
-            key: [s for s in queue if start < s.received_ms <= now_ms]
+            key: [s for s in queue if start < s.at_ms <= now_ms]
             for key, queue in self._samples.items()
         }
 
