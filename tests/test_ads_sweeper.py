@@ -248,3 +248,46 @@ async def test_a_node_connection_is_counted_in_use_until_its_stream_ends() -> No
         await refused.close()
         await channel.close()
         await ballast.stop(0)
+
+
+async def test_an_identitys_connections_with_valid_streams_are_budgeted() -> None:
+    """Two connections of one identity carry valid streams; a valid stream on a third is
+    refused with RESOURCE_EXHAUSTED, and the connection stays unproven; once one of the two is
+    closed (idle 1.5 s after its stream ended) and a sweep no longer lists it, the identity
+    may prove another. (On loopback the identity is None, exempt: the sweeper is told one
+    identity for every peer here.)"""
+    limits = AdsLimits(proven_per_identity=2, connection_idle_ms=1500)
+    ballast = BallastServer(
+        desired(listener_port=free_port(), primary_port=free_port(), secondary_port=free_port()),
+        xds_address="127.0.0.1:0", limits=limits)
+    ballast.connections._identify = lambda _: "spiffe://ballast/pop/ewr/node/one"
+    await ballast.start()
+    channels = [local_channel(f"127.0.0.1:{ballast.port}") for _ in range(4)]
+    nodes = [XdsClient(channel, make_node(f"n{i}", "ewr")) for i, channel in enumerate(channels)]
+    try:
+        for node in nodes[:2]:
+            await connect(node, 10)
+        sweeper = ballast.connections
+        assert sweeper.holding("spiffe://ballast/pop/ewr/node/one") == 2
+        await nodes[2].start()
+        await nodes[2].send_raw(DiscoveryRequest(node=make_node("n2", "ewr")))
+        await asyncio.wait_for(nodes[2].done.wait(), 10)
+        assert nodes[2].error is not None
+        assert nodes[2].error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "the limit is 2" in (nodes[2].error.details() or "")
+        assert sweeper.acted["refused streams of 'spiffe://ballast/pop/ewr/node/one': "
+                             "more than 2 connections with valid streams"] == 1
+        assert len(sweeper._proven) == 2  # the third connection is not proven
+        # one of the two goes (its stream ends, the sweeper closes it once idle): a sweep
+        # forgets it, and a fourth connection proves
+        await nodes[0].close()
+        await eventually(lambda: sweeper.holding("spiffe://ballast/pop/ewr/node/one") == 1, 8,
+                         "the closed connection forgotten")
+        await connect(nodes[3], 10)
+        assert sweeper.holding("spiffe://ballast/pop/ewr/node/one") == 2
+    finally:
+        for node in nodes:
+            await node.close()
+        for channel in channels:
+            await channel.close()
+        await ballast.stop(0)
