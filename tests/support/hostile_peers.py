@@ -139,10 +139,13 @@ class Holder:
             conn.send_headers(stream_id, _headers(ALS_PATH))
             conn.send_data(stream_id, self.sink_message)
             writer.write(conn.data_to_send())
+        ended = False  # the sink stream (its trailers may come with a reset: counted once)
         try:
             while data := await reader.read(65536):
                 for event in conn.receive_data(data):  # settings and pings are acknowledged
-                    if isinstance(event, h2.events.StreamEnded | h2.events.StreamReset):
+                    if (not ended and self.sink_message
+                            and isinstance(event, h2.events.StreamEnded | h2.events.StreamReset)):
+                        ended = True
                         self.refused += 1  # the server ended the stream: it was refused
                 writer.write(conn.data_to_send())
         finally:
