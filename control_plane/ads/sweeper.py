@@ -112,7 +112,7 @@ class ConnectionSweeper:
         await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, why)
 
     def holding(self, identity: str) -> int:
-        """The connections `identity` proved that a sweep still lists (tests, status)."""
+        """The connections `identity` proved that a sweep still lists."""
         return len(self._by_identity.get(identity, ()))
 
     def _release(self, endpoint: Endpoint) -> None:
