@@ -1,6 +1,7 @@
 """Connections to the xDS port that carry no valid stream (issue 36): one peer holding as many
-as it can open under a 4,096 descriptor limit — TLS with a node certificate, or raw TCP
-without one — and connections kept busy with a bogus stream, against a real `ballast serve`
+as it can open under a 4,096 descriptor limit — TLS with a node certificate, raw TCP
+without one, or TLS with a valid access-log stream on each connection — and connections kept
+busy with a bogus stream, against a real `ballast serve`
 with mTLS. Each in network namespaces on a bridge this test makes, as the probes that filed the
 issue ran: the server, the attacker and a fresh node each on an address of their own.
 
