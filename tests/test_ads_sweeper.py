@@ -16,7 +16,9 @@ from pathlib import Path
 
 import grpc
 import pytest
+from envoy.config.core.v3.base_pb2 import Locality, Node
 from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest
+from envoy.service.load_stats.v3.lrs_pb2 import LoadStatsRequest
 
 from control_plane.ads.connections import MAX_BLOCKED
 from control_plane.ads.limits import DEFAULT_LIMITS, DESCRIPTOR_RESERVE, AdsLimits, connection_cap
@@ -24,12 +26,16 @@ from control_plane.ads.server import server_options
 from control_plane.ads.socket_table import SocketTable, block_program, endpoint_of
 from control_plane.app.server import BallastServer
 from control_plane.gen.ballast.v1 import metrics_service_pb2 as ms
+from control_plane.observe.lrs_service import SERVICE as LRS_SERVICE
+from control_plane.observe.sink import OTLP_METHOD
 from harness.ads_desired import desired
 from harness.envoy_process import free_port
 from harness.eventually import eventually
 from harness.xds_client import XdsClient, connect, local_channel, make_node
 from tests.support.example_service import example_service
 from tests.support.zero_window import ZeroWindowConnection
+
+LRS_METHOD = f"/{LRS_SERVICE}/StreamLoadStats"
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="Linux only")
 
@@ -229,6 +235,49 @@ async def test_a_metrics_stream_is_a_valid_stream_of_its_connection(tmp_path: Pa
                 await channel.close()
 
 
+async def test_a_load_report_stream_and_otlp_exports_are_valid_uses_of_their_connections(
+    tmp_path: Path,
+) -> None:
+    """A connection carrying only a node's load-report stream stays, and so does one carrying
+    only OTLP exports (one every 0.3 s, for twice the idle timeout); one whose load-report
+    stream never sends its first report is closed."""
+    limits = AdsLimits(connection_idle_ms=1500)
+    async with example_service(tmp_path, ads_limits=limits) as (service, _):
+        port = service.server.port
+        stop = asyncio.Event()
+
+        async def reports(first: LoadStatsRequest | None) -> AsyncIterator[bytes]:
+            if first is not None:
+                yield first.SerializeToString()
+            await stop.wait()
+
+        channels = [grpc.aio.insecure_channel(f"127.0.0.1:{port}",
+                                              options=[("grpc.use_local_subchannel_pool", 1)])
+                    for _ in range(3)]
+        named = LoadStatsRequest(node=Node(id="ewr-1", locality=Locality(zone="ewr")))
+        calls = [channel.stream_stream(LRS_METHOD, request_serializer=None,
+                                       response_deserializer=None)(reports(first))
+                 for channel, first in zip(channels[:2], (named, None), strict=True)]
+        export = channels[2].unary_unary(OTLP_METHOD, request_serializer=None,
+                                         response_deserializer=None)
+        try:
+            await asyncio.wait_for(calls[0].read(), 5)  # the named stream's first answer
+            started = time.monotonic()
+            while time.monotonic() - started < 2 * 1.5:
+                await export(b"", timeout=5)  # an empty ExportMetricsServiceRequest
+                await asyncio.sleep(0.3)
+            with pytest.raises(grpc.aio.AioRpcError):
+                await asyncio.wait_for(calls[1].read(), 5)  # the unnamed stream's connection
+            assert service.server.connections.acted == {"closed: no valid stream for 1.5 s": 1}
+            assert not calls[0].done()
+        finally:
+            stop.set()
+            for call in calls:
+                call.cancel()
+            for channel in channels:
+                await channel.close()
+
+
 async def test_a_node_connection_is_counted_in_use_until_its_stream_ends() -> None:
     ballast = BallastServer(
         desired(listener_port=free_port(), primary_port=free_port(), secondary_port=free_port()),
@@ -251,4 +300,47 @@ async def test_a_node_connection_is_counted_in_use_until_its_stream_ends() -> No
         await node.close()
         await refused.close()
         await channel.close()
+        await ballast.stop(0)
+
+
+async def test_an_identitys_connections_with_valid_streams_are_budgeted() -> None:
+    """Two connections of one identity carry valid streams; a valid stream on a third is
+    refused with RESOURCE_EXHAUSTED, and the connection stays unproven; once one of the two is
+    closed (idle 1.5 s after its stream ended) and a sweep no longer lists it, the identity
+    may prove another. (On loopback the identity is None, exempt: the sweeper is told one
+    identity for every peer here.)"""
+    limits = AdsLimits(proven_per_identity=2, connection_idle_ms=1500)
+    ballast = BallastServer(
+        desired(listener_port=free_port(), primary_port=free_port(), secondary_port=free_port()),
+        xds_address="127.0.0.1:0", limits=limits)
+    ballast.connections._identify = lambda _: "spiffe://ballast/pop/ewr/node/one"
+    await ballast.start()
+    channels = [local_channel(f"127.0.0.1:{ballast.port}") for _ in range(4)]
+    nodes = [XdsClient(channel, make_node(f"n{i}", "ewr")) for i, channel in enumerate(channels)]
+    try:
+        for node in nodes[:2]:
+            await connect(node, 10)
+        sweeper = ballast.connections
+        assert sweeper.holding("spiffe://ballast/pop/ewr/node/one") == 2
+        await nodes[2].start()
+        await nodes[2].send_raw(DiscoveryRequest(node=make_node("n2", "ewr")))
+        await asyncio.wait_for(nodes[2].done.wait(), 10)
+        assert nodes[2].error is not None
+        assert nodes[2].error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "the limit is 2" in (nodes[2].error.details() or "")
+        assert sweeper.acted["refused streams of 'spiffe://ballast/pop/ewr/node/one': "
+                             "more than 2 connections with valid streams"] == 1
+        assert len(sweeper._proven) == 2  # the third connection is not proven
+        # one of the two goes (its stream ends, the sweeper closes it once idle): a sweep
+        # forgets it, and a fourth connection proves
+        await nodes[0].close()
+        await eventually(lambda: sweeper.holding("spiffe://ballast/pop/ewr/node/one") == 1, 8,
+                         "the closed connection forgotten")
+        await connect(nodes[3], 10)
+        assert sweeper.holding("spiffe://ballast/pop/ewr/node/one") == 2
+    finally:
+        for node in nodes:
+            await node.close()
+        for channel in channels:
+            await channel.close()
         await ballast.stop(0)

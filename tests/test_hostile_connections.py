@@ -1,6 +1,7 @@
 """Connections to the xDS port that carry no valid stream (issue 36): one peer holding as many
-as it can open under a 4,096 descriptor limit — TLS with a node certificate, or raw TCP
-without one — and connections kept busy with a bogus stream, against a real `ballast serve`
+as it can open under a 4,096 descriptor limit — TLS with a node certificate, raw TCP
+without one, or TLS with a valid access-log stream on each connection — and connections kept
+busy with a bogus stream, against a real `ballast serve`
 with mTLS. Each in network namespaces on a bridge this test makes, as the probes that filed the
 issue ran: the server, the attacker and a fresh node each on an address of their own.
 
@@ -45,7 +46,9 @@ ADDRESSES = {"server": "198.18.36.2", "attacker": "198.18.36.3", "victim": "198.
 XDS_PORT, ADMIN_PORT = 18000, 18001  # inside the server's own namespace
 FD_LIMIT = 4096
 ATTEMPTS = 4300  # connections the attacker keeps trying to hold: more than the limit
-UNPROVEN_PER_ADDRESS = 32  # the default budget
+UNPROVEN_PER_ADDRESS = 32  # the default budgets
+PROVEN_PER_IDENTITY = 128
+OPENING = 64  # the sink-stream attacker's connections dialling (or unproven) at once
 FIRST_CONFIG_BOUND_S = 2.0
 
 
@@ -193,14 +196,14 @@ def stage(tmp_path: Path) -> Iterator[Stage]:
             staged.stop()
 
 
-def _under_siege(attacker: Attacker) -> None:
-    """Wait until each of the attacker's connections was refused at least once (its attempts
-    turned away at least `ATTEMPTS` times) and it holds no more than its address's budget."""
+def _under_siege(attacker: Attacker, held: int, failed: int) -> None:
+    """Wait until the attacker's attempts were turned away at least `failed` times and it holds
+    no more than `held` connections (its budgets)."""
 
     def holds_its_budget() -> bool:
         assert attacker.proc.poll() is None, "the attacker exited"
         status = attacker.status
-        return status.get("failed", 0) >= ATTEMPTS and status["held"] <= UNPROVEN_PER_ADDRESS
+        return status.get("failed", 0) >= failed and status["held"] <= held
 
     eventually_blocking(holds_its_budget, 60, "the attacker turned away", interval=0.1)
 
@@ -240,14 +243,22 @@ def _quiet_log(stage: Stage) -> str:
     return log
 
 
-@pytest.mark.parametrize("attack", [
-    # one node certificate: TLS + HTTP/2 connections that then send nothing
-    ("--certs", "{certs}", "--node", "ewr/attacker"),
+@pytest.mark.parametrize(("attack", "held", "failed"), [
+    # one node certificate: TLS + HTTP/2 connections that then send nothing; it keeps its
+    # address's budget, and each of its connections was turned away at least once
+    (("--certs", "{certs}", "--node", "ewr/attacker"), UNPROVEN_PER_ADDRESS, ATTEMPTS),
     # no certificate: raw TCP connections that send no byte
-    ("--raw",),
-], ids=["tls_of_one_certificate", "raw_tcp_without_certificate"])
+    (("--raw",), UNPROVEN_PER_ADDRESS, ATTEMPTS),
+    # one node certificate, each connection carrying a valid stream (an access-log stream
+    # naming the certificate's own node), opened OPENING at a time so that few are ever
+    # unproven: it keeps its identity's budget of connections with valid streams and its
+    # address's of others, and each of its dialling slots was turned away at least once
+    (("--certs", "{certs}", "--node", "ewr/attacker", "--sink-stream", "--opening",
+      str(OPENING)), PROVEN_PER_IDENTITY + UNPROVEN_PER_ADDRESS, OPENING),
+], ids=["tls_of_one_certificate", "raw_tcp_without_certificate",
+        "valid_sink_stream_on_each_connection"])
 def test_a_peer_holding_all_the_connections_it_can_starves_nobody(
-    stage: Stage, attack: tuple[str, ...],
+    stage: Stage, attack: tuple[str, ...], held: int, failed: int,
 ) -> None:
     stage.start()
     baseline = stage.first_config("sjc/fresh-0")  # the control: no attacker yet
@@ -257,10 +268,11 @@ def test_a_peer_holding_all_the_connections_it_can_starves_nobody(
     watching, descriptors = stage.watch_descriptors()
     onset = stage.first_config_meanwhile("sjc/fresh-4")  # a node dialling as the attack starts
     try:
-        # it opens as many as it can: the sweeper closes all but the address's budget of them
+        # it opens as many as it can: streams over its identity's budget are refused, the
+        # sweeper closes all but the address's budget of connections without a valid stream
         # and blocks the address, whose next attempts time out; what it holds then is what it
         # can keep
-        _under_siege(attacker)
+        _under_siege(attacker, held, failed)
         out, _ = onset.communicate(timeout=60)
         during_onset = json.loads(out.splitlines()[-1])
         assert "error" not in during_onset and during_onset["seconds"] < FIRST_CONFIG_BOUND_S, \
@@ -280,7 +292,14 @@ def test_a_peer_holding_all_the_connections_it_can_starves_nobody(
     # the reserve held all along: of the 512 kept from the xDS port, the process's own files
     # and sockets take ~20; the admin API's 256 connections always fit
     assert max(descriptors) < FD_LIMIT - 256, max(descriptors)
-    assert "blocked 198.18.36.3 (more than 32" in log
+    if "--sink-stream" not in attack:
+        assert "blocked 198.18.36.3 (more than 32" in log
+    else:
+        # the first thing the sweeper did was a refusal, said at once; the closes and the
+        # block that followed (its attempts turned away) wait for the minute's summary
+        assert "xDS connections 1 refused streams of 'spiffe://ballast/pop/ewr/node/attacker':" \
+            f" more than {PROVEN_PER_IDENTITY} connections with valid streams" in log, log
+        assert attacker.status["refused"] > 0
 
 
 IDLE_S = 3  # the idle timeout the bogus-stream test runs with (60 s by default)

@@ -21,7 +21,7 @@ from typing import Any
 
 from control_plane.ads.limits import AdsLimits
 
-__all__ = ["Identify", "Ledger", "Refusal", "peer_address"]
+__all__ = ["Identify", "Ledger", "Refusal", "peer_address", "peer_identity"]
 
 # a stream's context -> its client identity (None: held to the process totals only)
 Identify = Callable[[Any], str | None]
@@ -39,6 +39,11 @@ def peer_address(peer: str) -> str | None:
     except ValueError:
         return host
     return None if address.is_loopback else str(address)
+
+
+def peer_identity(context: Any) -> str | None:
+    """The default `Identify`: a call's peer address (`peer_address`)."""
+    return peer_address(context.peer() or "")
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,9 +23,10 @@ The rules, in order:
    closed — unproven ones first, oldest first — down to `total - reserve`, so a node of a new
    identity finds room even when many addresses each stay within their budget.
 
-A connection is counted against its certificate's identity (`budget.py`: at most
-`connections_per_identity` with streams) once it carries a stream, the first moment gRPC shows
-Python its certificate; until then against its peer address.
+A connection is counted against its client identity (the certificate's with mTLS) once it
+carries a valid stream, the first moment gRPC shows Python its certificate (`sweeper.py`: at
+most `proven_per_identity` such connections; `budget.py`: at most `connections_per_identity`
+with ADS streams); until then against its peer address.
 """
 
 from __future__ import annotations

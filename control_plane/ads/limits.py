@@ -60,10 +60,13 @@ class AdsLimits:
     streams_total: int = 20_000
     held_bytes_total: int = 256 * 1024 * 1024
     # connections (`connections.py`): the port's total (0: the descriptor limit less
-    # `DESCRIPTOR_RESERVE`, `connection_cap()`), and what one peer address may hold in
-    # connections that never carried a valid stream
+    # `DESCRIPTOR_RESERVE`, `connection_cap()`), what one peer address may hold in connections
+    # that never carried a valid stream, and what one identity may hold in connections that
+    # did (an Envoy uses one for ADS, its stats sinks and load reports, and one per worker
+    # thread for access logs: each worker has its own connection pool — 5 at --concurrency 4)
     connections_total: int = 0
     unproven_per_address: int = 32
+    proven_per_identity: int = 128
 
 
 DEFAULT_LIMITS = AdsLimits()

@@ -56,7 +56,7 @@ from envoy.service.discovery.v3.discovery_pb2 import (
     DiscoveryResponse,
 )
 
-from control_plane.ads.budget import Identify, Ledger, Refusal, peer_address
+from control_plane.ads.budget import Identify, Ledger, Refusal, peer_identity
 from control_plane.ads.callbacks import Callbacks
 from control_plane.ads.encoding import ResponseEncoder, encode_delta, encode_sotw, pass_bytes
 from control_plane.ads.fanout import PushHub
@@ -241,10 +241,6 @@ def _clear_frames(err: BaseException) -> None:
             return
         traceback.clear_frames(error.__traceback__)
         error = error.__cause__ or error.__context__
-
-
-def _peer_identity(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
-    return peer_address(context.peer())
 
 
 def live_key(node_id: str, grpc_client: bool, first: Any) -> str:
@@ -433,7 +429,7 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         in use until the release it returns is called, as the stream ends; `sweeper.py`)."""
         self.cache = cache
         self._vouch = vouch
-        self._identify = identify if identify is not None else _peer_identity
+        self._identify = identify if identify is not None else peer_identity
         self.ledger = Ledger(limits)
         self._verify_peer = verify_peer
         self._key_gate = key_gate
@@ -583,7 +579,7 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         version = sys.intern(envoy_version(node, self.limits.text_chars))
         del node  # a real Envoy's first request lists ~500 extensions: not kept
         # a valid stream from here on: its connection is in use until `release`
-        release = self._vouch(context) if self._vouch is not None else _nothing
+        release = await self._vouch(context) if self._vouch is not None else _nothing
         # waits unread for an initial-sync slot; in the registry (and /nodes) once admitted
         try:
             await self._admission.acquire()

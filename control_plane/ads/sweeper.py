@@ -1,19 +1,26 @@
 """The xDS port's connections, swept: what `connections.plan` decides, done.
 
-The services tell the sweeper which connections carry a valid stream (`vouch`, called once a
+The services tell the sweeper which connections carry a valid stream (`vouch`, awaited once a
 stream's node checks passed; the stream's end calls the release it returns — not a done
-callback of the call: gRPC's would hold the call in a reference cycle). A sweep lists the port's
-connections from the kernel (`socket_table.py`), plans, shuts down the connections the plan
-closes and blocks the addresses it blocks; the listing and planning run on a worker thread. A
-sweep is due when `TRIGGER_OPENS` connections were accepted in the network namespace since the
-last one (checked every `TICK_S`, ~0.2 ms each: a flood is met within a tenth of a second and a
-sweep), and at least every `MAX_PERIOD_S`, or a quarter of the idle timeout when that is shorter
-(the idle rule).
-Sweeps never take more than `SWEEP_SHARE` of a core: after one that took t of CPU the next
-waits t / SWEEP_SHARE.
+callback of the call: gRPC's would hold the call in a reference cycle).
 
-What is closed and blocked is counted and logged as one line when it starts, then one summary
-every `REPORT_EVERY_S` while it goes on, never a line per connection.
+A vouch is also the budget of an identity's connections (`Identify`: the certificate's with
+mTLS, else the peer's address; None, a loopback peer, is exempt): an identity may hold
+`proven_per_identity` connections that carried a valid stream; a stream that would make one
+more is ended with RESOURCE_EXHAUSTED, and its connection stays unproven, for the sweep's
+rules. A connection counts against its identity until a sweep no longer lists it (a refusal
+makes the next sweep due at once).
+
+A sweep lists the port's connections from the kernel (`socket_table.py`), plans, shuts down
+the connections the plan closes and blocks the addresses it blocks; the listing and planning
+run on a worker thread. A sweep is due when `TRIGGER_OPENS` connections were accepted in the
+network namespace since the last one (checked every `TICK_S`, ~0.2 ms each: a flood is met
+within a tenth of a second and a sweep), and at least every `MAX_PERIOD_S`, or a quarter of
+the idle timeout when that is shorter (the idle rule). Sweeps never take more than
+`SWEEP_SHARE` of a core: after one that took t of CPU the next waits t / SWEEP_SHARE.
+
+What is closed, blocked and refused is counted and logged as one line when it starts, then one
+summary every `REPORT_EVERY_S` while it goes on, never a line per connection.
 """
 
 from __future__ import annotations
@@ -28,8 +35,9 @@ from typing import Any
 
 import grpc
 
+from control_plane.ads.budget import Identify, peer_identity
 from control_plane.ads.connections import Block, Endpoint, Rules, Seen, Sweep, plan
-from control_plane.ads.limits import AdsLimits, connection_cap
+from control_plane.ads.limits import AdsLimits, clip, connection_cap
 from control_plane.ads.socket_table import SocketTable, endpoint_of
 
 __all__ = ["REPORT_EVERY_S", "ConnectionSweeper"]
@@ -41,6 +49,7 @@ TICK_S = 0.1
 TRIGGER_OPENS = 16  # connections accepted since the last sweep that make the next one due
 MAX_PERIOD_S = 5.0
 SWEEP_SHARE = 0.02  # of a core, at most, spent sweeping
+IDENTITY_CHARS = 64  # an identity, as logged
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -50,11 +59,18 @@ def _nothing() -> None:
 
 
 class ConnectionSweeper:
-    def __init__(self, limits: AdsLimits, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, limits: AdsLimits, identify: Identify = peer_identity,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """`identify`: a connection's client identity (its streams' contexts'); by default the
+        peer's address (loopback: None, no budget)."""
         self.rules = Rules.of(limits, connection_cap(limits))
+        self.proven_per_identity = limits.proven_per_identity
+        self._identify = identify
         self._clock = clock
         self._uses: Counter[Endpoint] = Counter()  # valid streams open per connection
-        self._proven: set[Endpoint] = set()
+        self._proven: dict[Endpoint, str | None] = {}  # -> the identity that proved it
+        self._by_identity: dict[str, set[Endpoint]] = {}  # the connections each one proved
+        self._due = False  # a sweep is due at the next tick
         self._last_used: dict[Endpoint, float] = {}
         self._first_seen: dict[Endpoint, float] = {}
         self._blocks: dict[str, Block] = {}
@@ -68,15 +84,36 @@ class ConnectionSweeper:
 
     # -- what the services say ---------------------------------------------------------------
 
-    def vouch(self, context: Context) -> Callable[[], None]:
+    async def vouch(self, context: Context) -> Callable[[], None]:
         """A valid stream is open on `context`'s connection until the callable this returns is
-        called (once, as the stream ends)."""
+        called (once, as the stream ends); the stream is ended with RESOURCE_EXHAUSTED instead
+        when its identity holds `proven_per_identity` other connections that carried one."""
         endpoint = endpoint_of(context.peer())
-        if endpoint is None:
+        if endpoint is None or self._task is None:  # not sweeping: only the cap applies
             return _nothing
+        if endpoint not in self._proven:
+            identity = self._identify(context)
+            if identity is not None:
+                held = self._by_identity.setdefault(identity, set())
+                if len(held) >= self.proven_per_identity:
+                    await self._refuse(context, identity)
+                held.add(endpoint)
+            self._proven[endpoint] = identity
         self._uses[endpoint] += 1
-        self._proven.add(endpoint)
         return functools.partial(self._release, endpoint)
+
+    async def _refuse(self, context: Context, identity: str) -> None:
+        self._due = True  # connections it no longer holds are forgotten at the next sweep
+        why = (f"over budget: {len(self._by_identity[identity]):,} connections with valid "
+               f"streams held by this identity, the limit is {self.proven_per_identity:,}")
+        self._tell(Counter({f"refused streams of {clip(identity, IDENTITY_CHARS)!r}: "
+                                    f"more than {self.proven_per_identity:,} connections with "
+                                    "valid streams": 1}))
+        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, why)
+
+    def holding(self, identity: str) -> int:
+        """The connections `identity` proved that a sweep still lists."""
+        return len(self._by_identity.get(identity, ()))
 
     def _release(self, endpoint: Endpoint) -> None:
         self._uses[endpoint] -= 1
@@ -116,10 +153,10 @@ class ConnectionSweeper:
             await asyncio.sleep(TICK_S)
             now, opens = self._clock(), table.passive_opens()
             due = (now - last >= period or opens is None or opened is None
-                   or opens - opened >= TRIGGER_OPENS)
+                   or opens - opened >= TRIGGER_OPENS or self._due)
             if not due or now - last < self.cost_s / SWEEP_SHARE:
                 continue
-            last, opened = now, opens
+            last, opened, self._due = now, opens, False
             try:
                 await self.sweep()
                 failed = False
@@ -135,10 +172,8 @@ class ConnectionSweeper:
         in_use, proven, last_used = set(self._uses), set(self._proven), dict(self._last_used)
         listed, result = await asyncio.to_thread(self._plan, table, in_use, proven, last_used)
         self._blocks = result.blocks
-        listed_now = set(listed)
-        for endpoint in [e for e in self._proven if e not in listed_now and e not in self._uses]:
-            self._proven.discard(endpoint)
-            self._last_used.pop(endpoint, None)
+        for endpoint in [e for e in self._proven if e not in listed and e not in self._uses]:
+            self._forget(endpoint)
         # a connection that has just begun a valid stream is not closed
         close = {e: why for e, why in result.close.items() if e not in self._uses}
         if close:
@@ -148,7 +183,7 @@ class ConnectionSweeper:
             acted[f"blocked {address} (more than {self.rules.unproven_per_address} "
                   "connections without a valid stream)"] += 1
         if acted:
-            self._report_sweep(acted)
+            self._tell(acted)
         blocked = result.blocked(self._clock())
         if blocked != self.blocked:
             await asyncio.to_thread(table.block, blocked)
@@ -156,6 +191,16 @@ class ConnectionSweeper:
         log.debug("swept %d xDS connections (%d in use): closed %d, %d addresses blocked",
                   len(listed), len(self._uses), len(close), len(blocked))
         return result
+
+    def _forget(self, endpoint: Endpoint) -> None:
+        """A proven connection gone: no longer its identity's."""
+        identity = self._proven.pop(endpoint)
+        self._last_used.pop(endpoint, None)
+        if identity is not None:
+            held = self._by_identity[identity]
+            held.discard(endpoint)
+            if not held:
+                del self._by_identity[identity]
 
     def _plan(self, table: SocketTable, in_use: set[Endpoint], proven: set[Endpoint],
               last_used: dict[Endpoint, float]) -> tuple[dict[Endpoint, int], Sweep]:
@@ -174,7 +219,7 @@ class ConnectionSweeper:
 
     # -- reporting -----------------------------------------------------------------------------
 
-    def _report_sweep(self, acted: Counter[str]) -> None:
+    def _tell(self, acted: Counter[str]) -> None:
         self.acted.update(acted)
         if self._report is None:  # the first of a run: said at once
             log.warning("xDS connections %s (counted; a summary every %g s)", _listed(acted),

@@ -17,7 +17,7 @@ from typing import Any
 
 import grpc
 
-from control_plane.ads.budget import peer_address
+from control_plane.ads.budget import peer_address, peer_identity
 from control_plane.ads.fanout import PushHub
 from control_plane.ads.limits import DEFAULT_LIMITS, AdsLimits
 from control_plane.ads.nodes import NodeRegistry
@@ -121,15 +121,18 @@ class BallastServer:
                                lambda pop: self.intent.intent.desired_of(pop).digest,
                                replica=replica, peers=peer_acks)
         self.cache.add_listener(self.acks.touch)
-        # the port's connections: capped, and swept of those without a valid stream
-        self.connections = ConnectionSweeper(limits)
+        # a client's identity for the budgets of every service on the port
+        self.identify = _certificate_or_address if tls is not None else peer_identity
+        # the port's connections: capped, swept of those without a valid stream, and an
+        # identity's connections with valid streams budgeted
+        self.connections = ConnectionSweeper(limits, self.identify)
         self.ads = AdsServicer(
             self.cache, self.hub, self.nodes,
             callbacks=AdsObserver(record=record, metrics=metrics, nacked=self.acks.nacked,
                                   answered=self.acks.touch),
             limits=limits,
             verify_peer=check_node_peer if tls is not None else None,
-            identify=_certificate_or_address if tls is not None else None,
+            identify=self.identify,
             key_gate=None if tls is not None else plaintext_key_gate(allow_plaintext_secrets),
             vouch=self.connections.vouch,
         )

@@ -151,6 +151,12 @@ def _add_ads_budgets(parser: argparse.ArgumentParser) -> None:
                          help="connections one peer address holds without a valid stream; more "
                          "are closed and the address blocked for a while (loopback exempt; "
                          f"default {d.unproven_per_address})")
+    budgets.add_argument("--xds-proven-per-identity", type=_positive_int, metavar="N",
+                         default=d.proven_per_identity,
+                         help="connections one client identity holds with valid streams (ADS, "
+                         "sinks, load reports); a stream on one more is refused (an Envoy needs "
+                         "one, and one per worker thread for access logs; loopback exempt; "
+                         f"default {d.proven_per_identity})")
     budgets.add_argument("--xds-idle-timeout", type=_milliseconds, metavar="DURATION",
                          default=d.connection_idle_ms,
                          help="a connection without a valid stream for this long is closed, "
@@ -340,6 +346,7 @@ def _ads_limits(args: argparse.Namespace) -> AdsLimits:
         write_stall_s=args.xds_write_timeout / 1000,
         connections_total=args.xds_connections_total or 0,
         unproven_per_address=args.xds_unproven_per_address,
+        proven_per_identity=args.xds_proven_per_identity,
         connection_idle_ms=args.xds_idle_timeout,
     )
 

@@ -412,7 +412,7 @@ class AccessLogServicer:
                         await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
                     pop = node.locality.zone
                     if self._vouch is not None:
-                        release = self._vouch(context)
+                        release = await self._vouch(context)
                 self.store.ingest(pop, message.http_logs.log_entry, self.clock())
         finally:
             if release is not None:

@@ -13,7 +13,8 @@ refused with RESOURCE_EXHAUSTED), its first message must come within `first_requ
 id over `node_id_chars` or an unknown PoP ends it with INVALID_ARGUMENT, and so does a report
 over a bound (`check_report`) or one that does not parse. With mTLS, the node (id, zone) must
 be the client certificate's (`verify_peer`), as on the ADS and metrics streams, so a client
-reports only for its own PoP.
+reports only for its own PoP. A stream whose node passed is a valid stream of its connection
+(`vouch`, the connection sweeper's: `ads/sweeper.py`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from google.protobuf.message import DecodeError
 
 from control_plane.observe.load_reports import BadReport, LoadReports, check_report
 from control_plane.observe.source import wall_ms
-from control_plane.security.peer import NodePeerCheck
+from control_plane.security.peer import NodePeerCheck, Vouch
 from control_plane.translate.proto_values import duration_ms
 
 log = logging.getLogger(__name__)
@@ -85,6 +86,7 @@ class LoadReportingServicer:
         budget: StreamBudget | None = None,
         identify: Identify | None = None,
         first_request_s: float = FIRST_REQUEST_S,
+        vouch: Vouch | None = None,
     ) -> None:
         self.store = store
         self.known_pop = known_pop
@@ -95,6 +97,7 @@ class LoadReportingServicer:
         self._budget = budget
         self._identify = identify
         self.first_request_s = first_request_s
+        self._vouch = vouch
         self.refused = 0  # streams refused or ended for a bound or a check
 
     def _answer(self) -> bytes:
@@ -115,6 +118,7 @@ class LoadReportingServicer:
                 await self._refuse(context, grpc.StatusCode.RESOURCE_EXHAUSTED, refusal.reason,
                                    refusal.report)
         stream_id: int | None = None
+        release: Callable[[], None] | None = None
         try:
             iterator = requests.__aiter__()
             try:
@@ -125,13 +129,18 @@ class LoadReportingServicer:
             except StopAsyncIteration:
                 return
             request = await self._parse(context, identity, first)
-            stream_id = await self._open(context, request.node)
+            pop = await self._check(context, request.node)
+            if self._vouch is not None:  # a valid stream of its connection from here on
+                release = await self._vouch(context)
+            stream_id = self.store.open_stream(request.node.id, pop)
             self.store.ingest(stream_id, request, self.clock())
             yield self._answer()
             async for raw in iterator:
                 report = await self._parse(context, identity, raw)
                 self.store.ingest(stream_id, report, self.clock())
         finally:
+            if release is not None:
+                release()
             if stream_id is not None:
                 self.store.close_stream(stream_id)
             if self._budget is not None:
@@ -158,8 +167,8 @@ class LoadReportingServicer:
                 self._budget.release(identity, len(raw))
         return request
 
-    async def _open(self, context: grpc.aio.ServicerContext[Any, Any], node: Node) -> int:
-        """The stream's node checked (id, PoP, certificate) and its stream opened."""
+    async def _check(self, context: grpc.aio.ServicerContext[Any, Any], node: Node) -> str:
+        """The stream's node checked (id, PoP, certificate): its PoP."""
         if not node.id or len(node.id) > NODE_ID_CHARS:
             await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT,
                                f"the first load report must name the node (an id of 1 to "
@@ -173,7 +182,7 @@ class LoadReportingServicer:
             await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT,
                                f"node {node.id[:64]!r} names unknown PoP {pop[:64]!r} (set "
                                "node.locality.zone to a PoP of the desired state)")
-        return self.store.open_stream(node.id, pop)
+        return pop
 
     async def _refuse(self, context: grpc.aio.ServicerContext[Any, Any], code: grpc.StatusCode,
                       why: str, report: bool = True) -> None:

@@ -567,9 +567,9 @@ class MetricsServicer:
                     if why is not None:
                         log.warning("refusing metrics stream from %s: %s", context.peer(), why)
                         await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
-                    stream_id = self.store.open_stream(node.id, node.locality.zone)
                     if self._vouch is not None:
-                        release = self._vouch(context)
+                        release = await self._vouch(context)
+                    stream_id = self.store.open_stream(node.id, node.locality.zone)
                 self.store.ingest(stream_id, message.envoy_metrics, self.clock())
         finally:
             if stream_id is not None:
@@ -584,11 +584,12 @@ class OtlpMetricsServicer:
 
     def __init__(
         self, store: SinkStore, clock: Callable[[], int] = wall_ms,
-        peer_pop: PeerPop | None = None,
+        peer_pop: PeerPop | None = None, vouch: Vouch | None = None,
     ) -> None:
         self.store = store
         self.clock = clock
         self._peer_pop = peer_pop
+        self._vouch = vouch
 
     async def export(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         try:
@@ -606,7 +607,13 @@ class OtlpMetricsServicer:
                 found = [p if isinstance(p, BadMetric) or p.pop == pop else BadMetric(
                     f"host stat of PoP {p.pop[:64]!r} from a node of PoP {pop!r}")
                     for p in found]
-            self.store.ingest_hosts(context.peer(), found, self.clock())
+            # a valid call: its connection is in use while it lasts, and was used when it ended
+            release = await self._vouch(context) if self._vouch is not None else None
+            try:
+                self.store.ingest_hosts(context.peer(), found, self.clock())
+            finally:
+                if release is not None:
+                    release()
         return otlp_metrics.ExportMetricsServiceResponse().SerializeToString()
 
 
@@ -617,8 +624,9 @@ def add_metrics_service(
 ) -> None:
     """Host the metrics_service sink and the OTLP metrics endpoint on `server` (e.g. the ADS
     server), both feeding `store`; with mTLS, `verify_peer` and `peer_pop` bind what a peer may
-    report to its certificate. `vouch` is told of a metrics stream once its node passed (a
-    valid stream of its connection, until it ends)."""
+    report to its certificate. `vouch` is told of a metrics stream once its node passed, and of
+    an OTLP export once it parsed (with mTLS: its certificate names a node): a valid stream of
+    its connection, until it ends."""
     servicer = MetricsServicer(store, clock, verify_peer, vouch)
     handler = grpc.method_handlers_generic_handler(
         SERVICE,
@@ -628,7 +636,7 @@ def add_metrics_service(
             )
         },
     )
-    otlp = OtlpMetricsServicer(store, clock, peer_pop)
+    otlp = OtlpMetricsServicer(store, clock, peer_pop, vouch)
     otlp_handler = grpc.method_handlers_generic_handler(
         OTLP_SERVICE,
         {

@@ -3,7 +3,7 @@ ADS, the metrics_service sink, OTLP), as plain checks the servicers are handed."
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -15,8 +15,9 @@ NodePeerCheck = Callable[[grpc.aio.ServicerContext[Any, Any], str, str], str | N
 # call context -> the PoP of the peer's certificate, None when it names no node
 PeerPop = Callable[[grpc.aio.ServicerContext[Any, Any]], str | None]
 # a valid stream's call context (one whose node passed the checks) -> what to call once, as
-# the stream ends: its connection is in use meanwhile (`ads/sweeper.py`)
-Vouch = Callable[[grpc.aio.ServicerContext[Any, Any]], Callable[[], None]]
+# the stream ends: its connection is in use meanwhile; or the stream ended with
+# RESOURCE_EXHAUSTED, over its identity's budget of connections (`ads/sweeper.py`)
+Vouch = Callable[[grpc.aio.ServicerContext[Any, Any]], Awaitable[Callable[[], None]]]
 
 
 def peer_uris(context: grpc.aio.ServicerContext[Any, Any]) -> list[str]:

@@ -4,8 +4,11 @@
 - `hold`: as many connections as it can open and keep — mTLS with a node certificate and an
   HTTP/2 preface (a client that then sends nothing), or raw TCP (`--raw`: no certificate, no
   byte) — each reopened when the server closes it (`--reopen`), optionally opening a bogus ADS
-  stream (headers only, no request) on each every `--bogus-every` seconds; prints what it holds
-  every 0.25 s until stdin closes;
+  stream (headers only, no request) on each every `--bogus-every` seconds, or a valid stream
+  (`--sink-stream`: an access-log stream whose first message names the certificate's node,
+  held open); `--opening N` paces it (at most N connections dialling or younger than
+  `PROOF_WAIT_S` at once, so few are ever without a stream); prints what it holds every 0.25 s
+  until stdin closes;
 - `first-config`: a fresh node's seconds from dialling to CDS, EDS, LDS and RDS, retrying as
   Envoy does when the connection is refused before its first response;
 - `node`: a node that syncs, then holds its stream for `--hold` seconds and says whether the
@@ -33,10 +36,13 @@ import grpc
 import h2.config
 import h2.connection
 import h2.events
+from envoy.service.accesslog.v3 import als_pb2
 
 from harness.xds_client import XdsClient, connect, make_node
 
 ADS_PATH = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"
+ALS_PATH = "/envoy.service.accesslog.v3.AccessLogService/StreamAccessLogs"
+PROOF_WAIT_S = 0.25  # with --opening: a connection counts as opening this long after its stream
 RETRY_BASE_S = 0.5  # Envoy's ADS retry: jittered exponential back-off from 500 ms
 
 
@@ -64,6 +70,11 @@ def _channel(host: str, port: int, certs: Path, node: str) -> grpc.aio.Channel:
                                    options=[("grpc.use_local_subchannel_pool", 1)])
 
 
+def _headers(path: str) -> list[tuple[str, str]]:
+    return [(":method", "POST"), (":scheme", "https"), (":path", path),
+            (":authority", "ballast"), ("content-type", "application/grpc"), ("te", "trailers")]
+
+
 # -- hold --------------------------------------------------------------------------------------
 
 
@@ -71,21 +82,36 @@ class Holder:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.tls = None if args.raw else _tls(Path(args.certs), args.node)
-        self.opened = self.held = self.failed = self.bogus = 0
+        self.opened = self.held = self.failed = self.bogus = self.refused = 0
+        self.sink_message = b""
+        if args.sink_stream:
+            pop, node_id = args.node.split("/", 1)
+            message = als_pb2.StreamAccessLogsMessage()
+            message.identifier.node.id = node_id
+            message.identifier.node.locality.zone = pop
+            body = message.SerializeToString()
+            self.sink_message = b"\0" + len(body).to_bytes(4, "big") + body  # a gRPC message
+        self.opening = asyncio.Semaphore(args.opening) if args.opening else None
 
     async def one(self) -> None:
         args = self.args
         while True:
+            if self.opening is not None:
+                await self.opening.acquire()
             try:
                 reader, writer = await asyncio.wait_for(asyncio.open_connection(
                     args.host, args.port, ssl=self.tls,
                     server_hostname=args.host if self.tls is not None else None), 5)
             except (OSError, TimeoutError, ssl.SSLError):
                 self.failed += 1
+                if self.opening is not None:
+                    self.opening.release()
                 if not args.reopen:
                     return
                 await asyncio.sleep(0.1)
                 continue
+            if self.opening is not None:
+                asyncio.get_running_loop().call_later(PROOF_WAIT_S, self.opening.release)
             self.opened += 1
             self.held += 1
             try:
@@ -108,9 +134,19 @@ class Holder:
         bogus = None
         if self.args.bogus_every:
             bogus = asyncio.get_running_loop().create_task(self._bogus(conn, writer))
+        if self.sink_message:
+            stream_id = conn.get_next_available_stream_id()
+            conn.send_headers(stream_id, _headers(ALS_PATH))
+            conn.send_data(stream_id, self.sink_message)
+            writer.write(conn.data_to_send())
+        ended = False  # the sink stream (its trailers may come with a reset: counted once)
         try:
             while data := await reader.read(65536):
-                conn.receive_data(data)  # settings and pings are acknowledged
+                for event in conn.receive_data(data):  # settings and pings are acknowledged
+                    if (not ended and self.sink_message
+                            and isinstance(event, h2.events.StreamEnded | h2.events.StreamReset)):
+                        ended = True
+                        self.refused += 1  # the server ended the stream: it was refused
                 writer.write(conn.data_to_send())
         finally:
             if bogus is not None:
@@ -120,10 +156,7 @@ class Holder:
                      writer: asyncio.StreamWriter) -> None:
         while True:
             await asyncio.sleep(self.args.bogus_every)
-            conn.send_headers(conn.get_next_available_stream_id(), [
-                (":method", "POST"), (":scheme", "https"), (":path", ADS_PATH),
-                (":authority", "ballast"), ("content-type", "application/grpc"),
-                ("te", "trailers")])
+            conn.send_headers(conn.get_next_available_stream_id(), _headers(ADS_PATH))
             writer.write(conn.data_to_send())
             self.bogus += 1
 
@@ -133,7 +166,7 @@ class Holder:
         started = time.monotonic()
         while not stdin_closed.done():
             say(t=round(time.monotonic() - started, 2), opened=self.opened, held=self.held,
-                failed=self.failed, bogus=self.bogus)
+                failed=self.failed, bogus=self.bogus, refused=self.refused)
             await asyncio.wait([stdin_closed], timeout=0.25)
         for task in tasks:
             task.cancel()
@@ -220,6 +253,8 @@ def main() -> None:
     hold.add_argument("--raw", action="store_true")
     hold.add_argument("--reopen", action="store_true")
     hold.add_argument("--bogus-every", type=float, default=0.0)
+    hold.add_argument("--sink-stream", action="store_true")
+    hold.add_argument("--opening", type=int, default=0)
     sub.choices["first-config"].add_argument("--timeout", type=float, default=10.0)
     sub.choices["node"].add_argument("--hold", type=float, default=5.0)
     fetch = sub.add_parser("get")
