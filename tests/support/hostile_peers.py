@@ -38,6 +38,7 @@ import h2.connection
 import h2.events
 from envoy.service.accesslog.v3 import als_pb2
 
+from harness.eventually import eventually_blocking
 from harness.xds_client import XdsClient, connect, make_node
 
 ADS_PATH = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"
@@ -221,22 +222,29 @@ async def node(args: argparse.Namespace) -> None:
 
 
 def get(args: argparse.Namespace) -> None:
-    deadline = time.monotonic() + args.timeout
-    while True:
+    """GET the URL (until its body holds `--until`, polled every 0.1 s, when given); says the
+    last attempt's time and answer, or its problem."""
+    last: dict[str, object] = {}
+
+    def attempt() -> bool:
+        last.clear()
         started = time.monotonic()
         try:
             with urllib.request.urlopen(args.url, timeout=5) as answer:
                 body = answer.read().decode()
                 if args.until is None or args.until in body:
-                    say(seconds=time.monotonic() - started, status=answer.status, body=body)
-                    return
+                    last.update(seconds=time.monotonic() - started, status=answer.status,
+                                body=body)
+                    return True
                 problem = f"no {args.until!r} in {body[:200]!r}"
         except OSError as err:
             problem = str(err)
-        if args.until is None or time.monotonic() > deadline:
-            say(seconds=time.monotonic() - started, error=problem)
-            return
-        time.sleep(0.1)
+        last.update(seconds=time.monotonic() - started, error=problem)
+        return args.until is None
+
+    with contextlib.suppress(AssertionError):
+        eventually_blocking(attempt, args.timeout, f"{args.until!r} at {args.url}", interval=0.1)
+    say(**last)
 
 
 def main() -> None:
