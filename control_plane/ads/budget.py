@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from control_plane.ads.limits import AdsLimits
+from control_plane.security.peer import certificate_identity
 
-__all__ = ["Identify", "Ledger", "Refusal", "peer_address"]
+__all__ = ["Identify", "Ledger", "Refusal", "address_of", "certificate_or_address", "peer_address"]
 
 # a stream's context -> its client identity (None: held to the process totals only)
 Identify = Callable[[Any], str | None]
@@ -39,6 +40,17 @@ def peer_address(peer: str) -> str | None:
     except ValueError:
         return host
     return None if address.is_loopback else str(address)
+
+
+def address_of(context: Any) -> str | None:
+    """A stream's client identity without mTLS: its peer's IP address (`peer_address`)."""
+    return peer_address(context.peer() or "")
+
+
+def certificate_or_address(context: Any) -> str | None:
+    """A stream's client identity with mTLS: its certificate's (`security/peer.py`), else (a
+    certificate without URI SANs) its address."""
+    return certificate_identity(context) or address_of(context)
 
 
 @dataclass(frozen=True, slots=True)

@@ -230,13 +230,18 @@ class ConfigAcks:
         self.replica = replica
         self._peers = peers
         self._nacks: deque[tuple[int, Nack]] = deque(maxlen=MAX_NACKS)
-        self.generation = 0  # grows with every event that may change what `shared` says
+        self._events = 0  # streams opened or closed, ACKs and NACKs (`touch`)
+
+    @property
+    def generation(self) -> int:
+        """Grows with every event that may change what `shared` says: a stream's (`touch`) or
+        a PoP's output changing (the output cache's count of changes: read, never told)."""
+        return self._events + self._cache.changes
 
     def touch(self, *_: object) -> None:
         """Something that may change a node's state happened: a stream opened or closed, an
-        ACK or NACK came, a PoP's output changed (the ADS observer's and the cache's
-        listener)."""
-        self.generation += 1
+        ACK or NACK came (the ADS observer's callbacks)."""
+        self._events += 1
 
     def nacked(self, node: NodeEntry, nack: StreamNack) -> None:
         """A node refused a response (the ADS observer's NACK callback)."""

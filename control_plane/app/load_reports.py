@@ -10,28 +10,18 @@ reporters show up and a source can be switched on a restart.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-import grpc
-
-from control_plane.ads.budget import peer_address
+from control_plane.ads.budget import address_of, certificate_or_address
 from control_plane.app.server import BallastServer
 from control_plane.desired.model import Desired
 from control_plane.observe.fill_in import FilledIn, PassiveSource
 from control_plane.observe.load_reports import LoadReports
 from control_plane.observe.lrs_service import LoadReportingServicer, add_load_reporting_service
-from control_plane.security.peer import certificate_identity, check_node_peer
+from control_plane.security.peer import check_node_peer
 
 MetricSourceKind = Literal["sink", "prometheus", "lrs", "sink+lrs", "prometheus+lrs"]
 METRIC_SOURCES: tuple[str, ...] = ("sink", "prometheus", "lrs", "sink+lrs", "prometheus+lrs")
-
-
-def _address(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
-    return peer_address(context.peer() or "")
-
-
-def _certificate_or_address(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
-    return certificate_identity(context) or _address(context)
 
 
 def host_load_reports(
@@ -46,7 +36,7 @@ def host_load_reports(
         endpoint_granularity=endpoint_granularity,
         verify_peer=check_node_peer if bound else None,
         budget=server.ads.ledger,
-        identify=_certificate_or_address if bound else _address,
+        identify=certificate_or_address if bound else address_of,
         first_request_s=server.limits.first_request_s,
     )
     server.add_service(lambda grpc_server: add_load_reporting_service(grpc_server, servicer))

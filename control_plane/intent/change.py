@@ -54,6 +54,7 @@ from control_plane.desired.model import Desired
 from control_plane.intent.carry_over import carry_over
 from control_plane.intent.pair_changes import TickChanges, applied
 from control_plane.intent.running import RunningIntent, tier_key
+from control_plane.intent.served import served_of
 from control_plane.intent.store import (
     RAMP_KIND,
     SERVING_KEY,
@@ -64,6 +65,7 @@ from control_plane.intent.store import (
     StoreRecord,
 )
 from control_plane.translate.resources import Capabilities, PopResources
+from control_plane.translate.served import Served
 
 P = TypeVar("P")
 
@@ -74,7 +76,7 @@ class Publisher(Protocol[P]):
     """Where the running intent becomes what Envoys get (the ADS output cache): the one
     interface every change is published through. `P` is what `prepare` builds."""
 
-    def prepare(self, source: RunningIntent, pops: Collection[str] | None = None
+    def prepare(self, source: Served, pops: Collection[str] | None = None
                 ) -> Callable[[], P]:
         """A call that builds the output of `pops` (None: every PoP) for `source`, touching
         nothing served (a worker thread runs it)."""
@@ -93,7 +95,7 @@ class Publisher(Protocol[P]):
         that (None: it did not)."""
         ...
 
-    def commit(self, prepared: P, source: RunningIntent) -> frozenset[str]:
+    def commit(self, prepared: P, source: Served) -> frozenset[str]:
         """Swap in what `prepared` holds with `source` as the running intent; the PoPs whose
         output changed (announced to the streams)."""
         ...
@@ -121,6 +123,7 @@ class _Stated:
     pops: frozenset[str] | None  # PoPs whose output may change (None: every PoP)
     save: IntentBatch
     undo: IntentBatch
+    served: Served | None = None  # `target` as the output cache translates it (`_laid`)
 
 
 Statement = Callable[[RunningIntent], _Stated]
@@ -135,11 +138,12 @@ class Change:
     Stating (`tick`, `desired`, `keep`, `replace`) only keeps the function; it runs where the
     change prepares, on a worker thread."""
 
-    def __init__(self, current: Callable[[], RunningIntent], publisher: Publisher[Any] | None,
-                 changing: asyncio.Lock) -> None:
-        self._current = current
+    def __init__(self, current: Callable[[], tuple[RunningIntent, Served]],
+                 publisher: Publisher[Any] | None, changing: asyncio.Lock) -> None:
+        self._now = current  # the running intent, and as the output cache translates it
+        self._current = lambda: current()[0]
         self._changing = changing  # the owner's lock: only a change holding it changes current
-        self.base = current()
+        self.base = current()[0]
         self._publisher = publisher
         self._statement: Statement | None = None
         self._stated: _Stated | None = None
@@ -250,7 +254,8 @@ class Change:
             self._prepared = None if stated is None else (stated, None)
             return frozenset()
         # the build reads the cache as it is now: over the intent `stated` was laid over
-        build = self._publisher.prepare(stated.target, stated.pops)
+        assert stated.served is not None
+        build = self._publisher.prepare(stated.served, stated.pops)
         self._prepared = (stated, await asyncio.to_thread(build))
         return self._changed()
 
@@ -306,8 +311,8 @@ class Change:
         return self._stated
 
     async def _lay(self, statement: Statement) -> None:
-        base = self._current()
-        self._stated = await asyncio.to_thread(_laid, statement, self._kept, base)
+        base, served = self._now()
+        self._stated = await asyncio.to_thread(_laid, statement, self._kept, base, served)
         self.over = base
 
     def _changed(self) -> frozenset[str]:
@@ -328,9 +333,12 @@ class Change:
 
 def _laid(statement: Statement,
           kept: tuple[tuple[StoreRecord, ...], tuple[StoreRecord, ...]],
-          base: RunningIntent) -> _Stated:
-    """`statement` laid over `base`, with the store records kept with it (`Change.keep`)."""
+          base: RunningIntent, served: Served) -> _Stated:
+    """`statement` laid over `base` (`served`: as the output cache translates it), with the
+    store records kept with it (`Change.keep`) and the target as the cache will translate it
+    (made anew for the PoPs the statement touches only)."""
     stated = statement(base)
+    stated.served = served_of(stated.target, served, stated.pops)
     records, undo = kept
     if not records:
         return stated
