@@ -564,7 +564,8 @@ class BallastService:
     async def _start_admin(self, address: str, auth: AdminAuth) -> None:
         host, _, port = address.rpartition(":")
         feed = DecisionFeed()
-        rollouts = ServiceRollouts(self)
+        rollouts = ServiceRollouts(self.server, self.rollouts, self.reload,
+                                   self.config.desired_path)
         self.decisions.add_listener(feed.publish)
         dashboard = Dashboard(nodes=self.server.nodes, intent=self.server.intent, feed=feed,
                               state_dir=self.config.state_dir, clock=lambda: datetime.now(UTC),
