@@ -22,7 +22,8 @@ from typing import Any
 from control_plane.ads.limits import AdsLimits
 from control_plane.security.peer import certificate_identity
 
-__all__ = ["Identify", "Ledger", "Refusal", "address_of", "certificate_or_address", "peer_address"]
+__all__ = ["Identify", "Ledger", "Refusal", "certificate_or_address", "peer_address",
+           "peer_identity"]
 
 # a stream's context -> its client identity (None: held to the process totals only)
 Identify = Callable[[Any], str | None]
@@ -42,15 +43,15 @@ def peer_address(peer: str) -> str | None:
     return None if address.is_loopback else str(address)
 
 
-def address_of(context: Any) -> str | None:
-    """A stream's client identity without mTLS: its peer's IP address (`peer_address`)."""
+def peer_identity(context: Any) -> str | None:
+    """The default `Identify`: a call's peer address (`peer_address`)."""
     return peer_address(context.peer() or "")
 
 
 def certificate_or_address(context: Any) -> str | None:
-    """A stream's client identity with mTLS: its certificate's (`security/peer.py`), else (a
-    certificate without URI SANs) its address."""
-    return certificate_identity(context) or address_of(context)
+    """The `Identify` with mTLS: a call's certificate identity (`security/peer.py`), else (a
+    certificate without URI SANs) its peer address."""
+    return certificate_identity(context) or peer_identity(context)
 
 
 @dataclass(frozen=True, slots=True)

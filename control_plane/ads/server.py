@@ -54,7 +54,7 @@ from envoy.service.discovery.v3.discovery_pb2 import (
     DiscoveryResponse,
 )
 
-from control_plane.ads.budget import Identify, Ledger, Refusal, address_of
+from control_plane.ads.budget import Identify, Ledger, Refusal, peer_identity
 from control_plane.ads.callbacks import Callbacks
 from control_plane.ads.encoding import ResponseEncoder, encode_delta, encode_sotw, pass_bytes
 from control_plane.ads.fanout import PushHub
@@ -413,7 +413,7 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         """`identify`: a stream's client identity for the budgets (`budget.py`); by default
         the peer's IP address (loopback peers: the process totals only)."""
         self.cache = cache
-        self._identify = identify if identify is not None else address_of
+        self._identify = identify if identify is not None else peer_identity
         self.ledger = Ledger(limits)
         self._verify_peer = verify_peer
         self._key_gate = key_gate

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from control_plane.ads.budget import address_of, certificate_or_address
+from control_plane.ads.budget import certificate_or_address, peer_identity
 from control_plane.app.server import BallastServer
 from control_plane.desired.model import Desired
 from control_plane.observe.fill_in import FilledIn, PassiveSource
@@ -36,7 +36,7 @@ def host_load_reports(
         endpoint_granularity=endpoint_granularity,
         verify_peer=check_node_peer if bound else None,
         budget=server.ads.ledger,
-        identify=certificate_or_address if bound else address_of,
+        identify=certificate_or_address if bound else peer_identity,
         first_request_s=server.limits.first_request_s,
     )
     server.add_service(lambda grpc_server: add_load_reporting_service(grpc_server, servicer))
