@@ -54,7 +54,7 @@ from envoy.service.discovery.v3.discovery_pb2 import (
     DiscoveryResponse,
 )
 
-from control_plane.ads.budget import Identify, Ledger, Refusal, peer_identity
+from control_plane.ads.budget import Identify, Ledger, Refusal, peer_address
 from control_plane.ads.callbacks import Callbacks
 from control_plane.ads.encoding import ResponseEncoder, encode_delta, encode_sotw, pass_bytes
 from control_plane.ads.fanout import PushHub
@@ -229,6 +229,10 @@ def _clear_frames(err: BaseException) -> None:
             return
         traceback.clear_frames(error.__traceback__)
         error = error.__cause__ or error.__context__
+
+
+def _peer_identity(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
+    return peer_address(context.peer())
 
 
 def live_key(node_id: str, grpc_client: bool, first: Any) -> str:
@@ -413,7 +417,7 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         """`identify`: a stream's client identity for the budgets (`budget.py`); by default
         the peer's IP address (loopback peers: the process totals only)."""
         self.cache = cache
-        self._identify = identify if identify is not None else peer_identity
+        self._identify = identify if identify is not None else _peer_identity
         self.ledger = Ledger(limits)
         self._verify_peer = verify_peer
         self._key_gate = key_gate
