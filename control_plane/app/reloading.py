@@ -34,7 +34,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-from control_plane.app.rollouts import Rollouts, Version
+from control_plane.app.rollouts import Rollouts
 from control_plane.app.server import BallastServer
 from control_plane.decide.rollout import RolloutError
 from control_plane.decisions.log import Draft, draft
@@ -44,6 +44,7 @@ from control_plane.desired.model import Desired
 from control_plane.desired.warnings import desired_warnings
 from control_plane.intent.change import Change, SwapFailed
 from control_plane.intent.etcd_store import Deposed, StoreUnavailable, TooLarge
+from control_plane.intent.rollout_state import Version
 from control_plane.intent.running import RunningIntent
 from control_plane.intent.served import translate_intent
 from control_plane.own_metrics.registry import BallastMetrics

@@ -52,7 +52,7 @@ from control_plane.app.reload import DesiredFileWatcher
 from control_plane.app.reloading import DesiredReload, log_warnings
 from control_plane.app.replication import Replication
 from control_plane.app.rollout_control import ServiceRollouts
-from control_plane.app.rollouts import Restored, Rollouts, Version, baseline, restored
+from control_plane.app.rollouts import Rollouts
 from control_plane.app.server import BallastServer
 from control_plane.app.status import (
     controller_states,
@@ -72,6 +72,7 @@ from control_plane.desired.warnings import desired_warnings
 from control_plane.intent.carry_over import CarryOver
 from control_plane.intent.etcd_store import EtcdStore, StoreCredentials, parse_store_url
 from control_plane.intent.replicated_store import ReplicatedStore
+from control_plane.intent.rollout_state import Restored, Version, baseline, restored
 from control_plane.intent.running import ramp_key, tier_key
 from control_plane.intent.sqlite_store import StateStore
 from control_plane.intent.state_dir_lock import StateDirLock
