@@ -43,12 +43,12 @@ from control_plane.admin.dashboard import Dashboard
 from control_plane.admin.decision_feed import DecisionFeed
 from control_plane.ads.limits import DEFAULT_LIMITS, AdsLimits
 from control_plane.app.config_acks import SharedAcks
+from control_plane.app.file_watcher import DesiredFileWatcher
 from control_plane.app.heap import release_heap, reload_heap, settle_heap
 from control_plane.app.load_reports import MetricSourceKind, host_load_reports, passive_source
 from control_plane.app.log_rate_limit import limit_client_logs
 from control_plane.app.manager import Manager
 from control_plane.app.reconcile import Reconciler
-from control_plane.app.reload import DesiredFileWatcher
 from control_plane.app.reloading import DesiredReload, log_warnings
 from control_plane.app.replication import Replication
 from control_plane.app.rollout_control import ServiceRollouts
