@@ -22,7 +22,8 @@ from control_plane.ads.nodes import NodeRegistry
 from control_plane.ads.server import AdsServicer, plaintext_key_gate, server_options
 from control_plane.ads.snapshots import SnapshotCache
 from control_plane.app.ads_observer import AdsObserver, Record
-from control_plane.app.config_acks import ConfigAcks, SharedAcks
+from control_plane.app.config_acks import ConfigAcks
+from control_plane.app.shared_acks import SharedAcks
 from control_plane.decisions.recorder import DecisionRecorder
 from control_plane.desired.model import Desired
 from control_plane.intent.owner import IntentOwner

@@ -42,7 +42,6 @@ from control_plane.admin.connections import DEFAULT_ADMIN_LIMITS, AdminLimits
 from control_plane.admin.dashboard import Dashboard
 from control_plane.admin.decision_feed import DecisionFeed
 from control_plane.ads.limits import DEFAULT_LIMITS, AdsLimits
-from control_plane.app.config_acks import SharedAcks
 from control_plane.app.file_watcher import DesiredFileWatcher
 from control_plane.app.heap import release_heap, reload_heap, settle_heap
 from control_plane.app.load_reports import MetricSourceKind, host_load_reports, passive_source
@@ -54,6 +53,7 @@ from control_plane.app.replication import Replication
 from control_plane.app.rollout_control import ServiceRollouts
 from control_plane.app.rollouts import Rollouts
 from control_plane.app.server import BallastServer
+from control_plane.app.shared_acks import SharedAcks
 from control_plane.app.status import (
     controller_states,
     not_ready_reason,
