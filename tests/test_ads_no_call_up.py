@@ -4,9 +4,10 @@ prepared, and what the cache builds lazily from (`translate/served.py`'s `Served
 the only code it runs for that is translation) — and what happens on its streams it tells
 through its `Callbacks`, the one way out it has.
 
-Shown on a real exchange through the service's own wiring (`BallastServer`): a node on SotW and
-one on delta, one of them with capabilities no node had (its resources built lazily), a weight
-change pushed through the change transaction; every call made from a frame of
+Shown on a real exchange through the service's own wiring (`BallastServer`), in plaintext and
+with mTLS (where each stream's identity and peer check are the injected functions): a node on
+SotW and one on delta, one of them with capabilities no node had (its resources built lazily),
+a weight change pushed through the change transaction; every call made from a frame of
 control_plane/ads/ into a module of a room ads/ must not import is listed, and the list must
 hold the `Callbacks` methods only.
 """
@@ -21,8 +22,13 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import grpc
+import pytest
+
 from control_plane.ads.callbacks import Callbacks
 from control_plane.app.server import BallastServer
+from control_plane.security.cert_dir import CertDir
+from control_plane.security.tls import ReloadingCredentials, TlsFiles
 from control_plane.translate.resources import CLUSTER_TYPE as CDS
 from control_plane.translate.resources import ENDPOINT_TYPE as EDS
 from control_plane.translate.resources import LISTENER_TYPE as LDS
@@ -65,11 +71,26 @@ def calls_up(found: list[str], seen: set[str] | None = None
     return profile
 
 
-async def _exchange(server: BallastServer) -> None:
-    target = f"127.0.0.1:{server.port}"
+Channel = Callable[[str, str], grpc.aio.Channel]  # (PoP, node id) -> a channel for that node
+
+
+def _mtls(certs: CertDir, port: int) -> Channel:
+    authority, _ = certs.load_or_make_ca(1)
+
+    def channel(pop: str, node_id: str) -> grpc.aio.Channel:
+        pair = certs.make_node(authority, pop, node_id, 1)
+        credentials = grpc.ssl_channel_credentials(
+            certs.ca.cert.read_bytes(), pair.key.read_bytes(), pair.cert.read_bytes())
+        return grpc.aio.secure_channel(f"127.0.0.1:{port}", credentials,
+                                       options=[("grpc.use_local_subchannel_pool", 1)])
+
+    return channel
+
+
+async def _exchange(server: BallastServer, channel: Channel) -> None:
     bare = make_node("bare", "sjc")
     del bare.extensions[:]  # no queue policy listed: a capability key no node had
-    channels = [local_channel(target), local_channel(target)]
+    channels = [channel("ewr", "sotw"), channel("sjc", "bare")]
     clients = [await XdsClient(channels[0], make_node("sotw", "ewr")).start(),
                await XdsClient(channels[1], bare, delta=True).start()]
     try:
@@ -92,19 +113,28 @@ async def _exchange(server: BallastServer) -> None:
             await channel.close()
 
 
-async def test_ads_calls_nothing_above_it_but_its_callbacks() -> None:
+@pytest.mark.parametrize("mtls", [False, True], ids=["plaintext", "mtls"])
+async def test_ads_calls_nothing_above_it_but_its_callbacks(tmp_path: Path, mtls: bool) -> None:
     records: list[str] = []
+    certs = CertDir(tmp_path / "certs")
+    if mtls:
+        authority, _ = certs.load_or_make_ca(1)
+        certs.make_server(authority, ["127.0.0.1"], 1)
     server = BallastServer(desired(listener_port=10000, primary_port=8081, secondary_port=8082),
                            xds_address="127.0.0.1:0",
-                           record=lambda kind, fields: records.append(kind))
+                           record=lambda kind, fields: records.append(kind),
+                           tls=ReloadingCredentials(TlsFiles(certs.server.cert, certs.server.key,
+                                                             certs.ca.cert)) if mtls else None)
     await server.start()
+    channel: Channel = (_mtls(certs, server.port) if mtls else
+                        lambda pop, node_id: local_channel(f"127.0.0.1:{server.port}"))
     found: list[str] = []
     seen: set[str] = set()
     profile = calls_up(found, seen)
     sys.setprofile(profile)
     threading.setprofile(profile)  # type: ignore[arg-type]
     try:
-        await _exchange(server)
+        await _exchange(server, channel)
     finally:
         sys.setprofile(None)
         threading.setprofile(None)  # type: ignore[arg-type]
