@@ -12,9 +12,10 @@ The caller says *what* changes; the transaction does the *how*, always in this o
 
 1. **prepare**: what is stated is laid over the running intent (for a new desired state, the
    carry-over of every (PoP, group) pair) and the output of the PoPs concerned is built for the
-   new intent (`Publisher.prepare`), both on a worker thread, touching nothing served (`await
-   change.prepare()` in the body does it early: to learn the PoPs that will change, or to
-   handle a translation that raises);
+   new intent as the output cache translates it (`served.py`, `Served`: the cache is handed
+   what it serves, it never calls back) (`Publisher.prepare`), both on a worker thread,
+   touching nothing served (`await change.prepare()` in the body does it early: to learn the
+   PoPs that will change, or to handle a translation that raises);
 2. **lock**: `owner.changing`, held until the swap, so two changes never interleave between
    their save and their swap. A change that landed while this one was prepared is not lost:
    what is stated is laid again over the intent running now (`Change.stated`, on a worker
@@ -96,8 +97,8 @@ class Publisher(Protocol[P]):
         ...
 
     def commit(self, prepared: P, source: Served) -> frozenset[str]:
-        """Swap in what `prepared` holds with `source` as the running intent; the PoPs whose
-        output changed (announced to the streams)."""
+        """Swap in what `prepared` holds with `source` as what the cache serves from; the PoPs
+        whose output changed (announced to the streams)."""
         ...
 
 
