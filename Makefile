@@ -36,9 +36,11 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=20
 
 # The pure rooms' tests (desired/, translate/, decide/: no I/O, no peers) and the house rules
-# (imports, words, waits), for a quick loop while editing; `make test` stays the whole suite.
+# (imports, words, waits, function length), for a quick loop while editing; `make test` stays
+# the whole suite.
 PURE_ROOMS := desired translate decide
-HOUSE_RULES := tests/test_rooms.py tests/test_glossary.py tests/test_waits.py
+HOUSE_RULES := tests/test_rooms.py tests/test_glossary.py tests/test_waits.py \
+	tests/test_function_length.py
 UNIT_TESTS := $(HOUSE_RULES) $(sort $(wildcard $(PURE_ROOMS:%=tests/test_%_*.py)))
 PEERS := envoy or prometheus or etcd or chromium or package
 unit: $(STAMP)

@@ -21,10 +21,10 @@ from envoy.service.discovery.v3.discovery_pb2 import DeltaDiscoveryRequest
 from control_plane.ads.protocol import DeltaStream
 from control_plane.ads.snapshots import SnapshotCache
 from control_plane.app.heap import release_heap, reload_heap
-from control_plane.app.server import intent_pops, translate_intent
 from control_plane.desired import parse_desired
 from control_plane.intent.carry_over import carry_over
 from control_plane.intent.running import RunningIntent
+from control_plane.intent.served import served_of
 from control_plane.translate.resources import (
     CLUSTER_TYPE,
     ENDPOINT_TYPE,
@@ -33,6 +33,7 @@ from control_plane.translate.resources import (
     Capabilities,
     PopResources,
 )
+from control_plane.translate.served import served_pops, translate_served, used_capabilities
 from harness.ads_desired import fleet_yaml
 
 POPS, GROUPS = 100, 50
@@ -44,7 +45,7 @@ def one_run(prepared: bool, rounds: int) -> list[float]:
     edited = f"{head}  g000:\n    tiers: {{critical: {{read_timeout: 3s}}}}\n{tail}"
     before = RunningIntent(parse_desired(text.encode(), "before"))
     after = carry_over(before, parse_desired(edited.encode(), "after")).intent
-    cache = SnapshotCache(translate_intent, intent_pops, before)
+    cache = SnapshotCache(translate_served, served_pops, served_of(before), used_capabilities)
     caps = Capabilities()
     streams: list[tuple[str, DeltaStream]] = []
     for pop in before.desired.pop_names:
@@ -60,7 +61,7 @@ def one_run(prepared: bool, rounds: int) -> list[float]:
     times = []
     with reload_heap():
         for n in range(rounds):
-            target = after if n % 2 == 0 else before
+            target = served_of(after if n % 2 == 0 else before)
             cache.commit(cache.prepare(target)(), target)
             pushed: dict[str, PopResources] = {
                 pop: cache.resources(pop, caps) for pop, _ in streams}

@@ -11,13 +11,14 @@ import pytest
 
 from control_plane.ads.fanout import PushHub
 from control_plane.ads.snapshots import SnapshotCache
-from control_plane.app.server import intent_and_cache, intent_pops, translate_intent
+from control_plane.app.server import intent_and_cache
 from control_plane.desired.model import Desired
 from control_plane.intent.carry_over import carry_over
 from control_plane.intent.owner import IntentOwner
-from control_plane.intent.running import RunningIntent
+from control_plane.intent.served import served_of
 from control_plane.translate import PopIntent, UnknownPop, WeightsError, translate_pop
 from control_plane.translate.resources import ENDPOINT_TYPE, Capabilities, PopResources
+from control_plane.translate.served import Served, served_pops, translate_served
 from harness.ads_desired import desired
 from harness.intent_changes import set_desired, set_weights
 from harness.models import fleet_desired
@@ -26,7 +27,7 @@ from tests.support.fake_clock import FakeClock
 FIFO, LIFO = Capabilities(), Capabilities(adaptive_lifo=True)
 
 
-def make(**overrides: int) -> tuple[IntentOwner, SnapshotCache[RunningIntent]]:
+def make(**overrides: int) -> tuple[IntentOwner, SnapshotCache[Served]]:
     base = {"listener_port": 10000, "primary_port": 8081, "secondary_port": 8082}
     return intent_and_cache(desired(**{**base, **overrides}))
 
@@ -177,7 +178,7 @@ async def test_a_desired_state_prepared_off_the_cache_keeps_changes_made_meanwhi
     new = replace(desired, origin_groups=tuple(
         replace(g, max_origin_concurrency=60) for g in desired.origin_groups))
     before = intent.intent
-    prepare = cache.prepare(carry_over(before, new).intent)  # the work could run on a thread
+    prepare = cache.prepare(served_of(carry_over(before, new).intent))  # could run on a thread
     moved = {"o0": 30, "o1": 70}
     assert await set_weights(intent, "p001", "g002", moved)  # the loop keeps pushing meanwhile
     lifo = cache.resources("p002", Capabilities(adaptive_lifo=True))  # a new node meanwhile
@@ -186,9 +187,10 @@ async def test_a_desired_state_prepared_off_the_cache_keeps_changes_made_meanwhi
     heard: list[frozenset[str]] = []
     cache.add_listener(heard.append)
     current = carry_over(intent.intent, new)  # the rule again, over what runs now
-    assert cache.commit(prepared, current.intent) == frozenset(desired.pop_names)
+    assert cache.commit(prepared, served_of(current.intent)) == frozenset(desired.pop_names)
     assert heard == [frozenset(desired.pop_names)]
-    assert cache.source.desired is new and cache.source.weights_of("p001", "g002") == moved
+    assert cache.source.desired["p000"] is new \
+        and cache.source.intent_of("p001").weights["g002"] == moved
     for pop, weights in (("p000", {}), ("p001", {"g002": moved}), ("p002", {})):
         assert cache.resources(pop, caps) == translate_pop(new, pop, caps,
                                                            PopIntent(weights=weights))
@@ -198,14 +200,14 @@ async def test_a_desired_state_prepared_off_the_cache_keeps_changes_made_meanwhi
 
 
 async def test_a_commit_hands_over_the_source_and_entries_it_replaced() -> None:
-    """To be freed off the event loop (`release`, `app/heap.free_later` in the server)."""
+    """To be freed off the event loop (`release`, `ads/off_loop.free_later` in the server)."""
     desired = fleet_desired(pops=2, groups=2)
     owner = IntentOwner(desired)
     released: list[list[object]] = []
-    cache = SnapshotCache(translate_intent, intent_pops, owner.intent, release=released.append)
+    cache = SnapshotCache(translate_served, served_pops, owner.served, release=released.append)
     old = cache.resources("p000", FIFO)
-    source = carry_over(owner.intent, replace(desired, origin_groups=tuple(
-        replace(g, max_origin_concurrency=60) for g in desired.origin_groups))).intent
+    source = served_of(carry_over(owner.intent, replace(desired, origin_groups=tuple(
+        replace(g, max_origin_concurrency=60) for g in desired.origin_groups))).intent)
     before = cache.source
     cache.commit(cache.prepare(source)(), source)
     assert cache.resources("p000", FIFO) is not old
@@ -221,3 +223,23 @@ async def test_entries_translated_ahead_are_kept_only_while_they_hold() -> None:
     assert cache.commit_entries(warm()) == 2
     assert cache.cached("p000", caps) is not None and cache.cached("p001", caps) is None
     assert cache.resources("p001", caps).of_type(ENDPOINT_TYPE)
+
+
+async def test_what_the_owner_hands_the_cache_is_the_running_intent_after_every_change() -> None:
+    """Each change hands the cache the running intent as it translates it (`Served`), made anew
+    only for the PoPs the change touches: after weights, a new desired state and weights again,
+    it is what a fresh one holds, and a capability key first asked now is built from it."""
+    intent, cache = intent_and_cache(fleet_desired(pops=3, groups=2))
+    for pop in intent.desired.pop_names:
+        cache.resources(pop, FIFO)
+    assert await set_weights(intent, "p001", "g001", {"o0": 30, "o1": 70})
+    edited = replace(intent.desired, origin_groups=tuple(
+        replace(g, max_origin_concurrency=60) for g in intent.desired.origin_groups))
+    assert await set_desired(intent, edited) == frozenset(edited.pop_names)
+    assert await set_weights(intent, "p002", "g000", {"o0": 45, "o1": 55})
+    assert cache.source is intent.served
+    assert intent.served == served_of(intent.intent)
+    assert intent.served.intent_of("p001").weights["g001"] == {"o0": 30, "o1": 70}
+    for pop in edited.pop_names:
+        expected = translate_pop(edited, pop, LIFO, intent.intent.for_pop(pop))
+        assert cache.resources(pop, LIFO) == expected, pop

@@ -13,8 +13,9 @@ import pytest
 
 from control_plane.ads.nodes import NodeEntry, NodeRegistry
 from control_plane.ads.protocol import Nack as StreamNack
-from control_plane.app import config_acks
-from control_plane.app.config_acks import ConfigAcks, SharedAcks
+from control_plane.app import config_acks, shared_acks
+from control_plane.app.config_acks import ConfigAcks
+from control_plane.app.shared_acks import SharedAcks
 from control_plane.decide.gates import Nack, NodeAck
 
 CDS = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
@@ -121,7 +122,7 @@ def good() -> dict[str, Any]:
     lambda v: v["pops"]["ewr"].update(pending="1"),
     lambda v: v["pops"]["ewr"]["nodes"][0].__setitem__(0, 7),
     lambda v: v["nacks"][0].pop("message"),
-    lambda v: v.update(nacks=v["nacks"] * (config_acks.SHARED_NACKS + 1)),
+    lambda v: v.update(nacks=v["nacks"] * (shared_acks.SHARED_NACKS + 1)),
 ])
 def test_a_peers_value_that_is_not_one_is_refused(bad: Any) -> None:
     value = good()
@@ -137,7 +138,7 @@ def test_a_peers_value_that_is_not_one_is_refused(bad: Any) -> None:
     json.dumps({**good(), "nacks": [{**good()["nacks"][0], "at_ms": 1e999}]}).encode(),
     json.dumps({**good(), "nacks": [{**good()["nacks"][0], "at_ms": -5}]}).encode(),
     b"[" * 100_000 + b"]" * 100_000,  # deeper than the parser recurses
-    b'{"pops": {}, "nacks": []' + b" " * config_acks.MAX_SHARED_BYTES + b"}",
+    b'{"pops": {}, "nacks": []' + b" " * shared_acks.MAX_SHARED_BYTES + b"}",
     b'{"pops": {"ewr": {"version": "v", "nodes": [["e1", "applied"]], "applied": 1,'
     b' "pending": 0, "nacked": 0}}, "nacks": []}',
 ])
@@ -158,8 +159,8 @@ def test_a_peers_long_text_is_clipped_keeping_the_reason_at_its_end() -> None:
     shared = SharedAcks.from_json("b", value)
     message = shared.nacks[0][1].message
     assert message.startswith("refused: ") and message.endswith(" because: no such field")
-    assert len(message) < config_acks.MAX_PEER_MESSAGE_CHARS + 100
-    assert len(shared.pops["ewr"].nodes[0][0]) == config_acks.MAX_NODE_CHARS
+    assert len(message) < shared_acks.MAX_PEER_MESSAGE_CHARS + 100
+    assert len(shared.pops["ewr"].nodes[0][0]) == shared_acks.MAX_NODE_CHARS
 
 
 def test_what_ads_keeps_of_a_nack_is_shared_and_read_back_whole() -> None:

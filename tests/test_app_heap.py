@@ -12,10 +12,10 @@ import weakref
 
 import pytest
 
+from control_plane.ads.off_loop import free_later
 from control_plane.app.heap import (
     NO_FULL_COLLECTION,
     YOUNG_PER_FULL,
-    free_later,
     release_heap,
     reload_heap,
     settle_heap,

@@ -16,9 +16,8 @@ from typing import Any
 import pytest
 
 from control_plane.ads.snapshots import SnapshotCache
-from control_plane.app import server as server_module
 from control_plane.app.reconcile import Reconciler
-from control_plane.app.server import intent_and_cache, translate_intent
+from control_plane.app.server import intent_and_cache
 from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.decide.signals import OriginSignals, TierPending
 from control_plane.decisions.explain import explain
@@ -26,10 +25,12 @@ from control_plane.decisions.log import DecisionLog
 from control_plane.decisions.read import iter_records
 from control_plane.decisions.recorder import DecisionRecorder
 from control_plane.desired.model import Desired, Mirror, TierActionPolicy, TierActions
+from control_plane.intent.served import translate_intent
 from control_plane.intent.sqlite_store import StateStore
 from control_plane.intent.store import IntentBatch
 from control_plane.observe.source import Signals, TierSignals
 from control_plane.translate import render_json
+from control_plane.translate import served as served_module
 from control_plane.translate.resources import Capabilities, PopResources
 from harness.envoy_process import free_port
 from harness.intent_changes import set_desired
@@ -516,14 +517,14 @@ async def test_a_push_that_raises_for_one_pair_leaves_the_others_pushed(
     reconciler.source = BothBreach()
     for pop in ("ewr", "sjc"):
         cache.resources(pop, Capabilities())
-    real = server_module.translate_pop
+    real = served_module.translate_pop
 
     def translate_pop(desired: Desired, pop: str, *args: Any, **kwargs: Any) -> PopResources:
         if pop == "ewr":
             raise RuntimeError("translation broke")
         return real(desired, pop, *args, **kwargs)
 
-    monkeypatch.setattr(server_module, "translate_pop", translate_pop)
+    monkeypatch.setattr(served_module, "translate_pop", translate_pop)
     pushed: list[frozenset[str]] = []
     cache.add_listener(pushed.append)
     home = reconciler.intent.weights("ewr", "shop")

@@ -12,7 +12,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from control_plane.app.server import translate_intent
 from control_plane.cli.admin_client import AdminClient
 from control_plane.cli.plan import plan_against_server
 from control_plane.decide.controller import ControllerState
@@ -25,6 +24,7 @@ from control_plane.intent.carry_over import carry_over
 from control_plane.intent.change import StaleChange
 from control_plane.intent.pair_changes import PairChange
 from control_plane.intent.running import RunningIntent
+from control_plane.intent.served import translate_intent
 from control_plane.intent.shown import intent_from_json, intent_json
 from control_plane.intent.sqlite_store import StateStore
 from control_plane.intent.store import IntentBatch

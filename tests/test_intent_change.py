@@ -24,7 +24,7 @@ from control_plane.ads.snapshots import SnapshotCache
 from control_plane.app.leadership import LeaderElection
 from control_plane.app.reconcile import Reconciler
 from control_plane.app.replication import Replication
-from control_plane.app.server import intent_and_cache, translate_intent
+from control_plane.app.server import intent_and_cache
 from control_plane.decide.controller import ControllerState
 from control_plane.decide.signals import OriginSignals
 from control_plane.decisions.log import DecisionLog
@@ -46,11 +46,13 @@ from control_plane.intent.owner import IntentOwner
 from control_plane.intent.pair_changes import PairChange
 from control_plane.intent.replicated_store import ReplicatedStore
 from control_plane.intent.running import RunningIntent
+from control_plane.intent.served import translate_intent
 from control_plane.intent.sqlite_store import StateStore
 from control_plane.intent.store import IntentBatch, StoredIntent
 from control_plane.observe.source import Signals
 from control_plane.translate import render_json
 from control_plane.translate.resources import Capabilities
+from control_plane.translate.served import Served
 from harness.eventually import eventually
 from harness.intent_changes import apply_pair_changes
 from harness.models import example_desired
@@ -83,7 +85,7 @@ def broken_swap(*args: Any, **kwargs: Any) -> Any:
     raise RuntimeError("translation of a late PoP broke")
 
 
-def assert_served_is_stored(cache: SnapshotCache[RunningIntent], owner: IntentOwner,
+def assert_served_is_stored(cache: SnapshotCache[Served], owner: IntentOwner,
                             store: StateStore | StoredIntent, desired: Desired) -> None:
     """What a restart would restore from the store, translated, is what is served now, and the
     owner's intent is what is served."""
@@ -97,7 +99,7 @@ def assert_served_is_stored(cache: SnapshotCache[RunningIntent], owner: IntentOw
 
 
 def inject(fault: str, monkeypatch: pytest.MonkeyPatch, store: StateStore | ReplicatedStore,
-           log: DecisionLog, cache: SnapshotCache[RunningIntent]) -> None:
+           log: DecisionLog, cache: SnapshotCache[Served]) -> None:
     target, name, fails = {"save": (store, "write", full_disk),
                            "record": (log, "write_drafts", full_disk),
                            "swap": (cache, "commit", broken_swap)}[fault]

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from control_plane.ads.nodes import NodeRegistry
 from control_plane.app.config_acks import ConfigAcks
-from control_plane.app.rollouts import ROLLOUT_KEY, Rollouts, Version, restored
+from control_plane.app.rollouts import Rollouts
 from control_plane.app.server import intent_and_cache
 from control_plane.decide.rollout import start
 from control_plane.decisions.log import DecisionLog
@@ -35,6 +35,7 @@ from control_plane.intent.etcd_store import (
     transactions,
 )
 from control_plane.intent.replicated_store import ReplicatedStore, batch_to_write
+from control_plane.intent.rollout_state import ROLLOUT_KEY, Version, restored
 from control_plane.intent.store import (
     ROLLOUT_BEFORE_KIND,
     ROLLOUT_KIND,

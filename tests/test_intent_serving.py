@@ -12,15 +12,7 @@ import pytest
 
 from control_plane.ads.nodes import NodeRegistry
 from control_plane.app.reconcile import Reconciler
-from control_plane.app.rollouts import (
-    ROLLOUT_KEY,
-    Version,
-    restored,
-    serving_of,
-    window_from_json,
-    window_json,
-)
-from control_plane.app.server import intent_and_cache, translate_intent
+from control_plane.app.server import intent_and_cache
 from control_plane.decide.controller import ControllerState
 from control_plane.decide.gates import PopWindow, TierShed
 from control_plane.decide.rollout import start
@@ -31,7 +23,16 @@ from control_plane.decisions.recorder import DecisionRecorder
 from control_plane.desired import parse_desired
 from control_plane.desired.model import Desired
 from control_plane.intent.carry_over import carry_over
+from control_plane.intent.rollout_state import (
+    ROLLOUT_KEY,
+    Version,
+    restored,
+    serving_of,
+    window_from_json,
+    window_json,
+)
 from control_plane.intent.running import RunningIntent
+from control_plane.intent.served import translate_intent
 from control_plane.intent.sqlite_store import StateStore
 from control_plane.intent.store import (
     ROLLOUT_BEFORE_KIND,

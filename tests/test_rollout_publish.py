@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from envoy.data.accesslog.v3.accesslog_pb2 import HTTPAccessLogEntry
 
-from control_plane.app.rollouts import Rollouts, Version
+from control_plane.app.rollouts import Rollouts
 from control_plane.app.server import intent_and_cache
 from control_plane.decide.gates import NodeAck, TierShed
 from control_plane.decide.rollout import RolloutError
@@ -22,6 +22,7 @@ from control_plane.desired import parse_desired
 from control_plane.intent.change import SwapFailed
 from control_plane.intent.etcd_store import Deposed
 from control_plane.intent.owner import IntentOwner
+from control_plane.intent.rollout_state import Version
 from control_plane.intent.sqlite_store import StateStore
 from control_plane.intent.store import IntentBatch
 from control_plane.observe.access_log import AccessLogStore

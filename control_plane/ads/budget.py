@@ -20,8 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from control_plane.ads.limits import AdsLimits
+from control_plane.security.peer import certificate_identity
 
-__all__ = ["Identify", "Ledger", "Refusal", "peer_address", "peer_identity"]
+__all__ = ["Identify", "Ledger", "Refusal", "certificate_or_address", "peer_address",
+           "peer_identity"]
 
 # a stream's context -> its client identity (None: held to the process totals only)
 Identify = Callable[[Any], str | None]
@@ -44,6 +46,12 @@ def peer_address(peer: str) -> str | None:
 def peer_identity(context: Any) -> str | None:
     """The default `Identify`: a call's peer address (`peer_address`)."""
     return peer_address(context.peer() or "")
+
+
+def certificate_or_address(context: Any) -> str | None:
+    """The `Identify` with mTLS: a call's certificate identity (`security/peer.py`), else (a
+    certificate without URI SANs) its peer address."""
+    return certificate_identity(context) or peer_identity(context)
 
 
 @dataclass(frozen=True, slots=True)

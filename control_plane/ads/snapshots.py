@@ -123,6 +123,11 @@ class SnapshotCache(Generic[S]):
         return self._source
 
     @property
+    def changes(self) -> int:
+        """How many times the cache's source or entries changed (grows only)."""
+        return self._changes
+
+    @property
     def pops(self) -> tuple[str, ...]:
         return tuple(self._pops_of(self._source))
 

@@ -43,7 +43,7 @@ generations are collected once (they are small) and what is alive is frozen: the
 lives until the next reload, and is freed by reference counting then.
 
 Freeing is work too: a tick's plan for 2,000 pairs and the output a change replaced are handed
-to a worker thread to be freed (`free_later`), not dropped on the loop.
+to a worker thread to be freed (`ads/off_loop.py`'s `free_later`), not dropped on the loop.
 """
 
 from __future__ import annotations
@@ -52,7 +52,6 @@ import asyncio
 import contextlib
 import gc
 from collections.abc import Iterator
-from typing import Any
 
 # the oldest generation's threshold when the collector must not make full collections itself
 NO_FULL_COLLECTION = 2**31 - 1
@@ -156,13 +155,3 @@ def release_heap() -> None:
         _collections.stop()
         _collections = None
     gc.unfreeze()
-
-
-def free_later(objects: list[Any]) -> None:
-    """Free `objects` on a worker thread: the caller hands over its last references to large
-    structures (a tick's plan for every pair, the output a change replaced) in a list it keeps
-    no reference to. Freeing is work too, and on the loop it is a stall: 4-8 ms for a tick of
-    2,000 pairs, 2-7 ms for the output of 100 PoPs. The list is handed to the thread in the
-    loop's next turn, when the caller's frame has let go of what it named."""
-    loop = asyncio.get_running_loop()
-    loop.call_soon(loop.run_in_executor, None, objects.clear)

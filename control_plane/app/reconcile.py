@@ -40,7 +40,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from control_plane.app.heap import free_later
+from control_plane.ads.off_loop import free_later
 from control_plane.decide.controller import ControllerState, StepResult, step
 from control_plane.decide.health import HealthScore
 from control_plane.decide.ramp import RampResult, RampState, ramp_step

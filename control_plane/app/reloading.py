@@ -34,8 +34,8 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-from control_plane.app.rollouts import Rollouts, Version
-from control_plane.app.server import BallastServer, translate_intent
+from control_plane.app.rollouts import Rollouts
+from control_plane.app.server import BallastServer
 from control_plane.decide.rollout import RolloutError
 from control_plane.decisions.log import Draft, draft
 from control_plane.decisions.recorder import DecisionRecorder
@@ -44,7 +44,9 @@ from control_plane.desired.model import Desired
 from control_plane.desired.warnings import desired_warnings
 from control_plane.intent.change import Change, SwapFailed
 from control_plane.intent.etcd_store import Deposed, StoreUnavailable, TooLarge
+from control_plane.intent.rollout_state import Version
 from control_plane.intent.running import RunningIntent
+from control_plane.intent.served import translate_intent
 from control_plane.own_metrics.registry import BallastMetrics
 from control_plane.translate.diff import ResourceChange, diff_renderings, format_changes, summarize
 from control_plane.translate.render import render_differing

@@ -16,7 +16,7 @@ how decision records reach every replica's log.
 - **Decision hand-off**: records this replica writes are stamped with its id (and term, while
   leading) and published under ``decisions/<replica>/``; the others append them to their logs.
 - **Node ACKs**: an Envoy streams from one replica, so each replica publishes its nodes' ACK
-  state and newest NACKs (`config_acks.py`, `SharedAcks`) under ``acks/<replica>``, on its
+  state and newest NACKs (`shared_acks.py`, `SharedAcks`) under ``acks/<replica>``, on its
   registration's lease (a dead replica's nodes drop out when it expires), when they changed
   (looked at every `SHARE_POLL_S`: one write per change burst, whatever the number of ACKs),
   and takes the others' from the same watch: the leader's rollout gates, and every replica's
@@ -42,8 +42,9 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
-from control_plane.app.config_acks import MAX_PEERS, MAX_TEXT_CHARS, ConfigAcks, SharedAcks
+from control_plane.app.config_acks import ConfigAcks
 from control_plane.app.leadership import LeaderElection, LeadershipListener
+from control_plane.app.shared_acks import MAX_PEERS, MAX_TEXT_CHARS, SharedAcks
 from control_plane.decisions.log import draft
 from control_plane.decisions.recorder import DecisionRecorder
 from control_plane.intent.etcd_store import (

@@ -12,46 +12,53 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
-from control_plane.app.rollouts import ACTIONS
+from control_plane.app.reloading import DesiredReload
+from control_plane.app.rollouts import ACTIONS, Rollouts
+from control_plane.app.server import BallastServer
 from control_plane.app.status import pop_versions, rollout_status
 from control_plane.decide.rollout import RolloutError
 from control_plane.desired import DesiredStateError, read_desired_bytes
 
-if TYPE_CHECKING:
-    from control_plane.app.service import BallastService
-
 
 class ServiceRollouts:
-    def __init__(self, service: BallastService) -> None:
-        self._service = service
+    """The parts of a service its rollout's face reads and acts through: the server (what
+    each PoP serves, its nodes' ACKs), the rollout driver, the reload and the desired-state
+    file."""
+
+    def __init__(self, server: BallastServer, rollouts: Rollouts, reload: DesiredReload,
+                 desired_path: Path) -> None:
+        self._server = server
+        self._rollouts = rollouts
+        self._reload = reload
+        self._desired_path = desired_path
 
     def shown(self) -> dict[str, Any]:
-        service = self._service
-        return {"rollout": rollout_status(service), "pop_versions": pop_versions(service),
-                "target": service.server.intent.desired.digest}
+        return {"rollout": rollout_status(self._rollouts),
+                "pop_versions": pop_versions(self._server),
+                "target": self._server.intent.desired.digest}
 
     async def act(self, action: str, by: str, *, now: bool = False) -> dict[str, Any]:
-        service = self._service
         if action != "apply" and action not in ACTIONS:
             raise KeyError(action)
-        follower = service.reload.follower()
+        follower = self._reload.follower()
         if follower is not None:  # only the leader starts or changes a rollout
             raise RolloutError(f"{follower}: {'apply' if action == 'apply' else 'act'} on the "
                                "leader (`ballast status --json` names it)")
         if action == "apply":
             try:
-                data = await asyncio.to_thread(read_desired_bytes, service.config.desired_path)
+                data = await asyncio.to_thread(read_desired_bytes, self._desired_path)
             except DesiredStateError as err:
                 raise ValueError(f"cannot read the desired state: {err}") from err
-            rollout = service.rollouts.rollout
+            rollout = self._rollouts.rollout
             if now and rollout is not None and rollout.in_progress \
                     and rollout.to_version == hashlib.sha256(data).hexdigest():
-                await service.rollouts.act("promote", f"{by} (apply --now)")
+                await self._rollouts.act("promote", f"{by} (apply --now)")
                 return {"applied": True, **self.shown()}
-            applied = await service.reload.apply(
+            applied = await self._reload.apply(
                 data, immediate=now, by=f"{by}{' --now' if now else ''}")
             return {"applied": applied, **self.shown()}
-        await service.rollouts.act(action, by)
+        await self._rollouts.act(action, by)
         return self.shown()

@@ -12,80 +12,50 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import replace
-from typing import Any
 
 import grpc
 
-from control_plane.ads.budget import peer_address, peer_identity
+from control_plane.ads.budget import certificate_or_address, peer_identity
 from control_plane.ads.fanout import PushHub
 from control_plane.ads.limits import DEFAULT_LIMITS, AdsLimits
 from control_plane.ads.nodes import NodeRegistry
+from control_plane.ads.off_loop import free_later
 from control_plane.ads.server import AdsServicer, plaintext_key_gate, server_options
 from control_plane.ads.snapshots import SnapshotCache
 from control_plane.ads.sweeper import ConnectionSweeper
 from control_plane.app.ads_observer import AdsObserver, Record
-from control_plane.app.config_acks import ConfigAcks, SharedAcks
-from control_plane.app.heap import free_later
+from control_plane.app.config_acks import ConfigAcks
+from control_plane.app.shared_acks import SharedAcks
 from control_plane.decisions.recorder import DecisionRecorder
 from control_plane.desired.model import Desired
 from control_plane.intent.owner import IntentOwner
-from control_plane.intent.running import RunningIntent
 from control_plane.intent.store import IntentStore
 from control_plane.own_metrics.registry import BallastMetrics
-from control_plane.security.peer import certificate_identity, check_node_peer
+from control_plane.security.peer import check_node_peer
 from control_plane.security.tls import ReloadingCredentials
-from control_plane.translate import translate_pop
-from control_plane.translate.resources import Capabilities, PopResources
+from control_plane.translate.served import (
+    Served,
+    served_pops,
+    translate_served,
+    used_capabilities,
+)
 
 log = logging.getLogger(__name__)
-
-
-def translate_intent(
-    intent: RunningIntent, pop: str, caps: Capabilities, previous: PopResources | None = None
-) -> PopResources:
-    """What nodes of `pop` with `caps` get under `intent`: the desired state `pop` serves
-    (during a rollout, maybe not the target), the weights, tier actions and cache-warming
-    mirrors it holds for `pop`, translated (incrementally from `previous`, when given:
-    byte-identical to the full translation)."""
-    return translate_pop(intent.desired_of(pop), pop, caps, intent.for_pop(pop),
-                         previous=previous)
-
-
-def intent_pops(intent: RunningIntent) -> tuple[str, ...]:
-    return intent.pop_names
-
-
-def used_capabilities(intent: RunningIntent, caps: Capabilities) -> Capabilities:
-    """A node's capabilities as far as `intent` uses them: of the HTTP filter types its Envoy
-    lacks, only those of the desired state's added filters (nodes that lack only filters
-    nobody added share one translation with those that have them)."""
-    if not caps.missing_filters:
-        return caps
-    added = intent.desired.extra_filter_types.union(
-        *(desired.extra_filter_types for desired in intent.serving.values()))
-    used = caps.missing_filters & added
-    return caps if used == caps.missing_filters else replace(caps, missing_filters=used)
 
 
 def intent_and_cache(
     desired: Desired, *, store: IntentStore | None = None,
     recorder: DecisionRecorder | None = None, serving: Mapping[str, Desired] | None = None,
-) -> tuple[IntentOwner, SnapshotCache[RunningIntent]]:
+) -> tuple[IntentOwner, SnapshotCache[Served]]:
     """The intent owner (saving to `store`, recording to `recorder`; the PoPs of `serving` on
     their own desired states: a rollout restored) and the output cache it publishes to, whose
-    entries are the running intent translated (`translate_intent`)."""
+    entries are what the owner hands it translated (`translate/served.py`: translation is the
+    only code the cache calls to build them)."""
     owner = IntentOwner(desired, store=store, recorder=recorder, serving=serving)
-    cache = SnapshotCache(translate_intent, intent_pops, owner.intent, used_capabilities,
+    cache = SnapshotCache(translate_served, served_pops, owner.served, used_capabilities,
                           release=free_later)
     owner.connect(cache)
     return owner, cache
-
-
-def _certificate_or_address(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
-    """A client's identity for the ADS budgets with mTLS: its certificate's, else (a
-    certificate without URI SANs) its address."""
-    return certificate_identity(context) or peer_address(context.peer())
 
 
 class BallastServer:
@@ -120,9 +90,8 @@ class BallastServer:
         self.acks = ConfigAcks(self.nodes, self.cache,
                                lambda pop: self.intent.intent.desired_of(pop).digest,
                                replica=replica, peers=peer_acks)
-        self.cache.add_listener(self.acks.touch)
         # a client's identity for the budgets of every service on the port
-        self.identify = _certificate_or_address if tls is not None else peer_identity
+        self.identify = certificate_or_address if tls is not None else peer_identity
         # the port's connections: capped, swept of those without a valid stream, and an
         # identity's connections with valid streams budgeted
         self.connections = ConnectionSweeper(limits, self.identify)

@@ -42,18 +42,18 @@ from control_plane.admin.connections import DEFAULT_ADMIN_LIMITS, AdminLimits
 from control_plane.admin.dashboard import Dashboard
 from control_plane.admin.decision_feed import DecisionFeed
 from control_plane.ads.limits import DEFAULT_LIMITS, AdsLimits
-from control_plane.app.config_acks import SharedAcks
+from control_plane.app.file_watcher import DesiredFileWatcher
 from control_plane.app.heap import release_heap, reload_heap, settle_heap
 from control_plane.app.load_reports import MetricSourceKind, host_load_reports, passive_source
 from control_plane.app.log_rate_limit import limit_client_logs
 from control_plane.app.manager import Manager
 from control_plane.app.reconcile import Reconciler
-from control_plane.app.reload import DesiredFileWatcher
 from control_plane.app.reloading import DesiredReload, log_warnings
 from control_plane.app.replication import Replication
 from control_plane.app.rollout_control import ServiceRollouts
-from control_plane.app.rollouts import Restored, Rollouts, Version, baseline, restored
+from control_plane.app.rollouts import Rollouts
 from control_plane.app.server import BallastServer
+from control_plane.app.shared_acks import SharedAcks
 from control_plane.app.status import (
     controller_states,
     not_ready_reason,
@@ -72,6 +72,7 @@ from control_plane.desired.warnings import desired_warnings
 from control_plane.intent.carry_over import CarryOver
 from control_plane.intent.etcd_store import EtcdStore, StoreCredentials, parse_store_url
 from control_plane.intent.replicated_store import ReplicatedStore
+from control_plane.intent.rollout_state import Restored, Version, baseline, restored
 from control_plane.intent.running import ramp_key, tier_key
 from control_plane.intent.sqlite_store import StateStore
 from control_plane.intent.state_dir_lock import StateDirLock
@@ -566,7 +567,8 @@ class BallastService:
     async def _start_admin(self, address: str, auth: AdminAuth) -> None:
         host, _, port = address.rpartition(":")
         feed = DecisionFeed()
-        rollouts = ServiceRollouts(self)
+        rollouts = ServiceRollouts(self.server, self.rollouts, self.reload,
+                                   self.config.desired_path)
         self.decisions.add_listener(feed.publish)
         dashboard = Dashboard(nodes=self.server.nodes, intent=self.server.intent, feed=feed,
                               state_dir=self.config.state_dir, clock=lambda: datetime.now(UTC),

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from control_plane.app.rollouts import Rollouts
+from control_plane.app.server import BallastServer
 from control_plane.decide import damping
 from control_plane.decide.rollout import timeline
 from control_plane.decide.runs import QuietRun
@@ -60,8 +62,8 @@ def service_status(service: BallastService) -> dict[str, Any]:
             {"pop": pop, "nodes": list(nodes),
              "fix": silent_fix(pop, nodes, config.metrics_source)}
             for pop, nodes in sorted(service.reconciler.silent.items())],
-        "pop_versions": pop_versions(service),
-        "rollout": rollout_status(service),
+        "pop_versions": pop_versions(server),
+        "rollout": rollout_status(service.rollouts),
         "origins": origin_readings(service),
     }
 
@@ -109,17 +111,16 @@ def load_report_streams(service: BallastService) -> dict[str, Any]:
             "listed": reporters[:LISTED_REPORTERS]}
 
 
-def pop_versions(service: BallastService) -> dict[str, dict[str, Any]]:
+def pop_versions(server: BallastServer) -> dict[str, dict[str, Any]]:
     """PoP -> the desired-state version (digest) it serves and its nodes against it: applied
     (ACKed all of it), pending, NACKed."""
-    acks = service.server.acks
-    return {pop: acks.pop(pop).as_dict() for pop in service.server.intent.intent.pop_names}
+    acks = server.acks
+    return {pop: acks.pop(pop).as_dict() for pop in server.intent.intent.pop_names}
 
 
-def rollout_status(service: BallastService) -> dict[str, Any] | None:
+def rollout_status(rollouts: Rollouts) -> dict[str, Any] | None:
     """The latest rollout (None: nothing applied since the state was new), the versions that
     failed theirs."""
-    rollouts = service.rollouts
     rollout = rollouts.rollout
     if rollout is None:
         return None

@@ -12,9 +12,10 @@ The caller says *what* changes; the transaction does the *how*, always in this o
 
 1. **prepare**: what is stated is laid over the running intent (for a new desired state, the
    carry-over of every (PoP, group) pair) and the output of the PoPs concerned is built for the
-   new intent (`Publisher.prepare`), both on a worker thread, touching nothing served (`await
-   change.prepare()` in the body does it early: to learn the PoPs that will change, or to
-   handle a translation that raises);
+   new intent as the output cache translates it (`served.py`, `Served`: the cache is handed
+   what it serves, it never calls back) (`Publisher.prepare`), both on a worker thread,
+   touching nothing served (`await change.prepare()` in the body does it early: to learn the
+   PoPs that will change, or to handle a translation that raises);
 2. **lock**: `owner.changing`, held until the swap, so two changes never interleave between
    their save and their swap. A change that landed while this one was prepared is not lost:
    what is stated is laid again over the intent running now (`Change.stated`, on a worker
@@ -54,6 +55,7 @@ from control_plane.desired.model import Desired
 from control_plane.intent.carry_over import carry_over
 from control_plane.intent.pair_changes import TickChanges, applied
 from control_plane.intent.running import RunningIntent, tier_key
+from control_plane.intent.served import served_of
 from control_plane.intent.store import (
     RAMP_KIND,
     SERVING_KEY,
@@ -64,6 +66,7 @@ from control_plane.intent.store import (
     StoreRecord,
 )
 from control_plane.translate.resources import Capabilities, PopResources
+from control_plane.translate.served import Served
 
 P = TypeVar("P")
 
@@ -74,7 +77,7 @@ class Publisher(Protocol[P]):
     """Where the running intent becomes what Envoys get (the ADS output cache): the one
     interface every change is published through. `P` is what `prepare` builds."""
 
-    def prepare(self, source: RunningIntent, pops: Collection[str] | None = None
+    def prepare(self, source: Served, pops: Collection[str] | None = None
                 ) -> Callable[[], P]:
         """A call that builds the output of `pops` (None: every PoP) for `source`, touching
         nothing served (a worker thread runs it)."""
@@ -93,9 +96,9 @@ class Publisher(Protocol[P]):
         that (None: it did not)."""
         ...
 
-    def commit(self, prepared: P, source: RunningIntent) -> frozenset[str]:
-        """Swap in what `prepared` holds with `source` as the running intent; the PoPs whose
-        output changed (announced to the streams)."""
+    def commit(self, prepared: P, source: Served) -> frozenset[str]:
+        """Swap in what `prepared` holds with `source` as what the cache serves from; the PoPs
+        whose output changed (announced to the streams)."""
         ...
 
 
@@ -121,6 +124,7 @@ class _Stated:
     pops: frozenset[str] | None  # PoPs whose output may change (None: every PoP)
     save: IntentBatch
     undo: IntentBatch
+    served: Served | None = None  # `target` as the output cache translates it (`_laid`)
 
 
 Statement = Callable[[RunningIntent], _Stated]
@@ -135,11 +139,12 @@ class Change:
     Stating (`tick`, `desired`, `keep`, `replace`) only keeps the function; it runs where the
     change prepares, on a worker thread."""
 
-    def __init__(self, current: Callable[[], RunningIntent], publisher: Publisher[Any] | None,
-                 changing: asyncio.Lock) -> None:
-        self._current = current
+    def __init__(self, current: Callable[[], tuple[RunningIntent, Served]],
+                 publisher: Publisher[Any] | None, changing: asyncio.Lock) -> None:
+        self._now = current  # the running intent, and as the output cache translates it
+        self._current = lambda: current()[0]
         self._changing = changing  # the owner's lock: only a change holding it changes current
-        self.base = current()
+        self.base = current()[0]
         self._publisher = publisher
         self._statement: Statement | None = None
         self._stated: _Stated | None = None
@@ -250,7 +255,8 @@ class Change:
             self._prepared = None if stated is None else (stated, None)
             return frozenset()
         # the build reads the cache as it is now: over the intent `stated` was laid over
-        build = self._publisher.prepare(stated.target, stated.pops)
+        assert stated.served is not None
+        build = self._publisher.prepare(stated.served, stated.pops)
         self._prepared = (stated, await asyncio.to_thread(build))
         return self._changed()
 
@@ -306,8 +312,8 @@ class Change:
         return self._stated
 
     async def _lay(self, statement: Statement) -> None:
-        base = self._current()
-        self._stated = await asyncio.to_thread(_laid, statement, self._kept, base)
+        base, served = self._now()
+        self._stated = await asyncio.to_thread(_laid, statement, self._kept, base, served)
         self.over = base
 
     def _changed(self) -> frozenset[str]:
@@ -328,9 +334,12 @@ class Change:
 
 def _laid(statement: Statement,
           kept: tuple[tuple[StoreRecord, ...], tuple[StoreRecord, ...]],
-          base: RunningIntent) -> _Stated:
-    """`statement` laid over `base`, with the store records kept with it (`Change.keep`)."""
+          base: RunningIntent, served: Served) -> _Stated:
+    """`statement` laid over `base` (`served`: as the output cache translates it), with the
+    store records kept with it (`Change.keep`) and the target as the cache will translate it
+    (made anew for the PoPs the statement touches only)."""
     stated = statement(base)
+    stated.served = served_of(stated.target, served, stated.pops)
     records, undo = kept
     if not records:
         return stated

@@ -18,7 +18,7 @@ Keys, all under one prefix (default ``/ballast/``):
   same history from any replica. They carry a lease of an hour: etcd is the hand-off, not the
   archive.
 - ``replicas/<id>`` — each replica's registration (admin URL, xDS address), on its own lease.
-- ``acks/<id>`` — the ACK state of the nodes connected to that replica (`app/config_acks.py`,
+- ``acks/<id>`` — the ACK state of the nodes connected to that replica (`app/shared_acks.py`,
   `SharedAcks`), on the same lease as its registration: a replica that dies takes its nodes
   with it when the lease expires.
 

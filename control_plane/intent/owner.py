@@ -30,6 +30,7 @@ from control_plane.desired.model import Desired, GroupWeights, OriginGroup, Tier
 from control_plane.intent.carry_over import CarryOver, carry_over
 from control_plane.intent.change import Change, Publisher, Records, SwapFailed
 from control_plane.intent.running import RunningIntent, tier_key
+from control_plane.intent.served import served_of
 from control_plane.intent.store import (
     RAMP_KIND,
     IntentBatch,
@@ -41,6 +42,7 @@ from control_plane.intent.store import (
     StoreRecord,
 )
 from control_plane.translate import UnknownPop
+from control_plane.translate.served import Served
 from control_plane.translate.weights import WeightsError
 
 log = logging.getLogger(__name__)
@@ -56,6 +58,7 @@ class IntentOwner:
         serving: Mapping[str, Desired] | None = None,
     ) -> None:
         self._intent = RunningIntent(desired, serving=dict(serving or {}))
+        self._served = served_of(self._intent)  # what the output cache translates from
         self.store = store
         self._output = output
         self.recorder = recorder
@@ -80,7 +83,7 @@ class IntentOwner:
         `PartlyWritten`, is put back); a swap that raises puts the store back and raises
         `SwapFailed`; a change planned for a desired state replaced
         meanwhile raises `StaleChange`."""
-        change = Change(lambda: self._intent, self._output, self.changing)
+        change = Change(lambda: (self._intent, self._served), self._output, self.changing)
         yield change
         await self._publish(change, save=save)
 
@@ -105,13 +108,14 @@ class IntentOwner:
                 await self.recorder.write_synced(drafts)  # durable before anything is pushed
             if stated is None:
                 return
-            old = self._intent  # `change.over`: only a change changes it, under this lock
+            old, old_served = self._intent, self._served  # only a change changes them
             try:
-                self._intent = stated.target
+                assert stated.served is not None
+                self._intent, self._served = stated.target, stated.served
                 if prepared is not None and self._output is not None:
-                    change.pushed = self._output.commit(prepared, stated.target)
+                    change.pushed = self._output.commit(prepared, stated.served)
             except Exception as err:
-                self._intent = old
+                self._intent, self._served = old, old_served
                 if saved and self.store is not None:
                     await self.store.write(stated.undo)  # the store follows what is served
                 raise SwapFailed(f"{type(err).__name__}: {err}") from err
@@ -141,6 +145,11 @@ class IntentOwner:
     @property
     def intent(self) -> RunningIntent:
         return self._intent
+
+    @property
+    def served(self) -> Served:
+        """The running intent as the output cache translates it (`translate/served.py`)."""
+        return self._served
 
     @property
     def desired(self) -> Desired:
