@@ -5,7 +5,7 @@ nodes spread over them as an L4 balancer in front of the xDS port would.
 [--runs 3]` (also `python -m bench.run --only replicas`). Per run, for each N in turn (runs
 interleave the Ns, so each N sees about the same load):
 
-1. a fresh etcd (`tests/support/etcd.py`) and N replicas (`bench/replica_server.py`: a real
+1. a fresh etcd (`harness/etcd.py`) and N replicas (`bench/replica_server.py`: a real
    `BallastService` with `--store etcd://...`), until one leads;
 2. `CLIENT_PROCESSES` processes of simulated nodes (`bench/replica_nodes.py`, `harness/
    lean_node.py`: a node costs ~1.3 ms of CPU in a storm, the `XdsClient` of the fleet bench
@@ -41,7 +41,7 @@ from bench.command_pipe import ServerProcess
 from bench.common import median, table
 from bench.fleet import spread
 from harness.ads_desired import fleet_yaml
-from tests.support.etcd import EtcdServer  # a real etcd, as the replica tests start it
+from harness.etcd import EtcdServer
 
 CLIENT_PROCESSES = 2
 PER_CONNECTION = 10

@@ -31,9 +31,9 @@ from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.decisions.read import iter_records
 from control_plane.intent.etcd_store import EtcdStore, Leadership
 from harness.envoy_process import free_port
+from harness.etcd import EtcdServer, etcd_binary
 from harness.eventually import eventually
 from harness.rollout_fleet import Ports, rollout_desired
-from tests.support.etcd import EtcdServer, etcd_binary
 
 pytestmark = [pytest.mark.etcd,
               pytest.mark.skipif(etcd_binary() is None or shutil.which("etcdctl") is None,

@@ -51,10 +51,10 @@ from control_plane.intent.store import IntentBatch, StoredIntent
 from control_plane.observe.source import Signals
 from control_plane.translate import render_json
 from control_plane.translate.resources import Capabilities
+from harness.etcd import EtcdServer, etcd_binary
 from harness.eventually import eventually
 from harness.intent_changes import apply_pair_changes
 from harness.models import example_desired
-from tests.support.etcd import EtcdServer, etcd_binary
 from tests.support.example_service import example_service
 
 T0 = 1_800_000_000_000

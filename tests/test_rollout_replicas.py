@@ -36,9 +36,9 @@ from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.decisions.read import iter_records
 from control_plane.translate.bootstrap import ads_bootstrap
 from harness.envoy_process import EnvoyProcess, free_port
+from harness.etcd import EtcdServer, etcd_binary
 from harness.eventually import eventually
 from harness.rollout_fleet import POPS, Ports, rollout_desired
-from tests.support.etcd import EtcdServer, etcd_binary
 from tests.support.rollout_inputs import with_made_up_inputs
 
 pytestmark = [pytest.mark.etcd,
