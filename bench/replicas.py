@@ -5,7 +5,7 @@ nodes spread over them as an L4 balancer in front of the xDS port would.
 [--runs 3]` (also `python -m bench.run --only replicas`). Per run, for each N in turn (runs
 interleave the Ns, so each N sees about the same load):
 
-1. a fresh etcd (`tests/support/etcd.py`) and N replicas (`bench/replica_server.py`: a real
+1. a fresh etcd (`harness/etcd.py`) and N replicas (`bench/replica_server.py`: a real
    `BallastService` with `--store etcd://...`), until one leads;
 2. `CLIENT_PROCESSES` processes of simulated nodes (`bench/replica_nodes.py`, `harness/
    lean_node.py`: a node costs ~1.3 ms of CPU in a storm, the `XdsClient` of the fleet bench
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import signal
 import sys
@@ -38,10 +39,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.command_pipe import ServerProcess
-from bench.common import median, table
+from bench.common import ROOT, median, table
 from bench.fleet import spread
 from harness.ads_desired import fleet_yaml
-from tests.support.etcd import EtcdServer  # a real etcd, as the replica tests start it
+from harness.etcd import EtcdServer
 
 CLIENT_PROCESSES = 2
 PER_CONNECTION = 10
@@ -196,6 +197,11 @@ def _pct(values: list[float], pct: int) -> float:
         if ordered else float("nan")
 
 
+def _ratio(value: float, base: float) -> float:
+    """`value ÷ base`; NaN (not shown) where the base is 0 (no lease lost, no node moved)."""
+    return value / base if base else float("nan")
+
+
 def report(results: dict[str, Any]) -> str:
     counts = [str(count) for count in results["counts"]]
     rounds = results["runs"]
@@ -233,8 +239,8 @@ def report(results: dict[str, Any]) -> str:
     for label, key, scale, unit in metrics:
         cells = [spread([pick(done[count], key) for done in rounds], scale, unit)
                  for count in counts]
-        ratios = [spread([pick(done[count], key) / pick(done[base], key) for done in rounds])
-                  for count in counts[1:]]
+        ratios = [spread([_ratio(pick(done[count], key), pick(done[base], key))
+                          for done in rounds]) for count in counts[1:]]
         rows.append([label, *cells, *ratios])
     equal = [all(done[count].get("configs_equal") and done[count].get(
         "configs_equal_after_failover", True) for done in rounds) for count in counts]
@@ -263,7 +269,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     results = run(args.nodes, args.pops, args.groups,
                   [int(count) for count in args.replicas.split(",")], args.runs)
+    saved = ROOT / "bench" / "results" / "replicas.json"
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    saved.write_text(json.dumps(results, indent=2, default=str) + "\n")
     print(report(results))
+    print(f"(every figure: {saved.relative_to(ROOT)})")
     return 1 if errors(results) else 0
 
 

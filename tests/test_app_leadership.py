@@ -15,9 +15,9 @@ from control_plane.decisions.log import DecisionLog
 from control_plane.decisions.recorder import DecisionRecorder
 from control_plane.intent.etcd_store import EtcdStore, Leadership
 from control_plane.intent.owner import IntentOwner
+from harness.etcd import EtcdServer, etcd_binary
 from harness.eventually import eventually
 from harness.models import example_desired
-from tests.support.etcd import EtcdServer, etcd_binary
 from tests.support.replica_loops import start_replica
 
 pytestmark = pytest.mark.skipif(etcd_binary() is None, reason="etcd not installed")

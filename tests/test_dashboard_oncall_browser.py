@@ -28,11 +28,11 @@ from playwright.async_api import Page, expect
 
 from control_plane.desired.model import StandbyRampPolicy
 from harness.demo_origin import Fault
+from harness.etcd import EtcdServer, etcd_binary
 from harness.eventually import eventually
 from harness.fleet import running_fleet
 from harness.rollout_fleet import rollout_desired
 from tests.support.browser import chromium, require_chromium
-from tests.support.etcd import EtcdServer, etcd_binary
 from tests.test_rollout_replicas import _free_ports, _leading, canary_envoy, replica
 
 pytestmark = [pytest.mark.envoy, pytest.mark.chromium]

@@ -31,9 +31,10 @@ from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.decisions.read import iter_records
 from control_plane.intent.etcd_store import EtcdStore, Leadership
 from harness.envoy_process import free_port
+from harness.etcd import EtcdServer, etcd_binary
 from harness.eventually import eventually
 from harness.rollout_fleet import Ports, rollout_desired
-from tests.support.etcd import EtcdServer, etcd_binary
+from tests.test_rollout_replicas import _published
 
 pytestmark = [pytest.mark.etcd,
               pytest.mark.skipif(etcd_binary() is None or shutil.which("etcdctl") is None,
@@ -129,8 +130,8 @@ async def test_bad_values_are_quarantined_and_stop_no_start_watch_or_follower(
             desired.write_text(rollout_desired(ports, marker="adopted", bake="10m"))
             await eventually(lambda: a.rollouts.rollout is not None
                              and a.rollouts.rollout.phase == "baking", 10, "a's canary")
-            await eventually(lambda: b.rollouts.rollout == a.rollouts.rollout, 10,
-                             "b follows a's rollout")
+            await eventually(lambda: _published(b.rollouts.rollout) == _published(
+                a.rollouts.rollout), 10, "b follows a's rollout")
             new = a.rollouts.rollout.to_version  # type: ignore[union-attr]
             assert b.server.intent.intent.versions() == {"ewr": new, "sjc": old, "lax": old}
 

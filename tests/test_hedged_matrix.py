@@ -28,9 +28,9 @@ import pytest
 from control_plane.decide.evidence import wilson_lower
 from control_plane.decisions.read import record_time
 from harness.demo_origin import Fault
+from harness.etcd import etcd_binary
 from harness.eventually import eventually
 from harness.hedge_share import standby_share
-from tests.support.etcd import etcd_binary
 from tests.support.hedged_fleet import GROUPS, HedgedFleet, hedged_fleet
 from tests.support.prometheus import prometheus_binary
 

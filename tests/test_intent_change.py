@@ -53,10 +53,10 @@ from control_plane.observe.source import Signals
 from control_plane.translate import render_json
 from control_plane.translate.resources import Capabilities
 from control_plane.translate.served import Served
+from harness.etcd import EtcdServer, etcd_binary
 from harness.eventually import eventually
 from harness.intent_changes import apply_pair_changes
 from harness.models import example_desired
-from tests.support.etcd import EtcdServer, etcd_binary
 from tests.support.example_service import example_service
 from tests.support.replica_loops import start_replica
 

@@ -24,7 +24,7 @@ from control_plane.intent.etcd_store import (
     StoreCredentials,
     StoreUnavailable,
 )
-from tests.support.etcd import EtcdServer, EtcdTls, etcd_binary
+from harness.etcd import EtcdServer, EtcdTls, etcd_binary
 
 pytestmark = [
     pytest.mark.etcd,

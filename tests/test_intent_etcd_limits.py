@@ -44,7 +44,7 @@ from control_plane.intent.store import (
     VERSION_KIND,
     IntentBatch,
 )
-from tests.support.etcd import EtcdServer, etcd_binary
+from harness.etcd import EtcdServer, etcd_binary
 from tests.support.rollout_inputs import Healthy, WithNodes
 
 T0 = 1_800_000_000_000

@@ -15,8 +15,8 @@ from control_plane.intent.etcd_store import (
     StoreUnavailable,
     parse_store_url,
 )
+from harness.etcd import EtcdServer, etcd_binary
 from harness.eventually import eventually
-from tests.support.etcd import EtcdServer, etcd_binary
 
 pytestmark = pytest.mark.skipif(etcd_binary() is None, reason="etcd not installed")
 

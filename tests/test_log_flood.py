@@ -39,8 +39,8 @@ from control_plane.security.cert_dir import CertDir
 from control_plane.translate.resources import CLUSTER_TYPE
 from harness.background_loop import BackgroundLoop
 from harness.envoy_process import free_port
+from harness.local_server import start_server
 from harness.xds_client import XdsClient, make_node
-from tests.support.local_server import start_server
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "desired.yaml"

@@ -28,7 +28,7 @@ import pytest
 
 from control_plane.decisions.read import iter_records
 from harness.demo_origin import Fault
-from tests.support.etcd import etcd_binary
+from harness.etcd import etcd_binary
 from tests.support.prometheus import prometheus_binary
 from tests.support.replicas import LEADER_TTL_S, ReplicaFleet, get_json, replica_fleet, until
 

@@ -33,8 +33,8 @@ from control_plane.decisions.read import iter_records
 from control_plane.translate.bootstrap import ads_bootstrap
 from harness.demo_origin import DemoOrigin
 from harness.envoy_process import EnvoyProcess, free_port
+from harness.etcd import EtcdServer
 from harness.traffic import steady_traffic, stop_tasks
-from tests.support.etcd import EtcdServer
 from tests.support.prometheus import PrometheusServer
 from tests.support.replicas import Replica, get_json, serve_replica, until
 

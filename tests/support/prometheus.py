@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 
 from harness.envoy_process import free_port, stop_group
-from tests.support.local_server import log_tail, start_server
+from harness.local_server import log_tail, start_server
 
 
 def prometheus_binary() -> str | None:

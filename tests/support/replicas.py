@@ -21,10 +21,10 @@ from typing import Any
 from control_plane.translate.bootstrap import ads_bootstrap
 from harness.demo_origin import DemoOrigin
 from harness.envoy_process import EnvoyProcess, free_port
+from harness.etcd import EtcdServer
 from harness.eventually import eventually
 from harness.fleet import envoy_locality_weights, write_fast_desired
 from harness.traffic import steady_traffic, stop_tasks
-from tests.support.etcd import EtcdServer
 from tests.support.prometheus import PrometheusServer
 
 ROOT = Path(__file__).resolve().parents[2]

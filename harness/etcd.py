@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.envoy_process import free_port
-from tests.support.local_server import log_tail, start_server
+from harness.local_server import log_tail, start_server
 
 
 def etcd_binary() -> str | None:
