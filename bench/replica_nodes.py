@@ -32,6 +32,7 @@ import grpc
 
 from bench.command_pipe import commands, reply
 from control_plane.translate.resources import ENDPOINT_TYPE
+from harness.eventually import eventually
 from harness.lean_node import STARTUP, STREAM_ERRORS, Bodies, LeanNode
 from harness.xds_client import local_channel
 
@@ -93,14 +94,15 @@ class Fleet:
 
     async def watch(self, versions: dict[str, str], timeout: float) -> dict[str, Any]:
         watched = [i for i in self.indices if self.nodes[i].pop in versions]
-        deadline = time.monotonic() + timeout
-        while True:
-            behind = [i for i in watched
-                      if (held := self.nodes[i].held.get(ENDPOINT_TYPE)) is None
-                      or held.version != versions[self.nodes[i].pop]]
-            if not behind or time.monotonic() > deadline:
-                break
-            await asyncio.sleep(WATCH_POLL_S)
+
+        def lagging() -> list[int]:
+            return [i for i in watched if (held := self.nodes[i].held.get(ENDPOINT_TYPE)) is None
+                    or held.version != versions[self.nodes[i].pop]]
+
+        with contextlib.suppress(AssertionError):  # the answer counts those still behind
+            await eventually(lambda: not lagging(), timeout, "every watched node on its version",
+                             interval=WATCH_POLL_S)
+        behind = lagging()
         ok = [self.nodes[i].held[ENDPOINT_TYPE].acked_at for i in watched if i not in behind]
         return {"nodes": len(watched), "behind": len(behind), "last_ack": max(ok, default=0.0)}
 
@@ -118,10 +120,10 @@ class Fleet:
         another; the others must not have moved."""
         affected = {i for i in self.indices if self.replica[i] == dead} | {
             i for at, i, replica in self.moved if at >= since and replica == dead}
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and not all(
-                self.replica[i] != dead and self.nodes[i].synced() for i in affected):
-            await asyncio.sleep(WATCH_POLL_S)
+        with contextlib.suppress(AssertionError):  # the answer says how many resynced
+            await eventually(lambda: all(self.replica[i] != dead and self.nodes[i].synced()
+                                         for i in affected), timeout,
+                             "the dead replica's nodes synced on another", interval=WATCH_POLL_S)
         return {"affected": len(affected),
                 "others_moved": len({i for at, i, _ in self.moved if at >= since} - affected),
                 "synced": sum(node.synced() for node in self.nodes.values()),
