@@ -5,7 +5,7 @@ by Playwright), against real Envoys, origins, etcd.
   503s through ewr): the ewr card's per-origin numbers (weight, 5xx, p95, health score) are
   `/status`'s of the same reconcile tick, the failing primary's score negative; the group's
   health chart draws that score below its 0 line (not clipped to 0); the failover-ramp panel
-  says in words which step the standby is on, the share it allows, since when it ramps (its
+  says in words which stage the standby is on, the share it allows, since when it ramps (its
   ramp_start record) and why (a ramp record's rule).
 - Two replicas on etcd, ewr's Envoy streaming from the follower: the leader's rollout panel
   shows each replica's ACKs of each PoP.
@@ -38,7 +38,7 @@ from tests.test_rollout_replicas import _free_ports, _leading, canary_envoy, rep
 pytestmark = [pytest.mark.envoy, pytest.mark.chromium]
 
 SCHEDULE = StandbyRampPolicy().schedule
-SENTENCE = re.compile(r"^secondary ramps: step (\d+) of (\d+), at most (\d+) % of the traffic "
+SENTENCE = re.compile(r"^secondary ramps: stage (\d+) of (\d+), at most (\d+) % of the traffic "
                       r"\(now (\d+) %\), since (\d\d:\d\d:\d\d)Z; why: (.+) #(\d+)$")
 
 
@@ -86,18 +86,18 @@ async def test_pop_cards_health_chart_and_ramp_panel(tmp_path: Path) -> None:
         await page.goto(f"{admin.url}/dashboard/#/pop/ewr/group/shop?range=15m")
         panel = page.locator('section[data-controller="Failover ramp"] .ramp[data-origin='
                              '"secondary"] .ramp-sentence')
-        await expect(panel).to_contain_text("secondary ramps: step", timeout=10_000)
+        await expect(panel).to_contain_text("secondary ramps: stage", timeout=10_000)
         sentence = (await panel.text_content() or "").strip()
         await page.screenshot(path=str(tmp_path / "ramp-panel.png"), full_page=True)
         found = SENTENCE.match(sentence)
         assert found is not None, sentence
-        step, steps, share, _, since, why, seq = found.groups()
-        assert int(steps) == len(SCHEDULE) and int(share) == SCHEDULE[int(step) - 1], sentence
+        stage, stages, share, _, since, why, seq = found.groups()
+        assert int(stages) == len(SCHEDULE) and int(share) == SCHEDULE[int(stage) - 1], sentence
         assert since == start["time"][11:19], (sentence, start)
         ramps = {r["seq"]: r for r in fleet.records(pop="ewr") if r["kind"].startswith("ramp_")}
-        record = ramps[int(seq)]  # the record it links to says why, with the step it names
+        record = ramps[int(seq)]  # the record it links to says why, with the stage it names
         assert record["rule"] == why, (record, sentence)
-        assert record["detail"]["state"]["ramps"]["secondary"] == int(step) - 1, record
+        assert record["detail"]["state"]["ramps"]["secondary"] == int(stage) - 1, record
 
         # the health chart: the failing primary's negative scores drawn below its 0 line
         chart = page.locator("svg.chart.health")
