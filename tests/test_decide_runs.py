@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from control_plane.decide.controller import ControllerState, StepResult
@@ -72,3 +74,18 @@ def test_no_evidence_is_recorded_on_its_first_tick_and_ends_a_steady_run() -> No
     assert walk([quiet, quiet, quiet]) == ["hold"]  # the process's first tick too
     assert walk([STEADY, STEADY, quiet, quiet, STEADY]) == [
         "hold", "end(hold,2)", "steady"]
+
+
+def test_which_nodes_are_silent_makes_no_new_run_but_the_first_silent_node_does() -> None:
+    """The soak bench's 1,000 churning nodes changed a PoP's silent set every few seconds, and a
+    run per set wrote ~10 hold and 10 hold_ended records a second: the run changes when silent
+    nodes become (or stop being) its cause, not when they are other nodes."""
+    def silent(*nodes: str) -> StepResult:
+        return replace(result("hold", "no_evidence"), silent=nodes)
+
+    quiet = result("hold", "no_evidence")
+    assert walk([silent("n1"), silent("n2"), silent("n1", "n3"), silent("n4")] * 5) == ["hold"]
+    assert walk([quiet, quiet, silent("n1"), silent("n2"), quiet]) == [
+        "hold", "end(hold,2)", "hold", "end(hold,2)", "hold"]
+    first = follow_run(None, silent("n1", "n2"), 0, first_tick=True).run
+    assert first is not None and first.silent == ("n1", "n2")  # its start names them

@@ -8,10 +8,14 @@ per tick: with 100 PoPs x 50 groups and no metrics, the log grows by 5,000 recor
 5,000 per tick.
 
 A run is identified by the step's kind and its `reason` (``fail_static``, ``no_evidence``,
-``sick_held``, ``nowhere_better``, ``return_wait``, ``steady``) and the silent nodes the shell
-named as its cause: a hold that changes its reason ends one run and starts another (so every run
-of "nowhere better" holds starts with a record of its scores, and a node found silent is named
-by a record at once).
+``sick_held``, ``nowhere_better``, ``return_wait``, ``steady``) and whether silent nodes are its
+cause: a hold that changes its reason ends one run and starts another (so every run of "nowhere
+better" holds starts with a record of its scores, and the first silent node is named by a record
+at once). Which nodes are silent does not make a new run: in a fleet whose nodes come and go
+(the soak bench: 1,000 nodes churning) the set changes every few seconds, and a run per change
+wrote about 10 `hold` and 10 `hold_ended` records a second until the log rotated away what it
+held. `ballast status` and `explain` name the nodes silent now; the run's first record, those
+at its start.
 The run a process finds at its first tick when it is steady is not logged (nothing happened),
 so its end is not logged either.
 """
@@ -37,7 +41,7 @@ class QuietRun:
     last_rule: str
     last_ms: int
     logged: bool  # its start was written (its end will be)
-    silent: tuple[str, ...] = ()  # the nodes named as its cause (`StepResult.silent`)
+    silent: tuple[str, ...] = ()  # the nodes named as its cause at its start (`StepResult.silent`)
 
     def end_fields(self, ended_by: str) -> dict[str, object]:
         """`rule` and `detail` of the record that closes this run."""
@@ -72,8 +76,8 @@ def follow_run(previous: QuietRun | None, result: StepResult, now_ms: int, *,
     ended = previous if previous is not None and previous.logged else None
     if result.kind not in QUIET_KINDS:
         return RunUpdate(None, True, ended)
-    if previous is not None and (previous.kind, previous.reason, previous.silent) == (
-            result.kind, result.reason, result.silent):
+    if previous is not None and (previous.kind, previous.reason, bool(previous.silent)) == (
+            result.kind, result.reason, bool(result.silent)):
         longer = QuietRun(previous.kind, previous.reason, previous.started_ms, previous.ticks + 1,
                           result.rule, now_ms, previous.logged, previous.silent)
         return RunUpdate(longer, False, None)
