@@ -22,6 +22,7 @@ import grpc
 from envoy.config.core.v3.base_pb2 import Node
 from envoy.service.discovery.v3.discovery_pb2 import DiscoveryResponse
 
+from control_plane.ads.encoding import varint
 from control_plane.translate.resources import (
     CLUSTER_TYPE,
     ENDPOINT_TYPE,
@@ -38,18 +39,9 @@ STREAM_ERRORS = (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidState
                  ConnectionError, TimeoutError)
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def _field(number: int, data: bytes) -> bytes:
     """A length-delimited protobuf field."""
-    return _varint(number << 3 | 2) + _varint(len(data)) + data
+    return varint(number << 3 | 2) + varint(len(data)) + data
 
 
 @dataclass(frozen=True)

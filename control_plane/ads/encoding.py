@@ -25,7 +25,7 @@ from envoy.service.discovery.v3.discovery_pb2 import DeltaDiscoveryResponse, Dis
 from control_plane.ads.protocol import DeltaResponse, SotwResponse
 from control_plane.translate.resources import Resource
 
-__all__ = ["ResponseEncoder", "encode_delta", "encode_sotw", "pass_bytes"]
+__all__ = ["ResponseEncoder", "encode_delta", "encode_sotw", "pass_bytes", "varint"]
 
 
 def encode_sotw(response: SotwResponse) -> DiscoveryResponse:
@@ -57,7 +57,7 @@ def pass_bytes(data: bytes) -> bytes:
     return data
 
 
-def _varint(value: int) -> bytes:
+def varint(value: int) -> bytes:
     out = bytearray()
     while value > 0x7F:
         out.append(value & 0x7F | 0x80)
@@ -68,14 +68,14 @@ def _varint(value: int) -> bytes:
 
 def _tag(message_type: Any, field_name: str) -> bytes:
     """The key of a length-delimited field (wire type 2)."""
-    return _varint(message_type.DESCRIPTOR.fields_by_name[field_name].number << 3 | 2)
+    return varint(message_type.DESCRIPTOR.fields_by_name[field_name].number << 3 | 2)
 
 
 def _string_field(tag: bytes, text: str) -> bytes:
     if not text:
         return b""  # proto3: an empty string is not on the wire
     data = text.encode()
-    return tag + _varint(len(data)) + data
+    return tag + varint(len(data)) + data
 
 
 _SOTW_VERSION = _tag(DiscoveryResponse, "version_info")
