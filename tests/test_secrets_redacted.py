@@ -68,10 +68,13 @@ async def test_no_face_shows_a_private_key(tmp_path: Path, capsys: pytest.Captur
         keys.append(key_pem(renewed))
 
         def applied() -> bool:
+            # the record is durable before the swap: wait for the swap too, so the faces read
+            # below serve what the record says
             return any(r["kind"] == "config_applied" and "secrets" in str(r["detail"])
+                       and r["detail"]["digest"] == service.server.intent.desired.digest
                        for r in iter_records(state_dir))
 
-        await eventually(applied, 5, "the renewal applied")
+        await eventually(applied, 5, "the renewal applied and served")
         assert service.admin is not None
         url = service.admin.url
         faces: dict[str, str] = {}

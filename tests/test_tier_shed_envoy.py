@@ -29,17 +29,22 @@ from tests.support.tier_origins import Origins
 pytestmark = pytest.mark.envoy
 
 
+# background's held requests stay held (at the origin, in its queue) while a test probes the
+# other tiers, however slow a loaded machine makes that: timeouts beyond the test's own
+HOLD = {"queue_timeout_ms": 15_000, "read_timeout_ms": 15_000}
+
+
 def shed_fleet(origin_port: int) -> Desired:
-    """20 origin connections; tiers normal (defer, floor 0), background (stale, floor 1 slot)
-    and bulk (reject, floor 0), all sheddable; `/bulk` is bulk. Every origin is the one at
-    `origin_port`; a free listener port."""
+    """20 origin connections; tiers normal (defer, floor 0), background (stale, floor 1 slot,
+    15 s timeouts) and bulk (reject, floor 0), all sheddable; `/bulk` is bulk. Every origin is
+    the one at `origin_port`; a free listener port."""
     group = replace(shop_group(), max_origin_concurrency=20)
     bulk = replace(group.tier("background"), name="bulk", priority=3, shed_action="reject",
                    min_share_percent=0)
     tiers: tuple[Tier, ...] = (
         *(replace(t, sheddable=True, shed_action="defer", min_share_percent=0)
           if t.name == "normal" else
-          replace(t, shed_action="stale") if t.name == "background" else t
+          replace(t, shed_action="stale", **HOLD) if t.name == "background" else t
           for t in group.tiers),
         bulk,
     )
