@@ -70,15 +70,10 @@ async def _run(name: str, tmp_path: Path) -> tuple[Path, dict[str, RunResult]]:
     return out, runs
 
 
-def _no_inversions(run: RunResult, preemption_pending: bool = False) -> None:
+def _no_inversions(run: RunResult) -> None:
     """Issue 35: no critical request shed or timed out while a lower-tier request started at
-    the same origin within 50 ms. `preemption_pending`: the tiers do not yet take slots from
-    lower tiers (issue 35's preemption, branch h35), so seed 000's surge still inverts; the test
-    reports the count as an expected failure until that lands, then passes on zero."""
+    the same origin within 50 ms."""
     found = inversions(run)
-    if found.inverted and preemption_pending:
-        pytest.xfail(f"issue 35 (preemption pending): {found.inverted} of {found.lost} critical "
-                     "requests lost beside a lower-tier start")
     assert found.inverted == 0, found
 
 
@@ -153,4 +148,4 @@ async def test_priority_smoke_tiers_keep_checkout_answered_where_one_fifo_queue_
     # seed 000: with tiers, checkout keeps its slots while the slow origin's one FIFO queue
     # makes everyone wait past the timeout
     assert failed["ballast"] < failed["baseline"], failed
-    _no_inversions(runs["ballast"], preemption_pending=True)
+    _no_inversions(runs["ballast"])
