@@ -24,29 +24,7 @@ pytestmark = pytest.mark.envoy
 ORIGIN_MS = 100
 TICK_S, FLUSH_S = 1.0, 1.0
 BACKGROUND_KEY = "circuit_breakers.shop.background.default.max_requests"
-DESIRED = """\
-pops:
-  ewr: {{listen_address: 127.0.0.1}}
-failover: {{interval: 1s, window: 3s, stale_after: 10s}}
-tier_actions: {{for: 1s}}   # lending grows after 1 s of spare
-origin_groups:
-  shop:
-    max_origin_concurrency: 20   # guarantees: critical 14, normal 5, background 1
-    origins:
-      primary: {{address: 127.0.0.1, port: {origin}}}
-    health_check: {{interval: 1s, connect_timeout: 500ms, read_timeout: 1s}}
-classification:
-  default_tier: critical
-  rules:
-    - {{name: checkout, path_prefix: /api/checkout, tier: critical}}
-    - {{name: page, path_prefix: /page, tier: normal}}
-    - {{name: image, path_prefix: /_next/image, tier: background}}
-listeners:
-  - name: edge
-    port: {listener}
-    virtual_hosts:
-      - {{name: shop, domains: ["*"], origin_group: shop}}
-"""
+TIER_ACTIONS = "{for: 1s}"  # lending grows after 1 s of spare
 
 
 def runtime_limit(envoy: EnvoyProcess) -> int | None:
@@ -55,7 +33,7 @@ def runtime_limit(envoy: EnvoyProcess) -> int | None:
 
 
 async def test_idle_shares_are_lent_to_background_and_taken_back(tmp_path: Path) -> None:
-    async with tier_fleet(tmp_path, DESIRED, ORIGIN_MS, FLUSH_S) as (envoy, port):
+    async with tier_fleet(tmp_path, TIER_ACTIONS, ORIGIN_MS, FLUSH_S) as (envoy, port):
         base = f"http://127.0.0.1:{port}"
         stop, background = asyncio.Event(), []
         tasks = [asyncio.create_task(closed_loop(f"{base}/_next/image?u=a", 10, stop, background))]

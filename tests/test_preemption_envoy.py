@@ -29,30 +29,8 @@ pytestmark = pytest.mark.envoy
 ORIGIN_MS = 100
 TICK_S, FLUSH_S, WINDOW_S, HOLD_S = 1.0, 1.0, 3.0, 2.0
 KEY = "circuit_breakers.shop.{tier}.default.max_requests"
-DESIRED = """\
-pops:
-  ewr: {{listen_address: 127.0.0.1}}
-failover: {{interval: 1s, window: 3s, stale_after: 10s}}
-tier_actions: {{interval: 1s, for: 1s, recover_after: 2s, lending: false}}  # give back
-                                        # after 2 s of surplus; no lending
-origin_groups:
-  shop:
-    max_origin_concurrency: 20   # guarantees 14 / 5 / 1, floors 1 / 1 / 1
-    origins:
-      primary: {{address: 127.0.0.1, port: {origin}}}
-    health_check: {{interval: 1s, connect_timeout: 500ms, read_timeout: 1s}}
-classification:
-  default_tier: critical
-  rules:
-    - {{name: checkout, path_prefix: /api/checkout, tier: critical}}
-    - {{name: page, path_prefix: /page, tier: normal}}
-    - {{name: image, path_prefix: /_next/image, tier: background}}
-listeners:
-  - name: edge
-    port: {listener}
-    virtual_hosts:
-      - {{name: shop, domains: ["*"], origin_group: shop}}
-"""
+# give back after 2 s of surplus; no lending
+TIER_ACTIONS = "{interval: 1s, for: 1s, recover_after: 2s, lending: false}"
 
 
 def limits(envoy: EnvoyProcess) -> dict[str, int]:
@@ -76,7 +54,7 @@ def active(envoy: EnvoyProcess, tier: str, stat: str = "upstream_rq_active") -> 
 async def test_checkout_takes_normal_slots_within_a_tick_and_gives_them_back(
     tmp_path: Path,
 ) -> None:
-    async with tier_fleet(tmp_path, DESIRED, ORIGIN_MS, FLUSH_S) as (envoy, port):
+    async with tier_fleet(tmp_path, TIER_ACTIONS, ORIGIN_MS, FLUSH_S) as (envoy, port):
         base = f"http://127.0.0.1:{port}"
         stop, surge_over = asyncio.Event(), asyncio.Event()
         done: list[float] = []

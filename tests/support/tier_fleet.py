@@ -17,6 +17,33 @@ from control_plane.translate.bootstrap import ads_bootstrap
 from harness.demo_origin import DemoOrigin, Fault
 from harness.envoy_process import EnvoyProcess, free_port
 
+# one PoP, one group of one origin (max_origin_concurrency 20: guarantees critical 14, normal 5,
+# background 1; floors 1 / 1 / 1), checkout / page / image classified critical / normal /
+# background; `{tier_actions}` is the test's own tier_actions mapping
+DESIRED = """\
+pops:
+  ewr: {{listen_address: 127.0.0.1}}
+failover: {{interval: 1s, window: 3s, stale_after: 10s}}
+tier_actions: {tier_actions}
+origin_groups:
+  shop:
+    max_origin_concurrency: 20
+    origins:
+      primary: {{address: 127.0.0.1, port: {origin}}}
+    health_check: {{interval: 1s, connect_timeout: 500ms, read_timeout: 1s}}
+classification:
+  default_tier: critical
+  rules:
+    - {{name: checkout, path_prefix: /api/checkout, tier: critical}}
+    - {{name: page, path_prefix: /page, tier: normal}}
+    - {{name: image, path_prefix: /_next/image, tier: background}}
+listeners:
+  - name: edge
+    port: {listener}
+    virtual_hosts:
+      - {{name: shop, domains: ["*"], origin_group: shop}}
+"""
+
 
 async def closed_loop(url: str, clients: int, stop: asyncio.Event, done: list[float]) -> None:
     """`clients` loops GETting `url` until `stop`; each 200's arrival time goes to `done`."""
@@ -33,14 +60,16 @@ async def closed_loop(url: str, clients: int, stop: asyncio.Event, done: list[fl
 
 
 @contextlib.asynccontextmanager
-async def tier_fleet(tmp_path: Path, desired_template: str, origin_ms: float, flush_s: float
+async def tier_fleet(tmp_path: Path, tier_actions: str, origin_ms: float, flush_s: float
                      ) -> AsyncIterator[tuple[EnvoyProcess, int]]:
-    """(the Envoy, its listener port); `desired_template` has `{origin}` and `{listener}`."""
+    """(the Envoy, its listener port) serving `DESIRED` with `tier_actions` (a YAML flow
+    mapping)."""
     origin = await DemoOrigin("primary", free_port()).start()
     origin.set_fault(Fault(latency_ms=origin_ms))
     listener, xds, admin = free_port(), free_port(), free_port()
     desired = tmp_path / "desired.yaml"
-    desired.write_text(desired_template.format(origin=origin.port, listener=listener))
+    desired.write_text(DESIRED.format(origin=origin.port, listener=listener,
+                                      tier_actions=tier_actions))
     envoy = EnvoyProcess(ads_bootstrap(
         node_id="ewr-1", pop="ewr", xds_port=xds, admin_port=admin, metrics_sink=True,
         needed_stats_only=True, stats_flush_interval_ms=int(flush_s * 1000)), admin).start()
