@@ -128,6 +128,8 @@ class TickPlan:
     drafts: list[Draft]  # the tick's records, in order
     schedule: dict[GroupKey, int]  # every pair's next step (a failed pair's too: retried then)
     tier_schedule: dict[GroupKey, int]  # every pair's next tier step
+    readings: dict[GroupKey, Reading]  # what each decided pair read and scored (for the faces)
+    outcomes: list[TickOutcome]  # the decided pairs' weight steps (a tier tick has none)
 
 
 class Reconciler:
@@ -193,20 +195,12 @@ class Reconciler:
             return []
         started = time.perf_counter()
         running = self.intent.intent
-        # each PoP's groups of the desired state it serves (during a rollout, maybe not the
-        # target): weight shifts and tier actions run in every PoP throughout
-        pairs = [(pop, group) for pop in running.pop_names
-                 for group in running.desired_of(pop).origin_groups]
-        due = [(pop, group) for pop, group in pairs
-               if not only_due or self._due.get((pop, group.name), 0) <= now]
-        stepped = {(pop, group.name) for pop, group in due}
-        tiers_only = [(pop, group) for pop, group in pairs
-                      if (pop, group.name) not in stepped
-                      and self._tier_due.get((pop, group.name), 0) <= now]
+        # O(PoPs x groups) from here on, so on worker threads while the loop keeps serving
+        due, tiers_only, windows = await asyncio.to_thread(self._due_pairs, running, now,
+                                                           only_due)
         if not due and not tiers_only:  # every pair is scheduled later: sleep till then
             self._next_due = self._earliest()
             return []
-        windows = {group.failover.window_ms for _, group in (*due, *tiers_only)}
         signals_by_window: dict[int, Signals] = {}
         for window in windows:
             try:
@@ -221,15 +215,14 @@ class Reconciler:
                 self._connected(), signals_by_window[widest],
                 None if self._reporting is None else self._reporting(now, widest),
                 now - widest)
-        # every due pair's steps, its records and what changes: O(PoPs x groups), so on a
-        # worker thread while the loop keeps serving, from the running intent as it is now;
-        # only this reconciler changes streaks and states, and a reload (a new desired state
-        # since `desired` was read) makes the tick's change stale: it is dropped
+        # every due pair's steps, its records and what changes, from the running intent as it
+        # is now; only this reconciler changes streaks and states, and a reload (a new desired
+        # state since `desired` was read) makes the tick's change stale: it is dropped
         plan = await asyncio.to_thread(self._plan_due, running, due, tiers_only,
                                        signals_by_window, tiers_by_window, now)
         try:
             async with self.intent.change() as change:
-                plan = await self._prepared(change, running, plan)
+                plan = await self._prepared(change, running, plan, now)
                 change.record([*(self._failure(f, running.desired_of(f.pop))
                                  for f in plan.failed),
                                *plan.drafts])
@@ -248,23 +241,36 @@ class Reconciler:
                 for (pop, group), weights in plan.changes.weights.items():
                     for origin, weight in weights.items():
                         self.metrics.weight.labels(pop, group, origin).set(weight)
-        for decision in plan.decided:
-            if decision.outcome is not None:  # a tier tick reads no health scores
-                key = (decision.outcome.pop, decision.outcome.group)
-                self.readings[key] = Reading(now, decision.signals,
-                                             decision.outcome.result.scores)
+        self.readings.update(plan.readings)
         self._runs = plan.runs
         self._due = plan.schedule
         self._tier_due = plan.tier_schedule
         self._next_due = self._earliest()
         if self.metrics is not None:
             self.metrics.reconcile_tick.observe(time.perf_counter() - started)
-        outcomes = [decision.outcome for decision in plan.decided if decision.outcome is not None]
+        outcomes = plan.outcomes
         # what the tick made for every pair (and the intent it replaced) is freed off the loop
         made = [plan, change, running, signals_by_window, tiers_by_window, due, tiers_only]
         del plan, change, running, signals_by_window, tiers_by_window, due, tiers_only
         free_later(made)
         return outcomes
+
+    def _due_pairs(self, running: RunningIntent, now: int, only_due: bool
+                   ) -> tuple[list[tuple[str, OriginGroup]], list[tuple[str, OriginGroup]],
+                              set[int]]:
+        """The pairs whose step is due (every pair unless `only_due`), those only whose tier
+        step is, and the windows they read (on a worker thread). Each PoP's groups are of the
+        desired state it serves (during a rollout, maybe not the target): weight shifts and
+        tier actions run in every PoP throughout."""
+        pairs = [(pop, group) for pop in running.pop_names
+                 for group in running.desired_of(pop).origin_groups]
+        due = [(pop, group) for pop, group in pairs
+               if not only_due or self._due.get((pop, group.name), 0) <= now]
+        stepped = {(pop, group.name) for pop, group in due}
+        tiers_only = [(pop, group) for pop, group in pairs
+                      if (pop, group.name) not in stepped
+                      and self._tier_due.get((pop, group.name), 0) <= now]
+        return due, tiers_only, {group.failover.window_ms for _, group in (*due, *tiers_only)}
 
     def _plan_due(self, running: RunningIntent, due: list[tuple[str, OriginGroup]],
                   tiers_only: list[tuple[str, OriginGroup]], signals: dict[int, Signals],
@@ -278,7 +284,7 @@ class Reconciler:
             *(self._decide_tiers(running, pop, group, signals[group.failover.window_ms],
                                  tiers[group.failover.window_ms], now, running.desired_of(pop))
               for pop, group in tiers_only),
-        ], running, *self._schedule(due, tiers_only, now))
+        ], running, *self._schedule(due, tiers_only, now), now)
 
     def _schedule(self, due: list[tuple[str, OriginGroup]],
                   tiers_only: list[tuple[str, OriginGroup]], now: int
@@ -291,15 +297,19 @@ class Reconciler:
                                       for pop, group in (*due, *tiers_only)}})
 
     def _plan(self, results: list[PairDecision | PairFailure], running: RunningIntent,
-              schedule: dict[GroupKey, int], tier_schedule: dict[GroupKey, int]) -> TickPlan:
+              schedule: dict[GroupKey, int], tier_schedule: dict[GroupKey, int], now: int
+              ) -> TickPlan:
         decided = [r for r in results if isinstance(r, PairDecision)]
         failed = [r for r in results if isinstance(r, PairFailure)]
         runs = {**self._runs, **{d.pair.key: d.run for d in decided if d.outcome is not None}}
         drafts = [made for decision in decided for made in decision.records]
+        outcomes = [d.outcome for d in decided if d.outcome is not None]
+        readings = {(o.pop, o.group): Reading(now, d.signals, o.result.scores)
+                    for d in decided if (o := d.outcome) is not None}
         return TickPlan(decided, failed, changes_of(running, [d.pair for d in decided]), runs,
-                        drafts, schedule, tier_schedule)
+                        drafts, schedule, tier_schedule, readings, outcomes)
 
-    async def _prepared(self, change: Change, running: RunningIntent, plan: TickPlan
+    async def _prepared(self, change: Change, running: RunningIntent, plan: TickPlan, now: int
                         ) -> TickPlan:
         """The tick's changes stated on `change` and their output built (on a worker thread).
         A PoP whose translation raises fails its pairs (phase push: nothing of them saved or
@@ -327,7 +337,7 @@ class Reconciler:
         failed = [*plan.failed, *(PairFailure(*d.pair.key, "push", broken[d.pair.key[0]])
                                   for d in plan.decided if d.pair.key[0] in broken)]
         plan = await asyncio.to_thread(lambda: self._plan([*kept, *failed], running,
-                                                          plan.schedule, plan.tier_schedule))
+                                                          plan.schedule, plan.tier_schedule, now))
         change.tick(plan.changes, planned_for=running.desired, serving=running.serving)
         return plan
 

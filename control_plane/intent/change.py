@@ -161,14 +161,15 @@ class Change:
         """A reconcile tick's changes, laid pair by pair over the running intent; decided under
         `planned_for` with the PoPs of `serving` on their own desired states (when given), so
         the change is stale (`StaleChange`) once another desired state runs or a rollout moved
-        a PoP to another one."""
-        pairs = sorted({*changes.weights, *changes.controllers, *changes.tier_states,
-                        *changes.ramps, *changes.tier_actions})
+        a PoP to another one. Every pair is walked where the change prepares (a worker
+        thread), not here."""
 
         def state(base: RunningIntent) -> _Stated:
             if base.desired is not planned_for or (
                     serving is not None and base.serving is not serving):
                 raise StaleChange("a new desired state was applied since the tick planned")
+            pairs = sorted({*changes.weights, *changes.controllers, *changes.tier_states,
+                            *changes.ramps, *changes.tier_actions})
             return _Stated(applied(base, changes), changes.pops,
                            changes.batch(base.desired.digest),
                            saved_as(base, pairs) if changes else IntentBatch())
