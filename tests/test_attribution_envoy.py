@@ -7,8 +7,8 @@ Ballast's translation, with Ballast's own sinks (OTLP host stats, access logs).
   while Envoy's zone histogram charges it the retried requests' whole lives; the pool wait of
   the critical tier, whose 84 slots sit idle, stays under 5 ms once retried requests are left
   out.
-- Weights 95/5, the primary failing every request: at least 90 % of the retries of every tier
-  that retries go to the standby.
+- Weights 95/5, the primary failing every request (503): at least 90 % of the retries of every
+  tier go to the standby — background's too, its one retry of a declined attempt.
 """
 
 from __future__ import annotations
@@ -109,8 +109,9 @@ async def test_retries_leave_a_failing_origin_in_every_tier() -> None:
     for tier in tiers:
         retries = Counter(a.origin for a in attempts if a.tier == tier.name and a.number > 1)
         if tier.retries == 0:
-            assert not retries, (tier.name, retries)  # background: no retry to place
-            continue
+            # background: no retries of its own, but the failing origin's 503 declines the
+            # request, and an attempt no origin served gets one retry (`clusters.unserved_retry`)
+            assert max(a.number for a in attempts if a.tier == tier.name) == 2, tier.name
         total = sum(retries.values())
         assert total >= 40, (tier.name, retries)
         assert retries["standby"] >= 0.9 * total, (tier.name, retries)

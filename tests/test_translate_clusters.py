@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from envoy.config.cluster.v3.cluster_pb2 import Cluster
 from envoy.extensions.transport_sockets.tls.v3.tls_pb2 import UpstreamTlsContext
 from envoy.extensions.upstreams.http.v3.http_protocol_options_pb2 import HttpProtocolOptions
@@ -40,8 +42,20 @@ def test_circuit_breakers_from_tier_shares_and_queue_depths() -> None:
     assert got == {
         "shop.critical": (84, 84, 2000, 13, 15.0, 2),
         "shop.normal": (30, 30, 8000, 5, 15.0, 1),
-        "shop.background": (6, 6, 2000, 1, 15.0, 0),
+        # no retries of its own: its retries are of attempts no origin served, one per request
+        "shop.background": (6, 6, 2000, 6, 100.0, 1),
     }
+
+
+def test_a_tier_without_retries_keeps_its_budget_in_a_group_of_one_origin() -> None:
+    desired = example_desired()
+    (group,) = desired.origin_groups
+    one = dataclasses.replace(group, origins=group.origins[:1],
+                              preference={pop: (group.origins[0].name,) for pop in ("ewr", "sjc")})
+    (threshold,) = clusters(dataclasses.replace(desired, origin_groups=(one,)))[
+        "shop.background"].circuit_breakers.thresholds
+    assert (threshold.max_retries.value, threshold.retry_budget.budget_percent.value,
+            threshold.retry_budget.min_retry_concurrency.value) == (1, 15.0, 0)
 
 
 def test_connect_timeouts_per_tier() -> None:

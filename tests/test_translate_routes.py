@@ -60,17 +60,36 @@ def test_timeouts_retries_and_backoff_per_tier() -> None:
             action.timeout.ToMilliseconds(),
             policy.per_try_timeout.ToMilliseconds(),
             policy.num_retries.value,
+            policy.retry_on,
+            list(policy.retriable_status_codes),
         )
-        assert policy.retry_on == "5xx,connect-failure,reset"
         assert policy.retry_back_off.base_interval.ToMilliseconds() == 25
         assert policy.retry_back_off.max_interval.ToMilliseconds() == 250
         assert policy.retry_host_predicate[0].name == "envoy.retry_host_predicates.previous_hosts"
-    # timeout = queue_timeout + read_timeout x (retries + 1)
+    # timeout = queue_timeout + read_timeout x (retries + 1); background (retries 0) gets one
+    # retry of an attempt no origin served, and only of that
+    unserved = "connect-failure,refused-stream,reset-before-request,retriable-status-codes"
     assert by_cluster == {
-        "shop.critical": (800 + 2000 * 3, 2000, 2),
-        "shop.normal": (1500 + 4000 * 2, 4000, 1),
-        "shop.background": (3000 + 8000 * 1, 8000, 0),
+        "shop.critical": (800 + 2000 * 3, 2000, 2, "5xx,connect-failure,reset", []),
+        "shop.normal": (1500 + 4000 * 2, 4000, 1, "5xx,connect-failure,reset", []),
+        "shop.background": (3000 + 8000 * 1, 8000, 1, unserved, [503]),
     }
+
+
+def test_a_tier_without_retries_in_a_group_of_one_origin_has_none() -> None:
+    """No other origin to send an unserved attempt to: a retry would ask the one that declined."""
+    desired = example_desired()
+    (group,) = desired.origin_groups
+    one = dataclasses.replace(group, origins=group.origins[:1],
+                              preference={pop: (group.origins[0].name,) for pop in ("ewr", "sjc")})
+    desired = dataclasses.replace(desired, origin_groups=(one,))
+    resources = translate_pop(desired, "ewr", Capabilities())
+    (vhost,) = resources.of_type(ROUTE_TYPE)["edge"].message.virtual_hosts
+    by_cluster = {r.route.cluster: r.route.retry_policy for r in vhost.routes}
+    background = by_cluster["shop.background"]
+    assert (background.num_retries.value, background.retry_on) == (0, "5xx,connect-failure,reset")
+    assert list(background.retriable_status_codes) == []
+    assert by_cluster["shop.normal"].num_retries.value == 1
 
 
 def test_every_route_tags_the_tier_toward_the_origin() -> None:

@@ -322,12 +322,15 @@ WHY = {
         "as for checkout: the share left on the bleeding primary during the gradual shift "
         "meets its 5xx, and the normal tier's one retry is capped by the same 15 % budget"),
     ("failover", "image"): (
-        "Ballast's background tier has no retries (seed 000 gives tier 2 `retryBudget: 0`, and "
-        "Ballast's default tier set follows it), so an image revalidation fails on its first "
-        "5xx — the bleeding primary's, or the standby's refusal of a new connection at its cap "
-        "(\"refused\" below) — where every baseline retries any request up to twice on another "
-        "host and priority; and while part of the traffic stays on the primary, images meet "
-        "its creeping latency in a pool of 5 % of the group's slots"),
+        "Ballast's background tier has no retries of its own (seed 000 gives tier 2 "
+        "`retryBudget: 0`, and Ballast's default tier set follows it), so an image "
+        "revalidation fails on the first 5xx of an origin that worked on it — the bleeding "
+        "primary's — where every baseline retries any request up to twice on another host and "
+        "priority; only an attempt no origin served (the standby's 503 at its connection cap or "
+        "full wait line) is retried, once, on the other origin (since issue 35; in runs made "
+        "before, such refusals were final: \"refused\" below); and while part of the traffic "
+        "stays on the primary, images meet its creeping latency in a pool of 5 % of the "
+        "group's slots"),
     ("failover", "all"): (
         "the tiers' rows together (see each tier's): what Ballast leaves on the bleeding "
         "primary during its gradual shift meets the primary's 5xx, and its background tier "

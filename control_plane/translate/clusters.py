@@ -6,7 +6,11 @@ max_origin_concurrency), so 70/25/5 % of 120 gives 84/30/6; max_pending_requests
 depth. Retries are bounded by a retry budget (the failover source: 15 % of active requests);
 `max_retries` states the same bound as a count at full load, ceil(budget% x max_requests), and
 `min_retry_concurrency` lets an idle pool still spend one request's full retry count (the tier's
-retries).
+retries). A tier without retries whose requests get one retry of an attempt no origin served
+(`unserved_retry`) has a budget of 100 % (one retry per active or pending request) and a
+`min_retry_concurrency` of 1: those retries add no origin work, the thing a retry budget bounds
+(measured in `flap`: with the tier's 15 %, a burst of 13 image revalidations the standby refused at
+once got 2 retries).
 
 Upstream connections idle for one tier tick (`tier_actions.interval`) are closed
 (`common_http_protocol_options.idle_timeout`). Envoy keeps the connections a pool opened under a
@@ -49,6 +53,7 @@ HTTP_PROTOCOL_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 TLS_TRANSPORT_SOCKET = "envoy.transport_sockets.tls"
 TRANSPORT_SOCKET_MATCH_FILTER = "envoy.transport_socket_match"
 TRANSPORT_SOCKET_MATCH_KEY = "origin"
+UNSERVED_RETRY_BUDGET_PERCENT = 100.0
 
 
 def cluster_name(group: str, tier: str) -> str:
@@ -58,6 +63,18 @@ def cluster_name(group: str, tier: str) -> str:
 def tier_concurrency(group: OriginGroup, tier: Tier) -> int:
     """The tier's share of the group's origin connections, rounded up (70% of 120 -> 84)."""
     return group.guarantee(tier)
+
+
+def unserved_retry(group: OriginGroup, tier: Tier) -> bool:
+    """Whether the tier gets one retry of an attempt no origin served although it has no retries
+    (the tiers source's background tier, `retryBudget: 0`): it does when the group has another
+    origin to send it to. Such an attempt did no work at an origin (a connection refused or
+    reset before the request went out, an HTTP/2 stream refused, a 503: the origin declined the
+    request — a connection cap, a full wait line), so its retry adds no origin work: the request
+    is served once, at another origin (`previous_hosts`), as a tier with retries would have it
+    served, within the tier's retry budget (`routes.py`, "Retries"). A group with one origin
+    has no other origin, and a retry there would only ask the one that declined again."""
+    return tier.retries == 0 and len(group.origins) > 1
 
 
 def tier_cluster(group: OriginGroup, tier: Tier, queue_policy: QueuePolicyChoice,
@@ -106,7 +123,12 @@ def tier_cluster(group: OriginGroup, tier: Tier, queue_policy: QueuePolicyChoice
 
 def _circuit_breakers(group: OriginGroup, tier: Tier) -> CircuitBreakers:
     concurrency = tier_concurrency(group, tier)
-    max_retries = math.ceil(tier.retry_budget_percent * concurrency / 100)
+    budget, least = tier.retry_budget_percent, tier.retries
+    if unserved_retry(group, tier):
+        # its only retries are of attempts no origin served: they add no origin work, which is
+        # what a budget bounds, so one per request (100 % of active and pending requests)
+        budget, least = UNSERVED_RETRY_BUDGET_PERCENT, 1
+    max_retries = math.ceil(budget * concurrency / 100)
     return CircuitBreakers(
         thresholds=[
             CircuitBreakers.Thresholds(
@@ -116,8 +138,8 @@ def _circuit_breakers(group: OriginGroup, tier: Tier) -> CircuitBreakers:
                 max_pending_requests=UInt32Value(value=tier.max_queue_depth),
                 max_retries=UInt32Value(value=max_retries),
                 retry_budget=CircuitBreakers.Thresholds.RetryBudget(
-                    budget_percent=Percent(value=tier.retry_budget_percent),
-                    min_retry_concurrency=UInt32Value(value=tier.retries),
+                    budget_percent=Percent(value=budget),
+                    min_retry_concurrency=UInt32Value(value=least),
                 ),
             )
         ]

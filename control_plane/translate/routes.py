@@ -18,6 +18,20 @@ every retry of the critical and normal tiers reached the standby). When every ho
 tried (the critical tier's third attempt with two origins), Envoy takes the last draw anyway.
 `previous_priorities` would need the origins in separate priorities, which the weighted split
 does not use.
+A tier without retries (the tiers source's background, `retryBudget: 0`) still gets one retry of
+an attempt no origin served (`clusters.unserved_retry`: when the group has another origin):
+`retry_on: connect-failure,refused-stream,reset-before-request,retriable-status-codes` with
+`retriable_status_codes: [503]` — a connection refused or not made, a stream refused, a request
+reset before it went out, or a 503, the status an origin declines a request with (RFC 9110
+15.6.4: overload, a connection cap, maintenance; nginx's `limit_conn` answers it). None of them
+did the request's work, so the retry adds no origin work: the request is served once, at another
+origin (the same predicate), like gRPC's transparent retry of an RPC no server processed. A 500,
+a 502, a 504, a reset after the request went out may follow work and stay final, as the source
+wants for that tier. The retry counts against the tier's retry budget like any other (the
+cluster's `min_retry_concurrency` lets an idle pool spend one, `clusters.py`); the route timeout
+stays the tier's (a declined attempt takes no read time). Measured in `flap`: the cold standby's
+connection cap refused 163 of 3,279 image revalidations (seeds 911-913), each one lost before;
+with this retry none was lost to a refusal (seed 1290: 17 before, 0 after).
 
 Hedging (the tiers source "50ms for P0 before we attempt hedging to a secondary origin"), for a tier
 with `hedge_delay`: Envoy's `hedge_policy.hedge_on_per_try_timeout` with `per_try_timeout` =
@@ -113,7 +127,7 @@ from control_plane.desired.model import (
 )
 from control_plane.desired.model import VirtualHost as DesiredVirtualHost
 from control_plane.translate.affinity import STATEFUL_SESSION_FILTER, session_per_host
-from control_plane.translate.clusters import cluster_name
+from control_plane.translate.clusters import cluster_name, unserved_retry
 from control_plane.translate.listeners import trusted_route_name
 from control_plane.translate.mirror import mirrored_routes
 from control_plane.translate.proto_values import duration_ms, packed
@@ -121,6 +135,9 @@ from control_plane.translate.proto_values import duration_ms, packed
 TIER_HEADER = "x-ballast-tier"
 POP_HEADER = "x-ballast-pop"  # tells origins (and their logs) which PoP a request came through
 RETRY_ON = "5xx,connect-failure,reset"
+# a tier without retries: only attempts no origin served (`clusters.unserved_retry`)
+UNSERVED_RETRY_ON = "connect-failure,refused-stream,reset-before-request,retriable-status-codes"
+DECLINED_STATUS = 503
 RETRY_BASE_INTERVAL_MS = 25
 RETRY_MAX_INTERVAL_MS = 250
 PREVIOUS_HOSTS_PREDICATE = "envoy.retry_host_predicates.previous_hosts"
@@ -267,7 +284,7 @@ def _route(
 ) -> Route:
     action = RouteAction(
         timeout=duration_ms(route_timeout_ms(tier)),
-        retry_policy=_retry_policy(tier),
+        retry_policy=_retry_policy(group, tier),
     )
     if tier.hedge_delay_ms:
         action.hedge_policy.CopyFrom(HedgePolicy(hedge_on_per_try_timeout=True))
@@ -368,9 +385,10 @@ def _overwrite(name: str, value: str) -> HeaderValueOption:
     )
 
 
-def _retry_policy(tier: Tier) -> RetryPolicy:
+def _retry_policy(group: OriginGroup, tier: Tier) -> RetryPolicy:
+    unserved = unserved_retry(group, tier)
     policy = RetryPolicy(
-        retry_on=RETRY_ON,
+        retry_on=UNSERVED_RETRY_ON if unserved else RETRY_ON,
         per_try_timeout=duration_ms(tier.read_timeout_ms),
         retry_back_off=RetryPolicy.RetryBackOff(
             base_interval=duration_ms(RETRY_BASE_INTERVAL_MS),
@@ -384,6 +402,9 @@ def _retry_policy(tier: Tier) -> RetryPolicy:
         host_selection_retry_max_attempts=HOST_SELECTION_ATTEMPTS,
     )
     policy.num_retries.value = tier.retries
+    if unserved:
+        policy.retriable_status_codes.append(DECLINED_STATUS)
+        policy.num_retries.value = 1
     if tier.hedge_delay_ms:
         policy.per_try_timeout.CopyFrom(duration_ms(tier.hedge_delay_ms))
         policy.per_try_idle_timeout.CopyFrom(duration_ms(tier.read_timeout_ms))
