@@ -68,9 +68,13 @@ def fetch(port: int, path: str, headers: dict[str, str] | None = None) -> tuple[
 
 @contextmanager
 def edge(desired: Desired, actions: TierActions) -> Iterator[EnvoyProcess]:
-    """One Envoy serving `desired` with `actions` in force (runtime layer included)."""
-    bootstrap = static_bootstrap(translate_pop(desired, "ewr", Capabilities(),
-                                               PopIntent(tier_actions={"shop": actions})))
+    """One Envoy serving `desired` with `actions` in force (runtime layer included), every
+    request on the primary: a floor's waiting request waits in its origin's pool, and one
+    drawn to the other origin (the warm pool's share) would find that pool without a
+    connection, open one over the breaker (Envoy lets an empty pool have one) and be refused
+    at the floor's `max_requests` as it attaches (`upstream_rq_active_overflow`), not wait."""
+    bootstrap = static_bootstrap(translate_pop(desired, "ewr", Capabilities(), PopIntent(
+        tier_actions={"shop": actions}, weights={"shop": {"primary": 100, "secondary": 0}})))
     admin_port = free_port()
     bootstrap["admin"]["address"]["socket_address"]["port_value"] = admin_port
     with EnvoyProcess(bootstrap, admin_port) as envoy:
@@ -114,7 +118,7 @@ def test_a_shed_tier_keeps_its_floor_and_answers_the_rest_with_its_action() -> N
             origins.release()
             for thread in threads:
                 thread.join(20)
-        assert [status for status, _ in held] == [200, 200]
+        assert [status for status, _ in held] == [200, 200], held
         assert stale[0] == 503
         assert (stale[1]["x-ballast-serve-stale"], stale[1]["cache-control"],
                 stale[1]["x-ballast-shed"]) == ("1", "no-store", "background")

@@ -17,7 +17,10 @@ Upstream connections idle for one tier tick (`tier_actions.interval`) are closed
 higher limit when the tier controller lowers it (preemption, shedding to the floor; measured on
 1.40), and a request that finds one of them idle while the pool is at its new `max_requests` is
 refused at once (`upstream_rq_pending_overflow`) instead of waiting in the pending queue, so
-until they close the pool has no queue at all.
+until they close the pool has no queue at all. Likewise at a limit of one (a shed tier's floor),
+a request drawn to an origin whose pool holds no connection gets one over the breaker (Envoy lets
+an empty pool open one) and is refused as it attaches (`upstream_rq_active_overflow`): it waits
+only behind a request on the same origin (measured on 1.40, `tests/test_tier_shed_envoy.py`).
 
 `track_cluster_stats.per_endpoint_stats` is on: Envoy then emits per-host counters for every
 attempt (retried attempts included), which is how `observe` sees an origin's own error count when

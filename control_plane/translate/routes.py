@@ -13,7 +13,8 @@ when there is one, in every tier, so a retry leaves a failing origin: the `previ
 predicate rejects a host an earlier attempt of the request used, and host selection is retried
 up to `HOST_SELECTION_ATTEMPTS` (100) times. With one host per origin locality at 95/5, 3
 attempts left 45 of 60 normal-tier retries on the failing primary (0.95^3 = 86 % stay); 100
-leave 0.95^100 = 0.6 % there (measured through Envoy 1.40 in `tests/test_retry_hosts_envoy.py`:
+leave 0.95^100 = 0.6 % there (measured through Envoy 1.40 in `tests/test_attribution_envoy.py`,
+`test_retries_leave_a_failing_origin_in_every_tier`:
 every retry of the critical and normal tiers reached the standby). When every host has been
 tried (the critical tier's third attempt with two origins), Envoy takes the last draw anyway.
 `previous_priorities` would need the origins in separate priorities, which the weighted split
