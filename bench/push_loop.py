@@ -20,11 +20,11 @@ from envoy.service.discovery.v3.discovery_pb2 import DeltaDiscoveryRequest
 
 from control_plane.ads.protocol import DeltaStream
 from control_plane.ads.snapshots import SnapshotCache
-from control_plane.app.heap import release_heap, reload_heap
 from control_plane.desired import parse_desired
 from control_plane.intent.carry_over import carry_over
 from control_plane.intent.running import RunningIntent
 from control_plane.intent.served import served_of
+from control_plane.lifecycle.heap import release_heap, reload_heap
 from control_plane.translate.resources import (
     CLUSTER_TYPE,
     ENDPOINT_TYPE,

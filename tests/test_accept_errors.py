@@ -16,7 +16,7 @@ from harness.eventually import eventually_blocking
 ROOT = Path(__file__).resolve().parents[1]
 SERVER = """
 import asyncio, logging, resource, sys
-from control_plane.app.accept_errors import QuietAcceptErrors
+from control_plane.lifecycle.accept_errors import QuietAcceptErrors
 logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
 async def main():

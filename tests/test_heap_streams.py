@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from control_plane.app.service import BallastService, ServiceConfig
+from control_plane.lifecycle.service import BallastService, ServiceConfig
 from harness.ads_desired import fleet_yaml
 from harness.envoy_process import free_port
 from harness.eventually import eventually

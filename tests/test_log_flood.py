@@ -33,8 +33,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from control_plane.app.log_rate_limit import CLIENT_LOGGERS
-from control_plane.app.service import BallastService, ServiceConfig
+from control_plane.lifecycle.log_rate_limit import CLIENT_LOGGERS
+from control_plane.lifecycle.service import BallastService, ServiceConfig
 from control_plane.security.cert_dir import CertDir
 from control_plane.translate.resources import CLUSTER_TYPE
 from harness.background_loop import BackgroundLoop

@@ -193,12 +193,13 @@ def test_forbidden_edges_are_caught_at_any_depth(tmp_path: Path) -> None:
     impurities of a pure room (one inside a function) next to an allowed adapter."""
     package = tmp_path / "control_plane"
     files = {
-        "ads/stream.py": "def f():\n    from control_plane.app.service import BallastService\n",
+        "ads/stream.py": ("def f():\n"
+                          "    from control_plane.lifecycle.service import BallastService\n"),
         "ads/deep/core.py": "import control_plane.decide.controller\n",
         "ads/ok.py": "from control_plane.translate import translate_pop\n",
         "desired/model.py": "from control_plane.gen import build\n",
         "desired/loader.py": "import os\n",
-        "app/any.py": "from control_plane.ads.server import AdsServicer\n",
+        "lifecycle/any.py": "from control_plane.ads.server import AdsServicer\n",
         "decide/clock.py": "import time\n\ndef f():\n    from urllib.request import urlopen\n",
         "translate/read.py": "def f(p):\n    return open(p).read()\n",
     }
@@ -208,7 +209,7 @@ def test_forbidden_edges_are_caught_at_any_depth(tmp_path: Path) -> None:
     data = rules()
     assert violations(forbidden_rooms(data), imports_by_room(package)) == [
         "control_plane/ads/deep/core.py imports control_plane.decide (ads/ must not)",
-        "control_plane/ads/stream.py imports control_plane.app (ads/ must not)",
+        "control_plane/ads/stream.py imports control_plane.lifecycle (ads/ must not)",
         "control_plane/desired/model.py imports control_plane.gen (desired/ must not)",
     ]
     assert impurities(package, data) == [
