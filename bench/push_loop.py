@@ -6,7 +6,8 @@ timeout) or back through the output cache's prepare and commit, as a reload does
 `on_resources` of every stream: what the loop computes for the push before it writes. "prepared"
 pushes the committed snapshots (their views, versions and diffs computed by the prepare,
 `ads/index.warm_like`); "unprepared" pushes copies of them with nothing computed yet (the cost
-before). The collector makes young collections only, as during a reload (`app/heap.reload_heap`).
+before). The collector makes young collections only, as during a reload
+(`lifecycle/heap.reload_heap`).
 """
 
 from __future__ import annotations

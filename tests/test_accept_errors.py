@@ -1,4 +1,4 @@
-"""An asyncio server out of descriptors (`app/accept_errors.py`): one log line when accepts
+"""An asyncio server out of descriptors (`lifecycle/accept_errors.py`): one log line when accepts
 start failing, then a summary per interval — not a traceback per connection waiting. Run in a
 process of its own whose descriptor limit is 64 and whose table is full; the control is the same
 process with asyncio's default handler."""

@@ -145,7 +145,7 @@ async def test_ads_calls_nothing_above_it_but_its_callbacks(tmp_path: Path, mtls
 
 
 def test_the_watch_sees_a_call_up() -> None:
-    """The control: a function of an ads/ module calling an app/ function is listed."""
+    """The control: a function of an ads/ module calling a lifecycle/ function is listed."""
     from control_plane.lifecycle import service
 
     scope: dict[str, Any] = {"up": service._log_history, "path": ROOT / "no such dir"}

@@ -1,4 +1,4 @@
-"""What `ballast serve`'s heap freeze (`app/heap.py`) relies on: a stream that ends leaves no
+"""What `ballast serve`'s heap freeze (`lifecycle/heap.py`) relies on: a stream that ends leaves no
 garbage cycles. A hot reload freezes everything alive when it ends, the streams of the nodes
 connected then among them; whatever of a stream's objects only the cycle collector could free
 would stay for good once that node left. Here the server's heap is frozen with 100 nodes

@@ -1,4 +1,4 @@
-"""The rollout driver publishing its decisions (`app/rollouts.py`) through the change
+"""The rollout driver publishing its decisions (`rollout/rollouts.py`) through the change
 transaction on a real store and decision log: a decision whose swap failed after its records
 were written is carried out on the next look without writing them again; a replica deposed
 while it looked publishes nothing."""

@@ -221,7 +221,7 @@ async def _without_cycles(serving: Coroutine[Any, Any, None]) -> None:
     status (`context.abort`) would: gRPC keeps the AbortError on the call's state, the error's
     traceback holds the frames it passed through, and their locals hold the call's context,
     which holds that state. Only the cycle collector frees such a cycle, and never once the
-    heap was frozen while the call was open (`app/heap.py`: a reload's end freezes every open
+    heap was frozen while the call was open (`lifecycle/heap.py`: a reload's end freezes every open
     stream): measured, 26 objects a stream, a stream's requests with them. So the frames are
     cleared (their locals dropped) before the error goes on to gRPC; the handlers that call
     this keep nothing of the call either."""

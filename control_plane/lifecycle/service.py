@@ -139,7 +139,7 @@ class ServiceConfig:
     store_credentials: StoreCredentials | None = None  # etcd client TLS and/or user, password
     replica_id: str | None = None  # this replica's name among them (default: the xDS address)
     leader_ttl_s: int = 5  # the leader's lease; a follower takes over within it
-    # what start-up built kept out of full garbage collections (`app/heap.py`); the process's
+    # what start-up built kept out of full garbage collections (`lifecycle/heap.py`); the process's
     # own choice (`ballast serve` makes it), since it freezes the whole process's heap
     freeze_heap: bool = False
 
