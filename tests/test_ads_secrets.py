@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from control_plane.ads.server import peer_on_loopback
+from control_plane.ads.admission import peer_on_loopback
 from control_plane.desired import parse_desired
 from control_plane.translate.resources import CLUSTER_TYPE, LISTENER_TYPE, SECRET_TYPE
 from control_plane.xds_port.server import BallastServer
