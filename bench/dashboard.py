@@ -32,7 +32,6 @@ from control_plane.admin.api import AdminApi
 from control_plane.admin.dashboard import Dashboard
 from control_plane.admin.decision_feed import DecisionFeed
 from control_plane.ads.nodes import NodeRegistry
-from control_plane.app.server import intent_and_cache
 from control_plane.decide.controller import ControllerState
 from control_plane.decide.tiers import TierState
 from control_plane.decisions.log import DEFAULT_KEEP, DEFAULT_MAX_BYTES, DecisionLog, log_files
@@ -42,6 +41,7 @@ from control_plane.desired.model import TierActions
 from control_plane.intent.pair_changes import PairChange
 from control_plane.own_metrics.registry import BallastMetrics
 from control_plane.translate.resources import CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE
+from control_plane.xds_port.server import intent_and_cache
 from harness.intent_changes import apply_pair_changes
 
 POPS, GROUPS, NODES_PER_POP = 100, 50, 100

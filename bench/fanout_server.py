@@ -26,13 +26,13 @@ from typing import Any
 from bench.command_pipe import commands, reply
 from bench.common import desired_by_name
 from control_plane.ads import nodes as nodes_module
-from control_plane.app.server import BallastServer
 from control_plane.own_metrics.registry import BallastMetrics
 from control_plane.translate.resources import (
     ENDPOINT_TYPE,
     STARTUP_TYPES,
     Capabilities,
 )
+from control_plane.xds_port.server import BallastServer
 from harness.intent_changes import set_weights
 
 

@@ -201,15 +201,15 @@ class OnLoop:
 
 
 async def tick_cost(pops: int, groups: int) -> dict[str, Any]:
-    from control_plane.app.heap import release_heap, settle_heap
-    from control_plane.app.reconcile import Reconciler
-    from control_plane.app.server import intent_and_cache
     from control_plane.decide.signals import OriginSignals
     from control_plane.decisions.log import DecisionLog
     from control_plane.decisions.recorder import DecisionRecorder
     from control_plane.intent.sqlite_store import StateStore
     from control_plane.intent.store import IntentBatch
+    from control_plane.lifecycle.heap import release_heap, settle_heap
+    from control_plane.reconcile.reconcile import Reconciler
     from control_plane.translate.resources import Capabilities
+    from control_plane.xds_port.server import intent_and_cache
     from harness.models import fleet_desired
 
     desired = fleet_desired(pops, groups)

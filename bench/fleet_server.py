@@ -42,11 +42,10 @@ from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest
 
 from bench.command_pipe import commands, reply
 from control_plane.ads import nodes as nodes_module
-from control_plane.app import heap
-from control_plane.app.heap import release_heap, settle_heap
-from control_plane.app.server import BallastServer
 from control_plane.desired.model import Desired, GroupWeights
 from control_plane.intent.pair_changes import PairChange, changes_of
+from control_plane.lifecycle import heap
+from control_plane.lifecycle.heap import release_heap, settle_heap
 from control_plane.translate.pop import PopIntent, translate_pop
 from control_plane.translate.resources import (
     ENDPOINT_TYPE,
@@ -54,6 +53,7 @@ from control_plane.translate.resources import (
     STARTUP_TYPES,
     Capabilities,
 )
+from control_plane.xds_port.server import BallastServer
 from harness.models import fleet_desired
 
 ADS_METHOD = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"

@@ -22,9 +22,9 @@ from typing import Any
 
 import aiohttp
 
-from control_plane.app.server import BallastServer
 from control_plane.desired.model import Desired, TierActions
 from control_plane.translate.bootstrap import ads_bootstrap
+from control_plane.xds_port.server import BallastServer
 from harness.demo_origin import DemoOrigin, Fault
 from harness.envoy_process import EnvoyProcess, free_port
 from harness.intent_changes import set_desired, set_tier_actions

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import grpc
 
-from control_plane.app.server import BallastServer
 from control_plane.security.cert_dir import CertDir
 from control_plane.security.tls import ReloadingCredentials, TlsFiles
 from control_plane.translate.resources import CLUSTER_TYPE
+from control_plane.xds_port.server import BallastServer
 from harness.ads_desired import desired
 from harness.envoy_process import free_port
 from harness.xds_client import XdsClient, make_node

@@ -25,7 +25,6 @@ from envoy.service.discovery.v3.discovery_pb2 import DeltaDiscoveryRequest, Disc
 
 from bench.common import desired_by_name, median, table
 from control_plane.ads import protocol as protocol_current
-from control_plane.app.server import intent_and_cache
 from control_plane.translate.resources import (
     CLUSTER_TYPE,
     ENDPOINT_TYPE,
@@ -34,6 +33,7 @@ from control_plane.translate.resources import (
     Capabilities,
     PopResources,
 )
+from control_plane.xds_port.server import intent_and_cache
 from harness import protocol_baseline
 from harness.intent_changes import set_weights
 

@@ -6,7 +6,8 @@ timeout) or back through the output cache's prepare and commit, as a reload does
 `on_resources` of every stream: what the loop computes for the push before it writes. "prepared"
 pushes the committed snapshots (their views, versions and diffs computed by the prepare,
 `ads/index.warm_like`); "unprepared" pushes copies of them with nothing computed yet (the cost
-before). The collector makes young collections only, as during a reload (`app/heap.reload_heap`).
+before). The collector makes young collections only, as during a reload
+(`lifecycle/heap.reload_heap`).
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ from envoy.service.discovery.v3.discovery_pb2 import DeltaDiscoveryRequest
 
 from control_plane.ads.protocol import DeltaStream
 from control_plane.ads.snapshots import SnapshotCache
-from control_plane.app.heap import release_heap, reload_heap
 from control_plane.desired import parse_desired
 from control_plane.intent.carry_over import carry_over
 from control_plane.intent.running import RunningIntent
 from control_plane.intent.served import served_of
+from control_plane.lifecycle.heap import release_heap, reload_heap
 from control_plane.translate.resources import (
     CLUSTER_TYPE,
     ENDPOINT_TYPE,

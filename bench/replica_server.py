@@ -26,9 +26,9 @@ from typing import Any
 
 from bench.command_pipe import commands, reply
 from bench.fleet_server import PUSHED_GROUP, shifted
-from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.intent.etcd_store import Deposed
 from control_plane.intent.pair_changes import PairChange, changes_of
+from control_plane.lifecycle.service import BallastService, ServiceConfig
 from control_plane.translate.resources import ENDPOINT_TYPE, Capabilities
 
 

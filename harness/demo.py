@@ -16,10 +16,10 @@ import logging
 import sys
 from pathlib import Path
 
-from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.cli.envoy_validate import EnvoyNotFound
 from control_plane.desired import DesiredStateError, load_desired
 from control_plane.desired.model import Desired
+from control_plane.lifecycle.service import BallastService, ServiceConfig
 from control_plane.security.cert_dir import CertDir
 from control_plane.security.tls import TlsFiles
 from control_plane.translate.bootstrap import XdsClientTls, ads_bootstrap

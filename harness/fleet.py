@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.decisions.read import iter_records
+from control_plane.lifecycle.service import BallastService, ServiceConfig
 from control_plane.translate.bootstrap import ads_bootstrap
 from harness.demo_origin import DemoOrigin
 from harness.envoy_process import EnvoyProcess, free_port

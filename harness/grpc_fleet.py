@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.decisions.read import iter_records
+from control_plane.lifecycle.service import BallastService, ServiceConfig
 from control_plane.translate.grpc_bootstrap import grpc_bootstrap
 from harness.envoy_process import free_port
 from harness.grpc_client import GrpcClientProcess

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.decisions.read import iter_records
 from control_plane.desired.filter_types import DEFAULT_ALLOWED
+from control_plane.lifecycle.service import BallastService, ServiceConfig
 from control_plane.translate.bootstrap import ads_bootstrap
 from control_plane.translate.capabilities import NEWEST_RELEASE
 from harness.demo_origin import DemoOrigin, Fault

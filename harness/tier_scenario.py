@@ -24,8 +24,8 @@ from typing import Any
 
 import aiohttp
 
-from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.decisions.read import iter_records
+from control_plane.lifecycle.service import BallastService, ServiceConfig
 from control_plane.translate.bootstrap import ads_bootstrap
 from harness.background_loop import BackgroundLoop
 from harness.demo_origin import DemoOrigin, Fault

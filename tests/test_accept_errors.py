@@ -1,4 +1,4 @@
-"""An asyncio server out of descriptors (`app/accept_errors.py`): one log line when accepts
+"""An asyncio server out of descriptors (`lifecycle/accept_errors.py`): one log line when accepts
 start failing, then a summary per interval — not a traceback per connection waiting. Run in a
 process of its own whose descriptor limit is 64 and whose table is full; the control is the same
 process with asyncio's default handler."""
@@ -16,7 +16,7 @@ from harness.eventually import eventually_blocking
 ROOT = Path(__file__).resolve().parents[1]
 SERVER = """
 import asyncio, logging, resource, sys
-from control_plane.app.accept_errors import QuietAcceptErrors
+from control_plane.lifecycle.accept_errors import QuietAcceptErrors
 logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
 async def main():

@@ -19,8 +19,8 @@ from control_plane.admin.auth import (
     check_bind,
     read_token,
 )
-from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.cli.main import main
+from control_plane.lifecycle.service import BallastService, ServiceConfig
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "desired.yaml"
 PROTECTED = ("/status", "/nodes", "/decisions", "/weights", "/tier-actions", "/metrics",

@@ -15,8 +15,8 @@ import pytest
 from cryptography import x509
 
 from control_plane.admin.auth import AdminAuthError
-from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.cli.main import main
+from control_plane.lifecycle.service import BallastService, ServiceConfig
 from control_plane.security.cert_dir import CertDir, Pair, write_pair
 from control_plane.security.certs import make_ca
 from control_plane.security.tls import TlsFiles

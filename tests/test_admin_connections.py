@@ -14,7 +14,7 @@ import pytest
 
 from control_plane.admin.connections import AdminLimits
 from control_plane.admin.host_check import host_name
-from control_plane.app.service import BallastService, ServiceConfig
+from control_plane.lifecycle.service import BallastService, ServiceConfig
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "desired.yaml"
 LIMITS = AdminLimits(header_timeout_s=1.0, idle_timeout_s=2.0, max_connections=16)

@@ -24,8 +24,8 @@ import pytest
 from aiohttp import web
 from playwright.async_api import Dialog, expect
 
-from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.decisions.read import iter_records
+from control_plane.lifecycle.service import BallastService, ServiceConfig
 from harness.eventually import eventually
 from tests.support.browser import chromium, require_chromium
 

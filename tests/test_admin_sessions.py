@@ -28,7 +28,7 @@ from control_plane.admin.sessions import (
     cross_site,
     peer_key,
 )
-from control_plane.app.service import BallastService, ServiceConfig
+from control_plane.lifecycle.service import BallastService, ServiceConfig
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "desired.yaml"
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import grpc
 
 from control_plane.ads.limits import AdsLimits
-from control_plane.app.server import BallastServer
 from control_plane.translate.resources import CLUSTER_TYPE as CDS
 from control_plane.translate.resources import ENDPOINT_TYPE as EDS
 from control_plane.translate.resources import Capabilities
+from control_plane.xds_port.server import BallastServer
 from harness.ads_desired import desired
 from harness.eventually import eventually
 from harness.intent_changes import set_weights

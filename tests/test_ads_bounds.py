@@ -24,10 +24,10 @@ from control_plane.ads import protocol
 from control_plane.ads.limits import AdsLimits, clip
 from control_plane.ads.nodes import NodeEntry
 from control_plane.ads.protocol import DeltaStream, ProtocolError, SotwStream
-from control_plane.app.server import BallastServer
 from control_plane.translate.resources import CLUSTER_TYPE as CDS
 from control_plane.translate.resources import ENDPOINT_TYPE as EDS
 from control_plane.translate.resources import Capabilities
+from control_plane.xds_port.server import BallastServer
 from harness.ads_desired import desired
 from harness.eventually import eventually
 from harness.xds_client import XdsClient, local_channel, make_node

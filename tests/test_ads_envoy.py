@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from control_plane.app.server import BallastServer
 from control_plane.translate.bootstrap import ads_bootstrap
 from control_plane.translate.resources import CLUSTER_TYPE, Capabilities
+from control_plane.xds_port.server import BallastServer
 from harness.ads_desired import desired
 from harness.background_loop import BackgroundLoop
 from harness.demo_origin import DemoOrigin

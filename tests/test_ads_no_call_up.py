@@ -26,13 +26,13 @@ import grpc
 import pytest
 
 from control_plane.ads.callbacks import Callbacks
-from control_plane.app.server import BallastServer
 from control_plane.security.cert_dir import CertDir
 from control_plane.security.tls import ReloadingCredentials, TlsFiles
 from control_plane.translate.resources import CLUSTER_TYPE as CDS
 from control_plane.translate.resources import ENDPOINT_TYPE as EDS
 from control_plane.translate.resources import LISTENER_TYPE as LDS
 from control_plane.translate.resources import ROUTE_TYPE as RDS
+from control_plane.xds_port.server import BallastServer
 from harness.ads_desired import desired
 from harness.intent_changes import set_weights
 from harness.xds_client import XdsClient, local_channel, make_node
@@ -145,8 +145,8 @@ async def test_ads_calls_nothing_above_it_but_its_callbacks(tmp_path: Path, mtls
 
 
 def test_the_watch_sees_a_call_up() -> None:
-    """The control: a function of an ads/ module calling an app/ function is listed."""
-    from control_plane.app import service
+    """The control: a function of an ads/ module calling a lifecycle/ function is listed."""
+    from control_plane.lifecycle import service
 
     scope: dict[str, Any] = {"up": service._log_history, "path": ROOT / "no such dir"}
     exec(compile("def calls():\n    return up(path)\n", str(PACKAGE / "ads" / "made_up.py"),
@@ -157,4 +157,4 @@ def test_the_watch_sees_a_call_up() -> None:
         scope["calls"]()
     finally:
         sys.setprofile(None)
-    assert found == ["made_up.py:calls -> app/service.py:_log_history"], found
+    assert found == ["made_up.py:calls -> lifecycle/service.py:_log_history"], found

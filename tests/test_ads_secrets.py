@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from control_plane.ads.server import peer_on_loopback
-from control_plane.app.server import BallastServer
+from control_plane.ads.admission import peer_on_loopback
 from control_plane.desired import parse_desired
 from control_plane.translate.resources import CLUSTER_TYPE, LISTENER_TYPE, SECRET_TYPE
+from control_plane.xds_port.server import BallastServer
 from harness.envoy_process import free_port
 from harness.xds_client import XdsClient, local_channel, make_node
 from tests.support.tls_listeners import HOSTNAMES, TlsSite, tls_desired_yaml

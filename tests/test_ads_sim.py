@@ -12,7 +12,6 @@ import pytest
 from envoy.config.listener.v3.listener_pb2 import Listener
 from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest
 
-from control_plane.app.server import BallastServer
 from control_plane.translate.resources import (
     CLUSTER_TYPE as CDS,
 )
@@ -28,6 +27,7 @@ from control_plane.translate.resources import (
 from control_plane.translate.resources import (
     Capabilities,
 )
+from control_plane.xds_port.server import BallastServer
 from harness.ads_desired import desired
 from harness.eventually import eventually
 from harness.intent_changes import set_weights

@@ -11,7 +11,6 @@ import pytest
 
 from control_plane.ads.fanout import PushHub
 from control_plane.ads.snapshots import SnapshotCache
-from control_plane.app.server import intent_and_cache
 from control_plane.desired.model import Desired
 from control_plane.intent.carry_over import carry_over
 from control_plane.intent.owner import IntentOwner
@@ -19,6 +18,7 @@ from control_plane.intent.served import served_of
 from control_plane.translate import PopIntent, UnknownPop, WeightsError, translate_pop
 from control_plane.translate.resources import ENDPOINT_TYPE, Capabilities, PopResources
 from control_plane.translate.served import Served, served_pops, translate_served
+from control_plane.xds_port.server import intent_and_cache
 from harness.ads_desired import desired
 from harness.intent_changes import set_desired, set_weights
 from harness.models import fleet_desired

@@ -24,10 +24,10 @@ from control_plane.ads.connections import MAX_BLOCKED
 from control_plane.ads.limits import DEFAULT_LIMITS, DESCRIPTOR_RESERVE, AdsLimits, connection_cap
 from control_plane.ads.server import server_options
 from control_plane.ads.socket_table import SocketTable, block_program, endpoint_of
-from control_plane.app.server import BallastServer
 from control_plane.gen.ballast.v1 import metrics_service_pb2 as ms
 from control_plane.observe.lrs_service import SERVICE as LRS_SERVICE
 from control_plane.observe.sink import OTLP_METHOD
+from control_plane.xds_port.server import BallastServer
 from harness.ads_desired import desired
 from harness.envoy_process import free_port
 from harness.eventually import eventually

@@ -25,11 +25,11 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import (
 )
 from envoy.extensions.http.stateful_session.cookie.v3.cookie_pb2 import CookieBasedSessionState
 
-from control_plane.app.service import BallastService
 from control_plane.decide.controller import ControllerState
 from control_plane.desired import DesiredStateError, parse_desired
 from control_plane.desired.model import Affinity
 from control_plane.intent.pair_changes import PairChange
+from control_plane.lifecycle.service import BallastService
 from control_plane.translate import translate_pop
 from control_plane.translate.affinity import STATEFUL_SESSION_FILTER
 from control_plane.translate.pop import PopIntent

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
+from control_plane.acks import config_acks, shared_acks
+from control_plane.acks.config_acks import ConfigAcks
+from control_plane.acks.shared_acks import SharedAcks
 from control_plane.ads.nodes import NodeEntry, NodeRegistry
 from control_plane.ads.protocol import Nack as StreamNack
-from control_plane.app import config_acks, shared_acks
-from control_plane.app.config_acks import ConfigAcks
-from control_plane.app.shared_acks import SharedAcks
 from control_plane.decide.gates import Nack, NodeAck
 
 CDS = "type.googleapis.com/envoy.config.cluster.v3.Cluster"

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from control_plane.app.file_watcher import DesiredFileWatcher
+from control_plane.reload.file_watcher import DesiredFileWatcher
 from tests.support.fake_clock import FakeClock
 
 POLL, SETTLE = 0.05, 0.5

@@ -13,7 +13,7 @@ import weakref
 import pytest
 
 from control_plane.ads.off_loop import free_later
-from control_plane.app.heap import (
+from control_plane.lifecycle.heap import (
     NO_FULL_COLLECTION,
     YOUNG_PER_FULL,
     release_heap,

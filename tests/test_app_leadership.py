@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from control_plane.app.leadership import LeaderElection
-from control_plane.app.replication import Replication
 from control_plane.decisions.log import DecisionLog
 from control_plane.decisions.recorder import DecisionRecorder
 from control_plane.intent.etcd_store import EtcdStore, Leadership
 from control_plane.intent.owner import IntentOwner
+from control_plane.replicas.leadership import LeaderElection
+from control_plane.replicas.replication import Replication
 from harness.etcd import EtcdServer, etcd_binary
 from harness.eventually import eventually
 from harness.models import example_desired

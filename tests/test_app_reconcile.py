@@ -16,9 +16,6 @@ from typing import Any
 import pytest
 
 from control_plane.ads.snapshots import SnapshotCache
-from control_plane.app.reconcile import Reconciler
-from control_plane.app.server import intent_and_cache
-from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.decide.signals import OriginSignals, TierPending
 from control_plane.decisions.explain import explain
 from control_plane.decisions.log import DecisionLog
@@ -28,10 +25,13 @@ from control_plane.desired.model import Desired, Mirror, TierActionPolicy, TierA
 from control_plane.intent.served import translate_intent
 from control_plane.intent.sqlite_store import StateStore
 from control_plane.intent.store import IntentBatch
+from control_plane.lifecycle.service import BallastService, ServiceConfig
 from control_plane.observe.source import Signals, TierSignals
+from control_plane.reconcile.reconcile import Reconciler
 from control_plane.translate import render_json
 from control_plane.translate import served as served_module
 from control_plane.translate.resources import Capabilities, PopResources
+from control_plane.xds_port.server import intent_and_cache
 from harness.envoy_process import free_port
 from harness.intent_changes import set_desired
 from harness.models import example_desired, fleet_desired, shop_group

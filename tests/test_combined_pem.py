@@ -26,10 +26,10 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.cli.main import main
 from control_plane.decisions.read import iter_records
 from control_plane.desired import DesiredStateError, parse_desired
+from control_plane.lifecycle.service import BallastService, ServiceConfig
 from control_plane.translate import render_json, translate_pop
 from control_plane.translate.resources import Capabilities
 from harness.envoy_process import free_port

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from playwright.async_api import expect
 
-from control_plane.app.service import BallastService, ServiceConfig
+from control_plane.lifecycle.service import BallastService, ServiceConfig
 from harness.envoy_process import free_port
 from tests.support.browser import chromium, require_chromium
 from tests.support.tls_listeners import TlsSite, tls_desired_yaml

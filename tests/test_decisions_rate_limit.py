@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.decisions.log import log_files
 from control_plane.decisions.rate_limit import RateLimit, RecordLimiter
 from control_plane.decisions.read import iter_records
+from control_plane.lifecycle.service import BallastService, ServiceConfig
 from control_plane.translate.resources import CLUSTER_TYPE as CDS
 from harness.eventually import eventually
 from harness.xds_client import XdsClient, local_channel, make_node

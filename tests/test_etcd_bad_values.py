@@ -26,10 +26,10 @@ from pathlib import Path
 
 import pytest
 
-from control_plane.app.leadership import LeaderElection
-from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.decisions.read import iter_records
 from control_plane.intent.etcd_store import EtcdStore, Leadership
+from control_plane.lifecycle.service import BallastService, ServiceConfig
+from control_plane.replicas.leadership import LeaderElection
 from harness.envoy_process import free_port
 from harness.etcd import EtcdServer, etcd_binary
 from harness.eventually import eventually

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.cli.main import main
 from control_plane.decisions.read import iter_records
 from control_plane.desired import DesiredStateError, parse_desired
 from control_plane.desired.filter_types import DEFAULT_ALLOWED, allowed_filters
 from control_plane.desired.typed_json import known_type
+from control_plane.lifecycle.service import BallastService, ServiceConfig
 from control_plane.translate import static_bootstrap, translate_pop
 from control_plane.translate.resources import Capabilities
 from harness.envoy_process import EnvoyProcess, free_port

@@ -217,7 +217,7 @@ def test_a_per_host_config_must_name_a_filter_of_the_listener(
 def test_nodes_lacking_only_filters_nobody_added_share_a_translation() -> None:
     """The server narrows a node's missing filter types to those the desired state adds, so a
     node lacking other filter types keeps its plain key (`none` here)."""
-    from control_plane.app.server import intent_and_cache
+    from control_plane.xds_port.server import intent_and_cache
 
     plain = parse_desired(desired_text(re.sub(
         r"    http_filters:.*?(?=    virtual_hosts:)", "", docs_example("compression"),

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from control_plane.app.server import BallastServer
 from control_plane.cli.envoy_validate import find_envoy
 from control_plane.desired import parse_desired
 from control_plane.translate.bootstrap import ads_bootstrap
+from control_plane.xds_port.server import BallastServer
 from harness.ads_desired import desired_yaml
 from harness.background_loop import BackgroundLoop
 from harness.envoy_process import EnvoyProcess, free_port

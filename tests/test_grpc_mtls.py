@@ -17,7 +17,7 @@ from pathlib import Path
 
 import grpc
 
-from control_plane.app.service import BallastService, ServiceConfig
+from control_plane.lifecycle.service import BallastService, ServiceConfig
 from control_plane.security.cert_dir import CertDir
 from control_plane.security.certs import issue_server
 from control_plane.security.tls import TlsFiles

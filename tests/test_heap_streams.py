@@ -1,4 +1,4 @@
-"""What `ballast serve`'s heap freeze (`app/heap.py`) relies on: a stream that ends leaves no
+"""What `ballast serve`'s heap freeze (`lifecycle/heap.py`) relies on: a stream that ends leaves no
 garbage cycles. A hot reload freezes everything alive when it ends, the streams of the nodes
 connected then among them; whatever of a stream's objects only the cycle collector could free
 would stay for good once that node left. Here the server's heap is frozen with 100 nodes
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from control_plane.app.service import BallastService, ServiceConfig
+from control_plane.lifecycle.service import BallastService, ServiceConfig
 from harness.ads_desired import fleet_yaml
 from harness.envoy_process import free_port
 from harness.eventually import eventually

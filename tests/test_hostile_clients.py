@@ -32,7 +32,6 @@ from envoy.service.discovery.v3.discovery_pb2 import DeltaDiscoveryRequest, Disc
 
 from control_plane.ads.limits import AdsLimits
 from control_plane.ads.server import AdsServicer, server_options
-from control_plane.app.server import BallastServer
 from control_plane.decisions.read import iter_records
 from control_plane.security.cert_dir import CertDir, Pair
 from control_plane.translate.resources import (
@@ -41,6 +40,7 @@ from control_plane.translate.resources import (
     LISTENER_TYPE,
     ROUTE_TYPE,
 )
+from control_plane.xds_port.server import BallastServer
 from harness.ads_desired import desired
 from harness.envoy_process import free_port
 from harness.eventually import eventually, eventually_blocking

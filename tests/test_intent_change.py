@@ -21,10 +21,6 @@ from typing import Any
 import pytest
 
 from control_plane.ads.snapshots import SnapshotCache
-from control_plane.app.leadership import LeaderElection
-from control_plane.app.reconcile import Reconciler
-from control_plane.app.replication import Replication
-from control_plane.app.server import intent_and_cache
 from control_plane.decide.controller import ControllerState
 from control_plane.decide.signals import OriginSignals
 from control_plane.decisions.log import DecisionLog
@@ -50,9 +46,13 @@ from control_plane.intent.served import translate_intent
 from control_plane.intent.sqlite_store import StateStore
 from control_plane.intent.store import IntentBatch, StoredIntent
 from control_plane.observe.source import Signals
+from control_plane.reconcile.reconcile import Reconciler
+from control_plane.replicas.leadership import LeaderElection
+from control_plane.replicas.replication import Replication
 from control_plane.translate import render_json
 from control_plane.translate.resources import Capabilities
 from control_plane.translate.served import Served
+from control_plane.xds_port.server import intent_and_cache
 from harness.etcd import EtcdServer, etcd_binary
 from harness.eventually import eventually
 from harness.intent_changes import apply_pair_changes

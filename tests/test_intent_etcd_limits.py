@@ -14,10 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from control_plane.acks.config_acks import ConfigAcks
 from control_plane.ads.nodes import NodeRegistry
-from control_plane.app.config_acks import ConfigAcks
-from control_plane.app.rollouts import Rollouts
-from control_plane.app.server import intent_and_cache
 from control_plane.decide.rollout import start
 from control_plane.decisions.log import DecisionLog
 from control_plane.decisions.recorder import DecisionRecorder
@@ -44,6 +42,8 @@ from control_plane.intent.store import (
     VERSION_KIND,
     IntentBatch,
 )
+from control_plane.rollout.rollouts import Rollouts
+from control_plane.xds_port.server import intent_and_cache
 from harness.etcd import EtcdServer, etcd_binary
 from tests.support.rollout_inputs import Healthy, WithNodes
 

@@ -11,8 +11,6 @@ from pathlib import Path
 import pytest
 
 from control_plane.ads.nodes import NodeRegistry
-from control_plane.app.reconcile import Reconciler
-from control_plane.app.server import intent_and_cache
 from control_plane.decide.controller import ControllerState
 from control_plane.decide.gates import PopWindow, TierShed
 from control_plane.decide.rollout import start
@@ -43,8 +41,10 @@ from control_plane.intent.store import (
     StateCorrupted,
 )
 from control_plane.observe.source import Signals
+from control_plane.reconcile.reconcile import Reconciler
 from control_plane.translate import render_json
 from control_plane.translate.resources import Capabilities
+from control_plane.xds_port.server import intent_and_cache
 
 CAPS = Capabilities()
 T0 = 1_800_000_000_000

@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from control_plane.app.server import BallastServer
 from control_plane.translate.resources import ENDPOINT_TYPE
+from control_plane.xds_port.server import BallastServer
 from harness.eventually import eventually
 from harness.intent_changes import set_weights
 from harness.lean_node import STARTUP, Bodies, LeanNode

@@ -6,7 +6,7 @@ an unauthenticated `GET /healthz?a…` (8,300 characters) logged a 740-byte trac
 a node reconnecting and NACKing logged 480 KB/s, outside the decision log's rate limit.
 
 Now: a malformed request is answered 400 and logged in one line without a traceback, and the
-loggers whose lines clients cause pass a rate limit in bytes (`app/log_rate_limit.py`). Shown
+loggers whose lines clients cause pass a rate limit in bytes (`lifecycle/log_rate_limit.py`). Shown
 here with the server's own log file (what operators read) at the default level: 200 hostile
 admin requests grow it by less than 50 KB, and a node reconnecting and NACKing for 10 s stays
 within its rate limit; a hypothesis property test throws generated malformed requests at the
@@ -33,8 +33,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from control_plane.app.log_rate_limit import CLIENT_LOGGERS
-from control_plane.app.service import BallastService, ServiceConfig
+from control_plane.lifecycle.log_rate_limit import CLIENT_LOGGERS
+from control_plane.lifecycle.service import BallastService, ServiceConfig
 from control_plane.security.cert_dir import CertDir
 from control_plane.translate.resources import CLUSTER_TYPE
 from harness.background_loop import BackgroundLoop

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from control_plane.app.status import service_status
+from control_plane.lifecycle.status import service_status
 from harness.demo_origin import Fault
 from harness.eventually import eventually
 from harness.fleet import Fleet, dump_records, running_fleet

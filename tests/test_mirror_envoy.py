@@ -21,10 +21,10 @@ import pytest
 import pytest_asyncio
 
 from control_plane.admin.capability_keys import capabilities_for_key
-from control_plane.app.service import BallastService
 from control_plane.decide.ramp import RampState
 from control_plane.desired.model import Mirror
 from control_plane.intent.pair_changes import PairChange
+from control_plane.lifecycle.service import BallastService
 from control_plane.translate.resources import CLUSTER_TYPE, ROUTE_TYPE, Capabilities
 from harness.demo_origin import DemoOrigin
 from harness.envoy_process import EnvoyProcess

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.cli.envoy_validate import find_envoy
 from control_plane.cli.main import main
+from control_plane.lifecycle.service import BallastService, ServiceConfig
 from harness.demo_origin import DemoOrigin
 from harness.envoy_process import EnvoyProcess, free_port
 from harness.eventually import eventually

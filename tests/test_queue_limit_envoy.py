@@ -17,11 +17,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from control_plane.app.server import BallastServer
 from control_plane.decide.tiers import TierState, actions_in_force
 from control_plane.desired import parse_desired
 from control_plane.translate.bootstrap import ads_bootstrap
 from control_plane.translate.runtime import pending_key
+from control_plane.xds_port.server import BallastServer
 from harness.background_loop import BackgroundLoop
 from harness.envoy_process import EnvoyProcess, free_port
 from harness.eventually import eventually_blocking

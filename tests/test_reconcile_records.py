@@ -14,8 +14,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from control_plane.ads.snapshots import SnapshotCache
-from control_plane.app.reconcile import Reconciler
-from control_plane.app.server import intent_and_cache
 from control_plane.decide.controller import proposed_weights, replay_record
 from control_plane.decide.ramp import replay_ramp_record
 from control_plane.decide.signals import OriginSignals
@@ -24,7 +22,9 @@ from control_plane.decisions.read import iter_records
 from control_plane.decisions.recorder import DecisionRecorder
 from control_plane.intent.sqlite_store import StateStore
 from control_plane.observe.source import Signals
+from control_plane.reconcile.reconcile import Reconciler
 from control_plane.translate.resources import ENDPOINT_TYPE, Capabilities
+from control_plane.xds_port.server import intent_and_cache
 from harness.models import example_desired
 
 T0 = 1_800_000_000_000

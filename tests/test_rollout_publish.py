@@ -1,4 +1,4 @@
-"""The rollout driver publishing its decisions (`app/rollouts.py`) through the change
+"""The rollout driver publishing its decisions (`rollout/rollouts.py`) through the change
 transaction on a real store and decision log: a decision whose swap failed after its records
 were written is carried out on the next look without writing them again; a replica deposed
 while it looked publishes nothing."""
@@ -11,8 +11,6 @@ from pathlib import Path
 import pytest
 from envoy.data.accesslog.v3.accesslog_pb2 import HTTPAccessLogEntry
 
-from control_plane.app.rollouts import Rollouts
-from control_plane.app.server import intent_and_cache
 from control_plane.decide.gates import NodeAck, TierShed
 from control_plane.decide.rollout import RolloutError
 from control_plane.decisions.log import DecisionLog
@@ -26,6 +24,8 @@ from control_plane.intent.rollout_state import Version
 from control_plane.intent.sqlite_store import StateStore
 from control_plane.intent.store import IntentBatch
 from control_plane.observe.access_log import AccessLogStore
+from control_plane.rollout.rollouts import Rollouts
+from control_plane.xds_port.server import intent_and_cache
 from tests.support.rollout_inputs import Healthy, WithNodes
 
 T0 = 1_800_000_000_000

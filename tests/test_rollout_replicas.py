@@ -33,9 +33,9 @@ from pathlib import Path
 
 import pytest
 
-from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.decide.rollout import Rollout
 from control_plane.decisions.read import iter_records
+from control_plane.lifecycle.service import BallastService, ServiceConfig
 from control_plane.translate.bootstrap import ads_bootstrap
 from harness.envoy_process import EnvoyProcess, free_port
 from harness.etcd import EtcdServer, etcd_binary

@@ -18,11 +18,11 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.cli.main import main
 from control_plane.decisions.log import log_files
 from control_plane.decisions.read import iter_records
 from control_plane.desired.served_certs import key_fingerprint
+from control_plane.lifecycle.service import BallastService, ServiceConfig
 from harness.envoy_process import free_port
 from harness.eventually import eventually
 from tests.support.tls_listeners import HOSTNAMES, TlsSite, key_pem, tls_desired_yaml

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from control_plane.app.service import EDITED_WHILE_DOWN, BallastService, ServiceConfig
+from control_plane.lifecycle.service import EDITED_WHILE_DOWN, BallastService, ServiceConfig
 from harness.eventually import eventually
 from harness.rollout_fleet import POPS, RolloutFleet, origins_and_envoys
 

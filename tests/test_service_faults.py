@@ -17,12 +17,12 @@ from typing import Any
 import aiohttp
 import pytest
 
-from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.cli.main import main
 from control_plane.decisions import log as log_module
 from control_plane.decisions.log import DecisionLog
 from control_plane.decisions.read import iter_records
 from control_plane.intent.sqlite_store import StateStore, StateSuspicious
+from control_plane.lifecycle.service import BallastService, ServiceConfig
 from harness.eventually import eventually
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "desired.yaml"

@@ -19,8 +19,8 @@ import asyncio
 import time
 from pathlib import Path
 
-from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.decisions.read import iter_records
+from control_plane.lifecycle.service import BallastService, ServiceConfig
 from control_plane.translate.resources import CLUSTER_TYPE, ENDPOINT_TYPE, Capabilities
 from harness.ads_desired import fleet_yaml
 from harness.envoy_process import free_port

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.decisions.read import iter_records
+from control_plane.lifecycle.service import BallastService, ServiceConfig
 from control_plane.translate.resources import SECRET_TYPE, Capabilities
 from harness.envoy_process import free_port
 from harness.eventually import eventually

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.cli.main import main
 from control_plane.decisions.read import iter_records
 from control_plane.intent.sqlite_store import StateCorrupted, StateStore
 from control_plane.intent.state_dir_lock import StateDirBusy, StateDirLock
 from control_plane.intent.store import RAMP_KIND, IntentBatch
+from control_plane.lifecycle.service import BallastService, ServiceConfig
 from control_plane.security.cert_dir import CertDir
 from control_plane.security.tls import TlsConfigError, TlsFiles
 

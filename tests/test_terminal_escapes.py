@@ -28,10 +28,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.cli.main import main
 from control_plane.cli.plan import PopPlan, report
 from control_plane.decisions.read import iter_records
+from control_plane.lifecycle.service import BallastService, ServiceConfig
 from control_plane.security.terminal import escape, escaped
 from control_plane.translate.diff import FieldChange, ResourceChange
 from control_plane.translate.resources import CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE

@@ -31,12 +31,12 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.cli.envoy_validate import validate_bootstrap
 from control_plane.cli.main import main
 from control_plane.cli.validate import stand_in_pair
 from control_plane.decisions.log import log_files, parse_line
 from control_plane.desired import parse_desired
+from control_plane.lifecycle.service import BallastService, ServiceConfig
 from control_plane.security.cert_dir import CertDir
 from control_plane.security.tls import TlsFiles
 from control_plane.translate import static_bootstrap, translate_pop

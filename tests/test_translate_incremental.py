@@ -8,7 +8,6 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from control_plane.app.server import intent_and_cache
 from control_plane.desired.model import Desired, GroupWeights, Mirror, TierActions
 from control_plane.translate.pop import PopIntent, built_resources, translate_pop
 from control_plane.translate.resources import (
@@ -19,6 +18,7 @@ from control_plane.translate.resources import (
     Capabilities,
     PopResources,
 )
+from control_plane.xds_port.server import intent_and_cache
 from harness.intent_changes import set_weights
 from harness.models import fleet_desired
 

@@ -8,7 +8,6 @@ from dataclasses import replace
 import pytest
 from envoy.config.route.v3.route_components_pb2 import Route
 
-from control_plane.app.server import intent_and_cache
 from control_plane.desired.model import TierActions
 from control_plane.translate import PopIntent, translate_pop
 from control_plane.translate.resources import (
@@ -19,6 +18,7 @@ from control_plane.translate.resources import (
     Capabilities,
 )
 from control_plane.translate.routes import shed_of_route
+from control_plane.xds_port.server import intent_and_cache
 from harness.intent_changes import set_tier_actions
 from harness.models import example_desired, shop_group
 

@@ -26,11 +26,11 @@ from typing import Any
 import pytest
 from cryptography import x509
 
-from control_plane.app.server import BallastServer
 from control_plane.cli.main import main
 from control_plane.security.cert_dir import CertDir, Pair, write_pair
 from control_plane.security.certs import make_ca
 from control_plane.security.tls import ReloadingCredentials, TlsFiles
+from control_plane.xds_port.server import BallastServer
 from harness.ads_desired import desired
 from harness.background_loop import BackgroundLoop
 from harness.envoy_process import EnvoyProcess, free_port

@@ -16,12 +16,12 @@ import pytest
 from cryptography import x509
 
 from control_plane.ads.limits import AdsLimits, clip
-from control_plane.app.server import BallastServer
 from control_plane.cli.main import main
 from control_plane.security.cert_dir import CertDir, Pair, write_pair
 from control_plane.security.certs import Issued, issue_server, make_ca
 from control_plane.security.tls import ReloadingCredentials, TlsFiles
 from control_plane.translate.resources import CLUSTER_TYPE
+from control_plane.xds_port.server import BallastServer
 from harness.ads_desired import desired
 from harness.envoy_process import free_port
 from harness.models import example_desired

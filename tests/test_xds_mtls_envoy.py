@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from control_plane.app.server import BallastServer
 from control_plane.observe.sink import SinkStore, add_metrics_service
 from control_plane.security.cert_dir import CertDir
 from control_plane.security.peer import check_node_peer, peer_pop
 from control_plane.security.tls import ReloadingCredentials, TlsFiles
 from control_plane.translate.bootstrap import XdsClientTls, ads_bootstrap
+from control_plane.xds_port.server import BallastServer
 from harness.ads_desired import desired
 from harness.background_loop import BackgroundLoop
 from harness.envoy_process import EnvoyProcess, free_port

@@ -11,7 +11,7 @@ Endpoints: `/healthz`, `/readyz`, `/status`, `/nodes`, `/nodes/{id}`, `/decision
 what `ballast plan` carries over), `/resources?pop=P[&caps=fifo|lifo]`, `/metrics`, and when
 given a `Dashboard`, the on-call page under `/dashboard/` (see `admin/dashboard.py`).
 
-Rollouts (`app/rollouts.py`), given a `RolloutControl`: `GET /rollout` (the latest rollout, its
+Rollouts (`rollout/rollouts.py`), given a `RolloutControl`: `GET /rollout` (the latest rollout, its
 last gate reading, each PoP's version and its nodes' ACKs) and `POST /rollout/<action>` for
 `pause`, `resume`, `abort`, `promote` and `apply` (`?now=1`: the desired-state file applied on
 every PoP at once, the operator's `--now`); an action that does not apply to the rollout's
@@ -218,7 +218,7 @@ def _sorted_nodes(statuses: list[NodeStatus]) -> list[dict[str, Any]]:
 
 
 class RolloutControl(Protocol):
-    """The rollout's face for the admin API (the service's `app/rollout_control.py`)."""
+    """The rollout's face for the admin API (the service's `lifecycle/rollout_control.py`)."""
 
     def shown(self) -> dict[str, Any]:
         """The latest rollout, its gate reading, each PoP's version (JSON)."""

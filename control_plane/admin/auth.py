@@ -17,7 +17,7 @@ Otherwise: 401 with `WWW-Authenticate: Bearer` (a JSON error; for a browser aski
 page, a page pointing at `/login`). Before any of it, a state-changing request a browser says
 comes from another page is refused (403), and one a session authenticates needs the session's
 CSRF token (`sessions.py`); a peer presenting wrong tokens is slowed down (429), each wrong one
-logged (on this module's logger, under its log rate limit: `app/log_rate_limit.py`). With no
+logged (on this module's logger, under its log rate limit: `lifecycle/log_rate_limit.py`). With no
 authentication configured the API is open, and then it may only listen on a loopback address;
 off loopback it must be HTTPS (`check_bind`).
 """

@@ -6,8 +6,9 @@ an unauthenticated client turned into 2.27 MB/s of log with `GET /healthz?aaaa�
 API's server is given `RequestErrors` as its logger instead: a client's malformed request
 (aiohttp's `HttpProcessingError`, answered 400) is one WARNING line — the peer and aiohttp's
 reason, escaped (`security/terminal.py`) and cut to `MAX_REASON_CHARS` — on the logger
-`control_plane.admin.requests`, whose lines pass a rate limit in bytes (`app/log_rate_limit.py`). A
-handler's own failure (a bug: answered 500) keeps its traceback, through the same budget.
+`control_plane.admin.requests`, whose lines pass a rate limit in bytes
+(`lifecycle/log_rate_limit.py`). A handler's own failure (a bug: answered 500) keeps its
+traceback, through the same budget.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Freeing off the event loop: `free_later`, the output cache's `release` in the server and the
-reconcile tick's for its plan (`app/heap.py` says why the heap is kept off the loop's path)."""
+reconcile tick's for its plan (`lifecycle/heap.py` says why the heap is kept off the loop's
+path)."""
 
 from __future__ import annotations
 

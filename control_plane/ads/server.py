@@ -1,7 +1,7 @@
 """The thin grpc.aio adapter: AggregatedDiscoveryService streams around the sans-I/O core.
 
-Each stream: read the first request, find the node's PoP (`node.locality.zone`, else
-`node.metadata["pop"]`) and capabilities (`node.extensions`), then serve two inputs — the
+Each stream: read the first request, admit its node (`admission.py`: its id, its PoP, the
+peer's claim to them; then its capabilities, `node.extensions`), then serve two inputs — the
 node's requests (read and handled one at a time by the stream's task) and wake-ups from the
 push hub (each push a short task of its own) — feeding them to `SotwStream`/`DeltaStream` and
 writing what comes out. Unknown PoPs and malformed requests end the stream with
@@ -26,6 +26,8 @@ vouched for (`vouch`): its connection is in use until it ends, and the connectio
 
 With `verify_peer` (mTLS on), the client certificate's identity must name the PoP and node id
 the first request claims, else the stream ends with PERMISSION_DENIED (`on_stream_refused`).
+One stream's life: `_admit` (the node checks), `_open` (registry, slot, superseding),
+`_read_requests` (the read loop, each request held in its identity's budget), `_close`.
 Private keys: SDS Secrets go only where `key_gate` lets them (an mTLS port has no gate; a
 plaintext one refuses every stream unless the operator allowed loopback peers): an SDS request
 on any other stream is never answered and reported once (`on_secrets_refused`).
@@ -38,8 +40,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
-import ipaddress
 import logging
 import sys
 import traceback
@@ -56,6 +56,17 @@ from envoy.service.discovery.v3.discovery_pb2 import (
     DiscoveryResponse,
 )
 
+from control_plane.ads.admission import (
+    CLAIMED_CHARS,
+    KeyGate,
+    NodeRejected,
+    VerifyPeer,
+    canonical_capabilities,
+    check_node_id,
+    envoy_version,
+    live_key,
+    pop_of,
+)
 from control_plane.ads.budget import Identify, Ledger, Refusal, peer_identity
 from control_plane.ads.callbacks import Callbacks
 from control_plane.ads.encoding import ResponseEncoder, encode_delta, encode_sotw, pass_bytes
@@ -73,7 +84,6 @@ from control_plane.ads.protocol import (
 from control_plane.ads.snapshots import SnapshotCache
 from control_plane.security.peer import Vouch
 from control_plane.translate.capabilities import NodeCapabilities, read_node_capabilities
-from control_plane.translate.grpc_capabilities import describe_grpc_client, is_grpc_client
 from control_plane.translate.resources import (
     CLUSTER_TYPE,
     SECRET_TYPE,
@@ -81,15 +91,11 @@ from control_plane.translate.resources import (
     PopResources,
 )
 
-__all__ = [
-    "AdsServicer", "KeyGate", "NodeRejected", "encode_delta", "encode_sotw", "envoy_version",
-    "plaintext_key_gate", "pop_of", "server_options",
-]
+__all__ = ["AdsServicer", "encode_delta", "encode_sotw", "server_options"]
 
 log = logging.getLogger(__name__)
 
 ADS_SERVICE = "envoy.service.discovery.v3.AggregatedDiscoveryService"
-CLAIMED_CHARS = 64  # a refused stream's claimed node id and PoP, as logged and recorded
 
 
 def server_options(limits: AdsLimits = DEFAULT_LIMITS) -> tuple[tuple[str, int], ...]:
@@ -113,47 +119,8 @@ def server_options(limits: AdsLimits = DEFAULT_LIMITS) -> tuple[tuple[str, int],
     )
 
 
-# (the stream's context, claimed PoP, claimed node id) -> why the peer (its certificate) may
-# not claim them, or None
-VerifyPeer = Callable[[grpc.aio.ServicerContext[Any, Any], str, str], str | None]
-# the stream's context -> why private keys (SDS Secrets) may not go to it, or None
-KeyGate = Callable[[grpc.aio.ServicerContext[Any, Any]], str | None]
-
-
 def _nothing() -> None:
     pass
-
-
-def plaintext_key_gate(allow_loopback: bool) -> KeyGate:
-    """The gate of a port that is not mTLS: no secret goes out, except (when the operator
-    allowed it) to a peer on loopback, i.e. on this very machine."""
-
-    def gate(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
-        peer = context.peer() or ""
-        if allow_loopback and peer_on_loopback(peer):
-            return None
-        if allow_loopback:
-            return (f"the xDS stream is not mTLS and the peer ({clip(peer, 64)}) is not on "
-                    "loopback: private keys go only over mTLS")
-        return ("the xDS stream is not mTLS: private keys go only over mTLS (ballast serve "
-                "--allow-plaintext-secrets lets Envoys on loopback have them)")
-
-    return gate
-
-
-def peer_on_loopback(peer: str) -> bool:
-    """gRPC's peer string (`ipv4:127.0.0.1:5000`, `ipv6:[::1]:5000`) names a loopback address."""
-    kind, _, rest = peer.partition(":")
-    if kind == "ipv4":
-        host = rest.rsplit(":", 1)[0]
-    elif kind == "ipv6":
-        host = rest.rsplit(":", 1)[0].strip("[]")
-    else:
-        return kind == "unix"
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class _Signal:
@@ -179,31 +146,6 @@ class _Interrupted(Exception):
     """A write was interrupted because the stream is ending (its `ending` says why)."""
 
 
-class NodeRejected(Exception):
-    """The first request names no PoP, or one the desired state does not know."""
-
-
-def pop_of(node: Node) -> str:
-    """The PoP a node belongs to: its locality zone, else a `pop` key in its metadata."""
-    if node.locality.zone:
-        return node.locality.zone
-    field = node.metadata.fields.get("pop")
-    if field is not None and field.WhichOneof("kind") == "string_value" and field.string_value:
-        return field.string_value
-    raise NodeRejected(
-        f"node {node.id!r} names no PoP: set node.locality.zone (or metadata.pop) to a PoP "
-        "of the desired state"
-    )
-
-
-def check_node_id(node: Node, limits: AdsLimits) -> None:
-    if len(node.id) > limits.node_id_chars:
-        raise NodeRejected(
-            f"node id {clip(node.id, 64)!r} has {len(node.id):,} characters; the limit is "
-            f"{limits.node_id_chars}"
-        )
-
-
 async def _end_with_status(context: grpc.aio.ServicerContext[Any, Any], signal: _Signal) -> None:
     """End the call with `signal`'s status. After an interrupted write the status waits behind
     the unsent message (HTTP/2 trailers follow the data), so the call, still counted in its
@@ -221,7 +163,7 @@ async def _without_cycles(serving: Coroutine[Any, Any, None]) -> None:
     status (`context.abort`) would: gRPC keeps the AbortError on the call's state, the error's
     traceback holds the frames it passed through, and their locals hold the call's context,
     which holds that state. Only the cycle collector frees such a cycle, and never once the
-    heap was frozen while the call was open (`app/heap.py`: a reload's end freezes every open
+    heap was frozen while the call was open (`lifecycle/heap.py`: a reload's end freezes every open
     stream): measured, 26 objects a stream, a stream's requests with them. So the frames are
     cleared (their locals dropped) before the error goes on to gRPC; the handlers that call
     this keep nothing of the call either."""
@@ -241,47 +183,6 @@ def _clear_frames(err: BaseException) -> None:
             return
         traceback.clear_frames(error.__traceback__)
         error = error.__cause__ or error.__context__
-
-
-def live_key(node_id: str, grpc_client: bool, first: Any) -> str:
-    """What a newer stream must share with an older one to replace it: the node id; for a
-    proxyless gRPC client, also what its first request names. grpcio keeps one xDS client per
-    channel target, each with a stream of its own and the same node (measured, grpcio 1.85:
-    replacing by node id alone made two targets' streams replace each other every second), and
-    each one's first request names its target's listener."""
-    if not grpc_client:
-        return node_id
-    names = (first.resource_names if isinstance(first, DiscoveryRequest)
-             else first.resource_names_subscribe)
-    digest = hashlib.sha256("\0".join(sorted(names)).encode()).hexdigest()[:16]
-    return f"{node_id}\0{digest}"
-
-
-def envoy_version(node: Node, limit: int = DEFAULT_LIMITS.text_chars) -> str:
-    """The node's Envoy version, or a gRPC client's language and release."""
-    if is_grpc_client(node):
-        return clip(describe_grpc_client(node), limit)
-    if node.HasField("user_agent_build_version"):
-        v = node.user_agent_build_version.version
-        return f"{v.major_number}.{v.minor_number}.{v.patch}"
-    return clip(node.user_agent_version, limit) or "unknown"
-
-
-# capabilities read from nodes -> one shared instance of each (a handful of distinct values:
-# the reasons are phrased from constants); bounded all the same
-_CANONICAL_CAPABILITIES: dict[NodeCapabilities, NodeCapabilities] = {}
-MAX_CANONICAL_CAPABILITIES = 64
-
-
-def _canonical(advertised: NodeCapabilities) -> NodeCapabilities:
-    """One object per distinct value, shared by the streams that advertise it."""
-    found = _CANONICAL_CAPABILITIES.get(advertised)
-    if found is not None:
-        return found
-    if len(_CANONICAL_CAPABILITIES) >= MAX_CANONICAL_CAPABILITIES:
-        _CANONICAL_CAPABILITIES.clear()
-    _CANONICAL_CAPABILITIES[advertised] = advertised
-    return advertised
 
 
 def _initial_sync_done(entry: NodeEntry) -> bool:
@@ -553,6 +454,55 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         first: Any,
     ) -> _Signal | None:
         node = first.node
+        pop = sys.intern(await self._admit(context, node))
+        advertised = canonical_capabilities(read_node_capabilities(node))
+        node_id = node.id
+        version = sys.intern(envoy_version(node, self.limits.text_chars))
+        del node  # a real Envoy's first request lists ~500 extensions: not kept
+        # a valid stream from here on: its connection is in use until `release`
+        release = await self._vouch(context) if self._vouch is not None else _nothing
+        # waits unread for an initial-sync slot; in the registry (and /nodes) once admitted
+        try:
+            await self._admission.acquire()
+        except BaseException:
+            release()
+            raise
+        state = self._open(context, mode, stream, identity, first,
+                           (pop, node_id, version, advertised))
+        signal = _EOF  # how the stream ended (unless told otherwise: the client went away)
+        try:
+            # headers first, on their own (not flow-controlled): a first write blocked by a
+            # client that grants no window can then be interrupted and the stream still ended
+            # with a status (gRPC sends initial metadata with the first write otherwise, and
+            # a status after an interrupted one fails: TOO_MANY_OPERATIONS)
+            await context.send_initial_metadata(())
+            await state.turn()
+            try:
+                ending = await self._answer(state, first)
+            finally:
+                state.done()
+            del first
+            if ending is not None:
+                state.end(ending)
+            await self._read_requests(state)
+            if state.ending is not None:
+                signal = state.ending
+                await state.turn()  # an ending waits for the output being written (a push)
+                state.done()
+        except _Interrupted:
+            assert state.ending is not None
+            signal = state.ending
+        finally:
+            release()
+            self._close(state, signal)
+        if signal.error is not None:
+            raise signal.error  # in gRPC's task, as if the stream's task had pushed
+        return signal if signal.status is not grpc.StatusCode.OK else None
+
+    async def _admit(self, context: grpc.aio.ServicerContext[Any, Any], node: Node) -> str:
+        """The PoP the first request's node claims, once the node checks passed
+        (`admission.py`); else the call ends: INVALID_ARGUMENT, or PERMISSION_DENIED where the
+        peer may not claim that node."""
         try:
             check_node_id(node, self.limits)
             pop = pop_of(node)
@@ -573,19 +523,20 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         except NodeRejected as err:
             log.warning("rejecting ADS stream: %s", err)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-        advertised = _canonical(read_node_capabilities(node))
-        pop = sys.intern(pop)
-        node_id = node.id
-        version = sys.intern(envoy_version(node, self.limits.text_chars))
-        del node  # a real Envoy's first request lists ~500 extensions: not kept
-        # a valid stream from here on: its connection is in use until `release`
-        release = await self._vouch(context) if self._vouch is not None else _nothing
-        # waits unread for an initial-sync slot; in the registry (and /nodes) once admitted
-        try:
-            await self._admission.acquire()
-        except BaseException:
-            release()
-            raise
+        return pop
+
+    def _open(
+        self,
+        context: grpc.aio.ServicerContext[Any, Any],
+        mode: Literal["sotw", "delta"],
+        stream: SotwStream | DeltaStream,
+        identity: str | None,
+        first: Any,
+        node: tuple[str, str, str, NodeCapabilities],
+    ) -> _Stream:
+        """An admitted stream, holding its initial-sync slot: in the registry, the live stream
+        of its node id (an older one superseded), woken by its PoP's changes."""
+        pop, node_id, version, advertised = node
         self.syncing += 1
         caps = self.cache.effective_capabilities(pop, advertised.capabilities, advertised.reason)
         entry = self.nodes.connect(
@@ -610,77 +561,61 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         self.hub.subscribe(pop, state.wake)
         self._notify(self.callbacks.on_stream_open, entry)
         log.info("node %r connected (%s, PoP %s, %s)", node_id, mode, pop, entry.capability_key)
-        signal = _EOF  # how the stream ended (unless told otherwise: the client went away)
-        try:
-            # headers first, on their own (not flow-controlled): a first write blocked by a
-            # client that grants no window can then be interrupted and the stream still ended
-            # with a status (gRPC sends initial metadata with the first write otherwise, and
-            # a status after an interrupted one fails: TOO_MANY_OPERATIONS)
-            await context.send_initial_metadata(())
-            await state.turn()
+        return state
+
+    async def _read_requests(self, state: _Stream) -> None:
+        """Read and answer the node's requests, one at a time, each held in its identity's
+        budget while it is handled, until the stream ends (`state.ending`) or the client ends
+        it."""
+        context, identity = state.context, state.identity
+        while state.ending is None:
+            state.reading = True
             try:
-                ending = await self._answer(state, first)
+                request = await context.read()
+            except asyncio.CancelledError:
+                if state.ending is None:
+                    raise  # gRPC ends the call (the client went away)
+                state.task.uncancel()  # end() interrupted the wait
+                return
+            except (grpc.aio.AioRpcError, grpc.aio.UsageError, ConnectionError):
+                return
             finally:
-                state.done()
-            del first
+                state.reading = False
+            if request is grpc.aio.EOF:
+                return
+            size = request.ByteSize()
+            refusal = self.ledger.hold(identity, size)
+            if refusal is not None:
+                self._over_budget(identity, refusal)
+                state.end(_Signal(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal.reason))
+                return
+            try:
+                await state.turn()
+                try:
+                    ending = await self._answer(state, request)
+                finally:
+                    state.done()
+            finally:
+                self.ledger.release(identity, size)
+            del request
             if ending is not None:
                 state.end(ending)
-            while state.ending is None:
-                state.reading = True
-                try:
-                    request = await context.read()
-                except asyncio.CancelledError:
-                    if state.ending is None:
-                        raise  # gRPC ends the call (the client went away)
-                    state.task.uncancel()  # end() interrupted the wait
-                    break
-                except (grpc.aio.AioRpcError, grpc.aio.UsageError, ConnectionError):
-                    break
-                finally:
-                    state.reading = False
-                if request is grpc.aio.EOF:
-                    break
-                size = request.ByteSize()
-                refusal = self.ledger.hold(identity, size)
-                if refusal is not None:
-                    self._over_budget(identity, refusal)
-                    state.end(_Signal(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal.reason))
-                    break
-                try:
-                    await state.turn()
-                    try:
-                        ending = await self._answer(state, request)
-                    finally:
-                        state.done()
-                finally:
-                    self.ledger.release(identity, size)
-                del request
-                if ending is not None:
-                    state.end(ending)
-            if state.ending is not None:
-                signal = state.ending
-                await state.turn()  # an ending waits for the output being written (a push)
-                state.done()
-        except _Interrupted:
-            assert state.ending is not None
-            signal = state.ending
-        finally:
-            release()
-            self.end_admission(state)
-            if state.push is not None:
-                state.push.cancel()
-            self.hub.unsubscribe(pop, state.wake)
-            self._streams.discard(state)
-            self.nodes.disconnect(entry)
-            live = self._live.get(state.live_key)
-            if live is not None and live[0] is entry:
-                del self._live[state.live_key]
-            self._notify(self.callbacks.on_stream_closed, entry, signal.status.name,
-                         signal.details)
-            log.info("node %r disconnected (%s)", node_id, signal.details or signal.status.name)
-        if signal.error is not None:
-            raise signal.error  # in gRPC's task, as if the stream's task had pushed
-        return signal if signal.status is not grpc.StatusCode.OK else None
+
+    def _close(self, state: _Stream, signal: _Signal) -> None:
+        """The stream is over: its slot, push and subscription go, the registry and the live
+        streams forget it, and the embedder is told how it ended."""
+        entry = state.entry
+        self.end_admission(state)
+        if state.push is not None:
+            state.push.cancel()
+        self.hub.unsubscribe(entry.pop, state.wake)
+        self._streams.discard(state)
+        self.nodes.disconnect(entry)
+        live = self._live.get(state.live_key)
+        if live is not None and live[0] is entry:
+            del self._live[state.live_key]
+        self._notify(self.callbacks.on_stream_closed, entry, signal.status.name, signal.details)
+        log.info("node %r disconnected (%s)", entry.node_id, signal.details or signal.status.name)
 
     def _over_budget(self, identity: str | None, refusal: Refusal) -> None:
         """A stream refused (or ended) over a budget: logged and told at the 1st, 10th, 100th,

@@ -14,9 +14,6 @@ from pathlib import Path
 
 from control_plane.admin.connections import DEFAULT_ADMIN_LIMITS, AdminLimits
 from control_plane.ads.limits import DEFAULT_LIMITS, DESCRIPTOR_RESERVE, AdsLimits
-from control_plane.app.accept_errors import QuietAcceptErrors
-from control_plane.app.load_reports import METRIC_SOURCES
-from control_plane.app.service import BallastService, ServiceConfig
 from control_plane.cli.translate_options import add_filter_option, filters_of
 from control_plane.decisions.rate_limit import DEFAULT_BURST_BYTES, DEFAULT_BYTES_PER_S, RateLimit
 from control_plane.desired import DesiredStateError
@@ -24,8 +21,11 @@ from control_plane.intent.etcd_store import StoreCredentials, StoreUnavailable, 
 from control_plane.intent.sqlite_store import StateCorrupted
 from control_plane.intent.state_dir import state_dir
 from control_plane.intent.state_dir_lock import StateDirBusy
+from control_plane.lifecycle.accept_errors import QuietAcceptErrors
+from control_plane.lifecycle.service import BallastService, ServiceConfig
 from control_plane.observe.lrs_service import DEFAULT_INTERVAL_MS
 from control_plane.security.tls import TlsFiles
+from control_plane.xds_port.load_reports import METRIC_SOURCES
 
 REPLICA_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 HELP = "serve the desired state to Envoys over ADS and reconcile origin weights"

@@ -129,7 +129,7 @@ class StepResult:
     # origin -> its flap penalty now and whether it is suppressed (origins that flapped only)
     damping: dict[str, dict[str, Any]] = field(default_factory=dict)
     # the PoP's connected nodes the metric source heard nothing from, when the shell names them
-    # as the cause of a hold (`app/reconcile.py`): a run of holds changes with them
+    # as the cause of a hold (`reconcile/reconcile.py`): a run of holds changes with them
     silent: tuple[str, ...] = ()
 
     @property

@@ -255,7 +255,7 @@ class TierActionPolicy:
 
     enabled: bool = True
     # the tier tick: the tiers source exports "queue depth, wait time, and origin p99 per priority
-    # to our control plane every 5 seconds"; at most the failover interval (app/reconcile.py)
+    # to our control plane every 5 seconds"; at most the failover interval (reconcile/reconcile.py)
     interval_ms: int = 5_000
     trigger_tier: str = "critical"
     trigger: TriggerKind = "wait"
@@ -592,7 +592,7 @@ class RolloutPolicy:
     def min_bake_ms(self) -> int:
         """The shortest bake that lets a gate judge one full stats flush after the change: the
         first flush after the ACKs still carries traffic served on the old version (its
-        baseline, `app/rollouts.py` `own_starts`), the second is the change's own."""
+        baseline, `rollout/rollouts.py` `own_starts`), the second is the change's own."""
         return 2 * self.stats_flush_interval_ms
 
 

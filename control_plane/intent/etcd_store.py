@@ -18,7 +18,7 @@ Keys, all under one prefix (default ``/ballast/``):
   same history from any replica. They carry a lease of an hour: etcd is the hand-off, not the
   archive.
 - ``replicas/<id>`` — each replica's registration (admin URL, xDS address), on its own lease.
-- ``acks/<id>`` — the ACK state of the nodes connected to that replica (`app/shared_acks.py`,
+- ``acks/<id>`` — the ACK state of the nodes connected to that replica (`acks/shared_acks.py`,
   `SharedAcks`), on the same lease as its registration: a replica that dies takes its nodes
   with it when the lease expires.
 
@@ -34,7 +34,7 @@ version's bytes, a PoP's baseline, some pairs' weights) beside the rollout and v
 before, or deletes of what nothing names any more not yet done. One value larger than a request
 is refused (`TooLarge`) before anything is written. So that no follower adopts part of a write,
 a split write puts ``intent/writing`` in a transaction of its own first, and every write deletes
-it in its last (`marked`): a follower adopts nothing while it is there (`app/replication.py`).
+it in its last (`marked`): a follower adopts nothing while it is there (`replicas/replication.py`).
 One that broke off leaves it until the same leader puts back what landed (`IntentOwner`) or a
 new leader, elected, clears it (`ReplicatedStore.settle`).
 

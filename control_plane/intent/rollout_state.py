@@ -7,7 +7,7 @@ rollback may need (kind `desired_version`, by digest: `Version.stored`, read aga
 `window_json`), which PoP serves which version (kind `serving`, written by the change
 transaction: `change.py`). `restored` reads them back into what a restart serves (`Restored`),
 `baseline` the version served when no rollout was stored. The rollout's shell
-(`app/rollouts.py`) states them in the change that publishes each of its decisions.
+(`rollout/rollouts.py`) states them in the change that publishes each of its decisions.
 """
 
 from __future__ import annotations

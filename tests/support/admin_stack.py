@@ -18,11 +18,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from control_plane.admin.api import AdminApi
 from control_plane.admin.dashboard import Dashboard
 from control_plane.admin.decision_feed import DecisionFeed
-from control_plane.app.server import BallastServer
 from control_plane.decisions.read import FileSource
 from control_plane.desired import Desired
 from control_plane.own_metrics.registry import BallastMetrics
 from control_plane.translate.resources import CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE
+from control_plane.xds_port.server import BallastServer
 from harness.background_loop import BackgroundLoop
 from harness.eventually import eventually
 from harness.xds_client import Reject, XdsClient, local_channel, make_node

@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from control_plane.app.service import BallastService, ServiceConfig
+from control_plane.lifecycle.service import BallastService, ServiceConfig
 from harness.envoy_process import free_port
 
 EXAMPLE = Path("examples/desired.yaml")

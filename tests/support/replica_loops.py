@@ -3,8 +3,8 @@ the stop, once they ended, its leave (records flushed, its nodes unshared, the t
 
 from __future__ import annotations
 
-from control_plane.app.manager import Manager
-from control_plane.app.replication import Replication
+from control_plane.lifecycle.manager import Manager
+from control_plane.replicas.replication import Replication
 
 
 async def start_replica(replication: Replication) -> Manager:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import aiohttp
 
-from control_plane.app.service import BallastService, ServiceConfig
+from control_plane.lifecycle.service import BallastService, ServiceConfig
 from control_plane.translate.bootstrap import ads_bootstrap
 from harness.demo_origin import DemoOrigin, Fault
 from harness.envoy_process import EnvoyProcess, free_port

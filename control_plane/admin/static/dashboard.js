@@ -272,7 +272,7 @@ async function renderOverview(route) {
     servedCertificatesPanel(data.served_certificates || []));
 }
 
-// each origin's last reading in a PoP, per group, as /status has it (app/status.py): weight,
+// each origin's last reading in a PoP, per group, as /status has it (lifecycle/status.py): weight,
 // 5xx rate, p95 and health score (below 0 past five times a threshold: drawn as such)
 function originReadings(pop, groups) {
   const names = Object.keys(groups);

@@ -36,30 +36,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from control_plane.acks.shared_acks import SharedAcks
 from control_plane.admin.api import AdminApi
 from control_plane.admin.auth import AdminAuth, AdminAuthError, TokenFile, check_bind
 from control_plane.admin.connections import DEFAULT_ADMIN_LIMITS, AdminLimits
 from control_plane.admin.dashboard import Dashboard
 from control_plane.admin.decision_feed import DecisionFeed
 from control_plane.ads.limits import DEFAULT_LIMITS, AdsLimits
-from control_plane.app.file_watcher import DesiredFileWatcher
-from control_plane.app.heap import release_heap, reload_heap, settle_heap
-from control_plane.app.load_reports import MetricSourceKind, host_load_reports, passive_source
-from control_plane.app.log_rate_limit import limit_client_logs
-from control_plane.app.manager import Manager
-from control_plane.app.reconcile import Reconciler
-from control_plane.app.reloading import DesiredReload, log_warnings
-from control_plane.app.replication import Replication
-from control_plane.app.rollout_control import ServiceRollouts
-from control_plane.app.rollouts import Rollouts
-from control_plane.app.server import BallastServer
-from control_plane.app.shared_acks import SharedAcks
-from control_plane.app.status import (
-    controller_states,
-    not_ready_reason,
-    origin_readings,
-    service_status,
-)
 from control_plane.decisions.log import DecisionLog, Draft, draft, log_files
 from control_plane.decisions.rate_limit import DEFAULT_RATE_LIMIT, RateLimit, RecordLimiter
 from control_plane.decisions.read import FileSource
@@ -77,6 +60,16 @@ from control_plane.intent.running import ramp_key, tier_key
 from control_plane.intent.sqlite_store import StateStore
 from control_plane.intent.state_dir_lock import StateDirLock
 from control_plane.intent.store import VERSION_KIND, StoredIntent
+from control_plane.lifecycle.heap import release_heap, reload_heap, settle_heap
+from control_plane.lifecycle.log_rate_limit import limit_client_logs
+from control_plane.lifecycle.manager import Manager
+from control_plane.lifecycle.rollout_control import ServiceRollouts
+from control_plane.lifecycle.status import (
+    controller_states,
+    not_ready_reason,
+    origin_readings,
+    service_status,
+)
 from control_plane.observe.access_log import (
     AccessLogStore,
     WithAttemptLatency,
@@ -93,10 +86,17 @@ from control_plane.observe.prometheus import PrometheusSource
 from control_plane.observe.sink import SinkStore, add_metrics_service
 from control_plane.observe.source import MetricSource, wall_ms
 from control_plane.own_metrics.registry import BallastMetrics
+from control_plane.reconcile.reconcile import Reconciler
+from control_plane.reload.file_watcher import DesiredFileWatcher
+from control_plane.reload.reloading import DesiredReload, log_warnings
+from control_plane.replicas.replication import Replication
+from control_plane.rollout.rollouts import Rollouts
 from control_plane.security.peer import check_node_peer, peer_pop
 from control_plane.security.terminal import escape
 from control_plane.security.tls import ReloadingCredentials, ReloadingSslContext, TlsFiles
 from control_plane.translate.resources import Capabilities
+from control_plane.xds_port.load_reports import MetricSourceKind, host_load_reports, passive_source
+from control_plane.xds_port.server import BallastServer
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ class ServiceConfig:
     store_credentials: StoreCredentials | None = None  # etcd client TLS and/or user, password
     replica_id: str | None = None  # this replica's name among them (default: the xDS address)
     leader_ttl_s: int = 5  # the leader's lease; a follower takes over within it
-    # what start-up built kept out of full garbage collections (`app/heap.py`); the process's
+    # what start-up built kept out of full garbage collections (`lifecycle/heap.py`); the process's
     # own choice (`ballast serve` makes it), since it freezes the whole process's heap
     freeze_heap: bool = False
 

@@ -5,17 +5,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from control_plane.app.rollouts import Rollouts
-from control_plane.app.server import BallastServer
 from control_plane.decide import damping
 from control_plane.decide.rollout import timeline
 from control_plane.decide.runs import QuietRun
 from control_plane.intent.owner import IntentOwner
 from control_plane.observe.certificates import served_certificates
 from control_plane.observe.source import silent_fix, wall_ms
+from control_plane.rollout.rollouts import Rollouts
+from control_plane.xds_port.server import BallastServer
 
 if TYPE_CHECKING:
-    from control_plane.app.service import BallastService
+    from control_plane.lifecycle.service import BallastService
 
 
 def not_ready_reason(service: BallastService) -> str:

@@ -171,7 +171,7 @@ class Reconciler:
         self._tier_due: dict[GroupKey, int] = {}
         self._next_due = 0  # no pair is due before this (a tick before it has nothing to do)
         # each pair's last tick: when, the signals it read and the health scores it gave (the
-        # faces show them: `app/status.py`); dropped with the pair
+        # faces show them: `lifecycle/status.py`); dropped with the pair
         self.readings: dict[GroupKey, Reading] = {}
 
     def interval_ms(self, group: OriginGroup) -> int:

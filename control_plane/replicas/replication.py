@@ -42,9 +42,8 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
-from control_plane.app.config_acks import ConfigAcks
-from control_plane.app.leadership import LeaderElection, LeadershipListener
-from control_plane.app.shared_acks import MAX_PEERS, MAX_TEXT_CHARS, SharedAcks
+from control_plane.acks.config_acks import ConfigAcks
+from control_plane.acks.shared_acks import MAX_PEERS, MAX_TEXT_CHARS, SharedAcks
 from control_plane.decisions.log import draft
 from control_plane.decisions.recorder import DecisionRecorder
 from control_plane.intent.etcd_store import (
@@ -59,6 +58,7 @@ from control_plane.intent.replicated_store import ReplicatedStore, checked
 from control_plane.intent.store import StoredIntent
 from control_plane.observe.source import wall_ms
 from control_plane.own_metrics.registry import BallastMetrics
+from control_plane.replicas.leadership import LeaderElection, LeadershipListener
 from control_plane.security.terminal import escape
 
 log = logging.getLogger(__name__)

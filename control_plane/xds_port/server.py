@@ -15,17 +15,17 @@ from collections.abc import Callable, Mapping
 
 import grpc
 
+from control_plane.acks.config_acks import ConfigAcks
+from control_plane.acks.shared_acks import SharedAcks
+from control_plane.ads.admission import plaintext_key_gate
 from control_plane.ads.budget import certificate_or_address, peer_identity
 from control_plane.ads.fanout import PushHub
 from control_plane.ads.limits import DEFAULT_LIMITS, AdsLimits
 from control_plane.ads.nodes import NodeRegistry
 from control_plane.ads.off_loop import free_later
-from control_plane.ads.server import AdsServicer, plaintext_key_gate, server_options
+from control_plane.ads.server import AdsServicer, server_options
 from control_plane.ads.snapshots import SnapshotCache
 from control_plane.ads.sweeper import ConnectionSweeper
-from control_plane.app.ads_observer import AdsObserver, Record
-from control_plane.app.config_acks import ConfigAcks
-from control_plane.app.shared_acks import SharedAcks
 from control_plane.decisions.recorder import DecisionRecorder
 from control_plane.desired.model import Desired
 from control_plane.intent.owner import IntentOwner
@@ -39,6 +39,7 @@ from control_plane.translate.served import (
     translate_served,
     used_capabilities,
 )
+from control_plane.xds_port.ads_observer import AdsObserver, Record
 
 log = logging.getLogger(__name__)
 

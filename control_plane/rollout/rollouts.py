@@ -50,7 +50,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from control_plane.app.config_acks import ConfigAcks
+from control_plane.acks.config_acks import ConfigAcks
 from control_plane.decide.gates import GateInputs, NodeAck, PopWindow, TierShed
 from control_plane.decide.rollout import (
     PHASES,

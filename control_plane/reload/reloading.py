@@ -34,8 +34,6 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-from control_plane.app.rollouts import Rollouts
-from control_plane.app.server import BallastServer
 from control_plane.decide.rollout import RolloutError
 from control_plane.decisions.log import Draft, draft
 from control_plane.decisions.recorder import DecisionRecorder
@@ -48,9 +46,11 @@ from control_plane.intent.rollout_state import Version
 from control_plane.intent.running import RunningIntent
 from control_plane.intent.served import translate_intent
 from control_plane.own_metrics.registry import BallastMetrics
+from control_plane.rollout.rollouts import Rollouts
 from control_plane.translate.diff import ResourceChange, diff_renderings, format_changes, summarize
 from control_plane.translate.render import render_differing
 from control_plane.translate.resources import Capabilities, PopResources
+from control_plane.xds_port.server import BallastServer
 
 log = logging.getLogger(__name__)
 

@@ -15,12 +15,12 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from control_plane.app.reloading import DesiredReload
-from control_plane.app.rollouts import ACTIONS, Rollouts
-from control_plane.app.server import BallastServer
-from control_plane.app.status import pop_versions, rollout_status
 from control_plane.decide.rollout import RolloutError
 from control_plane.desired import DesiredStateError, read_desired_bytes
+from control_plane.lifecycle.status import pop_versions, rollout_status
+from control_plane.reload.reloading import DesiredReload
+from control_plane.rollout.rollouts import ACTIONS, Rollouts
+from control_plane.xds_port.server import BallastServer
 
 
 class ServiceRollouts:

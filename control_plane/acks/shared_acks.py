@@ -5,7 +5,7 @@ parser: the wire format of `config_acks.py`'s replicas.
 nodes. Each one shares them (`ConfigAcks.shared`, a `SharedAcks`: per PoP the version it serves
 there, every node's state — applied, pending, NACKed — and Envoy build, with the PoP's counts;
 its newest `SHARED_NACKS` NACKs) under its own key in etcd, bound to its session's lease
-(`app/replication.py` publishes it when it changes, and reads the others'), and `ConfigAcks`'
+(`replicas/replication.py` publishes it when it changes, and reads the others'), and `ConfigAcks`'
 `nodes`, `nacks` and `pop` answer for the nodes of every live replica: the leader's gates hear
 a node whichever replica it is connected to. A peer's node counts as applied only when that
 replica serves the PoP the same version as this one. The shared value is bounded

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from control_plane.app.server import BallastServer
 from control_plane.desired.model import Desired
 from control_plane.observe.fill_in import FilledIn, PassiveSource
 from control_plane.observe.load_reports import LoadReports
 from control_plane.observe.lrs_service import LoadReportingServicer, add_load_reporting_service
 from control_plane.security.peer import check_node_peer
+from control_plane.xds_port.server import BallastServer
 
 MetricSourceKind = Literal["sink", "prometheus", "lrs", "sink+lrs", "prometheus+lrs"]
 METRIC_SOURCES: tuple[str, ...] = ("sink", "prometheus", "lrs", "sink+lrs", "prometheus+lrs")

@@ -28,16 +28,16 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from control_plane.ads.nodes import NodeEntry, NodeRegistry
-from control_plane.ads.protocol import Nack as StreamNack
-from control_plane.ads.snapshots import SnapshotCache
-from control_plane.app.shared_acks import (
+from control_plane.acks.shared_acks import (
     NODE_STATES,
     SHARED_NACKS,
     NodeState,
     SharedAcks,
     SharedPop,
 )
+from control_plane.ads.nodes import NodeEntry, NodeRegistry
+from control_plane.ads.protocol import Nack as StreamNack
+from control_plane.ads.snapshots import SnapshotCache
 from control_plane.decide.gates import Nack, NodeAck
 from control_plane.observe.source import wall_ms
 from control_plane.security.terminal import escape
