@@ -594,13 +594,17 @@ async def test_a_reload_waits_for_a_tick_between_its_save_and_its_swap(
         held, release = asyncio.Event(), asyncio.Event()
         sync = service.decisions.sync_in_thread
 
-        async def slow_sync() -> None:
-            held.set()
-            await release.wait()
+        ticking: set[asyncio.Task[object]] = set()
+
+        async def slow_sync() -> None:  # the tick's sync only: the service syncs others too
+            if asyncio.current_task() in ticking:
+                held.set()
+                await release.wait()
             await sync()
 
         service.decisions.sync_in_thread = slow_sync  # type: ignore[method-assign]
         tick = asyncio.create_task(reconciler.tick(T0 + 20_000))  # shifts ewr
+        ticking.add(tick)
         await held.wait()
         edited = (text.replace("demote_share: 50%", "demote_share: 30%") if edit == "tier policy"
                   else text.replace("  ewr: {listen_address: 127.0.0.1, port_offset: 0}\n", "")
