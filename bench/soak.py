@@ -36,6 +36,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import statistics
@@ -571,6 +572,11 @@ async def soak(seconds: float, out: Path, command: str) -> bool:
             await run.close()
             if run.log.exists():
                 (out / "ballast.log").write_text(run.log.read_text(errors="replace")[-200_000:])
+            kept = out / "state"  # the store as the stopped server left it, to look into
+            shutil.rmtree(kept, ignore_errors=True)
+            kept.mkdir()
+            for part in run.state.glob("state.db*"):
+                shutil.copy2(part, kept / part.name)
         trends = analyse(run.samples)
         errors = errors_logged(run.log)
         plot(run.samples, out / "soak.png")
