@@ -9,6 +9,7 @@ and snapshots, both must produce the same responses and events.
 from __future__ import annotations
 
 import gc
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -194,6 +195,42 @@ def test_diffs_are_kept_per_pair_and_weakly() -> None:
     del diff, old
     gc.collect()
     assert len(new._diffs) == 0  # the old set went away: so did its diff
+
+
+def test_a_warmed_snapshot_keeps_no_earlier_one_alive() -> None:
+    """`warm_like` asks each diff every `after` (updates and/or removals). A diff that cached
+    `old` (no removals) kept the weak key of its entry alive, and through that set's own diffs
+    every earlier snapshot's views: each reload kept the last one's resources (the soak,
+    docs/benchmarks.md §7). One that cached `new` made a cycle, never freed once the heap is
+    frozen (`app/heap.py`). So with the collector off, reference counting alone must free them."""
+    gc.collect()
+    gc.disable()
+    try:
+        served = plain_snapshot(dict.fromkeys(CLUSTERS, 0), ("l1", "l2"))
+        streams = [SotwStream(), DeltaStream()]
+        for stream in streams:
+            for type_url, names in ((CDS, ()), (EDS, CLUSTERS), (LDS, ()), (RDS, ("l1",))):
+                if isinstance(stream, SotwStream):
+                    (r,) = stream.on_request(sotw_request(type_url, names), served).responses
+                    stream.on_request(sotw_request(type_url, names, r.nonce), served)
+                else:
+                    (r,) = stream.on_request(delta_request(type_url, names), served).responses
+                    stream.on_request(delta_request(type_url, nonce=r.nonce), served)
+        earlier: list[Any] = []
+        for version in range(1, 8):  # a change every time, "e" gone and back (removals too)
+            clusters = {n: version for n in CLUSTERS if n != "e" or version % 2}
+            fresh = plain_snapshot(clusters, ("l1", "l2") if version % 2 else ("l1",))
+            index_module.warm_like(fresh, served)
+            for stream in streams:
+                stream.on_resources(fresh)
+            earlier.append(weakref.ref(served))
+            earlier += [weakref.ref(view) for _, _, view in index(served, CDS).subscriptions()]
+            served = fresh
+        del fresh, r
+        alive = [ref for ref in earlier[:-6] if ref() is not None]  # the last two may be held
+        assert not alive, f"{len(alive)} earlier snapshots or views kept alive"
+    finally:
+        gc.enable()
 
 
 # -- ResourceSet / Diff against the direct computation (hypothesis) ---------------------------
