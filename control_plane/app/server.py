@@ -20,7 +20,12 @@ from control_plane.ads.fanout import PushHub
 from control_plane.ads.limits import DEFAULT_LIMITS, AdsLimits
 from control_plane.ads.nodes import NodeRegistry
 from control_plane.ads.off_loop import free_later
-from control_plane.ads.server import AdsServicer, plaintext_key_gate, server_options
+from control_plane.ads.server import (
+    AdsServicer,
+    calls_ended,
+    plaintext_key_gate,
+    server_options,
+)
 from control_plane.ads.snapshots import SnapshotCache
 from control_plane.ads.sweeper import ConnectionSweeper
 from control_plane.app.ads_observer import AdsObserver, Record
@@ -145,4 +150,5 @@ class BallastServer:
         self.ads.close_streams()
         await self.connections.stop()
         await self.grpc.stop(grace)
+        await calls_ended()  # the stopped calls' tasks end before the loop may
         log.info("xDS server stopped")
