@@ -75,6 +75,20 @@ def plain_snapshot(clusters: dict[str, int], listeners: tuple[str, ...] = ("l1",
     })
 
 
+def synced_streams(served: PopResources) -> list[SotwStream | DeltaStream]:
+    """A SotW and a delta stream that subscribed to every type of `served` and ACKed it."""
+    streams: list[SotwStream | DeltaStream] = [SotwStream(), DeltaStream()]
+    for stream in streams:
+        for type_url, names in ((CDS, ()), (EDS, CLUSTERS), (LDS, ()), (RDS, ("l1",))):
+            if isinstance(stream, SotwStream):
+                (r,) = stream.on_request(sotw_request(type_url, names), served).responses
+                stream.on_request(sotw_request(type_url, names, r.nonce), served)
+            else:
+                (r,) = stream.on_request(delta_request(type_url, names), served).responses
+                stream.on_request(delta_request(type_url, nonce=r.nonce), served)
+    return streams
+
+
 # -- building blocks --------------------------------------------------------------------------
 
 
@@ -159,17 +173,7 @@ def test_a_snapshot_warmed_like_the_one_served_is_pushed_without_computing(
     first = plain_snapshot(dict.fromkeys(CLUSTERS, 1), ("l1", "l2"))
     later = {**dict.fromkeys(CLUSTERS[1:], 1), "a": 2, "f": 1}  # a changed, f added, e kept
     warm, cold = plain_snapshot(later), plain_snapshot(later)  # l2 gone from both
-    streams: dict[str, list[SotwStream | DeltaStream]] = {"warm": [], "cold": []}
-    for kind in streams:
-        for stream in (SotwStream(), DeltaStream()):
-            for type_url, names in ((CDS, ()), (EDS, CLUSTERS), (LDS, ()), (RDS, ("l1",))):
-                if isinstance(stream, SotwStream):
-                    (r,) = stream.on_request(sotw_request(type_url, names), first).responses
-                    stream.on_request(sotw_request(type_url, names, r.nonce), first)
-                else:
-                    (r,) = stream.on_request(delta_request(type_url, names), first).responses
-                    stream.on_request(delta_request(type_url, nonce=r.nonce), first)
-            streams[kind].append(stream)
+    streams = {kind: synced_streams(first) for kind in ("warm", "cold")}
     index_module.warm_like(warm, first)
     computed.clear()
     warm_steps = [stream.on_resources(warm) for stream in streams["warm"]]
@@ -207,15 +211,7 @@ def test_a_warmed_snapshot_keeps_no_earlier_one_alive() -> None:
     gc.disable()
     try:
         served = plain_snapshot(dict.fromkeys(CLUSTERS, 0), ("l1", "l2"))
-        streams = [SotwStream(), DeltaStream()]
-        for stream in streams:
-            for type_url, names in ((CDS, ()), (EDS, CLUSTERS), (LDS, ()), (RDS, ("l1",))):
-                if isinstance(stream, SotwStream):
-                    (r,) = stream.on_request(sotw_request(type_url, names), served).responses
-                    stream.on_request(sotw_request(type_url, names, r.nonce), served)
-                else:
-                    (r,) = stream.on_request(delta_request(type_url, names), served).responses
-                    stream.on_request(delta_request(type_url, nonce=r.nonce), served)
+        streams = synced_streams(served)
         earlier: list[Any] = []
         for version in range(1, 8):  # a change every time, "e" gone and back (removals too)
             clusters = {n: version for n in CLUSTERS if n != "e" or version % 2}
@@ -226,7 +222,7 @@ def test_a_warmed_snapshot_keeps_no_earlier_one_alive() -> None:
             earlier.append(weakref.ref(served))
             earlier += [weakref.ref(view) for _, _, view in index(served, CDS).subscriptions()]
             served = fresh
-        del fresh, r
+        del fresh
         alive = [ref for ref in earlier[:-6] if ref() is not None]  # the last two may be held
         assert not alive, f"{len(alive)} earlier snapshots or views kept alive"
     finally:
