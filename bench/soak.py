@@ -22,7 +22,8 @@ source):
   (the longest `/healthz` answer of the minute, asked every 0.25 s from a thread), the decision
   log's size (every file) and the store's (`state.db` with its WAL).
 
-It ends with a report (`report.md` and `soak.png` in DIR) and fails (exit 1) when a sample grows
+It ends with a report (`report.md` and `soak.png` in DIR, with a copy of the stopped server's
+`state.db` in DIR/state) and fails (exit 1) when a sample grows
 without bound (`trend`: the line fitted to the last half rises by more than 5 % of the first
 half's level — RSS, descriptors, threads, loop lag, store — or the decision log grows faster
 over the last half than over the first) or when the server logged an error.
@@ -36,6 +37,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import statistics
@@ -571,6 +573,11 @@ async def soak(seconds: float, out: Path, command: str) -> bool:
             await run.close()
             if run.log.exists():
                 (out / "ballast.log").write_text(run.log.read_text(errors="replace")[-200_000:])
+            kept = out / "state"  # the store as the stopped server left it, to look into
+            shutil.rmtree(kept, ignore_errors=True)
+            kept.mkdir()
+            for part in run.state.glob("state.db*"):
+                shutil.copy2(part, kept / part.name)
         trends = analyse(run.samples)
         errors = errors_logged(run.log)
         plot(run.samples, out / "soak.png")

@@ -9,6 +9,7 @@ and snapshots, both must produce the same responses and events.
 from __future__ import annotations
 
 import gc
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -72,6 +73,20 @@ def plain_snapshot(clusters: dict[str, int], listeners: tuple[str, ...] = ("l1",
         CDS: clusters, EDS: dict.fromkeys(clusters, 0),
         LDS: dict.fromkeys(listeners, 0), RDS: dict.fromkeys(listeners, 0),
     })
+
+
+def synced_streams(served: PopResources) -> list[SotwStream | DeltaStream]:
+    """A SotW and a delta stream that subscribed to every type of `served` and ACKed it."""
+    streams: list[SotwStream | DeltaStream] = [SotwStream(), DeltaStream()]
+    for stream in streams:
+        for type_url, names in ((CDS, ()), (EDS, CLUSTERS), (LDS, ()), (RDS, ("l1",))):
+            if isinstance(stream, SotwStream):
+                (r,) = stream.on_request(sotw_request(type_url, names), served).responses
+                stream.on_request(sotw_request(type_url, names, r.nonce), served)
+            else:
+                (r,) = stream.on_request(delta_request(type_url, names), served).responses
+                stream.on_request(delta_request(type_url, nonce=r.nonce), served)
+    return streams
 
 
 # -- building blocks --------------------------------------------------------------------------
@@ -158,17 +173,7 @@ def test_a_snapshot_warmed_like_the_one_served_is_pushed_without_computing(
     first = plain_snapshot(dict.fromkeys(CLUSTERS, 1), ("l1", "l2"))
     later = {**dict.fromkeys(CLUSTERS[1:], 1), "a": 2, "f": 1}  # a changed, f added, e kept
     warm, cold = plain_snapshot(later), plain_snapshot(later)  # l2 gone from both
-    streams: dict[str, list[SotwStream | DeltaStream]] = {"warm": [], "cold": []}
-    for kind in streams:
-        for stream in (SotwStream(), DeltaStream()):
-            for type_url, names in ((CDS, ()), (EDS, CLUSTERS), (LDS, ()), (RDS, ("l1",))):
-                if isinstance(stream, SotwStream):
-                    (r,) = stream.on_request(sotw_request(type_url, names), first).responses
-                    stream.on_request(sotw_request(type_url, names, r.nonce), first)
-                else:
-                    (r,) = stream.on_request(delta_request(type_url, names), first).responses
-                    stream.on_request(delta_request(type_url, nonce=r.nonce), first)
-            streams[kind].append(stream)
+    streams = {kind: synced_streams(first) for kind in ("warm", "cold")}
     index_module.warm_like(warm, first)
     computed.clear()
     warm_steps = [stream.on_resources(warm) for stream in streams["warm"]]
@@ -194,6 +199,34 @@ def test_diffs_are_kept_per_pair_and_weakly() -> None:
     del diff, old
     gc.collect()
     assert len(new._diffs) == 0  # the old set went away: so did its diff
+
+
+def test_a_warmed_snapshot_keeps_no_earlier_one_alive() -> None:
+    """`warm_like` asks each diff every `after` (updates and/or removals). A diff that cached
+    `old` (no removals) kept the weak key of its entry alive, and through that set's own diffs
+    every earlier snapshot's views: each reload kept the last one's resources (the soak,
+    docs/benchmarks.md §7). One that cached `new` made a cycle, never freed once the heap is
+    frozen (`app/heap.py`). So with the collector off, reference counting alone must free them."""
+    gc.collect()
+    gc.disable()
+    try:
+        served = plain_snapshot(dict.fromkeys(CLUSTERS, 0), ("l1", "l2"))
+        streams = synced_streams(served)
+        earlier: list[Any] = []
+        for version in range(1, 8):  # a change every time, "e" gone and back (removals too)
+            clusters = {n: version for n in CLUSTERS if n != "e" or version % 2}
+            fresh = plain_snapshot(clusters, ("l1", "l2") if version % 2 else ("l1",))
+            index_module.warm_like(fresh, served)
+            for stream in streams:
+                stream.on_resources(fresh)
+            earlier.append(weakref.ref(served))
+            earlier += [weakref.ref(view) for _, _, view in index(served, CDS).subscriptions()]
+            served = fresh
+        del fresh
+        alive = [ref for ref in earlier[:-6] if ref() is not None]  # the last two may be held
+        assert not alive, f"{len(alive)} earlier snapshots or views kept alive"
+    finally:
+        gc.enable()
 
 
 # -- ResourceSet / Diff against the direct computation (hypothesis) ---------------------------

@@ -130,38 +130,51 @@ class Diff:
         assert new is not None, "a diff is only used while both its sets are alive"
         return new
 
-    @cached_property
+    # What these answer is `old`, `new` or a set built here; only a built set is cached. A
+    # cached `old` would keep the weak key of `new._diffs` alive (its value refers to it), and
+    # through the old set's own diffs every earlier set: each push and reload kept the previous
+    # views of every PoP, resources and all (~8 MB a reload at 100 PoPs x 20 groups, the soak,
+    # docs/benchmarks.md §7); a cached `new` is a cycle, which a frozen heap never frees.
+
+    @property
     def kept(self) -> ResourceSet:
         """`old`'s resources that are gone, first, then `new`: make before break (SotW), and
         what a node holds after receiving the updates but not yet the removals (delta)."""
-        if not self.gone:
-            return self._new
+        return self._kept if self.gone else self._new
+
+    @cached_property
+    def _kept(self) -> ResourceSet:
         old = self._old_set()
         items = {name: old.items[name] for name in self.gone}
         items.update(self._new.items)
         return ResourceSet(items)
 
-    @cached_property
+    @property
     def after_updates_and_removals(self) -> ResourceSet:
         """What a delta node holds after the changed resources went out and `removed` too."""
-        if len(self.removed) == len(self.gone):
-            return self._new
+        return self._new if len(self.removed) == len(self.gone) else self._updated_not_gone
+
+    @cached_property
+    def _updated_not_gone(self) -> ResourceSet:
         old = self._old_set()
         removed = set(self.removed)
         items = {name: old.items[name] for name in self.gone if name not in removed}
         items.update(self._new.items)
         return ResourceSet(items)
 
-    @cached_property
+    @property
     def after_removals(self) -> ResourceSet:
         """What a delta node holds after only the removals went out."""
-        old = self._old_set()
         if not self.removed:
-            return old
+            return self._old_set()
         if not self.changed and len(self.removed) == len(self.gone):
             return self._new
+        return self._old_less_removed
+
+    @cached_property
+    def _old_less_removed(self) -> ResourceSet:
         removed = set(self.removed)
-        return ResourceSet({n: r for n, r in old.items.items() if n not in removed})
+        return ResourceSet({n: r for n, r in self._old_set().items.items() if n not in removed})
 
     def after(self, *, updates: bool, removals: bool) -> ResourceSet:
         if updates and removals:

@@ -668,7 +668,7 @@ class BallastService:
         elif kind == "capability_fallback" and str(detail.get("capabilities")).startswith("grpc"):
             rule = f"gRPC client {node} not sent: {'; '.join(detail.get('notes') or [])}"
         elif kind == "capability_fallback":
-            rule = f"node {node} lacks adaptive LIFO: FIFO sent"
+            rule = f"node {node} sent a fallback: {'; '.join(detail.get('notes') or [])}"
         elif kind == "node_refused":
             rule = f"node {node} refused: {detail.get('reason')}"
         elif kind == "node_superseded":

@@ -40,6 +40,12 @@ class BallastMetrics:
         )
         self.acks = Counter("ballast_xds_acks", "xDS ACKs received", ["type"], registry=r)
         self.nacks = Counter("ballast_xds_nacks", "xDS NACKs received", ["type"], registry=r)
+        self.capability_fallbacks = Counter(
+            "ballast_capability_fallbacks",
+            "Streams (and CDS versions of a stream) served a capability fallback; the decision "
+            "log records a node's fallback only when it differs from the last one recorded",
+            ["pop"], registry=r,
+        )
         self.convergence = Histogram(
             "ballast_xds_convergence_seconds",
             "Time from sending a response to its ACK",

@@ -3,16 +3,21 @@
 Records: `node_connected`, `node_disconnected`, `node_refused`, `node_superseded`,
 `secrets_refused`, `capability_fallback` and `nack`, each handed to
 `record(kind, fields)`; a NACK repeating the last one of its stream and (type, version) is only
-counted (`repeated_nacks` in the stream's `node_disconnected`). Metrics: connected nodes per
-PoP, responses and bytes sent, ACKs and NACKs per type, and the seconds from a response to the
-ACK that answers it (the latest response of that type on that stream; an answer to an older one
-is not timed).
+counted (`repeated_nacks` in the stream's `node_disconnected`). A node's `capability_fallback`
+is recorded when it differs from the last one recorded for that node id (PoP, capabilities,
+reason, notes; the last `FALLBACKS_KEPT` node ids remembered): a node reconnecting to the same
+fallback is counted (`ballast_capability_fallbacks`), its `node_connected` names its
+capabilities. Its notes are grouped: what is said of many clusters is said once, naming a few.
+Metrics: connected nodes per PoP, responses and bytes sent, ACKs and NACKs per type, fallbacks
+served per PoP, and the seconds from a response to the ACK that answers it (the latest response
+of that type on that stream; an answer to an older one is not timed).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from control_plane.ads.callbacks import Callbacks
@@ -21,6 +26,24 @@ from control_plane.ads.protocol import Ack, DeltaResponse, Nack, SotwResponse, s
 from control_plane.own_metrics.registry import BallastMetrics
 
 Record = Callable[[str, dict[str, Any]], None]
+FALLBACKS_KEPT = 10_000  # node ids whose last recorded fallback is remembered (oldest forgotten)
+SUBJECTS_SHOWN = 3  # of the clusters (listeners, services) a grouped note is said of
+
+
+def grouped_notes(notes: Sequence[str], shown: int = SUBJECTS_SHOWN) -> list[str]:
+    """Notes ("subject: what") that say the same of several subjects as one, naming the first
+    `shown` of them and how many more ("g000.critical, g000.normal, g001.critical and 37 more:
+    adaptive_lifo requested, ..."); a note said of one subject stays as it is."""
+    said: dict[str, list[str]] = {}
+    for note in notes:
+        subject, colon, what = note.partition(": ")
+        said.setdefault(what if colon else note, []).append(subject if colon else "")
+    grouped = []
+    for what, subjects in said.items():
+        named = ", ".join(s for s in subjects[:shown] if s)
+        more = f" and {len(subjects) - shown} more" if len(subjects) > shown else ""
+        grouped.append(f"{named}{more}: {what}" if named else what)
+    return grouped
 
 
 class AdsObserver(Callbacks):
@@ -40,6 +63,8 @@ class AdsObserver(Callbacks):
         self._monotonic = monotonic
         # (stream, type_url) -> (nonce, monotonic time) of the last response not yet answered
         self._pushed: dict[tuple[int, str], tuple[str, float]] = {}
+        # hash of a node id -> hash of its last recorded fallback (at most FALLBACKS_KEPT)
+        self._fallbacks: OrderedDict[int, int] = OrderedDict()
 
     def on_stream_open(self, node: NodeEntry) -> None:
         self._touch()
@@ -96,8 +121,20 @@ class AdsObserver(Callbacks):
     def on_capability_fallback(
         self, node: NodeEntry, capability_key: str, version: str, notes: tuple[str, ...]
     ) -> None:
+        if self.metrics is not None:
+            self.metrics.capability_fallbacks.labels(node.pop).inc()
+        said = hash((node.pop, capability_key, node.capability_reason, notes))
+        known = hash(node.node_id)
+        last = self._fallbacks.get(known)
+        self._fallbacks[known] = said
+        self._fallbacks.move_to_end(known)
+        if len(self._fallbacks) > FALLBACKS_KEPT:
+            self._fallbacks.popitem(last=False)
+        if last == said:
+            return  # recorded before for this node: not news (counted above)
         self._emit("capability_fallback", node=node.node_id, pop=node.pop,
-                   capabilities=capability_key, version=version, notes=list(notes))
+                   capabilities=capability_key, reason=node.capability_reason, version=version,
+                   notes=grouped_notes(notes), notes_total=len(notes))
 
     def _count_answer(self, node: NodeEntry, event: Ack | Nack) -> None:
         """ACK/NACK counters; push-to-ACK seconds when the ACK answers the latest push."""

@@ -23,7 +23,7 @@ from control_plane.ads.fanout import PushHub
 from control_plane.ads.limits import DEFAULT_LIMITS, AdsLimits
 from control_plane.ads.nodes import NodeRegistry
 from control_plane.ads.off_loop import free_later
-from control_plane.ads.server import AdsServicer, server_options
+from control_plane.ads.server import AdsServicer, calls_ended, server_options
 from control_plane.ads.snapshots import SnapshotCache
 from control_plane.ads.sweeper import ConnectionSweeper
 from control_plane.decisions.recorder import DecisionRecorder
@@ -146,4 +146,5 @@ class BallastServer:
         self.ads.close_streams()
         await self.connections.stop()
         await self.grpc.stop(grace)
+        await calls_ended()  # the stopped calls' tasks end before the loop may
         log.info("xDS server stopped")
