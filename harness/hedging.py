@@ -29,6 +29,7 @@ from control_plane.desired.model import Desired, Origin
 from control_plane.translate import PopIntent, static_bootstrap, translate_pop
 from control_plane.translate.resources import Capabilities
 from harness.envoy_process import EnvoyProcess, free_port
+from harness.loopback_http import LoopbackHttp
 from harness.models import example_desired, shop_group
 
 
@@ -74,7 +75,7 @@ def _closed_within(connection: socket.socket, ms: int) -> bool:
     return False
 
 
-class StallingOrigin:
+class StallingOrigin(LoopbackHttp):
     def __init__(self, name: str, attempts: Attempts, *, stall_every: int, stall_ms: int,
                  answer_ms: int) -> None:
         self.name = name
@@ -110,16 +111,7 @@ class StallingOrigin:
             def handle_error(self, request: object, client_address: object) -> None:
                 return  # Envoy resets the attempt it abandons: expected, not worth a traceback
 
-        self.server = Server(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    @property
-    def port(self) -> int:
-        return int(self.server.server_address[1])
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(Handler, Server)
 
 
 @dataclass(frozen=True)

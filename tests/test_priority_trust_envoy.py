@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import http.client
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
@@ -21,6 +20,7 @@ from control_plane.desired.model import Desired, Origin
 from control_plane.translate import static_bootstrap, translate_pop
 from control_plane.translate.resources import Capabilities
 from harness.envoy_process import EnvoyProcess, free_port
+from harness.loopback_http import LoopbackHttp
 from harness.models import example_desired, shop_group
 
 pytestmark = pytest.mark.envoy
@@ -41,7 +41,7 @@ def get(port: int, path: str, source: str, headers: dict[str, str] | None = None
         connection.close()
 
 
-class AppOrigin:
+class AppOrigin(LoopbackHttp):
     """Records (path, x-ballast-tier) of every request; `/page` makes a sub-request through
     the edge from `sub_source`, carrying the parent's tier header."""
 
@@ -66,16 +66,7 @@ class AppOrigin:
             def log_message(self, *args: object) -> None:
                 return
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    @property
-    def port(self) -> int:
-        return int(self.server.server_address[1])
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(Handler)
 
 
 @pytest.fixture

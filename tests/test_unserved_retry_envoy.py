@@ -28,6 +28,7 @@ from control_plane.desired.model import Desired, Origin
 from control_plane.translate import PopIntent, static_bootstrap, translate_pop
 from control_plane.translate.resources import Capabilities
 from harness.envoy_process import EnvoyProcess, free_port
+from harness.loopback_http import LoopbackHttp
 from harness.models import example_desired, shop_group
 
 pytestmark = pytest.mark.envoy
@@ -35,7 +36,7 @@ pytestmark = pytest.mark.envoy
 REQUESTS = 40
 
 
-class FixedOrigin:
+class FixedOrigin(LoopbackHttp):
     """Answers every request with `status`; counts attempts by `x-envoy-attempt-count`."""
 
     def __init__(self, status: int) -> None:
@@ -62,16 +63,7 @@ class FixedOrigin:
         class Server(ThreadingHTTPServer):
             daemon_threads = True
 
-        self.server = Server(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    @property
-    def port(self) -> int:
-        return int(self.server.server_address[1])
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(Handler, Server)
 
 
 def _desired(primary: int, secondary: int) -> Desired:
