@@ -98,11 +98,43 @@ def test_the_caches_keep_at_most_max_bytes_of_bodies(sequence, max_bytes):
     for resources, version in sequence:
         response = SotwResponse(EDS, version, "1", resources)
         assert DiscoveryResponse.FromString(encoder.encode(response)) == encode_sotw(response)
-        for cache, kept in ((encoder._by_content, encoder._content_bytes),
-                            (encoder._by_identity, encoder._identity_bytes)):
-            bodies = [v if isinstance(v, bytes) else v[1] for v in cache.values()]
+        for cache, kept, at in ((encoder._by_content, encoder._content_bytes, 0),
+                                (encoder._by_identity, encoder._identity_bytes, 1)):
+            bodies = [v[at] for v in cache.values()]
             assert kept == sum(map(len, bodies))
             assert kept <= max_bytes or len(bodies) == 1  # the newest always fits
+
+
+def test_bodies_idle_past_keep_bytes_leave_and_reloads_do_not_accumulate():
+    now = [0.0]
+    encoder = ResponseEncoder(keep_bytes=0, idle_s=60.0, clock=lambda: now[0])
+    live = tuple(make(CDS, f"live{i}", 0) for i in range(3))
+    for reload in range(50):  # a reload a minute: every body new, the live one asked for
+        now[0] = reload * 60.0
+        encoder.encode(SotwResponse(EDS, "v", "1", tuple(make(EDS, f"e{i}", reload)
+                                                          for i in range(3))))
+        encoder.encode(SotwResponse(CDS, "v", "1", live))
+        assert len(encoder._by_content) <= 3 and len(encoder._by_identity) <= 3
+    held = encoder.held_bytes()
+    assert held > 0
+    builds = encoder.builds
+    now[0] += 30.0  # asked for again within idle_s: from the cache
+    encoder.encode(SotwResponse(CDS, "v", "1", live))
+    assert encoder.builds == builds
+
+
+def test_idle_bodies_stay_while_the_caches_hold_less_than_keep_bytes():
+    now = [0.0]
+    encoder = ResponseEncoder(idle_s=1.0, clock=lambda: now[0])
+    first = tuple(make(EDS, f"e{i}", 0) for i in range(3))
+    encoder.encode(SotwResponse(EDS, "v", "1", first))
+    for step in range(1, 20):
+        now[0] = step * 10.0
+        encoder.encode(SotwResponse(EDS, "v", "1", tuple(make(EDS, f"e{i}", step)
+                                                          for i in range(3))))
+    builds = encoder.builds
+    encoder.encode(SotwResponse(EDS, "v", "1", first))  # idle 190 s, but under keep_bytes
+    assert encoder.builds == builds and len(encoder._by_content) == 20
 
 
 def snapshot(variant: int) -> PopResources:

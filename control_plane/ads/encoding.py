@@ -17,7 +17,10 @@ names and versions (versions are content hashes of the payloads: equal keys, equ
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from envoy.service.discovery.v3.discovery_pb2 import DeltaDiscoveryResponse, DiscoveryResponse
@@ -90,18 +93,28 @@ class ResponseEncoder:
     Each cache keeps at most `max_entries` bodies and `max_bytes` of them (the newest always
     fits). The live set is a few bodies per (PoP, type): a fleet of 100 PoPs needs ~400 at
     once, so the entry bound is well above that (at 256, a reconnect storm over 100 PoPs
-    missed the identity cache on ~40 % of its responses and built their content keys)."""
+    missed the identity cache on ~40 % of its responses and built their content keys).
 
-    def __init__(self, max_entries: int = 4096, max_bytes: int = 64 * 1024 * 1024) -> None:
+    Past `keep_bytes`, a body no stream has asked for in `idle_s` seconds leaves at the next
+    insert: every reload replaces every PoP's CDS and EDS bodies (~2.2 MB at 100 PoPs x 20
+    groups), so without it the caches held every earlier reload's bodies (and, through the
+    identity cache, their resources) until `max_bytes`, a process growing for hours. A body
+    evicted and asked for again is built once more, not once per stream."""
+
+    def __init__(self, max_entries: int = 4096, max_bytes: int = 64 * 1024 * 1024,
+                 keep_bytes: int = 8 * 1024 * 1024, idle_s: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
-        # (mode, type_url, id(resources), removed) -> (resources, body)
-        self._by_identity: OrderedDict[tuple[Any, ...], tuple[tuple[Resource, ...], bytes]] = (
-            OrderedDict()
-        )
+        self.keep_bytes = keep_bytes
+        self.idle_s = idle_s
+        self._clock = clock
+        # (mode, type_url, id(resources), removed) -> (resources, body, last asked for)
+        self._by_identity: OrderedDict[
+            tuple[Any, ...], tuple[tuple[Resource, ...], bytes, float]] = OrderedDict()
         self._identity_bytes = 0
-        # (mode, type_url, ((type_url, name, version), ...), removed) -> body
-        self._by_content: OrderedDict[tuple[Any, ...], bytes] = OrderedDict()
+        # (mode, type_url, ((type_url, name, version), ...), removed) -> (body, last asked for)
+        self._by_content: OrderedDict[tuple[Any, ...], tuple[bytes, float]] = OrderedDict()
         self._content_bytes = 0
         self.builds = 0  # bodies serialized (tests: once per shared body, not per stream)
 
@@ -118,38 +131,45 @@ class ResponseEncoder:
             + _string_field(nonce_tag, response.nonce)
         )
 
+    def held_bytes(self) -> int:
+        """The bytes of bodies the two caches hold (a body in both counts twice)."""
+        return self._identity_bytes + self._content_bytes
+
     def _body(
         self, mode: str, type_url: str, resources: tuple[Resource, ...], removed: tuple[str, ...]
     ) -> bytes:
+        now = self._clock()
         key = (mode, type_url, id(resources), removed)
         found = self._by_identity.get(key)
         if found is not None and found[0] is resources:
+            self._by_identity[key] = (resources, found[1], now)
             self._by_identity.move_to_end(key)
             return found[1]
         content = (
             mode, type_url, tuple((r.type_url, r.name, r.version) for r in resources), removed
         )
-        body = self._by_content.get(content)
-        if body is None:
+        kept = self._by_content.get(content)
+        if kept is None:
             body = self._build(mode, type_url, resources, removed)
-            self._by_content[content] = body
+            self._by_content[content] = (body, now)
             self._content_bytes += len(body)
-            while len(self._by_content) > 1 and (
-                len(self._by_content) > self.max_entries or self._content_bytes > self.max_bytes
-            ):
-                self._content_bytes -= len(self._by_content.popitem(last=False)[1])
+            self._content_bytes -= _evict(self._by_content, self._content_bytes, lambda v: v[0],
+                                          lambda v: v[1], self._bounds(now))
         else:
+            body = kept[0]
+            self._by_content[content] = (body, now)
             self._by_content.move_to_end(content)
         if found is not None:  # the same key, another tuple (its id was reused)
             self._identity_bytes -= len(found[1])
-        self._by_identity[key] = (resources, body)
+        self._by_identity[key] = (resources, body, now)
         self._by_identity.move_to_end(key)
         self._identity_bytes += len(body)
-        while len(self._by_identity) > 1 and (
-            len(self._by_identity) > self.max_entries or self._identity_bytes > self.max_bytes
-        ):
-            self._identity_bytes -= len(self._by_identity.popitem(last=False)[1][1])
+        self._identity_bytes -= _evict(self._by_identity, self._identity_bytes, lambda v: v[1],
+                                       lambda v: v[2], self._bounds(now))
         return body
+
+    def _bounds(self, now: float) -> _Bounds:
+        return _Bounds(self.max_entries, self.max_bytes, self.keep_bytes, now - self.idle_s)
 
     def _build(
         self, mode: str, type_url: str, resources: tuple[Resource, ...], removed: tuple[str, ...]
@@ -158,3 +178,29 @@ class ResponseEncoder:
         if mode == "sotw":
             return encode_sotw(SotwResponse(type_url, "", "", resources)).SerializeToString()
         return encode_delta(DeltaResponse(type_url, "", "", resources, removed)).SerializeToString()
+
+
+@dataclass(frozen=True)
+class _Bounds:
+    """What a cache may hold: `entries` and `bytes` always; past `keep_bytes`, only bodies
+    asked for after `idle_before`."""
+
+    entries: int
+    bytes: int
+    keep_bytes: int
+    idle_before: float
+
+
+def _evict(cache: OrderedDict[tuple[Any, ...], Any], held: int, body: Callable[[Any], bytes],
+           asked: Callable[[Any], float], bounds: _Bounds) -> int:
+    """Drop the least recently asked-for entries while `cache` is over its bounds (the newest
+    always stays); the bytes dropped."""
+    dropped = 0
+    while len(cache) > 1:
+        head = next(iter(cache.values()))
+        over = len(cache) > bounds.entries or held - dropped > bounds.bytes
+        idle = held - dropped > bounds.keep_bytes and asked(head) < bounds.idle_before
+        if not (over or idle):
+            break
+        dropped += len(body(cache.popitem(last=False)[1]))
+    return dropped
