@@ -33,7 +33,7 @@ reset:
 test: $(STAMP)
 	deploy/ensure-test-services.sh
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=20
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=20
 
 # The pure rooms' tests (desired/, translate/, decide/: no I/O, no peers) and the house rules
 # (imports, words, waits, function length), for a quick loop while editing; `make test` stays

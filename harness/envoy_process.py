@@ -48,6 +48,21 @@ def _ephemeral_low() -> int:
         return 32768
 
 
+def _port_range() -> tuple[int, int]:
+    """The ports this process picks from: 10,000 up to the kernel's ephemeral range, split
+    into equal disjoint slices when tests run in parallel workers (`PYTEST_XDIST_WORKER`
+    gwN of `PYTEST_XDIST_WORKER_COUNT`), so two workers never pick the same port in the
+    moment between the pick and their server's bind."""
+    low, high = 10_000, max(10_001, _ephemeral_low() - 1)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    if not worker.startswith("gw") or count < 2:
+        return low, high
+    width = (high - low) // count
+    first = low + int(worker[2:]) % count * width
+    return first, first + width - 1
+
+
 def free_port() -> int:
     """A free loopback port for a server to bind later (Envoy listeners, admin, xDS).
 
@@ -55,9 +70,9 @@ def free_port() -> int:
     handed to some client's outgoing connection before our server binds it (seen as "Address
     already in use" on a busy test run). Never the same port twice in one process.
     """
-    low = _ephemeral_low()
+    first, last = _port_range()
     for _ in range(200):
-        port = random.randint(10_000, max(10_001, low - 1))
+        port = random.randint(first, last)
         if port in _handed_out:
             continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

@@ -80,7 +80,10 @@ def test_query_to_params() -> None:
 
 
 def test_follow_sees_new_records_across_rotation(tmp_path: Path) -> None:
-    log = DecisionLog(tmp_path, max_bytes=500)
+    # every rotated file kept: a reader held off the CPU for longer than five rotations (about
+    # 75 ms of these writes, seen on a loaded machine) would find its file deleted, which is
+    # retention, not what this test is about
+    log = DecisionLog(tmp_path, max_bytes=500, keep=50)
     log.record("hold", pop="ewr")
     done = threading.Event()
     seen: list[int] = []
@@ -91,13 +94,15 @@ def test_follow_sees_new_records_across_rotation(tmp_path: Path) -> None:
 
     thread = threading.Thread(target=reader)
     thread.start()
-    for i in range(30):
-        log.record("hold", pop=["ewr", "sjc"][i % 2], rule="r" * 40)
-        time.sleep(0.005)
-    eventually_blocking(lambda: len(seen) >= 15, 5, "the follower reads ewr's 15 records",
-                        interval=0.02)
-    done.set()
-    thread.join(5)
+    try:
+        for i in range(30):
+            log.record("hold", pop=["ewr", "sjc"][i % 2], rule="r" * 40)
+            time.sleep(0.005)
+        eventually_blocking(lambda: len(seen) >= 15, 5, "the follower reads ewr's 15 records",
+                            interval=0.02)
+    finally:  # the reader stops even when the wait fails
+        done.set()
+        thread.join(5)
     log.close()
     assert len(list(tmp_path.glob("decisions.*.jsonl"))) >= 2  # it did rotate meanwhile
     assert seen == list(range(2, 32, 2))
