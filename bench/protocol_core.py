@@ -6,10 +6,11 @@ generations that differ in one origin group's weights (what `bench.fanout` pushe
 round times `on_resources` for every stream, then the ACK of every response it produced.
 
 Two implementations run interleaved in one process, so their ratio is not skewed by the load
-of the (shared, noisy) machine: `control_plane.ads.protocol` (current: per-snapshot index, views
-and diffs shared by every stream) and `harness.protocol_baseline` (a verbatim copy of the
-protocol core before that change, which copied, sorted and hashed every resource of a type per
-stream on every push and ACK). `python -m bench.protocol_core [--streams N] [--rounds R]`.
+of the (shared, noisy) machine: `control_plane.ads.sotw` and `control_plane.ads.delta`
+(current: per-snapshot index, views and diffs shared by every stream) and
+`harness.protocol_baseline` (a verbatim copy of the protocol core before that change, which
+copied, sorted and hashed every resource of a type per stream on every push and ACK).
+`python -m bench.protocol_core [--streams N] [--rounds R]`.
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ import argparse
 import asyncio
 import gc
 import time
-from types import ModuleType
 from typing import Any
 
 from envoy.service.discovery.v3.discovery_pb2 import DeltaDiscoveryRequest, DiscoveryRequest
 
 from bench.common import desired_by_name, median, table
-from control_plane.ads import protocol as protocol_current
+from control_plane.ads.delta import DeltaStream
+from control_plane.ads.sotw import SotwStream
 from control_plane.translate.resources import (
     CLUSTER_TYPE,
     ENDPOINT_TYPE,
@@ -37,9 +38,10 @@ from control_plane.xds_port.server import intent_and_cache
 from harness import protocol_baseline
 from harness.intent_changes import set_weights
 
-IMPLEMENTATIONS: dict[str, ModuleType] = {
-    "baseline": protocol_baseline,
-    "current": protocol_current,
+# name -> (SotW stream, delta stream) of each implementation
+IMPLEMENTATIONS: dict[str, tuple[type[Any], type[Any]]] = {
+    "baseline": (protocol_baseline.SotwStream, protocol_baseline.DeltaStream),
+    "current": (SotwStream, DeltaStream),
 }
 STARTUP = (CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE)
 
@@ -92,11 +94,12 @@ def ack_for(mode: str, response: Any, subs: dict[str, tuple[str, ...]]) -> Any:
     return delta_request(response.type_url, nonce=response.nonce)
 
 
-def connect(impl: ModuleType, mode: str, snapshot: PopResources, streams: int) -> list[Any]:
+def connect(impl: tuple[type[Any], type[Any]], mode: str, snapshot: PopResources,
+            streams: int) -> list[Any]:
     subs = subscriptions(snapshot)
     result = []
     for _ in range(streams):
-        stream = impl.SotwStream() if mode == "sotw" else impl.DeltaStream()
+        stream = impl[0]() if mode == "sotw" else impl[1]()
         for type_url in STARTUP:
             names = subs[type_url]
             request = (

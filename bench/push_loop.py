@@ -19,7 +19,7 @@ import time
 
 from envoy.service.discovery.v3.discovery_pb2 import DeltaDiscoveryRequest
 
-from control_plane.ads.protocol import DeltaStream
+from control_plane.ads.delta import DeltaStream
 from control_plane.ads.snapshots import SnapshotCache
 from control_plane.desired import parse_desired
 from control_plane.intent.carry_over import carry_over

@@ -1,4 +1,5 @@
-"""BASELINE for benchmarks only: `control_plane/ads/protocol.py` as it was before the
+"""BASELINE for benchmarks only: `control_plane/ads/protocol.py` (now split into `sotw.py`,
+`delta.py` and the shared `protocol.py`) as it was before the
 per-snapshot index (`control_plane/ads/index.py`), kept verbatim except that the response and
 event types are imported from the current module and named as there (`StreamOutput`,
 `on_resources`) (so `bench.fanout_server --protocol baseline`

@@ -19,11 +19,13 @@ import pytest
 from envoy.service.discovery.v3 import ads_pb2_grpc
 from envoy.service.discovery.v3.discovery_pb2 import DeltaDiscoveryRequest, DiscoveryRequest
 
+from control_plane.ads import delta, sotw
 from control_plane.ads import index as index_module
-from control_plane.ads import protocol
+from control_plane.ads.delta import DeltaStream
 from control_plane.ads.limits import AdsLimits, clip
 from control_plane.ads.nodes import NodeEntry
-from control_plane.ads.protocol import DeltaStream, ProtocolError, SotwStream
+from control_plane.ads.protocol import ProtocolError
+from control_plane.ads.sotw import SotwStream
 from control_plane.translate.resources import CLUSTER_TYPE as CDS
 from control_plane.translate.resources import ENDPOINT_TYPE as EDS
 from control_plane.translate.resources import Capabilities
@@ -158,8 +160,8 @@ def test_distinct_name_lists_do_not_grow_the_shared_caches() -> None:
             count = limits.names_per_subscription // 20
             names = [f"junk-{round_}-{i}-{n}-" + "x" * 200 for n in range(count)]
             stream.on_request(DiscoveryRequest(type_url=EDS, resource_names=names), snapshot)
-    assert protocol._REQUESTED_BYTES[0] <= protocol.MAX_REQUESTED_BYTES
-    assert sum(map(len, protocol._REQUESTED)) == protocol._REQUESTED_BYTES[0]
+    assert sotw._REQUESTED_BYTES[0] <= sotw.MAX_REQUESTED_BYTES
+    assert sum(map(len, sotw._REQUESTED)) == sotw._REQUESTED_BYTES[0]
     views = index_module.index(snapshot, EDS)._views
     # junk subscriptions (names of nothing that exists) are never kept with the snapshot
     assert all(len(names) <= 2 * len(view.items) + index_module.SLACK_NAMES
@@ -332,5 +334,5 @@ def test_a_delta_client_that_never_answers_holds_few_responses() -> None:
             snapshot,
         )
         sent += len(step.responses)
-    assert sent > 2 * protocol.MAX_UNANSWERED
-    assert len(stream._pending) == protocol.MAX_UNANSWERED
+    assert sent > 2 * delta.MAX_UNANSWERED
+    assert len(stream._pending) == delta.MAX_UNANSWERED

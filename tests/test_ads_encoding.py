@@ -13,10 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from control_plane.ads import encoding
+from control_plane.ads.delta import DeltaStream
 from control_plane.ads.encoding import ResponseEncoder, encode_delta, encode_sotw, pass_bytes
 from control_plane.ads.index import index
-from control_plane.ads.protocol import DeltaResponse, DeltaStream, SotwResponse, SotwStream
+from control_plane.ads.protocol import DeltaResponse, SotwResponse
 from control_plane.ads.server import AdsServicer
+from control_plane.ads.sotw import SotwStream
 from control_plane.translate.resources import CLUSTER_TYPE as CDS
 from control_plane.translate.resources import ENDPOINT_TYPE as EDS
 from control_plane.translate.resources import Capabilities, PopResources, Resource

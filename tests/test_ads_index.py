@@ -22,9 +22,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from control_plane.ads import index as index_module
-from control_plane.ads import protocol
+from control_plane.ads.delta import DeltaStream
 from control_plane.ads.index import EMPTY, ResourceSet, index, items_version
-from control_plane.ads.protocol import Ack, DeltaStream, ProtocolError, SotwStream
+from control_plane.ads.protocol import Ack, ProtocolError
+from control_plane.ads.sotw import SotwStream
 from control_plane.translate.resources import (
     CLUSTER_TYPE as CDS,
 )
@@ -371,7 +372,7 @@ def test_sotw_stream_equals_the_baseline(spec_list: list[Any], ops: list[Any]) -
                  "stale": sent[0] if sent else "1"}[which]
         return sotw_request(type_url, names, nonce, "bad" if error else "")
 
-    replay(protocol.SotwStream(), baseline.SotwStream(), spec_list, ops, request_for)
+    replay(SotwStream(), baseline.SotwStream(), spec_list, ops, request_for)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -391,7 +392,7 @@ def test_delta_stream_equals_the_baseline(spec_list: list[Any], ops: list[Any]) 
         return delta_request(type_url, subscribe, unsubscribe, nonce,
                              "bad" if error else "", versions)
 
-    replay(protocol.DeltaStream(), baseline.DeltaStream(), spec_list, ops, request_for,
+    replay(DeltaStream(), baseline.DeltaStream(), spec_list, ops, request_for,
            same_errors=True)
 
 

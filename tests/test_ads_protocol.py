@@ -8,16 +8,10 @@ from envoy.config.endpoint.v3.endpoint_pb2 import ClusterLoadAssignment
 from envoy.config.listener.v3.listener_pb2 import Listener
 from envoy.config.route.v3.route_pb2 import RouteConfiguration
 
-from control_plane.ads.protocol import (
-    Ack,
-    DeltaResponse,
-    DeltaStream,
-    Nack,
-    ProtocolError,
-    SotwResponse,
-    SotwStream,
-    items_version,
-)
+from control_plane.ads.delta import DeltaStream
+from control_plane.ads.index import items_version
+from control_plane.ads.protocol import Ack, DeltaResponse, Nack, ProtocolError, SotwResponse
+from control_plane.ads.sotw import SotwStream
 from control_plane.translate.resources import (
     CLUSTER_TYPE as CDS,
 )

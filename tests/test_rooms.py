@@ -103,6 +103,49 @@ def imports_by_room(package: Path) -> dict[str, set[tuple[str, str]]]:
     return edges
 
 
+def module_imports(package: Path) -> dict[str, set[str]]:
+    """Module -> the modules of the same room it imports, at any depth (type-only imports under
+    `if TYPE_CHECKING:` included): `from control_plane.a import b` is the module `a.b` when
+    there is one, else the package `a`."""
+    modules = {}
+    for path in sorted(package.rglob("*.py")):
+        parts = path.relative_to(package.parent).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    found: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        room = module.split(".")[:2]
+        named: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                named |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                named |= {f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in
+                          modules else node.module for alias in node.names}
+        found[module] = {name for name in named
+                         if name in modules and name != module and name.split(".")[:2] == room}
+    return found
+
+
+def module_circles(imports: dict[str, set[str]]) -> list[list[str]]:
+    """The circles of imports: each list holds the modules that reach one another."""
+    circles: list[list[str]] = []
+    for module in sorted(imports):
+        circle = sorted(m for m in _reached(imports, module) if module in _reached(imports, m))
+        if len(circle) > 1 and circle not in circles:
+            circles.append(circle)
+    return circles
+
+
+def _reached(imports: dict[str, set[str]], start: str) -> set[str]:
+    """`start` and every module it imports, directly or through others."""
+    reach, todo = {start}, [start]
+    while todo:
+        for module in imports[todo.pop()] - reach:
+            reach.add(module)
+            todo.append(module)
+    return reach
+
+
 def violations(
     table: dict[str, set[str] | None], edges: dict[str, set[tuple[str, str]]]
 ) -> list[str]:
@@ -186,6 +229,13 @@ def test_no_two_rooms_import_each_other_even_through_others() -> None:
     assert left == set(), f"rooms on a circle of imports: {sorted(left)}"
 
 
+def test_no_two_modules_of_a_room_import_each_other_even_type_only() -> None:
+    """Inside a room too the imports run one way: no module imports one that imports it back,
+    directly or through others, not even for type hints only (a part that reads a few values
+    of another gets them, or a protocol of them, handed in)."""
+    assert module_circles(module_imports(PACKAGE)) == []
+
+
 def test_the_pure_rooms_import_no_clock_file_or_network() -> None:
     assert impurities(PACKAGE, rules()) == []
 
@@ -202,8 +252,9 @@ def test_the_harness_stays_out_of_the_package_and_tests_and_bench_stay_apart() -
 
 
 def test_forbidden_edges_are_caught_at_any_depth(tmp_path: Path) -> None:
-    """The same checks on a made-up tree: three forbidden edges and two allowed ones, and three
-    impurities of a pure room (one inside a function) next to an allowed adapter."""
+    """The same checks on a made-up tree: three forbidden edges and two allowed ones, three
+    impurities of a pure room (one inside a function) next to an allowed adapter, and a circle
+    of two modules of one room closed by a type-only import (beside a one-way chain)."""
     package = tmp_path / "control_plane"
     files = {
         "ads/stream.py": ("def f():\n"
@@ -215,6 +266,12 @@ def test_forbidden_edges_are_caught_at_any_depth(tmp_path: Path) -> None:
         "lifecycle/any.py": "from control_plane.ads.server import AdsServicer\n",
         "decide/clock.py": "import time\n\ndef f():\n    from urllib.request import urlopen\n",
         "translate/read.py": "def f(p):\n    return open(p).read()\n",
+        "lifecycle/whole.py": "from control_plane.lifecycle.face import shown\n",
+        "lifecycle/face.py": ("from typing import TYPE_CHECKING\n"
+                              "from control_plane.lifecycle import hands\n"
+                              "if TYPE_CHECKING:\n"
+                              "    from control_plane.lifecycle.whole import Whole\n"),
+        "lifecycle/hands.py": "from control_plane.lifecycle.any import f\n",
     }
     for name, text in files.items():
         (package / name).parent.mkdir(parents=True, exist_ok=True)
@@ -230,3 +287,5 @@ def test_forbidden_edges_are_caught_at_any_depth(tmp_path: Path) -> None:
         "control_plane/decide/clock.py:4 imports urllib.request",
         "control_plane/translate/read.py:2 calls open()",
     ]
+    assert module_circles(module_imports(package)) == [
+        ["control_plane.lifecycle.face", "control_plane.lifecycle.whole"]]

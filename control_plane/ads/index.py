@@ -2,7 +2,7 @@
 
 A snapshot (`PopResources`) never changes once translated, and the nodes of a PoP mostly
 subscribe to the same things (CDS/LDS wildcard, EDS every cluster, RDS every route). So the
-per-stream protocol core (`protocol.py`) works on shared, immutable `ResourceSet`s:
+per-stream protocol cores (`sotw.py`, `delta.py`) work on shared, immutable `ResourceSet`s:
 
 - `index(snapshot, type_url)` — one `TypeIndex` per (snapshot, type), kept with the snapshot
   (`PopResources.derived`);

@@ -69,19 +69,14 @@ from control_plane.ads.admission import (
 )
 from control_plane.ads.budget import Identify, Ledger, Refusal, peer_identity
 from control_plane.ads.callbacks import Callbacks
+from control_plane.ads.delta import DeltaStream
 from control_plane.ads.encoding import ResponseEncoder, encode_delta, encode_sotw, pass_bytes
 from control_plane.ads.fanout import PushHub
 from control_plane.ads.limits import DEFAULT_LIMITS, AdsLimits, clip, connection_cap
 from control_plane.ads.nodes import NodeEntry, NodeRegistry
-from control_plane.ads.protocol import (
-    Ack,
-    DeltaStream,
-    ProtocolError,
-    SotwStream,
-    StreamOutput,
-    short_name,
-)
+from control_plane.ads.protocol import Ack, ProtocolError, StreamOutput, short_name
 from control_plane.ads.snapshots import SnapshotCache
+from control_plane.ads.sotw import SotwStream
 from control_plane.security.peer import Vouch
 from control_plane.translate.capabilities import NodeCapabilities, read_node_capabilities
 from control_plane.translate.resources import (

@@ -3,22 +3,78 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import asyncio
+from pathlib import Path
+from typing import Any, Protocol
 
 from control_plane.decide import damping
 from control_plane.decide.rollout import timeline
 from control_plane.decide.runs import QuietRun
+from control_plane.decisions.recorder import DecisionRecorder
 from control_plane.intent.owner import IntentOwner
 from control_plane.observe.certificates import served_certificates
+from control_plane.observe.load_reports import LoadReports
+from control_plane.observe.probes import Prober
 from control_plane.observe.source import silent_fix, wall_ms
+from control_plane.reconcile.reconcile import Reconciler
+from control_plane.reload.reloading import DesiredReload
+from control_plane.replicas.replication import Replication
 from control_plane.rollout.rollouts import Rollouts
+from control_plane.xds_port.load_reports import MetricSourceKind
 from control_plane.xds_port.server import BallastServer
 
-if TYPE_CHECKING:
-    from control_plane.lifecycle.service import BallastService
+
+class ShownConfig(Protocol):
+    """What /status shows of the service's configuration (`service.py`'s `ServiceConfig`)."""
+
+    @property
+    def admin_token_file(self) -> Path | None: ...
+    @property
+    def admin_scrape_token_file(self) -> Path | None: ...
+    @property
+    def admin_tls(self) -> bool: ...
+    @property
+    def state_dir(self) -> Path: ...
+    @property
+    def metrics_source(self) -> MetricSourceKind: ...
 
 
-def not_ready_reason(service: BallastService) -> str:
+class RunningParts(Protocol):
+    """What readiness and status read of a running service, and nothing else: its parts
+    (`service.py`'s `BallastService` has them), read, never changed. A protocol, so this module
+    needs nothing of the service's module (which imports it)."""
+
+    @property
+    def config(self) -> ShownConfig: ...
+    @property
+    def ready(self) -> bool: ...
+    @property
+    def started_at_ms(self) -> int: ...
+    @property
+    def restored_groups(self) -> int: ...
+    @property
+    def restored_tier_actions(self) -> int: ...
+    @property
+    def watcher_task(self) -> asyncio.Task[None] | None: ...
+    @property
+    def recorder(self) -> DecisionRecorder: ...
+    @property
+    def reload(self) -> DesiredReload: ...
+    @property
+    def server(self) -> BallastServer: ...
+    @property
+    def load_reports(self) -> LoadReports: ...
+    @property
+    def prober(self) -> Prober | None: ...
+    @property
+    def replication(self) -> Replication | None: ...
+    @property
+    def reconciler(self) -> Reconciler: ...
+    @property
+    def rollouts(self) -> Rollouts: ...
+
+
+def not_ready_reason(service: RunningParts) -> str:
     """Why /readyz fails ("" when ready): not started, hot reload broken, or the log cannot be
     written."""
     if not service.ready:
@@ -37,7 +93,7 @@ def not_ready_reason(service: BallastService) -> str:
     return ""
 
 
-def service_status(service: BallastService) -> dict[str, Any]:
+def service_status(service: RunningParts) -> dict[str, Any]:
     config, server = service.config, service.server
     desired = server.intent.desired
     ways = (["token"] if config.admin_token_file else []) + (
@@ -68,7 +124,7 @@ def service_status(service: BallastService) -> dict[str, Any]:
     }
 
 
-def origin_readings(service: BallastService) -> dict[str, dict[str, dict[str, Any]]]:
+def origin_readings(service: RunningParts) -> dict[str, dict[str, dict[str, Any]]]:
     """PoP -> origin group -> what the reconcile loop's last tick of the pair read and scored
     (`read_at_ms`), per origin: the weight in force, the requests of its window, the 5xx rate
     (5xx and connect failures over all attempts, in percent), the p95 (ms) and the health score
@@ -100,7 +156,7 @@ def origin_readings(service: BallastService) -> dict[str, dict[str, dict[str, An
 LISTED_REPORTERS = 100  # load-report streams listed in /status (all are counted)
 
 
-def load_report_streams(service: BallastService) -> dict[str, Any]:
+def load_report_streams(service: RunningParts) -> dict[str, Any]:
     """The open load-report streams: how many per PoP, and the first `LISTED_REPORTERS` by
     node id (node, PoP, reports, the newest one's time, clusters named, per endpoint)."""
     reporters = sorted(service.load_reports.reporters(), key=lambda r: str(r["node"]))
